@@ -1,0 +1,179 @@
+"""Per-Gaussian work, written once for both backends.
+
+``build(jit)`` defines each ``*_body`` (the work of one Gaussian index) with
+the given decorator: ``cpu.py`` passes ``njit`` and loops with ``prange``,
+``cuda.py`` passes a CUDA device-function decorator and launches one thread
+per Gaussian (under the CUDA simulator the bodies run as Python on fake
+arrays, which is why the math they call is scalar-only).
+
+Record layouts (rows of float arrays, so exchanges can move whole records):
+  projected  (N, PROJ_FIELDS): u, v, conic a, b, c, opacity, r, g, b, depth
+  gradients  (N, GRAD_FIELDS): the same ten fields, then |du|, |dv| summed per pixel
+"""
+import math
+from types import SimpleNamespace
+
+from . import geometry as geo
+from .device import shared
+from .sh import sh_basis, sh_basis_jacobian
+
+PROJ_FIELDS = 10
+GRAD_FIELDS = 12
+U, V, CA, CB, CC, OPAC, RED, GREEN, BLUE, DEPTH = range(10)
+ABS_U, ABS_V = 10, 11
+CAM_FIELDS = 19  # view (12: R row-major, t), fx, fy, cx, cy, camera centre (3)
+
+
+@shared
+def sigmoid(x):
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+@shared
+def footprint(u, v, ca, cb, cc, opacity):
+    """(ext, cov_a, cov_c) of a projected record: the squared Mahalanobis radius
+    where alpha reaches 1/255 and the 2D covariance diagonal.  Binning computes
+    this from the stored record so that counting and emitting always agree."""
+    ext = geo.opacity_extent(opacity)
+    det = ca * cc - cb * cb
+    if not (ext > 0.0 and det > 0.0):
+        return 0.0, 0.0, 0.0
+    return ext, cc / det, ca / det
+
+
+def build(jit):
+    """The per-Gaussian bodies compiled with ``jit``; returns them in a namespace."""
+    @jit
+    def visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, key_base, offsets, kdepth, ktile, ids, write):
+        """Count (write=False) or emit (write=True) the tiles hit by Gaussian n.
+
+        Emitted keys are split into a float32 depth word and a uint32 tile word of
+        one uint64 (little-endian), so sorting them orders by tile, then depth."""
+        u = proj[n, U]
+        v = proj[n, V]
+        ext, cov_a, cov_c = footprint(u, v, proj[n, CA], proj[n, CB], proj[n, CC], proj[n, OPAC])
+        if ext == 0.0:
+            return 0
+        tx0, tx1, ty0, ty1 = geo.tile_rect(u, v, cov_a, cov_c, ext, tile, tiles_x, tiles_y)
+        k = 0
+        o = 0
+        if write:
+            o = offsets[n]
+        for ty in range(ty0, ty1 + 1):
+            for tx in range(tx0, tx1 + 1):
+                if geo.ellipse_hits_tile(u, v, proj[n, CA], proj[n, CB], proj[n, CC], ext, tx, ty, tile, W, H):
+                    if write:
+                        kdepth[o + k, 0] = proj[n, DEPTH]
+                        ktile[o + k, 1] = key_base + ty * tiles_x + tx
+                        ids[o + k] = n
+                    k += 1
+        return k
+
+
+    @jit
+    def project_body(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias,
+                     tile, tiles_x, tiles_y, proj, radii, counts):
+        """Project Gaussian n, evaluate its SH colour, and count the tiles it hits."""
+        view = (cam[0], cam[1], cam[2], cam[3], cam[4], cam[5], cam[6], cam[7], cam[8], cam[9], cam[10], cam[11])
+        mx = means[n, 0]
+        my = means[n, 1]
+        mz = means[n, 2]
+        ok, u, v, depth, ca, cb, cc, comp, pa, pb, pc = geo.project(
+            mx, my, mz, quats[n, 0], quats[n, 1], quats[n, 2], quats[n, 3],
+            scales[n, 0], scales[n, 1], scales[n, 2], view, cam[12], cam[13], cam[14], cam[15], W, H, antialias)
+        opacity = sigmoid(logits[n]) * comp
+        radii[n, 0] = 0
+        radii[n, 1] = 0
+        counts[n] = 0
+        proj[n, OPAC] = 0.0
+        if not (ok and opacity > geo.ALPHA_MIN):
+            return
+        dx = mx - cam[16]
+        dy = my - cam[17]
+        dz = mz - cam[18]
+        inv = 1.0 / math.sqrt(dx * dx + dy * dy + dz * dz)
+        b = sh_basis(degree, dx * inv, dy * inv, dz * inv)
+        for c in range(3):
+            acc = 0.5
+            for k in range((degree + 1) * (degree + 1)):
+                acc += b[k] * sh[n, k, c]
+            proj[n, RED + c] = max(acc, 0.0)
+        proj[n, U] = u
+        proj[n, V] = v
+        proj[n, CA] = ca
+        proj[n, CB] = cb
+        proj[n, CC] = cc
+        proj[n, OPAC] = opacity
+        proj[n, DEPTH] = depth
+        # tile counting reads the stored (rounded) record back, exactly as emission will
+        cnt = visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, 0, counts, proj, radii, counts, False)
+        if cnt > 0:
+            ext, cov_a, cov_c = footprint(proj[n, U], proj[n, V], proj[n, CA], proj[n, CB], proj[n, CC], opacity)
+            radii[n, 0] = int(math.ceil(math.sqrt(ext * cov_a)))
+            radii[n, 1] = int(math.ceil(math.sqrt(ext * cov_c)))
+        counts[n] = cnt
+
+
+    @jit
+    def project_backward_body(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias, counts, grad,
+                              d_means, d_quats, d_scales, d_logits, d_sh):
+        """Add Gaussian n's parameter gradients, from its screen-space gradient record."""
+        if counts[n] == 0:
+            return
+        view = (cam[0], cam[1], cam[2], cam[3], cam[4], cam[5], cam[6], cam[7], cam[8], cam[9], cam[10], cam[11])
+        mx = means[n, 0]
+        my = means[n, 1]
+        mz = means[n, 2]
+        qw = quats[n, 0]
+        qx = quats[n, 1]
+        qy = quats[n, 2]
+        qz = quats[n, 3]
+        ok, u, v, depth, ca, cb, cc, comp, pa, pb, pc = geo.project(
+            mx, my, mz, qw, qx, qy, qz, scales[n, 0], scales[n, 1], scales[n, 2],
+            view, cam[12], cam[13], cam[14], cam[15], W, H, antialias)
+        s = sigmoid(logits[n])
+        d_opac = grad[n, OPAC]
+        d_logits[n] += d_opac * comp * s * (1.0 - s)
+        # colour: the SH coefficients and the view direction
+        dx = mx - cam[16]
+        dy = my - cam[17]
+        dz = mz - cam[18]
+        inv = 1.0 / math.sqrt(dx * dx + dy * dy + dz * dz)
+        nx = dx * inv
+        ny = dy * inv
+        nz = dz * inv
+        b = sh_basis(degree, nx, ny, nz)
+        jx, jy, jz = sh_basis_jacobian(degree, nx, ny, nz)
+        K = (degree + 1) * (degree + 1)
+        gnx = 0.0
+        gny = 0.0
+        gnz = 0.0
+        for c in range(3):
+            acc = 0.5
+            for k in range(K):
+                acc += b[k] * sh[n, k, c]
+            g = grad[n, RED + c] if acc > 0.0 else 0.0
+            for k in range(K):
+                d_sh[n, k, c] += b[k] * g
+                w = g * sh[n, k, c]
+                gnx += w * jx[k]
+                gny += w * jy[k]
+                gnz += w * jz[k]
+        dot = nx * gnx + ny * gny + nz * gnz
+        dmx, dmy, dmz, dqw, dqx, dqy, dqz, dl0, dl1, dl2 = geo.project_vjp(
+            mx, my, mz, qw, qx, qy, qz, scales[n, 0], scales[n, 1], scales[n, 2],
+            view, cam[12], cam[13], cam[14], cam[15], W, H, antialias,
+            grad[n, U], grad[n, V], grad[n, DEPTH], grad[n, CA], grad[n, CB], grad[n, CC], d_opac * s)
+        d_means[n, 0] += dmx + (gnx - nx * dot) * inv
+        d_means[n, 1] += dmy + (gny - ny * dot) * inv
+        d_means[n, 2] += dmz + (gnz - nz * dot) * inv
+        d_quats[n, 0] += dqw
+        d_quats[n, 1] += dqx
+        d_quats[n, 2] += dqy
+        d_quats[n, 3] += dqz
+        d_scales[n, 0] += dl0
+        d_scales[n, 1] += dl1
+        d_scales[n, 2] += dl2
+
+    return SimpleNamespace(visit_tiles=visit_tiles_body, project=project_body,
+                           project_backward=project_backward_body)

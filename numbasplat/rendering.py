@@ -1,0 +1,281 @@
+"""The rendering API: project, bin, rasterize, and the backward of each.
+
+Stages are separate calls because the distributed pipelines put exchanges
+between them (projection is per Gaussian, everything after binning per tile).
+``render`` and ``render_backward`` chain them for the single-GPU case.
+
+Arrays live where the backend wants them: numpy for ``cpu`` (and the CUDA
+simulator), CuPy for ``cuda`` on a GPU.  Every function takes ``backend=None``
+meaning the process default (see ``_backend``).
+"""
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import _backend
+from . import gaussian_ops as go
+
+TILE = 16
+INT32_MAX = 2**31 - 1
+
+
+def _impl(backend):
+    backend = backend or _backend.BACKEND
+    if backend == "cpu":
+        from . import cpu as kernels
+    elif backend == "cuda":
+        from . import cuda as kernels
+    else:
+        raise ValueError(f"backend must be 'cpu' or 'cuda', got {backend!r}")
+    return kernels, _backend.array_module(backend)
+
+
+CHECKS = os.environ.get("NUMBASPLAT_CHECKS", "1") != "0"
+
+
+def check_finite(xp, **arrays):
+    """Raise ValueError naming each non-finite input (one device sync for all)."""
+    if not CHECKS or not arrays:
+        return
+    names = list(arrays)
+    flags = xp.stack([xp.isfinite(a).all() for a in arrays.values()])
+    bad = [n for n, ok in zip(names, _backend.to_host(flags)) if not ok]
+    if bad:
+        raise ValueError("non-finite values in " + ", ".join(bad))
+
+
+@dataclass
+class Camera:
+    """Pinhole camera: 4x4 world-to-camera (OpenCV axes) and intrinsics in pixels."""
+    viewmat: np.ndarray
+    fx: float
+    fy: float
+    cx: float
+    cy: float
+    width: int
+    height: int
+
+    def __post_init__(self):
+        self.viewmat = np.asarray(self.viewmat, np.float64)
+        if self.viewmat.shape != (4, 4):
+            raise ValueError(f"camera viewmat must be 4x4, got shape {self.viewmat.shape}")
+        for name in ("fx", "fy", "cx", "cy"):
+            val = float(getattr(self, name))
+            if not np.isfinite(val):
+                raise ValueError(f"camera {name} is not finite: {val}")
+            setattr(self, name, val)
+        if not np.isfinite(self.viewmat).all():
+            raise ValueError("camera viewmat has non-finite values")
+        if self.fx <= 0 or self.fy <= 0:
+            raise ValueError(f"camera focal lengths must be positive, got fx={self.fx}, fy={self.fy}")
+        if int(self.width) <= 0 or int(self.height) <= 0:
+            raise ValueError(f"camera size must be positive, got {self.width}x{self.height}")
+        self.width = int(self.width)
+        self.height = int(self.height)
+
+    @classmethod
+    def from_K(cls, viewmat, K, width, height):
+        K = np.asarray(K, np.float64)
+        return cls(viewmat, K[0, 0], K[1, 1], K[0, 2], K[1, 2], width, height)
+
+    @property
+    def tiles(self):
+        return -(-self.width // TILE), -(-self.height // TILE)
+
+    def packed(self):
+        """The 19 floats the kernels read: R (row-major), t, fx, fy, cx, cy, camera centre."""
+        R = self.viewmat[:3, :3]
+        t = self.viewmat[:3, 3]
+        centre = -R.T @ t
+        return np.concatenate([R.ravel(), t, [self.fx, self.fy, self.cx, self.cy], centre])
+
+
+@dataclass
+class Gaussians:
+    """Parameters in the 3DGS conventions (pre-activation).
+
+    means (N,3); scales (N,3) log; quats (N,4) wxyz, unnormalized;
+    opacities (N,) logits; sh (N,K,3) with sh[:,0] = (rgb - 0.5) / C0.
+    """
+    means: object
+    scales: object
+    quats: object
+    opacities: object
+    sh: object
+
+    FIELDS = ("means", "scales", "quats", "opacities", "sh")
+
+    def __len__(self):
+        return self.means.shape[0]
+
+    def arrays(self):
+        return {f: getattr(self, f) for f in self.FIELDS}
+
+    def validate(self, xp, check=True):
+        n = len(self)
+        shapes = {"means": (n, 3), "scales": (n, 3), "quats": (n, 4), "opacities": (n,)}
+        for name, shape in shapes.items():
+            a = getattr(self, name)
+            if tuple(a.shape) != shape:
+                raise ValueError(f"Gaussian parameter {name} must have shape {shape}, got {tuple(a.shape)}")
+        if self.sh.ndim != 3 or self.sh.shape[0] != n or self.sh.shape[2] != 3 or self.sh.shape[1] < 1:
+            raise ValueError(f"Gaussian parameter sh must have shape (N, K, 3), got {tuple(self.sh.shape)}")
+        if check:
+            check_finite(xp, **self.arrays())
+
+    def sh_degree(self):
+        k = self.sh.shape[1]
+        d = int(round(np.sqrt(k))) - 1
+        if (d + 1) ** 2 != k or d > 3:
+            raise ValueError(f"sh must hold (d+1)^2 <= 16 coefficients, got {k}")
+        return d
+
+
+@dataclass
+class Projection:
+    camera: Camera
+    cam: object          # packed camera on the device
+    proj: object         # (N, PROJ_FIELDS)
+    radii: object        # (N, 2) int32, 0 where not visible
+    counts: object       # (N,) int32 tiles touched
+    sh_degree: int
+    antialias: bool
+
+
+@dataclass
+class Binning:
+    ids: object          # (M,) int32 Gaussian of each intersection, sorted by (tile, depth)
+    ranges: object       # (tiles, 2) int32 [start, end) into ids
+    n_isect: int
+
+
+@dataclass
+class Render:
+    image: object        # (H, W, 3)
+    trans: object        # (H, W) final transmittance T; alpha = 1 - T
+    depth: object        # (H, W) sum of w_i z_i (divide by alpha for expected depth)
+    last: object         # (H, W) int32 end of the contributing range
+    background: object
+
+    @property
+    def alpha(self):
+        return 1.0 - self.trans
+
+
+def project(g: Gaussians, camera: Camera, sh_degree=None, antialias=False, backend=None, check=None):
+    kernels, xp = _impl(backend)
+    g.validate(xp, CHECKS if check is None else check)
+    dtype = g.means.dtype
+    degree = g.sh_degree() if sh_degree is None else int(sh_degree)
+    if not 0 <= degree <= g.sh_degree():
+        raise ValueError(f"sh_degree must be in 0..{g.sh_degree()}, got {sh_degree}")
+    n = len(g)
+    cam = xp.asarray(camera.packed().astype(dtype))
+    proj = xp.zeros((n, go.PROJ_FIELDS), dtype)
+    radii = xp.zeros((n, 2), np.int32)
+    counts = xp.zeros(n, np.int32)
+    tx, ty = camera.tiles
+    if n:
+        kernels.project(g.means, g.quats, g.scales, g.opacities, g.sh, degree, cam, camera.width, camera.height,
+                        bool(antialias), TILE, tx, ty, proj, radii, counts)
+    return Projection(camera, cam, proj, radii, counts, degree, bool(antialias))
+
+
+def bin_tiles(p: Projection, backend=None):
+    """Sort (tile, depth) keys of every tile-Gaussian intersection; per-tile ranges."""
+    kernels, xp = _impl(backend)
+    tx, ty = p.camera.tiles
+    n_tiles = tx * ty
+    ends = xp.cumsum(p.counts, dtype=np.int64)
+    total = int(ends[-1]) if len(ends) else 0
+    if total > INT32_MAX:
+        raise ValueError(f"{total} tile-Gaussian intersections exceed the int32 limit; "
+                         "render at a lower resolution or with fewer/smaller Gaussians")
+    keys = xp.zeros(total, np.uint64)
+    ids = xp.zeros(total, np.int32)
+    if total:
+        offsets = (ends - p.counts).astype(np.int32)
+        kernels.emit_keys(p.proj, p.counts, offsets, TILE, tx, ty, p.camera.width, p.camera.height, 0,
+                          keys.view(np.float32).reshape(total, 2), keys.view(np.uint32).reshape(total, 2), ids)
+        order = xp.argsort(keys, kind="stable") if xp is np else xp.argsort(keys)
+        keys = keys[order]
+        ids = ids[order]
+    tile_of = (keys >> np.uint64(32)).astype(np.int64)
+    bounds = xp.arange(n_tiles + 1, dtype=np.int64)
+    edges = xp.searchsorted(tile_of, bounds).astype(np.int32)
+    ranges = xp.stack([edges[:-1], edges[1:]], axis=1)
+    return Binning(ids, xp.ascontiguousarray(ranges), total)
+
+
+def _background(xp, background, dtype):
+    bg = np.zeros(3) if background is None else np.asarray(background, np.float64).reshape(-1)
+    if bg.shape != (3,) or not np.isfinite(bg).all():
+        raise ValueError(f"background must be 3 finite values, got {background!r}")
+    return xp.asarray(bg.astype(dtype))
+
+
+def rasterize(p: Projection, b: Binning, background=None, backend=None):
+    kernels, xp = _impl(backend)
+    W, H = p.camera.width, p.camera.height
+    dtype = p.proj.dtype
+    bg = _background(xp, background, dtype)
+    image = xp.empty((H, W, 3), dtype)
+    trans = xp.empty((H, W), dtype)
+    depth = xp.empty((H, W), dtype)
+    last = xp.empty((H, W), np.int32)
+    kernels.raster_forward(p.proj, b.ids, b.ranges, W, H, TILE, p.camera.tiles[0], bg, image, trans, depth, last)
+    return Render(image, trans, depth, last, bg)
+
+
+def rasterize_backward(p: Projection, b: Binning, r: Render, d_image, d_alpha=None, d_depth=None, grad=None,
+                       backend=None):
+    """Screen-space gradient records (N, GRAD_FIELDS), added into ``grad`` if given."""
+    kernels, xp = _impl(backend)
+    W, H = p.camera.width, p.camera.height
+    dtype = p.proj.dtype
+    if grad is None:
+        grad = xp.zeros((p.proj.shape[0], go.GRAD_FIELDS), dtype)
+    d_alpha = xp.zeros((H, W), dtype) if d_alpha is None else d_alpha
+    d_depth = xp.zeros((H, W), dtype) if d_depth is None else d_depth
+    if b.n_isect:
+        kernels.raster_backward(p.proj, b.ids, b.ranges, W, H, TILE, p.camera.tiles[0], r.background, r.trans,
+                                r.last, d_image, d_alpha, d_depth, grad)
+    return grad
+
+
+def project_backward(g: Gaussians, p: Projection, grad, out: Gaussians = None, backend=None):
+    """Parameter gradients (a ``Gaussians`` of arrays), added into ``out`` if given."""
+    kernels, xp = _impl(backend)
+    if out is None:
+        out = Gaussians(**{k: xp.zeros_like(a) for k, a in g.arrays().items()})
+    if len(g):
+        kernels.project_backward(g.means, g.quats, g.scales, g.opacities, g.sh, p.sh_degree, p.cam,
+                                 p.camera.width, p.camera.height, p.antialias, p.counts, grad,
+                                 out.means, out.quats, out.scales, out.opacities, out.sh)
+    return out
+
+
+@dataclass
+class Frame:
+    """Everything one forward render keeps for its backward."""
+    projection: Projection
+    binning: Binning
+    render: Render
+
+    @property
+    def image(self):
+        return self.render.image
+
+
+def render(g: Gaussians, camera: Camera, sh_degree=None, background=None, antialias=False, backend=None):
+    p = project(g, camera, sh_degree, antialias, backend)
+    b = bin_tiles(p, backend)
+    return Frame(p, b, rasterize(p, b, background, backend))
+
+
+def render_backward(g: Gaussians, frame: Frame, d_image, d_alpha=None, d_depth=None, out=None, backend=None):
+    """Parameter gradients and the screen-space gradient records of one render."""
+    grad = rasterize_backward(frame.projection, frame.binning, frame.render, d_image, d_alpha, d_depth,
+                              backend=backend)
+    return project_backward(g, frame.projection, grad, out, backend), grad

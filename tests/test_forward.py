@@ -1,0 +1,118 @@
+"""Forward rendering against an independent dense reference, and the edge cases of bad input."""
+import numpy as np
+import pytest
+
+import numbasplat as ns
+from numbasplat import rendering as rz
+from tests.scenes import edge_case_scene, look_at_camera
+
+C0 = 0.28209479177387814
+
+
+def reference_render(g, cam, bg, antialias=False):
+    """Plain numpy: project every Gaussian, then every pixel against every Gaussian in depth order."""
+    q = g.quats / np.linalg.norm(g.quats, axis=1, keepdims=True)
+    w, x, y, z = q.T
+    R = np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
+                  2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
+                  2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], 1).reshape(-1, 3, 3)
+    M = R * np.exp(g.scales)[:, None, :]
+    sigma = M @ M.transpose(0, 2, 1)
+    V = cam.viewmat
+    pc = g.means @ V[:3, :3].T + V[:3, 3]
+    tz = pc[:, 2]
+    lim = lambda size, c, f: ((size - c) / f + 0.15 * size / f, c / f + 0.15 * size / f)
+    lxp, lxn = lim(cam.width, cam.cx, cam.fx)
+    lyp, lyn = lim(cam.height, cam.cy, cam.fy)
+    tx = np.clip(pc[:, 0] / tz, -lxn, lxp) * tz
+    ty = np.clip(pc[:, 1] / tz, -lyn, lyp) * tz
+    J = np.zeros((len(tz), 2, 3))
+    J[:, 0, 0] = cam.fx / tz
+    J[:, 0, 2] = -cam.fx * tx / tz**2
+    J[:, 1, 1] = cam.fy / tz
+    J[:, 1, 2] = -cam.fy * ty / tz**2
+    T = J @ V[:3, :3]
+    cov = T @ sigma @ T.transpose(0, 2, 1)
+    det0 = cov[:, 0, 0] * cov[:, 1, 1] - cov[:, 0, 1] ** 2
+    cov = cov + 0.3 * np.eye(2)
+    det = cov[:, 0, 0] * cov[:, 1, 1] - cov[:, 0, 1] ** 2
+    conic = np.linalg.inv(cov)
+    comp = np.sqrt(np.clip(det0 / det, 0, None)) if antialias else 1.0
+    opac = comp / (1 + np.exp(-g.opacities))
+    uv = np.stack([cam.fx * pc[:, 0] / tz + cam.cx, cam.fy * pc[:, 1] / tz + cam.cy], 1)
+    # SH colour (degree 0 and 1 only here: the scene below uses degree 1)
+    campos = -V[:3, :3].T @ V[:3, 3]
+    d = g.means - campos
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    c1 = 0.4886025119029199
+    col = C0 * g.sh[:, 0] + 0.5
+    if g.sh.shape[1] > 1:
+        col += -c1 * d[:, 1:2] * g.sh[:, 1] + c1 * d[:, 2:3] * g.sh[:, 2] - c1 * d[:, 0:1] * g.sh[:, 3]
+    col = np.maximum(col, 0)
+    ok = (tz >= 0.01) & (det > 0) & (opac > 1 / 255)
+    order = [i for i in np.argsort(tz, kind="stable") if ok[i]]
+    H, W = cam.height, cam.width
+    img = np.zeros((H, W, 3))
+    alpha = np.zeros((H, W))
+    for py in range(H):
+        for px in range(W):
+            Tr, c = 1.0, np.zeros(3)
+            for i in order:
+                dx, dy = uv[i] - (px + 0.5, py + 0.5)
+                s = 0.5 * (conic[i, 0, 0] * dx * dx + conic[i, 1, 1] * dy * dy) + conic[i, 0, 1] * dx * dy
+                a = min(0.99, opac[i] * np.exp(-s))
+                if s < 0 or a < 1 / 255:
+                    continue
+                if Tr * (1 - a) <= 1e-4:
+                    break
+                c += a * Tr * col[i]
+                Tr *= 1 - a
+            img[py, px] = c + Tr * np.asarray(bg)
+            alpha[py, px] = 1 - Tr
+    return img, alpha
+
+
+@pytest.mark.parametrize("antialias", [False, True])
+def test_forward_matches_dense_reference(antialias):
+    g = edge_case_scene(n=20, seed=5, degree=1)
+    cam = look_at_camera(W=37, H=21)
+    bg = (0.1, 0.2, 0.3)
+    frame = ns.render(g, cam, background=bg, antialias=antialias, backend="cpu")
+    ref_img, ref_alpha = reference_render(g, cam, bg, antialias)
+    assert frame.binning.n_isect > 0
+    np.testing.assert_allclose(frame.image, ref_img, atol=1e-9)
+    np.testing.assert_allclose(frame.render.alpha, ref_alpha, atol=1e-9)
+
+
+def test_empty_and_invisible_scenes_give_background_and_zero_gradients():
+    cam = look_at_camera()
+    bg = (0.3, 0.2, 0.1)
+    empty = ns.Gaussians(np.zeros((0, 3)), np.zeros((0, 3)), np.zeros((0, 4)), np.zeros(0), np.zeros((0, 1, 3)))
+    behind = edge_case_scene(n=8)
+    behind.means[:, 2] = -3.0
+    for g in (empty, behind):
+        frame = ns.render(g, cam, background=bg, backend="cpu")
+        np.testing.assert_array_equal(frame.image, np.broadcast_to(bg, frame.image.shape))
+        assert (frame.render.alpha == 0).all()
+        grads, _ = ns.render_backward(g, frame, np.ones_like(frame.image), backend="cpu")
+        for a in grads.arrays().values():
+            assert not a.any()
+
+
+def test_non_finite_parameters_and_cameras_are_named():
+    g = edge_case_scene(n=8)
+    g.scales[3, 1] = np.nan
+    with pytest.raises(ValueError, match="scales"):
+        ns.render(g, look_at_camera(), backend="cpu")
+    with pytest.raises(ValueError, match="fx"):
+        ns.Camera(np.eye(4), np.inf, 10, 5, 5, 10, 10)
+    with pytest.raises(ValueError, match="viewmat"):
+        ns.Camera(np.full((4, 4), np.nan), 10, 10, 5, 5, 10, 10)
+    with pytest.raises(ValueError, match="background"):
+        ns.render(edge_case_scene(n=8), look_at_camera(), background=(0, 1), backend="cpu")
+
+
+def test_intersection_overflow_is_refused(monkeypatch):
+    monkeypatch.setattr(rz, "INT32_MAX", 10)
+    with pytest.raises(ValueError, match="int32"):
+        ns.render(edge_case_scene(n=20), look_at_camera(), backend="cpu")
