@@ -47,8 +47,8 @@ def build(jit):
     def visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, key_base, offsets, kdepth, ktile, ids, write):
         """Count (write=False) or emit (write=True) the tiles hit by Gaussian n.
 
-        Emitted keys are split into a float32 depth word and a uint32 tile word of
-        one uint64 (little-endian), so sorting them orders by tile, then depth."""
+        Each intersection gets its Gaussian id, depth and global tile id; the
+        caller packs (tile << 32 | depth bits) into the sort key."""
         u = proj[n, U]
         v = proj[n, V]
         ext, cov_a, cov_c = footprint(u, v, proj[n, CA], proj[n, CB], proj[n, CC], proj[n, OPAC])
@@ -63,8 +63,8 @@ def build(jit):
             for tx in range(tx0, tx1 + 1):
                 if geo.ellipse_hits_tile(u, v, proj[n, CA], proj[n, CB], proj[n, CC], ext, tx, ty, tile, W, H):
                     if write:
-                        kdepth[o + k, 0] = proj[n, DEPTH]
-                        ktile[o + k, 1] = key_base + ty * tiles_x + tx
+                        kdepth[o + k] = proj[n, DEPTH]
+                        ktile[o + k] = key_base + ty * tiles_x + tx
                         ids[o + k] = n
                     k += 1
         return k
@@ -106,7 +106,7 @@ def build(jit):
         proj[n, OPAC] = opacity
         proj[n, DEPTH] = depth
         # tile counting reads the stored (rounded) record back, exactly as emission will
-        cnt = visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, 0, counts, proj, radii, counts, False)
+        cnt = visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, 0, counts, cam, counts, counts, False)
         if cnt > 0:
             ext, cov_a, cov_c = footprint(proj[n, U], proj[n, V], proj[n, CA], proj[n, CB], proj[n, CC], opacity)
             radii[n, 0] = int(math.ceil(math.sqrt(ext * cov_a)))

@@ -192,17 +192,19 @@ def bin_tiles(p: Projection, backend=None):
     if total > INT32_MAX:
         raise ValueError(f"{total} tile-Gaussian intersections exceed the int32 limit; "
                          "render at a lower resolution or with fewer/smaller Gaussians")
-    keys = xp.zeros(total, np.uint64)
     ids = xp.zeros(total, np.int32)
+    tile_of = xp.zeros(total, np.uint32)
     if total:
         offsets = (ends - p.counts).astype(np.int32)
+        depth = xp.empty(total, np.float32)
         kernels.emit_keys(p.proj, p.counts, offsets, TILE, tx, ty, p.camera.width, p.camera.height, 0,
-                          keys.view(np.float32).reshape(total, 2), keys.view(np.uint32).reshape(total, 2), ids)
+                          depth, tile_of, ids)
+        # positive float32 depths order like their bit patterns
+        keys = (tile_of.astype(np.uint64) << np.uint64(32)) | depth.view(np.uint32).astype(np.uint64)
         order = xp.argsort(keys, kind="stable") if xp is np else xp.argsort(keys)
-        keys = keys[order]
         ids = ids[order]
-    tile_of = (keys >> np.uint64(32)).astype(np.int64)
-    bounds = xp.arange(n_tiles + 1, dtype=np.int64)
+        tile_of = tile_of[order]
+    bounds = xp.arange(n_tiles + 1, dtype=np.uint32)
     edges = xp.searchsorted(tile_of, bounds).astype(np.int32)
     ranges = xp.stack([edges[:-1], edges[1:]], axis=1)
     return Binning(ids, xp.ascontiguousarray(ranges), total)

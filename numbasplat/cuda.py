@@ -1,0 +1,297 @@
+"""CUDA backend: Numba ``@cuda.jit`` kernels (float32), launched from Python.
+
+Per-Gaussian kernels run the bodies of ``gaussian_ops`` one thread per
+Gaussian.  The raster kernels run one 16x16 thread block per tile and stream
+the tile's depth-sorted Gaussians through shared memory in batches of 256.
+The backward pass walks each pixel back to front and sums every Gaussian's
+gradient across the warp (shuffles) before one atomic add per warp; the CUDA
+simulator has no shuffles, so there the sum goes through shared memory.
+"""
+import math
+
+import numpy as np
+from numba import cuda, float32, int32
+
+from . import gaussian_ops as go
+from . import geometry as geo
+from ._backend import SIM
+
+BLOCK = 256                 # threads per tile block = Gaussians per shared-memory batch
+TILE = 16
+THREADS = 256               # threads per block of the per-Gaussian kernels
+FULL_MASK = 0xFFFFFFFF
+NF = go.PROJ_FIELDS
+NG = go.GRAD_FIELDS
+
+_ops = go.build(cuda.jit(device=True))
+project_one, visit_tiles, project_backward_one = _ops.project, _ops.visit_tiles, _ops.project_backward
+
+ALPHA_MIN = float32(geo.ALPHA_MIN)
+ALPHA_MAX = float32(geo.ALPHA_MAX)
+T_MIN = float32(geo.T_MIN)
+HALF = float32(0.5)
+ONE = float32(1.0)
+ZERO = float32(0.0)
+
+F1 = "float32[::1]"
+F2 = "float32[:, ::1]"
+F3 = "float32[:, :, ::1]"
+I1 = "int32[::1]"
+I2 = "int32[:, ::1]"
+U1 = "uint32[::1]"
+
+
+def _sig(*types):
+    return "void(" + ", ".join(types) + ")"
+
+
+def _jit(*types):
+    """Compile for exactly these argument types (no per-call type inference)."""
+    return cuda.jit(_sig(*types)) if not SIM else cuda.jit
+
+
+def _grid(n):
+    return (n + THREADS - 1) // THREADS, THREADS
+
+
+# --------------------------------------------------------------------------- per Gaussian
+
+@_jit(F2, F2, F2, F1, F3, "int64", F1, "int64", "int64", "boolean", "int64", "int64", "int64", F2, I2, I1)
+def _project_kernel(means, quats, scales, logits, sh, degree, cam, W, H, antialias, tile, tiles_x, tiles_y,
+                    proj, radii, counts):
+    n = cuda.grid(1)
+    if n < means.shape[0]:
+        project_one(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias, tile, tiles_x, tiles_y,
+                    proj, radii, counts)
+
+
+@_jit(F2, I1, I1, "int64", "int64", "int64", "int64", "int64", "int64", F1, U1, I1)
+def _emit_kernel(proj, counts, offsets, tile, tiles_x, tiles_y, W, H, key_base, kdepth, ktile, ids):
+    n = cuda.grid(1)
+    if n < proj.shape[0] and counts[n] > 0:
+        visit_tiles(n, proj, tile, tiles_x, tiles_y, W, H, key_base, offsets, kdepth, ktile, ids, True)
+
+
+@_jit(F2, F2, F2, F1, F3, "int64", F1, "int64", "int64", "boolean", I1, F2, F2, F2, F2, F1, F3)
+def _project_backward_kernel(means, quats, scales, logits, sh, degree, cam, W, H, antialias, counts, grad,
+                             d_means, d_quats, d_scales, d_logits, d_sh):
+    n = cuda.grid(1)
+    if n < means.shape[0]:
+        project_backward_one(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias, counts, grad,
+                             d_means, d_quats, d_scales, d_logits, d_sh)
+
+
+def project(means, quats, scales, logits, sh, degree, cam, W, H, antialias, tile, tiles_x, tiles_y,
+            proj, radii, counts):
+    _project_kernel[_grid(means.shape[0])](means, quats, scales, logits, sh, degree, cam, W, H, antialias,
+                                           tile, tiles_x, tiles_y, proj, radii, counts)
+
+
+def emit_keys(proj, counts, offsets, tile, tiles_x, tiles_y, W, H, key_base, kdepth, ktile, ids):
+    _emit_kernel[_grid(proj.shape[0])](proj, counts, offsets, tile, tiles_x, tiles_y, W, H, key_base,
+                                       kdepth, ktile, ids)
+
+
+def project_backward(means, quats, scales, logits, sh, degree, cam, W, H, antialias, counts, grad,
+                     d_means, d_quats, d_scales, d_logits, d_sh):
+    _project_backward_kernel[_grid(means.shape[0])](means, quats, scales, logits, sh, degree, cam, W, H,
+                                                    antialias, counts, grad, d_means, d_quats, d_scales,
+                                                    d_logits, d_sh)
+
+
+# --------------------------------------------------------------------------- per tile
+
+@cuda.jit(device=True, inline=True)
+def _alpha(rec, j, px, py):
+    """(alpha, exp(-sigma), dx, dy) of the cached record j at pixel centre (px, py)."""
+    dx = rec[j, go.U] - px
+    dy = rec[j, go.V] - py
+    sigma = HALF * (rec[j, go.CA] * dx * dx + rec[j, go.CC] * dy * dy) + rec[j, go.CB] * dx * dy
+    if sigma < ZERO:
+        return ZERO, ZERO, dx, dy
+    vis = math.exp(-sigma)
+    return min(ALPHA_MAX, rec[j, go.OPAC] * vis), vis, dx, dy
+
+
+@cuda.jit(device=True, inline=True)
+def _load(proj, ids, i, rec, rid, slot):
+    g = ids[i]
+    rid[slot] = g
+    for f in range(NF):
+        rec[slot, f] = proj[g, f]
+
+
+@_jit(F2, I1, I2, "int64", "int64", "int64", F1, F3, F2, F2, I2)
+def _raster_forward_kernel(proj, ids, ranges, W, H, tiles_x, bg, image, trans, depth, last):
+    rec = cuda.shared.array((BLOCK, NF), float32)
+    rid = cuda.shared.array(BLOCK, int32)
+    tid = cuda.threadIdx.y * TILE + cuda.threadIdx.x
+    px = cuda.blockIdx.x * TILE + cuda.threadIdx.x
+    py = cuda.blockIdx.y * TILE + cuda.threadIdx.y
+    inside = px < W and py < H
+    t = cuda.blockIdx.y * tiles_x + cuda.blockIdx.x
+    start = ranges[t, 0]
+    end = ranges[t, 1]
+    fx = float32(px) + HALF
+    fy = float32(py) + HALF
+    T = ONE
+    r = ZERO
+    g = ZERO
+    b = ZERO
+    d = ZERO
+    stop = start
+    done = not inside
+    for base in range(start, end, BLOCK):
+        if cuda.syncthreads_count(done) == BLOCK:
+            break
+        if base + tid < end:
+            _load(proj, ids, base + tid, rec, rid, tid)
+        cuda.syncthreads()
+        for j in range(min(BLOCK, end - base)):
+            if done:
+                break
+            alpha, vis, dx, dy = _alpha(rec, j, fx, fy)
+            if alpha < ALPHA_MIN:
+                continue
+            nT = T * (ONE - alpha)
+            if nT <= T_MIN:
+                done = True
+                break
+            w = alpha * T
+            r += w * rec[j, go.RED]
+            g += w * rec[j, go.GREEN]
+            b += w * rec[j, go.BLUE]
+            d += w * rec[j, go.DEPTH]
+            T = nT
+            stop = base + j + 1
+        cuda.syncthreads()
+    if inside:
+        image[py, px, 0] = r + T * bg[0]
+        image[py, px, 1] = g + T * bg[1]
+        image[py, px, 2] = b + T * bg[2]
+        trans[py, px] = T
+        depth[py, px] = d
+        last[py, px] = stop
+
+
+if SIM:
+    RED_ROWS = BLOCK
+
+    @cuda.jit(device=True)
+    def _reduce_add(grad, g, tid, any_valid, red, v):
+        """Block sum through shared memory (the simulator has no warp shuffles)."""
+        for f in range(NG):
+            red[f, tid] = v[f]
+        cuda.syncthreads()
+        if tid < NG:
+            s = ZERO
+            for k in range(BLOCK):
+                s += red[tid, k]
+            if s != ZERO:
+                cuda.atomic.add(grad, (g, tid), s)
+        cuda.syncthreads()
+else:
+    RED_ROWS = 1
+
+    @cuda.jit(device=True, inline=True)
+    def _warp_sum(x):
+        for off in (16, 8, 4, 2, 1):
+            x += cuda.shfl_down_sync(FULL_MASK, x, off)
+        return x
+
+    @cuda.jit(device=True, inline=True)
+    def _reduce_add(grad, g, tid, any_valid, red, v):
+        """Warp sum by shuffles, then one atomic per field from lane 0."""
+        if cuda.any_sync(FULL_MASK, any_valid):
+            for f in range(NG):
+                s = _warp_sum(v[f])
+                if tid % 32 == 0:
+                    cuda.atomic.add(grad, (g, f), s)
+
+
+@_jit(F2, I1, I2, "int64", "int64", "int64", F1, F2, I2, F3, F2, F2, F2)
+def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad):
+    rec = cuda.shared.array((BLOCK, NF), float32)
+    rid = cuda.shared.array(BLOCK, int32)
+    red = cuda.shared.array((NG, RED_ROWS), float32)
+    tid = cuda.threadIdx.y * TILE + cuda.threadIdx.x
+    px = cuda.blockIdx.x * TILE + cuda.threadIdx.x
+    py = cuda.blockIdx.y * TILE + cuda.threadIdx.y
+    inside = px < W and py < H
+    t = cuda.blockIdx.y * tiles_x + cuda.blockIdx.x
+    start = ranges[t, 0]
+    end = ranges[t, 1]
+    fx = float32(px) + HALF
+    fy = float32(py) + HALF
+    T_end = ZERO
+    dc0 = ZERO
+    dc1 = ZERO
+    dc2 = ZERO
+    dd = ZERO
+    da_end = ZERO
+    my_last = start
+    if inside:
+        T_end = trans[py, px]
+        dc0 = d_image[py, px, 0]
+        dc1 = d_image[py, px, 1]
+        dc2 = d_image[py, px, 2]
+        dd = d_depth[py, px]
+        da_end = d_alpha[py, px] * T_end
+        my_last = last[py, px]
+    T = T_end
+    s0 = T_end * bg[0]
+    s1 = T_end * bg[1]
+    s2 = T_end * bg[2]
+    sd = ZERO
+    for top in range(end, start, -BLOCK):
+        lo = max(start, top - BLOCK)
+        if top - 1 - tid >= lo:
+            _load(proj, ids, top - 1 - tid, rec, rid, tid)
+        cuda.syncthreads()
+        for j in range(top - lo):
+            i = top - 1 - j
+            alpha, vis, dx, dy = _alpha(rec, j, fx, fy)
+            valid = i < my_last and alpha >= ALPHA_MIN
+            v = (ZERO, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO)
+            if valid:
+                ra = ONE / (ONE - alpha)
+                T *= ra
+                w = alpha * T
+                c0 = rec[j, go.RED]
+                c1 = rec[j, go.GREEN]
+                c2 = rec[j, go.BLUE]
+                z = rec[j, go.DEPTH]
+                d_a = (dc0 * (c0 * T - s0 * ra) + dc1 * (c1 * T - s1 * ra) + dc2 * (c2 * T - s2 * ra)
+                       + dd * (z * T - sd * ra) + da_end * ra)
+                s0 += w * c0
+                s1 += w * c1
+                s2 += w * c2
+                sd += w * z
+                o = rec[j, go.OPAC]
+                d_o = ZERO
+                gu = ZERO
+                gv = ZERO
+                ds = ZERO
+                if o * vis <= ALPHA_MAX:
+                    d_o = vis * d_a
+                    ds = -o * vis * d_a
+                    gu = ds * (rec[j, go.CA] * dx + rec[j, go.CB] * dy)
+                    gv = ds * (rec[j, go.CB] * dx + rec[j, go.CC] * dy)
+                v = (gu, gv, HALF * ds * dx * dx, ds * dx * dy, HALF * ds * dy * dy, d_o,
+                     w * dc0, w * dc1, w * dc2, w * dd, abs(gu), abs(gv))
+            _reduce_add(grad, rid[j], tid, valid, red, v)
+        cuda.syncthreads()
+
+
+def _tiles(W, H):
+    return (W + TILE - 1) // TILE, (H + TILE - 1) // TILE
+
+
+def raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, depth, last):
+    _raster_forward_kernel[_tiles(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, image, trans,
+                                                       depth, last)
+
+
+def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad):
+    _raster_backward_kernel[_tiles(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, trans, last,
+                                                        d_image, d_alpha, d_depth, grad)

@@ -1,0 +1,437 @@
+"""Image losses for training: L1 + D-SSIM with exact hand-written gradients.
+
+    loss = (1 - lam) * mean|img - gt| + lam * (1 - SSIM(img, gt))
+
+SSIM follows the reference 3DGS code: per channel, an 11x11 Gaussian window
+(sigma 1.5, normalized 1D window, outer product) with zero padding of 5 (torch
+``conv2d(padding=5)``), C1 = 0.01**2, C2 = 0.03**2, averaged over all pixels and
+channels.
+
+Gradient.  With G the (symmetric, zero-padded) window filter and, per pixel p,
+the five moments mu_x = G*x, mu_y = G*y, Exx = G*(x^2), Eyy = G*(y^2),
+Exy = G*(xy), SSIM(p) is a closed-form function of them.  Since G is its own
+adjoint (symmetric kernel, zero padding), the chain rule gives
+
+    dSSIM_mean/dx = (1/N) [ G*a + 2x (G*b) + y (G*c) ]
+
+with a, b, c the per-pixel partials of SSIM(p) w.r.t. mu_x, Exx, Exy
+(``_ssim_terms``).  So one evaluation is two filter stages: moments -> SSIM map
+and a, b, c; then filter a, b, c -> dimg (``_dimg``).
+
+Backends: CPU runs ``@njit`` loops over numpy arrays (float32 or float64);
+CUDA runs two tiled shared-memory kernels (float32, CuPy arrays on a GPU, numpy
+under the simulator), i.e. two launches per ``l1_ssim_loss`` call.  The per-pixel
+math (``_ssim_terms``, ``_dimg``) is shared by both.
+"""
+import math
+
+import numpy as np
+from numba import cuda, float32, float64, njit, prange
+
+from numbasplat import _backend
+
+C1 = 0.01 ** 2
+C2 = 0.03 ** 2
+WIN = 11            # window size
+RAD = WIN // 2      # zero padding / halo width
+SIGMA = 1.5
+
+
+def _gauss1d(size=WIN, sigma=SIGMA):
+    x = np.arange(size, dtype=np.float64) - size // 2
+    g = np.exp(-x * x / (2.0 * sigma * sigma))
+    return g / g.sum()
+
+
+_W64 = _gauss1d()
+_W32 = _W64.astype(np.float32)
+
+
+# ---------------------------------------------------------------------------
+# Per-pixel math shared by both backends (plain Python, compiled twice below).
+# No float literals: they are float64 in Numba and would promote GPU float32
+# arithmetic to float64, so doubling is written as v + v.
+# ---------------------------------------------------------------------------
+
+def _ssim_terms(mx, my, exx, eyy, exy, c1, c2):
+    """SSIM at one pixel from its five windowed moments, plus dSSIM/dmu_x,
+    dSSIM/dExx and dSSIM/dExy (the moments that depend on img)."""
+    mxy = mx * my
+    a1 = mxy + mxy + c1                          # 2 mu_x mu_y + C1
+    sxy = exy - mxy
+    a2 = sxy + sxy + c2                          # 2 sigma_xy + C2
+    b1 = mx * mx + my * my + c1                  # mu_x^2 + mu_y^2 + C1
+    b2 = (exx - mx * mx) + (eyy - my * my) + c2  # sigma_x^2 + sigma_y^2 + C2
+    s = (a1 * a2) / (b1 * b2)
+    # log-derivative: dS/dmu_x = S (2my/A1 - 2my/A2 - 2mx/B1 + 2mx/B2)
+    d_mx = s * ((my / a1 - my / a2) + (mx / b2 - mx / b1))
+    d_exy = s / a2
+    return s, d_mx + d_mx, -s / b2, d_exy + d_exy
+
+
+def _dimg(x, y, ga, gb, gc, l1_scale):
+    """dloss/dimg at one value from the filtered SSIM partials (already scaled
+    by -lam/N) and the L1 term; sign(0) = 0."""
+    g = ga + (gb + gb) * x + gc * y
+    d = x - y
+    if d > 0:
+        g += l1_scale
+    elif d < 0:
+        g -= l1_scale
+    return g
+
+
+_ssim_terms_cpu = njit(cache=True)(_ssim_terms)
+_dimg_cpu = njit(cache=True)(_dimg)
+_ssim_terms_dev = cuda.jit(device=True)(_ssim_terms)
+_dimg_dev = cuda.jit(device=True)(_dimg)
+
+
+# ---------------------------------------------------------------------------
+# CPU backend: whole-image passes over (K, H, W, C) stacks.
+# ---------------------------------------------------------------------------
+
+@njit(parallel=True, cache=True)
+def _blur_cpu(src, w, out):
+    """Separable zero-padded window filter of every (k, :, :, c) plane of src."""
+    K, H, W, C = src.shape
+    r = w.shape[0] // 2
+    tmp = np.empty_like(src)
+    for i in prange(H):                      # horizontal
+        for k in range(K):
+            for j in range(W):
+                for c in range(C):
+                    acc = 0.0
+                    for t in range(max(0, r - j), min(w.shape[0], W + r - j)):
+                        acc += w[t] * src[k, i, j + t - r, c]
+                    tmp[k, i, j, c] = acc
+    for i in prange(H):                      # vertical
+        for k in range(K):
+            for j in range(W):
+                for c in range(C):
+                    acc = 0.0
+                    for t in range(max(0, r - i), min(w.shape[0], H + r - i)):
+                        acc += w[t] * tmp[k, i + t - r, j, c]
+                    out[k, i, j, c] = acc
+
+
+@njit(parallel=True, cache=True)
+def _products_cpu(img, gt, out):
+    """The five quantities whose window means are the SSIM moments."""
+    H, W, C = img.shape
+    for i in prange(H):
+        for j in range(W):
+            for c in range(C):
+                x = img[i, j, c]
+                y = gt[i, j, c]
+                out[0, i, j, c] = x
+                out[1, i, j, c] = y
+                out[2, i, j, c] = x * x
+                out[3, i, j, c] = y * y
+                out[4, i, j, c] = x * y
+
+
+@njit(parallel=True, cache=True)
+def _ssim_map_cpu(img, gt, mom, ssim_scale, dmaps):
+    """Sum of |img-gt| and of the SSIM map; writes ssim_scale * (a, b, c)."""
+    H, W, C = img.shape
+    l1 = 0.0
+    ss = 0.0
+    for i in prange(H):
+        for j in range(W):
+            for c in range(C):
+                s, da, db, dc = _ssim_terms_cpu(mom[0, i, j, c], mom[1, i, j, c], mom[2, i, j, c],
+                                                mom[3, i, j, c], mom[4, i, j, c], C1, C2)
+                ss += s
+                l1 += abs(img[i, j, c] - gt[i, j, c])
+                dmaps[0, i, j, c] = ssim_scale * da
+                dmaps[1, i, j, c] = ssim_scale * db
+                dmaps[2, i, j, c] = ssim_scale * dc
+    return l1, ss
+
+
+@njit(parallel=True, cache=True)
+def _dimg_all_cpu(img, gt, g, l1_scale, out):
+    H, W, C = img.shape
+    for i in prange(H):
+        for j in range(W):
+            for c in range(C):
+                out[i, j, c] = _dimg_cpu(img[i, j, c], gt[i, j, c], g[0, i, j, c],
+                                         g[1, i, j, c], g[2, i, j, c], l1_scale)
+
+
+def _cpu_forward(img, gt, ssim_scale):
+    """-> (sum|d|, sum SSIM, scaled partial maps (3, H, W, 3))."""
+    w = _W64.astype(img.dtype)
+    prod = np.empty((5,) + img.shape, img.dtype)
+    _products_cpu(img, gt, prod)
+    mom = np.empty_like(prod)
+    _blur_cpu(prod, w, mom)
+    dmaps = np.empty((3,) + img.shape, img.dtype)
+    l1, ss = _ssim_map_cpu(img, gt, mom, ssim_scale, dmaps)
+    return l1, ss, dmaps
+
+
+def _cpu_l1_ssim(img, gt, lam):
+    n = img.size
+    l1, ss, dmaps = _cpu_forward(img, gt, -lam / n)
+    g = np.empty_like(dmaps)
+    _blur_cpu(dmaps, _W64.astype(img.dtype), g)
+    dimg = np.empty_like(img)
+    _dimg_all_cpu(img, gt, g, (1.0 - lam) / n, dimg)
+    return l1 / n, ss / n, dimg
+
+
+# ---------------------------------------------------------------------------
+# CUDA backend: one block = one TY x TX output tile, all 3 channels.  Inputs
+# are staged with a RAD-wide zero halo in shared memory (row-contiguous HWC
+# loads, so coalesced), then filtered separably per channel from shared memory.
+# ---------------------------------------------------------------------------
+
+TX = 16
+TY = 16
+NT = TX * TY
+HR = TY + 2 * RAD            # halo tile rows
+HCP = TX + 2 * RAD           # halo tile columns (pixels)
+HC = HCP * 3                 # halo tile columns (floats, HWC)
+
+
+@cuda.jit(device=True)
+def _load_halo(src, dst, y0, x0):
+    """dst[r, k] = src pixel row y0-RAD+r, float (x0-RAD)*3+k; 0 outside the
+    image (that is the conv zero padding).  All threads of the block help."""
+    H = src.shape[0]
+    W3 = src.shape[1] * 3
+    tid = cuda.threadIdx.y * TX + cuda.threadIdx.x
+    for e in range(tid, HR * HC, NT):
+        r = e // HC
+        k = e - r * HC
+        gy = y0 - RAD + r
+        gk = (x0 - RAD) * 3 + k
+        v = float32(0)
+        if gy >= 0 and gy < H and gk >= 0 and gk < W3:
+            v = src[gy, gk // 3, gk % 3]
+        dst[r, k] = v
+
+
+def _ssim_fwd_kernel(img, gt, dmaps, partials, ssim_scale):
+    """Moments -> SSIM map; writes ssim_scale * (a, b, c) to dmaps and the
+    block's (sum|d|, sum SSIM) to partials[block] (summed on the host: no
+    atomics, deterministic)."""
+    w = cuda.const.array_like(_W32)
+    sx = cuda.shared.array((HR, HC), float32)
+    sy = cuda.shared.array((HR, HC), float32)
+    hb = cuda.shared.array((5, HR, TX), float32)     # horizontally filtered moments
+    red = cuda.shared.array((2, NT), float64)
+    H, W = img.shape[0], img.shape[1]
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    tid = ty * TX + tx
+    y0 = cuda.blockIdx.y * TY
+    x0 = cuda.blockIdx.x * TX
+    py, px = y0 + ty, x0 + tx
+    inside = py < H and px < W
+    c1, c2 = float32(C1), float32(C2)
+
+    _load_halo(img, sx, y0, x0)
+    _load_halo(gt, sy, y0, x0)
+    cuda.syncthreads()
+    l1 = float32(0)
+    ss = float32(0)
+    for ch in range(3):
+        for e in range(tid, HR * TX, NT):            # horizontal pass, all halo rows
+            r = e // TX
+            c = e - r * TX
+            m0 = float32(0)
+            m1 = float32(0)
+            m2 = float32(0)
+            m3 = float32(0)
+            m4 = float32(0)
+            for t in range(WIN):
+                x = sx[r, (c + t) * 3 + ch]
+                y = sy[r, (c + t) * 3 + ch]
+                m0 += w[t] * x
+                m1 += w[t] * y
+                m2 += w[t] * (x * x)
+                m3 += w[t] * (y * y)
+                m4 += w[t] * (x * y)
+            hb[0, r, c] = m0
+            hb[1, r, c] = m1
+            hb[2, r, c] = m2
+            hb[3, r, c] = m3
+            hb[4, r, c] = m4
+        cuda.syncthreads()
+        m0 = float32(0)                              # vertical pass, own pixel
+        m1 = float32(0)
+        m2 = float32(0)
+        m3 = float32(0)
+        m4 = float32(0)
+        for t in range(WIN):
+            m0 += w[t] * hb[0, ty + t, tx]
+            m1 += w[t] * hb[1, ty + t, tx]
+            m2 += w[t] * hb[2, ty + t, tx]
+            m3 += w[t] * hb[3, ty + t, tx]
+            m4 += w[t] * hb[4, ty + t, tx]
+        if inside:
+            s, da, db, dc = _ssim_terms_dev(m0, m1, m2, m3, m4, c1, c2)
+            ss += s
+            l1 += abs(sx[ty + RAD, (tx + RAD) * 3 + ch] - sy[ty + RAD, (tx + RAD) * 3 + ch])
+            dmaps[0, py, px, ch] = ssim_scale * da
+            dmaps[1, py, px, ch] = ssim_scale * db
+            dmaps[2, py, px, ch] = ssim_scale * dc
+        cuda.syncthreads()                           # hb is reused by the next channel
+
+    red[0, tid] = l1
+    red[1, tid] = ss
+    cuda.syncthreads()
+    step = NT // 2
+    while step > 0:                                  # shared-memory tree reduction
+        if tid < step:
+            red[0, tid] += red[0, tid + step]
+            red[1, tid] += red[1, tid + step]
+        cuda.syncthreads()
+        step //= 2
+    if tid == 0:
+        b = cuda.blockIdx.y * cuda.gridDim.x + cuda.blockIdx.x
+        partials[b, 0] = red[0, 0]
+        partials[b, 1] = red[1, 0]
+
+
+def _ssim_bwd_kernel(img, gt, dmaps, dimg, l1_scale):
+    """dimg = G*a + 2x G*b + y G*c + l1_scale sign(x - y), from the scaled
+    partial maps of the forward kernel (halo-tiled like the forward)."""
+    w = cuda.const.array_like(_W32)
+    sa = cuda.shared.array((HR, HC), float32)
+    sb = cuda.shared.array((HR, HC), float32)
+    sc = cuda.shared.array((HR, HC), float32)
+    hb = cuda.shared.array((3, HR, TX), float32)
+    H, W = img.shape[0], img.shape[1]
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    tid = ty * TX + tx
+    y0 = cuda.blockIdx.y * TY
+    x0 = cuda.blockIdx.x * TX
+    py, px = y0 + ty, x0 + tx
+
+    _load_halo(dmaps[0], sa, y0, x0)
+    _load_halo(dmaps[1], sb, y0, x0)
+    _load_halo(dmaps[2], sc, y0, x0)
+    cuda.syncthreads()
+    for ch in range(3):
+        for e in range(tid, HR * TX, NT):
+            r = e // TX
+            c = e - r * TX
+            g0 = float32(0)
+            g1 = float32(0)
+            g2 = float32(0)
+            for t in range(WIN):
+                k = (c + t) * 3 + ch
+                g0 += w[t] * sa[r, k]
+                g1 += w[t] * sb[r, k]
+                g2 += w[t] * sc[r, k]
+            hb[0, r, c] = g0
+            hb[1, r, c] = g1
+            hb[2, r, c] = g2
+        cuda.syncthreads()
+        g0 = float32(0)
+        g1 = float32(0)
+        g2 = float32(0)
+        for t in range(WIN):
+            g0 += w[t] * hb[0, ty + t, tx]
+            g1 += w[t] * hb[1, ty + t, tx]
+            g2 += w[t] * hb[2, ty + t, tx]
+        if py < H and px < W:
+            dimg[py, px, ch] = _dimg_dev(img[py, px, ch], gt[py, px, ch], g0, g1, g2, l1_scale)
+        cuda.syncthreads()
+
+
+_KERNELS = None
+
+
+def _cuda_kernels():
+    """Compile lazily (importing must not need a GPU); explicit float32
+    signatures on a real GPU keep launch dispatch cheap."""
+    global _KERNELS
+    if _KERNELS is None:
+        if _backend.SIM:
+            fwd = cuda.jit(_ssim_fwd_kernel)
+            bwd = cuda.jit(_ssim_bwd_kernel)
+        else:
+            fwd = cuda.jit("void(float32[:, :, ::1], float32[:, :, ::1], float32[:, :, :, ::1], "
+                           "float64[:, ::1], float32)")(_ssim_fwd_kernel)
+            bwd = cuda.jit("void(float32[:, :, ::1], float32[:, :, ::1], float32[:, :, :, ::1], "
+                           "float32[:, :, ::1], float32)")(_ssim_bwd_kernel)
+        _KERNELS = (fwd, bwd)
+    return _KERNELS
+
+
+def _cuda_forward(img, gt, ssim_scale):
+    """-> (sum|d|, sum SSIM, scaled partial maps (3, H, W, 3)); one launch."""
+    xp = _backend.array_module("cuda")
+    fwd, _ = _cuda_kernels()
+    H, W = img.shape[:2]
+    grid = ((W + TX - 1) // TX, (H + TY - 1) // TY)
+    dmaps = xp.empty((3, H, W, 3), xp.float32)
+    partials = xp.empty((grid[0] * grid[1], 2), xp.float64)
+    fwd[grid, (TX, TY)](img, gt, dmaps, partials, np.float32(ssim_scale))
+    l1, ss = _backend.to_host(partials).sum(axis=0)
+    return float(l1), float(ss), dmaps
+
+
+def _cuda_l1_ssim(img, gt, lam):
+    n = img.size
+    l1, ss, dmaps = _cuda_forward(img, gt, -lam / n)
+    xp = _backend.array_module("cuda")
+    _, bwd = _cuda_kernels()
+    H, W = img.shape[:2]
+    dimg = xp.empty_like(img)
+    bwd[((W + TX - 1) // TX, (H + TY - 1) // TY), (TX, TY)](img, gt, dmaps, dimg,
+                                                          np.float32((1.0 - lam) / n))
+    return l1 / n, ss / n, dimg
+
+
+# ---------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------
+
+def _prepare(img, gt, backend):
+    backend = backend or _backend.BACKEND
+    if backend not in ("cpu", "cuda"):
+        raise ValueError(f"backend must be 'cpu' or 'cuda', got {backend!r}")
+    if img.shape != gt.shape or img.ndim != 3 or img.shape[2] != 3:
+        raise ValueError(f"expected two (H, W, 3) images, got {img.shape} and {gt.shape}")
+    if backend == "cpu":
+        img = np.ascontiguousarray(_backend.to_host(img))
+        if img.dtype != np.float64:
+            img = img.astype(np.float32, copy=False)
+        gt = np.ascontiguousarray(_backend.to_host(gt), dtype=img.dtype)
+    else:
+        xp = _backend.array_module("cuda")
+        img = xp.ascontiguousarray(xp.asarray(img, dtype=xp.float32))
+        gt = xp.ascontiguousarray(xp.asarray(gt, dtype=xp.float32))
+    return img, gt, backend
+
+
+def l1_ssim_loss(img, gt, lam=0.2, backend=None):
+    """(1-lam) * L1 + lam * (1 - SSIM) and its gradient w.r.t. img.
+
+    Returns (loss: float, dimg) with dimg shaped like img, on the backend's
+    device (CuPy array on a GPU).  Two kernel launches on the CUDA path.
+    """
+    img, gt, backend = _prepare(img, gt, backend)
+    run = _cpu_l1_ssim if backend == "cpu" else _cuda_l1_ssim
+    l1, ss, dimg = run(img, gt, float(lam))
+    return float((1.0 - lam) * l1 + lam * (1.0 - ss)), dimg
+
+
+def ssim(img, gt, backend=None):
+    """Mean SSIM over all pixels and channels (3DGS definition)."""
+    img, gt, backend = _prepare(img, gt, backend)
+    run = _cpu_forward if backend == "cpu" else _cuda_forward
+    _, ss, _ = run(img, gt, 0.0)
+    return ss / img.size
+
+
+def psnr(img, gt):
+    """-10 log10(MSE) for images in [0, 1]; numpy or CuPy input."""
+    d = img.astype("float64") - gt.astype("float64")
+    mse = float((d * d).mean())
+    return math.inf if mse == 0.0 else -10.0 * math.log10(mse)

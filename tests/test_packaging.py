@@ -1,0 +1,343 @@
+"""Packaging consistency: pyproject.toml, environment.yml, README.md and .ci/run.
+
+These compare the real files, so they fail when one is edited and the other is
+not: environment.yml must list the same dependency names, with the same version
+bounds, as pyproject.toml's runtime dependencies plus its `test` and `mpi`
+extras; README.md must hold the quick-start and test commands that .ci/run runs.
+"""
+import os
+import re
+import stat
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: pytest itself depends on tomli there
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+
+DEMO_COMMAND = "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && python run.py"
+TEST_COMMAND = (
+    'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[test]" && python -m pytest -q'
+)
+
+# conda-forge name -> PyPI name, where they differ (none do today).
+CONDA_TO_PYPI = {
+    "numba-cuda": "numba-cuda",
+    "pillow": "pillow",
+}
+# conda-only entries of environment.yml that are not Python dependencies.
+CONDA_ONLY = {"python", "pip"}
+# pyproject extras that environment.yml must carry besides the runtime deps.
+ENV_EXTRAS = ("test", "mpi")
+
+
+# --------------------------------------------------------------------------- helpers
+
+def norm_name(name):
+    """PEP 503-style normalisation: lowercase, runs of -_. become '-'."""
+    return re.sub(r"[-_.]+", "-", name.strip().lower())
+
+
+_NAME_RE = re.compile(r"^\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(\[[^\]]*\])?\s*(.*?)\s*$")
+_CLAUSE_RE = re.compile(r"^(===|==|!=|<=|>=|~=|<|>|=)?\s*(\S+)$")
+
+
+def parse_requirement(text):
+    """'numpy >=1.24, <2.5 ; marker' -> ('numpy', frozenset({('>=','1.24'), ('<','2.5')})).
+
+    Works for PEP 508 strings and conda match specs (channel prefix, extras and
+    environment markers are dropped)."""
+    text = text.split(";", 1)[0]
+    if "::" in text:  # conda channel prefix, e.g. conda-forge::numpy
+        text = text.split("::", 1)[1]
+    m = _NAME_RE.match(text)
+    if not m:
+        raise ValueError(f"cannot parse requirement {text!r}")
+    name, _extras, spec = m.groups()
+    clauses = set()
+    for part in spec.split(","):
+        part = part.replace(" ", "")
+        if not part:
+            continue
+        c = _CLAUSE_RE.match(part)
+        if not c:
+            raise ValueError(f"cannot parse version clause {part!r} of {text!r}")
+        op, ver = c.groups()
+        clauses.add((op or "==", ver))
+    return norm_name(name), frozenset(clauses)
+
+
+def requirements_map(specs, rename=None):
+    out = {}
+    for spec in specs:
+        name, clauses = parse_requirement(spec)
+        name = norm_name((rename or {}).get(name, name))
+        if name in out and out[name] != clauses:
+            raise ValueError(f"{name} listed twice with different bounds: {out[name]} / {clauses}")
+        out[name] = clauses
+    return out
+
+
+def _scalar(value):
+    value = value.strip()
+    if value[:1] in "\"'" and value[-1:] == value[:1] and len(value) >= 2:
+        return value[1:-1]
+    if value.startswith("[") and value.endswith("]"):  # simple flow list: [a, b]
+        return [_scalar(v) for v in value[1:-1].split(",") if v.strip()]
+    return value
+
+
+def _strip_comment(line):
+    if line.lstrip().startswith("#"):
+        return ""
+    # a ' #' starts a comment (good enough for environment files: no quoted '#')
+    return re.split(r"\s+#", line, maxsplit=1)[0].rstrip()
+
+
+_KEY_RE = re.compile(r"^([A-Za-z_][\w.-]*):(?:\s+(.*))?$")
+
+
+def parse_simple_yaml(text):
+    """A tiny YAML subset parser: nested block mappings and lists of scalars or
+    one-key mappings (``- pip:``), plus simple flow lists.  Enough for
+    environment.yml; raises ValueError on anything else."""
+    lines = []
+    for raw in text.splitlines():
+        if "\t" in raw[: len(raw) - len(raw.lstrip())]:
+            raise ValueError("tabs in YAML indentation")
+        line = _strip_comment(raw)
+        if line.strip():
+            lines.append((len(line) - len(line.lstrip(" ")), line.strip()))
+
+    def block(i, indent):
+        is_list = lines[i][1].startswith("- ") or lines[i][1] == "-"
+        result = [] if is_list else {}
+        while i < len(lines) and lines[i][0] == indent:
+            content = lines[i][1]
+            if is_list:
+                if not (content.startswith("- ") or content == "-"):
+                    raise ValueError(f"mixed list/mapping at line {content!r}")
+                item = content[1:].strip()
+                k = _KEY_RE.match(item)
+                if k and k.group(2) is None:  # "- key:" with a nested block
+                    if i + 1 >= len(lines) or lines[i + 1][0] <= indent:
+                        result.append({k.group(1): None})
+                        i += 1
+                    else:
+                        value, i = block(i + 1, lines[i + 1][0])
+                        result.append({k.group(1): value})
+                elif k:  # "- key: value"
+                    result.append({k.group(1): _scalar(k.group(2))})
+                    i += 1
+                else:
+                    result.append(_scalar(item))
+                    i += 1
+            else:
+                k = _KEY_RE.match(content)
+                if not k:
+                    raise ValueError(f"expected 'key: value', got {content!r}")
+                key, value = k.groups()
+                if value is not None:
+                    result[key] = _scalar(value)
+                    i += 1
+                elif i + 1 < len(lines) and (
+                    lines[i + 1][0] > indent
+                    or (lines[i + 1][0] == indent and lines[i + 1][1].startswith("-"))
+                ):
+                    result[key], i = block(i + 1, lines[i + 1][0])
+                else:
+                    result[key] = None
+                    i += 1
+        if i < len(lines) and lines[i][0] > indent:
+            raise ValueError(f"unexpected indentation at {lines[i][1]!r}")
+        return result, i
+
+    if not lines:
+        return {}
+    data, i = block(0, lines[0][0])
+    if i != len(lines):
+        raise ValueError(f"could not parse from {lines[i][1]!r}")
+    return data
+
+
+def compare_dependencies(expected, actual):
+    """Differences between two {name: clauses} maps, as readable strings."""
+    problems = []
+    for name in sorted(set(expected) - set(actual)):
+        problems.append(f"{name}: in pyproject.toml, missing from environment.yml")
+    for name in sorted(set(actual) - set(expected)):
+        problems.append(f"{name}: in environment.yml, missing from pyproject.toml")
+    for name in sorted(set(expected) & set(actual)):
+        if expected[name] != actual[name]:
+            problems.append(
+                f"{name}: bounds differ: pyproject {sorted(expected[name])} vs environment.yml {sorted(actual[name])}"
+            )
+    return problems
+
+
+def load_pyproject():
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+def load_environment():
+    return parse_simple_yaml((ROOT / "environment.yml").read_text())
+
+
+def env_conda_and_pip(env):
+    conda, pip = [], []
+    for dep in env.get("dependencies") or []:
+        if isinstance(dep, dict):
+            assert set(dep) == {"pip"}, f"unexpected mapping in dependencies: {dep}"
+            pip.extend(dep["pip"] or [])
+        else:
+            conda.append(dep)
+    return conda, pip
+
+
+def pyproject_expected(pp):
+    project = pp["project"]
+    specs = list(project["dependencies"])
+    for extra in ENV_EXTRAS:
+        specs += project["optional-dependencies"][extra]
+    return requirements_map(specs)
+
+
+def readme_test_command_lines(text):
+    m = re.search(r"<!-- test-command -->\n(.*?)<!-- /test-command -->", text, re.S)
+    assert m, "README.md lacks the <!-- test-command --> ... <!-- /test-command --> block"
+    return [ln for ln in m.group(1).splitlines() if ln.strip() and not ln.strip().startswith("```")]
+
+
+# --------------------------------------------------------------------------- real files
+
+def test_environment_matches_pyproject():
+    pp, env = load_pyproject(), load_environment()
+    conda, _pip = env_conda_and_pip(env)
+    actual = requirements_map(
+        [c for c in conda if parse_requirement(c)[0] not in CONDA_ONLY], rename=CONDA_TO_PYPI
+    )
+    expected = pyproject_expected(pp)
+    problems = compare_dependencies(expected, actual)
+    assert not problems, "environment.yml and pyproject.toml disagree:\n" + "\n".join(problems)
+    for name in ("mpi4py", "mpich", "numba", "numba-cuda", "numpy", "h5py", "pillow"):
+        assert name in actual, name
+
+
+def test_environment_python_pip_and_self_install():
+    pp, env = load_pyproject(), load_environment()
+    assert env["name"] == "numbasplat"
+    assert env["channels"] == ["conda-forge"]
+    conda, pip = env_conda_and_pip(env)
+    conda_map = requirements_map(conda)
+    assert "pip" in conda_map
+    py_bound = parse_requirement("python" + pp["project"]["requires-python"])[1]
+    assert conda_map.get("python") == py_bound, (conda_map.get("python"), py_bound)
+    assert "-e ." in [p.strip() for p in pip], f"environment.yml pip section should install the package: {pip}"
+
+
+def test_pyproject_contents():
+    pp = load_pyproject()
+    project = pp["project"]
+    assert project["name"] == "numbasplat"
+    assert parse_requirement("python" + project["requires-python"])[1] == {(">=", "3.10")}
+    deps = requirements_map(project["dependencies"])
+    assert deps == {
+        "numpy": {(">=", "1.24"), ("<", "2.5")},
+        "numba": {(">=", "0.60")},
+        "numba-cuda": {(">=", "0.20")},
+        "mpi4py": {(">=", "3.1")},
+        "h5py": {(">=", "3.8")},
+        "pillow": {(">=", "9")},
+    }
+    extras = {k: requirements_map(v) for k, v in project["optional-dependencies"].items()}
+    assert {"pytest", "pytest-timeout", "scipy"} <= set(extras["test"])
+    assert extras["test"]["pytest"] == {(">=", "7")}
+    assert extras["test"]["pytest-timeout"] == {(">=", "2.1")}
+    assert extras["test"]["scipy"] == {(">=", "1.10")}
+    assert "cupy-cuda12x" in extras["gpu"]
+    assert "mpich" in extras["mpi"]
+
+    find = pp["tool"]["setuptools"]["packages"]["find"]
+    for pkg in ("numbasplat", "engine", "comm", "data"):
+        assert pkg in find["include"] and f"{pkg}.*" in find["include"], pkg
+    assert not any(p.startswith("run") or p == "tests" for p in find["include"])
+
+    ini = pp["tool"]["pytest"]["ini_options"]
+    assert ini["testpaths"] == ["tests"]
+    assert int(ini["timeout"]) > 0
+    marker_names = {m.split(":", 1)[0].strip() for m in ini["markers"]}
+    assert {"sim", "mpi"} <= marker_names
+
+
+def test_readme_commands_and_ci_run():
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```[^\n]*\n(.*?)```", text, re.S)
+    assert [b.strip() for b in blocks[:2]] == [DEMO_COMMAND, TEST_COMMAND], (
+        "README.md must open with the demo and the test quick-start commands"
+    )
+    assert readme_test_command_lines(text) == [TEST_COMMAND]
+    assert "BENCHMARKS.md" in text
+
+    ci = ROOT / ".ci" / "run"
+    assert ci.is_file()
+    assert os.stat(ci).st_mode & stat.S_IXUSR, ".ci/run must be executable"
+    ci_text = ci.read_text()
+    assert ci_text.startswith("#!/usr/bin/env bash") or ci_text.startswith("#!/bin/bash")
+    assert "set -euo pipefail" in ci_text
+    assert "<!-- test-command -->" in ci_text and "README.md" in ci_text, (
+        ".ci/run must take its command from README.md's test-command block"
+    )
+
+
+def test_gitignore():
+    entries = {ln.strip() for ln in (ROOT / ".gitignore").read_text().splitlines()}
+    for e in (".venv/", "__pycache__/", "*.egg-info/", ".whl/", ".data/", "build/", "out/",
+              "*.npz", ".pytest_cache/"):
+        assert e in entries, e
+
+
+# --------------------------------------------------------------------------- the checkers themselves
+
+def test_parse_requirement():
+    assert parse_requirement("numpy>=1.24,<2.5") == ("numpy", frozenset({(">=", "1.24"), ("<", "2.5")}))
+    assert parse_requirement("numpy >=1.24, <2.5") == parse_requirement("numpy>=1.24,<2.5")
+    assert parse_requirement("Numba_CUDA[cu12]>=0.20 ; python_version>'3'") == (
+        "numba-cuda", frozenset({(">=", "0.20")})
+    )
+    assert parse_requirement("conda-forge::mpich") == ("mpich", frozenset())
+
+
+def test_simple_yaml_parser():
+    doc = """\
+# comment
+name: demo
+channels:
+  - conda-forge
+dependencies:
+- python>=3.10   # trailing comment
+- numpy>=1.24,<2.5
+- pip:
+    - -e .
+- other: [a, b]
+"""
+    assert parse_simple_yaml(doc) == {
+        "name": "demo",
+        "channels": ["conda-forge"],
+        "dependencies": ["python>=3.10", "numpy>=1.24,<2.5", {"pip": ["-e ."]}, {"other": ["a", "b"]}],
+    }
+    with pytest.raises(ValueError):
+        parse_simple_yaml("a: 1\n    b: 2\n")
+
+
+def test_compare_detects_differences():
+    exp = requirements_map(["numpy>=1.24,<2.5", "h5py>=3.8", "mpich"])
+    assert compare_dependencies(exp, requirements_map(["numpy>=1.24,<2.5", "h5py>=3.8", "mpich"])) == []
+    problems = compare_dependencies(exp, requirements_map(["numpy>=1.24", "mpich", "scipy"]))
+    assert any(p.startswith("numpy: bounds differ") for p in problems)
+    assert any(p.startswith("h5py: in pyproject.toml, missing") for p in problems)
+    assert any(p.startswith("scipy: in environment.yml, missing") for p in problems)
