@@ -13,6 +13,7 @@ from numba import njit, prange
 
 from . import gaussian_ops as go
 from . import geometry as geo
+from .optim import adam_body
 from .device import shared
 
 _ops = go.build(njit(cache=True))  # not inlined: parfors cannot analyse the inlined tuple math
@@ -166,3 +167,12 @@ def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_i
     rows = np.zeros((ids.shape[0], grad.shape[1]), grad.dtype)
     _raster_backward_isect(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, rows)
     scatter_add_rows(ids, rows, grad)
+
+
+_adam_one = njit(inline="always")(adam_body)
+
+
+@njit(parallel=True, cache=True)
+def adam(params, grads, m, v, bounds, widths, col0, lrs, visible, use_visible, b1, b2, eps, bc1, bc2):
+    for i in prange(params.shape[0]):
+        _adam_one(i, params, grads, m, v, bounds, widths, col0, lrs, visible, use_visible, b1, b2, eps, bc1, bc2)

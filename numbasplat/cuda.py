@@ -15,6 +15,7 @@ from numba import cuda, float32, int32
 from . import gaussian_ops as go
 from . import geometry as geo
 from ._backend import SIM
+from .optim import adam_body
 
 BLOCK = 256                 # threads per tile block = Gaussians per shared-memory batch
 TILE = 16
@@ -295,3 +296,18 @@ def raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, dep
 def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad):
     _raster_backward_kernel[_tiles(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, trans, last,
                                                         d_image, d_alpha, d_depth, grad)
+
+
+_adam_one = cuda.jit(device=True)(adam_body)
+
+
+@_jit(F1, F1, F1, F1, "int64[::1]", "int64[::1]", "int64[::1]", F1, "boolean[::1]", "boolean",
+      "float32", "float32", "float32", "float32", "float32")
+def _adam_kernel(params, grads, m, v, bounds, widths, col0, lrs, visible, use_visible, b1, b2, eps, bc1, bc2):
+    i = cuda.grid(1)
+    if i < params.shape[0]:
+        _adam_one(i, params, grads, m, v, bounds, widths, col0, lrs, visible, use_visible, b1, b2, eps, bc1, bc2)
+
+
+def adam(params, *args):
+    _adam_kernel[_grid(params.shape[0])](params, *args)

@@ -183,35 +183,46 @@ def _cpu_l1_ssim(img, gt, lam):
 
 
 # ---------------------------------------------------------------------------
-# CUDA backend: one block = one TY x TX output tile, all 3 channels.  Inputs
-# are staged with a RAD-wide zero halo in shared memory (row-contiguous HWC
-# loads, so coalesced), then filtered separably per channel from shared memory.
+# CUDA backend: one 16x16-thread block = one 16x16 output tile, all 3 channels.
+# The tile's inputs plus a RAD-wide zero halo are staged in shared memory as
+# HWC rows (contiguous global loads), then filtered separably per channel: a
+# horizontal pass over all halo rows into `hb`, then a vertical pass for each
+# thread's own pixel.  Shared arrays are flat with offsets hoisted out of the
+# tap loops: Numba's n-d indexing costs a dozen 64-bit integer ops per access.
 # ---------------------------------------------------------------------------
 
-TX = 16
-TY = 16
+TX = 16                      # tile width = threads per block row
+TY = 16                      # tile height = threads per block column
 NT = TX * TY
 HR = TY + 2 * RAD            # halo tile rows
 HCP = TX + 2 * RAD           # halo tile columns (pixels)
-HC = HCP * 3                 # halo tile columns (floats, HWC)
+HC = HCP * 3                 # halo tile row length (floats)
+HB = HR * TX                 # one plane of horizontally filtered values
+# Shared-array sizes must be global constants (Numba does not fold expressions).
+HALO_LEN = HR * HC
+HB5_LEN = 5 * HB
+HB3_LEN = 3 * HB
+RED_LEN = 2 * NT
 
 
 @cuda.jit(device=True)
 def _load_halo(src, dst, y0, x0):
-    """dst[r, k] = src pixel row y0-RAD+r, float (x0-RAD)*3+k; 0 outside the
+    """dst[(r*HCP + p)*3 + ch] = src[y0-RAD+r, x0-RAD+p, ch], 0 outside the
     image (that is the conv zero padding).  All threads of the block help."""
-    H = src.shape[0]
-    W3 = src.shape[1] * 3
-    tid = cuda.threadIdx.y * TX + cuda.threadIdx.x
-    for e in range(tid, HR * HC, NT):
-        r = e // HC
-        k = e - r * HC
+    H, W = src.shape[0], src.shape[1]
+    for r in range(cuda.threadIdx.y, HR, TY):
         gy = y0 - RAD + r
-        gk = (x0 - RAD) * 3 + k
-        v = float32(0)
-        if gy >= 0 and gy < H and gk >= 0 and gk < W3:
-            v = src[gy, gk // 3, gk % 3]
-        dst[r, k] = v
+        for p in range(cuda.threadIdx.x, HCP, TX):
+            gx = x0 - RAD + p
+            o = (r * HCP + p) * 3
+            if gy >= 0 and gy < H and gx >= 0 and gx < W:
+                dst[o] = src[gy, gx, 0]
+                dst[o + 1] = src[gy, gx, 1]
+                dst[o + 2] = src[gy, gx, 2]
+            else:
+                dst[o] = float32(0)
+                dst[o + 1] = float32(0)
+                dst[o + 2] = float32(0)
 
 
 def _ssim_fwd_kernel(img, gt, dmaps, partials, ssim_scale):
@@ -219,17 +230,16 @@ def _ssim_fwd_kernel(img, gt, dmaps, partials, ssim_scale):
     block's (sum|d|, sum SSIM) to partials[block] (summed on the host: no
     atomics, deterministic)."""
     w = cuda.const.array_like(_W32)
-    sx = cuda.shared.array((HR, HC), float32)
-    sy = cuda.shared.array((HR, HC), float32)
-    hb = cuda.shared.array((5, HR, TX), float32)     # horizontally filtered moments
-    red = cuda.shared.array((2, NT), float64)
+    sx = cuda.shared.array(HALO_LEN, float32)
+    sy = cuda.shared.array(HALO_LEN, float32)
+    hb = cuda.shared.array(HB5_LEN, float32)          # horizontally filtered moments
+    red = cuda.shared.array(RED_LEN, float64)
     H, W = img.shape[0], img.shape[1]
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     tid = ty * TX + tx
     y0 = cuda.blockIdx.y * TY
     x0 = cuda.blockIdx.x * TX
     py, px = y0 + ty, x0 + tx
-    inside = py < H and px < W
     c1, c2 = float32(C1), float32(C2)
 
     _load_halo(img, sx, y0, x0)
@@ -238,27 +248,27 @@ def _ssim_fwd_kernel(img, gt, dmaps, partials, ssim_scale):
     l1 = float32(0)
     ss = float32(0)
     for ch in range(3):
-        for e in range(tid, HR * TX, NT):            # horizontal pass, all halo rows
-            r = e // TX
-            c = e - r * TX
+        for r in range(ty, HR, TY):                  # horizontal pass, all halo rows
+            i = r * HC + tx * 3 + ch
             m0 = float32(0)
             m1 = float32(0)
             m2 = float32(0)
             m3 = float32(0)
             m4 = float32(0)
             for t in range(WIN):
-                x = sx[r, (c + t) * 3 + ch]
-                y = sy[r, (c + t) * 3 + ch]
+                x = sx[i + 3 * t]
+                y = sy[i + 3 * t]
                 m0 += w[t] * x
                 m1 += w[t] * y
                 m2 += w[t] * (x * x)
                 m3 += w[t] * (y * y)
                 m4 += w[t] * (x * y)
-            hb[0, r, c] = m0
-            hb[1, r, c] = m1
-            hb[2, r, c] = m2
-            hb[3, r, c] = m3
-            hb[4, r, c] = m4
+            o = r * TX + tx
+            hb[o] = m0
+            hb[o + HB] = m1
+            hb[o + 2 * HB] = m2
+            hb[o + 3 * HB] = m3
+            hb[o + 4 * HB] = m4
         cuda.syncthreads()
         m0 = float32(0)                              # vertical pass, own pixel
         m1 = float32(0)
@@ -266,47 +276,48 @@ def _ssim_fwd_kernel(img, gt, dmaps, partials, ssim_scale):
         m3 = float32(0)
         m4 = float32(0)
         for t in range(WIN):
-            m0 += w[t] * hb[0, ty + t, tx]
-            m1 += w[t] * hb[1, ty + t, tx]
-            m2 += w[t] * hb[2, ty + t, tx]
-            m3 += w[t] * hb[3, ty + t, tx]
-            m4 += w[t] * hb[4, ty + t, tx]
-        if inside:
+            o = (ty + t) * TX + tx
+            m0 += w[t] * hb[o]
+            m1 += w[t] * hb[o + HB]
+            m2 += w[t] * hb[o + 2 * HB]
+            m3 += w[t] * hb[o + 3 * HB]
+            m4 += w[t] * hb[o + 4 * HB]
+        if py < H and px < W:
             s, da, db, dc = _ssim_terms_dev(m0, m1, m2, m3, m4, c1, c2)
             ss += s
-            l1 += abs(sx[ty + RAD, (tx + RAD) * 3 + ch] - sy[ty + RAD, (tx + RAD) * 3 + ch])
+            i = ((ty + RAD) * HCP + tx + RAD) * 3 + ch
+            l1 += abs(sx[i] - sy[i])
             dmaps[0, py, px, ch] = ssim_scale * da
             dmaps[1, py, px, ch] = ssim_scale * db
             dmaps[2, py, px, ch] = ssim_scale * dc
         cuda.syncthreads()                           # hb is reused by the next channel
 
-    red[0, tid] = l1
-    red[1, tid] = ss
+    red[tid] = l1
+    red[tid + NT] = ss
     cuda.syncthreads()
     step = NT // 2
     while step > 0:                                  # shared-memory tree reduction
         if tid < step:
-            red[0, tid] += red[0, tid + step]
-            red[1, tid] += red[1, tid + step]
+            red[tid] += red[tid + step]
+            red[tid + NT] += red[tid + NT + step]
         cuda.syncthreads()
         step //= 2
     if tid == 0:
         b = cuda.blockIdx.y * cuda.gridDim.x + cuda.blockIdx.x
-        partials[b, 0] = red[0, 0]
-        partials[b, 1] = red[1, 0]
+        partials[b, 0] = red[0]
+        partials[b, 1] = red[NT]
 
 
 def _ssim_bwd_kernel(img, gt, dmaps, dimg, l1_scale):
     """dimg = G*a + 2x G*b + y G*c + l1_scale sign(x - y), from the scaled
     partial maps of the forward kernel (halo-tiled like the forward)."""
     w = cuda.const.array_like(_W32)
-    sa = cuda.shared.array((HR, HC), float32)
-    sb = cuda.shared.array((HR, HC), float32)
-    sc = cuda.shared.array((HR, HC), float32)
-    hb = cuda.shared.array((3, HR, TX), float32)
+    sa = cuda.shared.array(HALO_LEN, float32)
+    sb = cuda.shared.array(HALO_LEN, float32)
+    sc = cuda.shared.array(HALO_LEN, float32)
+    hb = cuda.shared.array(HB3_LEN, float32)
     H, W = img.shape[0], img.shape[1]
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    tid = ty * TX + tx
     y0 = cuda.blockIdx.y * TY
     x0 = cuda.blockIdx.x * TX
     py, px = y0 + ty, x0 + tx
@@ -316,28 +327,28 @@ def _ssim_bwd_kernel(img, gt, dmaps, dimg, l1_scale):
     _load_halo(dmaps[2], sc, y0, x0)
     cuda.syncthreads()
     for ch in range(3):
-        for e in range(tid, HR * TX, NT):
-            r = e // TX
-            c = e - r * TX
+        for r in range(ty, HR, TY):
+            i = r * HC + tx * 3 + ch
             g0 = float32(0)
             g1 = float32(0)
             g2 = float32(0)
             for t in range(WIN):
-                k = (c + t) * 3 + ch
-                g0 += w[t] * sa[r, k]
-                g1 += w[t] * sb[r, k]
-                g2 += w[t] * sc[r, k]
-            hb[0, r, c] = g0
-            hb[1, r, c] = g1
-            hb[2, r, c] = g2
+                g0 += w[t] * sa[i + 3 * t]
+                g1 += w[t] * sb[i + 3 * t]
+                g2 += w[t] * sc[i + 3 * t]
+            o = r * TX + tx
+            hb[o] = g0
+            hb[o + HB] = g1
+            hb[o + 2 * HB] = g2
         cuda.syncthreads()
         g0 = float32(0)
         g1 = float32(0)
         g2 = float32(0)
         for t in range(WIN):
-            g0 += w[t] * hb[0, ty + t, tx]
-            g1 += w[t] * hb[1, ty + t, tx]
-            g2 += w[t] * hb[2, ty + t, tx]
+            o = (ty + t) * TX + tx
+            g0 += w[t] * hb[o]
+            g1 += w[t] * hb[o + HB]
+            g2 += w[t] * hb[o + 2 * HB]
         if py < H and px < W:
             dimg[py, px, ch] = _dimg_dev(img[py, px, ch], gt[py, px, ch], g0, g1, g2, l1_scale)
         cuda.syncthreads()

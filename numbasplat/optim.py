@@ -1,0 +1,133 @@
+"""Parameters in one flat buffer, and one fused Adam kernel over all of them.
+
+Each group (means, scales, ...) is a contiguous block of N*width values, so
+the ``Gaussians`` views are plain reshapes and one launch updates everything.
+Learning rates are per column of a group (the sh group's first 3 columns are
+the DC band, the rest the higher bands, which 3DGS trains 20x slower).
+"""
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from . import _backend
+from .rendering import Gaussians, _impl as _rendering_impl
+
+GROUPS = ("means", "scales", "quats", "opacities", "sh")
+
+
+def group_widths(sh_bases):
+    return {"means": 3, "scales": 3, "quats": 4, "opacities": 1, "sh": 3 * sh_bases}
+
+
+class FlatParams:
+    """A flat float buffer holding every parameter group of N Gaussians."""
+
+    def __init__(self, n, sh_bases, xp=np, dtype=np.float32, data=None):
+        self.n = n
+        self.sh_bases = sh_bases
+        self.widths = group_widths(sh_bases)
+        starts = np.cumsum([0] + [n * self.widths[g] for g in GROUPS])
+        self.starts = dict(zip(GROUPS, starts[:-1]))
+        self.size = int(starts[-1])
+        self.data = xp.zeros(self.size, dtype) if data is None else data
+        if self.data.shape != (self.size,):
+            raise ValueError(f"flat buffer must hold {self.size} values, got {self.data.shape}")
+
+    def like(self, data=None):
+        xp = _backend.array_module("cuda") if not isinstance(self.data, np.ndarray) else np
+        return FlatParams(self.n, self.sh_bases, xp, self.data.dtype, data)
+
+    def view(self, group):
+        s, w = self.starts[group], self.widths[group]
+        block = self.data[s:s + self.n * w]
+        if group == "opacities":
+            return block
+        if group == "sh":
+            return block.reshape(self.n, self.sh_bases, 3)
+        return block.reshape(self.n, w)
+
+    def gaussians(self):
+        return Gaussians(**{g: self.view(g) for g in GROUPS})
+
+    @classmethod
+    def from_gaussians(cls, g: Gaussians, xp=np, dtype=np.float32):
+        flat = cls(len(g), g.sh.shape[1], xp, dtype)
+        for name in GROUPS:
+            flat.view(name)[...] = xp.asarray(getattr(g, name), dtype)
+        return flat
+
+    def layout(self, lr_columns):
+        """(group bounds, widths, column offsets) arrays for the Adam kernel."""
+        bounds = np.array([self.starts[g] for g in GROUPS] + [self.size], np.int64)
+        widths = np.array([self.widths[g] for g in GROUPS], np.int64)
+        col0 = np.concatenate([[0], np.cumsum(widths)[:-1]]).astype(np.int64)
+        if len(lr_columns) != widths.sum():
+            raise ValueError(f"need {widths.sum()} per-column learning rates, got {len(lr_columns)}")
+        return bounds, widths, col0
+
+
+def column_lrs(lr, sh_bases):
+    """Per-column learning rates from a dict of group rates; 'sh_rest' is the higher SH bands."""
+    cols = []
+    for g in GROUPS[:-1]:
+        cols += [lr[g]] * group_widths(sh_bases)[g]
+    cols += [lr["sh"]] * 3 + [lr.get("sh_rest", lr["sh"] / 20.0)] * 3 * (sh_bases - 1)
+    return np.array(cols, np.float32)
+
+
+def exp_decay(lr0, lr1, step, steps):
+    """Log-linear interpolation from lr0 to lr1 over ``steps`` (3DGS's means schedule)."""
+    t = min(max(step / max(steps, 1), 0.0), 1.0)
+    return math.exp(math.log(lr0) * (1 - t) + math.log(lr1) * t)
+
+
+def adam_body(i, params, grads, m, v, bounds, widths, col0, lrs, visible, use_visible, b1, b2, eps, bc1, bc2):
+    """Update element i; elements of Gaussians not visible this step keep their state."""
+    g = 0
+    while i >= bounds[g + 1]:
+        g += 1
+    w = widths[g]
+    off = i - bounds[g]
+    if use_visible and not visible[off // w]:
+        return
+    gr = grads[i]
+    mi = b1 * m[i] + (1.0 - b1) * gr
+    vi = b2 * v[i] + (1.0 - b2) * gr * gr
+    m[i] = mi
+    v[i] = vi
+    params[i] -= lrs[col0[g] + off % w] * (mi / bc1) / (math.sqrt(vi / bc2) + eps)
+
+
+@dataclass
+class Adam:
+    """Fused Adam over a ``FlatParams`` (3DGS defaults: eps 1e-15)."""
+    params: FlatParams
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-15
+    backend: str = None
+
+    def __post_init__(self):
+        self.backend = self.backend or _backend.BACKEND
+        xp = _backend.array_module(self.backend)
+        self.m = xp.zeros_like(self.params.data)
+        self.v = xp.zeros_like(self.params.data)
+        self.step_count = 0
+        self._layout = None
+
+    def step(self, grads, lr_columns, visible=None):
+        """One update; ``grads`` is a flat buffer like ``params.data``; ``visible`` an (N,) bool mask."""
+        xp = _backend.array_module(self.backend)
+        p = self.params
+        if self._layout is None:
+            self._layout = tuple(xp.asarray(a) for a in p.layout(lr_columns))
+        self.step_count += 1
+        t = self.step_count
+        lrs = xp.asarray(np.asarray(lr_columns, np.float32))
+        use_visible = visible is not None
+        vis = visible if use_visible else xp.ones(1, np.bool_)
+        args = (p.data, grads, self.m, self.v, *self._layout, lrs, vis, use_visible,
+                np.float32(self.b1), np.float32(self.b2), np.float32(self.eps),
+                np.float32(1 - self.b1 ** t), np.float32(1 - self.b2 ** t))
+        if p.size:
+            _rendering_impl(self.backend)[0].adam(*args)
