@@ -13,6 +13,7 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from . import gaussian_ops as go
+from . import cuda_stats
 from . import geometry as geo
 from ._backend import SIM
 from .optim import adam_body
@@ -46,12 +47,31 @@ def _sig(*types):
     return "void(" + ", ".join(types) + ")"
 
 
+KERNELS = {}  # name -> (python function, signature): what tests compile to PTX without a GPU
+
+
+class _Kernel:
+    """A kernel compiled for exactly one signature (no per-call type inference),
+    on first launch, so importing this module needs no GPU."""
+
+    def __init__(self, fn, sig):
+        self.fn = fn
+        self.sig = sig
+        self.compiled = None
+        KERNELS[fn.__name__] = (fn, sig)
+
+    def __getitem__(self, config):
+        if self.compiled is None:
+            self.compiled = cuda.jit(self.fn) if SIM else cuda.jit(self.sig)(self.fn)
+        return self.compiled[config]
+
+
 def _jit(*types):
-    """Compile for exactly these argument types (no per-call type inference)."""
-    return cuda.jit(_sig(*types)) if not SIM else cuda.jit
+    return lambda fn: _Kernel(fn, _sig(*types))
 
 
 def _grid(n):
+    cuda_stats.launches += 1
     return (n + THREADS - 1) // THREADS, THREADS
 
 
@@ -143,7 +163,7 @@ def _raster_forward_kernel(proj, ids, ranges, W, H, tiles_x, bg, image, trans, d
     stop = start
     done = not inside
     for base in range(start, end, BLOCK):
-        if cuda.syncthreads_count(done) == BLOCK:
+        if cuda.syncthreads_count(int32(done)) == BLOCK:
             break
         if base + tid < end:
             _load(proj, ids, base + tid, rec, rid, tid)
@@ -285,6 +305,7 @@ def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d
 
 
 def _tiles(W, H):
+    cuda_stats.launches += 1
     return (W + TILE - 1) // TILE, (H + TILE - 1) // TILE
 
 

@@ -26,7 +26,7 @@ math (``_ssim_terms``, ``_dimg``) is shared by both.
 import math
 
 import numpy as np
-from numba import cuda, float32, float64, njit, prange
+from numba import cuda, float32, float64, njit, prange, uint32
 
 from numbasplat import _backend
 
@@ -205,6 +205,13 @@ HB3_LEN = 3 * HB
 RED_LEN = 2 * NT
 
 
+@cuda.jit(device=True, inline=True)
+def _at(a, i):
+    """a[i] for i >= 0.  An unsigned index spares the negative-index fixup
+    Numba emits for every signed one (~5 integer ops per load in a tap loop)."""
+    return a[uint32(i)]
+
+
 @cuda.jit(device=True)
 def _load_halo(src, dst, y0, x0):
     """dst[(r*HCP + p)*3 + ch] = src[y0-RAD+r, x0-RAD+p, ch], 0 outside the
@@ -214,15 +221,13 @@ def _load_halo(src, dst, y0, x0):
         gy = y0 - RAD + r
         for p in range(cuda.threadIdx.x, HCP, TX):
             gx = x0 - RAD + p
-            o = (r * HCP + p) * 3
-            if gy >= 0 and gy < H and gx >= 0 and gx < W:
-                dst[o] = src[gy, gx, 0]
-                dst[o + 1] = src[gy, gx, 1]
-                dst[o + 2] = src[gy, gx, 2]
-            else:
-                dst[o] = float32(0)
-                dst[o + 1] = float32(0)
-                dst[o + 2] = float32(0)
+            inside = gy >= 0 and gy < H and gx >= 0 and gx < W
+            o = uint32((r * HCP + p) * 3)
+            for ch in range(3):
+                v = float32(0)
+                if inside:
+                    v = src[uint32(gy), uint32(gx), uint32(ch)]
+                dst[o + uint32(ch)] = v
 
 
 def _ssim_fwd_kernel(img, gt, dmaps, partials, ssim_scale):
@@ -256,8 +261,8 @@ def _ssim_fwd_kernel(img, gt, dmaps, partials, ssim_scale):
             m3 = float32(0)
             m4 = float32(0)
             for t in range(WIN):
-                x = sx[i + 3 * t]
-                y = sy[i + 3 * t]
+                x = _at(sx, i + 3 * t)
+                y = _at(sy, i + 3 * t)
                 m0 += w[t] * x
                 m1 += w[t] * y
                 m2 += w[t] * (x * x)
@@ -277,11 +282,11 @@ def _ssim_fwd_kernel(img, gt, dmaps, partials, ssim_scale):
         m4 = float32(0)
         for t in range(WIN):
             o = (ty + t) * TX + tx
-            m0 += w[t] * hb[o]
-            m1 += w[t] * hb[o + HB]
-            m2 += w[t] * hb[o + 2 * HB]
-            m3 += w[t] * hb[o + 3 * HB]
-            m4 += w[t] * hb[o + 4 * HB]
+            m0 += w[t] * _at(hb, o)
+            m1 += w[t] * _at(hb, o + HB)
+            m2 += w[t] * _at(hb, o + 2 * HB)
+            m3 += w[t] * _at(hb, o + 3 * HB)
+            m4 += w[t] * _at(hb, o + 4 * HB)
         if py < H and px < W:
             s, da, db, dc = _ssim_terms_dev(m0, m1, m2, m3, m4, c1, c2)
             ss += s
@@ -333,9 +338,9 @@ def _ssim_bwd_kernel(img, gt, dmaps, dimg, l1_scale):
             g1 = float32(0)
             g2 = float32(0)
             for t in range(WIN):
-                g0 += w[t] * sa[i + 3 * t]
-                g1 += w[t] * sb[i + 3 * t]
-                g2 += w[t] * sc[i + 3 * t]
+                g0 += w[t] * _at(sa, i + 3 * t)
+                g1 += w[t] * _at(sb, i + 3 * t)
+                g2 += w[t] * _at(sc, i + 3 * t)
             o = r * TX + tx
             hb[o] = g0
             hb[o + HB] = g1
@@ -346,9 +351,9 @@ def _ssim_bwd_kernel(img, gt, dmaps, dimg, l1_scale):
         g2 = float32(0)
         for t in range(WIN):
             o = (ty + t) * TX + tx
-            g0 += w[t] * hb[o]
-            g1 += w[t] * hb[o + HB]
-            g2 += w[t] * hb[o + 2 * HB]
+            g0 += w[t] * _at(hb, o)
+            g1 += w[t] * _at(hb, o + HB)
+            g2 += w[t] * _at(hb, o + 2 * HB)
         if py < H and px < W:
             dimg[py, px, ch] = _dimg_dev(img[py, px, ch], gt[py, px, ch], g0, g1, g2, l1_scale)
         cuda.syncthreads()

@@ -1,0 +1,115 @@
+"""``run.py bench``: per-stage timings of full training steps on a standard scene.
+
+Stages: projection, binning+sort, forward raster, L1+SSIM loss, raster
+backward, projection backward, Adam.  On the GPU each stage is bracketed by
+CUDA events with no synchronisation in between, so the step time includes all
+Python-side overhead exactly as training sees it.
+"""
+import statistics
+import time
+
+import numpy as np
+
+from . import _backend
+from . import cuda_stats
+from .loss import l1_ssim_loss
+from .optim import Adam, FlatParams, column_lrs
+from .rendering import Camera, Gaussians, bin_tiles, project, project_backward, rasterize, rasterize_backward
+
+STAGES = ("project", "bin_sort", "raster_fwd", "loss", "raster_bwd", "project_bwd", "adam")
+LR = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "sh": 2.5e-3}
+
+
+def load_scene(path):
+    """Gaussians and camera from a ``shared/bench/scene_gen.py`` file."""
+    try:
+        z = np.load(path)
+        g = Gaussians(z["means"], z["scales"], z["quats"], z["opacities"], z["sh"])
+        cam = Camera.from_K(z["viewmat"], z["K"], int(z["W"]), int(z["H"]))
+    except (OSError, KeyError, ValueError) as e:
+        raise SystemExit(f"error: cannot read benchmark scene {path}: {e}")
+    return g, cam
+
+
+class _Clock:
+    """Marks on the device timeline (CUDA events) or the host clock (CPU)."""
+
+    def __init__(self, backend):
+        self.gpu = backend == "cuda" and not _backend.SIM
+        if self.gpu:
+            import cupy
+            self.cupy = cupy
+
+    def mark(self):
+        if self.gpu:
+            e = self.cupy.cuda.Event()
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def elapsed_ms(self, a, b):
+        if self.gpu:
+            b.synchronize()
+            return self.cupy.cuda.get_elapsed_time(a, b)
+        return (b - a) * 1e3
+
+
+def peak_device_bytes():
+    if _backend.BACKEND != "cuda" or _backend.SIM:
+        return 0
+    import cupy
+    return cupy.get_default_memory_pool().total_bytes()
+
+
+def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, out=print):
+    backend = backend or _backend.BACKEND
+    xp = _backend.array_module(backend)
+    g_host, cam = load_scene(scene) if isinstance(scene, str) else scene
+    flat = FlatParams.from_gaussians(g_host, xp)
+    g = flat.gaussians()
+    grads = flat.like(xp.zeros(flat.size, np.float32))
+    gg = grads.gaussians()
+    opt = Adam(flat, backend=backend)
+    lrs = column_lrs(LR, flat.sh_bases)
+    target = xp.asarray(np.random.default_rng(seed).random((cam.height, cam.width, 3), np.float32))
+    clock = _Clock(backend)
+    times = {s: [] for s in STAGES + ("step", "forward")}
+    launches = []
+    for it in range(warmup + iters):
+        n0 = cuda_stats.launches
+        m = [clock.mark()]
+        p = project(g, cam, sh_degree, backend=backend, check=False)
+        m.append(clock.mark())
+        b = bin_tiles(p, backend)
+        m.append(clock.mark())
+        r = rasterize(p, b, backend=backend)
+        m.append(clock.mark())
+        loss, d_img = l1_ssim_loss(r.image, target, backend=backend)
+        m.append(clock.mark())
+        rec = rasterize_backward(p, b, r, d_img, backend=backend)
+        m.append(clock.mark())
+        grads.data[...] = 0
+        project_backward(g, p, rec, gg, backend=backend)
+        m.append(clock.mark())
+        opt.step(grads.data, lrs)
+        m.append(clock.mark())
+        if it >= warmup:
+            for s, a, c in zip(STAGES, m, m[1:]):
+                times[s].append(clock.elapsed_ms(a, c))
+            times["step"].append(clock.elapsed_ms(m[0], m[-1]))
+            times["forward"].append(clock.elapsed_ms(m[0], m[3]))
+            launches.append(cuda_stats.launches - n0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    n = len(g_host)
+    out(f"scene: {n} Gaussians, {cam.width}x{cam.height}, backend {backend}, {iters} iterations "
+        f"(median ms), intersections {b.n_isect}, loss {loss:.4f}")
+    for s in STAGES:
+        out(f"  {s:12s} {med[s]:8.3f}")
+    out(f"  {'forward':12s} {med['forward']:8.3f}   (project + bin_sort + raster_fwd)")
+    if backend == "cuda":
+        out(f"numba kernel launches per step: {statistics.median(launches):.0f}")
+    peak = peak_device_bytes()
+    if peak:
+        out(f"peak device memory: {peak / 2**20:.1f} MiB ({peak / n:.0f} B per Gaussian)")
+    out(f"step_ms={med['step']:.3f}")
+    return med

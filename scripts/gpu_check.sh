@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# On the GPU machine: the CUDA-vs-CPU checks, then the benchmark, in one go.
+# Usage: scripts/gpu_check.sh [SCENE_GEN]   (default ../shared/bench/scene_gen.py, or .data/scene_gen.py)
+# Writes logs to $OUT (default ./out).
+set -uo pipefail
+export NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0 PYTHONUNBUFFERED=1 NUMBASPLAT_BACKEND=cuda
+OUT=${OUT:-out}
+mkdir -p "$OUT" .data
+gen=${1:-../shared/bench/scene_gen.py}
+[ -f "$gen" ] || gen=.data/scene_gen.py
+rc=0
+python3 run.py info | tee "$OUT/info.txt"
+python3 tests/check_cuda.py 2>&1 | tee "$OUT/check_cuda.txt" || rc=1
+for spec in "1000000 1297x840" "6000000 1920x1080"; do
+    set -- $spec
+    f=.data/bench_$1_$2.npz
+    [ -f "$f" ] || python3 "$gen" "$f" --n "$1" --res "$2"
+    python3 run.py bench --scene "$f" --iters "${ITERS:-20}" 2>&1 | tee "$OUT/bench_$1_$2.txt" || rc=1
+done
+exit $rc
