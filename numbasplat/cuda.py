@@ -199,8 +199,9 @@ if SIM:
     RED_ROWS = BLOCK
 
     @cuda.jit(device=True)
-    def _reduce_add(grad, g, tid, any_valid, red, v):
+    def _reduce_add(grad, g, tid, any_valid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11):
         """Block sum through shared memory (the simulator has no warp shuffles)."""
+        v = (v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
         for f in range(NG):
             red[f, tid] = v[f]
         cuda.syncthreads()
@@ -216,18 +217,42 @@ else:
 
     @cuda.jit(device=True, inline=True)
     def _warp_sum(x):
-        for off in (16, 8, 4, 2, 1):
-            x += cuda.shfl_down_sync(FULL_MASK, x, off)
+        x += cuda.shfl_down_sync(FULL_MASK, x, 16)
+        x += cuda.shfl_down_sync(FULL_MASK, x, 8)
+        x += cuda.shfl_down_sync(FULL_MASK, x, 4)
+        x += cuda.shfl_down_sync(FULL_MASK, x, 2)
+        x += cuda.shfl_down_sync(FULL_MASK, x, 1)
         return x
 
     @cuda.jit(device=True, inline=True)
-    def _reduce_add(grad, g, tid, any_valid, red, v):
+    def _reduce_add(grad, g, tid, any_valid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11):
         """Warp sum by shuffles, then one atomic per field from lane 0."""
         if cuda.any_sync(FULL_MASK, any_valid):
-            for f in range(NG):
-                s = _warp_sum(v[f])
-                if tid % 32 == 0:
-                    cuda.atomic.add(grad, (g, f), s)
+            v0 = _warp_sum(v0)
+            v1 = _warp_sum(v1)
+            v2 = _warp_sum(v2)
+            v3 = _warp_sum(v3)
+            v4 = _warp_sum(v4)
+            v5 = _warp_sum(v5)
+            v6 = _warp_sum(v6)
+            v7 = _warp_sum(v7)
+            v8 = _warp_sum(v8)
+            v9 = _warp_sum(v9)
+            v10 = _warp_sum(v10)
+            v11 = _warp_sum(v11)
+            if tid % 32 == 0:
+                cuda.atomic.add(grad, (g, 0), v0)
+                cuda.atomic.add(grad, (g, 1), v1)
+                cuda.atomic.add(grad, (g, 2), v2)
+                cuda.atomic.add(grad, (g, 3), v3)
+                cuda.atomic.add(grad, (g, 4), v4)
+                cuda.atomic.add(grad, (g, 5), v5)
+                cuda.atomic.add(grad, (g, 6), v6)
+                cuda.atomic.add(grad, (g, 7), v7)
+                cuda.atomic.add(grad, (g, 8), v8)
+                cuda.atomic.add(grad, (g, 9), v9)
+                cuda.atomic.add(grad, (g, 10), v10)
+                cuda.atomic.add(grad, (g, 11), v11)
 
 
 @_jit(F2, I1, I2, "int64", "int64", "int64", F1, F2, I2, F3, F2, F2, F2)
@@ -235,13 +260,16 @@ def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d
     rec = cuda.shared.array((BLOCK, NF), float32)
     rid = cuda.shared.array(BLOCK, int32)
     red = cuda.shared.array((NG, RED_ROWS), float32)
+    block_last = cuda.shared.array(1, int32)
     tid = cuda.threadIdx.y * TILE + cuda.threadIdx.x
     px = cuda.blockIdx.x * TILE + cuda.threadIdx.x
     py = cuda.blockIdx.y * TILE + cuda.threadIdx.y
     inside = px < W and py < H
     t = cuda.blockIdx.y * tiles_x + cuda.blockIdx.x
     start = ranges[t, 0]
-    end = ranges[t, 1]
+    if tid == 0:
+        block_last[0] = start
+    cuda.syncthreads()
     fx = float32(px) + HALF
     fy = float32(py) + HALF
     T_end = ZERO
@@ -259,6 +287,9 @@ def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d
         dd = d_depth[py, px]
         da_end = d_alpha[py, px] * T_end
         my_last = last[py, px]
+        cuda.atomic.max(block_last, 0, my_last)
+    cuda.syncthreads()
+    end = block_last[0]  # nothing behind the block's last contributor matters
     T = T_end
     s0 = T_end * bg[0]
     s1 = T_end * bg[1]
@@ -271,9 +302,19 @@ def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d
         cuda.syncthreads()
         for j in range(top - lo):
             i = top - 1 - j
-            alpha, vis, dx, dy = _alpha(rec, j, fx, fy)
-            valid = i < my_last and alpha >= ALPHA_MIN
-            v = (ZERO, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO)
+            valid = False
+            alpha = ZERO
+            vis = ZERO
+            dx = ZERO
+            dy = ZERO
+            if i < my_last:
+                alpha, vis, dx, dy = _alpha(rec, j, fx, fy)
+                valid = alpha >= ALPHA_MIN
+            gu = ZERO
+            gv = ZERO
+            ds = ZERO
+            d_o = ZERO
+            w = ZERO
             if valid:
                 ra = ONE / (ONE - alpha)
                 T *= ra
@@ -289,18 +330,13 @@ def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d
                 s2 += w * c2
                 sd += w * z
                 o = rec[j, go.OPAC]
-                d_o = ZERO
-                gu = ZERO
-                gv = ZERO
-                ds = ZERO
                 if o * vis <= ALPHA_MAX:
                     d_o = vis * d_a
                     ds = -o * vis * d_a
                     gu = ds * (rec[j, go.CA] * dx + rec[j, go.CB] * dy)
                     gv = ds * (rec[j, go.CB] * dx + rec[j, go.CC] * dy)
-                v = (gu, gv, HALF * ds * dx * dx, ds * dx * dy, HALF * ds * dy * dy, d_o,
-                     w * dc0, w * dc1, w * dc2, w * dd, abs(gu), abs(gv))
-            _reduce_add(grad, rid[j], tid, valid, red, v)
+            _reduce_add(grad, rid[j], tid, valid, red, gu, gv, HALF * ds * dx * dx, ds * dx * dy,
+                        HALF * ds * dy * dy, d_o, w * dc0, w * dc1, w * dc2, w * dd, abs(gu), abs(gv))
         cuda.syncthreads()
 
 
@@ -322,10 +358,10 @@ def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_i
 _adam_one = cuda.jit(device=True)(adam_body)
 
 
-@_jit(F1, F1, F1, F1, "int64[::1]", "int64[::1]", "int64[::1]", F1, "boolean[::1]", "boolean",
+@_jit(F1, F1, F1, F1, I1, I1, I1, F1, "boolean[::1]", "boolean",
       "float32", "float32", "float32", "float32", "float32")
 def _adam_kernel(params, grads, m, v, bounds, widths, col0, lrs, visible, use_visible, b1, b2, eps, bc1, bc2):
-    i = cuda.grid(1)
+    i = int32(cuda.grid(1))
     if i < params.shape[0]:
         _adam_one(i, params, grads, m, v, bounds, widths, col0, lrs, visible, use_visible, b1, b2, eps, bc1, bc2)
 

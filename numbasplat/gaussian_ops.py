@@ -11,6 +11,8 @@ Record layouts (rows of float arrays, so exchanges can move whole records):
   gradients  (N, GRAD_FIELDS): the same ten fields, then |du|, |dv| summed per pixel
 """
 import math
+
+from numpy import float32 as f32
 from types import SimpleNamespace
 
 from . import geometry as geo
@@ -26,7 +28,7 @@ CAM_FIELDS = 19  # view (12: R row-major, t), fx, fy, cx, cy, camera centre (3)
 
 @shared
 def sigmoid(x):
-    return 1.0 / (1.0 + math.exp(-x))
+    return f32(1.0) / (f32(1.0) + math.exp(-x))
 
 
 @shared
@@ -36,8 +38,8 @@ def footprint(u, v, ca, cb, cc, opacity):
     this from the stored record so that counting and emitting always agree."""
     ext = geo.opacity_extent(opacity)
     det = ca * cc - cb * cb
-    if not (ext > 0.0 and det > 0.0):
-        return 0.0, 0.0, 0.0
+    if not (ext > f32(0.0) and det > f32(0.0)):
+        return f32(0.0), f32(0.0), f32(0.0)
     return ext, cc / det, ca / det
 
 
@@ -52,7 +54,7 @@ def build(jit):
         u = proj[n, U]
         v = proj[n, V]
         ext, cov_a, cov_c = footprint(u, v, proj[n, CA], proj[n, CB], proj[n, CC], proj[n, OPAC])
-        if ext == 0.0:
+        if ext == f32(0.0):
             return 0
         tx0, tx1, ty0, ty1 = geo.tile_rect(u, v, cov_a, cov_c, ext, tile, tiles_x, tiles_y)
         k = 0
@@ -85,19 +87,19 @@ def build(jit):
         radii[n, 0] = 0
         radii[n, 1] = 0
         counts[n] = 0
-        proj[n, OPAC] = 0.0
+        proj[n, OPAC] = f32(0.0)
         if not (ok and opacity > geo.ALPHA_MIN):
             return
         dx = mx - cam[16]
         dy = my - cam[17]
         dz = mz - cam[18]
-        inv = 1.0 / math.sqrt(dx * dx + dy * dy + dz * dz)
+        inv = f32(1.0) / math.sqrt(dx * dx + dy * dy + dz * dz)
         b = sh_basis(degree, dx * inv, dy * inv, dz * inv)
         for c in range(3):
-            acc = 0.5
+            acc = f32(0.5)
             for k in range((degree + 1) * (degree + 1)):
                 acc += b[k] * sh[n, k, c]
-            proj[n, RED + c] = max(acc, 0.0)
+            proj[n, RED + c] = max(acc, f32(0.0))
         proj[n, U] = u
         proj[n, V] = v
         proj[n, CA] = ca
@@ -133,26 +135,26 @@ def build(jit):
             view, cam[12], cam[13], cam[14], cam[15], W, H, antialias)
         s = sigmoid(logits[n])
         d_opac = grad[n, OPAC]
-        d_logits[n] += d_opac * comp * s * (1.0 - s)
+        d_logits[n] += d_opac * comp * s * (f32(1.0) - s)
         # colour: the SH coefficients and the view direction
         dx = mx - cam[16]
         dy = my - cam[17]
         dz = mz - cam[18]
-        inv = 1.0 / math.sqrt(dx * dx + dy * dy + dz * dz)
+        inv = f32(1.0) / math.sqrt(dx * dx + dy * dy + dz * dz)
         nx = dx * inv
         ny = dy * inv
         nz = dz * inv
         b = sh_basis(degree, nx, ny, nz)
         jx, jy, jz = sh_basis_jacobian(degree, nx, ny, nz)
         K = (degree + 1) * (degree + 1)
-        gnx = 0.0
-        gny = 0.0
-        gnz = 0.0
+        gnx = f32(0.0)
+        gny = f32(0.0)
+        gnz = f32(0.0)
         for c in range(3):
-            acc = 0.5
+            acc = f32(0.5)
             for k in range(K):
                 acc += b[k] * sh[n, k, c]
-            g = grad[n, RED + c] if acc > 0.0 else 0.0
+            g = grad[n, RED + c] if acc > f32(0.0) else f32(0.0)
             for k in range(K):
                 d_sh[n, k, c] += b[k] * g
                 w = g * sh[n, k, c]

@@ -7,42 +7,45 @@ All functions are scalar-in, tuple-out so both backends can inline them.
 """
 import math
 
+from numpy import float32 as f32
+
 from .device import shared
 
-NEAR = 0.01          # near plane (camera z)
-EPS2D = 0.3          # screen-space dilation added to the 2D covariance diagonal
-ALPHA_MIN = 1.0 / 255.0
-ALPHA_MAX = 0.99
-T_MIN = 1e-4         # transmittance at which a pixel stops compositing
-CLAMP = 1.3          # frustum clamp of the Jacobian, in units of the half FOV
+# float32 constants (and f32(...) literals below): Numba types a bare Python
+# float as float64, which would turn GPU float32 math into float64.
+NEAR = f32(0.01)         # near plane (camera z)
+EPS2D = f32(0.3)         # screen-space dilation added to the 2D covariance diagonal
+ALPHA_MIN = f32(1.0 / 255.0)
+ALPHA_MAX = f32(0.99)
+T_MIN = f32(1e-4)        # transmittance at which a pixel stops compositing
 
 
 @shared
 def quat_to_rotmat(w, x, y, z):
     """Row-major 3x3 rotation of the normalized quaternion."""
-    inv = 1.0 / math.sqrt(w * w + x * x + y * y + z * z)
+    inv = f32(1.0) / math.sqrt(w * w + x * x + y * y + z * z)
     w *= inv
     x *= inv
     y *= inv
     z *= inv
-    return (1.0 - 2.0 * (y * y + z * z), 2.0 * (x * y - w * z), 2.0 * (x * z + w * y),
-            2.0 * (x * y + w * z), 1.0 - 2.0 * (x * x + z * z), 2.0 * (y * z - w * x),
-            2.0 * (x * z - w * y), 2.0 * (y * z + w * x), 1.0 - 2.0 * (x * x + y * y))
+    return (f32(1.0) - f32(2.0) * (y * y + z * z), f32(2.0) * (x * y - w * z), f32(2.0) * (x * z + w * y),
+            f32(2.0) * (x * y + w * z), f32(1.0) - f32(2.0) * (x * x + z * z), f32(2.0) * (y * z - w * x),
+            f32(2.0) * (x * z - w * y), f32(2.0) * (y * z + w * x), f32(1.0) - f32(2.0) * (x * x + y * y))
 
 
 @shared
 def quat_to_rotmat_vjp(w, x, y, z, g):
     """Gradient of the unnormalized quaternion from dL/dR (row-major 9-tuple)."""
     n = math.sqrt(w * w + x * x + y * y + z * z)
-    inv = 1.0 / n
+    inv = f32(1.0) / n
     w *= inv
     x *= inv
     y *= inv
     z *= inv
-    dw = 2.0 * (x * (g[7] - g[5]) + y * (g[2] - g[6]) + z * (g[3] - g[1]))
-    dx = 2.0 * (-2.0 * x * (g[4] + g[8]) + y * (g[1] + g[3]) + z * (g[2] + g[6]) + w * (g[7] - g[5]))
-    dy = 2.0 * (x * (g[1] + g[3]) - 2.0 * y * (g[0] + g[8]) + z * (g[5] + g[7]) + w * (g[2] - g[6]))
-    dz = 2.0 * (x * (g[2] + g[6]) + y * (g[5] + g[7]) - 2.0 * z * (g[0] + g[4]) + w * (g[3] - g[1]))
+    dw = f32(2.0) * (x * (g[7] - g[5]) + y * (g[2] - g[6]) + z * (g[3] - g[1]))
+    dx = f32(2.0) * (-f32(2.0) * x * (g[4] + g[8]) + y * (g[1] + g[3]) + z * (g[2] + g[6]) + w * (g[7] - g[5]))
+    dy = f32(2.0) * (x * (g[1] + g[3]) - f32(2.0) * y * (g[0] + g[8]) + z * (g[5] + g[7]) + w * (g[2] - g[6]))
+    dz = f32(2.0) * (x * (g[2] + g[6]) + y * (g[5] + g[7]) - f32(2.0) * z * (g[0] + g[4]) + w * (g[3] - g[1]))
     dot = w * dw + x * dx + y * dy + z * dz
     return (dw - w * dot) * inv, (dx - x * dot) * inv, (dy - y * dot) * inv, (dz - z * dot) * inv
 
@@ -77,15 +80,15 @@ def covar_world_vjp(qw, qx, qy, qz, ls0, ls1, ls2, g):
     M = (R[0] * s[0], R[1] * s[1], R[2] * s[2],
          R[3] * s[0], R[4] * s[1], R[5] * s[2],
          R[6] * s[0], R[7] * s[1], R[8] * s[2])
-    dM00 = 2.0 * (g[0] * M[0] + g[1] * M[3] + g[2] * M[6])
-    dM01 = 2.0 * (g[0] * M[1] + g[1] * M[4] + g[2] * M[7])
-    dM02 = 2.0 * (g[0] * M[2] + g[1] * M[5] + g[2] * M[8])
-    dM10 = 2.0 * (g[3] * M[0] + g[4] * M[3] + g[5] * M[6])
-    dM11 = 2.0 * (g[3] * M[1] + g[4] * M[4] + g[5] * M[7])
-    dM12 = 2.0 * (g[3] * M[2] + g[4] * M[5] + g[5] * M[8])
-    dM20 = 2.0 * (g[6] * M[0] + g[7] * M[3] + g[8] * M[6])
-    dM21 = 2.0 * (g[6] * M[1] + g[7] * M[4] + g[8] * M[7])
-    dM22 = 2.0 * (g[6] * M[2] + g[7] * M[5] + g[8] * M[8])
+    dM00 = f32(2.0) * (g[0] * M[0] + g[1] * M[3] + g[2] * M[6])
+    dM01 = f32(2.0) * (g[0] * M[1] + g[1] * M[4] + g[2] * M[7])
+    dM02 = f32(2.0) * (g[0] * M[2] + g[1] * M[5] + g[2] * M[8])
+    dM10 = f32(2.0) * (g[3] * M[0] + g[4] * M[3] + g[5] * M[6])
+    dM11 = f32(2.0) * (g[3] * M[1] + g[4] * M[4] + g[5] * M[7])
+    dM12 = f32(2.0) * (g[3] * M[2] + g[4] * M[5] + g[5] * M[8])
+    dM20 = f32(2.0) * (g[6] * M[0] + g[7] * M[3] + g[8] * M[6])
+    dM21 = f32(2.0) * (g[6] * M[1] + g[7] * M[4] + g[8] * M[7])
+    dM22 = f32(2.0) * (g[6] * M[2] + g[7] * M[5] + g[8] * M[8])
     dRm = (dM00 * s[0], dM01 * s[1], dM02 * s[2],
            dM10 * s[0], dM11 * s[1], dM12 * s[2],
            dM20 * s[0], dM21 * s[1], dM22 * s[2])
@@ -103,12 +106,14 @@ def _jacobian(x, y, z, fx, fy, cx, cy, W, H):
     Also returns the clamped x/z, y/z and whether each was clamped (its
     derivative with respect to x or y is then zero).
     """
-    tan_x = 0.5 * W / fx
-    tan_y = 0.5 * H / fy
-    lim_xp = (W - cx) / fx + 0.3 * tan_x
-    lim_xn = cx / fx + 0.3 * tan_x
-    lim_yp = (H - cy) / fy + 0.3 * tan_y
-    lim_yn = cy / fy + 0.3 * tan_y
+    W = f32(W)
+    H = f32(H)
+    tan_x = f32(0.5) * W / fx
+    tan_y = f32(0.5) * H / fy
+    lim_xp = (W - cx) / fx + f32(0.3) * tan_x
+    lim_xn = cx / fx + f32(0.3) * tan_x
+    lim_yp = (H - cy) / fy + f32(0.3) * tan_y
+    lim_yn = cy / fy + f32(0.3) * tan_y
     rx = x / z
     ry = y / z
     clx = rx > lim_xp or rx < -lim_xn
@@ -142,7 +147,7 @@ def project(mx, my, mz, qw, qx, qy, qz, ls0, ls1, ls2, view, fx, fy, cx, cy, W, 
     """
     x, y, z = to_camera(mx, my, mz, view)
     if not z >= NEAR:  # also rejects NaN
-        return False, 0.0, 0.0, z, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        return False, f32(0.0), f32(0.0), z, f32(0.0), f32(0.0), f32(0.0), f32(0.0), f32(0.0), f32(0.0), f32(0.0)
     S = covar_world(qw, qx, qy, qz, ls0, ls1, ls2)
     J00, J02, J11, J12, rx, ry, clx, cly = _jacobian(x, y, z, fx, fy, cx, cy, W, H)
     T = _screen_transform(J00, J02, J11, J12, view)
@@ -160,12 +165,12 @@ def project(mx, my, mz, qw, qx, qy, qz, ls0, ls1, ls2, view, fx, fy, cx, cy, W, 
     pa = ca + EPS2D
     pc = cc + EPS2D
     det = pa * pc - cb * cb
-    if not det > 0.0:
-        return False, 0.0, 0.0, z, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-    comp = 1.0
+    if not det > f32(0.0):
+        return False, f32(0.0), f32(0.0), z, f32(0.0), f32(0.0), f32(0.0), f32(0.0), f32(0.0), f32(0.0), f32(0.0)
+    comp = f32(1.0)
     if antialias:
-        comp = math.sqrt(max(0.0, det0 / det))
-    inv = 1.0 / det
+        comp = math.sqrt(max(f32(0.0), det0 / det))
+    inv = f32(1.0) / det
     u = fx * x / z + cx
     v = fy * y / z + cy
     return True, u, v, z, pc * inv, -cb * inv, pa * inv, comp, pa, cb, pc
@@ -195,29 +200,29 @@ def project_vjp(mx, my, mz, qw, qx, qy, qz, ls0, ls1, ls2, view, fx, fy, cx, cy,
     pa = ca + EPS2D
     pc = cc + EPS2D
     det = pa * pc - cb * cb
-    inv = 1.0 / det
+    inv = f32(1.0) / det
     X0 = pc * inv
     X1 = -cb * inv
     X2 = pa * inv
     # conic = inverse(cov):  dL/dcov = -X Gbar X, Gbar = [[dca, dcb/2], [dcb/2, dcc]]
-    h = 0.5 * dcb
+    h = f32(0.5) * dcb
     m00 = X0 * dca + X1 * h
     m01 = X0 * h + X1 * dcc
     m10 = X1 * dca + X2 * h
     m11 = X1 * h + X2 * dcc
     ga = -(m00 * X0 + m01 * X1)
-    gb = -2.0 * (m00 * X1 + m01 * X2)
+    gb = -f32(2.0) * (m00 * X1 + m01 * X2)
     gc = -(m10 * X1 + m11 * X2)
     if antialias:
         det0 = ca * cc - cb * cb
-        if det0 > 0.0:
+        if det0 > f32(0.0):
             comp = math.sqrt(det0 / det)
-            k = 0.5 * comp * dcomp
+            k = f32(0.5) * comp * dcomp
             ga += k * (cc / det0 - pc * inv)
             gc += k * (ca / det0 - pa * inv)
-            gb += k * (-2.0 * cb / det0 + 2.0 * cb * inv)
+            gb += k * (-f32(2.0) * cb / det0 + f32(2.0) * cb * inv)
     # cov2 = T S T^T, Hf = [[ga, gb/2], [gb/2, gc]]
-    hb = 0.5 * gb
+    hb = f32(0.5) * gb
     # U = Hf T (2x3)
     u0 = ga * T[0] + hb * T[3]
     u1 = ga * T[1] + hb * T[4]
@@ -231,18 +236,18 @@ def project_vjp(mx, my, mz, qw, qx, qy, qz, ls0, ls1, ls2, view, fx, fy, cx, cy,
           T[2] * u0 + T[5] * w0, T[2] * u1 + T[5] * w1, T[2] * u2 + T[5] * w2)
     dq0, dq1, dq2, dq3, dl0, dl1, dl2 = covar_world_vjp(qw, qx, qy, qz, ls0, ls1, ls2, dS)
     # dT = 2 Hf T S = 2 U S
-    dT0 = 2.0 * (u0 * S[0] + u1 * S[1] + u2 * S[2])
-    dT1 = 2.0 * (u0 * S[1] + u1 * S[3] + u2 * S[4])
-    dT2 = 2.0 * (u0 * S[2] + u1 * S[4] + u2 * S[5])
-    dT3 = 2.0 * (w0 * S[0] + w1 * S[1] + w2 * S[2])
-    dT4 = 2.0 * (w0 * S[1] + w1 * S[3] + w2 * S[4])
-    dT5 = 2.0 * (w0 * S[2] + w1 * S[4] + w2 * S[5])
+    dT0 = f32(2.0) * (u0 * S[0] + u1 * S[1] + u2 * S[2])
+    dT1 = f32(2.0) * (u0 * S[1] + u1 * S[3] + u2 * S[4])
+    dT2 = f32(2.0) * (u0 * S[2] + u1 * S[4] + u2 * S[5])
+    dT3 = f32(2.0) * (w0 * S[0] + w1 * S[1] + w2 * S[2])
+    dT4 = f32(2.0) * (w0 * S[1] + w1 * S[3] + w2 * S[4])
+    dT5 = f32(2.0) * (w0 * S[2] + w1 * S[4] + w2 * S[5])
     # T = J W  ->  dJ = dT W^T
     dJ00 = dT0 * view[0] + dT1 * view[1] + dT2 * view[2]
     dJ02 = dT0 * view[6] + dT1 * view[7] + dT2 * view[8]
     dJ11 = dT3 * view[3] + dT4 * view[4] + dT5 * view[5]
     dJ12 = dT3 * view[6] + dT4 * view[7] + dT5 * view[8]
-    iz = 1.0 / z
+    iz = f32(1.0) / z
     iz2 = iz * iz
     # mean2d and depth
     dx = fx * iz * du
@@ -269,8 +274,8 @@ def project_vjp(mx, my, mz, qw, qx, qy, qz, ls0, ls1, ls2, view, fx, fy, cx, cy,
 def opacity_extent(opacity):
     """Squared Mahalanobis radius at which alpha drops to 1/255 (<=0: never visible)."""
     if not opacity > ALPHA_MIN:
-        return 0.0
-    return 2.0 * math.log(opacity / ALPHA_MIN)
+        return f32(0.0)
+    return f32(2.0) * math.log(opacity / ALPHA_MIN)
 
 
 @shared
@@ -278,11 +283,12 @@ def tile_rect(u, v, cov_a, cov_c, ext, tile, tiles_x, tiles_y):
     """Inclusive tile range (tx0, tx1, ty0, ty1) of the ellipse's bounding box; empty if tx0 > tx1."""
     hx = math.sqrt(ext * cov_a)
     hy = math.sqrt(ext * cov_c)
+    tile = f32(tile)
     # pixel centres of tile t span [t*tile + 0.5, t*tile + tile - 0.5]
-    tx0 = max(0, int(math.ceil((u - hx - tile + 0.5) / tile)))
-    tx1 = min(tiles_x - 1, int(math.floor((u + hx - 0.5) / tile)))
-    ty0 = max(0, int(math.ceil((v - hy - tile + 0.5) / tile)))
-    ty1 = min(tiles_y - 1, int(math.floor((v + hy - 0.5) / tile)))
+    tx0 = max(0, int(math.ceil((u - hx - tile + f32(0.5)) / tile)))
+    tx1 = min(tiles_x - 1, int(math.floor((u + hx - f32(0.5)) / tile)))
+    ty0 = max(0, int(math.ceil((v - hy - tile + f32(0.5)) / tile)))
+    ty1 = min(tiles_y - 1, int(math.floor((v + hy - f32(0.5)) / tile)))
     return tx0, tx1, ty0, ty1
 
 
@@ -290,7 +296,7 @@ def tile_rect(u, v, cov_a, cov_c, ext, tile, tiles_x, tiles_y):
 def _edge_min(X0, X1, X2, d, lo, hi):
     """Min over e in [lo, hi] of the quadratic form at (d, e): X0 d^2 + 2 X1 d e + X2 e^2."""
     e = min(hi, max(lo, -X1 * d / X2))
-    return X0 * d * d + 2.0 * X1 * d * e + X2 * e * e
+    return X0 * d * d + f32(2.0) * X1 * d * e + X2 * e * e
 
 
 @shared
@@ -300,11 +306,11 @@ def ellipse_hits_tile(u, v, X0, X1, X2, ext, tx, ty, tile, W, H):
     The quadratic form is convex, so its minimum over the tile's box of pixel
     centres is 0 when the mean is inside, else attained on one of the 4 edges.
     """
-    x0 = tx * tile + 0.5 - u
-    x1 = min(tx * tile + tile, W) - 0.5 - u
-    y0 = ty * tile + 0.5 - v
-    y1 = min(ty * tile + tile, H) - 0.5 - v
-    if x0 <= 0.0 <= x1 and y0 <= 0.0 <= y1:
+    x0 = f32(tx * tile) + f32(0.5) - u
+    x1 = f32(min(tx * tile + tile, W)) - f32(0.5) - u
+    y0 = f32(ty * tile) + f32(0.5) - v
+    y1 = f32(min(ty * tile + tile, H)) - f32(0.5) - v
+    if x0 <= f32(0.0) <= x1 and y0 <= f32(0.0) <= y1:
         return True
     q = min(_edge_min(X0, X1, X2, x0, y0, y1), _edge_min(X0, X1, X2, x1, y0, y1))
     q = min(q, _edge_min(X2, X1, X0, y0, x0, x1))

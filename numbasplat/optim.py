@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numpy import float32 as f32
 from . import _backend
 from .rendering import Gaussians, _impl as _rendering_impl
 
@@ -58,9 +59,11 @@ class FlatParams:
 
     def layout(self, lr_columns):
         """(group bounds, widths, column offsets) arrays for the Adam kernel."""
-        bounds = np.array([self.starts[g] for g in GROUPS] + [self.size], np.int64)
-        widths = np.array([self.widths[g] for g in GROUPS], np.int64)
-        col0 = np.concatenate([[0], np.cumsum(widths)[:-1]]).astype(np.int64)
+        if self.size >= 2**31:
+            raise ValueError(f"{self.n} Gaussians exceed the int32 indexing of the optimizer")
+        bounds = np.array([self.starts[g] for g in GROUPS] + [self.size], np.int32)
+        widths = np.array([self.widths[g] for g in GROUPS], np.int32)
+        col0 = np.concatenate([[0], np.cumsum(widths)[:-1]]).astype(np.int32)
         if len(lr_columns) != widths.sum():
             raise ValueError(f"need {widths.sum()} per-column learning rates, got {len(lr_columns)}")
         return bounds, widths, col0
@@ -87,12 +90,12 @@ def adam_body(i, params, grads, m, v, bounds, widths, col0, lrs, visible, use_vi
     while i >= bounds[g + 1]:
         g += 1
     w = widths[g]
-    off = i - bounds[g]
+    off = i - bounds[g]  # int32 (bounds are int32): 64-bit division is slow on GPUs
     if use_visible and not visible[off // w]:
         return
     gr = grads[i]
-    mi = b1 * m[i] + (1.0 - b1) * gr
-    vi = b2 * v[i] + (1.0 - b2) * gr * gr
+    mi = b1 * m[i] + (f32(1.0) - b1) * gr
+    vi = b2 * v[i] + (f32(1.0) - b2) * gr * gr
     m[i] = mi
     v[i] = vi
     params[i] -= lrs[col0[g] + off % w] * (mi / bc1) / (math.sqrt(vi / bc2) + eps)

@@ -36,9 +36,5 @@ def test_all_kernels_compile_to_ptx(monkeypatch):
     for name, (fn, sig) in kernels.KERNELS.items():
         ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0))
         assert ".entry" in ptx, name
-        uses_f64 = re.search(r"\.f64\b", ptx.split(".entry", 1)[1]) is not None
-        assert not uses_f64 or name in ALLOW_F64, f"{name} computes in float64"
+        assert re.search(r"\.f64\b", ptx.split(".entry", 1)[1]) is None, f"{name} computes in float64"
 
-
-# kernels whose per-Gaussian math runs in float64 on purpose (projection precision)
-ALLOW_F64 = {"_project_kernel", "_emit_kernel", "_project_backward_kernel", "_adam_kernel"}
