@@ -29,10 +29,11 @@ def project(means, quats, scales, logits, sh, degree, cam, W, H, antialias, tile
 
 
 @njit(parallel=True, cache=True)
-def emit_keys(proj, counts, offsets, tile, tiles_x, tiles_y, W, H, key_base, kdepth, ktile, ids):
-    for n in prange(proj.shape[0]):
+def emit_intersections(proj, order, counts, offsets, tile, tiles_x, tiles_y, W, H, key_base, tile_ids, ids):
+    for k in prange(order.shape[0]):
+        n = order[k]
         if counts[n] > 0:
-            visit_tiles(n, proj, tile, tiles_x, tiles_y, W, H, key_base, offsets, kdepth, ktile, ids, True)
+            visit_tiles(n, proj, tile, tiles_x, tiles_y, W, H, key_base, offsets[k], tile_ids, ids, True)
 
 
 @njit(parallel=True, cache=True)

@@ -46,11 +46,10 @@ def footprint(u, v, ca, cb, cc, opacity):
 def build(jit):
     """The per-Gaussian bodies compiled with ``jit``; returns them in a namespace."""
     @jit
-    def visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, key_base, offsets, kdepth, ktile, ids, write):
+    def visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, key_base, o, tile_ids, ids, write):
         """Count (write=False) or emit (write=True) the tiles hit by Gaussian n.
 
-        Each intersection gets its Gaussian id, depth and global tile id; the
-        caller packs (tile << 32 | depth bits) into the sort key."""
+        Emitting writes (global tile id, Gaussian id) pairs from slot ``o`` on."""
         u = proj[n, U]
         v = proj[n, V]
         ext, cov_a, cov_c = footprint(u, v, proj[n, CA], proj[n, CB], proj[n, CC], proj[n, OPAC])
@@ -58,15 +57,11 @@ def build(jit):
             return 0
         tx0, tx1, ty0, ty1 = geo.tile_rect(u, v, cov_a, cov_c, ext, tile, tiles_x, tiles_y)
         k = 0
-        o = 0
-        if write:
-            o = offsets[n]
         for ty in range(ty0, ty1 + 1):
             for tx in range(tx0, tx1 + 1):
                 if geo.ellipse_hits_tile(u, v, proj[n, CA], proj[n, CB], proj[n, CC], ext, tx, ty, tile, W, H):
                     if write:
-                        kdepth[o + k] = proj[n, DEPTH]
-                        ktile[o + k] = key_base + ty * tiles_x + tx
+                        tile_ids[o + k] = key_base + ty * tiles_x + tx
                         ids[o + k] = n
                     k += 1
         return k
@@ -108,7 +103,7 @@ def build(jit):
         proj[n, OPAC] = opacity
         proj[n, DEPTH] = depth
         # tile counting reads the stored (rounded) record back, exactly as emission will
-        cnt = visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, 0, counts, cam, counts, counts, False)
+        cnt = visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, 0, 0, counts, counts, False)
         if cnt > 0:
             ext, cov_a, cov_c = footprint(proj[n, U], proj[n, V], proj[n, CA], proj[n, CB], proj[n, CC], opacity)
             radii[n, 0] = int(math.ceil(math.sqrt(ext * cov_a)))

@@ -407,8 +407,7 @@ def _scratch(H, W):
     return ws
 
 
-def _as_numba(a):
-    return a if _backend.SIM else cuda.as_cuda_array(a)
+_as_numba = _backend.as_numba
 
 
 def _cuda_forward(img, gt, ssim_scale):

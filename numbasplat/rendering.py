@@ -182,30 +182,42 @@ def project(g: Gaussians, camera: Camera, sh_degree=None, antialias=False, backe
     return Projection(camera, cam, proj, radii, counts, degree, bool(antialias))
 
 
+def _stable_argsort(xp, a):
+    # CuPy's argsort is a stable radix sort; numpy needs to be asked
+    return xp.argsort(a, kind="stable") if xp is np else xp.argsort(a)
+
+
 def bin_tiles(p: Projection, backend=None):
-    """Sort (tile, depth) keys of every tile-Gaussian intersection; per-tile ranges."""
+    """Every tile-Gaussian intersection, sorted by (tile, depth); per-tile ranges.
+
+    Two short sorts instead of one of 64-bit (tile, depth) keys: the visible
+    Gaussians by depth (N float32 keys), then their intersections, emitted in
+    that order, stably by tile id (16-bit keys when the tiles fit).  Ties keep
+    Gaussian index order, as a single stable key sort would.
+    """
     kernels, xp = _impl(backend)
     tx, ty = p.camera.tiles
     n_tiles = tx * ty
-    ends = xp.cumsum(p.counts, dtype=np.int64)
+    # culled Gaussians sort last and emit nothing (no data-dependent compaction: no device sync)
+    depth = xp.where(p.counts > 0, p.proj[:, go.DEPTH], np.inf).astype(np.float32)
+    order = _stable_argsort(xp, depth)
+    counts = p.counts[order]
+    ends = xp.cumsum(counts, dtype=np.int64)
     total = int(ends[-1]) if len(ends) else 0
     if total > INT32_MAX:
         raise ValueError(f"{total} tile-Gaussian intersections exceed the int32 limit; "
                          "render at a lower resolution or with fewer/smaller Gaussians")
-    ids = xp.zeros(total, np.int32)
-    tile_of = xp.zeros(total, np.uint32)
+    ids = xp.empty(total, np.int32)
+    tile_of = xp.empty(total, np.uint32)
     if total:
-        offsets = (ends - p.counts).astype(np.int32)
-        depth = xp.empty(total, np.float32)
-        kernels.emit_keys(p.proj, p.counts, offsets, TILE, tx, ty, p.camera.width, p.camera.height, 0,
-                          depth, tile_of, ids)
-        # positive float32 depths order like their bit patterns
-        keys = (tile_of.astype(np.uint64) << np.uint64(32)) | depth.view(np.uint32).astype(np.uint64)
-        order = xp.argsort(keys, kind="stable") if xp is np else xp.argsort(keys)
-        ids = ids[order]
-        tile_of = tile_of[order]
-    bounds = xp.arange(n_tiles + 1, dtype=np.uint32)
-    edges = xp.searchsorted(tile_of, bounds).astype(np.int32)
+        offsets = (ends - counts).astype(np.int32)
+        kernels.emit_intersections(p.proj, order, p.counts, offsets, TILE, tx, ty, p.camera.width,
+                                   p.camera.height, 0, tile_of, ids)
+        keys = tile_of.astype(np.uint16) if n_tiles <= 2**16 else tile_of
+        perm = _stable_argsort(xp, keys)
+        ids = ids[perm]
+        tile_of = tile_of[perm]
+    edges = xp.searchsorted(tile_of, xp.arange(n_tiles + 1, dtype=np.uint32)).astype(np.int32)
     ranges = xp.stack([edges[:-1], edges[1:]], axis=1)
     return Binning(ids, xp.ascontiguousarray(ranges), total)
 

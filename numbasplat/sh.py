@@ -22,8 +22,9 @@ def num_bases(degree):
 
 @shared
 def sh_basis(degree, x, y, z):
-    b1 = b2 = b3 = b4 = b5 = b6 = b7 = b8 = f32(0.0)
-    b9 = b10 = b11 = b12 = b13 = b14 = b15 = f32(0.0)
+    zero = x * f32(0.0)  # in the dtype of the inputs, so the tuple is uniform
+    b1 = b2 = b3 = b4 = b5 = b6 = b7 = b8 = zero
+    b9 = b10 = b11 = b12 = b13 = b14 = b15 = zero
     if degree > 0:
         b1 = -C1 * y
         b2 = C1 * z
@@ -45,15 +46,16 @@ def sh_basis(degree, x, y, z):
             b13 = C3[4] * x * (f32(4.0) * zz - xx - yy)
             b14 = C3[5] * z * (xx - yy)
             b15 = C3[6] * x * (xx - f32(3.0) * yy)
-    return (C0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15)
+    return (C0 + zero, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15)
 
 
 @shared
 def sh_basis_jacobian(degree, x, y, z):
     """Derivatives of each basis function with respect to x, y and z (three 16-tuples)."""
-    gx1 = gx2 = gx3 = gx4 = gx5 = gx6 = gx7 = gx8 = gx9 = gx10 = gx11 = gx12 = gx13 = gx14 = gx15 = f32(0.0)
-    gy1 = gy2 = gy3 = gy4 = gy5 = gy6 = gy7 = gy8 = gy9 = gy10 = gy11 = gy12 = gy13 = gy14 = gy15 = f32(0.0)
-    gz1 = gz2 = gz3 = gz4 = gz5 = gz6 = gz7 = gz8 = gz9 = gz10 = gz11 = gz12 = gz13 = gz14 = gz15 = f32(0.0)
+    zero = x * f32(0.0)
+    gx1 = gx2 = gx3 = gx4 = gx5 = gx6 = gx7 = gx8 = gx9 = gx10 = gx11 = gx12 = gx13 = gx14 = gx15 = zero
+    gy1 = gy2 = gy3 = gy4 = gy5 = gy6 = gy7 = gy8 = gy9 = gy10 = gy11 = gy12 = gy13 = gy14 = gy15 = zero
+    gz1 = gz2 = gz3 = gz4 = gz5 = gz6 = gz7 = gz8 = gz9 = gz10 = gz11 = gz12 = gz13 = gz14 = gz15 = zero
     if degree > 0:
         gy1 = -C1
         gz2 = C1
@@ -93,6 +95,6 @@ def sh_basis_jacobian(degree, x, y, z):
             gz14 = C3[5] * (xx - yy)
             gx15 = C3[6] * f32(3.0) * (xx - yy)
             gy15 = -f32(6.0) * C3[6] * x * y
-    return ((f32(0.0), gx1, gx2, gx3, gx4, gx5, gx6, gx7, gx8, gx9, gx10, gx11, gx12, gx13, gx14, gx15),
-            (f32(0.0), gy1, gy2, gy3, gy4, gy5, gy6, gy7, gy8, gy9, gy10, gy11, gy12, gy13, gy14, gy15),
-            (f32(0.0), gz1, gz2, gz3, gz4, gz5, gz6, gz7, gz8, gz9, gz10, gz11, gz12, gz13, gz14, gz15))
+    return ((zero, gx1, gx2, gx3, gx4, gx5, gx6, gx7, gx8, gx9, gx10, gx11, gx12, gx13, gx14, gx15),
+            (zero, gy1, gy2, gy3, gy4, gy5, gy6, gy7, gy8, gy9, gy10, gy11, gy12, gy13, gy14, gy15),
+            (zero, gz1, gz2, gz3, gz4, gz5, gz6, gz7, gz8, gz9, gz10, gz11, gz12, gz13, gz14, gz15))
