@@ -12,7 +12,7 @@ def cmd_bench(a):
     if not os.path.isfile(a.scene):
         raise SystemExit(f"error: benchmark scene not found: {a.scene} "
                          "(make one with shared/bench/scene_gen.py)")
-    bench.run(a.scene, iters=a.iters, warmup=a.warmup, sh_degree=a.sh_degree)
+    bench.run(a.scene, iters=a.iters, warmup=a.warmup, sh_degree=a.sh_degree, profile=a.profile)
 
 
 def cmd_info(a):
@@ -46,6 +46,7 @@ def main(argv=None):
     b.add_argument("--iters", type=int, default=20)
     b.add_argument("--warmup", type=int, default=3)
     b.add_argument("--sh-degree", type=int, default=None)
+    b.add_argument("--profile", action="store_true", help="also print the host-side Python profile")
     b.set_defaults(fn=cmd_bench)
     i = sub.add_parser("info", help="print the backend, GPU, MPI and versions")
     i.set_defaults(fn=cmd_info)

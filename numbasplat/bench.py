@@ -5,6 +5,9 @@ backward, projection backward, Adam.  On the GPU each stage is bracketed by
 CUDA events with no synchronisation in between, so the step time includes all
 Python-side overhead exactly as training sees it.
 """
+import cProfile
+import io
+import pstats
 import statistics
 import time
 
@@ -61,7 +64,7 @@ def peak_device_bytes():
     return cupy.get_default_memory_pool().total_bytes()
 
 
-def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, out=print):
+def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile=False, out=print):
     backend = backend or _backend.BACKEND
     xp = _backend.array_module(backend)
     g_host, cam = load_scene(scene) if isinstance(scene, str) else scene
@@ -75,7 +78,10 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, out=pri
     clock = _Clock(backend)
     times = {s: [] for s in STAGES + ("step", "forward")}
     launches = []
+    prof = cProfile.Profile() if profile else None
     for it in range(warmup + iters):
+        if prof and it == warmup:
+            prof.enable()
         n0 = cuda_stats.launches
         m = [clock.mark()]
         p = project(g, cam, sh_degree, backend=backend, check=False)
@@ -88,8 +94,7 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, out=pri
         m.append(clock.mark())
         rec = rasterize_backward(p, b, r, d_img, backend=backend)
         m.append(clock.mark())
-        grads.data[...] = 0
-        project_backward(g, p, rec, gg, backend=backend)
+        project_backward(g, p, rec, gg, accumulate=False, backend=backend)
         m.append(clock.mark())
         opt.step(grads.data, lrs)
         m.append(clock.mark())
@@ -99,6 +104,11 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, out=pri
             times["step"].append(clock.elapsed_ms(m[0], m[-1]))
             times["forward"].append(clock.elapsed_ms(m[0], m[3]))
             launches.append(cuda_stats.launches - n0)
+    if prof:
+        prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+        out(buf.getvalue())
     med = {k: statistics.median(v) for k, v in times.items()}
     n = len(g_host)
     out(f"scene: {n} Gaussians, {cam.width}x{cam.height}, backend {backend}, {iters} iterations "

@@ -38,10 +38,10 @@ def emit_intersections(proj, order, counts, offsets, tile, tiles_x, tiles_y, W, 
 
 @njit(parallel=True, cache=True)
 def project_backward(means, quats, scales, logits, sh, degree, cam, W, H, antialias, counts, grad,
-                     d_means, d_quats, d_scales, d_logits, d_sh):
+                     d_means, d_quats, d_scales, d_logits, d_sh, accumulate):
     for n in prange(means.shape[0]):
         project_backward_one(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias, counts, grad,
-                             d_means, d_quats, d_scales, d_logits, d_sh)
+                             d_means, d_quats, d_scales, d_logits, d_sh, accumulate)
 
 
 @shared

@@ -13,9 +13,9 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from . import gaussian_ops as go
-from . import cuda_stats
 from . import geometry as geo
-from ._backend import SIM, as_numba
+from ._backend import SIM
+from .launch import KERNELS, kernel  # noqa: F401  (KERNELS: for the PTX test)
 from .optim import adam_body
 
 BLOCK = 256                 # threads per tile block = Gaussians per shared-memory batch
@@ -43,42 +43,15 @@ I2 = "int32[:, ::1]"
 U1 = "uint32[::1]"
 
 
-def _sig(*types):
-    return "void(" + ", ".join(types) + ")"
-
-
-KERNELS = {}  # name -> (python function, signature): what tests compile to PTX without a GPU
-
-
-class _Kernel:
-    """A kernel compiled for exactly one signature (no per-call type inference),
-    on first launch, so importing this module needs no GPU."""
-
-    def __init__(self, fn, sig):
-        self.fn = fn
-        self.sig = sig
-        self.compiled = None
-        KERNELS[fn.__name__] = (fn, sig)
-
-    def __getitem__(self, config):
-        if self.compiled is None:
-            self.compiled = cuda.jit(self.fn) if SIM else cuda.jit(self.sig)(self.fn)
-        launch = self.compiled[config]
-        return lambda *args: launch(*[as_numba(a) if hasattr(a, "__cuda_array_interface__") else a for a in args])
-
-
-def _jit(*types):
-    return lambda fn: _Kernel(fn, _sig(*types))
 
 
 def _grid(n):
-    cuda_stats.launches += 1
     return (n + THREADS - 1) // THREADS, THREADS
 
 
 # --------------------------------------------------------------------------- per Gaussian
 
-@_jit(F2, F2, F2, F1, F3, "int64", F1, "int64", "int64", "boolean", "int64", "int64", "int64", F2, I2, I1)
+@kernel(F2, F2, F2, F1, F3, "int64", F1, "int64", "int64", "boolean", "int64", "int64", "int64", F2, I2, I1)
 def _project_kernel(means, quats, scales, logits, sh, degree, cam, W, H, antialias, tile, tiles_x, tiles_y,
                     proj, radii, counts):
     n = cuda.grid(1)
@@ -87,7 +60,7 @@ def _project_kernel(means, quats, scales, logits, sh, degree, cam, W, H, antiali
                     proj, radii, counts)
 
 
-@_jit(F2, "int64[::1]", I1, I1, "int64", "int64", "int64", "int64", "int64", "int64", U1, I1)
+@kernel(F2, "int64[::1]", I1, I1, "int64", "int64", "int64", "int64", "int64", "int64", U1, I1)
 def _emit_kernel(proj, order, counts, offsets, tile, tiles_x, tiles_y, W, H, key_base, tile_ids, ids):
     k = cuda.grid(1)
     if k < order.shape[0]:
@@ -96,13 +69,13 @@ def _emit_kernel(proj, order, counts, offsets, tile, tiles_x, tiles_y, W, H, key
             visit_tiles(n, proj, tile, tiles_x, tiles_y, W, H, key_base, offsets[k], tile_ids, ids, True)
 
 
-@_jit(F2, F2, F2, F1, F3, "int64", F1, "int64", "int64", "boolean", I1, F2, F2, F2, F2, F1, F3)
+@kernel(F2, F2, F2, F1, F3, "int64", F1, "int64", "int64", "boolean", I1, F2, F2, F2, F2, F1, F3, "boolean")
 def _project_backward_kernel(means, quats, scales, logits, sh, degree, cam, W, H, antialias, counts, grad,
-                             d_means, d_quats, d_scales, d_logits, d_sh):
+                             d_means, d_quats, d_scales, d_logits, d_sh, accumulate):
     n = cuda.grid(1)
     if n < means.shape[0]:
         project_backward_one(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias, counts, grad,
-                             d_means, d_quats, d_scales, d_logits, d_sh)
+                             d_means, d_quats, d_scales, d_logits, d_sh, accumulate)
 
 
 def project(means, quats, scales, logits, sh, degree, cam, W, H, antialias, tile, tiles_x, tiles_y,
@@ -117,10 +90,10 @@ def emit_intersections(proj, order, counts, offsets, tile, tiles_x, tiles_y, W, 
 
 
 def project_backward(means, quats, scales, logits, sh, degree, cam, W, H, antialias, counts, grad,
-                     d_means, d_quats, d_scales, d_logits, d_sh):
+                     d_means, d_quats, d_scales, d_logits, d_sh, accumulate):
     _project_backward_kernel[_grid(means.shape[0])](means, quats, scales, logits, sh, degree, cam, W, H,
                                                     antialias, counts, grad, d_means, d_quats, d_scales,
-                                                    d_logits, d_sh)
+                                                    d_logits, d_sh, accumulate)
 
 
 # --------------------------------------------------------------------------- per tile
@@ -145,7 +118,7 @@ def _load(proj, ids, i, rec, rid, slot):
         rec[slot, f] = proj[g, f]
 
 
-@_jit(F2, I1, I2, "int64", "int64", "int64", F1, F3, F2, F2, I2)
+@kernel(F2, I1, I2, "int64", "int64", "int64", F1, F3, F2, F2, I2)
 def _raster_forward_kernel(proj, ids, ranges, W, H, tiles_x, bg, image, trans, depth, last):
     rec = cuda.shared.array((BLOCK, NF), float32)
     rid = cuda.shared.array(BLOCK, int32)
@@ -256,7 +229,7 @@ else:
                 cuda.atomic.add(grad, (g, f), d)
 
 
-@_jit(F2, I1, I2, "int64", "int64", "int64", F1, F2, I2, F3, F2, F2, F2)
+@kernel(F2, I1, I2, "int64", "int64", "int64", F1, F2, I2, F3, F2, F2, F2)
 def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad):
     rec = cuda.shared.array((BLOCK, NF), float32)
     rid = cuda.shared.array(BLOCK, int32)
@@ -342,7 +315,6 @@ def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d
 
 
 def _tiles(W, H):
-    cuda_stats.launches += 1
     return (W + TILE - 1) // TILE, (H + TILE - 1) // TILE
 
 
@@ -359,7 +331,7 @@ def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_i
 _adam_one = cuda.jit(device=True)(adam_body)
 
 
-@_jit(F1, F1, F1, F1, I1, I1, I1, F1, "boolean[::1]", "boolean",
+@kernel(F1, F1, F1, F1, I1, I1, I1, F1, "boolean[::1]", "boolean",
       "float32", "float32", "float32", "float32", "float32")
 def _adam_kernel(params, grads, m, v, bounds, widths, col0, lrs, visible, use_visible, b1, b2, eps, bc1, bc2):
     i = int32(cuda.grid(1))

@@ -113,8 +113,20 @@ def build(jit):
 
     @jit
     def project_backward_body(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias, counts, grad,
-                              d_means, d_quats, d_scales, d_logits, d_sh):
-        """Add Gaussian n's parameter gradients, from its screen-space gradient record."""
+                              d_means, d_quats, d_scales, d_logits, d_sh, accumulate):
+        """Gaussian n's parameter gradients, from its screen-space gradient record:
+        added to the outputs, or written over them (``accumulate`` False: no
+        separate zeroing pass over the gradient buffers)."""
+        if not accumulate:
+            for j in range(3):
+                d_means[n, j] = 0
+                d_scales[n, j] = 0
+            for j in range(4):
+                d_quats[n, j] = 0
+            d_logits[n] = 0
+            for k in range(d_sh.shape[1]):
+                for c in range(3):
+                    d_sh[n, k, c] = 0
         if counts[n] == 0:
             return
         view = (cam[0], cam[1], cam[2], cam[3], cam[4], cam[5], cam[6], cam[7], cam[8], cam[9], cam[10], cam[11])

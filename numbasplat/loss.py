@@ -31,6 +31,7 @@ import numpy as np
 from numba import cuda, float32, njit, prange, uint32
 
 from numbasplat import _backend
+from numbasplat.launch import Kernel
 
 C1 = 0.01 ** 2
 C2 = 0.03 ** 2
@@ -363,28 +364,8 @@ def _ssim_bwd_kernel(img, gt, dmaps, dimg, l1_scale):
 
 _IMG = "float32[:, :, ::1]"
 _MAPS = "float32[:, :, :, ::1]"
-# name -> (python function, signature), like numbasplat.cuda.KERNELS: what a
-# test compiles to PTX without a GPU.
-KERNELS = {
-    "_ssim_fwd_kernel": (_ssim_fwd_kernel, f"void({_IMG}, {_IMG}, {_MAPS}, float32[:, ::1], float32)"),
-    "_ssim_bwd_kernel": (_ssim_bwd_kernel, f"void({_IMG}, {_IMG}, {_MAPS}, {_IMG}, float32)"),
-}
-_COMPILED = None
-
-
-def _cuda_kernels():
-    """(fwd, bwd), compiled on first use (importing must not need a GPU), for
-    exactly the signatures above on a real GPU: no per-call type inference."""
-    global _COMPILED
-    if _COMPILED is None:
-        _COMPILED = tuple(cuda.jit(fn) if _backend.SIM else cuda.jit(sig)(fn)
-                          for fn, sig in (KERNELS["_ssim_fwd_kernel"], KERNELS["_ssim_bwd_kernel"]))
-    return _COMPILED
-
-
-# Host side.  On a real GPU, Numba converts every CuPy argument of every launch
-# through __cuda_array_interface__ (~20 us each), so img/gt/dimg are converted
-# once per call and the scratch buffers are Numba's own, kept per image shape.
+_ssim_fwd = Kernel(_ssim_fwd_kernel, f"void({_IMG}, {_IMG}, {_MAPS}, float32[:, ::1], float32)")
+_ssim_bwd = Kernel(_ssim_bwd_kernel, f"void({_IMG}, {_IMG}, {_MAPS}, {_IMG}, float32)")
 
 _SCRATCH = {}
 
@@ -402,38 +383,30 @@ def _scratch(H, W):
         if len(_SCRATCH) >= 4:
             _SCRATCH.clear()
         gx, gy = _grid(H, W)
-        alloc = np.empty if _backend.SIM else cuda.device_array
-        ws = _SCRATCH[(H, W)] = (alloc((3, H, W, 3), np.float32), alloc((gx * gy, 2), np.float32))
+        xp = _backend.array_module("cuda")
+        ws = _SCRATCH[(H, W)] = (xp.empty((3, H, W, 3), np.float32), xp.empty((gx * gy, 2), np.float32))
     return ws
 
 
-_as_numba = _backend.as_numba
-
-
 def _cuda_forward(img, gt, ssim_scale):
-    """-> (sum|d|, sum SSIM, scaled partial maps); one launch.  img and gt are
-    Numba device arrays (numpy under the simulator)."""
-    fwd, _ = _cuda_kernels()
+    """-> (sum|d|, sum SSIM, scaled partial maps); one launch."""
     H, W = img.shape[:2]
     dmaps, partials = _scratch(H, W)
-    fwd[_grid(H, W), (TX, TY)](img, gt, dmaps, partials, np.float32(ssim_scale))
-    host = partials if _backend.SIM else partials.copy_to_host()
-    l1, ss = host.sum(axis=0, dtype=np.float64)
+    _ssim_fwd[_grid(H, W), (TX, TY)](img, gt, dmaps, partials, np.float32(ssim_scale))
+    l1, ss = _backend.to_host(partials).sum(axis=0, dtype=np.float64)
     return float(l1), float(ss), dmaps
 
 
 def _cuda_ssim(img, gt):
-    _, ss, _ = _cuda_forward(_as_numba(img), _as_numba(gt), 0.0)
+    _, ss, _ = _cuda_forward(img, gt, 0.0)
     return ss
 
 
 def _cuda_l1_ssim(img, gt, lam):
     n = img.size
     dimg = _backend.array_module("cuda").empty_like(img)
-    img, gt, dimg_nb = _as_numba(img), _as_numba(gt), _as_numba(dimg)
     l1, ss, dmaps = _cuda_forward(img, gt, -lam / n)
-    _, bwd = _cuda_kernels()
-    bwd[_grid(*img.shape[:2]), (TX, TY)](img, gt, dmaps, dimg_nb, np.float32((1.0 - lam) / n))
+    _ssim_bwd[_grid(*img.shape[:2]), (TX, TY)](img, gt, dmaps, dimg, np.float32((1.0 - lam) / n))
     return l1 / n, ss / n, dimg
 
 

@@ -173,8 +173,8 @@ def project(g: Gaussians, camera: Camera, sh_degree=None, antialias=False, backe
     n = len(g)
     cam = xp.asarray(camera.packed().astype(dtype))
     proj = xp.zeros((n, go.PROJ_FIELDS), dtype)
-    radii = xp.zeros((n, 2), np.int32)
-    counts = xp.zeros(n, np.int32)
+    radii = xp.empty((n, 2), np.int32)
+    counts = xp.empty(n, np.int32)
     tx, ty = camera.tiles
     if n:
         kernels.project(g.means, g.quats, g.scales, g.opacities, g.sh, degree, cam, camera.width, camera.height,
@@ -199,7 +199,7 @@ def bin_tiles(p: Projection, backend=None):
     tx, ty = p.camera.tiles
     n_tiles = tx * ty
     # culled Gaussians sort last and emit nothing (no data-dependent compaction: no device sync)
-    depth = xp.where(p.counts > 0, p.proj[:, go.DEPTH], np.inf).astype(np.float32)
+    depth = xp.where(p.counts > 0, p.proj[:, go.DEPTH], np.inf).astype(np.float32, copy=False)
     order = _stable_argsort(xp, depth)
     counts = p.counts[order]
     ends = xp.cumsum(counts, dtype=np.int64)
@@ -258,15 +258,17 @@ def rasterize_backward(p: Projection, b: Binning, r: Render, d_image, d_alpha=No
     return grad
 
 
-def project_backward(g: Gaussians, p: Projection, grad, out: Gaussians = None, backend=None):
-    """Parameter gradients (a ``Gaussians`` of arrays), added into ``out`` if given."""
+def project_backward(g: Gaussians, p: Projection, grad, out: Gaussians = None, accumulate=True, backend=None):
+    """Parameter gradients (a ``Gaussians`` of arrays) into ``out`` if given:
+    added to it, or written over it with ``accumulate=False``."""
     kernels, xp = _impl(backend)
     if out is None:
-        out = Gaussians(**{k: xp.zeros_like(a) for k, a in g.arrays().items()})
+        out = Gaussians(**{k: xp.empty_like(a) for k, a in g.arrays().items()})
+        accumulate = False
     if len(g):
         kernels.project_backward(g.means, g.quats, g.scales, g.opacities, g.sh, p.sh_degree, p.cam,
                                  p.camera.width, p.camera.height, p.antialias, p.counts, grad,
-                                 out.means, out.quats, out.scales, out.opacities, out.sh)
+                                 out.means, out.quats, out.scales, out.opacities, out.sh, bool(accumulate))
     return out
 
 
