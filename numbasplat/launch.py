@@ -10,6 +10,7 @@ shape..., strides...).  The simulator launches through Numba as usual.
 Compilation waits for the first launch, so importing needs no GPU; ``KERNELS``
 lists every (python function, signature) so tests can compile them to PTX.
 """
+import os
 import re
 
 import numpy as np
@@ -17,9 +18,13 @@ from numba import cuda, types
 from numba.core import sigutils
 
 from . import cuda_stats
-from ._backend import SIM
+from ._backend import SIM, as_numba
 
 KERNELS = {}
+# NUMBASPLAT_LAUNCH=numba launches through Numba's own dispatcher (slower; for comparison),
+# NUMBASPLAT_SYNC_CHECK=1 synchronises after every launch so a fault names its kernel.
+VIA_NUMBA = os.environ.get("NUMBASPLAT_LAUNCH", "cupy") == "numba"
+SYNC_CHECK = os.environ.get("NUMBASPLAT_SYNC_CHECK", "0") == "1"
 
 
 def _array_params(a, _cache={}):
@@ -55,9 +60,9 @@ class Kernel:
         KERNELS[f"{fn.__module__}.{fn.__name__}"] = (fn, sig)
 
     def _compile(self):
-        if SIM:
-            k = cuda.jit(self.fn)
-            return lambda grid, block, args: k[grid, block](*args)
+        if SIM or VIA_NUMBA:
+            k = cuda.jit(self.fn) if SIM else cuda.jit(self.sig)(self.fn)
+            return lambda grid, block, args: k[grid, block](*(as_numba(a) for a in args))
         import cupy
         argtypes, _ = sigutils.normalize_signature(self.sig)
         cc = cupy.cuda.Device().compute_capability
@@ -81,6 +86,11 @@ class Kernel:
                 else:
                     flat.append(cast(a))
             func(grid, block, tuple(flat))
+            if SYNC_CHECK:
+                try:
+                    cupy.cuda.runtime.deviceSynchronize()
+                except Exception as e:
+                    raise RuntimeError(f"kernel {self.fn.__name__} failed: {e}") from e
 
         launch.module = module  # keep the module loaded
         return launch

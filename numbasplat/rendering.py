@@ -294,4 +294,4 @@ def render_backward(g: Gaussians, frame: Frame, d_image, d_alpha=None, d_depth=N
     """Parameter gradients and the screen-space gradient records of one render."""
     grad = rasterize_backward(frame.projection, frame.binning, frame.render, d_image, d_alpha, d_depth,
                               backend=backend)
-    return project_backward(g, frame.projection, grad, out, backend), grad
+    return project_backward(g, frame.projection, grad, out, backend=backend), grad
