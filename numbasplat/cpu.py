@@ -33,7 +33,7 @@ def emit_intersections(proj, order, counts, offsets, tile, tiles_x, tiles_y, W, 
     for k in prange(order.shape[0]):
         n = order[k]
         if counts[n] > 0:
-            visit_tiles(n, proj, tile, tiles_x, tiles_y, W, H, key_base, offsets[k], tile_ids, ids, True)
+            visit_tiles(n, proj, tile, tiles_x, tiles_y, W, H, key_base, offsets[k], counts[n], tile_ids, ids, True)
 
 
 @njit(parallel=True, cache=True)

@@ -66,7 +66,7 @@ def _emit_kernel(proj, order, counts, offsets, tile, tiles_x, tiles_y, W, H, key
     if k < order.shape[0]:
         n = order[k]
         if counts[n] > 0:
-            visit_tiles(n, proj, tile, tiles_x, tiles_y, W, H, key_base, offsets[k], tile_ids, ids, True)
+            visit_tiles(n, proj, tile, tiles_x, tiles_y, W, H, key_base, offsets[k], counts[n], tile_ids, ids, True)
 
 
 @kernel(F2, F2, F2, F1, F3, "int64", F1, "int64", "int64", "boolean", I1, F2, F2, F2, F2, F1, F3, "boolean")

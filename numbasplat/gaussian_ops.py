@@ -46,26 +46,52 @@ def footprint(u, v, ca, cb, cc, opacity):
 def build(jit):
     """The per-Gaussian bodies compiled with ``jit``; returns them in a namespace."""
     @jit
-    def visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, key_base, o, tile_ids, ids, write):
+    def store1(a, n, v, accumulate):
+        """a[n] += v, or a[n] = v: write mode never reads (the buffer may be uninitialised)."""
+        if accumulate:
+            v += a[n]
+        a[n] = v
+
+    @jit
+    def store2(a, n, j, v, accumulate):
+        if accumulate:
+            v += a[n, j]
+        a[n, j] = v
+
+    @jit
+    def store3(a, n, k, c, v, accumulate):
+        if accumulate:
+            v += a[n, k, c]
+        a[n, k, c] = v
+
+    @jit
+    def visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, key_base, o, limit, tile_ids, ids, write):
         """Count (write=False) or emit (write=True) the tiles hit by Gaussian n.
 
-        Emitting writes (global tile id, Gaussian id) pairs from slot ``o`` on."""
+        Emitting writes (global tile id, Gaussian id) pairs into slots
+        [o, o + limit), ``limit`` being the count from projection.  The two
+        passes are compiled into different kernels, where the compiler may
+        fuse float operations differently, so a boundary tile can flip: never
+        write past ``limit``, and pad a shortfall with tile id ``key_base +
+        tiles``, which sorts after every real tile and lands in no range."""
         u = proj[n, U]
         v = proj[n, V]
         ext, cov_a, cov_c = footprint(u, v, proj[n, CA], proj[n, CB], proj[n, CC], proj[n, OPAC])
-        if ext == f32(0.0):
-            return 0
-        tx0, tx1, ty0, ty1 = geo.tile_rect(u, v, cov_a, cov_c, ext, tile, tiles_x, tiles_y)
         k = 0
-        for ty in range(ty0, ty1 + 1):
-            for tx in range(tx0, tx1 + 1):
-                if geo.ellipse_hits_tile(u, v, proj[n, CA], proj[n, CB], proj[n, CC], ext, tx, ty, tile, W, H):
-                    if write:
-                        tile_ids[o + k] = key_base + ty * tiles_x + tx
-                        ids[o + k] = n
-                    k += 1
+        if ext > f32(0.0):
+            tx0, tx1, ty0, ty1 = geo.tile_rect(u, v, cov_a, cov_c, ext, tile, tiles_x, tiles_y)
+            for ty in range(ty0, ty1 + 1):
+                for tx in range(tx0, tx1 + 1):
+                    if geo.ellipse_hits_tile(u, v, proj[n, CA], proj[n, CB], proj[n, CC], ext, tx, ty, tile, W, H):
+                        if write and k < limit:
+                            tile_ids[o + k] = key_base + ty * tiles_x + tx
+                            ids[o + k] = n
+                        k += 1
+        if write:
+            for j in range(k, limit):
+                tile_ids[o + j] = key_base + tiles_x * tiles_y
+                ids[o + j] = n
         return k
-
 
     @jit
     def project_body(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias,
@@ -103,7 +129,7 @@ def build(jit):
         proj[n, OPAC] = opacity
         proj[n, DEPTH] = depth
         # tile counting reads the stored (rounded) record back, exactly as emission will
-        cnt = visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, 0, 0, counts, counts, False)
+        cnt = visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, 0, 0, 0, counts, counts, False)
         if cnt > 0:
             ext, cov_a, cov_c = footprint(proj[n, U], proj[n, V], proj[n, CA], proj[n, CB], proj[n, CC], opacity)
             radii[n, 0] = int(math.ceil(math.sqrt(ext * cov_a)))
@@ -117,17 +143,17 @@ def build(jit):
         """Gaussian n's parameter gradients, from its screen-space gradient record:
         added to the outputs, or written over them (``accumulate`` False: no
         separate zeroing pass over the gradient buffers)."""
-        if not accumulate:
-            for j in range(3):
-                d_means[n, j] = 0
-                d_scales[n, j] = 0
-            for j in range(4):
-                d_quats[n, j] = 0
-            d_logits[n] = 0
-            for k in range(d_sh.shape[1]):
-                for c in range(3):
-                    d_sh[n, k, c] = 0
-        if counts[n] == 0:
+        if counts[n] == 0:  # culled: its gradient is zero
+            if not accumulate:
+                for j in range(3):
+                    d_means[n, j] = 0
+                    d_scales[n, j] = 0
+                for j in range(4):
+                    d_quats[n, j] = 0
+                d_logits[n] = 0
+                for k in range(d_sh.shape[1]):
+                    for c in range(3):
+                        d_sh[n, k, c] = 0
             return
         view = (cam[0], cam[1], cam[2], cam[3], cam[4], cam[5], cam[6], cam[7], cam[8], cam[9], cam[10], cam[11])
         mx = means[n, 0]
@@ -142,7 +168,7 @@ def build(jit):
             view, cam[12], cam[13], cam[14], cam[15], W, H, antialias)
         s = sigmoid(logits[n])
         d_opac = grad[n, OPAC]
-        d_logits[n] += d_opac * comp * s * (f32(1.0) - s)
+        store1(d_logits, n, d_opac * comp * s * (f32(1.0) - s), accumulate)
         # colour: the SH coefficients and the view direction
         dx = mx - cam[16]
         dy = my - cam[17]
@@ -163,7 +189,7 @@ def build(jit):
                 acc += b[k] * sh[n, k, c]
             g = grad[n, RED + c] if acc > f32(0.0) else f32(0.0)
             for k in range(K):
-                d_sh[n, k, c] += b[k] * g
+                store3(d_sh, n, k, c, b[k] * g, accumulate)
                 w = g * sh[n, k, c]
                 gnx += w * jx[k]
                 gny += w * jy[k]
@@ -173,16 +199,20 @@ def build(jit):
             mx, my, mz, qw, qx, qy, qz, scales[n, 0], scales[n, 1], scales[n, 2],
             view, cam[12], cam[13], cam[14], cam[15], W, H, antialias,
             grad[n, U], grad[n, V], grad[n, DEPTH], grad[n, CA], grad[n, CB], grad[n, CC], d_opac * s)
-        d_means[n, 0] += dmx + (gnx - nx * dot) * inv
-        d_means[n, 1] += dmy + (gny - ny * dot) * inv
-        d_means[n, 2] += dmz + (gnz - nz * dot) * inv
-        d_quats[n, 0] += dqw
-        d_quats[n, 1] += dqx
-        d_quats[n, 2] += dqy
-        d_quats[n, 3] += dqz
-        d_scales[n, 0] += dl0
-        d_scales[n, 1] += dl1
-        d_scales[n, 2] += dl2
+        if not accumulate:
+            for k in range(K, d_sh.shape[1]):
+                for c in range(3):
+                    d_sh[n, k, c] = 0
+        store2(d_means, n, 0, dmx + (gnx - nx * dot) * inv, accumulate)
+        store2(d_means, n, 1, dmy + (gny - ny * dot) * inv, accumulate)
+        store2(d_means, n, 2, dmz + (gnz - nz * dot) * inv, accumulate)
+        store2(d_quats, n, 0, dqw, accumulate)
+        store2(d_quats, n, 1, dqx, accumulate)
+        store2(d_quats, n, 2, dqy, accumulate)
+        store2(d_quats, n, 3, dqz, accumulate)
+        store2(d_scales, n, 0, dl0, accumulate)
+        store2(d_scales, n, 1, dl1, accumulate)
+        store2(d_scales, n, 2, dl2, accumulate)
 
     return SimpleNamespace(visit_tiles=visit_tiles_body, project=project_body,
                            project_backward=project_backward_body)

@@ -213,7 +213,7 @@ def bin_tiles(p: Projection, backend=None):
         offsets = (ends - counts).astype(np.int32)
         kernels.emit_intersections(p.proj, order, p.counts, offsets, TILE, tx, ty, p.camera.width,
                                    p.camera.height, 0, tile_of, ids)
-        keys = tile_of.astype(np.uint16) if n_tiles <= 2**16 else tile_of
+        keys = tile_of.astype(np.uint16) if n_tiles < 2**16 else tile_of  # n_tiles: the pad id
         perm = _stable_argsort(xp, keys)
         ids = ids[perm]
         tile_of = tile_of[perm]
