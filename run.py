@@ -15,6 +15,137 @@ def cmd_bench(a):
     bench.run(a.scene, iters=a.iters, warmup=a.warmup, sh_degree=a.sh_degree, profile=a.profile)
 
 
+def _config(a):
+    from engine.trainer import TrainConfig
+    cfg = TrainConfig()
+    for k in ("iterations", "strategy", "cap_max", "max_gaussians", "absgrad", "random_background", "antialias",
+              "visible_adam", "snapshot_every", "seed", "sh_degree", "densify_until"):
+        v = getattr(a, k, None)
+        if v is not None:
+            setattr(cfg, k, v)
+    if getattr(a, "white_background", False):
+        cfg.background = (1.0, 1.0, 1.0)
+    return cfg
+
+
+def _load(a, background):
+    from data import DataError, load_dataset
+    try:
+        return load_dataset(a.data, fmt=a.format, images=a.images, background=background)
+    except DataError as e:
+        raise SystemExit(f"error: {e}")
+
+
+def _report(summary, out_dir):
+    import json
+    from pathlib import Path
+    path = Path(out_dir) / "metrics.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(summary, indent=1))
+    tmp.replace(path)
+    if summary["psnr"] is not None:
+        print(f"test PSNR {summary['psnr']:.2f} dB, SSIM {summary['ssim']:.4f} over {len(summary['views'])} views; "
+              f"{summary['gaussians']} Gaussians; {summary['train_seconds']:.1f} s training; metrics in {path}")
+
+
+def _train(dataset, a, cfg):
+    from engine.trainer import SNAPSHOT, Trainer
+    from pathlib import Path
+    t = Trainer(dataset, a.out, cfg)
+    if getattr(a, "resume", False):
+        snap = Path(a.out) / SNAPSHOT
+        if not snap.is_file():
+            raise SystemExit(f"error: --resume but no snapshot at {snap}")
+        t.load_snapshot(snap)
+        t.cfg.iterations = cfg.iterations
+        print(f"resumed from {snap} at step {t.step}")
+    try:
+        t.train(progress=not getattr(a, "quiet", False))
+    except KeyboardInterrupt:
+        raise SystemExit(130)
+    except MemoryError as e:
+        raise SystemExit(f"error: out of memory ({e}); try --max-gaussians N, a smaller --images folder "
+                         "(e.g. images_4), or --densify-until with an earlier step")
+    return t
+
+
+def cmd_train(a):
+    cfg = _config(a)
+    dataset = _load(a, cfg.background)
+    t = _train(dataset, a, cfg)
+    if a.eval or dataset.test:
+        _report(t.evaluate(save_dir=(a.out + "/test_renders") if a.eval else None), a.out)
+
+
+def cmd_demo(a):
+    """The default command: train the built-in procedural scene and print its test PSNR."""
+    import tempfile
+    from engine.demo import make_dataset
+    from engine.trainer import TrainConfig
+    print("NumbaSplat demo: rendering the built-in scene (the first run compiles kernels: about a minute)")
+    dataset = make_dataset()
+    cfg = TrainConfig(iterations=a.iterations or 2000, sh_degree=1, sh_increase_every=500, n_random_init=3000,
+                      background=(1.0, 1.0, 1.0), snapshot_every=0, log_every=50)
+    cfg.extra["demo"] = True
+    a.out = a.out or tempfile.mkdtemp(prefix="numbasplat-demo-")
+    t = _train(dataset, a, cfg)
+    _report(t.evaluate(), a.out)
+
+
+def _trained(a):
+    """A Trainer holding the model of a training output folder (its snapshot) or of a PLY file."""
+    from pathlib import Path
+    from engine.trainer import SNAPSHOT, TrainConfig, Trainer
+    cfg = _config(a)
+    dataset = _load(a, cfg.background)
+    t = Trainer(dataset, a.out, cfg)
+    src = Path(a.model)
+    if src.suffix == ".ply":
+        from data.ply import load_ply
+        from engine.model import GaussianModel
+        try:
+            t.model = GaussianModel(load_ply(src))
+        except ValueError as e:
+            raise SystemExit(f"error: {e}")
+        t.cfg.sh_degree = t.model.gaussians.sh_degree()
+    else:
+        snap = src / SNAPSHOT if src.is_dir() else src
+        try:
+            t.load_snapshot(snap, check_data=False)
+        except (ValueError, OSError) as e:
+            raise SystemExit(f"error: {e}")
+    return t
+
+
+def cmd_eval(a):
+    t = _trained(a)
+    _report(t.evaluate(save_dir=a.out + "/test_renders"), a.out)
+
+
+def cmd_render(a):
+    t = _trained(a)
+    views = t.data.test if a.split == "test" else t.data.train
+    t.evaluate(views, save_dir=a.out + f"/{a.split}_renders")
+    print(f"wrote {len(views)} renders to {a.out}/{a.split}_renders")
+
+
+def cmd_export(a):
+    from pathlib import Path
+    from data.ply import save_ply
+    from engine.trainer import SNAPSHOT
+    from engine.snapshot import read_snapshot
+    from numbasplat.optim import GROUPS
+    src = Path(a.model)
+    snap = src / SNAPSHOT if src.is_dir() else src
+    try:
+        arrays, _ = read_snapshot(str(snap))
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
+    from types import SimpleNamespace
+    save_ply(a.ply, SimpleNamespace(**{g: arrays[f"params/{g}"] for g in GROUPS}))
+    print(f"wrote {a.ply}")
+
+
 def cmd_info(a):
     import numba
     import numpy as np
@@ -50,11 +181,58 @@ def main(argv=None):
     b.set_defaults(fn=cmd_bench)
     i = sub.add_parser("info", help="print the backend, GPU, MPI and versions")
     i.set_defaults(fn=cmd_info)
+
+    def data_args(p, need_out=True):
+        p.add_argument("--data", required=True, help="capture folder (COLMAP, Blender or instant-ngp)")
+        p.add_argument("--format", default="auto", choices=["auto", "colmap", "blender", "ngp"])
+        p.add_argument("--images", default=None, help="image folder of a COLMAP capture, e.g. images_4")
+        p.add_argument("--white-background", action="store_true", help="composite RGBA on white (Blender scenes)")
+        p.add_argument("--out", required=need_out, help="output folder")
+
+    t = sub.add_parser("train", help="train on a capture")
+    data_args(t)
+    t.add_argument("--iters", dest="iterations", type=int, default=None)
+    t.add_argument("--eval", action="store_true", help="evaluate on the test split and save renders")
+    t.add_argument("--resume", action="store_true", help="continue from OUT/snapshot.h5")
+    t.add_argument("--strategy", choices=["default", "mcmc"], default=None)
+    t.add_argument("--cap-max", type=int, default=None, help="Gaussian cap of the mcmc strategy")
+    t.add_argument("--max-gaussians", type=int, default=None, help="memory guard: stop growing at N Gaussians")
+    t.add_argument("--densify-until", type=int, default=None)
+    t.add_argument("--absgrad", action="store_true", default=None)
+    t.add_argument("--random-background", action="store_true", default=None)
+    t.add_argument("--antialias", action="store_true", default=None)
+    t.add_argument("--visible-adam", action="store_true", default=None)
+    t.add_argument("--snapshot-every", type=int, default=None)
+    t.add_argument("--sh-degree", type=int, default=None)
+    t.add_argument("--seed", type=int, default=None)
+    t.add_argument("--quiet", action="store_true")
+    t.set_defaults(fn=cmd_train)
+    for name, fn, hlp in (("eval", cmd_eval, "evaluate a trained scene on the test split"),
+                          ("render", cmd_render, "render views of a trained scene")):
+        e = sub.add_parser(name, help=hlp)
+        data_args(e)
+        e.add_argument("--model", required=True, help="training output folder, snapshot .h5 or .ply")
+        if name == "render":
+            e.add_argument("--split", choices=["test", "train"], default="test")
+        e.set_defaults(fn=fn)
+    x = sub.add_parser("export", help="write the trained scene as a PLY file")
+    x.add_argument("--model", required=True, help="training output folder or snapshot .h5")
+    x.add_argument("--ply", required=True, help="output .ply path")
+    x.set_defaults(fn=cmd_export)
+    d = sub.add_parser("demo", help="train the built-in scene (also: no arguments)")
+    d.add_argument("--iters", dest="iterations", type=int, default=None)
+    d.add_argument("--out", default=None)
+    d.set_defaults(fn=cmd_demo)
     a = ap.parse_args(argv)
     if a.cmd is None:
-        ap.print_help()
-        return 0
-    a.fn(a)
+        a = ap.parse_args(["demo"])
+    try:
+        a.fn(a)
+    except (ValueError, OSError) as e:  # bad input: a message naming it, not a traceback
+        if os.environ.get("NUMBASPLAT_DEBUG"):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -290,8 +290,12 @@ def render(g: Gaussians, camera: Camera, sh_degree=None, background=None, antial
     return Frame(p, b, rasterize(p, b, background, backend))
 
 
-def render_backward(g: Gaussians, frame: Frame, d_image, d_alpha=None, d_depth=None, out=None, backend=None):
-    """Parameter gradients and the screen-space gradient records of one render."""
+def render_backward(g: Gaussians, frame: Frame, d_image, d_alpha=None, d_depth=None, out=None, accumulate=False,
+                    backend=None):
+    """Parameter gradients and the screen-space gradient records of one render.
+
+    Gradients are written into ``out`` (a new ``Gaussians`` if None), or added
+    to it with ``accumulate=True`` (several views per step)."""
     grad = rasterize_backward(frame.projection, frame.binning, frame.render, d_image, d_alpha, d_depth,
                               backend=backend)
-    return project_backward(g, frame.projection, grad, out, backend=backend), grad
+    return project_backward(g, frame.projection, grad, out, accumulate=accumulate, backend=backend), grad

@@ -1,0 +1,200 @@
+"""Gaussians to and from PLY in the reference 3DGS layout.
+
+The reference layout (x y z nx ny nz f_dc_* f_rest_* opacity scale_* rot_*,
+pre-activation values, f_rest channel-major) is what viewers and other
+trainers exchange, so we write exactly that.  Reading is lenient: properties
+are found by name in any order and type, extra ones are ignored, and ascii
+and both binary encodings are accepted, because exporters differ.
+"""
+import os
+import re
+import secrets
+
+import numpy as np
+
+PLY_TYPES = {
+    "char": "i1", "int8": "i1", "uchar": "u1", "uint8": "u1",
+    "short": "i2", "int16": "i2", "ushort": "u2", "uint16": "u2",
+    "int": "i4", "int32": "i4", "uint": "u4", "uint32": "u4",
+    "float": "f4", "float32": "f4", "double": "f8", "float64": "f8",
+}
+FORMATS = {"ascii": None, "binary_little_endian": "<", "binary_big_endian": ">"}
+REST_TO_DEGREE = {0: 0, 9: 1, 24: 2, 45: 3}
+BASE_PROPS = (["x", "y", "z"] + [f"f_dc_{i}" for i in range(3)] + ["opacity"]
+              + [f"scale_{i}" for i in range(3)] + [f"rot_{i}" for i in range(4)])
+
+
+def _host(a):
+    """numpy view of a numpy or CuPy array (CuPy refuses np.asarray)."""
+    return np.asarray(a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else a)
+
+
+def _columns(g):
+    """(names, float32 (N, P) matrix) in the reference column order."""
+    means, scales, quats = (_host(g.means), _host(g.scales), _host(g.quats))
+    opac, sh = _host(g.opacities), _host(g.sh)
+    n = means.shape[0]
+    if sh.ndim != 3 or sh.shape[0] != n or sh.shape[2] != 3 or sh.shape[1] not in (1, 4, 9, 16):
+        raise ValueError(f"sh must be (N, K, 3) with K in 1, 4, 9, 16; got {sh.shape}")
+    for name, a, w in (("means", means, 3), ("scales", scales, 3), ("quats", quats, 4)):
+        if a.shape != (n, w):
+            raise ValueError(f"{name} must be ({n}, {w}), got {a.shape}")
+    if opac.size != n:
+        raise ValueError(f"opacities must hold {n} values, got shape {opac.shape}")
+    k = sh.shape[1]
+    # channel-major: f_rest[c*(K-1) + (k-1)] = sh[:, k, c]
+    rest = sh[:, 1:, :].transpose(0, 2, 1).reshape(n, 3 * (k - 1))
+    cols = np.concatenate([means, np.zeros((n, 3)), sh[:, 0, :], rest,
+                           opac.reshape(n, 1), scales, quats], axis=1).astype("<f4")
+    names = (["x", "y", "z", "nx", "ny", "nz"] + [f"f_dc_{i}" for i in range(3)]
+             + [f"f_rest_{i}" for i in range(3 * (k - 1))] + ["opacity"]
+             + [f"scale_{i}" for i in range(3)] + [f"rot_{i}" for i in range(4)])
+    return names, np.ascontiguousarray(cols)
+
+
+def save_ply(path, g):
+    """Write ``g`` (means, scales, quats, opacities, sh) as a reference 3DGS PLY.
+
+    Atomic (temp file, fsync, rename): a crash never leaves a half-written
+    file where a good one was.
+    """
+    names, cols = _columns(g)
+    header = ("ply\nformat binary_little_endian 1.0\n"
+              f"element vertex {cols.shape[0]}\n"
+              + "".join(f"property float {p}\n" for p in names) + "end_header\n")
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    # Same folder so os.replace is a rename; O_EXCL + 0o666 so the umask applies (mkstemp: 0600).
+    tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(header.encode("ascii"))
+            f.write(cols.tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder):
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # e.g. Windows: directories cannot be opened
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _parse_header(f, path):
+    """-> (format, [(element name, count, [(prop, dtype or None for list)])])."""
+    if f.readline().rstrip(b"\r\n") != b"ply":
+        raise ValueError(f"{path}: not a PLY file (no 'ply' magic line)")
+    fmt, elements = None, []
+    while True:
+        raw = f.readline()
+        if not raw:
+            raise ValueError(f"{path}: truncated PLY header (no end_header)")
+        words = raw.decode("ascii", "replace").split()
+        if not words or words[0] in ("comment", "obj_info"):
+            continue
+        if words[0] == "end_header":
+            break
+        if words[0] == "format" and len(words) >= 2:
+            if words[1] not in FORMATS:
+                raise ValueError(f"{path}: unsupported PLY format {words[1]!r}")
+            fmt = words[1]
+        elif words[0] == "element" and len(words) == 3 and words[2].isdigit():
+            elements.append((words[1], int(words[2]), []))
+        elif words[0] == "property" and elements:
+            if len(words) == 5 and words[1] == "list":
+                elements[-1][2].append((words[4], None))
+            elif len(words) == 3 and words[1] in PLY_TYPES:
+                elements[-1][2].append((words[2], PLY_TYPES[words[1]]))
+            else:
+                raise ValueError(f"{path}: unsupported PLY property line {raw.strip()!r}")
+        else:
+            raise ValueError(f"{path}: malformed PLY header line {raw.strip()!r}")
+    if fmt is None:
+        raise ValueError(f"{path}: PLY header has no format line")
+    return fmt, elements
+
+
+def _read_vertices(f, path, fmt, elements):
+    """-> ({property name: float64 or native column}, count) of the vertex element."""
+    names = [e[0] for e in elements]
+    if "vertex" not in names:
+        raise ValueError(f"{path}: PLY has no 'vertex' element")
+    vi = names.index("vertex")
+    _, n, props = elements[vi]
+    pnames = [p for p, _ in props]
+    if len(set(pnames)) != len(pnames):
+        raise ValueError(f"{path}: duplicate vertex property names")
+    if any(t is None for _, t in props):
+        raise ValueError(f"{path}: list properties in the vertex element are not supported")
+    if fmt == "ascii":
+        lines = [ln for ln in f.read().decode("ascii", "replace").splitlines() if ln.strip()]
+        skip = sum(e[1] for e in elements[:vi])
+        body = lines[skip:skip + n]
+        if len(body) < n:
+            raise ValueError(f"{path}: truncated PLY data ({len(body)} of {n} vertices)")
+        try:
+            rows = np.array([ln.split() for ln in body], dtype=np.float64)
+        except ValueError:
+            raise ValueError(f"{path}: malformed ascii PLY vertex data") from None
+        if rows.shape != (n, len(props)):
+            raise ValueError(f"{path}: ascii PLY vertex rows do not have {len(props)} values")
+        return {p: rows[:, i] for i, p in enumerate(pnames)}, n
+    end = FORMATS[fmt]
+    for name, count, eprops in elements[:vi]:  # skip fixed-size elements before the vertices
+        if any(t is None for _, t in eprops):
+            raise ValueError(f"{path}: list element {name!r} before the vertices is not supported")
+        f.seek(count * np.dtype([(p, end + t) for p, t in eprops]).itemsize, os.SEEK_CUR)
+    dtype = np.dtype([(p, end + t) for p, t in props])
+    buf = f.read(n * dtype.itemsize)
+    if len(buf) < n * dtype.itemsize:
+        raise ValueError(f"{path}: truncated PLY data ({len(buf)} of {n * dtype.itemsize} bytes)")
+    data = np.frombuffer(buf, dtype=dtype, count=n)
+    return {p: data[p] for p in pnames}, n
+
+
+def load_ply(path):
+    """Read a 3DGS PLY -> dict of float32 means, scales, quats, opacities, sh (N, K, 3)."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        fmt, elements = _parse_header(f, path)
+        cols, n = _read_vertices(f, path, fmt, elements)
+    rest = sorted((int(m.group(1)), p) for p in cols if (m := re.fullmatch(r"f_rest_(\d+)", p)))
+    missing = [p for p in BASE_PROPS if p not in cols]
+    if missing:
+        raise ValueError(f"{path}: PLY lacks required vertex properties: {', '.join(missing)}")
+    if len(rest) not in REST_TO_DEGREE or [i for i, _ in rest] != list(range(len(rest))):
+        raise ValueError(f"{path}: f_rest_* properties must be f_rest_0..f_rest_M-1 with "
+                         f"M in 0, 9, 24, 45; got {len(rest)}")
+    k = (REST_TO_DEGREE[len(rest)] + 1) ** 2
+
+    def stack(keys):
+        return np.stack([np.asarray(cols[p], np.float32) for p in keys], axis=1)
+
+    sh = np.empty((n, k, 3), np.float32)
+    sh[:, 0, :] = stack([f"f_dc_{i}" for i in range(3)])
+    if k > 1:
+        # channel-major on disk: column c*(K-1) + (k-1) holds sh[:, k, c]
+        sh[:, 1:, :] = stack([p for _, p in rest]).reshape(n, 3, k - 1).transpose(0, 2, 1)
+    return {
+        "means": stack(["x", "y", "z"]),
+        "scales": stack([f"scale_{i}" for i in range(3)]),
+        "quats": stack([f"rot_{i}" for i in range(4)]),
+        "opacities": np.asarray(cols["opacity"], np.float32).copy(),
+        "sh": sh,
+    }

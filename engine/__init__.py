@@ -1,0 +1,1 @@
+"""Training engine: the trainer loop and its snapshot/resume support."""

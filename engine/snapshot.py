@@ -1,0 +1,107 @@
+"""Training snapshots: every array needed to resume, plus JSON metadata, in one HDF5 file.
+
+One file per snapshot so a resume never mixes states; written to a temp file
+and renamed (with fsyncs) so a crash mid-write leaves the previous snapshot
+intact.  Metadata is one JSON string attribute because HDF5 attributes cannot
+hold nested dicts or the 128-bit integers of a numpy RNG state (JSON can).
+"""
+import hashlib
+import json
+import os
+
+import h5py
+import numpy as np
+
+FORMAT_VERSION = 1
+META_ATTR = "numbasplat_meta"
+VERSION_ATTR = "numbasplat_format"
+
+
+def _json_default(o):
+    """numpy scalars/arrays that creep into configs -> plain JSON values."""
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.bool_):
+        return bool(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"snapshot attrs value of type {type(o).__name__} is not JSON-serialisable")
+
+
+def _fsync_path(p):
+    try:
+        fd = os.open(p, os.O_RDONLY)
+    except OSError:  # directories cannot be opened on Windows
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_snapshot(path, arrays, attrs):
+    """Atomically write ``arrays`` ({"group/name": ndarray}) and JSON ``attrs`` to ``path``."""
+    path = os.fspath(path)
+    meta = json.dumps(attrs, default=_json_default)  # fail before touching the disk
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs[VERSION_ATTR] = FORMAT_VERSION
+            f.attrs[META_ATTR] = meta
+            for name, a in arrays.items():
+                if not name or name.startswith("/") or "" in name.split("/"):
+                    raise ValueError(f"bad snapshot array name {name!r}")
+                f.create_dataset(name, data=np.asarray(a))  # intermediate groups from the slashes
+            f.flush()
+        _fsync_path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_path(os.path.dirname(os.path.abspath(path)))
+
+
+def read_snapshot(path):
+    """-> (arrays {"group/name": ndarray}, attrs dict); ValueError naming ``path`` if unusable."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"snapshot {path} does not exist")
+    try:
+        with h5py.File(path, "r") as f:
+            if META_ATTR not in f.attrs or VERSION_ATTR not in f.attrs:
+                raise ValueError(f"{path} is not a NumbaSplat snapshot (no {META_ATTR} attribute)")
+            version = int(f.attrs[VERSION_ATTR])
+            if version > FORMAT_VERSION:
+                raise ValueError(f"{path}: snapshot format {version} is newer than the supported "
+                                 f"{FORMAT_VERSION}; upgrade NumbaSplat to resume from it")
+            meta = f.attrs[META_ATTR]
+            attrs = json.loads(meta.decode() if isinstance(meta, bytes) else meta)
+            arrays = {}
+
+            def visit(name, obj):
+                if isinstance(obj, h5py.Dataset):
+                    arrays[name] = np.asarray(obj[()])
+            f.visititems(visit)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: corrupt snapshot metadata ({e})") from e
+    except (OSError, KeyError, RuntimeError) as e:  # h5py: truncated or damaged file
+        raise ValueError(f"{path} is not a readable NumbaSplat snapshot (truncated or corrupt?): {e}") from e
+    return arrays, attrs
+
+
+def dataset_fingerprint(names, shapes, extra=""):
+    """sha256 over sorted (image name, shape) pairs and ``extra``: detects a resume
+    against a different dataset without reading any pixels."""
+    names, shapes = list(names), list(shapes)
+    if len(names) != len(shapes):
+        raise ValueError(f"{len(names)} names but {len(shapes)} shapes")
+    items = sorted((str(n), [int(s) for s in shape]) for n, shape in zip(names, shapes))
+    blob = json.dumps({"images": items, "extra": str(extra)}, separators=(",", ":"), sort_keys=True)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()

@@ -1,0 +1,262 @@
+"""Densification strategies: objects that watch training and change the set of Gaussians.
+
+The interface is small so that other schemes (ByteSplat's hardware-aware
+pruning, BlitzGS's importance scores) can be added as further classes:
+
+    state_arrays() / load_state(arrays)        what a snapshot keeps
+    after_backward(model, step, frame, grad)   see one render's screen-space gradients
+    after_optimizer(model, step, ctx)          densify, prune, reset; returns a dict of what it did
+    loss_gradients(model)                      optional regulariser gradients, added before Adam
+"""
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from numbasplat import gaussian_ops as go
+from numbasplat._backend import to_host
+from numbasplat.geometry import ALPHA_MIN
+
+from .model import inverse_sigmoid
+
+
+def _quat_rotate(xp, q, v):
+    """Rotate vectors v (N,3) by unnormalised wxyz quaternions q (N,4)."""
+    q = q / xp.linalg.norm(q, axis=1, keepdims=True)
+    w, u = q[:, :1], q[:, 1:]
+    t = 2.0 * xp.cross(u, v)
+    return v + w * t + xp.cross(u, t)
+
+
+@dataclass
+class Context:
+    """What a strategy may need beyond the model."""
+    scene_scale: float
+    rng: np.random.Generator
+    max_gaussians: int = 0     # 0: no cap (besides the memory guard)
+    free_bytes: int = 0        # device memory left, 0 if unknown
+
+
+BYTES_PER_GAUSSIAN = 1500     # parameters, gradients, Adam moments and per-step buffers
+
+
+def growth_allowed(n_now, n_new, ctx):
+    """The memory guard: stop growing near the cap or the device's capacity."""
+    if ctx.max_gaussians and n_now + n_new > ctx.max_gaussians:
+        return max(0, ctx.max_gaussians - n_now)
+    if ctx.free_bytes and n_new * BYTES_PER_GAUSSIAN > 0.8 * ctx.free_bytes:
+        return max(0, int(0.8 * ctx.free_bytes / BYTES_PER_GAUSSIAN))
+    return n_new
+
+
+@dataclass
+class DefaultStrategy:
+    """Adaptive density control of the reference 3DGS implementation."""
+    grad_threshold: float = 2e-4
+    refine_start: int = 500
+    refine_stop: int = 15_000
+    refine_every: int = 100
+    reset_every: int = 3000
+    prune_opacity: float = 0.005
+    percent_dense: float = 0.01
+    max_screen_size: float = 20.0    # pixels, enforced after the first opacity reset
+    max_world_size: float = 0.1      # fraction of the scene scale
+    absgrad: bool = False
+    stats: dict = field(default_factory=dict)
+
+    def _fresh(self, xp, n):
+        self.stats = {"grad": xp.zeros(n, np.float32), "count": xp.zeros(n, np.int32),
+                      "max_radius": xp.zeros(n, np.float32)}
+
+    def state_arrays(self):
+        return dict(self.stats)
+
+    def load_state(self, arrays, xp):
+        self.stats = {k: xp.asarray(arrays[k]) for k in ("grad", "count", "max_radius")}
+
+    def loss_gradients(self, model):
+        return None
+
+    def after_backward(self, model, step, frame, grad):
+        """Accumulate the norm of the screen-space mean gradient, in NDC units as 3DGS does."""
+        xp = model.xp
+        if not self.stats or len(self.stats["grad"]) != len(model):
+            self._fresh(xp, len(model))
+        if step >= self.refine_stop:
+            return
+        cam = frame.projection.camera
+        cols = (go.ABS_U, go.ABS_V) if self.absgrad else (go.U, go.V)
+        gx = grad[:, cols[0]] * (0.5 * cam.width)
+        gy = grad[:, cols[1]] * (0.5 * cam.height)
+        visible = frame.projection.counts > 0
+        self.stats["grad"] += xp.where(visible, xp.sqrt(gx * gx + gy * gy), 0.0).astype(np.float32)
+        self.stats["count"] += visible.astype(np.int32)
+        radius = frame.projection.radii.max(axis=1).astype(np.float32)
+        xp.maximum(self.stats["max_radius"], radius, out=self.stats["max_radius"])
+
+    def after_optimizer(self, model, step, ctx):
+        xp = model.xp
+        done = {}
+        if self.refine_start < step < self.refine_stop and step % self.refine_every == 0:
+            done = self._refine(model, step, ctx)
+            self._fresh(xp, len(model))
+        if step < self.refine_stop and step > 0 and step % self.reset_every == 0:
+            op = model.group("opacities")
+            xp.minimum(op, inverse_sigmoid(0.01), out=op)
+            model.reset_moments("opacities")
+            done["opacity_reset"] = True
+        return done
+
+    def _refine(self, model, step, ctx):
+        xp = model.xp
+        g = model.gaussians
+        n = len(model)
+        grads = self.stats["grad"] / xp.maximum(self.stats["count"], 1)
+        scale_max = xp.exp(g.scales.max(axis=1))
+        opacity = 1.0 / (1.0 + xp.exp(-g.opacities))
+        prune = opacity < self.prune_opacity
+        if step > self.reset_every:
+            prune |= self.stats["max_radius"] > self.max_screen_size
+            prune |= scale_max > self.max_world_size * ctx.scene_scale
+        grow = (grads >= self.grad_threshold) & (opacity >= self.prune_opacity)
+        small = scale_max <= self.percent_dense * ctx.scene_scale
+        clone = xp.flatnonzero(grow & small)
+        split = xp.flatnonzero(grow & ~small)
+        budget = growth_allowed(n - int(prune.sum()), len(clone) + len(split), ctx)
+        if budget < len(clone) + len(split):     # guard hit: grow the strongest first
+            order = xp.argsort(-grads[xp.concatenate([clone, split])])[:budget]
+            chosen = xp.concatenate([clone, split])[order]
+            clone = chosen[small[chosen]]
+            split = chosen[~small[chosen]]
+        new = {k: a[clone] for k, a in g.arrays().items()}
+        if len(split):
+            # two children per split Gaussian, drawn from it, 1.6x smaller
+            parent = xp.repeat(split, 2)
+            sigma = xp.exp(g.scales[parent])
+            eps = xp.asarray(ctx.rng.standard_normal((len(parent), 3)).astype(np.float32))
+            child = {k: a[parent] for k, a in g.arrays().items()}
+            child["means"] = g.means[parent] + _quat_rotate(xp, g.quats[parent], sigma * eps)
+            child["scales"] = g.scales[parent] - math.log(1.6)
+            new = {k: xp.concatenate([new[k], child[k]]) for k in new}
+            prune[split] = True
+        model.gather(xp.flatnonzero(~prune), new)
+        return {"cloned": int(len(clone)), "split": int(len(split)), "pruned": int(prune.sum()) - int(len(split)),
+                "gaussians": len(model)}
+
+
+@dataclass
+class MCMCStrategy:
+    """3DGS as MCMC (Kheradmand et al. 2024), with a hard cap on the number of Gaussians.
+
+    Dead Gaussians (opacity below ``min_opacity``) are moved onto live ones
+    drawn by opacity, new ones are added the same way (5% per refinement, up to
+    ``cap_max``), the opacity and scale of every sampled source are adjusted so
+    that the rendered mass is preserved, means get opacity-gated noise each
+    step, and L1 regularisers push opacities and scales down.
+    """
+    cap_max: int = 1_000_000
+    refine_start: int = 500
+    refine_stop: int = 25_000
+    refine_every: int = 100
+    min_opacity: float = 0.005
+    growth: float = 0.05
+    noise_lr: float = 5e5
+    opacity_reg: float = 0.01
+    scale_reg: float = 0.01
+    stats: dict = field(default_factory=dict)
+
+    def state_arrays(self):
+        return {}
+
+    def load_state(self, arrays, xp):
+        pass
+
+    def after_backward(self, model, step, frame, grad):
+        pass
+
+    def loss_gradients(self, model):
+        """Gradients of opacity_reg * mean(sigmoid(o)) + scale_reg * mean(exp(s))."""
+        xp = model.xp
+        g = model.gaussians
+        n = max(len(model), 1)
+        s = 1.0 / (1.0 + xp.exp(-g.opacities))
+        return {"opacities": (self.opacity_reg / n) * s * (1.0 - s),
+                "scales": (self.scale_reg / (3 * n)) * xp.exp(g.scales)}
+
+    def _relocation(self, xp, opacity, scales, ratio):
+        """New opacity and scale of a source sampled ``ratio - 1`` extra times (Eq. 9 of the paper)."""
+        o_new = 1.0 - (1.0 - opacity) ** (1.0 / ratio)
+        coeff = xp.zeros_like(opacity)
+        rmax = int(ratio.max()) if ratio.size else 1
+        for i in range(1, rmax + 1):
+            for k in range(i):
+                binom = math.comb(i - 1, k)
+                term = ((-1) ** k / math.sqrt(k + 1)) * binom * o_new ** (k + 1)
+                coeff += xp.where(ratio >= i, term, 0.0).astype(coeff.dtype)
+        scale_new = scales + xp.log(xp.maximum(opacity / xp.maximum(coeff, 1e-12), 1e-12))[:, None]
+        return o_new, scale_new
+
+    def _sample(self, model, count, ctx, candidates):
+        """``count`` indices drawn from ``candidates`` with probability proportional to opacity."""
+        g = model.gaussians
+        p = to_host(1.0 / (1.0 + model.xp.exp(-g.opacities[candidates]))).astype(np.float64)
+        return model.xp.asarray(to_host(candidates)[ctx.rng.choice(len(p), size=count, p=p / p.sum())])
+
+    def _clone_from(self, model, src, ctx):
+        """Rows for new Gaussians copied from sources ``src``; sources' opacity/scale adjusted in place."""
+        xp = model.xp
+        g = model.gaussians
+        uniq, counts = np.unique(to_host(src), return_counts=True)
+        uniq = xp.asarray(uniq)
+        ratio = xp.asarray(counts + 1).astype(np.float32)
+        opacity = 1.0 / (1.0 + xp.exp(-g.opacities[uniq]))
+        o_new, s_new = self._relocation(xp, opacity, g.scales[uniq], ratio)
+        o_new = xp.clip(o_new, ALPHA_MIN, 1.0 - 1e-6)
+        g.opacities[uniq] = xp.log(o_new / (1.0 - o_new))
+        g.scales[uniq] = s_new
+        for grp in ("opacities", "scales"):
+            for which in ("m", "v"):
+                model.group(grp, which)[uniq] = 0
+        return {k: a[src] for k, a in g.arrays().items()}
+
+    def after_optimizer(self, model, step, ctx):
+        xp = model.xp
+        done = {}
+        if self.refine_start < step < self.refine_stop and step % self.refine_every == 0:
+            g = model.gaussians
+            opacity = 1.0 / (1.0 + xp.exp(-g.opacities))
+            dead = xp.flatnonzero(opacity <= self.min_opacity)
+            alive = xp.flatnonzero(opacity > self.min_opacity)
+            if len(dead) and len(alive):
+                src = self._sample(model, len(dead), ctx, alive)
+                rows = self._clone_from(model, src, ctx)
+                for k, a in model.gaussians.arrays().items():
+                    a[dead] = rows[k]
+                for grp in ("means", "scales", "quats", "opacities", "sh"):
+                    for which in ("m", "v"):
+                        model.group(grp, which)[dead] = 0
+                done["relocated"] = int(len(dead))
+            n = len(model)
+            target = growth_allowed(n, min(self.cap_max, int(n * (1 + self.growth))) - n,
+                                    Context(ctx.scene_scale, ctx.rng, self.cap_max, ctx.free_bytes))
+            if target > 0:
+                alive = xp.flatnonzero(1.0 / (1.0 + xp.exp(-model.gaussians.opacities)) > self.min_opacity)
+                if len(alive):
+                    src = self._sample(model, target, ctx, alive)
+                    rows = self._clone_from(model, src, ctx)
+                    model.gather(xp.arange(n), rows)
+                    done["added"] = int(target)
+            done["gaussians"] = len(model)
+        return done
+
+    def perturb(self, model, lr_means, ctx):
+        """Opacity-gated Gaussian noise on the means, shaped by each covariance (SGLD step)."""
+        xp = model.xp
+        g = model.gaussians
+        opacity = 1.0 / (1.0 + xp.exp(-g.opacities))
+        gate = 1.0 / (1.0 + xp.exp(100.0 * (opacity - self.min_opacity)))
+        eps = xp.asarray(ctx.rng.standard_normal((len(model), 3)).astype(np.float32))
+        sigma2 = xp.exp(2.0 * g.scales)
+        noise = _quat_rotate(xp, g.quats, sigma2 * eps)
+        g.means[...] += (self.noise_lr * lr_means) * gate[:, None] * noise
+

@@ -1,0 +1,278 @@
+"""Single-process training: the 3DGS recipe on top of the numbasplat rasterizer.
+
+``Trainer`` owns the model, the densification strategy, the schedules, the
+snapshot/resume logic and evaluation.  The step is: render one view, L1+SSIM
+loss, backward through rasterization and projection, strategy statistics,
+fused Adam, densification.
+"""
+import json
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+import numbasplat as ns
+from numbasplat import _backend
+from numbasplat.loss import l1_ssim_loss, psnr, ssim
+from numbasplat.optim import GROUPS, column_lrs, exp_decay
+
+from .model import GaussianModel, init_from_points
+from .strategy import Context, DefaultStrategy, MCMCStrategy
+
+SNAPSHOT = "snapshot.h5"
+
+
+@dataclass
+class TrainConfig:
+    """Defaults of the reference 3DGS implementation."""
+    iterations: int = 30_000
+    sh_degree: int = 3
+    sh_increase_every: int = 1000
+    lambda_dssim: float = 0.2
+    lr_means: float = 1.6e-4          # x scene scale, decaying to lr_means_final
+    lr_means_final: float = 1.6e-6
+    lr_scales: float = 5e-3
+    lr_quats: float = 1e-3
+    lr_opacities: float = 5e-2
+    lr_sh: float = 2.5e-3             # the higher bands train 20x slower
+    strategy: str = "default"         # default | mcmc
+    cap_max: int = 1_000_000          # mcmc
+    max_gaussians: int = 0            # memory guard for the default strategy (0: device capacity)
+    absgrad: bool = False
+    grad_threshold: float = 2e-4
+    densify_until: int = 15_000
+    random_background: bool = False
+    background: tuple = (0.0, 0.0, 0.0)
+    antialias: bool = False
+    visible_adam: bool = False
+    snapshot_every: int = 5000
+    log_every: int = 100
+    seed: int = 0
+    n_random_init: int = 100_000
+    extra: dict = field(default_factory=dict)
+
+
+class Trainer:
+    def __init__(self, dataset, out_dir, cfg: TrainConfig, backend=None, log=print):
+        self.data = dataset
+        self.cfg = cfg
+        self.out = Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.backend = backend or _backend.BACKEND
+        self.xp = _backend.array_module(self.backend)
+        self.log = log
+        self.rng = np.random.default_rng(cfg.seed)
+        self.step = 0
+        self.train_seconds = 0.0
+        self.strategy = self._make_strategy()
+        self.targets = [self.xp.asarray(v.image) for v in dataset.train]
+        self.order = []
+        self.model = None
+        self._interrupted = False
+
+    # ------------------------------------------------------------------ setup
+    def _make_strategy(self):
+        c = self.cfg
+        if c.strategy == "default":
+            return DefaultStrategy(grad_threshold=c.grad_threshold, refine_stop=c.densify_until, absgrad=c.absgrad)
+        if c.strategy == "mcmc":
+            return MCMCStrategy(cap_max=c.cap_max)
+        raise ValueError(f"unknown strategy {c.strategy!r} (default or mcmc)")
+
+    def init_model(self):
+        d = self.data
+        centres = np.array([np.linalg.inv(v.camera.viewmat)[:3, 3] for v in d.train])
+        box = (centres.min(0) - d.scene_scale, centres.max(0) + d.scene_scale) if len(d.points) == 0 else None
+        if box is not None:  # no SfM points: a random box around the scene (3DGS: 100k points, scale 2.6x)
+            c = centres.mean(0)
+            box = (c - 1.3 * d.scene_scale, c + 1.3 * d.scene_scale)
+        arrays = init_from_points(d.points, d.colors, self.cfg.sh_degree, rng=self.rng,
+                                  n_random=self.cfg.n_random_init, box=box)
+        self.model = GaussianModel(arrays, self.backend)
+
+    def context(self):
+        free = 0
+        if self.backend == "cuda" and not _backend.SIM:
+            import cupy
+            free_dev, _ = cupy.cuda.runtime.memGetInfo()
+            free = free_dev + cupy.get_default_memory_pool().free_bytes()
+        return Context(self.data.scene_scale, self.rng, self.cfg.max_gaussians, free)
+
+    def learning_rates(self):
+        c = self.cfg
+        lr_means = exp_decay(c.lr_means * self.data.scene_scale, c.lr_means_final * self.data.scene_scale,
+                             self.step, c.iterations)
+        lr = {"means": lr_means, "scales": c.lr_scales, "quats": c.lr_quats, "opacities": c.lr_opacities,
+              "sh": c.lr_sh}
+        return lr, column_lrs(lr, self.model.params.sh_bases)
+
+    def next_view(self):
+        if not self.order:
+            self.order = list(self.rng.permutation(len(self.data.train)))
+        return int(self.order.pop())
+
+    # ------------------------------------------------------------------ training
+    def train_step(self):
+        c, xp, model = self.cfg, self.xp, self.model
+        i = self.next_view()
+        view = self.data.train[i]
+        bg = self.rng.random(3) if c.random_background else np.asarray(c.background, np.float64)
+        degree = min(c.sh_degree, self.step // c.sh_increase_every)
+        g = model.gaussians
+        frame = ns.render(g, view.camera, sh_degree=degree, background=bg, antialias=c.antialias,
+                          backend=self.backend)
+        target = self.targets[i]  # random_background changes the render only, as in 3DGS
+        loss, d_img = l1_ssim_loss(frame.image, target, c.lambda_dssim, backend=self.backend)
+        _, grad = ns.render_backward(g, frame, d_img, out=model.grad_gaussians, backend=self.backend)
+        # render_backward wrote the gradient buffers; the strategy's regularisers add on top
+        extra = self.strategy.loss_gradients(model)
+        if extra:
+            for k, v in extra.items():
+                getattr(model.grad_gaussians, k)[...] += v
+        self.strategy.after_backward(model, self.step, frame, grad)
+        lr, cols = self.learning_rates()
+        visible = frame.projection.counts > 0 if c.visible_adam else None
+        model.adam.step(model.grads.data, cols, visible)
+        if isinstance(self.strategy, MCMCStrategy):
+            self.strategy.perturb(model, lr["means"], self.context())
+        self.step += 1
+        events = self.strategy.after_optimizer(model, self.step, self.context())
+        return loss, frame, target, events
+
+    def train(self, progress=True, until=None):
+        """Train to ``cfg.iterations`` (or stop early at step ``until``) and write a snapshot."""
+        c = self.cfg
+        until = c.iterations if until is None else min(until, c.iterations)
+        if self.model is None:
+            self.init_model()
+        log_path = self.out / "log.jsonl"
+        logf = open(log_path, "a")
+        bar = Progress(c.iterations, self.step, enabled=progress)
+        previous = signal.getsignal(signal.SIGINT)
+        try:
+            t0 = time.perf_counter()
+            while self.step < until:
+                loss, frame, target, events = self.train_step()
+                if self.step % c.log_every == 0 or events or self.step == c.iterations:
+                    p = psnr(frame.image, target)
+                    rec = {"step": self.step, "loss": loss, "psnr": p, "gaussians": len(self.model),
+                           "time": self.train_seconds + time.perf_counter() - t0, **events}
+                    logf.write(json.dumps(rec) + "\n")
+                    logf.flush()
+                    bar.update(self.step, loss=loss, psnr=p, n=len(self.model))
+                if c.snapshot_every and self.step % c.snapshot_every == 0 and self.step < c.iterations:
+                    self.train_seconds += time.perf_counter() - t0
+                    t0 = time.perf_counter()
+                    self.save_snapshot()
+        except KeyboardInterrupt:
+            self.train_seconds += time.perf_counter() - t0
+            bar.close()
+            self.log(f"\ninterrupted at step {self.step}: writing {self.out / SNAPSHOT}")
+            self.save_snapshot()
+            logf.close()
+            raise
+        self.train_seconds += time.perf_counter() - t0
+        bar.close()
+        logf.close()
+        self.save_snapshot()
+        return self
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, views=None, save_dir=None):
+        views = self.data.test if views is None else views
+        per_view = []
+        for v in views:
+            frame = ns.render(self.model.gaussians, v.camera, sh_degree=self.cfg.sh_degree,
+                              background=self.cfg.background, antialias=self.cfg.antialias, backend=self.backend)
+            gt = self.xp.asarray(v.image)
+            img = self.xp.clip(frame.image, 0.0, 1.0)
+            per_view.append({"name": v.name, "psnr": psnr(img, gt), "ssim": ssim(img, gt, backend=self.backend)})
+            if save_dir is not None:
+                save_png(Path(save_dir) / (Path(v.name).stem + ".png"), _backend.to_host(img))
+        summary = {"psnr": float(np.mean([r["psnr"] for r in per_view])) if per_view else None,
+                   "ssim": float(np.mean([r["ssim"] for r in per_view])) if per_view else None,
+                   "views": per_view, "gaussians": len(self.model), "train_seconds": self.train_seconds,
+                   "iterations": self.step, "peak_device_bytes": peak_device_bytes(self.backend)}
+        return summary
+
+    # ------------------------------------------------------------------ snapshots
+    def save_snapshot(self, path=None):
+        from .snapshot import dataset_fingerprint, write_snapshot
+        arrays = {f"params/{g}": a for g, a in self.model.host_arrays("params").items()}
+        arrays.update({f"adam/m/{g}": a for g, a in self.model.host_arrays("m").items()})
+        arrays.update({f"adam/v/{g}": a for g, a in self.model.host_arrays("v").items()})
+        arrays.update({f"strategy/{k}": _backend.to_host(a) for k, a in self.strategy.state_arrays().items()})
+        attrs = {"step": self.step, "adam_step": self.model.adam.step_count, "config": asdict(self.cfg),
+                 "rng": self.rng.bit_generator.state, "order": [int(i) for i in self.order],
+                 "train_seconds": self.train_seconds, "fingerprint": fingerprint(self.data)}
+        write_snapshot(str(path or self.out / SNAPSHOT), arrays, attrs)
+
+    def load_snapshot(self, path, check_data=True):
+        from .snapshot import read_snapshot
+        arrays, attrs = read_snapshot(str(path))
+        if check_data and attrs.get("fingerprint") != fingerprint(self.data):
+            raise ValueError(f"snapshot {path} was trained on different data than {self.data.source}")
+        params = {g: arrays[f"params/{g}"] for g in GROUPS}
+        self.model = GaussianModel(params, self.backend)
+        for g in GROUPS:
+            self.model.group(g, "m")[...] = self.xp.asarray(arrays[f"adam/m/{g}"])
+            self.model.group(g, "v")[...] = self.xp.asarray(arrays[f"adam/v/{g}"])
+        self.model.adam.step_count = int(attrs["adam_step"])
+        state = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("strategy/")}
+        if state:
+            self.strategy.load_state(state, self.xp)
+        self.step = int(attrs["step"])
+        self.rng.bit_generator.state = attrs["rng"]
+        self.order = list(attrs["order"])
+        self.train_seconds = float(attrs.get("train_seconds", 0.0))
+        return attrs
+
+
+def fingerprint(dataset):
+    from .snapshot import dataset_fingerprint
+    return dataset_fingerprint([v.name for v in dataset.train], [v.image.shape for v in dataset.train],
+                               extra=str(dataset.source))
+
+
+def peak_device_bytes(backend):
+    if backend != "cuda" or _backend.SIM:
+        return 0
+    import cupy
+    return int(cupy.get_default_memory_pool().total_bytes())
+
+
+def save_png(path, img):
+    from PIL import Image
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray((np.clip(img, 0, 1) * 255 + 0.5).astype(np.uint8)).save(path)
+
+
+class Progress:
+    """A one-line progress bar: iterations per second, loss, PSNR, Gaussian count and ETA."""
+
+    def __init__(self, total, start=0, enabled=True, stream=sys.stderr):
+        self.total, self.start, self.enabled, self.stream = total, start, enabled, stream
+        self.t0 = time.perf_counter()
+
+    def update(self, step, loss, psnr, n):
+        if not self.enabled:
+            return
+        dt = time.perf_counter() - self.t0
+        rate = (step - self.start) / dt if dt > 0 else 0.0
+        eta = (self.total - step) / rate if rate > 0 else float("inf")
+        frac = step / self.total
+        bar = "#" * int(20 * frac) + "-" * (20 - int(20 * frac))
+        eta_s = f"{eta:6.0f}s" if math.isfinite(eta) else "     ?"
+        self.stream.write(f"\r[{bar}] {step}/{self.total} {rate:6.1f} it/s loss {loss:.4f} "
+                          f"psnr {psnr:5.2f} gaussians {n} eta {eta_s}")
+        self.stream.flush()
+
+    def close(self):
+        if self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()

@@ -1,0 +1,177 @@
+"""engine/snapshot.py: HDF5 snapshot round trip, RNG state, atomicity, corruption."""
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from engine import snapshot as snap
+
+
+def sample_arrays(seed=0):
+    rng = np.random.default_rng(seed)
+    return {
+        "params/means": rng.normal(size=(10, 3)).astype(np.float32),
+        "params/sh": rng.normal(size=(10, 16, 3)).astype(np.float32),
+        "adam/m": rng.normal(size=50),  # float64
+        "adam/step_count": np.array(1234, np.int64),
+        "strategy/grad_accum": rng.normal(size=10).astype(np.float32),
+        "strategy/counts": rng.integers(0, 100, size=10, dtype=np.int32),
+        "strategy/visible": rng.random(10) > 0.5,
+        "top_level": np.arange(4, dtype=np.uint8),
+    }
+
+
+def no_temp_files(folder):
+    return [p for p in os.listdir(folder) if ".tmp" in p] == []
+
+
+def test_round_trip_arrays_attrs_and_rng(tmp_path):
+    rng = np.random.default_rng(5)
+    rng.random(17)  # move away from the seed state
+    state = rng.bit_generator.state
+    assert state["state"]["state"] > 2**64  # a real 128-bit integer
+    expected_draws = rng.random(8)
+    arrays = sample_arrays()
+    attrs = {
+        "step": 7000,
+        "config": {"lr": {"means": 1.6e-4, "sh": 2.5e-3}, "sh_degree": 3, "densify": True, "name": "garden",
+                   "none": None, "np_int": np.int64(4), "np_float": np.float32(0.5)},
+        "dataset_fingerprint": snap.dataset_fingerprint(["a.png"], [(4, 5, 3)]),
+        "rng": state,
+        "format_version": snap.FORMAT_VERSION,
+    }
+    path = tmp_path / "snap.h5"
+    snap.write_snapshot(path, arrays, attrs)
+    out, meta = snap.read_snapshot(path)
+    assert set(out) == set(arrays)
+    for k, a in arrays.items():
+        assert out[k].dtype == a.dtype, k
+        assert out[k].shape == a.shape, k
+        np.testing.assert_array_equal(out[k], a, err_msg=k)
+    assert meta["rng"] == state
+    assert meta["config"]["np_int"] == 4 and meta["config"]["np_float"] == 0.5
+    assert {k: v for k, v in meta.items() if k != "config"} == {k: v for k, v in attrs.items() if k != "config"}
+    restored = np.random.default_rng(0)
+    restored.bit_generator.state = meta["rng"]
+    np.testing.assert_array_equal(restored.random(8), expected_draws)
+    with h5py.File(path, "r") as f:
+        assert isinstance(f["params"], h5py.Group) and "numbasplat_meta" in f.attrs
+    assert no_temp_files(tmp_path)
+
+
+def test_overwrite_replaces(tmp_path):
+    path = str(tmp_path / "snap.h5")
+    snap.write_snapshot(path, {"a": np.zeros(3)}, {"step": 1})
+    snap.write_snapshot(path, {"b/c": np.ones(2)}, {"step": 2})
+    out, meta = snap.read_snapshot(path)
+    assert list(out) == ["b/c"] and meta == {"step": 2}
+
+
+def _old_snapshot(tmp_path):
+    path = tmp_path / "snap.h5"
+    snap.write_snapshot(path, sample_arrays(1), {"step": 100})
+    return path, path.read_bytes()
+
+
+def _assert_old_intact(path, before):
+    assert path.read_bytes() == before
+    out, meta = snap.read_snapshot(path)
+    assert meta == {"step": 100}
+    np.testing.assert_array_equal(out["params/means"], sample_arrays(1)["params/means"])
+    assert no_temp_files(path.parent)
+
+
+def test_failure_mid_write_keeps_old(tmp_path, monkeypatch):
+    path, before = _old_snapshot(tmp_path)
+    real_create = h5py.Group.create_dataset
+    calls = []
+
+    def create_then_fail(self, name, *a, **k):
+        calls.append(name)
+        if len(calls) == 3:  # two datasets already in the temp file
+            assert os.path.getsize(f"{path}.tmp-{os.getpid()}") > 0
+            raise OSError("disk full")
+        return real_create(self, name, *a, **k)
+    monkeypatch.setattr(h5py.Group, "create_dataset", create_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        snap.write_snapshot(path, sample_arrays(2), {"step": 200})
+    monkeypatch.undo()
+    _assert_old_intact(path, before)
+
+
+def test_replace_failure_keeps_old(tmp_path, monkeypatch):
+    path, before = _old_snapshot(tmp_path)
+
+    def boom(*a, **k):
+        raise OSError("rename failed")
+    monkeypatch.setattr(snap.os, "replace", boom)
+    with pytest.raises(OSError, match="rename failed"):
+        snap.write_snapshot(path, sample_arrays(2), {"step": 200})
+    monkeypatch.undo()
+    _assert_old_intact(path, before)
+
+
+def test_bad_input_keeps_old(tmp_path):
+    path, before = _old_snapshot(tmp_path)
+    with pytest.raises(TypeError):
+        snap.write_snapshot(path, sample_arrays(2), {"obj": object()})
+    with pytest.raises(ValueError, match="bad snapshot array name"):
+        snap.write_snapshot(path, {"a//b": np.zeros(1)}, {"step": 200})
+    _assert_old_intact(path, before)
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.95, 100])
+def test_truncated_is_valueerror_naming_file(tmp_path, keep):
+    path, before = _old_snapshot(tmp_path)
+    cut = tmp_path / "cut.h5"
+    cut.write_bytes(before[:int(len(before) * keep)] if keep < 1 else before[:keep])
+    with pytest.raises(ValueError) as e:
+        snap.read_snapshot(cut)
+    assert str(cut) in str(e.value)
+
+
+def test_not_a_snapshot_and_newer_version(tmp_path):
+    plain = tmp_path / "plain.h5"
+    with h5py.File(plain, "w") as f:
+        f["x"] = np.zeros(3)
+    with pytest.raises(ValueError, match="not a NumbaSplat snapshot") as e:
+        snap.read_snapshot(plain)
+    assert str(plain) in str(e.value)
+    text = tmp_path / "text.h5"
+    text.write_text("hello")
+    with pytest.raises(ValueError) as e:
+        snap.read_snapshot(text)
+    assert str(text) in str(e.value)
+    newer = tmp_path / "newer.h5"
+    snap.write_snapshot(newer, {}, {"step": 1})
+    with h5py.File(newer, "a") as f:
+        f.attrs[snap.VERSION_ATTR] = snap.FORMAT_VERSION + 1
+    with pytest.raises(ValueError, match="newer") as e:
+        snap.read_snapshot(newer)
+    assert str(newer) in str(e.value)
+    bad_meta = tmp_path / "badmeta.h5"
+    snap.write_snapshot(bad_meta, {}, {"step": 1})
+    with h5py.File(bad_meta, "a") as f:
+        f.attrs[snap.META_ATTR] = "{not json"
+    with pytest.raises(ValueError, match="corrupt") as e:
+        snap.read_snapshot(bad_meta)
+    assert str(bad_meta) in str(e.value)
+    with pytest.raises(FileNotFoundError):
+        snap.read_snapshot(tmp_path / "nope.h5")
+
+
+def test_dataset_fingerprint():
+    fp = snap.dataset_fingerprint(["b.png", "a.png"], [(10, 20, 3), (5, 6, 3)], extra="downscale=2")
+    assert len(fp) == 64 and int(fp, 16) >= 0
+    # order of the input does not matter; each shape stays with its name
+    assert fp == snap.dataset_fingerprint(["a.png", "b.png"], [(5, 6, 3), (10, 20, 3)], "downscale=2")
+    assert fp == snap.dataset_fingerprint(("a.png", "b.png"), [np.array([5, 6, 3]), (10, 20, 3)], "downscale=2")
+    assert fp != snap.dataset_fingerprint(["a.png", "b.png"], [(10, 20, 3), (5, 6, 3)], "downscale=2")
+    assert fp != snap.dataset_fingerprint(["b.png", "a.png"], [(10, 20, 3), (5, 6, 3)], "downscale=4")
+    assert fp != snap.dataset_fingerprint(["b.png", "c.png"], [(10, 20, 3), (5, 6, 3)], "downscale=2")
+    # pinned: the fingerprint must not change between releases (it guards resumes)
+    assert snap.dataset_fingerprint(["x"], [(1, 2)]) == \
+        "faf00d24a47f439346af1ac47915568ea919beb3ca12cd846c946528c732e5b0"
+    with pytest.raises(ValueError):
+        snap.dataset_fingerprint(["a"], [])

@@ -1,0 +1,134 @@
+"""The trainer: resume equals an uninterrupted run, densification, Ctrl-C, and the CLI."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO_ROOT
+from engine.demo import make_dataset
+from engine.model import GaussianModel, init_from_points
+from engine.strategy import Context, DefaultStrategy, MCMCStrategy
+from engine.trainer import SNAPSHOT, TrainConfig, Trainer
+from numbasplat.optim import GROUPS
+
+
+def small_config(**kw):
+    cfg = TrainConfig(iterations=40, sh_degree=1, sh_increase_every=10, n_random_init=400, snapshot_every=0,
+                      log_every=10, background=(1.0, 1.0, 1.0))
+    for k, v in kw.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def fast_refine(trainer):
+    s = trainer.strategy
+    s.refine_start, s.refine_every, s.reset_every = 5, 10, 25
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return make_dataset(size=32, n_views=12, backend="cpu")
+
+
+def test_resume_matches_uninterrupted_run(dataset, tmp_path):
+    whole = fast_refine(Trainer(dataset, tmp_path / "a", small_config(), backend="cpu")).train(progress=False)
+    first = fast_refine(Trainer(dataset, tmp_path / "b", small_config(), backend="cpu"))
+    first.train(progress=False, until=23)
+    resumed = fast_refine(Trainer(dataset, tmp_path / "b", small_config(), backend="cpu"))
+    resumed.load_snapshot(tmp_path / "b" / SNAPSHOT)
+    assert resumed.step == 23
+    resumed.train(progress=False)
+    a, b = whole.model.host_arrays(), resumed.model.host_arrays()
+    assert len(whole.model) != 400, "densification did not run"
+    for g in GROUPS:
+        np.testing.assert_array_equal(a[g], b[g], err_msg=g)
+    np.testing.assert_array_equal(whole.model.host_arrays("v")["means"], resumed.model.host_arrays("v")["means"])
+
+
+def _model(opacity_logits, scales):
+    n = len(opacity_logits)
+    arrays = init_from_points(np.random.default_rng(0).normal(size=(n, 3)), np.full((n, 3), 0.5), 1)
+    arrays["opacities"] = np.asarray(opacity_logits, np.float32)
+    arrays["scales"] = np.log(np.asarray(scales, np.float32))[:, None].repeat(3, 1)
+    return GaussianModel(arrays, "cpu")
+
+
+def test_default_strategy_clones_splits_and_prunes():
+    #            small+hot  big+hot  transparent  quiet
+    model = _model([2.0, 2.0, -8.0, 2.0], [0.001, 0.5, 0.01, 0.01])
+    model.group("means", "m")[...] = 7.0
+    s = DefaultStrategy()
+    s._fresh(np, 4)
+    s.stats["grad"][:] = [1e-3, 1e-3, 1e-3, 1e-5]
+    s.stats["count"][:] = 1
+    before = model.host_arrays()
+    done = s.after_optimizer(model, 600, Context(scene_scale=1.0, rng=np.random.default_rng(0)))
+    assert done == {"cloned": 1, "split": 1, "pruned": 1, "gaussians": 5}
+    after = model.host_arrays()
+    # kept rows first (small, quiet), then the clone, then two children of the big one
+    np.testing.assert_array_equal(after["means"][:2], before["means"][[0, 3]])
+    np.testing.assert_array_equal(after["means"][2], before["means"][0])
+    np.testing.assert_allclose(after["scales"][3:], np.log(0.5 / 1.6), rtol=1e-6)
+    assert not np.allclose(after["means"][3], after["means"][4])
+    m = model.host_arrays("m")["means"]
+    assert (m[:2] == 7.0).all() and (m[2:] == 0).all()
+
+
+def test_opacity_reset_and_memory_guard():
+    model = _model([3.0, 3.0, 3.0], [0.001, 0.001, 0.001])
+    s = DefaultStrategy()
+    s._fresh(np, 3)
+    s.stats["grad"][:] = 1e-3
+    s.stats["count"][:] = 1
+    done = s.after_optimizer(model, 3000, Context(1.0, np.random.default_rng(0), max_gaussians=4))
+    assert len(model) == 4 and done["cloned"] == 1 and done["opacity_reset"]
+    assert np.allclose(1 / (1 + np.exp(-model.host_arrays()["opacities"])), 0.01, atol=1e-6)
+
+
+def test_mcmc_relocates_dead_and_grows_to_cap():
+    model = _model([2.0] * 18 + [-9.0, -9.0], [0.05] * 20)
+    s = MCMCStrategy(cap_max=21)
+    done = s.after_optimizer(model, 600, Context(1.0, np.random.default_rng(0)))
+    assert done["relocated"] == 2 and done["added"] == 1 and len(model) == 21
+    o = 1 / (1 + np.exp(-model.host_arrays()["opacities"]))
+    assert (o > s.min_opacity).all()
+
+
+def test_interrupt_writes_a_snapshot(dataset, tmp_path, monkeypatch):
+    t = Trainer(dataset, tmp_path, small_config(), backend="cpu")
+    real = t.train_step
+
+    def step():
+        if t.step == 7:
+            raise KeyboardInterrupt
+        return real()
+
+    monkeypatch.setattr(t, "train_step", step)
+    with pytest.raises(KeyboardInterrupt):
+        t.train(progress=False)
+    back = Trainer(dataset, tmp_path, small_config(), backend="cpu")
+    back.load_snapshot(tmp_path / SNAPSHOT)
+    assert back.step == 7
+
+
+def run_cli(*args, timeout=600):
+    return subprocess.run([sys.executable, "run.py", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={"NUMBASPLAT_BACKEND": "cpu", "PATH": "/usr/bin:/bin"})
+
+
+def test_cli_demo_writes_metrics(tmp_path):
+    r = run_cli("demo", "--iters", "30", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["iterations"] == 30 and len(m["views"]) == 5 and np.isfinite(m["psnr"])
+    assert "test PSNR" in r.stdout
+
+
+def test_cli_reports_bad_input_by_name(tmp_path):
+    r = run_cli("train", "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "o"))
+    assert r.returncode != 0 and "missing" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("export", "--model", str(tmp_path), "--ply", str(tmp_path / "x.ply"))
+    assert r.returncode != 0 and "Traceback" not in r.stderr
