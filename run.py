@@ -52,6 +52,11 @@ def _train(dataset, a, cfg):
     from engine.trainer import SNAPSHOT, Trainer
     from pathlib import Path
     t = Trainer(dataset, a.out, cfg)
+    if getattr(a, "init_ply", None):
+        from data.ply import load_ply
+        from engine.model import GaussianModel
+        t.model = GaussianModel(load_ply(a.init_ply))
+        t.cfg.sh_degree = min(t.cfg.sh_degree, t.model.gaussians.sh_degree())
     if getattr(a, "resume", False):
         snap = Path(a.out) / SNAPSHOT
         if not snap.is_file():
@@ -194,6 +199,7 @@ def main(argv=None):
     t.add_argument("--iters", dest="iterations", type=int, default=None)
     t.add_argument("--eval", action="store_true", help="evaluate on the test split and save renders")
     t.add_argument("--resume", action="store_true", help="continue from OUT/snapshot.h5")
+    t.add_argument("--init-ply", default=None, help="start from the Gaussians of a PLY file (3DGS layout)")
     t.add_argument("--strategy", choices=["default", "mcmc"], default=None)
     t.add_argument("--cap-max", type=int, default=None, help="Gaussian cap of the mcmc strategy")
     t.add_argument("--max-gaussians", type=int, default=None, help="memory guard: stop growing at N Gaussians")
