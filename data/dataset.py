@@ -19,7 +19,6 @@ import numpy as np
 from numbasplat.rendering import Camera
 
 FORMATS = ("colmap", "blender", "ngp")
-MODEL_FILES = ("cameras", "images", "points3D")
 
 
 class DataError(ValueError):

@@ -49,7 +49,7 @@ def ground_truth(seed=0):
 
 def make_dataset(size=64, n_views=40, seed=0, backend=None):
     """A ``data.Dataset`` of views of ``ground_truth``, every 8th held out."""
-    from data.dataset import Dataset, View
+    from data import Dataset, View
     g = ground_truth(seed)
     xp = _backend.array_module(backend)
     dev = ns.Gaussians(**{k: xp.asarray(a) for k, a in g.arrays().items()})

@@ -14,6 +14,7 @@ from numba import njit, prange
 from . import gaussian_ops as go
 from . import geometry as geo
 from .optim import adam_body
+from .blend import blend_vjp, gaussian_alpha
 from .device import shared
 
 _ops = go.build(njit(cache=True))  # not inlined: parfors cannot analyse the inlined tuple math
@@ -45,15 +46,9 @@ def project_backward(means, quats, scales, logits, sh, degree, cam, W, H, antial
 
 
 @shared
-def pixel_alpha(proj, g, px, py):
-    """(alpha, exp(-sigma)) of record g at pixel centre (px, py); alpha 0 where sigma < 0."""
-    dx = proj[g, go.U] - px
-    dy = proj[g, go.V] - py
-    sigma = 0.5 * (proj[g, go.CA] * dx * dx + proj[g, go.CC] * dy * dy) + proj[g, go.CB] * dx * dy
-    if sigma < 0.0:
-        return 0.0, 0.0, dx, dy
-    vis = math.exp(-sigma)
-    return min(geo.ALPHA_MAX, proj[g, go.OPAC] * vis), vis, dx, dy
+def record_alpha(proj, g, px, py):
+    return gaussian_alpha(proj[g, go.U], proj[g, go.V], proj[g, go.CA], proj[g, go.CB], proj[g, go.CC],
+                          proj[g, go.OPAC], px, py)
 
 
 @njit(parallel=True, cache=True)
@@ -74,7 +69,7 @@ def raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, dep
                 stop = start
                 for i in range(start, end):
                     g = ids[i]
-                    alpha, vis, dx, dy = pixel_alpha(proj, g, px + 0.5, py + 0.5)
+                    alpha, vis, dx, dy = record_alpha(proj, g, px + 0.5, py + 0.5)
                     if alpha < geo.ALPHA_MIN:
                         continue
                     nT = T * (1.0 - alpha)
@@ -120,39 +115,15 @@ def _raster_backward_isect(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, la
                 da_end = d_alpha[py, px] * T_end
                 for i in range(last[py, px] - 1, start - 1, -1):
                     g = ids[i]
-                    alpha, vis, dx, dy = pixel_alpha(proj, g, px + 0.5, py + 0.5)
+                    alpha, vis, dx, dy = record_alpha(proj, g, px + 0.5, py + 0.5)
                     if alpha < geo.ALPHA_MIN:
                         continue
-                    ra = 1.0 / (1.0 - alpha)
-                    T *= ra
-                    w = alpha * T
-                    c0 = proj[g, go.RED]
-                    c1 = proj[g, go.GREEN]
-                    c2 = proj[g, go.BLUE]
-                    z = proj[g, go.DEPTH]
-                    grad_isect[i, go.RED] += w * dc0
-                    grad_isect[i, go.GREEN] += w * dc1
-                    grad_isect[i, go.BLUE] += w * dc2
-                    grad_isect[i, go.DEPTH] += w * dd
-                    d_a = (dc0 * (c0 * T - s0 * ra) + dc1 * (c1 * T - s1 * ra) + dc2 * (c2 * T - s2 * ra)
-                           + dd * (z * T - sd * ra) + da_end * ra)
-                    s0 += w * c0
-                    s1 += w * c1
-                    s2 += w * c2
-                    sd += w * z
-                    o = proj[g, go.OPAC]
-                    if o * vis <= geo.ALPHA_MAX:
-                        grad_isect[i, go.OPAC] += vis * d_a
-                        ds = -o * vis * d_a
-                        gu = ds * (proj[g, go.CA] * dx + proj[g, go.CB] * dy)
-                        gv = ds * (proj[g, go.CB] * dx + proj[g, go.CC] * dy)
-                        grad_isect[i, go.U] += gu
-                        grad_isect[i, go.V] += gv
-                        grad_isect[i, go.ABS_U] += abs(gu)
-                        grad_isect[i, go.ABS_V] += abs(gv)
-                        grad_isect[i, go.CA] += 0.5 * ds * dx * dx
-                        grad_isect[i, go.CB] += ds * dx * dy
-                        grad_isect[i, go.CC] += 0.5 * ds * dy * dy
+                    out = blend_vjp(alpha, vis, dx, dy, proj[g, go.OPAC], proj[g, go.CA], proj[g, go.CB],
+                                    proj[g, go.CC], proj[g, go.RED], proj[g, go.GREEN], proj[g, go.BLUE],
+                                    proj[g, go.DEPTH], T, s0, s1, s2, sd, dc0, dc1, dc2, dd, da_end)
+                    T, s0, s1, s2, sd = out[0], out[1], out[2], out[3], out[4]
+                    for f in range(go.GRAD_FIELDS):
+                        grad_isect[i, f] += out[5 + f]
 
 
 @njit(cache=True)

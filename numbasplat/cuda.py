@@ -14,6 +14,7 @@ from numba import cuda, float32, int32
 
 from . import gaussian_ops as go
 from . import geometry as geo
+from .blend import blend_vjp, gaussian_alpha
 from ._backend import SIM
 from .launch import KERNELS, kernel  # noqa: F401  (KERNELS: for the PTX test)
 from .optim import adam_body
@@ -100,14 +101,18 @@ def project_backward(means, quats, scales, logits, sh, degree, cam, W, H, antial
 
 @cuda.jit(device=True, inline=True)
 def _alpha(rec, j, px, py):
-    """(alpha, exp(-sigma), dx, dy) of the cached record j at pixel centre (px, py)."""
-    dx = rec[j, go.U] - px
-    dy = rec[j, go.V] - py
-    sigma = HALF * (rec[j, go.CA] * dx * dx + rec[j, go.CC] * dy * dy) + rec[j, go.CB] * dx * dy
-    if sigma < ZERO:
-        return ZERO, ZERO, dx, dy
-    vis = math.exp(-sigma)
-    return min(ALPHA_MAX, rec[j, go.OPAC] * vis), vis, dx, dy
+    return gaussian_alpha(rec[j, go.U], rec[j, go.V], rec[j, go.CA], rec[j, go.CB], rec[j, go.CC],
+                          rec[j, go.OPAC], px, py)
+
+
+@cuda.jit(device=True, inline=True)
+def _tile_pixel(ranges, tiles_x, W, H):
+    """This thread's pixel: (thread id, px, py, inside the image, tile range start, end)."""
+    tid = cuda.threadIdx.y * TILE + cuda.threadIdx.x
+    px = cuda.blockIdx.x * TILE + cuda.threadIdx.x
+    py = cuda.blockIdx.y * TILE + cuda.threadIdx.y
+    t = cuda.blockIdx.y * tiles_x + cuda.blockIdx.x
+    return tid, px, py, px < W and py < H, ranges[t, 0], ranges[t, 1]
 
 
 @cuda.jit(device=True, inline=True)
@@ -122,13 +127,7 @@ def _load(proj, ids, i, rec, rid, slot):
 def _raster_forward_kernel(proj, ids, ranges, W, H, tiles_x, bg, image, trans, depth, last):
     rec = cuda.shared.array((BLOCK, NF), float32)
     rid = cuda.shared.array(BLOCK, int32)
-    tid = cuda.threadIdx.y * TILE + cuda.threadIdx.x
-    px = cuda.blockIdx.x * TILE + cuda.threadIdx.x
-    py = cuda.blockIdx.y * TILE + cuda.threadIdx.y
-    inside = px < W and py < H
-    t = cuda.blockIdx.y * tiles_x + cuda.blockIdx.x
-    start = ranges[t, 0]
-    end = ranges[t, 1]
+    tid, px, py, inside, start, end = _tile_pixel(ranges, tiles_x, W, H)
     fx = float32(px) + HALF
     fy = float32(py) + HALF
     T = ONE
@@ -235,12 +234,7 @@ def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d
     rid = cuda.shared.array(BLOCK, int32)
     red = cuda.shared.array((NG, RED_ROWS), float32)
     block_last = cuda.shared.array(1, int32)
-    tid = cuda.threadIdx.y * TILE + cuda.threadIdx.x
-    px = cuda.blockIdx.x * TILE + cuda.threadIdx.x
-    py = cuda.blockIdx.y * TILE + cuda.threadIdx.y
-    inside = px < W and py < H
-    t = cuda.blockIdx.y * tiles_x + cuda.blockIdx.x
-    start = ranges[t, 0]
+    tid, px, py, inside, start, end = _tile_pixel(ranges, tiles_x, W, H)
     if tid == 0:
         block_last[0] = start
     cuda.syncthreads()
@@ -277,40 +271,16 @@ def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d
         for j in range(top - lo):
             i = top - 1 - j
             valid = False
-            alpha = ZERO
-            vis = ZERO
-            dx = ZERO
-            dy = ZERO
+            v0 = v1 = v2 = v3 = v4 = v5 = v6 = v7 = v8 = v9 = v10 = v11 = ZERO
             if i < my_last:
                 alpha, vis, dx, dy = _alpha(rec, j, fx, fy)
                 valid = alpha >= ALPHA_MIN
-            gu = ZERO
-            gv = ZERO
-            ds = ZERO
-            d_o = ZERO
-            w = ZERO
-            if valid:
-                ra = ONE / (ONE - alpha)
-                T *= ra
-                w = alpha * T
-                c0 = rec[j, go.RED]
-                c1 = rec[j, go.GREEN]
-                c2 = rec[j, go.BLUE]
-                z = rec[j, go.DEPTH]
-                d_a = (dc0 * (c0 * T - s0 * ra) + dc1 * (c1 * T - s1 * ra) + dc2 * (c2 * T - s2 * ra)
-                       + dd * (z * T - sd * ra) + da_end * ra)
-                s0 += w * c0
-                s1 += w * c1
-                s2 += w * c2
-                sd += w * z
-                o = rec[j, go.OPAC]
-                if o * vis <= ALPHA_MAX:
-                    d_o = vis * d_a
-                    ds = -o * vis * d_a
-                    gu = ds * (rec[j, go.CA] * dx + rec[j, go.CB] * dy)
-                    gv = ds * (rec[j, go.CB] * dx + rec[j, go.CC] * dy)
-            _reduce_add(grad, rid[j], tid, valid, red, gu, gv, HALF * ds * dx * dx, ds * dx * dy,
-                        HALF * ds * dy * dy, d_o, w * dc0, w * dc1, w * dc2, w * dd, abs(gu), abs(gv))
+                if valid:
+                    T, s0, s1, s2, sd, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11 = blend_vjp(
+                        alpha, vis, dx, dy, rec[j, go.OPAC], rec[j, go.CA], rec[j, go.CB], rec[j, go.CC],
+                        rec[j, go.RED], rec[j, go.GREEN], rec[j, go.BLUE], rec[j, go.DEPTH],
+                        T, s0, s1, s2, sd, dc0, dc1, dc2, dd, da_end)
+            _reduce_add(grad, rid[j], tid, valid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
         cuda.syncthreads()
 
 

@@ -1,0 +1,260 @@
+"""Image reading, resizing and undistortion.
+
+Pixel convention: pixel ``i`` covers ``[i, i + 1)``; its centre is ``i + 0.5``
+(as COLMAP, and as the rasterizer samples).  Intrinsics therefore scale
+exactly with the image: ``fx *= W_new / W_old``, ``cx *= W_new / W_old``.
+
+Distortion is the radial-tangential (OpenCV / COLMAP) model on normalized
+camera coordinates ``(x, y) = ((u - cx) / fx, (v - cy) / fy)``::
+
+    r2 = x^2 + y^2
+    radial = k1 r2 + k2 r2^2 + k3 r2^3 + k4 r2^4
+    xd = x + x radial + 2 p1 x y + p2 (r2 + 2 x^2)
+    yd = y + y radial + p1 (r2 + 2 y^2) + 2 p2 x y
+
+SIMPLE_RADIAL (k), RADIAL (k1, k2) and OPENCV (k1, k2, p1, p2) are special
+cases.  ``undistort`` maps every output (pinhole) pixel forward through the
+model and samples the distorted source bilinearly, so no iterative inversion
+is needed.
+"""
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from .dataset import DataError
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
+NO_DISTORTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)   # k1, k2, k3, k4, p1, p2
+
+
+def is_image_file(path):
+    return Path(path).suffix.lower() in IMAGE_EXTENSIONS
+
+
+def list_image_files(folder):
+    """Sorted names of the image files directly in ``folder``."""
+    folder = Path(folder)
+    return sorted(p.name for p in folder.iterdir() if p.is_file() and is_image_file(p))
+
+
+# ----------------------------------------------------------------------------- reading
+
+def _has_alpha(im):
+    return im.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in im.info
+
+
+def _to_float_rgb(im, background):
+    mode = im.mode
+    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        gray = np.asarray(im, np.float32) / 65535.0
+        rgb = np.repeat(np.clip(gray, 0.0, 1.0)[..., None], 3, axis=2)
+        return np.ascontiguousarray(rgb, np.float32)
+    if mode == "F":
+        gray = np.clip(np.asarray(im, np.float32), 0.0, 1.0)
+        return np.ascontiguousarray(np.repeat(gray[..., None], 3, axis=2), np.float32)
+    if _has_alpha(im):
+        rgba = np.asarray(im.convert("RGBA"), np.float32) * np.float32(1.0 / 255.0)
+        a = rgba[..., 3:4]
+        bg = np.asarray(background, np.float32).reshape(1, 1, 3)
+        rgb = rgba[..., :3] * a + bg * (1.0 - a)
+        return np.ascontiguousarray(rgb, np.float32)
+    rgb = np.asarray(im.convert("RGB"), np.float32) * np.float32(1.0 / 255.0)
+    return np.ascontiguousarray(rgb, np.float32)
+
+
+def read_image(path, background=(1.0, 1.0, 1.0)):
+    """(H, W, 3) float32 in [0, 1]; RGBA composited on ``background``.
+
+    Raises DataError naming the file if it is missing or unreadable.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"missing image file {path}")
+    try:
+        with Image.open(path) as im:
+            im.load()
+            return _to_float_rgb(im, background)
+    except DataError:
+        raise
+    except Exception as exc:  # PIL raises many kinds (OSError, SyntaxError, ValueError, struct.error...)
+        raise DataError(f"cannot read image file {path}: {type(exc).__name__}: {exc}") from None
+
+
+def image_size(path):
+    """(width, height) from the header only; DataError if missing/unreadable."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"missing image file {path}")
+    try:
+        with Image.open(path) as im:
+            return im.size
+    except Exception as exc:
+        raise DataError(f"cannot read image file {path}: {type(exc).__name__}: {exc}") from None
+
+
+def fit_size(width, height, max_size):
+    """Size after limiting the longest side to ``max_size`` (unchanged if already within)."""
+    if not max_size or max(width, height) <= max_size:
+        return int(width), int(height)
+    s = max_size / max(width, height)
+    return max(1, int(round(width * s))), max(1, int(round(height * s)))
+
+
+def resize(image, width, height):
+    """Resize an (H, W, 3) float32 image (box filter down, bicubic up)."""
+    h0, w0 = image.shape[:2]
+    if (w0, h0) == (width, height):
+        return image
+    resample = Image.Resampling.BOX if width <= w0 and height <= h0 else Image.Resampling.BICUBIC
+    out = np.empty((height, width, image.shape[2]), np.float32)
+    for c in range(image.shape[2]):
+        ch = Image.fromarray(np.ascontiguousarray(image[..., c], np.float32))
+        out[..., c] = np.asarray(ch.resize((width, height), resample), np.float32)
+    return np.clip(out, 0.0, 1.0, out=out)
+
+
+# ----------------------------------------------------------------------------- distortion
+
+def distort(x, y, dist):
+    """Forward radial-tangential distortion of normalized coordinates."""
+    k1, k2, k3, k4, p1, p2 = (float(d) for d in dist)
+    r2 = x * x + y * y
+    radial = r2 * (k1 + r2 * (k2 + r2 * (k3 + r2 * k4)))
+    xy = x * y
+    xd = x + x * radial + 2.0 * p1 * xy + p2 * (r2 + 2.0 * x * x)
+    yd = y + y * radial + p1 * (r2 + 2.0 * y * y) + 2.0 * p2 * xy
+    return xd, yd
+
+
+def has_distortion(dist):
+    return dist is not None and any(float(d) != 0.0 for d in dist)
+
+
+_MAP_CACHE = {}
+_MAP_LOCK = threading.Lock()
+
+
+def undistort_map(width, height, fx, fy, cx, cy, dist):
+    """Source pixel coordinates (index space: centre of pixel i is i) for every output pixel."""
+    key = (int(width), int(height), float(fx), float(fy), float(cx), float(cy), tuple(float(d) for d in dist))
+    with _MAP_LOCK:
+        hit = _MAP_CACHE.get(key)
+    if hit is not None:
+        return hit
+    u = (np.arange(width, dtype=np.float64) + 0.5 - cx) / fx
+    v = (np.arange(height, dtype=np.float64) + 0.5 - cy) / fy
+    x, y = np.meshgrid(u, v)
+    xd, yd = distort(x, y, dist)
+    mx = (fx * xd + cx - 0.5).astype(np.float32)
+    my = (fy * yd + cy - 0.5).astype(np.float32)
+    with _MAP_LOCK:
+        if len(_MAP_CACHE) > 16:
+            _MAP_CACHE.clear()
+        _MAP_CACHE[key] = (mx, my)
+    return mx, my
+
+
+def remap_bilinear(image, mx, my):
+    """Sample ``image`` at (mx, my) (index coordinates) bilinearly, clamping to the edges."""
+    h, w = image.shape[:2]
+    mx = np.clip(mx, 0.0, w - 1)
+    my = np.clip(my, 0.0, h - 1)
+    x0 = np.minimum(np.floor(mx).astype(np.intp), max(w - 2, 0))
+    y0 = np.minimum(np.floor(my).astype(np.intp), max(h - 2, 0))
+    x1 = np.minimum(x0 + 1, w - 1)
+    y1 = np.minimum(y0 + 1, h - 1)
+    wx = (mx - x0)[..., None].astype(np.float32)
+    wy = (my - y0)[..., None].astype(np.float32)
+    top = image[y0, x0] * (1 - wx) + image[y0, x1] * wx
+    bot = image[y1, x0] * (1 - wx) + image[y1, x1] * wx
+    out = top * (1 - wy) + bot * wy
+    return np.ascontiguousarray(np.clip(out, 0.0, 1.0), np.float32)
+
+
+def undistort(image, fx, fy, cx, cy, dist):
+    """Undistort to a pinhole camera with the same intrinsics and size."""
+    if not has_distortion(dist):
+        return np.ascontiguousarray(image, np.float32)
+    h, w = image.shape[:2]
+    mx, my = undistort_map(w, h, fx, fy, cx, cy, dist)
+    return remap_bilinear(image, mx, my)
+
+
+# ----------------------------------------------------------------------------- the per-view pipeline
+
+@dataclass
+class Intrinsics:
+    """Intrinsics in pixels of a reference size, plus radial-tangential distortion."""
+    fx: float
+    fy: float
+    cx: float
+    cy: float
+    width: float      # the size the intrinsics refer to
+    height: float
+    dist: tuple = NO_DISTORTION
+
+    def finite(self):
+        vals = (self.fx, self.fy, self.cx, self.cy, self.width, self.height) + tuple(self.dist)
+        return all(np.isfinite(float(v)) for v in vals)
+
+
+@dataclass
+class LoadedImage:
+    image: np.ndarray   # final (H, W, 3) float32
+    native: tuple       # (width, height) of the file
+    fx: float
+    fy: float
+    cx: float
+    cy: float
+
+    @property
+    def width(self):
+        return self.image.shape[1]
+
+    @property
+    def height(self):
+        return self.image.shape[0]
+
+
+def load_image(path, intr, background=(1.0, 1.0, 1.0), max_size=None):
+    """Read, downscale to ``max_size``, scale the intrinsics to the result and undistort."""
+    img = read_image(path, background)
+    h0, w0 = img.shape[:2]
+    w, h = fit_size(w0, h0, max_size)
+    img = resize(img, w, h)
+    sx = w / float(intr.width)
+    sy = h / float(intr.height)
+    fx, fy, cx, cy = intr.fx * sx, intr.fy * sy, intr.cx * sx, intr.cy * sy
+    if has_distortion(intr.dist):
+        if not (np.isfinite([fx, fy, cx, cy]).all() and fx > 0 and fy > 0):
+            raise DataError(f"image {path}: invalid intrinsics fx={fx}, fy={fy}, cx={cx}, cy={cy}")
+        img = undistort(img, fx, fy, cx, cy, intr.dist)
+    return LoadedImage(np.ascontiguousarray(img, np.float32), (w0, h0), fx, fy, cx, cy)
+
+
+def parallel_map(fn, items, workers=None):
+    """``[fn(x) for x in items]`` on a thread pool (PIL decoding releases the GIL)."""
+    items = list(items)
+    if workers is None:
+        workers = min(16, os.cpu_count() or 1, max(1, len(items)))
+    if workers <= 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(fn, items))
+
+
+def check_sizes(loaded, names, groups, what="camera"):
+    """DataError if images of one group (camera) have different native sizes."""
+    first = {}
+    for li, name, g in zip(loaded, names, groups):
+        if g not in first:
+            first[g] = (li.native, name)
+        elif li.native != first[g][0]:
+            (w0, h0), other = first[g]
+            w, h = li.native
+            raise DataError(f"image {name} is {w}x{h} but {other} of the same {what} is {w0}x{h0}")

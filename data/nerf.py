@@ -1,0 +1,300 @@
+"""Blender (NeRF-synthetic) and instant-ngp / nerfstudio ``transforms*.json`` scenes.
+
+Both store camera-to-world matrices in OpenGL/Blender camera axes (x right,
+y up, z back).  Flipping the camera's y and z axes (``c2w[:3, 1:3] *= -1``)
+gives OpenCV axes; the world-to-camera ``viewmat`` is its inverse.
+"""
+import json
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from .dataset import DataError, View, finish, make_camera, split_views
+from .images import Intrinsics, check_sizes, image_size, load_image, parallel_map
+
+PLY_TYPES = {
+    "char": "i1", "int8": "i1", "uchar": "u1", "uint8": "u1",
+    "short": "i2", "int16": "i2", "ushort": "u2", "uint16": "u2",
+    "int": "i4", "int32": "i4", "uint": "u4", "uint32": "u4",
+    "float": "f4", "float32": "f4", "double": "f8", "float64": "f8",
+}
+
+
+def read_json(path):
+    path = Path(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("frames"), list):
+        raise DataError(f"{path} has no 'frames' list")
+    return meta
+
+
+def opengl_to_viewmat(c2w, name):
+    """World-to-camera (OpenCV axes) from an OpenGL camera-to-world matrix; DataError naming ``name``."""
+    try:
+        m = np.asarray(c2w, np.float64)
+    except (TypeError, ValueError):
+        raise DataError(f"image {name}: transform_matrix is not a numeric matrix") from None
+    if m.shape == (3, 4):
+        m = np.vstack([m, [0.0, 0.0, 0.0, 1.0]])
+    if m.shape != (4, 4):
+        raise DataError(f"image {name}: transform_matrix must be 4x4 (or 3x4), got shape {m.shape}")
+    if not np.isfinite(m).all():
+        raise DataError(f"image {name}: the camera pose (transform_matrix) has non-finite values")
+    m = m.copy()
+    m[:3, 1:3] *= -1.0
+    try:
+        view = np.linalg.inv(m)
+    except np.linalg.LinAlgError:
+        raise DataError(f"image {name}: transform_matrix is singular") from None
+    if not np.isfinite(view).all():
+        raise DataError(f"image {name}: transform_matrix is singular")
+    return view
+
+
+def _frame_image(root, file_path, meta_path, images=None):
+    """The image file of a frame: ``file_path`` + '.png' first, then as is."""
+    if not isinstance(file_path, str) or not file_path:
+        raise DataError(f"{meta_path}: a frame has no file_path")
+    rel = Path(file_path)
+    if images is not None and len(rel.parts) > 1:
+        parts = list(rel.parts)
+        # replace the folder holding the image (nerfstudio's images/ -> images_2/)
+        parts[-2] = images
+        rel = Path(*parts)
+    base = Path(root) / rel
+    for cand in (Path(str(base) + ".png"), base):
+        if cand.is_file():
+            return cand
+    raise DataError(f"missing image file {base}{'' if base.suffix else '.png'} (file_path {file_path!r} in {meta_path})")
+
+
+def _float(meta, key, where, default=None):
+    val = meta.get(key, default)
+    if val is None:
+        return None
+    try:
+        return float(val)
+    except (TypeError, ValueError):
+        raise DataError(f"{where}: {key} is not a number: {val!r}") from None
+
+
+def _load_frames(root, meta_path, frames, intr_of, background, max_size, images=None, group_of=None):
+    """Load the frames of one transforms file into Views."""
+    jobs = []
+    for i, fr in enumerate(frames):
+        if not isinstance(fr, dict):
+            raise DataError(f"{meta_path}: frame {i} is not an object")
+        path = _frame_image(root, fr.get("file_path"), meta_path, images)
+        try:
+            name = path.relative_to(root).as_posix()
+        except ValueError:
+            name = path.as_posix()
+        if "transform_matrix" not in fr:
+            raise DataError(f"image {name}: no transform_matrix in {meta_path}")
+        viewmat = opengl_to_viewmat(fr["transform_matrix"], name)
+        jobs.append((name, path, fr, viewmat))
+
+    def work(job):
+        name, path, fr, _ = job
+        return load_image(path, intr_of(fr, path, name), background, max_size)
+
+    loaded = parallel_map(work, jobs)
+    groups = [group_of(j[2]) if group_of else 0 for j in jobs]
+    check_sizes(loaded, [j[0] for j in jobs], groups)
+    views = []
+    for (name, _, _, viewmat), li in zip(jobs, loaded):
+        cam = make_camera(name, viewmat, li.fx, li.fy, li.cx, li.cy, li.width, li.height)
+        views.append(View(name, li.image, cam))
+    return views
+
+
+# ----------------------------------------------------------------------------- Blender
+
+def load_blender(path, images=None, background=(1.0, 1.0, 1.0), max_size=None):
+    """NeRF-synthetic: transforms_train.json (+ transforms_test.json); no points."""
+    root = Path(path)
+    if images is not None:
+        warnings.warn(f"the images option ({images!r}) is ignored for Blender scenes", stacklevel=3)
+    train_json = root / "transforms_train.json"
+    if not train_json.is_file():
+        raise DataError(f"Blender scene {root} has no transforms_train.json")
+    splits = {}
+    for split in ("train", "test"):
+        meta_path = root / f"transforms_{split}.json"
+        if not meta_path.is_file():
+            splits[split] = []
+            continue
+        meta = read_json(meta_path)
+        angle = _float(meta, "camera_angle_x", meta_path)
+        if angle is None:
+            raise DataError(f"{meta_path} has no camera_angle_x")
+        if not (math.isfinite(angle) and 0.0 < angle < math.pi):
+            raise DataError(f"{meta_path}: camera_angle_x must be in (0, pi), got {angle}")
+
+        def intr_of(fr, img_path, name, angle=angle, meta_path=meta_path):
+            a = _float(fr, "camera_angle_x", meta_path, angle)
+            w, h = image_size(img_path)
+            f = 0.5 * w / math.tan(0.5 * a)
+            return Intrinsics(f, f, 0.5 * w, 0.5 * h, w, h)
+
+        splits[split] = _load_frames(root, meta_path, meta["frames"], intr_of, background, max_size)
+    if not splits["train"]:
+        raise DataError(f"{train_json} lists no frames")
+    return finish(splits["train"], splits["test"], np.zeros((0, 3)), np.zeros((0, 3)), root, "blender")
+
+
+# ----------------------------------------------------------------------------- instant-ngp / nerfstudio
+
+NGP_KEYS = ("fl_x", "fl_y", "camera_angle_x", "camera_angle_y", "cx", "cy", "w", "h",
+            "k1", "k2", "k3", "k4", "p1", "p2")
+
+
+def _ngp_intrinsics(glob, fr, img_path, name, meta_path):
+    """Intrinsics of one frame: its own keys over the global ones; w/h default to the image size."""
+    where = f"{meta_path} (image {name})"
+    vals = {k: _float(fr, k, where, _float(glob, k, meta_path)) for k in NGP_KEYS}
+    model = str(fr.get("camera_model", glob.get("camera_model", "OPENCV"))).upper()
+    if model not in ("OPENCV", "PINHOLE", "SIMPLE_PINHOLE", "SIMPLE_RADIAL", "RADIAL"):
+        raise DataError(f"{meta_path}: unsupported camera_model {model} (image {name})")
+    w, h = vals["w"], vals["h"]
+    if w is None or h is None:
+        iw, ih = image_size(img_path)
+        w = iw if w is None else w
+        h = ih if h is None else h
+    fx, fy = vals["fl_x"], vals["fl_y"]
+    if fx is None and vals["camera_angle_x"] is not None:
+        fx = 0.5 * w / math.tan(0.5 * vals["camera_angle_x"])
+    if fy is None and vals["camera_angle_y"] is not None:
+        fy = 0.5 * h / math.tan(0.5 * vals["camera_angle_y"])
+    if fx is None and fy is None:
+        raise DataError(f"{meta_path}: no focal length for image {name} (need fl_x/fl_y or camera_angle_x)")
+    fx = fy if fx is None else fx
+    fy = fx if fy is None else fy
+    cx = 0.5 * w if vals["cx"] is None else vals["cx"]
+    cy = 0.5 * h if vals["cy"] is None else vals["cy"]
+    dist = tuple(vals[k] or 0.0 for k in ("k1", "k2", "k3", "k4", "p1", "p2"))
+    intr = Intrinsics(fx, fy, cx, cy, w, h, dist)
+    if not intr.finite():
+        raise DataError(f"image {name}: non-finite intrinsics or distortion in {meta_path}")
+    if fx <= 0 or fy <= 0 or w <= 0 or h <= 0:
+        raise DataError(f"image {name}: invalid intrinsics in {meta_path} (fx={fx}, fy={fy}, w={w}, h={h})")
+    return intr
+
+
+def load_ngp(path, images=None, background=(1.0, 1.0, 1.0), test_every=8, max_size=None):
+    """instant-ngp / nerfstudio transforms.json; every ``test_every``-th sorted image is test."""
+    root = Path(path)
+    meta_path = root / "transforms.json"
+    if not meta_path.is_file():
+        raise DataError(f"{root} has no transforms.json")
+    meta = read_json(meta_path)
+    if not meta["frames"]:
+        raise DataError(f"{meta_path} lists no frames")
+
+    def intr_of(fr, img_path, name):
+        return _ngp_intrinsics(meta, fr, img_path, name, meta_path)
+
+    def group_of(fr):
+        return tuple(fr.get(k, meta.get(k)) for k in NGP_KEYS) if any(k in fr for k in NGP_KEYS) else None
+
+    views = _load_frames(root, meta_path, meta["frames"], intr_of, background, max_size, images, group_of)
+    train, test = split_views(views, test_every)
+
+    points = colors = np.zeros((0, 3))
+    ply = meta.get("ply_file_path")
+    if isinstance(ply, str) and ply:
+        ply_path = root / ply
+        if ply_path.is_file():
+            got = read_ply_points(ply_path)
+            if got is None:
+                warnings.warn(f"cannot parse {ply_path} as an xyz(+rgb) point cloud; no initial points",
+                              stacklevel=3)
+            else:
+                points, colors = got
+    return finish(train, test, points, colors, root, "ngp")
+
+
+# ----------------------------------------------------------------------------- PLY
+
+def read_ply_points(path):
+    """(xyz (M, 3), rgb (M, 3) in [0, 1]) from a simple PLY, or None if it is not one.
+
+    Handles ascii and binary little/big endian files whose first element is
+    ``vertex`` with scalar x, y, z (and optionally red, green, blue)
+    properties.  Colours default to 0.5 grey.
+    """
+    try:
+        with open(path, "rb") as f:
+            if f.readline().strip() != b"ply":
+                return None
+            fmt, elements, current = None, [], None
+            while True:
+                line = f.readline()
+                if not line:
+                    return None
+                tok = line.decode("ascii", "replace").split()
+                if not tok or tok[0] in ("comment", "obj_info"):
+                    continue
+                if tok[0] == "end_header":
+                    break
+                if tok[0] == "format":
+                    fmt = tok[1]
+                elif tok[0] == "element":
+                    current = [tok[1], int(tok[2]), []]
+                    elements.append(current)
+                elif tok[0] == "property":
+                    if current is None:
+                        return None
+                    if tok[1] == "list":
+                        if current[0] == "vertex":
+                            return None
+                        continue  # only the first element (vertex) is read
+                    if tok[1] not in PLY_TYPES:
+                        return None
+                    current[2].append((tok[2], PLY_TYPES[tok[1]]))
+            if not elements or elements[0][0] != "vertex":
+                return None
+            _, n, props = elements[0]
+            names = [p[0] for p in props]
+            if not all(k in names for k in ("x", "y", "z")):
+                return None
+            if fmt == "ascii":
+                rows = []
+                for _ in range(n):
+                    line = f.readline()
+                    if not line:
+                        return None
+                    rows.append([float(v) for v in line.split()[:len(props)]])
+                data = np.array(rows, np.float64).reshape(n, len(props))
+                cols = {name: data[:, i] for i, name in enumerate(names)}
+            elif fmt in ("binary_little_endian", "binary_big_endian"):
+                end = "<" if fmt == "binary_little_endian" else ">"
+                dtype = np.dtype([(name, end + t) for name, t in props])
+                raw = f.read(dtype.itemsize * n)
+                if len(raw) < dtype.itemsize * n:
+                    return None
+                data = np.frombuffer(raw, dtype, n)
+                cols = {name: data[name].astype(np.float64) for name in names}
+            else:
+                return None
+    except (OSError, ValueError, TypeError, IndexError):
+        return None
+    xyz = np.stack([cols["x"], cols["y"], cols["z"]], 1)
+    if all(k in cols for k in ("red", "green", "blue")):
+        rgb = np.stack([cols["red"], cols["green"], cols["blue"]], 1)
+        kinds = dict(props)
+        if kinds["red"].startswith("f"):
+            rgb = rgb if rgb.max(initial=0.0) <= 1.0 else rgb / 255.0
+        else:
+            rgb = rgb / (65535.0 if kinds["red"].endswith("2") else 255.0)
+    else:
+        rgb = np.full_like(xyz, 0.5)
+    return xyz, np.clip(rgb, 0.0, 1.0)

@@ -1,0 +1,56 @@
+"""Per-pixel alpha compositing and its VJP, shared by both backends' raster kernels.
+
+A pixel composites its tile's Gaussians front to back:
+``C = sum_i c_i a_i T_i + T_N bg`` with ``T_i = prod_{j<i} (1 - a_j)``.  The
+backward pass walks the same Gaussians back to front, recovering ``T_i`` by
+division and carrying ``s`` (what lies behind Gaussian i, background included).
+"""
+import math
+
+from numpy import float32 as f32
+
+from .device import shared
+from .geometry import ALPHA_MAX
+
+
+@shared
+def gaussian_alpha(u, v, ca, cb, cc, opacity, px, py):
+    """(alpha, exp(-sigma), dx, dy) of a projected Gaussian at pixel centre (px, py);
+    alpha is 0 where sigma < 0 (a numerically non-positive conic)."""
+    dx = u - px
+    dy = v - py
+    sigma = f32(0.5) * (ca * dx * dx + cc * dy * dy) + cb * dx * dy
+    if sigma < f32(0.0):
+        zero = dx * f32(0.0)
+        return zero, zero, dx, dy
+    vis = math.exp(-sigma)
+    return min(ALPHA_MAX, opacity * vis), vis, dx, dy
+
+
+@shared
+def blend_vjp(alpha, vis, dx, dy, opacity, ca, cb, cc, c0, c1, c2, z, T, s0, s1, s2, sd, dc0, dc1, dc2, dd, da_end):
+    """One Gaussian of the back-to-front pass over a pixel.
+
+    In: the Gaussian's alpha terms, record fields and colour/depth; the running
+    transmittance T (behind it) and sums s0..s2, sd of what lies behind it;
+    the pixel's output gradients (dc, dd, and d_alpha_out * T_final).
+    Out: the updated T, s0, s1, s2, sd, then the 12 gradient-record entries
+    (u, v, conic a, b, c, opacity, r, g, b, depth, |u|, |v|)."""
+    ra = f32(1.0) / (f32(1.0) - alpha)
+    T = T * ra
+    w = alpha * T
+    d_a = (dc0 * (c0 * T - s0 * ra) + dc1 * (c1 * T - s1 * ra) + dc2 * (c2 * T - s2 * ra)
+           + dd * (z * T - sd * ra) + da_end * ra)
+    s0 = s0 + w * c0
+    s1 = s1 + w * c1
+    s2 = s2 + w * c2
+    sd = sd + w * z
+    d_o = d_a * f32(0.0)
+    ds = d_o
+    if opacity * vis <= ALPHA_MAX:  # the 0.99 clamp has no gradient
+        d_o = vis * d_a
+        ds = -opacity * vis * d_a
+    gu = ds * (ca * dx + cb * dy)
+    gv = ds * (cb * dx + cc * dy)
+    return (T, s0, s1, s2, sd, gu, gv, f32(0.5) * ds * dx * dx, ds * dx * dy, f32(0.5) * ds * dy * dy, d_o,
+            w * dc0, w * dc1, w * dc2, w * dd, abs(gu), abs(gv))
