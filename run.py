@@ -39,10 +39,10 @@ def _load(a, background):
 def _report(summary, out_dir):
     import json
     from pathlib import Path
+    from data.atomic import atomic_path
     path = Path(out_dir) / "metrics.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary, indent=1))
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(json.dumps(summary, indent=1))
     if summary["psnr"] is not None:
         print(f"test PSNR {summary['psnr']:.2f} dB, SSIM {summary['ssim']:.4f} over {len(summary['views'])} views; "
               f"{summary['gaussians']} Gaussians; {summary['train_seconds']:.1f} s training; metrics in {path}")

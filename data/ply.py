@@ -8,9 +8,10 @@ and both binary encodings are accepted, because exporters differ.
 """
 import os
 import re
-import secrets
 
 import numpy as np
+
+from .atomic import atomic_path
 
 PLY_TYPES = {
     "char": "i1", "int8": "i1", "uchar": "u1", "uint8": "u1",
@@ -62,38 +63,9 @@ def save_ply(path, g):
     header = ("ply\nformat binary_little_endian 1.0\n"
               f"element vertex {cols.shape[0]}\n"
               + "".join(f"property float {p}\n" for p in names) + "end_header\n")
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    # Same folder so os.replace is a rename; O_EXCL + 0o666 so the umask applies (mkstemp: 0600).
-    tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(header.encode("ascii"))
-            f.write(cols.tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(folder)
-
-
-def _fsync_dir(folder):
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # e.g. Windows: directories cannot be opened
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(header.encode("ascii"))
+        f.write(cols.tobytes())
 
 
 def _parse_header(f, path):

@@ -12,6 +12,8 @@ import os
 import h5py
 import numpy as np
 
+from data.atomic import atomic_path
+
 FORMAT_VERSION = 1
 META_ATTR = "numbasplat_meta"
 VERSION_ATTR = "numbasplat_format"
@@ -30,42 +32,17 @@ def _json_default(o):
     raise TypeError(f"snapshot attrs value of type {type(o).__name__} is not JSON-serialisable")
 
 
-def _fsync_path(p):
-    try:
-        fd = os.open(p, os.O_RDONLY)
-    except OSError:  # directories cannot be opened on Windows
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_snapshot(path, arrays, attrs):
     """Atomically write ``arrays`` ({"group/name": ndarray}) and JSON ``attrs`` to ``path``."""
     path = os.fspath(path)
     meta = json.dumps(attrs, default=_json_default)  # fail before touching the disk
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with h5py.File(tmp, "w") as f:
-            f.attrs[VERSION_ATTR] = FORMAT_VERSION
-            f.attrs[META_ATTR] = meta
-            for name, a in arrays.items():
-                if not name or name.startswith("/") or "" in name.split("/"):
-                    raise ValueError(f"bad snapshot array name {name!r}")
-                f.create_dataset(name, data=np.asarray(a))  # intermediate groups from the slashes
-            f.flush()
-        _fsync_path(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_path(os.path.dirname(os.path.abspath(path)))
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        f.attrs[VERSION_ATTR] = FORMAT_VERSION
+        f.attrs[META_ATTR] = meta
+        for name, a in arrays.items():
+            if not name or name.startswith("/") or "" in name.split("/"):
+                raise ValueError(f"bad snapshot array name {name!r}")
+            f.create_dataset(name, data=np.asarray(a))  # intermediate groups from the slashes
 
 
 def read_snapshot(path):

@@ -226,10 +226,10 @@ def test_atomic_failure_mid_write(tmp_path, monkeypatch):
     def fsync_fails(fd):  # the header and data are already written to the temp file
         assert os.fstat(fd).st_size > 0
         raise OSError("fsync failed")
-    monkeypatch.setattr(ply.os, "fsync", fsync_fails)
+    monkeypatch.setattr(os, "fsync", fsync_fails)
     with pytest.raises(OSError, match="fsync failed"):
         ply.save_ply(path, random_gaussians(9, 3, seed=2))
-    monkeypatch.setattr(ply.os, "fsync", real_fsync)
+    monkeypatch.setattr(os, "fsync", real_fsync)
     assert path.read_bytes() == before
     assert no_temp_files(tmp_path)
     # bad input fails before anything is created, too
