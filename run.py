@@ -48,10 +48,26 @@ def _report(summary, out_dir):
               f"{summary['gaussians']} Gaussians; {summary['train_seconds']:.1f} s training; metrics in {path}")
 
 
+def _mpi_comm():
+    """COMM_WORLD when started by mpiexec/srun with several ranks, else None."""
+    launched = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+    if not any(k in os.environ for k in launched):
+        return None
+    from mpi4py import MPI
+    return MPI.COMM_WORLD if MPI.COMM_WORLD.Get_size() > 1 else None
+
+
 def _train(dataset, a, cfg):
     from engine.trainer import SNAPSHOT, Trainer
     from pathlib import Path
-    t = Trainer(dataset, a.out, cfg)
+    comm = _mpi_comm()
+    if comm is not None:
+        from engine.distributed import DistributedTrainer, select_device
+        select_device(comm)
+        t = DistributedTrainer(dataset, a.out, cfg, comm, batch_size=getattr(a, "batch_size", None),
+                               grad_comm=getattr(a, "grad_comm", "sparse"))
+    else:
+        t = Trainer(dataset, a.out, cfg)
     if getattr(a, "init_ply", None):
         from data.ply import load_ply
         from engine.model import GaussianModel
@@ -65,7 +81,7 @@ def _train(dataset, a, cfg):
         t.cfg.iterations = cfg.iterations
         print(f"resumed from {snap} at step {t.step}")
     try:
-        t.train(progress=not getattr(a, "quiet", False))
+        t.train(progress=not getattr(a, "quiet", False) and (comm is None or comm.Get_rank() == 0))
     except KeyboardInterrupt:
         raise SystemExit(130)
     except MemoryError as e:
@@ -75,11 +91,22 @@ def _train(dataset, a, cfg):
 
 
 def cmd_train(a):
+    comm = _mpi_comm()
+    if comm is None:
+        return _cmd_train(a)
+    from comm import abort_on_error
+    with abort_on_error(comm):  # one rank failing stops them all, with its message
+        return _cmd_train(a)
+
+
+def _cmd_train(a):
     cfg = _config(a)
     dataset = _load(a, cfg.background)
     t = _train(dataset, a, cfg)
     if a.eval or dataset.test:
-        _report(t.evaluate(save_dir=(a.out + "/test_renders") if a.eval else None), a.out)
+        summary = t.evaluate(save_dir=(a.out + "/test_renders") if a.eval else None)
+        if summary is not None:  # rank 0 of a distributed run
+            _report(summary, a.out)
 
 
 def cmd_demo(a):
@@ -212,6 +239,9 @@ def main(argv=None):
     t.add_argument("--sh-degree", type=int, default=None)
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--quiet", action="store_true")
+    t.add_argument("--batch-size", type=int, default=None, help="views per step under MPI (default: ranks)")
+    t.add_argument("--grad-comm", choices=["sparse", "dense"], default="sparse",
+                   help="backward exchange under MPI: zero-eliding (ByteSplat) or dense")
     t.set_defaults(fn=cmd_train)
     for name, fn, hlp in (("eval", cmd_eval, "evaluate a trained scene on the test split"),
                           ("render", cmd_render, "render views of a trained scene")):

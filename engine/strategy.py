@@ -30,11 +30,31 @@ def _quat_rotate(xp, q, v):
 
 @dataclass
 class Context:
-    """What a strategy may need beyond the model."""
+    """What a strategy may need beyond the model.
+
+    Steps count images.  A batch advances them by B, so schedules fire when a
+    multiple is crossed (``prev_step`` < k * every <= ``step``).  With the
+    Gaussians sharded over ranks, this rank's rows are global rows
+    ``offset .. offset + len(model)`` of ``total``; random draws are made for
+    all ``total`` rows on every rank so results do not depend on the sharding.
+    """
     scene_scale: float
     rng: np.random.Generator
     max_gaussians: int = 0     # 0: no cap (besides the memory guard)
     free_bytes: int = 0        # device memory left, 0 if unknown
+    prev_step: int = None      # default: step - 1
+    offset: int = 0
+    total: int = 0             # default: len(model)
+
+    def crossed(self, step, every):
+        prev = step - 1 if self.prev_step is None else self.prev_step
+        return every > 0 and prev // every != step // every
+
+    def normal(self, model, rows, shape):
+        """Standard normal draws for local ``rows``, identical whatever the sharding."""
+        total = self.total or len(model)
+        draws = self.rng.standard_normal((total,) + shape).astype(np.float32)
+        return model.xp.asarray(draws[self.offset + to_host(rows)])
 
 
 BYTES_PER_GAUSSIAN = 1500     # parameters, gradients, Adam moments and per-step buffers
@@ -97,10 +117,10 @@ class DefaultStrategy:
     def after_optimizer(self, model, step, ctx):
         xp = model.xp
         done = {}
-        if self.refine_start < step < self.refine_stop and step % self.refine_every == 0:
+        if self.refine_start < step < self.refine_stop and ctx.crossed(step, self.refine_every):
             done = self._refine(model, step, ctx)
             self._fresh(xp, len(model))
-        if step < self.refine_stop and step > 0 and step % self.reset_every == 0:
+        if step < self.refine_stop and ctx.crossed(step, self.reset_every):
             op = model.group("opacities")
             xp.minimum(op, inverse_sigmoid(0.01), out=op)
             model.reset_moments("opacities")
@@ -129,11 +149,11 @@ class DefaultStrategy:
             clone = chosen[small[chosen]]
             split = chosen[~small[chosen]]
         new = {k: a[clone] for k, a in g.arrays().items()}
+        eps = ctx.normal(model, split, (2, 3)).reshape(-1, 3)  # drawn on every rank, split or not
         if len(split):
             # two children per split Gaussian, drawn from it, 1.6x smaller
             parent = xp.repeat(split, 2)
             sigma = xp.exp(g.scales[parent])
-            eps = xp.asarray(ctx.rng.standard_normal((len(parent), 3)).astype(np.float32))
             child = {k: a[parent] for k, a in g.arrays().items()}
             child["means"] = g.means[parent] + _quat_rotate(xp, g.quats[parent], sigma * eps)
             child["scales"] = g.scales[parent] - math.log(1.6)
@@ -222,7 +242,7 @@ class MCMCStrategy:
     def after_optimizer(self, model, step, ctx):
         xp = model.xp
         done = {}
-        if self.refine_start < step < self.refine_stop and step % self.refine_every == 0:
+        if self.refine_start < step < self.refine_stop and ctx.crossed(step, self.refine_every):
             g = model.gaussians
             opacity = 1.0 / (1.0 + xp.exp(-g.opacities))
             dead = xp.flatnonzero(opacity <= self.min_opacity)

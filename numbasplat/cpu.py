@@ -19,6 +19,7 @@ from .device import shared
 
 _ops = go.build(njit(cache=True))  # not inlined: parfors cannot analyse the inlined tuple math
 project_one, visit_tiles, project_backward_one = _ops.project, _ops.visit_tiles, _ops.project_backward
+tile_span_one = _ops.tile_span
 
 
 @njit(parallel=True, cache=True)
@@ -35,6 +36,12 @@ def emit_intersections(proj, order, counts, offsets, tile, tiles_x, tiles_y, W, 
         n = order[k]
         if counts[n] > 0:
             visit_tiles(n, proj, tile, tiles_x, tiles_y, W, H, key_base, offsets[k], counts[n], tile_ids, ids, True)
+
+
+@njit(parallel=True, cache=True)
+def tile_spans(proj, counts, tile, tiles_x, tiles_y, span):
+    for n in prange(proj.shape[0]):
+        tile_span_one(n, proj, counts, tile, tiles_x, tiles_y, span)
 
 
 @njit(parallel=True, cache=True)

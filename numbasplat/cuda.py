@@ -28,6 +28,7 @@ NG = go.GRAD_FIELDS
 
 _ops = go.build(cuda.jit(device=True))
 project_one, visit_tiles, project_backward_one = _ops.project, _ops.visit_tiles, _ops.project_backward
+tile_span_one = _ops.tile_span
 
 ALPHA_MIN = float32(geo.ALPHA_MIN)
 ALPHA_MAX = float32(geo.ALPHA_MAX)
@@ -77,6 +78,17 @@ def _project_backward_kernel(means, quats, scales, logits, sh, degree, cam, W, H
     if n < means.shape[0]:
         project_backward_one(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias, counts, grad,
                              d_means, d_quats, d_scales, d_logits, d_sh, accumulate)
+
+
+@kernel(F2, I1, "int64", "int64", "int64", "int64[:, ::1]")
+def _tile_span_kernel(proj, counts, tile, tiles_x, tiles_y, span):
+    n = cuda.grid(1)
+    if n < proj.shape[0]:
+        tile_span_one(n, proj, counts, tile, tiles_x, tiles_y, span)
+
+
+def tile_spans(proj, counts, tile, tiles_x, tiles_y, span):
+    _tile_span_kernel[_grid(proj.shape[0])](proj, counts, tile, tiles_x, tiles_y, span)
 
 
 def project(means, quats, scales, logits, sh, degree, cam, W, H, antialias, tile, tiles_x, tiles_y,

@@ -94,6 +94,19 @@ def build(jit):
         return k
 
     @jit
+    def tile_span_body(n, proj, counts, tile, tiles_x, tiles_y, span):
+        """First and last row-major tile of Gaussian n's tile rectangle (-1, -1 if culled):
+        the exchanges send a record to every rank owning a tile in that span."""
+        span[n, 0] = -1
+        span[n, 1] = -1
+        if counts[n] > 0:
+            ext, cov_a, cov_c = footprint(proj[n, U], proj[n, V], proj[n, CA], proj[n, CB], proj[n, CC],
+                                          proj[n, OPAC])
+            tx0, tx1, ty0, ty1 = geo.tile_rect(proj[n, U], proj[n, V], cov_a, cov_c, ext, tile, tiles_x, tiles_y)
+            span[n, 0] = ty0 * tiles_x + tx0
+            span[n, 1] = ty1 * tiles_x + tx1
+
+    @jit
     def project_body(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias,
                      tile, tiles_x, tiles_y, proj, radii, counts):
         """Project Gaussian n, evaluate its SH colour, and count the tiles it hits."""
@@ -214,5 +227,5 @@ def build(jit):
         store2(d_scales, n, 1, dl1, accumulate)
         store2(d_scales, n, 2, dl2, accumulate)
 
-    return SimpleNamespace(visit_tiles=visit_tiles_body, project=project_body,
+    return SimpleNamespace(visit_tiles=visit_tiles_body, project=project_body, tile_span=tile_span_body,
                            project_backward=project_backward_body)

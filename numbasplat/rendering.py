@@ -222,6 +222,16 @@ def bin_tiles(p: Projection, backend=None):
     return Binning(ids, xp.ascontiguousarray(ranges), total)
 
 
+def tile_spans(p: Projection, backend=None):
+    """(N, 2) int64 first and last row-major tile of each Gaussian's tile rectangle, -1 if culled."""
+    kernels, xp = _impl(backend)
+    span = xp.empty((p.proj.shape[0], 2), np.int64)
+    if len(span):
+        tx, ty = p.camera.tiles
+        kernels.tile_spans(p.proj, p.counts, TILE, tx, ty, span)
+    return span
+
+
 def _background(xp, background, dtype):
     bg = np.zeros(3) if background is None else np.asarray(background, np.float64).reshape(-1)
     if bg.shape != (3,) or not np.isfinite(bg).all():

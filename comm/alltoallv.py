@@ -1,0 +1,324 @@
+"""Variable-size all-to-all of row arrays over MPI, for host (numpy) or device (CuPy) arrays.
+
+Rows are the unit: projected/gradient records are rows of float32, so every
+message is "these rows go to rank d".  Counts travel first (one Alltoall of
+int64), so ranks never need to agree on sizes beforehand.
+
+How device arrays cross ranks is a ``Transport``:
+
+* ``HostStaged`` copies them through reused pinned host buffers and runs a
+  host MPI_Alltoallv.  It works with any MPI and is the default.
+* ``CudaAware`` hands device pointers to MPI directly.  A MPI that is not
+  CUDA-aware crashes on those, so "auto" only picks it when the library itself
+  says at run time that it supports CUDA (``cuda_aware_mpi()``).
+* An NCCL transport (CuPy's ``cupy.cuda.nccl``: grouped send/recv per peer)
+  would subclass ``Transport`` and be added to ``TRANSPORTS``.
+
+Messages: counts and displacements are sent in bytes while the whole buffer
+fits MPI's int counts, else in units of a contiguous row datatype (so ~2**31
+rows, not bytes, is the limit; past that a clear OverflowError).
+"""
+import contextlib
+import sys
+import traceback
+import zlib
+
+import numpy as np
+from mpi4py import MPI
+
+BYTE_LIMIT = 2**31 - 1  # MPI int counts/displacements; tests lower it to exercise the row-datatype path
+INT_MAX = 2**31 - 1
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _is_device(a):
+    """A GPU array (CuPy) rather than numpy (numpy also covers the CUDA simulator)."""
+    return not isinstance(a, np.ndarray) and hasattr(a, "__cuda_array_interface__")
+
+
+def _xp(a):
+    if _is_device(a):
+        import cupy
+        return cupy
+    return np
+
+
+def _bytes(a):
+    """Flat uint8 view of a C-contiguous array (numpy or CuPy)."""
+    return a.reshape(-1).view(np.uint8)
+
+
+def _displs(counts):
+    d = np.zeros(len(counts), np.int64)
+    np.cumsum(counts[:-1], out=d[1:])
+    return d
+
+
+def _signature(dtype, width):
+    """An int64 naming the row kind, so mismatched senders are caught with the counts."""
+    return zlib.crc32(f"{np.dtype(dtype).str}x{width}".encode())
+
+
+_row_types = {}
+
+
+def _row_type(row_bytes):
+    t = _row_types.get(row_bytes)
+    if t is None:
+        t = _row_types[row_bytes] = MPI.BYTE.Create_contiguous(row_bytes).Commit()
+    return t
+
+
+def _mpi_alltoallv(comm, sbuf, scounts, rbuf, rcounts, row_bytes):
+    """MPI_Alltoallv of flat byte buffers whose counts are given in rows."""
+    if max(sbuf.nbytes, rbuf.nbytes) <= BYTE_LIMIT:
+        unit, dtype = row_bytes, MPI.BYTE
+    else:
+        if max(int(scounts.sum()), int(rcounts.sum())) > INT_MAX:
+            raise OverflowError(f"alltoallv: more than 2**31-1 rows ({scounts.sum()} sent, {rcounts.sum()} "
+                                "received): split the exchange")
+        unit, dtype = 1, _row_type(row_bytes)
+    s = [sbuf, ((scounts * unit).tolist(), (_displs(scounts) * unit).tolist()), dtype]
+    r = [rbuf, ((rcounts * unit).tolist(), (_displs(rcounts) * unit).tolist()), dtype]
+    comm.Alltoallv(s, r)
+
+
+def _mpi_allgatherv(comm, sbuf, srows, rbuf, rcounts, row_bytes):
+    if rbuf.nbytes <= BYTE_LIMIT:
+        unit, dtype = row_bytes, MPI.BYTE
+    else:
+        if int(rcounts.sum()) > INT_MAX:
+            raise OverflowError("allgatherv: more than 2**31-1 rows")
+        unit, dtype = 1, _row_type(row_bytes)
+    comm.Allgatherv([sbuf, srows * unit, dtype],
+                    [rbuf, ((rcounts * unit).tolist(), (_displs(rcounts) * unit).tolist()), dtype])
+
+
+def _sync_device():
+    import cupy
+    cupy.cuda.get_current_stream().synchronize()
+
+
+def cuda_aware_mpi(_cache=[]):
+    """True only when the MPI library reports CUDA support at run time.
+
+    Asks ``MPIX_Query_cuda_support()`` (Open MPI's mpi-ext, MPICH >= 4.1; mpi4py
+    does not wrap it) through ctypes in the loaded libmpi.  Anything uncertain
+    (symbol missing, lookup fails) answers False: a MPI that is not CUDA-aware
+    crashes when given device pointers, while host staging always works.
+    """
+    if not _cache:
+        _cache.append(_query_cuda_support())
+    return _cache[0]
+
+
+def _query_cuda_support():
+    import ctypes
+    libs = [None]
+    try:
+        with open("/proc/self/maps") as f:
+            libs += sorted({ln.split()[-1] for ln in f if "libmpi" in ln and ln.split()[-1].startswith("/")})
+    except OSError:
+        pass
+    for lib in libs:
+        try:
+            fn = ctypes.CDLL(lib).MPIX_Query_cuda_support
+        except (OSError, AttributeError):
+            continue
+        fn.restype, fn.argtypes = ctypes.c_int, []
+        try:
+            return fn() == 1
+        except Exception:
+            return False
+    return False
+
+
+# --------------------------------------------------------------------------- transports
+
+class Transport:
+    """Moves rows between ranks: ``alltoallv(comm, send, scounts, recv, rcounts)``.
+
+    ``send``/``recv`` are C-contiguous 2D arrays of one kind and dtype, ``recv``
+    already allocated; counts are int64 numpy arrays in rows.  Subclasses decide
+    how device memory reaches the network.
+    """
+    name = "base"
+
+    def alltoallv(self, comm, send, scounts, recv, rcounts):
+        raise NotImplementedError
+
+
+class HostStaged(Transport):
+    """Device rows go through pinned host buffers (reused, grown by doubling); host rows go straight to MPI."""
+    name = "host"
+
+    def __init__(self):
+        self._pinned = {}
+
+    def _buffer(self, key, nbytes):
+        buf = self._pinned.get(key)
+        if buf is None or buf.size < nbytes:
+            import cupy
+            size = max(nbytes, 1 << 20, 0 if buf is None else 2 * buf.size)
+            buf = np.frombuffer(cupy.cuda.alloc_pinned_memory(size), np.uint8, size)
+            self._pinned[key] = buf
+        return buf[:nbytes]
+
+    def alltoallv(self, comm, send, scounts, recv, rcounts):
+        row_bytes = send.shape[1] * send.dtype.itemsize
+        if not _is_device(send):
+            _mpi_alltoallv(comm, _bytes(send), scounts, _bytes(recv), rcounts, row_bytes)
+            return
+        hs = self._buffer("send", send.nbytes)
+        hr = self._buffer("recv", recv.nbytes)
+        if send.nbytes:
+            _bytes(send).get(out=hs)  # blocking: also waits for the kernels that wrote send
+        _mpi_alltoallv(comm, hs, scounts, hr, rcounts, row_bytes)
+        if recv.nbytes:
+            _bytes(recv).set(hr)
+
+
+class CudaAware(Transport):
+    """Device pointers straight to a CUDA-aware MPI (mpi4py reads ``__cuda_array_interface__``)."""
+    name = "cuda"
+
+    def alltoallv(self, comm, send, scounts, recv, rcounts):
+        if _is_device(send):
+            _sync_device()  # MPI reads the buffer outside any stream: the kernels writing it must be done
+        row_bytes = send.shape[1] * send.dtype.itemsize
+        _mpi_alltoallv(comm, _bytes(send), scounts, _bytes(recv), rcounts, row_bytes)
+
+
+TRANSPORTS = {"host": HostStaged, "cuda": CudaAware}  # "nccl": add a CuPy NCCL transport here
+
+
+def make_transport(transport="auto"):
+    if isinstance(transport, Transport):
+        return transport
+    if transport == "auto":
+        return CudaAware() if cuda_aware_mpi() else HostStaged()
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be 'auto' or one of {sorted(TRANSPORTS)}, got {transport!r}")
+    return TRANSPORTS[transport]()
+
+
+# --------------------------------------------------------------------------- Exchange
+
+class Exchange:
+    """Collective row exchanges on one communicator.
+
+    Every method is collective: all ranks of ``comm`` must call it, in the
+    same order.  Arrays may be numpy or CuPy; results are of the same kind.
+    """
+
+    def __init__(self, comm=None, transport="auto"):
+        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.transport = make_transport(transport)
+        self._host = HostStaged()
+
+    def alltoall_ints(self, table):
+        """Alltoall of a (P, k) int64 table: row d goes to rank d; returns row s from rank s."""
+        table = np.ascontiguousarray(table, np.int64)
+        if table.shape[0] != self.size:
+            raise ValueError(f"alltoall_ints: table has {table.shape[0]} rows for {self.size} ranks")
+        out = np.empty_like(table)
+        self.comm.Alltoall(table, out)
+        return out
+
+    def alltoallv(self, send, counts, recv_counts=None):
+        """Send ``counts[d]`` consecutive rows of ``send`` to rank d; returns ``(recv, recv_counts)``.
+
+        ``send`` is (rows, F) (or 1D: F = 1) with rows grouped by destination in
+        rank order; ``recv`` holds the rows from each source in rank order.
+        Counts (and a signature of dtype and F, which must agree across ranks)
+        are exchanged first, unless the caller already knows ``recv_counts``
+        (then nothing is checked).
+        """
+        xp = _xp(send)
+        flat = send.ndim == 1
+        send2 = xp.ascontiguousarray(send.reshape(-1, 1) if flat else send)
+        if send2.ndim != 2:
+            raise ValueError(f"alltoallv: send must be 1D or 2D, got shape {send.shape}")
+        counts = np.asarray(counts, np.int64).reshape(-1)
+        if counts.size != self.size or int(counts.sum()) != send2.shape[0] or (counts < 0).any():
+            raise ValueError(f"alltoallv: counts {counts.tolist()} do not split {send2.shape[0]} rows "
+                             f"over {self.size} ranks")
+        if recv_counts is None:
+            sig = _signature(send2.dtype, send2.shape[1])
+            got = self.alltoall_ints(np.stack([counts, np.full(self.size, sig, np.int64)], axis=1))
+            bad = np.flatnonzero(got[:, 1] != sig)
+            if bad.size:
+                raise ValueError(f"alltoallv on rank {self.rank}: rank {bad[0]} sends rows of another dtype or "
+                                 f"width than this rank's {send2.dtype} x {send2.shape[1]}")
+            recv_counts = got[:, 0].copy()
+        else:
+            recv_counts = np.asarray(recv_counts, np.int64).reshape(-1)
+        recv = xp.empty((int(recv_counts.sum()), send2.shape[1]), send2.dtype)
+        transport = self.transport if _is_device(send2) else self._host
+        transport.alltoallv(self.comm, send2, counts, recv, recv_counts)
+        return (recv.reshape(-1) if flat else recv), recv_counts
+
+    def allreduce_sum(self, a):
+        """Element-wise sum over ranks of a small array (staged through the host)."""
+        from numbasplat._backend import to_host
+        h = np.ascontiguousarray(to_host(a)).copy()
+        self.comm.Allreduce(MPI.IN_PLACE, h, op=MPI.SUM)
+        return _xp(a).asarray(h) if _is_device(a) else h
+
+    def allgatherv(self, rows):
+        """Every rank's rows, concatenated in rank order: ``(all_rows, counts)`` (staged through the host)."""
+        from numbasplat._backend import to_host
+        h = np.ascontiguousarray(to_host(rows))
+        flat = h.ndim == 1
+        h2 = h.reshape(-1, 1) if flat else h
+        sig = _signature(h2.dtype, h2.shape[1])
+        meta = np.empty((self.size, 2), np.int64)
+        self.comm.Allgather(np.array([h2.shape[0], sig], np.int64), meta)
+        if (meta[:, 1] != sig).any():
+            raise ValueError(f"allgatherv on rank {self.rank}: ranks disagree on dtype or width")
+        counts = meta[:, 0].copy()
+        out = np.empty((int(counts.sum()), h2.shape[1]), h2.dtype)
+        _mpi_allgatherv(self.comm, _bytes(h2), h2.shape[0], _bytes(out), counts, h2.shape[1] * h2.dtype.itemsize)
+        out = out.reshape(-1) if flat else out
+        return (_xp(rows).asarray(out) if _is_device(rows) else out), counts
+
+
+# --------------------------------------------------------------------------- failing together
+
+def fail_all(comm, exc, code=1):
+    """Print the traceback and ``rank R: <message>`` to stderr, then MPI_Abort every rank.
+
+    An exception on one rank would otherwise leave the others blocked forever
+    in their next collective; Abort makes mpiexec end them all, non-zero.
+    """
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    try:
+        sys.stdout.flush()
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    finally:
+        print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        comm.Abort(code)
+
+
+@contextlib.contextmanager
+def abort_on_error(comm=None):
+    """``with abort_on_error(comm): ...`` -- any exception on any rank ends all ranks (see ``fail_all``).
+
+    With a single rank there is nobody to hang, so the exception propagates
+    normally; ``sys.exit(0)`` is left alone.
+    """
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    try:
+        yield
+    except SystemExit as e:
+        if e.code in (None, 0) or comm.Get_size() == 1:
+            raise
+        fail_all(comm, e, e.code if isinstance(e.code, int) else 1)
+    except BaseException as e:
+        if comm.Get_size() == 1:
+            raise
+        fail_all(comm, e)

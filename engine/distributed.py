@@ -1,0 +1,336 @@
+"""Distributed training over MPI: Gaussian owners and tile renderers (Grendel's split).
+
+Every rank owns a contiguous shard of the Gaussians (projection, projection
+backward, Adam, densification) and renders a contiguous range of the batch's
+tiles (binning, rasterization, backward).  One step for a batch of B views,
+the same on every rank (shared seed):
+
+1. each owner projects its shard for all B cameras;
+2. the B images' tiles are cut into P ranges balanced by the measured cost
+   (intersections per tile, from the previous batch);
+3. forward all-to-all: a record goes to every rank owning a tile in its span;
+4. renderers bin and rasterize their tiles; the rendered pixels are summed over
+   ranks (each pixel has one owner) so every rank holds the full images, and
+   computes the same loss (L1 + windowed SSIM needs neighbouring pixels);
+5. renderers run the raster backward on their tiles; the backward all-to-all
+   (dense, or ByteSplat's zero-eliding sparse encoding) returns the
+   screen-space gradients to the owners, which accumulate them in place;
+6. owners back-propagate through projection, step Adam (learning rates x
+   sqrt(B), betas ^ B, as Grendel does) and densify.
+Results do not depend on P: with the same batch, P ranks give 1 rank's parameters.
+"""
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+import numbasplat as ns
+from numbasplat import _backend
+from numbasplat import gaussian_ops as go
+from numbasplat.loss import l1_ssim_loss
+from numbasplat.optim import GROUPS
+
+from .model import GaussianModel, init_from_points
+from .strategy import Context
+from .trainer import Trainer
+
+TILE = ns.rendering.TILE
+
+
+def select_device(comm):
+    """One GPU per rank: the rank's index among the ranks of its node picks the device."""
+    if _backend.BACKEND != "cuda" or _backend.SIM:
+        return
+    from mpi4py import MPI
+    import cupy
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+    cupy.cuda.Device(local % cupy.cuda.runtime.getDeviceCount()).use()
+
+
+def even_bounds(n, parts):
+    return np.array([n * r // parts for r in range(parts + 1)], np.int64)
+
+
+def balanced_bounds(cost, parts):
+    """Cut a cost array into ``parts`` contiguous ranges of near-equal total cost."""
+    c = np.cumsum(np.asarray(cost, np.float64) + 1e-3)  # +eps: empty tiles still split evenly
+    targets = c[-1] * np.arange(1, parts) / parts
+    inner = np.searchsorted(c, targets) + 1
+    return np.concatenate([[0], np.minimum(inner, len(c)), [len(c)]]).astype(np.int64)
+
+
+@dataclass
+class _Sent:
+    """The forward exchange, remembered by the owner to route gradients back."""
+    route: object       # (rows,) int64: b * N_local + n of each sent row, in send order
+    counts: np.ndarray  # rows sent to each rank
+
+
+class DistributedTrainer(Trainer):
+    """``Trainer`` whose step is the batched owner/renderer pipeline above."""
+
+    def __init__(self, dataset, out_dir, cfg, comm, batch_size=None, grad_comm="sparse", backend=None,
+                 log=print):
+        from comm import Exchange
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.batch = batch_size or self.size
+        if grad_comm not in ("sparse", "dense"):
+            raise ValueError(f"--grad-comm must be 'sparse' or 'dense', got {grad_comm!r}")
+        self.grad_comm = grad_comm
+        self.exchange = Exchange(comm)
+        if cfg.strategy != "default" and self.size > 1:
+            raise ValueError(f"strategy {cfg.strategy!r} is not supported across ranks yet (use default)")
+        super().__init__(dataset, out_dir, cfg, backend, log if self.rank == 0 else (lambda *a, **k: None))
+        self.tile_cost = None
+        self.stats = {}
+
+    # ------------------------------------------------------------------ sharding
+    def init_model(self):
+        super().init_model()  # the same on every rank (shared seed); keep this rank's slice
+        self._take_shard(self.model.host_arrays())
+
+    def _take_shard(self, arrays, moments=None):
+        n = len(arrays["means"])
+        lo, hi = even_bounds(n, self.size)[self.rank:self.rank + 2]
+        self.model = GaussianModel({g: a[lo:hi] for g, a in arrays.items()}, self.backend,
+                                   0.9 ** self.batch, 0.999 ** self.batch)
+        if moments:
+            for g in GROUPS:
+                self.model.group(g, "m")[...] = self.xp.asarray(moments[0][g][lo:hi])
+                self.model.group(g, "v")[...] = self.xp.asarray(moments[1][g][lo:hi])
+        self.offset, self.total = int(lo), int(n)
+
+    def _counts(self):
+        return np.array(self.comm.allgather(len(self.model)), np.int64)
+
+    def gathered(self, which="params"):
+        """The whole model's host arrays, on every rank."""
+        local = self.model.host_arrays(which)
+        return {g: np.concatenate(self.comm.allgather(a)) for g, a in local.items()}
+
+    # ------------------------------------------------------------------ one step
+    def _batch(self):
+        return [self.next_view() for _ in range(self.batch)]
+
+    def _send_plan(self, spans, n_tiles, bounds):
+        """Rows to send: for each record (b, n) with a span, every rank whose tile range meets it."""
+        xp = self.xp
+        n = len(self.model)
+        rec_b, rec_n, r_lo, r_hi = [], [], [], []
+        for b, span in enumerate(spans):
+            span = _backend.to_host(span)
+            ok = np.flatnonzero(span[:, 0] >= 0)
+            g_lo = b * n_tiles + span[ok, 0]
+            g_hi = b * n_tiles + span[ok, 1]
+            rec_b.append(np.full(len(ok), b))
+            rec_n.append(ok)
+            r_lo.append(np.searchsorted(bounds, g_lo, side="right") - 1)
+            r_hi.append(np.searchsorted(bounds, g_hi, side="right") - 1)
+        rec_b, rec_n = np.concatenate(rec_b), np.concatenate(rec_n)
+        r_lo, r_hi = np.concatenate(r_lo), np.concatenate(r_hi)
+        reps = r_hi - r_lo + 1
+        row = np.repeat(np.arange(len(rec_b)), reps)
+        dest = r_lo[row] + (np.arange(len(row)) - np.repeat(np.cumsum(reps) - reps, reps))
+        order = np.argsort(dest, kind="stable")          # grouped by rank, record order kept
+        row = row[order]
+        counts = np.bincount(dest, minlength=self.size).astype(np.int64)
+        return rec_b[row], rec_n[row], counts
+
+    def train_step(self):
+        c, xp, model = self.cfg, self.xp, self.model
+        t0 = time.perf_counter()
+        views = self._batch()
+        cams = [self.data.train[i].camera for i in views]
+        degree = min(c.sh_degree, self.step // c.sh_increase_every)
+        g = model.gaussians
+        tx, ty = cams[0].tiles
+        n_tiles = tx * ty
+        if any(cam.tiles != (tx, ty) for cam in cams):
+            raise ValueError("distributed training needs all training images of one size")
+        bg = self.rng.random(3) if c.random_background else np.asarray(c.background, np.float64)
+        # 1. project the shard for every camera
+        projs = [ns.project(g, cam, sh_degree=degree, antialias=c.antialias, backend=self.backend, check=False)
+                 for cam in cams]
+        spans = [ns.rendering.tile_spans(p, self.backend) for p in projs]
+        # 2. tile ranges of the renderers
+        bounds = (even_bounds(self.batch * n_tiles, self.size) if self.tile_cost is None
+                  else balanced_bounds(self.tile_cost, self.size))
+        lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
+        # 3. forward exchange: records + camera index + tile count
+        rec_b, rec_n, send_counts = self._send_plan(spans, n_tiles, bounds)
+        send = xp.empty((len(rec_b), go.PROJ_FIELDS + 2), np.float32)
+        for b, p in enumerate(projs):
+            sel = np.flatnonzero(rec_b == b)
+            idx = xp.asarray(rec_n[sel])
+            send[xp.asarray(sel), :go.PROJ_FIELDS] = p.proj[idx]
+            send[xp.asarray(sel), go.PROJ_FIELDS] = b
+            send[xp.asarray(sel), go.PROJ_FIELDS + 1] = p.counts[idx]
+        t1 = time.perf_counter()
+        recv, recv_counts = self.exchange.alltoallv(send, send_counts)
+        t2 = time.perf_counter()
+        # 4. render my tiles of each image, then share the pixels
+        H, W = cams[0].height, cams[0].width
+        images = xp.zeros((self.batch, H, W, 3), np.float32)
+        frames = {}
+        recv_b = _backend.to_host(recv[:, go.PROJ_FIELDS]).astype(np.int64) if len(recv) else np.zeros(0, np.int64)
+        my_cost = np.zeros(self.batch * n_tiles)
+        for b in range(lo // n_tiles, (hi - 1) // n_tiles + 1 if hi > lo else 0):
+            rows = np.flatnonzero(recv_b == b)
+            sub = recv[xp.asarray(rows)]
+            p = ns.Projection(cams[b], None, xp.ascontiguousarray(sub[:, :go.PROJ_FIELDS]), None,
+                              xp.ascontiguousarray(sub[:, go.PROJ_FIELDS + 1]).astype(np.int32), degree,
+                              c.antialias)
+            binning = ns.bin_tiles(p, self.backend)
+            mine = np.zeros(n_tiles, bool)
+            mine[max(lo - b * n_tiles, 0):min(hi - b * n_tiles, n_tiles)] = True
+            ranges = _backend.to_host(binning.ranges).copy()
+            my_cost[b * n_tiles:(b + 1) * n_tiles] = np.where(mine, ranges[:, 1] - ranges[:, 0], 0)
+            ranges[~mine] = 0
+            binning.ranges = xp.asarray(ranges)
+            r = ns.rasterize(p, binning, bg, self.backend)
+            pix = _pixel_mask(mine, tx, ty, W, H)
+            images[b][xp.asarray(pix)] = r.image[xp.asarray(pix)]
+            frames[b] = (p, binning, r, rows)
+        full = self.exchange.allreduce_sum(images)
+        self.tile_cost = self.exchange.allreduce_sum(my_cost)
+        t3 = time.perf_counter()
+        # the loss of the batch is the mean of the views' losses; every rank computes all of it
+        loss = 0.0
+        d_imgs = []
+        for b, i in enumerate(views):
+            lb, d = l1_ssim_loss(full[b], self.targets[i], c.lambda_dssim, backend=self.backend)
+            loss += lb / self.batch
+            d_imgs.append(d / self.batch)
+        # 5. raster backward of my tiles, gradients in the order the records arrived
+        G = xp.zeros((len(recv), go.GRAD_FIELDS), np.float32)
+        for b, (p, binning, r, rows) in frames.items():
+            G[xp.asarray(rows)] = ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d_imgs[b]),
+                                                        backend=self.backend)
+        t4 = time.perf_counter()
+        n_local = len(model)
+        out = xp.zeros((self.batch * n_local, go.GRAD_FIELDS), np.float32)
+        route = xp.asarray(rec_b * n_local + rec_n)
+        from comm import exchange_dense, exchange_sparse
+        move = exchange_sparse if self.grad_comm == "sparse" else exchange_dense
+        comm_stats = move(self.exchange, G, recv_counts, route, out, backend=self.backend)
+        t5 = time.perf_counter()
+        # 6. owners: projection backward, strategy statistics, Adam, densification
+        for b, p in enumerate(projs):
+            grad_b = out[b * n_local:(b + 1) * n_local]
+            ns.project_backward(g, p, grad_b, model.grad_gaussians, accumulate=b > 0, backend=self.backend)
+            self.strategy.after_backward(model, self.step, _FrameInfo(p), grad_b)
+        lr, cols = self.learning_rates()
+        model.adam.step(model.grads.data, cols * math.sqrt(self.batch))
+        prev = self.step
+        self.step += self.batch
+        counts = self._counts()
+        ctx = self.context()
+        ctx.prev_step, ctx.offset, ctx.total = prev, int(counts[:self.rank].sum()), int(counts.sum())
+        events = self.strategy.after_optimizer(model, self.step, ctx)
+        if "cloned" in events:
+            self._reorder_after_refine(events)
+            events["gaussians"] = self.total
+        t6 = time.perf_counter()
+        self.stats = {"forward_rows": int(len(send)), "forward_bytes": int(send.nbytes),
+                      "times": {"project": t1 - t0, "forward_exchange": t2 - t1, "render": t3 - t2,
+                                "loss_backward": t4 - t3, "backward_exchange": t5 - t4, "owner": t6 - t5},
+                      **comm_stats}
+        target = self.targets[views[0]]
+        return loss, _Shown(full[0]), target, events
+
+    def _reorder_after_refine(self, events):
+        """Put the Gaussians in the order one rank would have: every rank's kept ones,
+        then every rank's clones, then every rank's split children; then even shards.
+
+        The global order decides the random draws of later splits and breaks depth
+        ties, so this keeps P ranks equal to one.  (It gathers the model on every
+        rank: simple, and refinement is rare; an all-to-all of the moved rows is the
+        scalable version.)"""
+        n_new = events["cloned"] + 2 * events["split"]
+        parts = np.array(self.comm.allgather((len(self.model) - n_new, events["cloned"], 2 * events["split"])))
+        starts = np.concatenate([[0], np.cumsum(parts.sum(1))[:-1]])
+        order = np.concatenate([np.arange(s + parts[r, :k].sum(), s + parts[r, :k + 1].sum())
+                                for k in range(3) for r, s in enumerate(starts)]).astype(np.int64)
+        params, m, v = (self.gathered(w) for w in ("params", "m", "v"))
+        reorder = lambda d: {g: a[order] for g, a in d.items()}  # noqa: E731
+        step = self.model.adam.step_count
+        self._take_shard(reorder(params), (reorder(m), reorder(v)))
+        self.model.adam.step_count = step
+        self.strategy.stats = {}  # fresh after a refinement anyway
+
+    def evaluate(self, views=None, save_dir=None):
+        """Rank 0 evaluates the gathered model; the other ranks return None."""
+        params = self.gathered("params")
+        if self.rank != 0:
+            return None
+        local, self.model = self.model, GaussianModel(params, self.backend)
+        try:
+            return super().evaluate(views, save_dir)
+        finally:
+            self.model = local
+
+    # ------------------------------------------------------------------ outputs
+    def save_snapshot(self, path=None):
+        """One snapshot whatever P: rank 0 writes the gathered model."""
+        params, m, v = self.gathered("params"), self.gathered("m"), self.gathered("v")
+        stats = {k: np.concatenate(self.comm.allgather(_backend.to_host(a)))
+                 for k, a in self.strategy.state_arrays().items()}
+        if self.rank == 0:
+            local = self.model
+            self.model = _HostModel(params, m, v, local.adam.step_count)
+            saved = self.strategy.stats
+            self.strategy.stats = stats
+            try:
+                super().save_snapshot(path)
+            finally:
+                self.model, self.strategy.stats = local, saved
+        self.comm.Barrier()
+
+    def load_snapshot(self, path, check_data=True):
+        attrs = super().load_snapshot(path, check_data)
+        full = self.model.host_arrays()
+        m, v = self.model.host_arrays("m"), self.model.host_arrays("v")
+        stats = {k: _backend.to_host(a) for k, a in self.strategy.state_arrays().items()}
+        step = self.model.adam.step_count
+        self._take_shard(full, (m, v))
+        self.model.adam.step_count = step
+        if stats:
+            lo, hi = self.offset, self.offset + len(self.model)
+            self.strategy.load_state({k: a[lo:hi] for k, a in stats.items()}, self.xp)
+        return attrs
+
+
+class _FrameInfo:
+    """What a strategy reads of a render: the projection."""
+
+    def __init__(self, projection):
+        self.projection = projection
+
+
+class _Shown:
+    """The first view of the batch, for progress PSNR."""
+
+    def __init__(self, image):
+        self.image = image
+
+
+class _HostModel:
+    """The gathered model in the shape ``Trainer.save_snapshot`` reads."""
+
+    def __init__(self, params, m, v, step):
+        self._arrays = {"params": params, "m": m, "v": v}
+        self.adam = type("A", (), {"step_count": step})()
+
+    def host_arrays(self, which="params"):
+        return self._arrays[which]
+
+    def __len__(self):
+        return len(self._arrays["params"]["means"])
+
+
+def _pixel_mask(mine, tx, ty, W, H):
+    """(H, W) bool: the pixels of the tiles marked in ``mine`` (row-major tiles)."""
+    grid = mine.reshape(ty, tx).repeat(TILE, 0).repeat(TILE, 1)
+    return grid[:H, :W]

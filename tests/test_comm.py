@@ -1,0 +1,211 @@
+"""comm/: the zero-eliding gradient encoding (CPU, CUDA simulator, PTX) and the MPI exchanges (mpiexec)."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO_ROOT, mpiexec_path, run_sim
+from comm.sparse import ROWS, decode_add, encode, scatter_add, word_counts
+
+# chunk sizes: empty, single row, not multiples of 32, exactly 32, more than one 256-row segment
+COUNTS = [0, 1, 37, 0, 32, 300, 5, 70]
+
+
+def make_rows(counts, width=12, seed=0, dyadic=False):
+    """Random rows with every pattern the encoder must handle, chunk by chunk."""
+    rng = np.random.default_rng(seed)
+    M = int(np.sum(counts))
+    if dyadic:  # small multiples of 1/8: sums are exact in any order (atomics)
+        G = rng.integers(-16, 17, (M, width)).astype(np.float32) / 8
+    else:
+        G = rng.normal(size=(M, width)).astype(np.float32)
+    G[rng.random(M) < 0.5] = 0
+    single = rng.random(M) < 0.15  # rows with one non-zero field
+    G[single] = 0
+    G[single, rng.integers(0, width, single.sum())] = 1.5
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    for d, (a, b) in enumerate(zip(starts[:-1], starts[1:])):
+        if d % 4 == 1:
+            G[a:b] = 0  # all-zero chunk
+        elif d % 4 == 2:
+            G[a:b, 0] = 0.25  # no zero row
+    if M > 3 and not dyadic:
+        G[M // 3, 2] = np.nan  # NaN rows are kept
+        G[M // 2] = -0.0  # -0.0 counts as zero
+    return G
+
+
+def reference_encode(G, counts):
+    keep = np.array([(row != 0).any() for row in G], bool).reshape(-1)
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+    words = []
+    for a, b in zip(starts[:-1], starts[1:]):
+        bits = np.zeros(32 * word_counts(b - a), bool)
+        bits[:b - a] = keep[a:b]
+        words.append(np.packbits(bits, bitorder="little").view("<u4").astype(np.uint32))
+    bitmap = np.concatenate(words) if words else np.zeros(0, np.uint32)
+    return bitmap, G[keep], np.array([keep[a:b].sum() for a, b in zip(starts[:-1], starts[1:])], np.int64)
+
+
+@pytest.mark.parametrize("counts", [COUNTS, [0, 0, 0], [1], [31, 33], [ROWS], [ROWS + 1, 2 * ROWS]])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_encode_matches_reference(counts, seed):
+    G = make_rows(counts, seed=seed)
+    bitmap, packed, kept = encode(G, counts, backend="cpu")
+    rb, rp, rk = reference_encode(G, counts)
+    assert bitmap.dtype == np.uint32 and kept.dtype == np.int64
+    assert bitmap.size == word_counts(counts).sum()
+    np.testing.assert_array_equal(bitmap, rb)
+    np.testing.assert_array_equal(kept, rk)
+    np.testing.assert_array_equal(packed, rp)  # NaNs compare equal here
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_decode_add_matches_add_at(seed):
+    rng = np.random.default_rng(seed)
+    G = make_rows(COUNTS, seed=seed)
+    route = rng.integers(0, 9, len(G)).astype(np.int32)  # many rows share an output row
+    out = rng.normal(size=(9, 12)).astype(np.float32)
+    ref = out.copy()
+    np.add.at(ref, route, G)
+    bitmap, packed, _ = encode(G, COUNTS, backend="cpu")
+    decode_add(bitmap, packed, COUNTS, route, out, backend="cpu")
+    np.testing.assert_array_equal(out, ref)
+    dense = out.copy()
+    scatter_add(G, route, dense, backend="cpu")
+    np.add.at(ref, route, G)
+    np.testing.assert_array_equal(dense, ref)
+
+
+def test_roundtrip_and_shapes():
+    G = make_rows(COUNTS, seed=3)
+    bitmap, packed, kept = encode(G, COUNTS, backend="cpu")
+    out = np.zeros_like(G)
+    decode_add(bitmap, packed, COUNTS, np.arange(len(G), dtype=np.int32), out, backend="cpu")
+    np.testing.assert_array_equal(out, np.where(G == 0, 0, G))
+    assert packed.shape == (kept.sum(), 12)
+    empty = encode(np.zeros((0, 4), np.float32), [0, 0], backend="cpu")
+    assert empty[0].size == 0 and empty[1].shape == (0, 4) and empty[2].tolist() == [0, 0]
+
+
+def test_bad_arguments_raise():
+    G = make_rows([40, 3])
+    with pytest.raises(ValueError):
+        encode(G, [40, 2], backend="cpu")
+    bitmap, packed, _ = encode(G, [40, 3], backend="cpu")
+    out = np.zeros((4, 12), np.float32)
+    route = np.zeros(43, np.int32)
+    with pytest.raises(ValueError):
+        decode_add(bitmap, packed, [70, 3], np.zeros(73, np.int32), out, backend="cpu")  # bitmap too short
+    with pytest.raises(ValueError):
+        decode_add(bitmap, packed, [40, 3], np.zeros(44, np.int32), out, backend="cpu")  # route too long
+    with pytest.raises(ValueError):
+        decode_add(bitmap, packed[:-1], [40, 3], route, out, backend="cpu")
+    with pytest.raises(ValueError):
+        decode_add(bitmap, packed, [40, 3], route, np.zeros((4, 10), np.float32), backend="cpu")
+
+
+@pytest.mark.sim
+@pytest.mark.timeout(600)
+def test_cuda_kernels_match_cpu_in_simulator():
+    run_sim(f"""
+        import sys
+        sys.path.insert(0, {str(REPO_ROOT / "tests")!r})
+        import numpy as np
+        from test_comm import make_rows
+        from comm.sparse import encode, decode_add, scatter_add
+        rng = np.random.default_rng(5)
+        for counts, dyadic in (({COUNTS!r}, False), ([0, 3, 0], True), ([], True)):
+            G = make_rows(counts, seed=7, dyadic=dyadic)
+            cpu = encode(G, counts, backend="cpu")
+            gpu = encode(G, counts, backend="cuda")
+            for a, b in zip(cpu, gpu):
+                assert a.dtype == b.dtype, (a.dtype, b.dtype)
+                np.testing.assert_array_equal(a, b)
+            if not dyadic:
+                continue
+            route = rng.integers(0, 5, len(G)).astype(np.int32)
+            base = (rng.integers(-8, 8, (5, 12)) / 4).astype(np.float32)
+            outs = [base.copy() for _ in range(4)]
+            decode_add(*cpu[:2], counts, route, outs[0], backend="cpu")
+            decode_add(*gpu[:2], counts, route, outs[1], backend="cuda")
+            scatter_add(G, route, outs[2], backend="cpu")
+            scatter_add(G, route, outs[3], backend="cuda")
+            ref = base.copy()
+            np.add.at(ref, route, G)
+            for o in outs:
+                np.testing.assert_array_equal(o, ref)
+        G = make_rows({COUNTS!r}, seed=8, dyadic=True)
+        route = rng.integers(0, 7, len(G)).astype(np.int32)
+        a, b = np.zeros((7, 12), np.float32), np.zeros((7, 12), np.float32)
+        decode_add(*encode(G, {COUNTS!r}, backend="cuda")[:2], {COUNTS!r}, route, a, backend="cuda")
+        np.add.at(b, route, G)
+        np.testing.assert_array_equal(a, b)
+        print("comm kernels ok")
+    """, timeout=600)
+
+
+@pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", reason="simulator has no compiler")
+def test_comm_kernels_compile_to_ptx(monkeypatch):
+    """The simulator catches no typing errors: compile the real kernels (needs NVVM, no GPU)."""
+    from numba import cuda as numba_cuda
+    try:
+        numba_cuda.compile_ptx(lambda a: None, "void(float32[::1])", cc=(9, 0))
+    except Exception:
+        pytest.skip("no NVVM (install numba-cuda[cu12])")
+    from types import SimpleNamespace
+
+    from numba.cuda import dispatcher
+    monkeypatch.setattr(dispatcher, "get_current_device", lambda: SimpleNamespace(compute_capability=(9, 0)))
+    from comm import sparse  # noqa: F401  (registers the kernels)
+    from numbasplat import launch
+    names = [n for n in launch.KERNELS if n.startswith("comm.")]
+    assert len(names) == 5, names
+    for name in names:
+        fn, sig = launch.KERNELS[name]
+        ptx, _ = numba_cuda.compile_ptx(fn, sig, cc=(9, 0))
+        assert ".entry" in ptx, name
+
+
+# --------------------------------------------------------------------------- MPI
+
+def _mpiexec(n, *args, timeout=60):
+    exe = mpiexec_path()
+    if exe is None:
+        pytest.skip("no mpiexec (pip install -e '.[mpi]')")
+    env = dict(os.environ, NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    env["NUMBASPLAT_BACKEND"] = "cpu"
+    return subprocess.run([exe, "-n", str(n), sys.executable, str(REPO_ROOT / "tests" / "mpi_comm_check.py"), *args],
+                          cwd=str(REPO_ROOT), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """Compile (and cache) the njit kernels once here, so the ranks load them instead of all compiling."""
+    G = make_rows([3, 40])
+    bitmap, packed, _ = encode(G, [3, 40], backend="cpu")
+    decode_add(bitmap, packed, [3, 40], np.zeros(43, np.int32), np.zeros((1, 12), np.float32), backend="cpu")
+    scatter_add(G, np.zeros(43, np.int32), np.zeros((1, 12), np.float32), backend="cpu")
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [2, 4])
+def test_mpi_exchanges(n, compiled):
+    proc = _mpiexec(n)
+    assert proc.returncode == 0, proc.stdout
+    for r in range(n):
+        assert f"rank {r} ok" in proc.stdout, proc.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_mpi_error_on_one_rank_aborts_all(compiled):
+    proc = _mpiexec(2, "--fail", timeout=60)  # a hang here (no abort) would hit the timeout
+    assert proc.returncode != 0, proc.stdout
+    assert "rank 1: RuntimeError: deliberate failure on rank 1" in proc.stdout, proc.stdout
+    assert "unreachable" not in proc.stdout
