@@ -79,7 +79,8 @@ def _train(dataset, a, cfg):
             raise SystemExit(f"error: --resume but no snapshot at {snap}")
         t.load_snapshot(snap)
         t.cfg.iterations = cfg.iterations
-        print(f"resumed from {snap} at step {t.step}")
+        if comm is None or comm.Get_rank() == 0:
+            print(f"resumed from {snap} at step {t.step}")
     try:
         t.train(progress=not getattr(a, "quiet", False) and (comm is None or comm.Get_rank() == 0))
     except KeyboardInterrupt:

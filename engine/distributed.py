@@ -80,6 +80,7 @@ class DistributedTrainer(Trainer):
             raise ValueError(f"--grad-comm must be 'sparse' or 'dense', got {grad_comm!r}")
         self.grad_comm = grad_comm
         self.exchange = Exchange(comm)
+        self.is_root = self.rank == 0
         if cfg.strategy != "default" and self.size > 1:
             raise ValueError(f"strategy {cfg.strategy!r} is not supported across ranks yet (use default)")
         super().__init__(dataset, out_dir, cfg, backend, log if self.rank == 0 else (lambda *a, **k: None))
@@ -259,6 +260,10 @@ class DistributedTrainer(Trainer):
         self._take_shard(reorder(params), (reorder(m), reorder(v)))
         self.model.adam.step_count = step
         self.strategy.stats = {}  # fresh after a refinement anyway
+
+    def log_extra(self):
+        """This rank's exchange statistics, and every rank's, gathered (per phase and per rank)."""
+        return {"rank_stats": self.comm.allgather(self.stats), "gaussians_total": self.total}
 
     def evaluate(self, views=None, save_dir=None):
         """Rank 0 evaluates the gathered model; the other ranks return None."""

@@ -8,7 +8,6 @@ fused Adam, densification.
 import json
 import math
 import os
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -150,22 +149,23 @@ class Trainer:
         until = c.iterations if until is None else min(until, c.iterations)
         if self.model is None:
             self.init_model()
-        log_path = self.out / "log.jsonl"
-        logf = open(log_path, "a")
+        logf = open(self.out / "log.jsonl", "a") if self.is_root else None
         bar = Progress(c.iterations, self.step, enabled=progress)
-        previous = signal.getsignal(signal.SIGINT)
         try:
             t0 = time.perf_counter()
             while self.step < until:
+                prev = self.step
                 loss, frame, target, events = self.train_step()
-                if self.step % c.log_every == 0 or events or self.step == c.iterations:
+                crossed = lambda every: every and prev // every != self.step // every  # noqa: E731
+                if crossed(c.log_every) or events or self.step == c.iterations:
                     p = psnr(frame.image, target)
                     rec = {"step": self.step, "loss": loss, "psnr": p, "gaussians": len(self.model),
-                           "time": self.train_seconds + time.perf_counter() - t0, **events}
-                    logf.write(json.dumps(rec) + "\n")
-                    logf.flush()
-                    bar.update(self.step, loss=loss, psnr=p, n=len(self.model))
-                if c.snapshot_every and self.step % c.snapshot_every == 0 and self.step < c.iterations:
+                           "time": self.train_seconds + time.perf_counter() - t0, **events, **self.log_extra()}
+                    if logf:
+                        logf.write(json.dumps(rec) + "\n")
+                        logf.flush()
+                    bar.update(self.step, loss=loss, psnr=p, n=rec.get("gaussians_total", len(self.model)))
+                if crossed(c.snapshot_every) and self.step < c.iterations:
                     self.train_seconds += time.perf_counter() - t0
                     t0 = time.perf_counter()
                     self.save_snapshot()
@@ -174,13 +174,21 @@ class Trainer:
             bar.close()
             self.log(f"\ninterrupted at step {self.step}: writing {self.out / SNAPSHOT}")
             self.save_snapshot()
-            logf.close()
+            if logf:
+                logf.close()
             raise
         self.train_seconds += time.perf_counter() - t0
         bar.close()
-        logf.close()
+        if logf:
+            logf.close()
         self.save_snapshot()
         return self
+
+    is_root = True  # writes the logs and outputs (rank 0 under MPI)
+
+    def log_extra(self):
+        """More fields for the JSON-lines log (the distributed trainer adds its exchange statistics)."""
+        return {}
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, views=None, save_dir=None):
