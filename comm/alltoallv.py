@@ -20,6 +20,7 @@ rows, not bytes, is the limit; past that a clear OverflowError).
 """
 import contextlib
 import sys
+import time
 import traceback
 import zlib
 
@@ -28,6 +29,7 @@ from mpi4py import MPI
 
 BYTE_LIMIT = 2**31 - 1  # MPI int counts/displacements; tests lower it to exercise the row-datatype path
 INT_MAX = 2**31 - 1
+ABORT_GRACE_S = 0.5  # fail_all: time for mpiexec to forward the message before the abort
 
 
 # --------------------------------------------------------------------------- helpers
@@ -295,12 +297,16 @@ def fail_all(comm, exc, code=1):
     in their next collective; Abort makes mpiexec end them all, non-zero.
     """
     comm = comm if comm is not None else MPI.COMM_WORLD
-    rank = comm.Get_rank()
+    line = f"rank {comm.Get_rank()}: {type(exc).__name__}: {exc}\n"
     try:
         sys.stdout.flush()
-        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        # One write, the summary first: mpiexec may stop forwarding output as soon as the abort
+        # reaches it, so give it a moment to read the pipe (seen losing the message otherwise).
+        sys.stderr.write(line + tb + line)
+        sys.stderr.flush()
+        time.sleep(ABORT_GRACE_S)
     finally:
-        print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         comm.Abort(code)
 
 

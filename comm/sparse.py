@@ -192,12 +192,17 @@ def _scatter_add_kernel(rows, route, out):
             cuda.atomic.add(out, (route[e // F], e % F), v)
 
 
-def _check_f32(*arrays, route=None):
-    if route is not None and (route.dtype != np.int32 or route.ndim != 1):
-        raise TypeError(f"CUDA path needs an int32 route, got {route.dtype} {route.shape}")
+def _check_f32(*arrays):
     for a in arrays:
         if a.dtype != np.float32 or a.ndim != 2 or not a.flags.c_contiguous:
             raise TypeError(f"CUDA path needs C-contiguous 2D float32 rows, got {a.dtype} {a.shape}")
+
+
+def _route32(route):
+    """The kernels take int32 routes; other integer routes are converted (a small device copy)."""
+    if route.ndim != 1 or route.dtype.kind not in "iu":
+        raise TypeError(f"route must be a 1D integer array, got {route.dtype} {route.shape}")
+    return route if route.dtype == np.int32 and route.flags.c_contiguous else route.astype(np.int32)
 
 
 def _encode_cuda(G, lay):
@@ -220,7 +225,8 @@ def _encode_cuda(G, lay):
 
 def _decode_add_cuda(bitmap, packed, lay, route, out):
     xp = array_module("cuda")
-    _check_f32(packed, out, route=route)
+    _check_f32(packed, out)
+    route = _route32(route)
     nseg = int(lay[0, -1])
     if nseg == 0 or packed.shape[0] == 0:
         return
@@ -331,8 +337,9 @@ def decode_add(bitmap, packed, counts, route, out, backend=None):
     """``out[route[i]] += packed row`` for every set bit i, chunk by chunk.
 
     ``counts`` are the dense row counts per source (what ``encode`` was given
-    on the senders, i.e. the dense ``recv_counts``); ``route`` (int32, one per
-    dense row) names each row's target row of ``out``.  No dense block is built.
+    on the senders, i.e. the dense ``recv_counts``); ``route`` (one integer per
+    dense row; int32 avoids a conversion on the GPU) names each row's target row
+    of ``out``.  No dense block is built.
     """
     lay = _layout(counts)
     if bitmap.shape[0] != lay[2, -1] or route.shape[0] != lay[1, -1]:
@@ -353,7 +360,8 @@ def scatter_add(rows, route, out, backend=None):
     if rows.shape[0] != route.shape[0]:
         raise ValueError(f"scatter_add: {rows.shape[0]} rows, {route.shape[0]} routes")
     if _use_cuda(out, backend):
-        _check_f32(rows, out, route=route)
+        _check_f32(rows, out)
+        route = _route32(route)
         n = rows.shape[0] * rows.shape[1]
         if n:
             _scatter_add_kernel[(n + ROWS - 1) // ROWS, ROWS](rows, route, out)
@@ -399,7 +407,10 @@ def exchange_sparse(exchange, G, counts, route_recv, out, backend=None):
 
 
 def exchange_dense(exchange, G, counts, route_recv, out, backend=None):
-    """Same result as ``exchange_sparse`` by sending every row: alltoallv of ``G``, scatter-add by route."""
+    """Same result as ``exchange_sparse`` by sending every row: alltoallv of ``G``, scatter-add by route.
+
+    Same stats keys; ``zero_fraction`` is None (not measured: it would cost a pass over ``G``).
+    """
     t0 = time.perf_counter()
     recv, recv_counts = exchange.alltoallv(G, counts)
     if route_recv.shape[0] != recv.shape[0]:

@@ -62,7 +62,7 @@ class Kernel:
     def _compile(self):
         if SIM or VIA_NUMBA:
             k = cuda.jit(self.fn) if SIM else cuda.jit(self.sig)(self.fn)
-            return lambda grid, block, args: k[grid, block](*(as_numba(a) for a in args))
+            return lambda grid, block, args, shared=0: k[grid, block, 0, shared](*(as_numba(a) for a in args))
         import cupy
         argtypes, _ = sigutils.normalize_signature(self.sig)
         cc = cupy.cuda.Device().compute_capability
@@ -78,14 +78,16 @@ class Kernel:
         func = module.get_function(entry.group(1))
         casts = [None if isinstance(t, types.Array) else _scalar(t) for t in argtypes]
 
-        def launch(grid, block, args):
+        def launch(grid, block, args, shared=0):
+            if shared > 48 * 1024 and shared > func.max_dynamic_shared_size_bytes:
+                func.max_dynamic_shared_size_bytes = shared  # opt in above the default 48 KB
             flat = []
             for cast, a in zip(casts, args):
                 if cast is None:
                     flat.extend(_array_params(a))
                 else:
                     flat.append(cast(a))
-            func(grid, block, tuple(flat))
+            func(grid, block, tuple(flat), shared_mem=shared)
             if SYNC_CHECK:
                 try:
                     cupy.cuda.runtime.deviceSynchronize()
@@ -93,17 +95,25 @@ class Kernel:
                     raise RuntimeError(f"kernel {self.fn.__name__} failed: {e}") from e
 
         launch.module = module  # keep the module loaded
+        launch.static_shared_bytes = func.shared_size_bytes
         return launch
 
-    def __getitem__(self, config):
+    def static_shared_bytes(self):
+        """Shared memory the kernel declares statically (its fixed layout), 0 in the simulator."""
         if self._launch is None:
             self._launch = self._compile()
-        grid, block = config
+        return getattr(self._launch, "static_shared_bytes", 0)
+
+    def __getitem__(self, config):
+        """``k[grid, block]`` or ``k[grid, block, dynamic_shared_bytes]``."""
+        if self._launch is None:
+            self._launch = self._compile()
+        grid, block, shared = config if len(config) == 3 else (*config, 0)
         grid = grid if isinstance(grid, tuple) else (grid,)
         block = block if isinstance(block, tuple) else (block,)
         cuda_stats.launches += 1
         launch = self._launch
-        return lambda *args: launch(grid, block, args)
+        return lambda *args: launch(grid, block, args, shared)
 
 
 def kernel(*argtypes):

@@ -132,7 +132,7 @@ def test_cuda_kernels_match_cpu_in_simulator():
             decode_add(*cpu[:2], counts, route, outs[0], backend="cpu")
             decode_add(*gpu[:2], counts, route, outs[1], backend="cuda")
             scatter_add(G, route, outs[2], backend="cpu")
-            scatter_add(G, route, outs[3], backend="cuda")
+            scatter_add(G, route.astype(np.int64), outs[3], backend="cuda")  # converted to int32
             ref = base.copy()
             np.add.at(ref, route, G)
             for o in outs:
@@ -204,8 +204,9 @@ def test_mpi_exchanges(n, compiled):
 
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
-def test_mpi_error_on_one_rank_aborts_all(compiled):
-    proc = _mpiexec(2, "--fail", timeout=60)  # a hang here (no abort) would hit the timeout
+@pytest.mark.parametrize("n", [2, 4])
+def test_mpi_error_on_one_rank_aborts_all(n, compiled):
+    proc = _mpiexec(n, "--fail", timeout=60)  # a hang here (no abort) would hit the timeout
     assert proc.returncode != 0, proc.stdout
-    assert "rank 1: RuntimeError: deliberate failure on rank 1" in proc.stdout, proc.stdout
+    assert f"rank {n - 1}: RuntimeError: deliberate failure on rank {n - 1}" in proc.stdout, proc.stdout
     assert "unreachable" not in proc.stdout
