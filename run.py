@@ -12,14 +12,15 @@ def cmd_bench(a):
     if not os.path.isfile(a.scene):
         raise SystemExit(f"error: benchmark scene not found: {a.scene} "
                          "(make one with shared/bench/scene_gen.py)")
-    bench.run(a.scene, iters=a.iters, warmup=a.warmup, sh_degree=a.sh_degree, profile=a.profile)
+    bench.run(a.scene, iters=a.iters, warmup=a.warmup, sh_degree=a.sh_degree, profile=a.profile, loss=a.loss,
+              fuse=not a.no_fuse)
 
 
 def _config(a):
     from engine.trainer import TrainConfig
     cfg = TrainConfig()
     for k in ("iterations", "strategy", "cap_max", "max_gaussians", "absgrad", "random_background", "antialias",
-              "visible_adam", "snapshot_every", "seed", "sh_degree", "densify_until"):
+              "visible_adam", "snapshot_every", "seed", "sh_degree", "densify_until", "loss"):
         v = getattr(a, k, None)
         if v is not None:
             setattr(cfg, k, v)
@@ -211,6 +212,8 @@ def main(argv=None):
     b.add_argument("--warmup", type=int, default=3)
     b.add_argument("--sh-degree", type=int, default=None)
     b.add_argument("--profile", action="store_true", help="also print the host-side Python profile")
+    b.add_argument("--loss", choices=["global", "tile"], default="global")
+    b.add_argument("--no-fuse", action="store_true", help="with --loss tile: the unfused kernels only")
     b.set_defaults(fn=cmd_bench)
     i = sub.add_parser("info", help="print the backend, GPU, MPI and versions")
     i.set_defaults(fn=cmd_info)
@@ -229,6 +232,8 @@ def main(argv=None):
     t.add_argument("--resume", action="store_true", help="continue from OUT/snapshot.h5")
     t.add_argument("--init-ply", default=None, help="start from the Gaussians of a PLY file (3DGS layout)")
     t.add_argument("--strategy", choices=["default", "mcmc"], default=None)
+    t.add_argument("--loss", choices=["global", "tile"], default=None,
+                   help="global: L1 + windowed SSIM; tile: L1 + S3IM per tile, fused on GPUs (ByteSplat)")
     t.add_argument("--cap-max", type=int, default=None, help="Gaussian cap of the mcmc strategy")
     t.add_argument("--max-gaussians", type=int, default=None, help="memory guard: stop growing at N Gaussians")
     t.add_argument("--densify-until", type=int, default=None)

@@ -33,6 +33,8 @@ class TrainConfig:
     sh_degree: int = 3
     sh_increase_every: int = 1000
     lambda_dssim: float = 0.2
+    loss: str = "global"              # global: L1 + windowed SSIM; tile: L1 + S3IM per tile (fused on GPUs)
+    s3im_repeats: int = 10
     lr_means: float = 1.6e-4          # x scene scale, decaying to lr_means_final
     lr_means_final: float = 1.6e-6
     lr_scales: float = 5e-3
@@ -123,11 +125,15 @@ class Trainer:
         bg = self.rng.random(3) if c.random_background else np.asarray(c.background, np.float64)
         degree = min(c.sh_degree, self.step // c.sh_increase_every)
         g = model.gaussians
-        frame = ns.render(g, view.camera, sh_degree=degree, background=bg, antialias=c.antialias,
-                          backend=self.backend)
         target = self.targets[i]  # random_background changes the render only, as in 3DGS
-        loss, d_img = l1_ssim_loss(frame.image, target, c.lambda_dssim, backend=self.backend)
-        _, grad = ns.render_backward(g, frame, d_img, out=model.grad_gaussians, backend=self.backend)
+        if c.loss == "tile":
+            frame, loss = self._tile_loss_step(g, view.camera, target, degree, bg)
+            grad = frame.grad
+        else:
+            frame = ns.render(g, view.camera, sh_degree=degree, background=bg, antialias=c.antialias,
+                              backend=self.backend)
+            loss, d_img = l1_ssim_loss(frame.image, target, c.lambda_dssim, backend=self.backend)
+            _, grad = ns.render_backward(g, frame, d_img, out=model.grad_gaussians, backend=self.backend)
         # render_backward wrote the gradient buffers; the strategy's regularisers add on top
         extra = self.strategy.loss_gradients(model)
         if extra:
@@ -142,6 +148,21 @@ class Trainer:
         self.step += 1
         events = self.strategy.after_optimizer(model, self.step, self.context())
         return loss, frame, target, events
+
+    def _tile_loss_step(self, g, camera, target, degree, bg):
+        """Render, tile-local loss and backward (ByteSplat's fused kernel on GPUs)."""
+        from numbasplat.rendering import rasterize_tile_loss
+        from numbasplat.tile_loss import s3im_permutations
+        c = self.cfg
+        p = ns.project(g, camera, sh_degree=degree, antialias=c.antialias, backend=self.backend)
+        b = ns.bin_tiles(p, backend=self.backend)
+        perms = self.xp.asarray(s3im_permutations(self.rng, c.s3im_repeats))
+        loss, grad, image, stats = rasterize_tile_loss(p, b, target, perms, c.lambda_dssim, bg, want_image=True,
+                                                       backend=self.backend)
+        ns.project_backward(g, p, grad, self.model.grad_gaussians, accumulate=False, backend=self.backend)
+        frame = ns.Frame(p, b, ns.Render(image, None, None, None, bg))
+        frame.grad = grad
+        return frame, loss
 
     def train(self, progress=True, until=None):
         """Train to ``cfg.iterations`` (or stop early at step ``until``) and write a snapshot."""

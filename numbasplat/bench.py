@@ -16,8 +16,10 @@ import numpy as np
 from . import _backend
 from . import cuda_stats
 from .loss import l1_ssim_loss
+from .tile_loss import s3im_permutations
 from .optim import Adam, FlatParams, column_lrs
-from .rendering import Camera, Gaussians, bin_tiles, project, project_backward, rasterize, rasterize_backward
+from .rendering import (Camera, Gaussians, bin_tiles, project, project_backward, rasterize, rasterize_backward,
+                        rasterize_tile_loss)
 
 STAGES = ("project", "bin_sort", "raster_fwd", "loss", "raster_bwd", "project_bwd", "adam")
 LR = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "sh": 2.5e-3}
@@ -57,6 +59,22 @@ class _Clock:
         return (b - a) * 1e3
 
 
+def traffic_bytes(n_isect, n_pixels, fused):
+    """(read, write) bytes of raster + loss + raster backward, from the kernels' layout.
+
+    Per intersection: its Gaussian id (4 B) and record (40 B) are read once per
+    pass.  Per pixel, unfused: forward writes colour, transmittance, depth, last
+    index (24 B); the tile loss reads colour and target (24 B) and writes dL/dC
+    (12 B); backward reads transmittance, last index, dL/dC and the zero
+    alpha/depth gradients (28 B).  Fused: the target (12 B) is read, nothing per
+    pixel is written.  Gradient atomics (~48 B per Gaussian and warp) are the
+    same in both and left out.
+    """
+    if fused:
+        return n_isect * 44 + n_pixels * 12, 0
+    return 2 * n_isect * 44 + n_pixels * (24 + 28), n_pixels * (24 + 12)
+
+
 def peak_device_bytes():
     if _backend.BACKEND != "cuda" or _backend.SIM:
         return 0
@@ -64,7 +82,8 @@ def peak_device_bytes():
     return cupy.get_default_memory_pool().total_bytes()
 
 
-def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile=False, out=print):
+def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile=False, loss="global",
+        fuse=True, out=print):
     backend = backend or _backend.BACKEND
     xp = _backend.array_module(backend)
     g_host, cam = load_scene(scene) if isinstance(scene, str) else scene
@@ -74,7 +93,8 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
     gg = grads.gaussians()
     opt = Adam(flat, backend=backend)
     lrs = column_lrs(LR, flat.sh_bases)
-    target = xp.asarray(np.random.default_rng(seed).random((cam.height, cam.width, 3), np.float32))
+    rng = np.random.default_rng(seed)
+    target = xp.asarray(rng.random((cam.height, cam.width, 3), np.float32))
     clock = _Clock(backend)
     times = {s: [] for s in STAGES + ("step", "forward")}
     launches = []
@@ -88,12 +108,17 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
         m.append(clock.mark())
         b = bin_tiles(p, backend)
         m.append(clock.mark())
-        r = rasterize(p, b, backend=backend)
-        m.append(clock.mark())
-        loss, d_img = l1_ssim_loss(r.image, target, backend=backend)
-        m.append(clock.mark())
-        rec = rasterize_backward(p, b, r, d_img, backend=backend)
-        m.append(clock.mark())
+        if loss == "tile":
+            perms = xp.asarray(s3im_permutations(rng, 10))
+            loss_value, rec, _, fstats = rasterize_tile_loss(p, b, target, perms, 0.2, fuse=fuse, backend=backend)
+            m += [clock.mark()] * 3  # raster, loss and backward are one stage (reported as raster_fwd)
+        else:
+            r = rasterize(p, b, backend=backend)
+            m.append(clock.mark())
+            loss_value, d_img = l1_ssim_loss(r.image, target, backend=backend)
+            m.append(clock.mark())
+            rec = rasterize_backward(p, b, r, d_img, backend=backend)
+            m.append(clock.mark())
         project_backward(g, p, rec, gg, accumulate=False, backend=backend)
         m.append(clock.mark())
         opt.step(grads.data, lrs)
@@ -111,11 +136,22 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
         out(buf.getvalue())
     med = {k: statistics.median(v) for k, v in times.items()}
     n = len(g_host)
-    out(f"scene: {n} Gaussians, {cam.width}x{cam.height}, backend {backend}, {iters} iterations "
-        f"(median ms), intersections {b.n_isect}, loss {loss:.4f}")
+    out(f"scene: {n} Gaussians, {cam.width}x{cam.height}, backend {backend}, loss {loss} "
+        f"{'(fused where it fits)' if loss == 'tile' and fuse else ''}, {iters} iterations (median ms), "
+        f"intersections {b.n_isect}, loss value {loss_value:.4f}")
     for s in STAGES:
-        out(f"  {s:12s} {med[s]:8.3f}")
-    out(f"  {'forward':12s} {med['forward']:8.3f}   (project + bin_sort + raster_fwd)")
+        if loss == "tile" and s in ("loss", "raster_bwd"):
+            continue
+        label = "raster+loss+bwd" if loss == "tile" and s == "raster_fwd" else s
+        out(f"  {label:15s} {med[s]:8.3f}")
+    if loss == "tile":
+        out(f"fused tiles {fstats['fused_tiles']:.3f}, Gaussians on fused tiles {fstats['fused_gaussians']:.3f} "
+            f"(budget {fstats['max_fused']} per tile)")
+        for name, fused_path in (("unfused", False), ("fused", True)):
+            rd, wr = traffic_bytes(b.n_isect, cam.width * cam.height, fused_path)
+            out(f"modelled device traffic, {name}: read {rd / 2**20:.1f} MiB, write {wr / 2**20:.1f} MiB")
+    if loss != "tile":
+        out(f"  {'forward':15s} {med['forward']:8.3f}   (project + bin_sort + raster_fwd)")
     if backend == "cuda":
         out(f"numba kernel launches per step: {statistics.median(launches):.0f}")
     peak = peak_device_bytes()

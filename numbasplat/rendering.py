@@ -282,6 +282,59 @@ def project_backward(g: Gaussians, p: Projection, grad, out: Gaussians = None, a
     return out
 
 
+def _tile_pixels(xp, tile_mask, tiles_x, tiles_y, W, H):
+    """(H, W) bool pixel mask of the tiles marked in a row-major tile mask."""
+    grid = np.asarray(tile_mask).reshape(tiles_y, tiles_x).repeat(TILE, 0).repeat(TILE, 1)
+    return xp.asarray(grid[:H, :W])
+
+
+def rasterize_tile_loss(p: Projection, b: Binning, target, perms, lam=0.2, background=None, fuse=True,
+                        max_fused=None, want_image=False, backend=None):
+    """Forward, tile-local loss (L1 + S3IM) and backward over every tile.
+
+    On the GPU, tiles whose Gaussians fit in shared memory take ByteSplat's fused
+    kernel; the others (and every tile on the CPU, or with ``fuse=False``) take
+    raster forward, ``tile_loss`` and raster backward.  Returns
+    (loss, gradient records, image or None, stats).
+    """
+    from .tile_loss import tile_loss
+    kernels, xp = _impl(backend)
+    W, H = p.camera.width, p.camera.height
+    tx, ty = p.camera.tiles
+    bg = _background(xp, background, p.proj.dtype)
+    grad = xp.zeros((p.proj.shape[0], go.GRAD_FIELDS), p.proj.dtype)
+    per_tile = _backend.to_host(b.ranges[:, 1] - b.ranges[:, 0])
+    fused = fuse and (backend or _backend.BACKEND) == "cuda"
+    limit = -1
+    image = None
+    big = np.ones(len(per_tile), bool)
+    loss = 0.0
+    if fused:
+        from . import fused as fz
+        limit = fz.budget() if max_fused is None else int(max_fused)
+        big = per_tile > limit
+        image = xp.empty((H, W, 3), np.float32)
+        partials = xp.zeros((len(per_tile), 2), np.float32)
+        fz.fused_raster_loss_backward(p.proj, b.ids, b.ranges, W, H, tx, bg, target, perms, lam, limit,
+                                      want_image or big.any(), image, grad, partials)
+        sums = _backend.to_host(partials).sum(axis=0, dtype=np.float64)  # sum |d| and sum n_w ssim_w
+        npix = 3.0 * W * H
+        loss = (1 - lam) * sums[0] / npix + lam * (1.0 - sums[1] / (perms.shape[0] * npix))
+    if big.any():
+        ranges = xp.where(xp.asarray(big)[:, None], b.ranges, 0).astype(np.int32)
+        unfused = Binning(b.ids, xp.ascontiguousarray(ranges), b.n_isect)
+        r = rasterize(p, unfused, background, backend)
+        if image is not None:
+            mask = _tile_pixels(xp, big, tx, ty, W, H)
+            r.image = xp.where(mask[..., None], r.image, image)
+        loss, d_img = tile_loss(r.image, target, perms, lam, backend=backend)
+        rasterize_backward(p, unfused, r, d_img, grad=grad, backend=backend)
+        image = r.image
+    stats = {"fused_tiles": float((~big).mean()) if len(big) else 0.0,
+             "fused_gaussians": float(per_tile[~big].sum() / max(per_tile.sum(), 1)), "max_fused": limit}
+    return float(loss), grad, (image if want_image else None), stats
+
+
 @dataclass
 class Frame:
     """Everything one forward render keeps for its backward."""

@@ -30,7 +30,8 @@ def test_all_kernels_compile_to_ptx(monkeypatch):
     from numba.cuda import dispatcher
     # device functions ask the current GPU for its compute capability; there is none here
     monkeypatch.setattr(dispatcher, "get_current_device", lambda: SimpleNamespace(compute_capability=(9, 0)))
-    from numbasplat import cuda, launch, loss  # noqa: F401  (importing registers their kernels)
+    from numbasplat import cuda, fused, launch, loss, tile_loss  # noqa: F401  (importing registers kernels)
+    from comm import sparse  # noqa: F401
     assert len(launch.KERNELS) >= 8
     for name, (fn, sig) in launch.KERNELS.items():
         ptx, _ = numba_cuda.compile_ptx(fn, sig, cc=(9, 0))

@@ -132,3 +132,11 @@ def test_cli_reports_bad_input_by_name(tmp_path):
     assert r.returncode != 0 and "missing" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("export", "--model", str(tmp_path), "--ply", str(tmp_path / "x.ply"))
     assert r.returncode != 0 and "Traceback" not in r.stderr
+
+
+def test_tile_loss_training_runs_and_learns(dataset, tmp_path):
+    t = Trainer(dataset, tmp_path, small_config(loss="tile", iterations=30), backend="cpu")
+    t.init_model()
+    before = t.evaluate()["psnr"]
+    t.train(progress=False)
+    assert t.evaluate()["psnr"] > before + 1.0

@@ -1,0 +1,153 @@
+"""ByteSplat's fused rasterization: forward, tile-local loss and backward in one kernel.
+
+One 16x16 thread block per tile loads the tile's depth-sorted Gaussians into
+shared memory once, composites front to back, computes the tile-local loss
+(L1 + S3IM, ``tile_loss``) and each pixel's dL/dcolour on chip, then runs the
+backward pass back to front from the same cached records.  Only the
+per-Gaussian gradients (and, when asked, the image) go to device memory.
+
+A tile fits when its Gaussians fit the shared-memory budget
+``B = (M_budget - M_fixed) // M_g`` (M_budget: the device's shared memory per
+block; M_fixed: the kernel's static layout; M_g: one record and its id).  The
+other tiles take the unfused path (raster forward, the same tile-local loss,
+raster backward) in the same step, so results do not depend on the path.
+"""
+import numpy as np
+from numba import cuda, float32, int32
+
+from . import _backend
+from . import gaussian_ops as go
+from .blend import blend_vjp, gaussian_alpha
+from .cuda import (ALPHA_MIN, BLOCK, F1, F2, F3, HALF, I1, I2, NF, NG, ONE, RED_ROWS, T_MIN, TILE, ZERO,
+                   _reduce_add, _tile_pixel, _tiles)
+from .launch import kernel
+from .tile_loss import TILE_LOSS_SMEM, tile_loss_grad
+
+RECORD_BYTES = 4 * NF + 4       # one cached record (float32 fields) and its Gaussian id
+
+
+@cuda.jit(device=True, inline=True)
+def _cached_alpha(rec, j, px, py):
+    b = j * NF
+    return gaussian_alpha(rec[b + go.U], rec[b + go.V], rec[b + go.CA], rec[b + go.CB], rec[b + go.CC],
+                          rec[b + go.OPAC], px, py)
+
+
+@kernel(F2, I1, I2, "int64", "int64", "int64", F1, F3, "int32[:, ::1]", "int64", "float32", "float32", "float32",
+        "int64", "boolean", F3, F2, F2)
+def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, lam, inv_l1, inv_ssim, budget,
+                  write_image, image, grad, partials):
+    tid, px, py, inside, start, end = _tile_pixel(ranges, tiles_x, W, H)
+    count = end - start
+    if count > budget:  # the unfused path takes this tile (uniform over the block)
+        return
+    rec = cuda.shared.array(0, float32)      # count * NF record fields, then count int32 ids
+    rid = cuda.shared.array(0, int32)
+    sm = cuda.shared.array(TILE_LOSS_SMEM, float32)
+    red = cuda.shared.array((NG, RED_ROWS), float32)
+    sums = cuda.shared.array((2, BLOCK), float32)
+    block_last = cuda.shared.array(1, int32)
+    for k in range(tid, count, BLOCK):
+        g = ids[start + k]
+        rid[count * NF + k] = g
+        for f in range(NF):
+            rec[k * NF + f] = proj[g, f]
+    if tid == 0:
+        block_last[0] = 0
+    cuda.syncthreads()
+    # forward, front to back
+    fx = float32(px) + HALF
+    fy = float32(py) + HALF
+    T = ONE
+    r = ZERO
+    gr = ZERO
+    b = ZERO
+    stop = 0
+    if inside:
+        for j in range(count):
+            alpha, vis, dx, dy = _cached_alpha(rec, j, fx, fy)
+            if alpha < ALPHA_MIN:
+                continue
+            nT = T * (ONE - alpha)
+            if nT <= T_MIN:
+                break
+            w = alpha * T
+            r += w * rec[j * NF + go.RED]
+            gr += w * rec[j * NF + go.GREEN]
+            b += w * rec[j * NF + go.BLUE]
+            T = nT
+            stop = j + 1
+        cuda.atomic.max(block_last, 0, stop)
+    c0 = r + T * bg[0]
+    c1 = gr + T * bg[1]
+    c2 = b + T * bg[2]
+    t0 = ZERO
+    t1 = ZERO
+    t2 = ZERO
+    if inside:
+        t0 = target[py, px, 0]
+        t1 = target[py, px, 1]
+        t2 = target[py, px, 2]
+        if write_image:
+            image[py, px, 0] = c0
+            image[py, px, 1] = c1
+            image[py, px, 2] = c2
+    # the tile-local loss and dL/dcolour, on chip
+    dc0, dc1, dc2, l1, ss = tile_loss_grad(tid, inside, c0, c1, c2, t0, t1, t2, perms, repeats, lam, inv_l1,
+                                           inv_ssim, sm)
+    sums[0, tid] = l1
+    sums[1, tid] = ss
+    cuda.syncthreads()
+    half = BLOCK // 2
+    while half > 0:
+        if tid < half:
+            sums[0, tid] += sums[0, tid + half]
+            sums[1, tid] += sums[1, tid + half]
+        cuda.syncthreads()
+        half //= 2
+    if tid == 0:
+        t = cuda.blockIdx.y * tiles_x + cuda.blockIdx.x
+        partials[t, 0] = sums[0, 0]
+        partials[t, 1] = sums[1, 0]
+    # backward, back to front from the cached records
+    s0 = T * bg[0]
+    s1 = T * bg[1]
+    s2 = T * bg[2]
+    sd = ZERO
+    for j in range(block_last[0] - 1, -1, -1):
+        valid = False
+        v0 = v1 = v2 = v3 = v4 = v5 = v6 = v7 = v8 = v9 = v10 = v11 = ZERO
+        if j < stop:
+            alpha, vis, dx, dy = _cached_alpha(rec, j, fx, fy)
+            valid = alpha >= ALPHA_MIN
+            if valid:
+                q = j * NF
+                T, s0, s1, s2, sd, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11 = blend_vjp(
+                    alpha, vis, dx, dy, rec[q + go.OPAC], rec[q + go.CA], rec[q + go.CB], rec[q + go.CC],
+                    rec[q + go.RED], rec[q + go.GREEN], rec[q + go.BLUE], rec[q + go.DEPTH],
+                    T, s0, s1, s2, sd, dc0, dc1, dc2, ZERO, ZERO)
+        _reduce_add(grad, rid[count * NF + j], tid, valid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
+
+
+def budget():
+    """Gaussians per tile that fit in shared memory beside the kernel's fixed layout."""
+    if _backend.SIM:
+        m_budget, m_fixed = 48 * 1024, 0
+    else:
+        import cupy
+        dev = cupy.cuda.Device()
+        m_budget = cupy.cuda.runtime.getDeviceProperties(dev.id)["sharedMemPerBlockOptin"]
+        m_fixed = _fused_kernel.static_shared_bytes()
+    return max(0, (m_budget - m_fixed) // RECORD_BYTES)
+
+
+def fused_raster_loss_backward(proj, ids, ranges, W, H, tiles_x, bg, target, perms, lam, max_count, write_image,
+                               image, grad, partials):
+    """Launch the fused kernel on the tiles with at most ``max_count`` Gaussians."""
+    counts = _backend.to_host(ranges[:, 1] - ranges[:, 0])
+    largest = int(counts[counts <= max_count].max()) if (counts <= max_count).any() else 0
+    repeats = perms.shape[0]
+    _fused_kernel[_tiles(W, H), (TILE, TILE), largest * RECORD_BYTES](
+        proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, np.float32(lam),
+        np.float32(1.0 / (3 * W * H)), np.float32(1.0 / (repeats * 3 * W * H)), max_count, bool(write_image),
+        image, grad, partials)

@@ -1,0 +1,61 @@
+"""The fused raster+loss+backward kernel against the unfused path and the CPU backend.
+
+Runs under the CUDA simulator in CI (tests/test_fused.py) and on a GPU
+(scripts/gpu_check.sh).  Each scene is checked with every tile fused, with a
+small budget (tiles over it take the unfused path) and with fusion off.
+"""
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numbasplat as ns  # noqa: E402
+from numbasplat._backend import array_module, to_host  # noqa: E402
+from numbasplat.rendering import rasterize_tile_loss  # noqa: E402
+from numbasplat.tile_loss import s3im_permutations  # noqa: E402
+from tests.scenes import edge_case_scene, look_at_camera  # noqa: E402
+
+
+def rel(a, b):
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))
+
+
+def run(g, cam, target, perms, backend, **kw):
+    xp = array_module(backend)
+    gg = ns.Gaussians(**{k: xp.asarray(a) for k, a in g.arrays().items()})
+    p = ns.project(gg, cam, backend=backend)
+    b = ns.bin_tiles(p, backend=backend)
+    loss, grad, image, stats = rasterize_tile_loss(p, b, xp.asarray(target), xp.asarray(perms), 0.2,
+                                                   (0.2, 0.3, 0.4), want_image=True, backend=backend, **kw)
+    params = ns.project_backward(gg, p, grad, backend=backend)
+    return loss, to_host(image), to_host(grad), {k: to_host(v) for k, v in params.arrays().items()}, stats, b
+
+
+def main(repeats=3):
+    failures = []
+    for i, (W, H) in enumerate(((37, 29), (48, 32))):
+        g = edge_case_scene(n=30, seed=20 + i, dtype=np.float32)
+        cam = look_at_camera(W=W, H=H, f=10.0)  # wide: the border tiles are empty
+        target = np.random.default_rng(i).random((H, W, 3)).astype(np.float32)
+        perms = s3im_permutations(np.random.default_rng(100 + i), repeats)
+        ref = run(g, cam, target, perms, "cpu")
+        per_tile = to_host(ref[5].ranges[:, 1] - ref[5].ranges[:, 0])
+        assert (per_tile == 0).any(), "scene has no empty tile"
+        mid = int(np.median(per_tile[per_tile > 0]))
+        for label, kw in (("all fused", {}), (f"budget {mid}", {"max_fused": mid}), ("unfused", {"fuse": False})):
+            got = run(g, cam, target, perms, "cuda", **kw)
+            errs = {"loss": abs(got[0] - ref[0]), "image": float(np.abs(got[1] - ref[1]).max()),
+                    "records": rel(got[2], ref[2]), **{"d_" + k: rel(got[3][k], ref[3][k]) for k in ref[3]}}
+            tol = {"loss": 1e-5, "image": 1e-5}
+            bad = [k for k, e in errs.items() if e > tol.get(k, 1e-4)]
+            print(f"{W}x{H} {label:12s} fused tiles {got[4]['fused_tiles']:.2f} "
+                  + " ".join(f"{k}={e:.1e}" for k, e in errs.items()) + (" FAIL" if bad else ""))
+            failures += bad
+    print("FAILED: " + ", ".join(failures) if failures else "all fused checks passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
