@@ -129,7 +129,7 @@ def cmd_demo(a):
 def _trained(a):
     """A Trainer holding the model of a training output folder (its snapshot) or of a PLY file."""
     from pathlib import Path
-    from engine.trainer import SNAPSHOT, TrainConfig, Trainer
+    from engine.trainer import SNAPSHOT, Trainer
     cfg = _config(a)
     dataset = _load(a, cfg.background)
     t = Trainer(dataset, a.out, cfg)

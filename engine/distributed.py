@@ -31,8 +31,7 @@ from numbasplat import gaussian_ops as go
 from numbasplat.loss import l1_ssim_loss
 from numbasplat.optim import GROUPS
 
-from .model import GaussianModel, init_from_points
-from .strategy import Context
+from .model import GaussianModel
 from .trainer import Trainer
 
 TILE = ns.rendering.TILE
@@ -117,8 +116,6 @@ class DistributedTrainer(Trainer):
 
     def _send_plan(self, spans, n_tiles, bounds):
         """Rows to send: for each record (b, n) with a span, every rank whose tile range meets it."""
-        xp = self.xp
-        n = len(self.model)
         rec_b, rec_n, r_lo, r_hi = [], [], [], []
         for b, span in enumerate(spans):
             span = _backend.to_host(span)

@@ -7,7 +7,6 @@ fused Adam, densification.
 """
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -119,7 +118,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ training
     def train_step(self):
-        c, xp, model = self.cfg, self.xp, self.model
+        c, model = self.cfg, self.model
         i = self.next_view()
         view = self.data.train[i]
         bg = self.rng.random(3) if c.random_background else np.asarray(c.background, np.float64)
@@ -231,7 +230,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ snapshots
     def save_snapshot(self, path=None):
-        from .snapshot import dataset_fingerprint, write_snapshot
+        from .snapshot import write_snapshot
         arrays = {f"params/{g}": a for g, a in self.model.host_arrays("params").items()}
         arrays.update({f"adam/m/{g}": a for g, a in self.model.host_arrays("m").items()})
         arrays.update({f"adam/v/{g}": a for g, a in self.model.host_arrays("v").items()})

@@ -6,8 +6,6 @@ checks.  Tiles are independent, so ``prange`` runs over tiles; the backward pass
 writes one gradient row per tile-Gaussian intersection (no races) and then sums
 them per Gaussian.
 """
-import math
-
 import numpy as np
 from numba import njit, prange
 

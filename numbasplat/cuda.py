@@ -7,16 +7,13 @@ The backward pass walks each pixel back to front and sums every Gaussian's
 gradient across the warp (shuffles) before one atomic add per warp; the CUDA
 simulator has no shuffles, so there the sum goes through shared memory.
 """
-import math
-
-import numpy as np
 from numba import cuda, float32, int32
 
 from . import gaussian_ops as go
 from . import geometry as geo
 from .blend import blend_vjp, gaussian_alpha
 from ._backend import SIM
-from .launch import KERNELS, kernel  # noqa: F401  (KERNELS: for the PTX test)
+from .launch import kernel
 from .optim import adam_body
 
 BLOCK = 256                 # threads per tile block = Gaussians per shared-memory batch

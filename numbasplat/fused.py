@@ -21,7 +21,7 @@ from .blend import blend_vjp, gaussian_alpha
 from .cuda import (ALPHA_MIN, BLOCK, F1, F2, F3, HALF, I1, I2, NF, NG, ONE, RED_ROWS, T_MIN, TILE, ZERO,
                    _reduce_add, _tile_pixel, _tiles)
 from .launch import kernel
-from .tile_loss import TILE_LOSS_SMEM, tile_loss_grad
+from .tile_loss import TILE_LOSS_SMEM, store_tile_sums, tile_loss_grad
 
 RECORD_BYTES = 4 * NF + 4       # one cached record (float32 fields) and its Gaussian id
 
@@ -95,20 +95,7 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
     # the tile-local loss and dL/dcolour, on chip
     dc0, dc1, dc2, l1, ss = tile_loss_grad(tid, inside, c0, c1, c2, t0, t1, t2, perms, repeats, lam, inv_l1,
                                            inv_ssim, sm)
-    sums[0, tid] = l1
-    sums[1, tid] = ss
-    cuda.syncthreads()
-    half = BLOCK // 2
-    while half > 0:
-        if tid < half:
-            sums[0, tid] += sums[0, tid + half]
-            sums[1, tid] += sums[1, tid + half]
-        cuda.syncthreads()
-        half //= 2
-    if tid == 0:
-        t = cuda.blockIdx.y * tiles_x + cuda.blockIdx.x
-        partials[t, 0] = sums[0, 0]
-        partials[t, 1] = sums[1, 0]
+    store_tile_sums(tid, l1, ss, sums, partials)
     # backward, back to front from the cached records
     s0 = T * bg[0]
     s1 = T * bg[1]

@@ -9,7 +9,7 @@ simulator), CuPy for ``cuda`` on a GPU.  Every function takes ``backend=None``
 meaning the process default (see ``_backend``).
 """
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 

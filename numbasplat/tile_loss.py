@@ -250,11 +250,18 @@ def _tile_loss_kernel(img, gt, perms, lam, inv_l1, inv_ssim, dimg, partials):
         dimg[py, px, 0] = d0
         dimg[py, px, 1] = d1
         dimg[py, px, 2] = d2
+    store_tile_sums(tid, l1, ss, red, partials)
+
+
+@cuda.jit(device=True)
+def store_tile_sums(tid, l1, ss, red, partials):
+    """Block sums of the threads' (L1, SSIM) contributions into partials[tile]
+    (a shared-memory tree: no warp shuffles, so the simulator runs it too)."""
     red[0, tid] = l1
     red[1, tid] = ss
     cuda.syncthreads()
     step = NT // 2
-    while step > 0:                                        # shared-memory tree reduction
+    while step > 0:
         if tid < step:
             red[0, tid] += red[0, tid + step]
             red[1, tid] += red[1, tid + step]

@@ -8,8 +8,6 @@ import re
 
 import pytest
 
-from conftest import REPO_ROOT
-
 
 def _ptx_available():
     try:
