@@ -34,7 +34,10 @@ with abort_on_error(comm):
     ds = make_dataset(size=32, n_views=12, backend="cpu")
     cfg = TrainConfig(iterations=32, sh_degree=1, sh_increase_every=8, n_random_init=300, snapshot_every=0,
                       log_every=4, background=(1.0, 1.0, 1.0))
-    t = DistributedTrainer(ds, out, cfg, comm, batch_size=4, grad_comm=grad_comm, backend="cpu")
+    backend = "cuda" if "cuda" in sys.argv else "cpu"  # cuda: the simulator in CI
+    if "small" in sys.argv:  # two batches of 100 Gaussians: what the simulator can afford
+        cfg.iterations, cfg.n_random_init = 8, 100
+    t = DistributedTrainer(ds, out, cfg, comm, batch_size=4, grad_comm=grad_comm, backend=backend)
     s = t.strategy
     s.refine_start, s.refine_every, s.reset_every, s.grad_threshold = 4, 8, 24, 1e-5
     if "no-densify" in sys.argv:

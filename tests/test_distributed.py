@@ -11,10 +11,16 @@ from conftest import REPO_ROOT, mpiexec_path
 SCRIPT = REPO_ROOT / "tests" / "mpi_train_check.py"
 
 
-def launch(n, out, grad_comm="sparse"):
+def launch(n, out, grad_comm="sparse", *flags, sim=False):
     env = dict(os.environ, NUMBASPLAT_BACKEND="cpu", NUMBA_NUM_THREADS="1")
-    r = subprocess.run([mpiexec_path(), "-n", str(n), sys.executable, str(SCRIPT), str(out), grad_comm],
-                       capture_output=True, text=True, timeout=600, env=env, cwd=REPO_ROOT)
+    cmd = [sys.executable, str(SCRIPT), str(out), grad_comm, *flags]
+    if sim:  # the CUDA kernels under the simulator, with its polling patch
+        env.update(NUMBA_ENABLE_CUDASIM="1", NUMBASPLAT_BACKEND="cuda",
+                   PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")]))
+        cmd = [sys.executable, "-c", "import _simpatch, runpy, sys; _simpatch.apply(); sys.argv = sys.argv[1:]; "
+               "runpy.run_path(sys.argv[0], run_name='__main__')", *cmd[1:]]
+    r = subprocess.run([mpiexec_path(), "-n", str(n), *cmd], capture_output=True, text=True, timeout=900, env=env,
+                       cwd=REPO_ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     return dict(np.load(out / "final.npz")), r.stdout
 
@@ -30,3 +36,15 @@ def test_two_and_four_ranks_match_one(tmp_path):
             assert got[g].shape == a.shape, (n, comm, g, log)
             err = np.linalg.norm(got[g] - a) / np.linalg.norm(a)
             assert err <= 1e-5, (n, comm, g, err)
+
+
+@pytest.mark.mpi
+@pytest.mark.sim
+@pytest.mark.timeout(1200)
+def test_cuda_kernels_in_the_distributed_pipeline(tmp_path):
+    """Two ranks with the CUDA backend (simulator) against two CPU ranks."""
+    ref, _ = launch(2, tmp_path / "cpu", "sparse", "small", "no-densify")
+    got, log = launch(2, tmp_path / "sim", "sparse", "small", "no-densify", "cuda", sim=True)
+    for g, a in ref.items():
+        err = np.linalg.norm(got[g] - a) / np.linalg.norm(a)
+        assert err <= 1e-4, (g, err, log)
