@@ -120,7 +120,6 @@ def cmd_demo(a):
     dataset = make_dataset()
     cfg = TrainConfig(iterations=a.iterations or 2000, sh_degree=1, sh_increase_every=500, n_random_init=3000,
                       background=(1.0, 1.0, 1.0), snapshot_every=0, log_every=50)
-    cfg.extra["demo"] = True
     a.out = a.out or tempfile.mkdtemp(prefix="numbasplat-demo-")
     t = _train(dataset, a, cfg)
     _report(t.evaluate(), a.out)

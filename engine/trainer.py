@@ -9,7 +9,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +54,6 @@ class TrainConfig:
     log_every: int = 100
     seed: int = 0
     n_random_init: int = 100_000
-    extra: dict = field(default_factory=dict)
 
 
 class Trainer:
@@ -73,7 +72,6 @@ class Trainer:
         self.targets = [self.xp.asarray(v.image) for v in dataset.train]
         self.order = []
         self.model = None
-        self._interrupted = False
 
     # ------------------------------------------------------------------ setup
     def _make_strategy(self):
