@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Copy the test captures into .data/ (git-ignored) so a device run can carry them
+# (lego and fern images_8: about 24 MB of the 64 MiB a run may carry).
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+src=${1:-../shared/data}
+mkdir -p .data/fern
+cp -r "$src/lego" .data/
+cp -r "$src/fern/images_8" "$src/fern/sparse" .data/fern/
+cp "$src/../bench/scene_gen.py" .data/ 2>/dev/null || true
+du -sh .data
