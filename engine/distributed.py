@@ -105,10 +105,13 @@ class DistributedTrainer(Trainer):
     def _counts(self):
         return np.array(self.comm.allgather(len(self.model)), np.int64)
 
-    def gathered(self, which="params"):
-        """The whole model's host arrays, on every rank."""
+    def gathered(self, which="params", root_only=False):
+        """The whole model's host arrays on every rank (on rank 0 only, None elsewhere, with ``root_only``)."""
         local = self.model.host_arrays(which)
-        return {g: np.concatenate(self.comm.allgather(a)) for g, a in local.items()}
+        if not root_only:
+            return {g: np.concatenate(self.comm.allgather(a)) for g, a in local.items()}
+        parts = {g: self.comm.gather(a, root=0) for g, a in local.items()}
+        return {g: np.concatenate(p) for g, p in parts.items()} if self.rank == 0 else None
 
     # ------------------------------------------------------------------ one step
     def _batch(self):
@@ -243,19 +246,37 @@ class DistributedTrainer(Trainer):
         then every rank's clones, then every rank's split children; then even shards.
 
         The global order decides the random draws of later splits and breaks depth
-        ties, so this keeps P ranks equal to one.  (It gathers the model on every
-        rank: simple, and refinement is rare; an all-to-all of the moved rows is the
-        scalable version.)"""
+        ties, so this keeps P ranks equal to one; evening the shards out also
+        rebalances the owners.  Rows move by one all-to-all (parameters and both
+        Adam moments together) and are put in order where they land."""
         n_new = events["cloned"] + 2 * events["split"]
         parts = np.array(self.comm.allgather((len(self.model) - n_new, events["cloned"], 2 * events["split"])))
-        starts = np.concatenate([[0], np.cumsum(parts.sum(1))[:-1]])
-        order = np.concatenate([np.arange(s + parts[r, :k].sum(), s + parts[r, :k + 1].sum())
-                                for k in range(3) for r, s in enumerate(starts)]).astype(np.int64)
-        params, m, v = (self.gathered(w) for w in ("params", "m", "v"))
-        reorder = lambda d: {g: a[order] for g, a in d.items()}  # noqa: E731
+        before = np.cumsum(parts, axis=0) - parts            # each segment's rows on lower ranks
+        seg_start = np.concatenate([[0], np.cumsum(parts.sum(0))[:-1]])
+        kind = np.repeat(np.arange(3), parts[self.rank])    # 0 kept, 1 clone, 2 child, per local row
+        within = np.arange(len(kind)) - np.concatenate([[0], np.cumsum(parts[self.rank])[:-1]])[kind]
+        new_index = seg_start[kind] + before[self.rank, kind] + within
+        total = int(parts.sum())
+        bounds = even_bounds(total, self.size)
+        dest = np.searchsorted(bounds, new_index, side="right") - 1
+        order = np.argsort(dest, kind="stable")
+        counts = np.bincount(dest, minlength=self.size).astype(np.int64)
+        send = {w: {g: a[order] for g, a in self.model.host_arrays(w).items()} for w in ("params", "m", "v")}
+        recv_index, _ = self.exchange.alltoallv(new_index[order], counts)
+        place = np.argsort(recv_index, kind="stable")
+        moved = {}
+        for w, groups in send.items():
+            moved[w] = {}
+            for g, a in groups.items():
+                got, _ = self.exchange.alltoallv(a.reshape(len(a), -1), counts)
+                moved[w][g] = got[place].reshape((-1,) + a.shape[1:])
         step = self.model.adam.step_count
-        self._take_shard(reorder(params), (reorder(m), reorder(v)))
+        self.model = GaussianModel(moved["params"], self.backend, 0.9 ** self.batch, 0.999 ** self.batch)
+        for g in GROUPS:
+            self.model.group(g, "m")[...] = self.xp.asarray(moved["m"][g])
+            self.model.group(g, "v")[...] = self.xp.asarray(moved["v"][g])
         self.model.adam.step_count = step
+        self.offset, self.total = int(bounds[self.rank]), total
         self.strategy.stats = {}  # fresh after a refinement anyway
 
     def log_extra(self):
@@ -264,7 +285,7 @@ class DistributedTrainer(Trainer):
 
     def evaluate(self, views=None, save_dir=None):
         """Rank 0 evaluates the gathered model; the other ranks return None."""
-        params = self.gathered("params")
+        params = self.gathered("params", root_only=True)
         if self.rank != 0:
             return None
         local, self.model = self.model, GaussianModel(params, self.backend)
@@ -276,10 +297,10 @@ class DistributedTrainer(Trainer):
     # ------------------------------------------------------------------ outputs
     def save_snapshot(self, path=None):
         """One snapshot whatever P: rank 0 writes the gathered model."""
-        params, m, v = self.gathered("params"), self.gathered("m"), self.gathered("v")
-        stats = {k: np.concatenate(self.comm.allgather(_backend.to_host(a)))
-                 for k, a in self.strategy.state_arrays().items()}
+        params, m, v = (self.gathered(w, root_only=True) for w in ("params", "m", "v"))
+        stats = {k: self.comm.gather(_backend.to_host(a), root=0) for k, a in self.strategy.state_arrays().items()}
         if self.rank == 0:
+            stats = {k: np.concatenate(parts) for k, parts in stats.items()}
             local = self.model
             self.model = _HostModel(params, m, v, local.adam.step_count)
             saved = self.strategy.stats
