@@ -123,7 +123,8 @@ def budget():
     else:
         import cupy
         dev = cupy.cuda.Device()
-        m_budget = cupy.cuda.runtime.getDeviceProperties(dev.id)["sharedMemPerBlockOptin"]
+        props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+        m_budget = props.get("sharedMemPerBlockOptin", props["sharedMemPerBlock"])
         m_fixed = _fused_kernel.static_shared_bytes()
     return max(0, (m_budget - m_fixed) // RECORD_BYTES)
 
