@@ -298,9 +298,12 @@ def fail_all(comm, exc, code=1):
     """
     comm = comm if comm is not None else MPI.COMM_WORLD
     line = f"rank {comm.Get_rank()}: {type(exc).__name__}: {exc}\n"
+    if isinstance(exc, SystemExit):  # a deliberate exit with a message: no traceback
+        line = f"rank {comm.Get_rank()}: {exc}\n"
     try:
         sys.stdout.flush()
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        tb = "" if isinstance(exc, SystemExit) else "".join(
+            traceback.format_exception(type(exc), exc, exc.__traceback__))
         # One write, the summary first: mpiexec may stop forwarding output as soon as the abort
         # reaches it, so give it a moment to read the pipe (seen losing the message otherwise).
         sys.stderr.write(line + tb + line)
