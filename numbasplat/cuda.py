@@ -4,8 +4,10 @@ Per-Gaussian kernels run the bodies of ``gaussian_ops`` one thread per
 Gaussian.  The raster kernels run one 16x16 thread block per tile and stream
 the tile's depth-sorted Gaussians through shared memory in batches of 256.
 The backward pass walks each pixel back to front and sums every Gaussian's
-gradient across the warp (shuffles) before one atomic add per warp; the CUDA
-simulator has no shuffles, so there the sum goes through shared memory.
+gradient across the warp (a transpose reduction by shuffles) before one atomic
+instruction per warp; the CUDA simulator has no shuffles, so there the sum
+goes through shared memory.  The per-pixel math is ``blend``'s, shared with
+the CPU backend.
 """
 from numba import cuda, float32, int32
 
@@ -40,8 +42,6 @@ F3 = "float32[:, :, ::1]"
 I1 = "int32[::1]"
 I2 = "int32[:, ::1]"
 U1 = "uint32[::1]"
-
-
 
 
 def _grid(n):
