@@ -20,7 +20,7 @@ def _config(a):
     from engine.trainer import TrainConfig
     cfg = TrainConfig()
     for k in ("iterations", "strategy", "cap_max", "max_gaussians", "absgrad", "random_background", "antialias",
-              "visible_adam", "snapshot_every", "seed", "sh_degree", "densify_until", "loss"):
+              "visible_adam", "snapshot_every", "seed", "sh_degree", "densify_until", "loss", "n_random_init"):
         v = getattr(a, k, None)
         if v is not None:
             setattr(cfg, k, v)
@@ -230,6 +230,8 @@ def main(argv=None):
     t.add_argument("--eval", action="store_true", help="evaluate on the test split and save renders")
     t.add_argument("--resume", action="store_true", help="continue from OUT/snapshot.h5")
     t.add_argument("--init-ply", default=None, help="start from the Gaussians of a PLY file (3DGS layout)")
+    t.add_argument("--init-points", dest="n_random_init", type=int, default=None,
+                   help="random points to start from when the capture has no SfM points (default 100000)")
     t.add_argument("--strategy", choices=["default", "mcmc"], default=None)
     t.add_argument("--loss", choices=["global", "tile"], default=None,
                    help="global: L1 + windowed SSIM; tile: L1 + S3IM per tile, fused on GPUs (ByteSplat)")

@@ -7,6 +7,7 @@ new ones (whose Adam state starts at zero, as in the reference 3DGS code).
 import math
 
 import numpy as np
+from numba import njit, prange
 
 from numbasplat import _backend
 from numbasplat.optim import GROUPS, Adam, FlatParams
@@ -18,19 +19,63 @@ def inverse_sigmoid(p):
 
 
 def knn_mean_distance(points, k=3):
-    """Mean distance to the k nearest neighbours (3DGS's scale initialisation), in chunks."""
-    pts = np.asarray(points, np.float64)
+    """Mean distance to the k nearest neighbours (3DGS's scale initialisation).
+
+    Exact, on a uniform grid of about 8 points per cell: each point scans
+    growing shells of cells until its k-th distance is within the shell."""
+    pts = np.ascontiguousarray(points, np.float64)
     n = len(pts)
-    if n <= 1:
+    if n <= k:
         return np.ones(n)
-    k = min(k, n - 1)
+    lo = pts.min(0)
+    extent = np.maximum(pts.max(0) - lo, 1e-9)
+    h = max(float(np.prod(extent) * 8.0 / n) ** (1.0 / 3.0), float(extent.max()) / 1024.0)
+    dims = np.minimum(np.floor(extent / h).astype(np.int64) + 1, 2**20)
+    cell = np.minimum(((pts - lo) / h).astype(np.int64), dims - 1)
+    key = (cell[:, 0] * dims[1] + cell[:, 1]) * dims[2] + cell[:, 2]
+    order = np.argsort(key, kind="stable")
+    keys, starts = np.unique(key[order], return_index=True)
+    ends = np.append(starts[1:], n)
+    return _grid_knn(pts, cell, dims, h, order, keys, starts, ends, k)
+
+
+@njit(parallel=True, cache=True)
+def _grid_knn(pts, cell, dims, h, order, keys, starts, ends, k):
+    n = pts.shape[0]
     out = np.empty(n)
-    sq = (pts ** 2).sum(1)
-    for s in range(0, n, 2048):
-        d2 = sq[s:s + 2048, None] + sq[None, :] - 2.0 * pts[s:s + 2048] @ pts.T
-        d2[np.arange(min(2048, n - s)), np.arange(s, min(s + 2048, n))] = np.inf
-        part = np.partition(d2, k - 1, axis=1)[:, :k]
-        out[s:s + 2048] = np.sqrt(np.maximum(part, 1e-14)).mean(1)
+    for i in prange(n):
+        best = np.full(k, np.inf)
+        r = 0
+        while True:
+            for dx in range(-r, r + 1):
+                for dy in range(-r, r + 1):
+                    for dz in range(-r, r + 1):
+                        if max(abs(dx), abs(dy), abs(dz)) != r:
+                            continue  # only the new shell
+                        cx, cy, cz = cell[i, 0] + dx, cell[i, 1] + dy, cell[i, 2] + dz
+                        if cx < 0 or cy < 0 or cz < 0 or cx >= dims[0] or cy >= dims[1] or cz >= dims[2]:
+                            continue
+                        kk = (cx * dims[1] + cy) * dims[2] + cz
+                        j = np.searchsorted(keys, kk)
+                        if j >= keys.shape[0] or keys[j] != kk:
+                            continue
+                        for q in range(starts[j], ends[j]):
+                            o = order[q]
+                            if o == i:
+                                continue
+                            d = ((pts[o, 0] - pts[i, 0]) ** 2 + (pts[o, 1] - pts[i, 1]) ** 2
+                                 + (pts[o, 2] - pts[i, 2]) ** 2)
+                            if d < best[k - 1]:
+                                m = k - 1
+                                while m > 0 and best[m - 1] > d:
+                                    best[m] = best[m - 1]
+                                    m -= 1
+                                best[m] = d
+            # anything beyond this shell is at least r * h away
+            if best[k - 1] <= (r * h) ** 2 or r > dims.max():
+                break
+            r += 1
+        out[i] = np.sqrt(np.maximum(best, 1e-14)).mean()
     return out
 
 
@@ -44,7 +89,7 @@ def init_from_points(points, colors, sh_degree=3, opacity=0.1, rng=None, n_rando
         points = rng.uniform(lo, hi, (n_random, 3))
         colors = rng.uniform(0, 1, (n_random, 3))
     n = len(points)
-    dist = knn_mean_distance(points) if n <= 200_000 else np.full(n, np.median(knn_mean_distance(points[:50_000])))
+    dist = knn_mean_distance(points)
     sh = np.zeros((n, (sh_degree + 1) ** 2, 3), np.float32)
     sh[:, 0] = (colors - 0.5) / C0
     quats = np.zeros((n, 4), np.float32)

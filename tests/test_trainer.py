@@ -140,3 +140,37 @@ def test_tile_loss_training_runs_and_learns(dataset, tmp_path):
     before = t.evaluate()["psnr"]
     t.train(progress=False)
     assert t.evaluate()["psnr"] > before + 1.0
+
+
+def write_blender_capture(folder, dataset):
+    """The demo views as a Blender/NeRF capture on disk (OpenGL camera-to-world)."""
+    from PIL import Image
+    for split, views in (("train", dataset.train), ("test", dataset.test)):
+        frames = []
+        (folder / split).mkdir(parents=True)
+        for v in views:
+            name = f"{split}/{v.name[:-4]}"
+            Image.fromarray((v.image * 255 + 0.5).astype(np.uint8)).save(folder / f"{name}.png")
+            c2w = np.linalg.inv(v.camera.viewmat)
+            c2w[:3, 1:3] *= -1
+            frames.append({"file_path": f"./{name}", "transform_matrix": c2w.tolist()})
+        fov = 2 * np.arctan(0.5 * views[0].camera.width / views[0].camera.fx)
+        (folder / f"transforms_{split}.json").write_text(json.dumps({"camera_angle_x": fov, "frames": frames}))
+
+
+def test_cli_train_export_and_evaluate_a_ply(dataset, tmp_path):
+    cap = tmp_path / "capture"
+    write_blender_capture(cap, dataset)
+    out = tmp_path / "out"
+    r = run_cli("train", "--data", str(cap), "--white-background", "--out", str(out), "--iters", "40", "--quiet",
+                "--sh-degree", "1", "--init-points", "500", "--eval")
+    assert r.returncode == 0, r.stderr
+    trained = json.loads((out / "metrics.json").read_text())
+    assert len(list((out / "test_renders").glob("*.png"))) == len(dataset.test)
+    r = run_cli("export", "--model", str(out), "--ply", str(out / "scene.ply"))
+    assert r.returncode == 0, r.stderr
+    r = run_cli("eval", "--data", str(cap), "--white-background", "--model", str(out / "scene.ply"),
+                "--out", str(tmp_path / "eval"))
+    assert r.returncode == 0, r.stderr
+    again = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert abs(again["psnr"] - trained["psnr"]) < 1e-3 and again["gaussians"] == trained["gaussians"]

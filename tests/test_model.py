@@ -1,0 +1,31 @@
+"""Model initialisation: the grid k-nearest-neighbour distances are exact."""
+import numpy as np
+import pytest
+
+from engine.model import init_from_points, knn_mean_distance
+
+
+def brute_force(pts, k=3):
+    d2 = ((pts[:, None] - pts[None]) ** 2).sum(-1)
+    np.fill_diagonal(d2, np.inf)
+    return np.sqrt(np.maximum(np.sort(d2, 1)[:, :k], 1e-14)).mean(1)
+
+
+@pytest.mark.parametrize("kind", ["normal", "flat", "duplicates", "clustered"])
+def test_knn_matches_brute_force(kind):
+    rng = np.random.default_rng(1)
+    pts = {"normal": rng.normal(size=(1500, 3)),
+           "flat": rng.uniform(size=(1200, 3)) * [10.0, 1.0, 1e-4],
+           "duplicates": np.repeat(rng.normal(size=(200, 3)), 3, 0),
+           "clustered": np.concatenate([rng.normal(0, 0.01, (600, 3)), rng.normal(50, 5, (40, 3))])}[kind]
+    np.testing.assert_allclose(knn_mean_distance(pts), brute_force(pts), rtol=1e-12, atol=1e-12)
+
+
+def test_init_uses_points_or_a_random_box():
+    a = init_from_points(np.zeros((0, 3)), np.zeros((0, 3)), 3, rng=np.random.default_rng(0), n_random=500,
+                         box=(np.zeros(3), np.ones(3)))
+    assert a["means"].shape == (500, 3) and a["sh"].shape == (500, 16, 3)
+    assert (a["means"] >= 0).all() and (a["means"] <= 1).all()
+    np.testing.assert_allclose(1 / (1 + np.exp(-a["opacities"])), 0.1, rtol=1e-6)
+    b = init_from_points(np.eye(3) * 2, np.full((3, 3), 0.75), 0)
+    np.testing.assert_allclose(b["sh"][:, 0] * 0.28209479177387814 + 0.5, 0.75, rtol=1e-6)
