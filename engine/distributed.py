@@ -82,6 +82,8 @@ class DistributedTrainer(Trainer):
         self.is_root = self.rank == 0
         if cfg.strategy != "default" and self.size > 1:
             raise ValueError(f"strategy {cfg.strategy!r} is not supported across ranks yet (use default)")
+        if cfg.loss != "global":
+            raise ValueError(f"--loss {cfg.loss} is not supported across ranks yet (use --loss global)")
         super().__init__(dataset, out_dir, cfg, backend, log if self.rank == 0 else (lambda *a, **k: None))
         self.tile_cost = None
         self.stats = {}
@@ -281,7 +283,7 @@ class DistributedTrainer(Trainer):
 
     def log_extra(self):
         """This rank's exchange statistics, and every rank's, gathered (per phase and per rank)."""
-        return {"rank_stats": self.comm.allgather(self.stats), "gaussians_total": self.total}
+        return {**super().log_extra(), "rank_stats": self.comm.allgather(self.stats), "gaussians_total": self.total}
 
     def evaluate(self, views=None, save_dir=None):
         """Rank 0 evaluates the gathered model; the other ranks return None."""

@@ -157,6 +157,7 @@ class Trainer:
         loss, grad, image, stats = rasterize_tile_loss(p, b, target, perms, c.lambda_dssim, bg, want_image=True,
                                                        backend=self.backend)
         ns.project_backward(g, p, grad, self.model.grad_gaussians, accumulate=False, backend=self.backend)
+        self.tile_stats = stats  # fused tiles and Gaussians on fused tiles, for the log
         frame = ns.Frame(p, b, ns.Render(image, None, None, None, bg))
         frame.grad = grad
         return frame, loss
@@ -205,8 +206,9 @@ class Trainer:
     is_root = True  # writes the logs and outputs (rank 0 under MPI)
 
     def log_extra(self):
-        """More fields for the JSON-lines log (the distributed trainer adds its exchange statistics)."""
-        return {}
+        """More fields for the JSON-lines log: the fused-tile fractions with ``--loss tile``
+        (the distributed trainer adds its exchange statistics)."""
+        return dict(getattr(self, "tile_stats", {}))
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, views=None, save_dir=None):
