@@ -98,7 +98,12 @@ def cmd_train(a):
         return _cmd_train(a)
     from comm import abort_on_error
     with abort_on_error(comm):  # one rank failing stops them all, with its message
-        return _cmd_train(a)
+        try:
+            return _cmd_train(a)
+        except (ValueError, OSError) as e:  # bad input: the message, not a traceback
+            if os.environ.get("NUMBASPLAT_DEBUG"):
+                raise
+            raise SystemExit(f"error: {e}")
 
 
 def _cmd_train(a):
