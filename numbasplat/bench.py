@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from . import _backend
-from . import cuda_stats
+from . import launch
 from .loss import l1_ssim_loss
 from .tile_loss import s3im_permutations
 from .optim import Adam, FlatParams, column_lrs
@@ -102,7 +102,7 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
     for it in range(warmup + iters):
         if prof and it == warmup:
             prof.enable()
-        n0 = cuda_stats.launches
+        n0 = launch.launches
         m = [clock.mark()]
         p = project(g, cam, sh_degree, backend=backend, check=False)
         m.append(clock.mark())
@@ -128,7 +128,7 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
                 times[s].append(clock.elapsed_ms(a, c))
             times["step"].append(clock.elapsed_ms(m[0], m[-1]))
             times["forward"].append(clock.elapsed_ms(m[0], m[3]))
-            launches.append(cuda_stats.launches - n0)
+            launches.append(launch.launches - n0)
     if prof:
         prof.disable()
         buf = io.StringIO()
