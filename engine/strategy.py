@@ -20,6 +20,10 @@ from numbasplat.geometry import ALPHA_MIN
 from .model import inverse_sigmoid
 
 
+def _sigmoid(xp, x):
+    return 1.0 / (1.0 + xp.exp(-x))
+
+
 def _quat_rotate(xp, q, v):
     """Rotate vectors v (N,3) by unnormalised wxyz quaternions q (N,4)."""
     q = q / xp.linalg.norm(q, axis=1, keepdims=True)
@@ -133,7 +137,7 @@ class DefaultStrategy:
         n = len(model)
         grads = self.stats["grad"] / xp.maximum(self.stats["count"], 1)
         scale_max = xp.exp(g.scales.max(axis=1))
-        opacity = 1.0 / (1.0 + xp.exp(-g.opacities))
+        opacity = _sigmoid(xp, g.opacities)
         prune = opacity < self.prune_opacity
         if step > self.reset_every:
             prune |= self.stats["max_radius"] > self.max_screen_size
@@ -199,7 +203,7 @@ class MCMCStrategy:
         xp = model.xp
         g = model.gaussians
         n = max(len(model), 1)
-        s = 1.0 / (1.0 + xp.exp(-g.opacities))
+        s = _sigmoid(xp, g.opacities)
         return {"opacities": (self.opacity_reg / n) * s * (1.0 - s),
                 "scales": (self.scale_reg / (3 * n)) * xp.exp(g.scales)}
 
@@ -219,7 +223,7 @@ class MCMCStrategy:
     def _sample(self, model, count, ctx, candidates):
         """``count`` indices drawn from ``candidates`` with probability proportional to opacity."""
         g = model.gaussians
-        p = to_host(1.0 / (1.0 + model.xp.exp(-g.opacities[candidates]))).astype(np.float64)
+        p = to_host(_sigmoid(model.xp, g.opacities[candidates])).astype(np.float64)
         return model.xp.asarray(to_host(candidates)[ctx.rng.choice(len(p), size=count, p=p / p.sum())])
 
     def _clone_from(self, model, src, ctx):
@@ -229,7 +233,7 @@ class MCMCStrategy:
         uniq, counts = np.unique(to_host(src), return_counts=True)
         uniq = xp.asarray(uniq)
         ratio = xp.asarray(counts + 1).astype(np.float32)
-        opacity = 1.0 / (1.0 + xp.exp(-g.opacities[uniq]))
+        opacity = _sigmoid(xp, g.opacities[uniq])
         o_new, s_new = self._relocation(xp, opacity, g.scales[uniq], ratio)
         o_new = xp.clip(o_new, ALPHA_MIN, 1.0 - 1e-6)
         g.opacities[uniq] = xp.log(o_new / (1.0 - o_new))
@@ -244,7 +248,7 @@ class MCMCStrategy:
         done = {}
         if self.refine_start < step < self.refine_stop and ctx.crossed(step, self.refine_every):
             g = model.gaussians
-            opacity = 1.0 / (1.0 + xp.exp(-g.opacities))
+            opacity = _sigmoid(xp, g.opacities)
             dead = xp.flatnonzero(opacity <= self.min_opacity)
             alive = xp.flatnonzero(opacity > self.min_opacity)
             if len(dead) and len(alive):
@@ -260,7 +264,7 @@ class MCMCStrategy:
             target = growth_allowed(n, min(self.cap_max, int(n * (1 + self.growth))) - n,
                                     Context(ctx.scene_scale, ctx.rng, self.cap_max, ctx.free_bytes))
             if target > 0:
-                alive = xp.flatnonzero(1.0 / (1.0 + xp.exp(-model.gaussians.opacities)) > self.min_opacity)
+                alive = xp.flatnonzero(_sigmoid(xp, model.gaussians.opacities) > self.min_opacity)
                 if len(alive):
                     src = self._sample(model, target, ctx, alive)
                     rows = self._clone_from(model, src, ctx)
@@ -273,7 +277,7 @@ class MCMCStrategy:
         """Opacity-gated Gaussian noise on the means, shaped by each covariance (SGLD step)."""
         xp = model.xp
         g = model.gaussians
-        opacity = 1.0 / (1.0 + xp.exp(-g.opacities))
+        opacity = _sigmoid(xp, g.opacities)
         gate = 1.0 / (1.0 + xp.exp(100.0 * (opacity - self.min_opacity)))
         eps = xp.asarray(ctx.rng.standard_normal((len(model), 3)).astype(np.float32))
         sigma2 = xp.exp(2.0 * g.scales)
