@@ -86,6 +86,8 @@ def _train(dataset, a, cfg):
         t.train(progress=not getattr(a, "quiet", False) and (comm is None or comm.Get_rank() == 0))
     except KeyboardInterrupt:
         raise SystemExit(130)
+    except FloatingPointError as e:
+        raise SystemExit(f"error: {e}")
     except MemoryError as e:
         raise SystemExit(f"error: out of memory ({e}); try --max-gaussians N, a smaller --images folder "
                          "(e.g. images_4), or --densify-until with an earlier step")

@@ -49,6 +49,7 @@ class Dataset:
     scene_scale: float = 1.0
     source: str = ""
     fmt: str = ""
+    init_box: tuple = None   # (lo, hi) for random initial points when there are none; None: around the cameras
 
     @property
     def views(self):
@@ -127,7 +128,7 @@ def make_camera(name, viewmat, fx, fy, cx, cy, width, height):
         raise DataError(f"image {name}: {exc}") from None
 
 
-def finish(views_train, views_test, points, colors, source, fmt):
+def finish(views_train, views_test, points, colors, source, fmt, init_box=None):
     cams = [v.camera for v in views_train] or [v.camera for v in views_test]
     points = np.ascontiguousarray(np.asarray(points, np.float32).reshape(-1, 3))
     colors = np.ascontiguousarray(np.clip(np.asarray(colors, np.float32).reshape(-1, 3), 0.0, 1.0))
@@ -135,7 +136,7 @@ def finish(views_train, views_test, points, colors, source, fmt):
         keep = np.isfinite(points).all(1) & np.isfinite(colors).all(1)
         points, colors = points[keep], colors[keep]
     return Dataset(train=list(views_train), test=list(views_test), points=points, colors=colors,
-                   scene_scale=scene_scale(cams), source=str(source), fmt=fmt)
+                   scene_scale=scene_scale(cams), source=str(source), fmt=fmt, init_box=init_box)
 
 
 # ----------------------------------------------------------------------------- entry point

@@ -22,6 +22,10 @@ PLY_TYPES = {
 }
 
 
+# NeRF-synthetic objects sit inside this cube: 3DGS draws its random initial points there
+BLENDER_BOX = ((-1.3, -1.3, -1.3), (1.3, 1.3, 1.3))
+
+
 def read_json(path):
     path = Path(path)
     try:
@@ -148,7 +152,8 @@ def load_blender(path, images=None, background=(1.0, 1.0, 1.0), max_size=None):
         splits[split] = _load_frames(root, meta_path, meta["frames"], intr_of, background, max_size)
     if not splits["train"]:
         raise DataError(f"{train_json} lists no frames")
-    return finish(splits["train"], splits["test"], np.zeros((0, 3)), np.zeros((0, 3)), root, "blender")
+    return finish(splits["train"], splits["test"], np.zeros((0, 3)), np.zeros((0, 3)), root, "blender",
+                  init_box=BLENDER_BOX)
 
 
 # ----------------------------------------------------------------------------- instant-ngp / nerfstudio

@@ -18,8 +18,8 @@ def inverse_sigmoid(p):
     return math.log(p / (1.0 - p))
 
 
-def knn_mean_distance(points, k=3):
-    """Mean distance to the k nearest neighbours (3DGS's scale initialisation).
+def knn_rms_distance(points, k=3):
+    """Root mean square distance to the k nearest neighbours (3DGS's scale initialisation).
 
     Exact, on a uniform grid of about 8 points per cell: each point scans
     growing shells of cells until its k-th distance is within the shell."""
@@ -75,7 +75,7 @@ def _grid_knn(pts, cell, dims, h, order, keys, starts, ends, k):
             if best[k - 1] <= (r * h) ** 2 or r > dims.max():
                 break
             r += 1
-        out[i] = np.sqrt(np.maximum(best, 1e-14)).mean()
+        out[i] = np.sqrt(np.maximum(best, 1e-14).mean())
     return out
 
 
@@ -87,9 +87,9 @@ def init_from_points(points, colors, sh_degree=3, opacity=0.1, rng=None, n_rando
         rng = rng or np.random.default_rng(0)
         lo, hi = box if box is not None else (-np.ones(3), np.ones(3))
         points = rng.uniform(lo, hi, (n_random, 3))
-        colors = rng.uniform(0, 1, (n_random, 3))
+        colors = 0.5 + C0 * rng.uniform(0, 1 / 255, (n_random, 3))  # grey, as 3DGS (sh0 = U(0, 1/255))
     n = len(points)
-    dist = knn_mean_distance(points)
+    dist = knn_rms_distance(points)
     sh = np.zeros((n, (sh_degree + 1) ** 2, 3), np.float32)
     sh[:, 0] = (colors - 0.5) / C0
     quats = np.zeros((n, 4), np.float32)

@@ -54,6 +54,11 @@ class Context:
         prev = step - 1 if self.prev_step is None else self.prev_step
         return every > 0 and prev // every != step // every
 
+    def reached(self, step, at):
+        """Whether step ``at`` lies in (prev_step, step]."""
+        prev = step - 1 if self.prev_step is None else self.prev_step
+        return prev < at <= step
+
     def normal(self, model, rows, shape):
         """Standard normal draws for local ``rows``, identical whatever the sharding."""
         total = self.total or len(model)
@@ -86,6 +91,7 @@ class DefaultStrategy:
     max_screen_size: float = 20.0    # pixels, enforced after the first opacity reset
     max_world_size: float = 0.1      # fraction of the scene scale
     absgrad: bool = False
+    reset_at_start: bool = False     # also reset opacities at refine_start (3DGS does on white backgrounds)
     stats: dict = field(default_factory=dict)
 
     def _fresh(self, xp, n):
@@ -124,7 +130,8 @@ class DefaultStrategy:
         if self.refine_start < step < self.refine_stop and ctx.crossed(step, self.refine_every):
             done = self._refine(model, step, ctx)
             self._fresh(xp, len(model))
-        if step < self.refine_stop and ctx.crossed(step, self.reset_every):
+        if step < self.refine_stop and (ctx.crossed(step, self.reset_every)
+                                        or (self.reset_at_start and ctx.reached(step, self.refine_start))):
             op = model.group("opacities")
             xp.minimum(op, inverse_sigmoid(0.01), out=op)
             model.reset_moments("opacities")

@@ -36,6 +36,7 @@ class TrainConfig:
     s3im_repeats: int = 10
     lr_means: float = 1.6e-4          # x scene scale, decaying to lr_means_final
     lr_means_final: float = 1.6e-6
+    lr_means_steps: int = 30_000      # the decay's length, whatever the run's: a 7k run is the start of a 30k one
     lr_scales: float = 5e-3
     lr_quats: float = 1e-3
     lr_opacities: float = 5e-2
@@ -77,17 +78,19 @@ class Trainer:
     def _make_strategy(self):
         c = self.cfg
         if c.strategy == "default":
-            return DefaultStrategy(grad_threshold=c.grad_threshold, refine_stop=c.densify_until, absgrad=c.absgrad)
+            # no refinement or opacity reset at the last step: nothing would train what they change
+            return DefaultStrategy(grad_threshold=c.grad_threshold, refine_stop=min(c.densify_until, c.iterations),
+                                   absgrad=c.absgrad,
+                                   reset_at_start=tuple(c.background) == (1.0, 1.0, 1.0))
         if c.strategy == "mcmc":
             return MCMCStrategy(cap_max=c.cap_max)
         raise ValueError(f"unknown strategy {c.strategy!r} (default or mcmc)")
 
     def init_model(self):
         d = self.data
-        centres = np.array([np.linalg.inv(v.camera.viewmat)[:3, 3] for v in d.train])
-        box = (centres.min(0) - d.scene_scale, centres.max(0) + d.scene_scale) if len(d.points) == 0 else None
-        if box is not None:  # no SfM points: a random box around the scene (3DGS: 100k points, scale 2.6x)
-            c = centres.mean(0)
+        box = d.init_box
+        if box is None and len(d.points) == 0:  # no SfM points and no known bounds: a box around the cameras
+            c = np.mean([np.linalg.inv(v.camera.viewmat)[:3, 3] for v in d.train], axis=0)
             box = (c - 1.3 * d.scene_scale, c + 1.3 * d.scene_scale)
         arrays = init_from_points(d.points, d.colors, self.cfg.sh_degree, rng=self.rng,
                                   n_random=self.cfg.n_random_init, box=box)
@@ -104,7 +107,7 @@ class Trainer:
     def learning_rates(self):
         c = self.cfg
         lr_means = exp_decay(c.lr_means * self.data.scene_scale, c.lr_means_final * self.data.scene_scale,
-                             self.step, c.iterations)
+                             self.step, c.lr_means_steps)
         lr = {"means": lr_means, "scales": c.lr_scales, "quats": c.lr_quats, "opacities": c.lr_opacities,
               "sh": c.lr_sh}
         return lr, column_lrs(lr, self.model.params.sh_bases)
@@ -128,7 +131,7 @@ class Trainer:
             grad = frame.grad
         else:
             frame = ns.render(g, view.camera, sh_degree=degree, background=bg, antialias=c.antialias,
-                              backend=self.backend)
+                              backend=self.backend, check=False)  # checked at log steps: a sync
             loss, d_img = l1_ssim_loss(frame.image, target, c.lambda_dssim, backend=self.backend)
             _, grad = ns.render_backward(g, frame, d_img, out=model.grad_gaussians, backend=self.backend)
         # render_backward wrote the gradient buffers; the strategy's regularisers add on top
@@ -151,7 +154,7 @@ class Trainer:
         from numbasplat.rendering import rasterize_tile_loss
         from numbasplat.tile_loss import s3im_permutations
         c = self.cfg
-        p = ns.project(g, camera, sh_degree=degree, antialias=c.antialias, backend=self.backend)
+        p = ns.project(g, camera, sh_degree=degree, antialias=c.antialias, backend=self.backend, check=False)
         b = ns.bin_tiles(p, backend=self.backend)
         perms = self.xp.asarray(s3im_permutations(self.rng, c.s3im_repeats))
         loss, grad, image, stats = rasterize_tile_loss(p, b, target, perms, c.lambda_dssim, bg, want_image=True,
@@ -177,6 +180,7 @@ class Trainer:
                 loss, frame, target, events = self.train_step()
                 crossed = lambda every: every and prev // every != self.step // every  # noqa: E731
                 if crossed(c.log_every) or events or self.step == c.iterations:
+                    self._check_finite()
                     p = psnr(frame.image, target)
                     rec = {"step": self.step, "loss": loss, "psnr": p, "gaussians": len(self.model),
                            "time": self.train_seconds + time.perf_counter() - t0, **events, **self.log_extra()}
@@ -204,6 +208,12 @@ class Trainer:
         return self
 
     is_root = True  # writes the logs and outputs (rank 0 under MPI)
+
+    def _check_finite(self):
+        """Stop with a clear message if training diverged (rendering skips this per-step sync)."""
+        if not bool(self.xp.isfinite(self.model.params.data).all()):
+            raise FloatingPointError(f"training diverged before step {self.step}: non-finite parameters "
+                                     f"(the last snapshot is kept; try lower learning rates)")
 
     def log_extra(self):
         """More fields for the JSON-lines log: the fused-tile fractions with ``--loss tile``

@@ -116,11 +116,16 @@ def _alpha(rec, j, px, py):
 
 @cuda.jit(device=True, inline=True)
 def _tile_pixel(ranges, tiles_x, W, H):
-    """This thread's pixel: (thread id, px, py, inside the image, tile range start, end)."""
+    """This thread's pixel in the block's tile (a 2D grid of tiles)."""
+    return _pixel_of_tile(cuda.blockIdx.y * tiles_x + cuda.blockIdx.x, ranges, tiles_x, W, H)
+
+
+@cuda.jit(device=True, inline=True)
+def _pixel_of_tile(t, ranges, tiles_x, W, H):
+    """This thread's pixel in tile t: (thread id, px, py, inside the image, tile range start, end)."""
     tid = cuda.threadIdx.y * TILE + cuda.threadIdx.x
-    px = cuda.blockIdx.x * TILE + cuda.threadIdx.x
-    py = cuda.blockIdx.y * TILE + cuda.threadIdx.y
-    t = cuda.blockIdx.y * tiles_x + cuda.blockIdx.x
+    px = (t % tiles_x) * TILE + cuda.threadIdx.x
+    py = (t // tiles_x) * TILE + cuda.threadIdx.y
     return tid, px, py, px < W and py < H, ranges[t, 0], ranges[t, 1]
 
 

@@ -19,7 +19,7 @@ from . import _backend
 from . import gaussian_ops as go
 from .blend import blend_vjp, gaussian_alpha
 from .cuda import (ALPHA_MIN, BLOCK, F1, F2, F3, HALF, I1, I2, NF, NG, ONE, RED_ROWS, T_MIN, TILE, ZERO,
-                   _reduce_add, _tile_pixel, _tiles)
+                   _pixel_of_tile, _reduce_add)
 from .launch import kernel
 from .tile_loss import TILE_LOSS_SMEM, store_tile_sums, tile_loss_grad
 
@@ -34,13 +34,12 @@ def _cached_alpha(rec, j, px, py):
 
 
 @kernel(F2, I1, I2, "int64", "int64", "int64", F1, F3, "int32[:, ::1]", "int64", "float32", "float32", "float32",
-        "int64", "boolean", F3, F2, F2)
-def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, lam, inv_l1, inv_ssim, budget,
+        I1, "boolean", F3, F2, F2)
+def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, lam, inv_l1, inv_ssim, tile_list,
                   write_image, image, grad, partials):
-    tid, px, py, inside, start, end = _tile_pixel(ranges, tiles_x, W, H)
+    tile = tile_list[cuda.blockIdx.x]
+    tid, px, py, inside, start, end = _pixel_of_tile(tile, ranges, tiles_x, W, H)
     count = end - start
-    if count > budget:  # the unfused path takes this tile (uniform over the block)
-        return
     rec = cuda.shared.array(0, float32)      # count * NF record fields, then count int32 ids
     rid = cuda.shared.array(0, int32)
     sm = cuda.shared.array(TILE_LOSS_SMEM, float32)
@@ -95,7 +94,7 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
     # the tile-local loss and dL/dcolour, on chip
     dc0, dc1, dc2, l1, ss = tile_loss_grad(tid, inside, c0, c1, c2, t0, t1, t2, perms, repeats, lam, inv_l1,
                                            inv_ssim, sm)
-    store_tile_sums(tid, l1, ss, sums, partials)
+    store_tile_sums(tid, tile, l1, ss, sums, partials)
     # backward, back to front from the cached records
     s0 = T * bg[0]
     s1 = T * bg[1]
@@ -116,26 +115,49 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
         _reduce_add(grad, rid[count * NF + j], tid, valid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
 
 
-def budget():
-    """Gaussians per tile that fit in shared memory beside the kernel's fixed layout."""
+def _shared_memory():
+    """(shared memory per block, per SM, the kernel's static layout) in bytes, read from the device."""
     if _backend.SIM:
-        m_budget, m_fixed = 48 * 1024, 0
-    else:
-        import cupy
-        dev = cupy.cuda.Device()
-        props = cupy.cuda.runtime.getDeviceProperties(dev.id)
-        m_budget = props.get("sharedMemPerBlockOptin", props["sharedMemPerBlock"])
-        m_fixed = _fused_kernel.static_shared_bytes()
-    return max(0, (m_budget - m_fixed) // RECORD_BYTES)
+        return 48 * 1024, 48 * 1024, 0
+    import cupy
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    per_block = props.get("sharedMemPerBlockOptin", props["sharedMemPerBlock"])
+    return per_block, props.get("sharedMemPerMultiprocessor", per_block), _fused_kernel.static_shared_bytes()
 
 
-def fused_raster_loss_backward(proj, ids, ranges, W, H, tiles_x, bg, target, perms, lam, max_count, write_image,
-                               image, grad, partials):
-    """Launch the fused kernel on the tiles with at most ``max_count`` Gaussians."""
-    counts = _backend.to_host(ranges[:, 1] - ranges[:, 0])
-    largest = int(counts[counts <= max_count].max()) if (counts <= max_count).any() else 0
+def budget():
+    """B: Gaussians per tile that fit in shared memory beside the kernel's fixed layout."""
+    per_block, _, m_fixed = _shared_memory()
+    return max(0, (per_block - m_fixed) // RECORD_BYTES)
+
+
+BLOCK_RESERVED = 1024  # shared memory the driver keeps per resident block (sm_80 and later)
+
+
+def launch_groups(counts, max_count):
+    """The fused tiles, heaviest first, cut into groups launched with their own shared-memory size.
+
+    One launch sized for the heaviest tile would let one block run per SM;
+    tiles that fit at 4 or 2 blocks per SM go in their own launches, so most
+    tiles run at the occupancy their size allows.  Returns (tile list, [(start,
+    end, largest count)])."""
+    _, per_sm, m_fixed = _shared_memory()
+    order = np.argsort(-counts, kind="stable")
+    order = order[counts[order] <= max_count].astype(np.int32)
+    caps = [(per_sm // k - BLOCK_RESERVED - m_fixed) // RECORD_BYTES for k in (2, 4)]
+    cuts = [0] + [int(np.searchsorted(-counts[order], -cap, side="left")) for cap in caps] + [len(order)]
+    groups = [(a, b, int(counts[order[a]])) for a, b in zip(cuts, cuts[1:]) if b > a]
+    return order, groups
+
+
+def fused_raster_loss_backward(proj, ids, ranges, W, H, tiles_x, bg, target, perms, lam, counts, max_count,
+                               write_image, image, grad, partials):
+    """Launch the fused kernel on the tiles with at most ``max_count`` Gaussians (``counts``: per tile, host)."""
+    order, groups = launch_groups(counts, max_count)
+    tile_list = _backend.array_module().asarray(order)
     repeats = perms.shape[0]
-    _fused_kernel[_tiles(W, H), (TILE, TILE), largest * RECORD_BYTES](
-        proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, np.float32(lam),
-        np.float32(1.0 / (3 * W * H)), np.float32(1.0 / (repeats * 3 * W * H)), max_count, bool(write_image),
-        image, grad, partials)
+    for a, b, largest in groups:
+        _fused_kernel[b - a, (TILE, TILE), largest * RECORD_BYTES](
+            proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, np.float32(lam),
+            np.float32(1.0 / (3 * W * H)), np.float32(1.0 / (repeats * 3 * W * H)), tile_list[a:b],
+            bool(write_image), image, grad, partials)

@@ -9,9 +9,15 @@ shape..., strides...).  The simulator launches through Numba as usual.
 
 Compilation waits for the first launch, so importing needs no GPU; ``KERNELS``
 lists every (python function, signature) so tests can compile them to PTX.
+The PTX is cached on disk (``NUMBASPLAT_CACHE``, default ~/.cache/numbasplat),
+keyed by the package's source, the kernel, the GPU architecture and the Numba
+version, so only the first run after a change pays the ~15 s of compilation.
 """
+import hashlib
 import os
 import re
+import tempfile
+from pathlib import Path
 
 import numpy as np
 from numba import cuda, types
@@ -66,7 +72,7 @@ class Kernel:
         import cupy
         argtypes, _ = sigutils.normalize_signature(self.sig)
         cc = cupy.cuda.Device().compute_capability
-        ptx, _ = cuda.compile_ptx(self.fn, self.sig, cc=(int(cc[:-1]), int(cc[-1])))
+        ptx = _cached_ptx(self.fn, self.sig, (int(cc[:-1]), int(cc[-1])))
         entry = re.search(r"\.entry\s+(\w+)\s*\(", ptx)
         n_params = len(re.findall(r"\.param\s", ptx[entry.end():ptx.index(")", entry.end())]))
         expected = sum(5 + 2 * t.ndim if isinstance(t, types.Array) else 1 for t in argtypes)
@@ -78,9 +84,12 @@ class Kernel:
         func = module.get_function(entry.group(1))
         casts = [None if isinstance(t, types.Array) else _scalar(t) for t in argtypes]
 
+        opted = [0]
+
         def launch(grid, block, args, shared=0):
-            if shared > 48 * 1024 and shared > func.max_dynamic_shared_size_bytes:
-                func.max_dynamic_shared_size_bytes = shared  # opt in above the default 48 KB
+            if shared > opted[0]:  # the default limit is 48 KB less the static layout: opt in
+                _set_max_dynamic_shared(func, shared)
+                opted[0] = shared
             flat = []
             for cast, a in zip(casts, args):
                 if cast is None:
@@ -94,15 +103,16 @@ class Kernel:
                 except Exception as e:
                     raise RuntimeError(f"kernel {self.fn.__name__} failed: {e}") from e
 
-        launch.module = module  # keep the module loaded
-        launch.static_shared_bytes = func.shared_size_bytes
+        launch.module, launch.func = module, func  # keep the module loaded
+        launch.static_shared_bytes = lambda: _static_shared_bytes(func)
         return launch
 
     def static_shared_bytes(self):
         """Shared memory the kernel declares statically (its fixed layout), 0 in the simulator."""
         if self._launch is None:
             self._launch = self._compile()
-        return getattr(self._launch, "static_shared_bytes", 0)
+        static = getattr(self._launch, "static_shared_bytes", None)
+        return static() if static else 0
 
     def __getitem__(self, config):
         """``k[grid, block]`` or ``k[grid, block, dynamic_shared_bytes]``."""
@@ -115,6 +125,54 @@ class Kernel:
         launches += 1
         launch = self._launch
         return lambda *args: launch(grid, block, args, shared)
+
+
+def _source_digest(_memo=[]):
+    """Hash of every source file of the package: any edit invalidates the PTX cache."""
+    if not _memo:
+        h = hashlib.sha256()
+        for f in sorted(Path(__file__).parent.rglob("*.py")):
+            h.update(f.name.encode() + f.read_bytes())
+        _memo.append(h.hexdigest())
+    return _memo[0]
+
+
+def _cached_ptx(fn, sig, cc):
+    """Numba's PTX for (fn, sig, cc), from the disk cache when it is there."""
+    import numba
+    import numba.cuda as nc
+    key = "|".join((_source_digest(), fn.__module__, fn.__qualname__, sig, str(cc), numba.__version__,
+                    getattr(nc, "__version__", "")))
+    cache = Path(os.environ.get("NUMBASPLAT_CACHE", Path.home() / ".cache" / "numbasplat"))
+    path = cache / f"{fn.__name__}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.ptx"
+    try:
+        return path.read_text()
+    except OSError:
+        pass
+    ptx, _ = cuda.compile_ptx(fn, sig, cc=cc)
+    try:  # best effort, atomic: a read-only or full disk only costs the next run a compile
+        cache.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cache, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(ptx)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return ptx
+
+
+# CUfunction_attribute values, through the driver: CuPy 14's Function has no properties for them
+_SHARED_SIZE_BYTES, _MAX_DYNAMIC_SHARED_SIZE_BYTES = 1, 8
+
+
+def _static_shared_bytes(func):
+    from cupy.cuda import driver
+    return driver.funcGetAttribute(_SHARED_SIZE_BYTES, func.ptr)
+
+
+def _set_max_dynamic_shared(func, nbytes):
+    from cupy.cuda import driver
+    driver.funcSetAttribute(func.ptr, _MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
 
 
 def kernel(*argtypes):

@@ -315,7 +315,7 @@ def rasterize_tile_loss(p: Projection, b: Binning, target, perms, lam=0.2, backg
         big = per_tile > limit
         image = xp.empty((H, W, 3), np.float32)
         partials = xp.zeros((len(per_tile), 2), np.float32)
-        fz.fused_raster_loss_backward(p.proj, b.ids, b.ranges, W, H, tx, bg, target, perms, lam, limit,
+        fz.fused_raster_loss_backward(p.proj, b.ids, b.ranges, W, H, tx, bg, target, perms, lam, per_tile, limit,
                                       want_image or big.any(), image, grad, partials)
         sums = _backend.to_host(partials).sum(axis=0, dtype=np.float64)  # sum |d| and sum n_w ssim_w
         npix = 3.0 * W * H
@@ -347,8 +347,10 @@ class Frame:
         return self.render.image
 
 
-def render(g: Gaussians, camera: Camera, sh_degree=None, background=None, antialias=False, backend=None):
-    p = project(g, camera, sh_degree, antialias, backend)
+def render(g: Gaussians, camera: Camera, sh_degree=None, background=None, antialias=False, backend=None,
+           check=None):
+    """Project, bin and rasterize; ``check=False`` skips the finiteness check (a device sync)."""
+    p = project(g, camera, sh_degree, antialias, backend, check)
     b = bin_tiles(p, backend)
     return Frame(p, b, rasterize(p, b, background, backend))
 

@@ -250,11 +250,11 @@ def _tile_loss_kernel(img, gt, perms, lam, inv_l1, inv_ssim, dimg, partials):
         dimg[py, px, 0] = d0
         dimg[py, px, 1] = d1
         dimg[py, px, 2] = d2
-    store_tile_sums(tid, l1, ss, red, partials)
+    store_tile_sums(tid, cuda.blockIdx.y * cuda.gridDim.x + cuda.blockIdx.x, l1, ss, red, partials)
 
 
 @cuda.jit(device=True)
-def store_tile_sums(tid, l1, ss, red, partials):
+def store_tile_sums(tid, tile, l1, ss, red, partials):
     """Block sums of the threads' (L1, SSIM) contributions into partials[tile]
     (a shared-memory tree: no warp shuffles, so the simulator runs it too)."""
     red[0, tid] = l1
@@ -268,9 +268,8 @@ def store_tile_sums(tid, l1, ss, red, partials):
         cuda.syncthreads()
         step //= 2
     if tid == 0:
-        b = cuda.blockIdx.y * cuda.gridDim.x + cuda.blockIdx.x
-        partials[b, 0] = red[0, 0]
-        partials[b, 1] = red[1, 0]
+        partials[tile, 0] = red[0, 0]
+        partials[tile, 1] = red[1, 0]
 
 
 # ---------------------------------------------------------------------------

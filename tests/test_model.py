@@ -2,13 +2,13 @@
 import numpy as np
 import pytest
 
-from engine.model import init_from_points, knn_mean_distance
+from engine.model import init_from_points, knn_rms_distance
 
 
 def brute_force(pts, k=3):
     d2 = ((pts[:, None] - pts[None]) ** 2).sum(-1)
     np.fill_diagonal(d2, np.inf)
-    return np.sqrt(np.maximum(np.sort(d2, 1)[:, :k], 1e-14)).mean(1)
+    return np.sqrt(np.maximum(np.sort(d2, 1)[:, :k], 1e-14).mean(1))
 
 
 @pytest.mark.parametrize("kind", ["normal", "flat", "duplicates", "clustered"])
@@ -18,7 +18,7 @@ def test_knn_matches_brute_force(kind):
            "flat": rng.uniform(size=(1200, 3)) * [10.0, 1.0, 1e-4],
            "duplicates": np.repeat(rng.normal(size=(200, 3)), 3, 0),
            "clustered": np.concatenate([rng.normal(0, 0.01, (600, 3)), rng.normal(50, 5, (40, 3))])}[kind]
-    np.testing.assert_allclose(knn_mean_distance(pts), brute_force(pts), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(knn_rms_distance(pts), brute_force(pts), rtol=1e-12, atol=1e-12)
 
 
 def test_init_uses_points_or_a_random_box():

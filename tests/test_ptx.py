@@ -36,3 +36,26 @@ def test_all_kernels_compile_to_ptx(monkeypatch):
         assert ".entry" in ptx, name
         assert re.search(r"\.f64\b", ptx.split(".entry", 1)[1]) is None, f"{name} computes in float64"
 
+
+
+@pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", reason="simulator has no compiler")
+def test_ptx_cache_compiles_once(tmp_path, monkeypatch):
+    if not _ptx_available():
+        pytest.skip("no NVVM (install numba-cuda[cu12])")
+    from numba import cuda as numba_cuda
+
+    from numbasplat import launch
+    monkeypatch.setenv("NUMBASPLAT_CACHE", str(tmp_path))
+
+    def scale(a):
+        a[0] *= 2.0
+    sig = "void(float32[::1])"
+    first = launch._cached_ptx(scale, sig, (9, 0))
+    assert ".entry" in first and len(list(tmp_path.glob("*.ptx"))) == 1
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled again although the PTX is cached")
+    monkeypatch.setattr(numba_cuda, "compile_ptx", no_compile)
+    assert launch._cached_ptx(scale, sig, (9, 0)) == first
+    with pytest.raises(AssertionError):  # another architecture is another entry
+        launch._cached_ptx(scale, sig, (8, 0))
