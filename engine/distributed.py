@@ -223,7 +223,8 @@ class DistributedTrainer(Trainer):
         for b, p in enumerate(projs):
             grad_b = out[b * n_local:(b + 1) * n_local]
             ns.project_backward(g, p, grad_b, model.grad_gaussians, accumulate=b > 0, backend=self.backend)
-            self.strategy.after_backward(model, self.step, _FrameInfo(p), grad_b)
+            # densification sees each view's own screen gradient, not its 1/B share of the batch loss
+            self.strategy.after_backward(model, self.step, _FrameInfo(p), grad_b * self.batch)
         lr, cols = self.learning_rates()
         model.adam.step(model.grads.data, cols * math.sqrt(self.batch))
         prev = self.step
