@@ -46,15 +46,9 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
     red = cuda.shared.array((NG, RED_ROWS), float32)
     sums = cuda.shared.array((2, BLOCK), float32)
     block_last = cuda.shared.array(1, int32)
-    for k in range(tid, count, BLOCK):
-        g = ids[start + k]
-        rid[count * NF + k] = g
-        for f in range(NF):
-            rec[k * NF + f] = proj[g, f]
     if tid == 0:
         block_last[0] = 0
-    cuda.syncthreads()
-    # forward, front to back
+    # forward, front to back, caching records batch by batch until every pixel is done
     fx = float32(px) + HALF
     fy = float32(py) + HALF
     T = ONE
@@ -62,13 +56,27 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
     gr = ZERO
     b = ZERO
     stop = 0
-    if inside:
-        for j in range(count):
+    done = not inside
+    for base in range(0, count, BLOCK):
+        if cuda.syncthreads_count(int32(done)) == BLOCK:
+            break
+        n = min(BLOCK, count - base)
+        for e in range(tid, n * NF, BLOCK):  # field-interleaved: a warp reads whole rows
+            k = base + e // NF
+            g = ids[start + k]
+            rec[k * NF + e % NF] = proj[g, e % NF]
+            if e % NF == 0:
+                rid[count * NF + k] = g
+        cuda.syncthreads()
+        for j in range(base, base + n):
+            if done:
+                break
             alpha, vis, dx, dy = _cached_alpha(rec, j, fx, fy)
             if alpha < ALPHA_MIN:
                 continue
             nT = T * (ONE - alpha)
             if nT <= T_MIN:
+                done = True
                 break
             w = alpha * T
             r += w * rec[j * NF + go.RED]
@@ -76,6 +84,7 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
             b += w * rec[j * NF + go.BLUE]
             T = nT
             stop = j + 1
+    if inside:
         cuda.atomic.max(block_last, 0, stop)
     c0 = r + T * bg[0]
     c1 = gr + T * bg[1]
@@ -135,18 +144,20 @@ BLOCK_RESERVED = 1024  # shared memory the driver keeps per resident block (sm_8
 
 
 def launch_groups(counts, max_count):
-    """The fused tiles, heaviest first, cut into groups launched with their own shared-memory size.
+    """The fused tiles, in launch groups with their own shared-memory size.
 
     One launch sized for the heaviest tile would let one block run per SM;
-    tiles that fit at 4 or 2 blocks per SM go in their own launches, so most
-    tiles run at the occupancy their size allows.  Returns (tile list, [(start,
-    end, largest count)])."""
+    tiles that fit at 4 or 2 blocks per SM get their own launches, so most
+    tiles run at the occupancy their size allows.  Tiles stay in image order
+    within a group (neighbours share Gaussians in L2).  Returns (tile list,
+    [(start, end, largest count)])."""
     _, per_sm, m_fixed = _shared_memory()
-    order = np.argsort(-counts, kind="stable")
-    order = order[counts[order] <= max_count].astype(np.int32)
-    caps = [(per_sm // k - BLOCK_RESERVED - m_fixed) // RECORD_BYTES for k in (2, 4)]
-    cuts = [0] + [int(np.searchsorted(-counts[order], -cap, side="left")) for cap in caps] + [len(order)]
-    groups = [(a, b, int(counts[order[a]])) for a, b in zip(cuts, cuts[1:]) if b > a]
+    caps = [(per_sm // k - BLOCK_RESERVED - m_fixed) // RECORD_BYTES for k in (4, 2)]
+    group = np.digitize(counts, caps, right=True)        # 0: fits 4 per SM, 1: 2 per SM, 2: the rest
+    order = np.flatnonzero(counts <= max_count)
+    order = order[np.argsort(group[order], kind="stable")].astype(np.int32)
+    cuts = np.searchsorted(group[order], np.arange(4))
+    groups = [(int(a), int(b), int(counts[order[a:b]].max())) for a, b in zip(cuts, cuts[1:]) if b > a]
     return order, groups
 
 
