@@ -12,6 +12,8 @@ block; M_fixed: the kernel's static layout; M_g: one record and its id).  The
 other tiles take the unfused path (raster forward, the same tile-local loss,
 raster backward) in the same step, so results do not depend on the path.
 """
+import functools
+
 import numpy as np
 from numba import cuda, float32, int32
 
@@ -124,19 +126,28 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
         _reduce_add(grad, rid[count * NF + j], tid, valid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
 
 
-def _shared_memory():
-    """(shared memory per block, per SM, the kernel's static layout) in bytes, read from the device."""
+@functools.lru_cache(maxsize=None)
+def _shared_memory(device=0):
+    """(shared memory per block, per SM, the kernel's static layout) in bytes, read from the device
+    once (getDeviceProperties takes milliseconds: not a per-step call)."""
     if _backend.SIM:
         return 48 * 1024, 48 * 1024, 0
     import cupy
-    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    props = cupy.cuda.runtime.getDeviceProperties(device)
     per_block = props.get("sharedMemPerBlockOptin", props["sharedMemPerBlock"])
     return per_block, props.get("sharedMemPerMultiprocessor", per_block), _fused_kernel.static_shared_bytes()
 
 
+def _device():
+    if _backend.SIM:
+        return 0
+    import cupy
+    return cupy.cuda.Device().id
+
+
 def budget():
     """B: Gaussians per tile that fit in shared memory beside the kernel's fixed layout."""
-    per_block, _, m_fixed = _shared_memory()
+    per_block, _, m_fixed = _shared_memory(_device())
     return max(0, (per_block - m_fixed) // RECORD_BYTES)
 
 
@@ -151,7 +162,7 @@ def launch_groups(counts, max_count):
     tiles run at the occupancy their size allows.  Tiles stay in image order
     within a group (neighbours share Gaussians in L2).  Returns (tile list,
     [(start, end, largest count)])."""
-    _, per_sm, m_fixed = _shared_memory()
+    _, per_sm, m_fixed = _shared_memory(_device())
     caps = [(per_sm // k - BLOCK_RESERVED - m_fixed) // RECORD_BYTES for k in (4, 2)]
     group = np.digitize(counts, caps, right=True)        # 0: fits 4 per SM, 1: 2 per SM, 2: the rest
     order = np.flatnonzero(counts <= max_count)
