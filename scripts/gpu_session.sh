@@ -1,27 +1,53 @@
 #!/usr/bin/env bash
-# Everything the open issues measure on one GPU, in one call (about 8-10 minutes):
-# checks, rasterizer benchmarks (global and tile loss, fused and not), 7k-iteration
-# lego and fern runs, and 1/2/4-rank MPI runs sharing the GPU.
-# Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Logs go to $OUT.
+# The open GPU measurements, one part per device call (each well under 10 minutes):
+#   scripts/gpu_session.sh checks|fused|lego30k|fern30k|mpi|tile
+# (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
+# Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
+# so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
+# Logs go to $OUT/logs.tgz (one file: the device tool returns only a few).
 set -uo pipefail
 export NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0 PYTHONUNBUFFERED=1 NUMBASPLAT_BACKEND=cuda
 OUT=${OUT:-out}
-ITERS=${ITERS:-7000}
-mkdir -p "$OUT"
-step() { echo "== $*"; }
-step checks
-python3 tests/check_cuda.py > "$OUT/check_cuda.txt" 2>&1; tail -1 "$OUT/check_cuda.txt"
-python3 tests/check_fused.py > "$OUT/check_fused.txt" 2>&1; tail -1 "$OUT/check_fused.txt"
-mpiexec --allow-run-as-root -n 2 python3 tests/mpi_comm_check.py --device > "$OUT/check_comm.txt" 2>&1; tail -1 "$OUT/check_comm.txt"
-step benchmarks
-[ -f .data/b1m.npz ] || python3 .data/scene_gen.py .data/b1m.npz --n 1000000 --res 1297x840 > /dev/null
-for args in "" "--loss tile" "--loss tile --no-fuse"; do
-    python3 run.py bench --scene .data/b1m.npz $args 2>&1 | tail -14 | tee -a "$OUT/bench.txt"
-done
-step training
-python3 run.py train --data .data/lego --white-background --out "$OUT/lego" --iters "$ITERS" --eval --quiet 2>&1 | tail -1
-python3 run.py train --data .data/fern --images images_8 --out "$OUT/fern" --iters "$ITERS" --eval --quiet 2>&1 | grep -v Warn | tail -1
-for n in 2 4; do
-    mpiexec --allow-run-as-root -n $n python3 run.py train --data .data/fern --images images_8 --out "$OUT/fern_p$n" \
-        --iters "$ITERS" --eval --quiet 2>&1 | grep -v Warn | tail -1
-done
+R=$OUT/r
+mkdir -p "$R"
+S=$(date +%s)
+step() { echo "[$(( $(date +%s) - S ))s] $*"; }
+bench() { local name=$1; shift; timeout 120 python3 run.py bench "$@" > "$R/bench_$name.txt" 2>&1; tail -14 "$R/bench_$name.txt"; }
+train() {  # name iters args...: a 7k/30k run with test metrics, no renders or snapshot kept
+    local name=$1 iters=$2; shift 2
+    python3 run.py train --out "$R/$name" --iters "$iters" --eval --quiet "$@" > "$R/$name.txt" 2>&1
+    grep -v Warn "$R/$name.txt" | tail -1
+    rm -rf "$R/$name/snapshot.h5" "$R/$name"/test_renders
+}
+mpi() { local p=$1; shift; mpiexec --allow-run-as-root --oversubscribe -n "$p" python3 run.py train "$@"; }
+LEGO=(--data .data/lego --white-background)
+FERN=(--data .data/fern --images images_8)
+
+case "${1:-}" in
+checks) OUT=$R bash scripts/gpu_check.sh .data/scene_gen.py 2>&1 | grep -E "passed|FAIL|ok|step_ms" ;;
+fused)
+    [ -f .data/b1m.npz ] || python3 .data/scene_gen.py .data/b1m.npz --n 1000000 --res 1297x840 > /dev/null
+    bench tile_fused --scene .data/b1m.npz --loss tile
+    bench tile_unfused --scene .data/b1m.npz --loss tile --no-fuse
+    for a in fused unfused; do
+        flag=$([ $a = unfused ] && echo --no-fuse)
+        OUT=$R/ncu_$a timeout 120 bash scripts/profile.sh .data/b1m.npz --loss tile $flag | tail -12
+    done ;;
+lego30k) train warm 700 "${LEGO[@]}"; train lego30k 30000 "${LEGO[@]}" ;;
+fern30k) train warm 700 "${FERN[@]}"; train fern30k 30000 "${FERN[@]}" ;;
+mpi)
+    train warm 700 "${FERN[@]}"
+    for p in 2 4; do
+        step "fern P=$p"; mpi $p --out "$R/fern_p$p" --iters 7000 --eval --quiet "${FERN[@]}" > "$R/fern_p$p.txt" 2>&1
+        grep -v Warn "$R/fern_p$p.txt" | tail -1; rm -rf "$R/fern_p$p/snapshot.h5" "$R/fern_p$p/test_renders"
+    done
+    step "lego P=4"; mpi 4 --out "$R/lego_p4" --iters 7000 --eval --quiet "${LEGO[@]}" > "$R/lego_p4.txt" 2>&1
+    grep -v Warn "$R/lego_p4.txt" | tail -1; rm -rf "$R/lego_p4/snapshot.h5" "$R/lego_p4/test_renders" ;;
+tile)
+    train warm 700 "${LEGO[@]}" --loss tile
+    train lego_tile 7000 "${LEGO[@]}" --loss tile
+    train fern_tile 7000 "${FERN[@]}" --loss tile ;;
+*) echo "usage: $0 checks|fused|lego30k|fern30k|mpi|tile" >&2; exit 2 ;;
+esac
+step done
+(cd "$OUT" && tar czf logs.tgz r && rm -rf r)
