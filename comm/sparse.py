@@ -382,6 +382,7 @@ def exchange_sparse(exchange, G, counts, route_recv, out, backend=None):
     packed rows) whose receive sizes are already known, then ``decode_add``.
     Returns stats: bytes sent dense/sparse, zero-row fraction, seconds per phase.
     """
+    _sync(G)  # the phases' times exclude the still-running work that produced G
     t0 = time.perf_counter()
     bitmap, packed, kept = encode(G, counts, backend)
     t1 = time.perf_counter()
@@ -411,6 +412,7 @@ def exchange_dense(exchange, G, counts, route_recv, out, backend=None):
 
     Same stats keys; ``zero_fraction`` is None (not measured: it would cost a pass over ``G``).
     """
+    _sync(G)
     t0 = time.perf_counter()
     recv, recv_counts = exchange.alltoallv(G, counts)
     if route_recv.shape[0] != recv.shape[0]:
