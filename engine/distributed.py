@@ -9,9 +9,12 @@ the same on every rank (shared seed):
 2. the B images' tiles are cut into P ranges balanced by the measured cost
    (intersections per tile, from the previous batch);
 3. forward all-to-all: a record goes to every rank owning a tile in its span;
-4. renderers bin and rasterize their tiles; the rendered pixels are summed over
-   ranks (each pixel has one owner) so every rank holds the full images, and
-   computes the same loss (L1 + windowed SSIM needs neighbouring pixels);
+4. renderers bin and rasterize their tiles; with the global loss the rendered
+   pixels are summed over ranks (each pixel has one owner) so every rank holds
+   the full images and computes the same loss (L1 + windowed SSIM needs
+   neighbouring pixels); with the tile-local loss (``--loss tile``) each
+   renderer computes its tiles' share of it, fused with forward and backward
+   on GPUs, and only the loss shares are summed;
 5. renderers run the raster backward on their tiles; the backward all-to-all
    (dense, or ByteSplat's zero-eliding sparse encoding) returns the
    screen-space gradients to the owners, which accumulate them in place;
@@ -29,6 +32,8 @@ import numbasplat as ns
 from numbasplat import _backend
 from numbasplat import gaussian_ops as go
 from numbasplat.loss import l1_ssim_loss
+from numbasplat.rendering import rasterize_tile_loss
+from numbasplat.tile_loss import s3im_permutations
 from numbasplat.optim import GROUPS
 
 from .model import GaussianModel
@@ -82,8 +87,6 @@ class DistributedTrainer(Trainer):
         self.is_root = self.rank == 0
         if cfg.strategy != "default" and self.size > 1:
             raise ValueError(f"strategy {cfg.strategy!r} is not supported across ranks yet (use default)")
-        if cfg.loss != "global":
-            raise ValueError(f"--loss {cfg.loss} is not supported across ranks yet (use --loss global)")
         super().__init__(dataset, out_dir, cfg, backend, log if self.rank == 0 else (lambda *a, **k: None))
         self.tile_cost = None
         self.stats = {}
@@ -173,9 +176,14 @@ class DistributedTrainer(Trainer):
         t1 = time.perf_counter()
         recv, recv_counts = self.exchange.alltoallv(send, send_counts)
         t2 = time.perf_counter()
-        # 4. render my tiles of each image, then share the pixels
+        # 4. render my tiles of each image; the global loss needs all pixels of every image,
+        #    the tile-local one only my tiles (its pixels of the first view are shared for progress)
+        tile_loss = c.loss == "tile"
+        perms = [s3im_permutations(self.rng, c.s3im_repeats) for _ in range(self.batch)] if tile_loss else None
         H, W = cams[0].height, cams[0].width
-        images = xp.zeros((self.batch, H, W, 3), np.float32)
+        images = xp.zeros((1 if tile_loss else self.batch, H, W, 3), np.float32)
+        G = xp.zeros((len(recv), go.GRAD_FIELDS), np.float32)
+        loss_share = 0.0
         frames = {}
         recv_b = _backend.to_host(recv[:, go.PROJ_FIELDS]).astype(np.int64) if len(recv) else np.zeros(0, np.int64)
         my_cost = np.zeros(self.batch * n_tiles)
@@ -192,25 +200,35 @@ class DistributedTrainer(Trainer):
             my_cost[b * n_tiles:(b + 1) * n_tiles] = np.where(mine, ranges[:, 1] - ranges[:, 0], 0)
             ranges[~mine] = 0
             binning.ranges = xp.asarray(ranges)
-            r = ns.rasterize(p, binning, bg, self.backend)
-            pix = _pixel_mask(mine, tx, ty, W, H)
-            images[b][xp.asarray(pix)] = r.image[xp.asarray(pix)]
-            frames[b] = (p, binning, r, rows)
+            if tile_loss:  # forward, loss share and backward of my tiles (fused on GPUs)
+                share, grad, image, self.tile_stats = rasterize_tile_loss(
+                    p, binning, self.targets[views[b]], xp.asarray(perms[b]), c.lambda_dssim, bg,
+                    want_image=b == 0, backend=self.backend, tiles=mine)
+                loss_share += share / self.batch
+                G[xp.asarray(rows)] = grad / self.batch
+            else:
+                r = ns.rasterize(p, binning, bg, self.backend)
+                frames[b] = (p, binning, r, rows)
+                image = r.image
+            if b < len(images):
+                pix = xp.asarray(_pixel_mask(mine, tx, ty, W, H))
+                images[b][pix] = image[pix]
         full = self.exchange.allreduce_sum(images)
         self.tile_cost = self.exchange.allreduce_sum(my_cost)
         t3 = time.perf_counter()
-        # the loss of the batch is the mean of the views' losses; every rank computes all of it
-        loss = 0.0
-        d_imgs = []
-        for b, i in enumerate(views):
-            lb, d = l1_ssim_loss(full[b], self.targets[i], c.lambda_dssim, backend=self.backend)
-            loss += lb / self.batch
-            d_imgs.append(d / self.batch)
-        # 5. raster backward of my tiles, gradients in the order the records arrived
-        G = xp.zeros((len(recv), go.GRAD_FIELDS), np.float32)
-        for b, (p, binning, r, rows) in frames.items():
-            G[xp.asarray(rows)] = ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d_imgs[b]),
-                                                        backend=self.backend)
+        # the loss of the batch is the mean of the views' losses
+        if tile_loss:
+            loss = float(self.comm.allreduce(loss_share))
+        else:  # every rank computes all of it, then 5. the raster backward of its tiles
+            loss = 0.0
+            d_imgs = []
+            for b, i in enumerate(views):
+                lb, d = l1_ssim_loss(full[b], self.targets[i], c.lambda_dssim, backend=self.backend)
+                loss += lb / self.batch
+                d_imgs.append(d / self.batch)
+            for b, (p, binning, r, rows) in frames.items():
+                G[xp.asarray(rows)] = ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d_imgs[b]),
+                                                            backend=self.backend)
         t4 = time.perf_counter()
         n_local = len(model)
         out = xp.zeros((self.batch * n_local, go.GRAD_FIELDS), np.float32)

@@ -289,15 +289,16 @@ def _tile_pixels(xp, tile_mask, tiles_x, tiles_y, W, H):
 
 
 def rasterize_tile_loss(p: Projection, b: Binning, target, perms, lam=0.2, background=None, fuse=True,
-                        max_fused=None, want_image=False, backend=None):
+                        max_fused=None, want_image=False, backend=None, tiles=None):
     """Forward, tile-local loss (L1 + S3IM) and backward over every tile.
 
     On the GPU, tiles whose Gaussians fit in shared memory take ByteSplat's fused
     kernel; the others (and every tile on the CPU, or with ``fuse=False``) take
-    raster forward, ``tile_loss`` and raster backward.  Returns
+    raster forward, ``tile_loss`` and raster backward.  With ``tiles`` (a bool
+    mask) the loss is those tiles' share (a renderer's, under MPI).  Returns
     (loss, gradient records, image or None, stats).
     """
-    from .tile_loss import tile_loss
+    from .tile_loss import loss_from_tile_sums, tile_loss
     kernels, xp = _impl(backend)
     W, H = p.camera.width, p.camera.height
     tx, ty = p.camera.tiles
@@ -317,9 +318,7 @@ def rasterize_tile_loss(p: Projection, b: Binning, target, perms, lam=0.2, backg
         partials = xp.zeros((len(per_tile), 2), np.float32)
         fz.fused_raster_loss_backward(p.proj, b.ids, b.ranges, W, H, tx, bg, target, perms, lam, per_tile, limit,
                                       want_image or big.any(), image, grad, partials)
-        sums = _backend.to_host(partials).sum(axis=0, dtype=np.float64)  # sum |d| and sum n_w ssim_w
-        npix = 3.0 * W * H
-        loss = (1 - lam) * sums[0] / npix + lam * (1.0 - sums[1] / (perms.shape[0] * npix))
+        loss = loss_from_tile_sums(partials, lam, W, H, perms.shape[0], tiles)
     if big.any():
         ranges = xp.where(xp.asarray(big)[:, None], b.ranges, 0).astype(np.int32)
         unfused = Binning(b.ids, xp.ascontiguousarray(ranges), b.n_isect)
@@ -327,7 +326,7 @@ def rasterize_tile_loss(p: Projection, b: Binning, target, perms, lam=0.2, backg
         if image is not None:
             mask = _tile_pixels(xp, big, tx, ty, W, H)
             r.image = xp.where(mask[..., None], r.image, image)
-        loss, d_img = tile_loss(r.image, target, perms, lam, backend=backend)
+        loss, d_img = tile_loss(r.image, target, perms, lam, backend=backend, tiles=tiles)
         rasterize_backward(p, unfused, r, d_img, grad=grad, backend=backend)
         image = r.image
     stats = {"fused_tiles": float((~big).mean()) if len(big) else 0.0,

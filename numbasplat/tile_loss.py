@@ -276,12 +276,36 @@ def store_tile_sums(tid, tile, l1, ss, red, partials):
 # Public API
 # ---------------------------------------------------------------------------
 
-def tile_loss(img, gt, perms, lam=0.2, backend=None):
+def tile_pixels(W, H):
+    """(tiles,) pixels of each row-major tile (border tiles are cut by the image)."""
+    tw = np.minimum(TILE, W - TILE * np.arange((W + TILE - 1) // TILE))
+    th = np.minimum(TILE, H - TILE * np.arange((H + TILE - 1) // TILE))
+    return np.outer(th, tw).reshape(-1)
+
+
+def loss_from_tile_sums(partials, lam, W, H, repeats, tiles=None):
+    """The loss from per-tile (sum |d|, sum n_w SSIM_w) partial sums.
+
+    With ``tiles`` (a bool mask) it is those tiles' share of the image's loss:
+    the shares of disjoint tile sets add up to the loss (each renderer under
+    MPI computes its own share)."""
+    p = np.asarray(_backend.to_host(partials), np.float64)
+    share = 1.0
+    if tiles is not None:
+        p = p[tiles]
+        share = tile_pixels(W, H)[tiles].sum() / (W * H)
+    l1, ss = p.sum(axis=0)
+    npix = 3.0 * W * H
+    return float((1.0 - lam) * l1 / npix + lam * (share - ss / (repeats * npix)))
+
+
+def tile_loss(img, gt, perms, lam=0.2, backend=None, tiles=None):
     """(1-lam) * L1 + lam * (1 - S3IM) and its gradient w.r.t. img.
 
     img, gt: (H, W, 3); perms: (R, 256) int32 from ``s3im_permutations``.
     Returns (loss: float, dimg) with dimg on the backend's device (float32 on
     the CUDA path, img's float dtype on the CPU).  One kernel launch on CUDA.
+    ``tiles`` (bool mask): count only those tiles' share of the loss.
     """
     img, gt, backend = _prepare(img, gt, backend)
     perms = np.ascontiguousarray(_backend.to_host(perms), dtype=np.int32)
@@ -305,5 +329,4 @@ def tile_loss(img, gt, perms, lam=0.2, backend=None):
         partials = xp.empty((tiles_x * tiles_y, 2), np.float32)
         _tile_loss_kernel[(tiles_x, tiles_y), (TILE, TILE)](img, gt, xp.asarray(perms), f32(lam), f32(inv_l1),
                                                             f32(inv_ssim), dimg, partials)
-    l1, ss = _backend.to_host(partials).sum(axis=0, dtype=np.float64)
-    return float((1.0 - lam) * l1 * inv_l1 + lam * (1.0 - ss * inv_ssim)), dimg
+    return loss_from_tile_sums(partials, lam, W, H, R, tiles), dimg

@@ -55,6 +55,12 @@ def main(repeats=3):
             print(f"{W}x{H} {label:12s} fused tiles {got[4]['fused_tiles']:.2f} "
                   + " ".join(f"{k}={e:.1e}" for k, e in errs.items()) + (" FAIL" if bad else ""))
             failures += bad
+        if i == 0:  # a renderer's share of the loss under MPI (every other tile), from the fused partial sums
+            mask = np.arange(len(per_tile)) % 2 == 0
+            share = abs(run(g, cam, target, perms, "cuda", tiles=mask)[0] - run(g, cam, target, perms, "cpu",
+                                                                              tiles=mask)[0])
+            print(f"{W}x{H} loss share   error {share:.1e}" + (" FAIL" if share > 1e-5 else ""))
+            failures += ["share"] if share > 1e-5 else []
     print("FAILED: " + ", ".join(failures) if failures else "all fused checks passed")
     return 1 if failures else 0
 

@@ -35,6 +35,8 @@ with abort_on_error(comm):
     cfg = TrainConfig(iterations=32, sh_degree=1, sh_increase_every=8, n_random_init=300, snapshot_every=0,
                       log_every=4, background=(1.0, 1.0, 1.0))
     backend = "cuda" if "cuda" in sys.argv else "cpu"  # cuda: the simulator in CI
+    if "tile" in sys.argv:  # tile-local L1 + S3IM: each renderer computes its tiles' share
+        cfg.loss = "tile"
     if "small" in sys.argv:  # two batches of 100 Gaussians: what the simulator can afford
         cfg.iterations, cfg.n_random_init = 8, 100
     t = DistributedTrainer(ds, out, cfg, comm, batch_size=4, grad_comm=grad_comm, backend=backend)

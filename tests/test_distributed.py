@@ -1,4 +1,5 @@
 """Distributed training over MPI (CPU backend): P ranks end with 1 rank's parameters."""
+import json
 import os
 import subprocess
 import sys
@@ -36,6 +37,26 @@ def test_two_and_four_ranks_match_one(tmp_path):
             assert got[g].shape == a.shape, (n, comm, g, log)
             err = np.linalg.norm(got[g] - a) / np.linalg.norm(a)
             assert err <= 1e-5, (n, comm, g, err)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(1200)
+def test_tile_loss_ranks_match_one(tmp_path):
+    """--loss tile: no image is shared, each renderer computes its tiles' share of the loss."""
+    def losses(out):  # the batch losses of the log: the ranks' shares summed
+        return np.array([json.loads(line)["loss"] for line in (out / "log.jsonl").read_text().splitlines()])
+
+    ref, log = launch(1, tmp_path / "p1", "sparse", "tile")
+    assert len(ref["means"]) != 300, "densification did not run: " + log
+    launch(1, tmp_path / "global", "sparse")
+    assert not np.allclose(losses(tmp_path / "global"), losses(tmp_path / "p1"), rtol=1e-3), "tile loss not used"
+    for n in (2, 4):
+        got, log = launch(n, tmp_path / f"p{n}", "sparse", "tile")
+        np.testing.assert_allclose(losses(tmp_path / f"p{n}"), losses(tmp_path / "p1"), rtol=1e-5)
+        for g, a in ref.items():
+            assert got[g].shape == a.shape, (n, g, log)
+            err = np.linalg.norm(got[g] - a) / np.linalg.norm(a)
+            assert err <= 1e-5, (n, g, err)
 
 
 @pytest.mark.mpi

@@ -97,6 +97,18 @@ def test_value_matches_reference(shape):
     assert abs(val32 - ref_tile_loss(img.astype(np.float32), gt.astype(np.float32), perms)) < 1e-6
 
 
+def test_shares_of_disjoint_tiles_add_up_to_the_loss():
+    """Each renderer under MPI computes its tiles' share; the shares sum to the image's loss."""
+    img, gt = make_pair(37, 50, np.float64, seed=3)
+    perms = TL.s3im_permutations(np.random.default_rng(4), repeats=3)
+    full, dfull = TL.tile_loss(img, gt, perms, backend="cpu")
+    owner = np.random.default_rng(5).integers(0, 3, TL.tile_pixels(50, 37).size)
+    shares = [TL.tile_loss(img, gt, perms, backend="cpu", tiles=owner == r) for r in range(3)]
+    assert abs(sum(v for v, _ in shares) - full) < 1e-12
+    assert all(np.array_equal(d, dfull) for _, d in shares)  # the gradient does not depend on the share
+    assert TL.tile_loss(gt, gt, perms, backend="cpu", tiles=owner == 0)[0] < 1e-12
+
+
 def test_multiple_of_16_is_plain_mean_and_identity_is_zero():
     img, gt = make_pair(32, 16, np.float64, seed=5)
     perms = TL.s3im_permutations(np.random.default_rng(0), repeats=3)
