@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|lego30k|fern30k|mpi|tile
+#   scripts/gpu_session.sh checks|fused|lego30k|fern30k|tile|mpi P [--loss tile]
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -35,19 +35,19 @@ fused)
     done ;;
 lego30k) train warm 700 "${LEGO[@]}"; train lego30k 30000 "${LEGO[@]}" ;;
 fern30k) train warm 700 "${FERN[@]}"; train fern30k 30000 "${FERN[@]}" ;;
-mpi)
-    train warm 700 "${FERN[@]}"
-    for p in 2 4; do
-        step "fern P=$p"; mpi $p --out "$R/fern_p$p" --iters 7000 --eval --quiet "${FERN[@]}" > "$R/fern_p$p.txt" 2>&1
-        grep -v Warn "$R/fern_p$p.txt" | tail -1; rm -rf "$R/fern_p$p/snapshot.h5" "$R/fern_p$p/test_renders"
-    done
-    step "lego P=4"; mpi 4 --out "$R/lego_p4" --iters 7000 --eval --quiet "${LEGO[@]}" > "$R/lego_p4.txt" 2>&1
-    grep -v Warn "$R/lego_p4.txt" | tail -1; rm -rf "$R/lego_p4/snapshot.h5" "$R/lego_p4/test_renders" ;;
+mpi)  # fern and lego at P ranks sharing the GPU (P = 1 is the plain train part above)
+    p=$2; shift 2
+    train warm 700 "${FERN[@]}" "$@"
+    for scene in fern lego; do
+        name=${scene}_p$p; args=FERN[@]; [ $scene = lego ] && args=LEGO[@]
+        step "$name $*"; mpi "$p" --out "$R/$name" --iters 7000 --eval --quiet "${!args}" "$@" > "$R/$name.txt" 2>&1
+        grep -v Warn "$R/$name.txt" | tail -1; rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders"
+    done ;;
 tile)
     train warm 700 "${LEGO[@]}" --loss tile
     train lego_tile 7000 "${LEGO[@]}" --loss tile
     train fern_tile 7000 "${FERN[@]}" --loss tile ;;
-*) echo "usage: $0 checks|fused|lego30k|fern30k|mpi|tile" >&2; exit 2 ;;
+*) echo "usage: $0 checks|fused|lego30k|fern30k|tile|mpi P [--loss tile]" >&2; exit 2 ;;
 esac
 step done
 (cd "$OUT" && tar czf logs.tgz r && rm -rf r)
