@@ -20,7 +20,8 @@ def _config(a):
     from engine.trainer import TrainConfig
     cfg = TrainConfig()
     for k in ("iterations", "strategy", "cap_max", "max_gaussians", "absgrad", "random_background", "antialias",
-              "visible_adam", "snapshot_every", "seed", "sh_degree", "densify_until", "loss", "n_random_init"):
+              "visible_adam", "snapshot_every", "seed", "sh_degree", "densify_until", "loss", "n_random_init",
+              "s3im_repeats"):
         v = getattr(a, k, None)
         if v is not None:
             setattr(cfg, k, v)
@@ -209,14 +210,27 @@ def cmd_info(a):
         print(f"MPI: unavailable ({e})")
 
 
+def _count(low):
+    """argparse type: an integer of at least ``low`` (so a bad value is named, not silently used)."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    return parse
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="run.py", description="NumbaSplat: 3D Gaussian Splatting in Numba")
     sub = ap.add_subparsers(dest="cmd")
     b = sub.add_parser("bench", help="time full training steps on a benchmark scene (.npz)")
     b.add_argument("--scene", required=True, help=".npz written by shared/bench/scene_gen.py")
-    b.add_argument("--iters", type=int, default=20)
-    b.add_argument("--warmup", type=int, default=3)
-    b.add_argument("--sh-degree", type=int, default=None)
+    b.add_argument("--iters", type=_count(1), default=20)
+    b.add_argument("--warmup", type=_count(0), default=3)
+    b.add_argument("--sh-degree", type=int, choices=range(4), default=None)
     b.add_argument("--profile", action="store_true", help="also print the host-side Python profile")
     b.add_argument("--loss", choices=["global", "tile"], default="global")
     b.add_argument("--no-fuse", action="store_true", help="with --loss tile: the unfused kernels only")
@@ -233,27 +247,30 @@ def main(argv=None):
 
     t = sub.add_parser("train", help="train on a capture")
     data_args(t)
-    t.add_argument("--iters", dest="iterations", type=int, default=None)
+    t.add_argument("--iters", dest="iterations", type=_count(1), default=None)
     t.add_argument("--eval", action="store_true", help="evaluate on the test split and save renders")
     t.add_argument("--resume", action="store_true", help="continue from OUT/snapshot.h5")
     t.add_argument("--init-ply", default=None, help="start from the Gaussians of a PLY file (3DGS layout)")
-    t.add_argument("--init-points", dest="n_random_init", type=int, default=None,
+    t.add_argument("--init-points", dest="n_random_init", type=_count(1), default=None,
                    help="random points to start from when the capture has no SfM points (default 100000)")
     t.add_argument("--strategy", choices=["default", "mcmc"], default=None)
     t.add_argument("--loss", choices=["global", "tile"], default=None,
                    help="global: L1 + windowed SSIM; tile: L1 + S3IM per tile, fused on GPUs (ByteSplat)")
-    t.add_argument("--cap-max", type=int, default=None, help="Gaussian cap of the mcmc strategy")
-    t.add_argument("--max-gaussians", type=int, default=None, help="memory guard: stop growing at N Gaussians")
-    t.add_argument("--densify-until", type=int, default=None)
+    t.add_argument("--s3im-repeats", type=_count(1), default=None,
+                   help="with --loss tile: arrangements of each tile's pixels into S3IM windows, the first "
+                        "spatial and the others random (default 10, as published)")
+    t.add_argument("--cap-max", type=_count(1), default=None, help="Gaussian cap of the mcmc strategy")
+    t.add_argument("--max-gaussians", type=_count(0), default=None, help="memory guard: stop growing at N Gaussians")
+    t.add_argument("--densify-until", type=_count(0), default=None)
     t.add_argument("--absgrad", action="store_true", default=None)
     t.add_argument("--random-background", action="store_true", default=None)
     t.add_argument("--antialias", action="store_true", default=None)
     t.add_argument("--visible-adam", action="store_true", default=None)
-    t.add_argument("--snapshot-every", type=int, default=None)
-    t.add_argument("--sh-degree", type=int, default=None)
+    t.add_argument("--snapshot-every", type=_count(0), default=None)
+    t.add_argument("--sh-degree", type=int, choices=range(4), default=None)
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--quiet", action="store_true")
-    t.add_argument("--batch-size", type=int, default=None, help="views per step under MPI (default: ranks)")
+    t.add_argument("--batch-size", type=_count(1), default=None, help="views per step under MPI (default: ranks)")
     t.add_argument("--grad-comm", choices=["sparse", "dense"], default="sparse",
                    help="backward exchange under MPI: zero-eliding (ByteSplat) or dense")
     t.set_defaults(fn=cmd_train)
@@ -270,7 +287,7 @@ def main(argv=None):
     x.add_argument("--ply", required=True, help="output .ply path")
     x.set_defaults(fn=cmd_export)
     d = sub.add_parser("demo", help="train the built-in scene (also: no arguments)")
-    d.add_argument("--iters", dest="iterations", type=int, default=None)
+    d.add_argument("--iters", dest="iterations", type=_count(1), default=None)
     d.add_argument("--out", default=None)
     d.set_defaults(fn=cmd_demo)
     a = ap.parse_args(argv)

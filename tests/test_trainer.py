@@ -132,6 +132,9 @@ def test_cli_reports_bad_input_by_name(tmp_path):
     assert r.returncode != 0 and "missing" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("export", "--model", str(tmp_path), "--ply", str(tmp_path / "x.ply"))
     assert r.returncode != 0 and "Traceback" not in r.stderr
+    for flag, value in (("--iters", "-5"), ("--s3im-repeats", "0"), ("--batch-size", "two")):
+        r = run_cli("train", "--data", str(tmp_path), "--out", str(tmp_path / "o"), flag, value)
+        assert r.returncode == 2 and flag in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_tile_loss_training_runs_and_learns(dataset, tmp_path):
