@@ -539,6 +539,7 @@ def test_blender_loader_and_gl_to_cv(tmp_path):
         (tmp_path / f"transforms_{split}.json").write_text(json.dumps({"camera_angle_x": angle, "frames": frames}))
     ds = load_dataset(tmp_path)
     assert ds.fmt == "blender" and len(ds.train) == 4 and len(ds.test) == 2
+    assert ds.init_box == ((-1.3,) * 3, (1.3,) * 3) and len(ds.points) == 0  # 3DGS: random points in this cube
     assert ds.points.shape == (0, 3) and ds.colors.shape == (0, 3)
     meta = json.loads((tmp_path / "transforms_train.json").read_text())
     for v, fr in zip(ds.train, meta["frames"]):

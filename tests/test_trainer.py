@@ -88,6 +88,41 @@ def test_opacity_reset_and_memory_guard():
     assert np.allclose(1 / (1 + np.exp(-model.host_arrays()["opacities"])), 0.01, atol=1e-6)
 
 
+def test_reference_schedule_details(dataset, tmp_path):
+    """3DGS's choices that decide quality at 7k: the means LR decays over 30k steps whatever the run's
+    length, white backgrounds reset opacities at the first refinement too, and nothing refines or
+    resets at the last step (nothing would train what it changed)."""
+    t = Trainer(dataset, tmp_path, small_config(iterations=7000))
+    t.init_model()
+    t.step = 7000
+    lr, _ = t.learning_rates()
+    scale = dataset.scene_scale
+    assert lr["means"] > 1e-5 * scale  # 30k decay: 1.6e-4 * 0.01 ** (7 / 30) = 5.5e-5, not the final 1.6e-6
+    s = t.strategy
+    assert s.reset_at_start and s.refine_stop == 7000
+    assert not Trainer(dataset, tmp_path, small_config(background=(0.0, 0.0, 0.0))).strategy.reset_at_start
+    model = _model([3.0, 3.0], [0.01, 0.01])
+    s._fresh(np, 2)
+    assert s.after_optimizer(model, 500, Context(1.0, np.random.default_rng(0)))["opacity_reset"]
+    model = _model([3.0, 3.0], [0.01, 0.01])
+    s = Trainer(dataset, tmp_path, small_config(iterations=3000)).strategy
+    s._fresh(np, 2)
+    assert "opacity_reset" not in s.after_optimizer(model, 3000, Context(1.0, np.random.default_rng(0)))
+
+
+def test_blender_random_init_fills_the_object_box(tmp_path):
+    from data.nerf import BLENDER_BOX
+    from engine.trainer import Trainer as T
+    ds = make_dataset(size=32, n_views=6, backend="cpu")
+    ds.points, ds.init_box = np.zeros((0, 3), np.float32), BLENDER_BOX
+    t = T(ds, tmp_path, small_config())
+    t.init_model()
+    means = t.model.host_arrays()["means"]
+    assert means.min() >= -1.3 and means.max() <= 1.3 and means.std() > 0.5
+    rgb = t.model.host_arrays()["sh"][:, 0] * 0.28209479177387814 + 0.5
+    assert np.abs(rgb - 0.5).max() < 0.01  # grey, as 3DGS
+
+
 def test_mcmc_relocates_dead_and_grows_to_cap():
     model = _model([2.0] * 18 + [-9.0, -9.0], [0.05] * 20)
     s = MCMCStrategy(cap_max=21)
