@@ -43,10 +43,10 @@ def tile_spans(proj, counts, tile, tiles_x, tiles_y, span):
 
 
 @njit(parallel=True, cache=True)
-def project_backward(means, quats, scales, logits, sh, degree, cam, W, H, antialias, counts, grad,
+def project_backward(means, quats, scales, logits, sh, degree, cam, W, H, antialias, proj, counts, grad,
                      d_means, d_quats, d_scales, d_logits, d_sh, accumulate):
     for n in prange(means.shape[0]):
-        project_backward_one(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias, counts, grad,
+        project_backward_one(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias, proj, counts, grad,
                              d_means, d_quats, d_scales, d_logits, d_sh, accumulate)
 
 

@@ -9,12 +9,13 @@ instruction per warp; the CUDA simulator has no shuffles, so there the sum
 goes through shared memory.  The per-pixel math is ``blend``'s, shared with
 the CPU backend.
 """
+import numpy as np
 from numba import cuda, float32, int32
 
 from . import gaussian_ops as go
 from . import geometry as geo
 from .blend import blend_vjp, gaussian_alpha
-from ._backend import SIM
+from ._backend import SIM, array_module
 from .launch import kernel
 from .optim import adam_body
 
@@ -26,7 +27,8 @@ NF = go.PROJ_FIELDS
 NG = go.GRAD_FIELDS
 
 _ops = go.build(cuda.jit(device=True))
-project_one, visit_tiles, project_backward_one = _ops.project, _ops.visit_tiles, _ops.project_backward
+project_one, visit_tiles = _ops.project, _ops.visit_tiles
+sh_backward_lane, geometry_backward_one = _ops.sh_backward, _ops.geometry_backward
 tile_span_one = _ops.tile_span
 
 ALPHA_MIN = float32(geo.ALPHA_MIN)
@@ -68,13 +70,40 @@ def _emit_kernel(proj, order, counts, offsets, tile, tiles_x, tiles_y, W, H, key
             visit_tiles(n, proj, tile, tiles_x, tiles_y, W, H, key_base, offsets[k], counts[n], tile_ids, ids, True)
 
 
-@kernel(F2, F2, F2, F1, F3, "int64", F1, "int64", "int64", "boolean", I1, F2, F2, F2, F2, F1, F3, "boolean")
-def _project_backward_kernel(means, quats, scales, logits, sh, degree, cam, W, H, antialias, counts, grad,
-                             d_means, d_quats, d_scales, d_logits, d_sh, accumulate):
+SH_WARPS = 8  # Gaussians per block of the SH backward kernel, a warp each
+SH_THREADS = SH_WARPS * 32
+
+
+@kernel(F2, F3, "int64", F1, F2, I1, F2, F3, F2, "boolean")
+def _sh_backward_kernel(means, sh, degree, cam, proj, counts, grad, d_sh, d_dir, accumulate):
+    """One warp per Gaussian: its 48 SH values are 192 contiguous bytes, so the warp reads sh and
+    writes d_sh in whole lines (a thread per Gaussian touches 32 lines per load); the lanes' parts
+    of the view-direction gradient are summed in shared memory (no shuffles: the simulator runs it)."""
+    part = cuda.shared.array((3, SH_THREADS), float32)
+    tid = cuda.threadIdx.x
+    lane = tid % 32
+    n = cuda.blockIdx.x * SH_WARPS + tid // 32
+    gx = gy = gz = ZERO
+    if n < means.shape[0]:
+        gx, gy, gz = sh_backward_lane(n, lane, 32, means, sh, degree, cam, proj, counts, grad, d_sh, accumulate)
+    part[0, tid] = gx
+    part[1, tid] = gy
+    part[2, tid] = gz
+    cuda.syncthreads()
+    if lane < 3 and n < means.shape[0]:
+        total = ZERO
+        for k in range(tid - lane, tid - lane + 32):
+            total += part[lane, k]
+        d_dir[n, lane] = total
+
+
+@kernel(F2, F2, F2, F1, F1, "int64", "int64", "boolean", I1, F2, F2, F2, F2, F2, F1, "boolean")
+def _geometry_backward_kernel(means, quats, scales, logits, cam, W, H, antialias, counts, grad, d_dir,
+                              d_means, d_quats, d_scales, d_logits, accumulate):
     n = cuda.grid(1)
     if n < means.shape[0]:
-        project_backward_one(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias, counts, grad,
-                             d_means, d_quats, d_scales, d_logits, d_sh, accumulate)
+        geometry_backward_one(n, means, quats, scales, logits, cam, W, H, antialias, counts, grad,
+                              d_dir[n, 0], d_dir[n, 1], d_dir[n, 2], d_means, d_quats, d_scales, d_logits, accumulate)
 
 
 @kernel(F2, I1, "int64", "int64", "int64", "int64[:, ::1]")
@@ -99,11 +128,14 @@ def emit_intersections(proj, order, counts, offsets, tile, tiles_x, tiles_y, W, 
                                         tile_ids, ids)
 
 
-def project_backward(means, quats, scales, logits, sh, degree, cam, W, H, antialias, counts, grad,
+def project_backward(means, quats, scales, logits, sh, degree, cam, W, H, antialias, proj, counts, grad,
                      d_means, d_quats, d_scales, d_logits, d_sh, accumulate):
-    _project_backward_kernel[_grid(means.shape[0])](means, quats, scales, logits, sh, degree, cam, W, H,
-                                                    antialias, counts, grad, d_means, d_quats, d_scales,
-                                                    d_logits, d_sh, accumulate)
+    n = means.shape[0]
+    d_dir = array_module("cuda").empty((n, 3), np.float32)
+    _sh_backward_kernel[(n + SH_WARPS - 1) // SH_WARPS, SH_THREADS](means, sh, degree, cam, proj, counts, grad,
+                                                                       d_sh, d_dir, accumulate)
+    _geometry_backward_kernel[_grid(n)](means, quats, scales, logits, cam, W, H, antialias, counts, grad, d_dir,
+                                        d_means, d_quats, d_scales, d_logits, accumulate)
 
 
 # --------------------------------------------------------------------------- per tile

@@ -65,6 +65,15 @@ def build(jit):
         a[n, k, c] = v
 
     @jit
+    def view_direction(n, means, cam):
+        """Unit direction from the camera centre to Gaussian n, and 1 / the distance."""
+        dx = means[n, 0] - cam[16]
+        dy = means[n, 1] - cam[17]
+        dz = means[n, 2] - cam[18]
+        inv = f32(1.0) / math.sqrt(dx * dx + dy * dy + dz * dz)
+        return dx * inv, dy * inv, dz * inv, inv
+
+    @jit
     def visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, key_base, o, limit, tile_ids, ids, write):
         """Count (write=False) or emit (write=True) the tiles hit by Gaussian n.
 
@@ -124,11 +133,8 @@ def build(jit):
         proj[n, OPAC] = f32(0.0)
         if not (ok and opacity > geo.ALPHA_MIN):
             return
-        dx = mx - cam[16]
-        dy = my - cam[17]
-        dz = mz - cam[18]
-        inv = f32(1.0) / math.sqrt(dx * dx + dy * dy + dz * dz)
-        b = sh_basis(degree, dx * inv, dy * inv, dz * inv)
+        nx, ny, nz, inv = view_direction(n, means, cam)
+        b = sh_basis(degree, nx, ny, nz)
         for c in range(3):
             acc = f32(0.5)
             for k in range((degree + 1) * (degree + 1)):
@@ -151,11 +157,44 @@ def build(jit):
 
 
     @jit
-    def project_backward_body(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias, counts, grad,
-                              d_means, d_quats, d_scales, d_logits, d_sh, accumulate):
-        """Gaussian n's parameter gradients, from its screen-space gradient record:
-        added to the outputs, or written over them (``accumulate`` False: no
-        separate zeroing pass over the gradient buffers)."""
+    def sh_backward_body(n, lane, lanes, means, sh, degree, cam, proj, counts, grad, d_sh, accumulate):
+        """The SH coefficients' gradients of Gaussian n, coefficient-channel pairs lane, lane + lanes, ...
+        (one thread: lane 0 of 1; CUDA: a warp, so reads and writes are contiguous).  Returns this
+        lane's part of the gradient w.r.t. the view direction.  Clamped colour channels (the
+        forward's colour is 0) pass no gradient."""
+        pairs = 3 * sh.shape[1]
+        gx = f32(0.0)
+        gy = f32(0.0)
+        gz = f32(0.0)
+        if counts[n] == 0:  # culled: its gradient is zero
+            if not accumulate:
+                for e in range(lane, pairs, lanes):
+                    d_sh[n, e // 3, e % 3] = 0
+            return gx, gy, gz
+        nx, ny, nz, inv = view_direction(n, means, cam)
+        b = sh_basis(degree, nx, ny, nz)
+        jx, jy, jz = sh_basis_jacobian(degree, nx, ny, nz)
+        used = (degree + 1) * (degree + 1)
+        for e in range(lane, pairs, lanes):
+            k = e // 3
+            c = e - 3 * k
+            if k < used:
+                g = grad[n, RED + c] if proj[n, RED + c] > f32(0.0) else f32(0.0)
+                store3(d_sh, n, k, c, b[k] * g, accumulate)
+                w = g * sh[n, k, c]
+                gx += w * jx[k]
+                gy += w * jy[k]
+                gz += w * jz[k]
+            elif not accumulate:
+                d_sh[n, k, c] = 0
+        return gx, gy, gz
+
+    @jit
+    def geometry_backward_body(n, means, quats, scales, logits, cam, W, H, antialias, counts, grad, gx, gy, gz,
+                               d_means, d_quats, d_scales, d_logits, accumulate):
+        """Gaussian n's mean, rotation, scale and opacity gradients from its screen-space gradient
+        record and (gx, gy, gz), the gradient w.r.t. its view direction (``sh_backward_body``).
+        Written over the outputs, or added to them (``accumulate``)."""
         if counts[n] == 0:  # culled: its gradient is zero
             if not accumulate:
                 for j in range(3):
@@ -164,9 +203,6 @@ def build(jit):
                 for j in range(4):
                     d_quats[n, j] = 0
                 d_logits[n] = 0
-                for k in range(d_sh.shape[1]):
-                    for c in range(3):
-                        d_sh[n, k, c] = 0
             return
         view = (cam[0], cam[1], cam[2], cam[3], cam[4], cam[5], cam[6], cam[7], cam[8], cam[9], cam[10], cam[11])
         mx = means[n, 0]
@@ -182,43 +218,16 @@ def build(jit):
         s = sigmoid(logits[n])
         d_opac = grad[n, OPAC]
         store1(d_logits, n, d_opac * comp * s * (f32(1.0) - s), accumulate)
-        # colour: the SH coefficients and the view direction
-        dx = mx - cam[16]
-        dy = my - cam[17]
-        dz = mz - cam[18]
-        inv = f32(1.0) / math.sqrt(dx * dx + dy * dy + dz * dz)
-        nx = dx * inv
-        ny = dy * inv
-        nz = dz * inv
-        b = sh_basis(degree, nx, ny, nz)
-        jx, jy, jz = sh_basis_jacobian(degree, nx, ny, nz)
-        K = (degree + 1) * (degree + 1)
-        gnx = f32(0.0)
-        gny = f32(0.0)
-        gnz = f32(0.0)
-        for c in range(3):
-            acc = f32(0.5)
-            for k in range(K):
-                acc += b[k] * sh[n, k, c]
-            g = grad[n, RED + c] if acc > f32(0.0) else f32(0.0)
-            for k in range(K):
-                store3(d_sh, n, k, c, b[k] * g, accumulate)
-                w = g * sh[n, k, c]
-                gnx += w * jx[k]
-                gny += w * jy[k]
-                gnz += w * jz[k]
-        dot = nx * gnx + ny * gny + nz * gnz
         dmx, dmy, dmz, dqw, dqx, dqy, dqz, dl0, dl1, dl2 = geo.project_vjp(
             mx, my, mz, qw, qx, qy, qz, scales[n, 0], scales[n, 1], scales[n, 2],
             view, cam[12], cam[13], cam[14], cam[15], W, H, antialias,
             grad[n, U], grad[n, V], grad[n, DEPTH], grad[n, CA], grad[n, CB], grad[n, CC], d_opac * s)
-        if not accumulate:
-            for k in range(K, d_sh.shape[1]):
-                for c in range(3):
-                    d_sh[n, k, c] = 0
-        store2(d_means, n, 0, dmx + (gnx - nx * dot) * inv, accumulate)
-        store2(d_means, n, 1, dmy + (gny - ny * dot) * inv, accumulate)
-        store2(d_means, n, 2, dmz + (gnz - nz * dot) * inv, accumulate)
+        # the colour's view-direction term: through the normalisation of (mean - camera centre)
+        nx, ny, nz, inv = view_direction(n, means, cam)
+        dot = nx * gx + ny * gy + nz * gz
+        store2(d_means, n, 0, dmx + (gx - nx * dot) * inv, accumulate)
+        store2(d_means, n, 1, dmy + (gy - ny * dot) * inv, accumulate)
+        store2(d_means, n, 2, dmz + (gz - nz * dot) * inv, accumulate)
         store2(d_quats, n, 0, dqw, accumulate)
         store2(d_quats, n, 1, dqx, accumulate)
         store2(d_quats, n, 2, dqy, accumulate)
@@ -227,5 +236,16 @@ def build(jit):
         store2(d_scales, n, 1, dl1, accumulate)
         store2(d_scales, n, 2, dl2, accumulate)
 
+    @jit
+    def project_backward_body(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias, proj, counts, grad,
+                              d_means, d_quats, d_scales, d_logits, d_sh, accumulate):
+        """Gaussian n's parameter gradients, from its screen-space gradient record (and its
+        projected record, for the colour clamp): added to the outputs, or written over them
+        (``accumulate`` False: no separate zeroing pass over the gradient buffers)."""
+        gx, gy, gz = sh_backward_body(n, 0, 1, means, sh, degree, cam, proj, counts, grad, d_sh, accumulate)
+        geometry_backward_body(n, means, quats, scales, logits, cam, W, H, antialias, counts, grad, gx, gy, gz,
+                               d_means, d_quats, d_scales, d_logits, accumulate)
+
     return SimpleNamespace(visit_tiles=visit_tiles_body, project=project_body, tile_span=tile_span_body,
-                           project_backward=project_backward_body)
+                           project_backward=project_backward_body, sh_backward=sh_backward_body,
+                           geometry_backward=geometry_backward_body)

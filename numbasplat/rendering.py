@@ -277,7 +277,7 @@ def project_backward(g: Gaussians, p: Projection, grad, out: Gaussians = None, a
         accumulate = False
     if len(g):
         kernels.project_backward(g.means, g.quats, g.scales, g.opacities, g.sh, p.sh_degree, p.cam,
-                                 p.camera.width, p.camera.height, p.antialias, p.counts, grad,
+                                 p.camera.width, p.camera.height, p.antialias, p.proj, p.counts, grad,
                                  out.means, out.quats, out.scales, out.opacities, out.sh, bool(accumulate))
     return out
 
