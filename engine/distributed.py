@@ -32,14 +32,12 @@ import numbasplat as ns
 from numbasplat import _backend
 from numbasplat import gaussian_ops as go
 from numbasplat.loss import l1_ssim_loss
-from numbasplat.rendering import rasterize_tile_loss
+from numbasplat.rendering import rasterize_tile_loss, tile_pixel_mask
 from numbasplat.tile_loss import s3im_permutations
 from numbasplat.optim import GROUPS
 
 from .model import GaussianModel
 from .trainer import Trainer
-
-TILE = ns.rendering.TILE
 
 
 def select_device(comm):
@@ -211,7 +209,7 @@ class DistributedTrainer(Trainer):
                 frames[b] = (p, binning, r, rows)
                 image = r.image
             if b < len(images):
-                pix = xp.asarray(_pixel_mask(mine, tx, ty, W, H))
+                pix = tile_pixel_mask(xp, mine, tx, ty, W, H)
                 images[b][pix] = image[pix]
         full = self.exchange.allreduce_sum(images)
         self.tile_cost = self.exchange.allreduce_sum(my_cost)
@@ -372,9 +370,3 @@ class _HostModel:
 
     def __len__(self):
         return len(self._arrays["params"]["means"])
-
-
-def _pixel_mask(mine, tx, ty, W, H):
-    """(H, W) bool: the pixels of the tiles marked in ``mine`` (row-major tiles)."""
-    grid = mine.reshape(ty, tx).repeat(TILE, 0).repeat(TILE, 1)
-    return grid[:H, :W]

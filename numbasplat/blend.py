@@ -10,7 +10,21 @@ import math
 from numpy import float32 as f32
 
 from .device import shared
-from .geometry import ALPHA_MAX
+from .geometry import ALPHA_MAX, ALPHA_MIN, T_MIN
+
+
+@shared
+def blend_step(alpha, T):
+    """One Gaussian of the front-to-back pass: (weight, next T, done).
+
+    Alpha under 1/255 is skipped (weight 0, T kept); a Gaussian that would take T
+    to T_MIN or below ends the pixel without contributing (as 3DGS does)."""
+    if alpha < ALPHA_MIN:
+        return T * f32(0.0), T, False
+    nT = T * (f32(1.0) - alpha)
+    if nT <= T_MIN:
+        return T * f32(0.0), T, True
+    return alpha * T, nT, False
 
 
 @shared

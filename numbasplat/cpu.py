@@ -12,7 +12,7 @@ from numba import njit, prange
 from . import gaussian_ops as go
 from . import geometry as geo
 from .optim import adam_body
-from .blend import blend_vjp, gaussian_alpha
+from .blend import blend_step, blend_vjp, gaussian_alpha
 from .device import shared
 
 _ops = go.build(njit(cache=True))  # not inlined: parfors cannot analyse the inlined tuple math
@@ -75,18 +75,15 @@ def raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, dep
                 for i in range(start, end):
                     g = ids[i]
                     alpha, vis, dx, dy = record_alpha(proj, g, px + 0.5, py + 0.5)
-                    if alpha < geo.ALPHA_MIN:
-                        continue
-                    nT = T * (1.0 - alpha)
-                    if nT <= geo.T_MIN:
+                    w, T, done = blend_step(alpha, T)
+                    if done:
                         break
-                    w = alpha * T
-                    r += w * proj[g, go.RED]
-                    gr += w * proj[g, go.GREEN]
-                    b += w * proj[g, go.BLUE]
-                    d += w * proj[g, go.DEPTH]
-                    T = nT
-                    stop = i + 1
+                    if w > 0:
+                        r += w * proj[g, go.RED]
+                        gr += w * proj[g, go.GREEN]
+                        b += w * proj[g, go.BLUE]
+                        d += w * proj[g, go.DEPTH]
+                        stop = i + 1
                 image[py, px, 0] = r + T * bg[0]
                 image[py, px, 1] = gr + T * bg[1]
                 image[py, px, 2] = b + T * bg[2]

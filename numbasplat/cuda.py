@@ -14,7 +14,7 @@ from numba import cuda, float32, int32
 
 from . import gaussian_ops as go
 from . import geometry as geo
-from .blend import blend_vjp, gaussian_alpha
+from .blend import blend_step, blend_vjp, gaussian_alpha
 from ._backend import SIM, array_module
 from .launch import kernel
 from .optim import adam_body
@@ -33,7 +33,6 @@ tile_span_one = _ops.tile_span
 
 ALPHA_MIN = float32(geo.ALPHA_MIN)
 ALPHA_MAX = float32(geo.ALPHA_MAX)
-T_MIN = float32(geo.T_MIN)
 HALF = float32(0.5)
 ONE = float32(1.0)
 ZERO = float32(0.0)
@@ -193,19 +192,13 @@ def _raster_forward_kernel(proj, ids, ranges, W, H, tiles_x, bg, image, trans, d
             if done:
                 break
             alpha, vis, dx, dy = _alpha(rec, j, fx, fy)
-            if alpha < ALPHA_MIN:
-                continue
-            nT = T * (ONE - alpha)
-            if nT <= T_MIN:
-                done = True
-                break
-            w = alpha * T
-            r += w * rec[j, go.RED]
-            g += w * rec[j, go.GREEN]
-            b += w * rec[j, go.BLUE]
-            d += w * rec[j, go.DEPTH]
-            T = nT
-            stop = base + j + 1
+            w, T, done = blend_step(alpha, T)
+            if w > ZERO:
+                r += w * rec[j, go.RED]
+                g += w * rec[j, go.GREEN]
+                b += w * rec[j, go.BLUE]
+                d += w * rec[j, go.DEPTH]
+                stop = base + j + 1
         cuda.syncthreads()
     if inside:
         image[py, px, 0] = r + T * bg[0]

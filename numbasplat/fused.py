@@ -19,8 +19,8 @@ from numba import cuda, float32, int32
 
 from . import _backend
 from . import gaussian_ops as go
-from .blend import blend_vjp, gaussian_alpha
-from .cuda import (ALPHA_MIN, BLOCK, F1, F2, F3, HALF, I1, I2, NF, NG, ONE, RED_ROWS, T_MIN, TILE, ZERO,
+from .blend import blend_step, blend_vjp, gaussian_alpha
+from .cuda import (ALPHA_MIN, BLOCK, F1, F2, F3, HALF, I1, I2, NF, NG, ONE, RED_ROWS, TILE, ZERO,
                    _pixel_of_tile, _reduce_add)
 from .launch import kernel
 from .tile_loss import TILE_LOSS_SMEM, store_tile_sums, tile_loss_grad
@@ -74,18 +74,12 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
             if done:
                 break
             alpha, vis, dx, dy = _cached_alpha(rec, j, fx, fy)
-            if alpha < ALPHA_MIN:
-                continue
-            nT = T * (ONE - alpha)
-            if nT <= T_MIN:
-                done = True
-                break
-            w = alpha * T
-            r += w * rec[j * NF + go.RED]
-            gr += w * rec[j * NF + go.GREEN]
-            b += w * rec[j * NF + go.BLUE]
-            T = nT
-            stop = j + 1
+            w, T, done = blend_step(alpha, T)
+            if w > ZERO:
+                r += w * rec[j * NF + go.RED]
+                gr += w * rec[j * NF + go.GREEN]
+                b += w * rec[j * NF + go.BLUE]
+                stop = j + 1
     if inside:
         cuda.atomic.max(block_last, 0, stop)
     c0 = r + T * bg[0]
@@ -126,28 +120,21 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
         _reduce_add(grad, rid[count * NF + j], tid, valid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
 
 
-@functools.lru_cache(maxsize=None)
-def _shared_memory(device=0):
-    """(shared memory per block, per SM, the kernel's static layout) in bytes, read from the device
-    once (getDeviceProperties takes milliseconds: not a per-step call)."""
+@functools.cache
+def _shared_memory():
+    """(shared memory per block, per SM, the kernel's static layout) in bytes, read from the
+    process's device once (getDeviceProperties takes milliseconds: not a per-step call)."""
     if _backend.SIM:
         return 48 * 1024, 48 * 1024, 0
     import cupy
-    props = cupy.cuda.runtime.getDeviceProperties(device)
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     per_block = props.get("sharedMemPerBlockOptin", props["sharedMemPerBlock"])
     return per_block, props.get("sharedMemPerMultiprocessor", per_block), _fused_kernel.static_shared_bytes()
 
 
-def _device():
-    if _backend.SIM:
-        return 0
-    import cupy
-    return cupy.cuda.Device().id
-
-
 def budget():
     """B: Gaussians per tile that fit in shared memory beside the kernel's fixed layout."""
-    per_block, _, m_fixed = _shared_memory(_device())
+    per_block, _, m_fixed = _shared_memory()
     return max(0, (per_block - m_fixed) // RECORD_BYTES)
 
 
@@ -162,7 +149,7 @@ def launch_groups(counts, max_count):
     tiles run at the occupancy their size allows.  Tiles stay in image order
     within a group (neighbours share Gaussians in L2).  Returns (tile list,
     [(start, end, largest count)])."""
-    _, per_sm, m_fixed = _shared_memory(_device())
+    _, per_sm, m_fixed = _shared_memory()
     caps = [(per_sm // k - BLOCK_RESERVED - m_fixed) // RECORD_BYTES for k in (4, 2)]
     group = np.digitize(counts, caps, right=True)        # 0: fits 4 per SM, 1: 2 per SM, 2: the rest
     order = np.flatnonzero(counts <= max_count)

@@ -282,7 +282,7 @@ def project_backward(g: Gaussians, p: Projection, grad, out: Gaussians = None, a
     return out
 
 
-def _tile_pixels(xp, tile_mask, tiles_x, tiles_y, W, H):
+def tile_pixel_mask(xp, tile_mask, tiles_x, tiles_y, W, H):
     """(H, W) bool pixel mask of the tiles marked in a row-major tile mask."""
     grid = np.asarray(tile_mask).reshape(tiles_y, tiles_x).repeat(TILE, 0).repeat(TILE, 1)
     return xp.asarray(grid[:H, :W])
@@ -324,7 +324,7 @@ def rasterize_tile_loss(p: Projection, b: Binning, target, perms, lam=0.2, backg
         unfused = Binning(b.ids, xp.ascontiguousarray(ranges), b.n_isect)
         r = rasterize(p, unfused, background, backend)
         if image is not None:
-            mask = _tile_pixels(xp, big, tx, ty, W, H)
+            mask = tile_pixel_mask(xp, big, tx, ty, W, H)
             r.image = xp.where(mask[..., None], r.image, image)
         loss, d_img = tile_loss(r.image, target, perms, lam, backend=backend, tiles=tiles)
         rasterize_backward(p, unfused, r, d_img, grad=grad, backend=backend)

@@ -43,17 +43,6 @@ def box_tiles(proj, valid, tx, ty):
     return x0, x1, y0, y1
 
 
-def ranks_met(rows, cols_lo, cols_hi, tx, bounds):
-    """Records (Gaussian, rank): for each Gaussian, the ranks owning at least one of its tiles.
-    ``rows`` is a list of (gaussian index, tile row) pairs with the column range on that row."""
-    pairs = set()
-    for n, row, lo, hi in zip(*rows, cols_lo, cols_hi):
-        first = np.searchsorted(bounds, row * tx + lo, side="right") - 1
-        last = np.searchsorted(bounds, row * tx + hi - 1, side="right") - 1
-        pairs.update((int(n), int(k)) for k in range(first, last + 1))
-    return len(pairs)
-
-
 def view_stats(model, camera, degree, P):
     p = ns.project(model, camera, sh_degree=degree, backend="cpu")
     b = ns.bin_tiles(p, backend="cpu")
