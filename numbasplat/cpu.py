@@ -11,7 +11,7 @@ from numba import njit, prange
 
 from . import gaussian_ops as go
 from . import geometry as geo
-from .optim import adam_body
+from .optim import adam_lr, adam_update
 from .blend import blend_step, blend_vjp, gaussian_alpha
 from .device import shared
 
@@ -143,10 +143,13 @@ def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_i
     scatter_add_rows(ids, rows, grad)
 
 
-_adam_one = njit(inline="always")(adam_body)
+_adam_lr = njit(inline="always")(adam_lr)
+_adam_update = njit(inline="always")(adam_update)
 
 
 @njit(parallel=True, cache=True)
 def adam(params, grads, m, v, bounds, widths, col0, lrs, visible, use_visible, b1, b2, eps, bc1, bc2):
     for i in prange(params.shape[0]):
-        _adam_one(i, params, grads, m, v, bounds, widths, col0, lrs, visible, use_visible, b1, b2, eps, bc1, bc2)
+        lr = _adam_lr(i, bounds, widths, col0, lrs, visible, use_visible)
+        if lr >= 0:
+            params[i], m[i], v[i] = _adam_update(params[i], grads[i], m[i], v[i], lr, b1, b2, eps, bc1, bc2)

@@ -17,7 +17,7 @@ from . import geometry as geo
 from .blend import blend_step, blend_vjp, gaussian_alpha
 from ._backend import SIM, array_module
 from .launch import kernel
-from .optim import adam_body
+from .optim import adam_lr, adam_update
 
 BLOCK = 256                 # threads per tile block = Gaussians per shared-memory batch
 TILE = 16
@@ -28,7 +28,7 @@ NG = go.GRAD_FIELDS
 
 _ops = go.build(cuda.jit(device=True))
 project_one, visit_tiles = _ops.project, _ops.visit_tiles
-sh_backward_lane, geometry_backward_one = _ops.sh_backward, _ops.geometry_backward
+sh_backward_one, geometry_backward_one = _ops.sh_backward, _ops.geometry_backward
 tile_span_one = _ops.tile_span
 
 ALPHA_MIN = float32(geo.ALPHA_MIN)
@@ -69,31 +69,54 @@ def _emit_kernel(proj, order, counts, offsets, tile, tiles_x, tiles_y, W, H, key
             visit_tiles(n, proj, tile, tiles_x, tiles_y, W, H, key_base, offsets[k], counts[n], tile_ids, ids, True)
 
 
-SH_WARPS = 8  # Gaussians per block of the SH backward kernel, a warp each
-SH_THREADS = SH_WARPS * 32
+SH_BLOCK = 128  # Gaussians (threads) per block of the SH backward kernel
+SH_WIDTH = 49   # shared row: up to 16 coefficients x 3, plus one pad word (an odd stride: no bank conflicts)
 
 
-@kernel(F2, F3, "int64", F1, F2, I1, F2, F3, F2, "boolean")
-def _sh_backward_kernel(means, sh, degree, cam, proj, counts, grad, d_sh, d_dir, accumulate):
-    """One warp per Gaussian: its 48 SH values are 192 contiguous bytes, so the warp reads sh and
-    writes d_sh in whole lines (a thread per Gaussian touches 32 lines per load); the lanes' parts
-    of the view-direction gradient are summed in shared memory (no shuffles: the simulator runs it)."""
-    part = cuda.shared.array((3, SH_THREADS), float32)
+@cuda.jit(device=True, inline=True)
+def _stage_rows(rows, sh, counts, first, n_here, to_shared, accumulate):
+    """Copy the block's SH rows between global and shared memory, the block's threads walking
+    the rows' values in order so that every warp access is one or two whole cache lines.
+    Culled Gaussians are not read; their rows are written only as zeros (not accumulated)."""
+    width = sh.shape[1]
     tid = cuda.threadIdx.x
-    lane = tid % 32
-    n = cuda.blockIdx.x * SH_WARPS + tid // 32
-    gx = gy = gz = ZERO
-    if n < means.shape[0]:
-        gx, gy, gz = sh_backward_lane(n, lane, 32, means, sh, degree, cam, proj, counts, grad, d_sh, accumulate)
-    part[0, tid] = gx
-    part[1, tid] = gy
-    part[2, tid] = gz
+    r = tid // width
+    e = tid - r * width
+    while r < n_here:
+        n = first + r
+        if to_shared:
+            if counts[n] > 0:
+                rows[r, e] = sh[n, e]
+        elif counts[n] > 0 or not accumulate:
+            v = rows[r, e]
+            if accumulate:
+                v += sh[n, e]
+            sh[n, e] = v
+        e += SH_BLOCK
+        while e >= width:
+            e -= width
+            r += 1
+
+
+@kernel(F2, F2, "int64", F1, F2, I1, F2, F2, F2, "boolean")
+def _sh_backward_kernel(means, sh, degree, cam, proj, counts, grad, d_sh, d_dir, accumulate):
+    """A thread per Gaussian.  Its 48 SH values are 192 contiguous bytes, so a warp reading them
+    directly would touch 32 cache lines per load; the block's rows are staged through shared
+    memory instead, the gradients computed in place over them, and written back coalesced."""
+    rows = cuda.shared.array((SH_BLOCK, SH_WIDTH), float32)
+    first = cuda.blockIdx.x * SH_BLOCK
+    n_here = min(SH_BLOCK, means.shape[0] - first)
+    _stage_rows(rows, sh, counts, first, n_here, True, False)
     cuda.syncthreads()
-    if lane < 3 and n < means.shape[0]:
-        total = ZERO
-        for k in range(tid - lane, tid - lane + 32):
-            total += part[lane, k]
-        d_dir[n, lane] = total
+    t = cuda.threadIdx.x
+    if t < n_here:
+        n = first + t
+        gx, gy, gz = sh_backward_one(n, t, means, rows, degree, cam, proj, counts, grad, rows, False)
+        d_dir[n, 0] = gx
+        d_dir[n, 1] = gy
+        d_dir[n, 2] = gz
+    cuda.syncthreads()
+    _stage_rows(rows, d_sh, counts, first, n_here, False, accumulate)
 
 
 @kernel(F2, F2, F2, F1, F1, "int64", "int64", "boolean", I1, F2, F2, F2, F2, F2, F1, "boolean")
@@ -131,8 +154,8 @@ def project_backward(means, quats, scales, logits, sh, degree, cam, W, H, antial
                      d_means, d_quats, d_scales, d_logits, d_sh, accumulate):
     n = means.shape[0]
     d_dir = array_module("cuda").empty((n, 3), np.float32)
-    _sh_backward_kernel[(n + SH_WARPS - 1) // SH_WARPS, SH_THREADS](means, sh, degree, cam, proj, counts, grad,
-                                                                       d_sh, d_dir, accumulate)
+    _sh_backward_kernel[(n + SH_BLOCK - 1) // SH_BLOCK, SH_BLOCK](means, sh, degree, cam, proj, counts, grad,
+                                                                   d_sh, d_dir, accumulate)
     _geometry_backward_kernel[_grid(n)](means, quats, scales, logits, cam, W, H, antialias, counts, grad, d_dir,
                                         d_means, d_quats, d_scales, d_logits, accumulate)
 
@@ -337,15 +360,18 @@ def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_i
                                                         d_image, d_alpha, d_depth, grad)
 
 
-_adam_one = cuda.jit(device=True)(adam_body)
+_adam_lr = cuda.jit(device=True, inline=True)(adam_lr)
+_adam_update = cuda.jit(device=True, inline=True)(adam_update)
 
 
 @kernel(F1, F1, F1, F1, I1, I1, I1, F1, "boolean[::1]", "boolean",
-      "float32", "float32", "float32", "float32", "float32")
+        "float32", "float32", "float32", "float32", "float32")
 def _adam_kernel(params, grads, m, v, bounds, widths, col0, lrs, visible, use_visible, b1, b2, eps, bc1, bc2):
     i = int32(cuda.grid(1))
     if i < params.shape[0]:
-        _adam_one(i, params, grads, m, v, bounds, widths, col0, lrs, visible, use_visible, b1, b2, eps, bc1, bc2)
+        lr = _adam_lr(i, bounds, widths, col0, lrs, visible, use_visible)
+        if lr >= ZERO:
+            params[i], m[i], v[i] = _adam_update(params[i], grads[i], m[i], v[i], lr, b1, b2, eps, bc1, bc2)
 
 
 def adam(params, *args):

@@ -59,12 +59,6 @@ def build(jit):
         a[n, j] = v
 
     @jit
-    def store3(a, n, k, c, v, accumulate):
-        if accumulate:
-            v += a[n, k, c]
-        a[n, k, c] = v
-
-    @jit
     def view_direction(n, means, cam):
         """Unit direction from the camera centre to Gaussian n, and 1 / the distance."""
         dx = means[n, 0] - cam[16]
@@ -157,36 +151,36 @@ def build(jit):
 
 
     @jit
-    def sh_backward_body(n, lane, lanes, means, sh, degree, cam, proj, counts, grad, d_sh, accumulate):
-        """The SH coefficients' gradients of Gaussian n, coefficient-channel pairs lane, lane + lanes, ...
-        (one thread: lane 0 of 1; CUDA: a warp, so reads and writes are contiguous).  Returns this
-        lane's part of the gradient w.r.t. the view direction.  Clamped colour channels (the
-        forward's colour is 0) pass no gradient."""
-        pairs = 3 * sh.shape[1]
+    def sh_backward_body(n, row, means, sh, degree, cam, proj, counts, grad, d_sh, accumulate):
+        """The SH gradients of Gaussian n; its coefficients are row ``row`` of ``sh`` (K*3 values,
+        coefficient-major) and its gradients go to the same row of ``d_sh``, which may be the same
+        array (each value is read before its gradient is written: CUDA stages a block's rows in
+        shared memory).  Returns the gradient w.r.t. the view direction.  Clamped colour channels
+        (the forward's colour is 0) pass no gradient."""
         gx = f32(0.0)
         gy = f32(0.0)
         gz = f32(0.0)
         if counts[n] == 0:  # culled: its gradient is zero
             if not accumulate:
-                for e in range(lane, pairs, lanes):
-                    d_sh[n, e // 3, e % 3] = 0
+                for e in range(d_sh.shape[1]):
+                    d_sh[row, e] = 0
             return gx, gy, gz
         nx, ny, nz, inv = view_direction(n, means, cam)
         b = sh_basis(degree, nx, ny, nz)
         jx, jy, jz = sh_basis_jacobian(degree, nx, ny, nz)
         used = (degree + 1) * (degree + 1)
-        for e in range(lane, pairs, lanes):
-            k = e // 3
-            c = e - 3 * k
-            if k < used:
-                g = grad[n, RED + c] if proj[n, RED + c] > f32(0.0) else f32(0.0)
-                store3(d_sh, n, k, c, b[k] * g, accumulate)
-                w = g * sh[n, k, c]
-                gx += w * jx[k]
-                gy += w * jy[k]
-                gz += w * jz[k]
-            elif not accumulate:
-                d_sh[n, k, c] = 0
+        for k in range(d_sh.shape[1] // 3):
+            for c in range(3):
+                e = 3 * k + c
+                if k < used:
+                    g = grad[n, RED + c] if proj[n, RED + c] > f32(0.0) else f32(0.0)
+                    w = g * sh[row, e]
+                    gx += w * jx[k]
+                    gy += w * jy[k]
+                    gz += w * jz[k]
+                    store2(d_sh, row, e, b[k] * g, accumulate)
+                elif not accumulate:
+                    d_sh[row, e] = 0
         return gx, gy, gz
 
     @jit
@@ -242,7 +236,7 @@ def build(jit):
         """Gaussian n's parameter gradients, from its screen-space gradient record (and its
         projected record, for the colour clamp): added to the outputs, or written over them
         (``accumulate`` False: no separate zeroing pass over the gradient buffers)."""
-        gx, gy, gz = sh_backward_body(n, 0, 1, means, sh, degree, cam, proj, counts, grad, d_sh, accumulate)
+        gx, gy, gz = sh_backward_body(n, n, means, sh, degree, cam, proj, counts, grad, d_sh, accumulate)
         geometry_backward_body(n, means, quats, scales, logits, cam, W, H, antialias, counts, grad, gx, gy, gz,
                                d_means, d_quats, d_scales, d_logits, accumulate)
 

@@ -84,21 +84,24 @@ def exp_decay(lr0, lr1, step, steps):
     return math.exp(math.log(lr0) * (1 - t) + math.log(lr1) * t)
 
 
-def adam_body(i, params, grads, m, v, bounds, widths, col0, lrs, visible, use_visible, b1, b2, eps, bc1, bc2):
-    """Update element i; elements of Gaussians not visible this step keep their state."""
+def adam_lr(i, bounds, widths, col0, lrs, visible, use_visible):
+    """The learning rate of flat element i (its group's column), or -1 if its Gaussian is not
+    visible this step and keeps its state."""
     g = 0
     while i >= bounds[g + 1]:
         g += 1
     w = widths[g]
     off = i - bounds[g]  # int32 (bounds are int32): 64-bit division is slow on GPUs
     if use_visible and not visible[off // w]:
-        return
-    gr = grads[i]
-    mi = b1 * m[i] + (f32(1.0) - b1) * gr
-    vi = b2 * v[i] + (f32(1.0) - b2) * gr * gr
-    m[i] = mi
-    v[i] = vi
-    params[i] -= lrs[col0[g] + off % w] * (mi / bc1) / (math.sqrt(vi / bc2) + eps)
+        return f32(-1.0)
+    return lrs[col0[g] + off % w]
+
+
+def adam_update(p, g, m, v, lr, b1, b2, eps, bc1, bc2):
+    """One Adam step of one element: the new (parameter, first moment, second moment)."""
+    m = b1 * m + (f32(1.0) - b1) * g
+    v = b2 * v + (f32(1.0) - b2) * g * g
+    return p - lr * (m / bc1) / (math.sqrt(v / bc2) + eps), m, v
 
 
 @dataclass

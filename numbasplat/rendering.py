@@ -276,9 +276,11 @@ def project_backward(g: Gaussians, p: Projection, grad, out: Gaussians = None, a
         out = Gaussians(**{k: xp.empty_like(a) for k, a in g.arrays().items()})
         accumulate = False
     if len(g):
-        kernels.project_backward(g.means, g.quats, g.scales, g.opacities, g.sh, p.sh_degree, p.cam,
+        rows = (len(g), -1)  # the SH of a Gaussian as one row: its values are contiguous
+        kernels.project_backward(g.means, g.quats, g.scales, g.opacities, g.sh.reshape(rows), p.sh_degree, p.cam,
                                  p.camera.width, p.camera.height, p.antialias, p.proj, p.counts, grad,
-                                 out.means, out.quats, out.scales, out.opacities, out.sh, bool(accumulate))
+                                 out.means, out.quats, out.scales, out.opacities, out.sh.reshape(rows),
+                                 bool(accumulate))
     return out
 
 

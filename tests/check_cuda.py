@@ -12,7 +12,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numbasplat as ns  # noqa: E402
-from numbasplat._backend import array_module, to_host  # noqa: E402
+from numbasplat._backend import SIM, array_module, to_host  # noqa: E402
 from tests.scenes import edge_case_scene, look_at_camera  # noqa: E402
 
 IMAGE_TOL = 1e-5
@@ -37,10 +37,14 @@ def compare(g, cam, bg, antialias, seed):
         grads, rec = ns.render_backward(gg, f, put(d_img), put(d_alpha), put(d_depth), backend=backend)
         out[backend] = dict(image=f.image, alpha=f.render.alpha, depth=f.render.depth, last=f.render.last,
                             records=rec, **{"d_" + k: v for k, v in grads.arrays().items()})
+        # accumulating into existing gradients (the distributed pipeline's batches)
+        acc = ns.Gaussians(**{k: put(np.ones(v.shape, np.float32)) for k, v in grads.arrays().items()})
+        ns.project_backward(gg, f.projection, rec, acc, accumulate=True, backend=backend)
+        out[backend].update({"acc_" + k: v for k, v in acc.arrays().items()})
     failures = []
     for key, ref in out["cpu"].items():
         got, ref = to_host(out["cuda"][key]), np.asarray(ref)
-        if key.startswith("d_") or key == "records":
+        if key.startswith(("d_", "acc_")) or key == "records":
             err, tol = rel(got, ref), GRAD_TOL
         else:
             err, tol = float(np.abs(got.astype(np.float64) - ref).max()), IMAGE_TOL
@@ -51,11 +55,37 @@ def compare(g, cam, bg, antialias, seed):
     return failures
 
 
-def main(sizes=((37, 29), (48, 32))):
+def compare_adam(steps=3):
+    """Fused Adam on both backends, all Gaussians and then a visible subset."""
+    n = 60 if SIM else 5000  # the simulator runs a thread at a time
+    from numbasplat.optim import Adam, FlatParams, column_lrs
+    xp = array_module("cuda")
+    g = edge_case_scene(n=n, seed=3, dtype=np.float32)
+    a, b = FlatParams.from_gaussians(g), FlatParams.from_gaussians(g)
+    b.data = xp.asarray(b.data)
+    oa, ob = Adam(a, backend="cpu"), Adam(b, backend="cuda")
+    rng = np.random.default_rng(4)
+    lrs = column_lrs({"means": 1e-3, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "sh": 2.5e-3}, a.sh_bases)
+    for step in range(steps):
+        vis = None if step == 0 else rng.random(n) < 0.5
+        grads = rng.normal(size=a.size).astype(np.float32)
+        oa.step(grads, lrs, vis)
+        ob.step(xp.asarray(grads), lrs, None if vis is None else xp.asarray(vis))
+    print("adam")
     failures = []
-    for i, (W, H) in enumerate(sizes):
+    for key, got, ref in (("params", b.data, a.data), ("m", ob.m, oa.m), ("v", ob.v, oa.v)):
+        err = rel(to_host(got), np.asarray(ref))
+        print(f"  {key:12s} {'ok' if err <= GRAD_TOL else 'FAIL'} err={err:.2e} (tol {GRAD_TOL:g})")
+        if err > GRAD_TOL:
+            failures.append("adam " + key)
+    return failures
+
+
+def main(sizes=((37, 29, 40), (48, 32, 150))):  # (W, H, Gaussians): 150 spans two blocks
+    failures = []
+    for i, (W, H, n) in enumerate(sizes):
         for antialias in (False, True):
-            g = edge_case_scene(n=40, seed=10 + i, dtype=np.float32)
+            g = edge_case_scene(n=n, seed=10 + i, dtype=np.float32)
             cam = look_at_camera(W=W, H=H)
             print(f"scene {W}x{H} antialias={antialias}")
             failures += compare(g, cam, (0.1, 0.5, 0.9), antialias, seed=i)
@@ -63,6 +93,7 @@ def main(sizes=((37, 29), (48, 32))):
     empty = ns.Gaussians(*(np.zeros(s, np.float32) for s in ((0, 3), (0, 3), (0, 4), (0,), (0, 1, 3))))
     print("empty scene")
     failures += compare(empty, look_at_camera(W=20, H=17), (0.3, 0.3, 0.3), False, seed=9)
+    failures += compare_adam()
     print("FAILED: " + ", ".join(failures) if failures else "all CUDA checks passed")
     return 1 if failures else 0
 

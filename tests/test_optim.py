@@ -72,16 +72,17 @@ def test_cuda_adam_matches_cpu_in_simulator():
         from numbasplat.optim import Adam, FlatParams, column_lrs
         from tests.scenes import edge_case_scene
         LR = {"means": 1e-3, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "sh": 2.5e-3}
-        g = edge_case_scene(n=9, dtype=np.float32)
+        g = edge_case_scene(n=40, dtype=np.float32)  # 2360 elements: several blocks, the last partial
         a, b = FlatParams.from_gaussians(g), FlatParams.from_gaussians(g)
         oa, ob = Adam(a, backend="cpu"), Adam(b, backend="cuda")
         rng = np.random.default_rng(1)
         lrs = column_lrs(LR, a.sh_bases)
-        for vis in (None, rng.random(9) < 0.5):
+        for vis in (None, rng.random(40) < 0.5):
             gr = rng.normal(size=a.size).astype(np.float32)
             oa.step(gr, lrs, vis)
             ob.step(gr, lrs, vis)
         np.testing.assert_allclose(b.data, a.data, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(ob.m, oa.m, rtol=1e-6, atol=1e-12)
         np.testing.assert_allclose(ob.v, oa.v, rtol=1e-6, atol=1e-12)
         print("adam ok")
     """)
