@@ -169,18 +169,23 @@ def build(jit):
         b = sh_basis(degree, nx, ny, nz)
         jx, jy, jz = sh_basis_jacobian(degree, nx, ny, nz)
         used = (degree + 1) * (degree + 1)
-        for k in range(d_sh.shape[1] // 3):
-            for c in range(3):
-                e = 3 * k + c
-                if k < used:
-                    g = grad[n, RED + c] if proj[n, RED + c] > f32(0.0) else f32(0.0)
-                    w = g * sh[row, e]
-                    gx += w * jx[k]
-                    gy += w * jy[k]
-                    gz += w * jz[k]
-                    store2(d_sh, row, e, b[k] * g, accumulate)
-                elif not accumulate:
-                    d_sh[row, e] = 0
+        g0 = grad[n, RED] if proj[n, RED] > f32(0.0) else f32(0.0)
+        g1 = grad[n, GREEN] if proj[n, GREEN] > f32(0.0) else f32(0.0)
+        g2 = grad[n, BLUE] if proj[n, BLUE] > f32(0.0) else f32(0.0)
+        for k in range(16):  # a constant trip count: unrolled, so b[k] etc. are registers, not lookups
+            e = 3 * k
+            if k < used:
+                w = g0 * sh[row, e] + g1 * sh[row, e + 1] + g2 * sh[row, e + 2]
+                gx += w * jx[k]
+                gy += w * jy[k]
+                gz += w * jz[k]
+                store2(d_sh, row, e, b[k] * g0, accumulate)
+                store2(d_sh, row, e + 1, b[k] * g1, accumulate)
+                store2(d_sh, row, e + 2, b[k] * g2, accumulate)
+            elif e < d_sh.shape[1] and not accumulate:
+                d_sh[row, e] = 0
+                d_sh[row, e + 1] = 0
+                d_sh[row, e + 2] = 0
         return gx, gy, gz
 
     @jit

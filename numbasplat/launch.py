@@ -59,20 +59,21 @@ def _scalar(ty):
 class Kernel:
     """A kernel compiled for exactly one signature, launched as ``k[grid, block](*args)``."""
 
-    def __init__(self, fn, sig):
+    def __init__(self, fn, sig, fastmath=False):
         self.fn = fn
         self.sig = sig
+        self.fastmath = fastmath
         self._launch = None
         KERNELS[f"{fn.__module__}.{fn.__name__}"] = (fn, sig)
 
     def _compile(self):
         if SIM or VIA_NUMBA:
-            k = cuda.jit(self.fn) if SIM else cuda.jit(self.sig)(self.fn)
+            k = cuda.jit(self.fn) if SIM else cuda.jit(self.sig, fastmath=self.fastmath)(self.fn)
             return lambda grid, block, args, shared=0: k[grid, block, 0, shared](*(as_numba(a) for a in args))
         import cupy
         argtypes, _ = sigutils.normalize_signature(self.sig)
         cc = cupy.cuda.Device().compute_capability
-        ptx = _cached_ptx(self.fn, self.sig, (int(cc[:-1]), int(cc[-1])))
+        ptx = _cached_ptx(self.fn, self.sig, (int(cc[:-1]), int(cc[-1])), self.fastmath)
         entry = re.search(r"\.entry\s+(\w+)\s*\(", ptx)
         n_params = len(re.findall(r"\.param\s", ptx[entry.end():ptx.index(")", entry.end())]))
         expected = sum(5 + 2 * t.ndim if isinstance(t, types.Array) else 1 for t in argtypes)
@@ -137,11 +138,11 @@ def _source_digest(_memo=[]):
     return _memo[0]
 
 
-def _cached_ptx(fn, sig, cc):
+def _cached_ptx(fn, sig, cc, fastmath=False):
     """Numba's PTX for (fn, sig, cc), from the disk cache when it is there."""
     import numba
     import numba.cuda as nc
-    key = "|".join((_source_digest(), fn.__module__, fn.__qualname__, sig, str(cc), numba.__version__,
+    key = "|".join((_source_digest(), fn.__module__, fn.__qualname__, sig, str(cc), str(fastmath), numba.__version__,
                     getattr(nc, "__version__", "")))
     cache = Path(os.environ.get("NUMBASPLAT_CACHE", Path.home() / ".cache" / "numbasplat"))
     path = cache / f"{fn.__name__}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.ptx"
@@ -149,7 +150,7 @@ def _cached_ptx(fn, sig, cc):
         return path.read_text()
     except OSError:
         pass
-    ptx, _ = cuda.compile_ptx(fn, sig, cc=cc)
+    ptx, _ = cuda.compile_ptx(fn, sig, cc=cc, fastmath=fastmath)
     try:  # best effort, atomic: a read-only or full disk only costs the next run a compile
         cache.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=cache, suffix=".tmp")
@@ -175,6 +176,7 @@ def _set_max_dynamic_shared(func, nbytes):
     driver.funcSetAttribute(func.ptr, _MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
 
 
-def kernel(*argtypes):
-    """Decorator: ``@kernel("float32[::1]", "int64", ...)`` for a void CUDA kernel."""
-    return lambda fn: Kernel(fn, "void(" + ", ".join(argtypes) + ")")
+def kernel(*argtypes, fastmath=False):
+    """Decorator: ``@kernel("float32[::1]", "int64", ...)`` for a void CUDA kernel
+    (``fastmath``: approximate division and square root, flushed denormals)."""
+    return lambda fn: Kernel(fn, "void(" + ", ".join(argtypes) + ")", fastmath)

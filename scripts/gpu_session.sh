@@ -6,6 +6,7 @@
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
 # Logs go to $OUT/logs_PART.tgz (one file a part: the device tool returns only a few).
 set -uo pipefail
+part=${1:-}
 export NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0 PYTHONUNBUFFERED=1 NUMBASPLAT_BACKEND=cuda
 OUT=${OUT:-out}
 R=$OUT/r
@@ -33,17 +34,14 @@ fused)
         flag=$([ $a = unfused ] && echo --no-fuse)
         OUT=$R/ncu_$a timeout 120 bash scripts/profile.sh .data/b1m.npz --loss tile $flag | tail -12
     done ;;
-stalls)  # where the fused and unfused tile kernels' warps wait (Nsight Compute sections, one launch each)
+stalls)  # where the fused step's kernels' warps wait (Nsight Compute sections; the tile kernels unfused: --no-fuse)
     [ -f .data/b1m.npz ] || python3 .data/scene_gen.py .data/b1m.npz --n 1000000 --res 1297x840 > /dev/null
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    for a in fused unfused; do
-        flag=$([ $a = unfused ] && echo --no-fuse)
-        timeout 200 "$ncu" --clock-control none --section WarpStateStats --section SchedulerStats \
-            --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
-            -k "regex:fused_kernel|raster_backward|raster_forward|tile_loss" --launch-skip 2 --launch-count 4 \
-            python3 run.py bench --scene .data/b1m.npz --loss tile $flag --iters 2 --warmup 2 > "$R/stalls_$a.txt" 2>&1
-        grep -aE "fused_kernel|raster_|tile_loss|Duration|Stall|Warp Cycles|Issued Ipc|Achieved Occ|Registers|Eligible" "$R/stalls_$a.txt" | head -60
-    done ;;
+    timeout 300 "$ncu" --clock-control none --section WarpStateStats --section SchedulerStats \
+        --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        -k "regex:fused_kernel|sh_backward|geometry_backward|adam" --launch-skip 8 --launch-count 4 \
+        python3 run.py bench --scene .data/b1m.npz --loss tile --iters 2 --warmup 2 "${@:2}" > "$R/stalls.txt" 2>&1
+    grep -aE "^  [a-z_:]+::|Duration|Issued Ipc|Warp Cycles Per Issued|Registers Per|Achieved Occ|Memory Throughput|stalled" "$R/stalls.txt" | cut -c1-160 ;;
 lego30k) train warm 700 "${LEGO[@]}"; train lego30k 30000 "${LEGO[@]}" ;;
 fern30k) train warm 700 "${FERN[@]}"; train fern30k 30000 "${FERN[@]}" ;;
 mpi)  # fern and lego at P ranks sharing the GPU (P = 1 is the plain train part above)
@@ -61,4 +59,4 @@ tile)
 *) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]" >&2; exit 2 ;;
 esac
 step done
-(cd "$OUT" && tar czf "logs_$1.tgz" r && rm -rf r)
+(cd "$OUT" && tar czf "logs_$part.tgz" r && rm -rf r)
