@@ -17,7 +17,7 @@ from . import geometry as geo
 from .blend import blend_step, blend_vjp, gaussian_alpha
 from ._backend import SIM, array_module
 from .launch import kernel
-from .optim import adam_lr, adam_update, divide_by_width
+from .optim import adam_lr, adam_update
 
 BLOCK = 256                 # threads per tile block = Gaussians per shared-memory batch
 TILE = 16
@@ -73,37 +73,29 @@ SH_BLOCK = 128  # Gaussians (threads) per block of the SH backward kernel
 SH_WIDTH = 49   # shared row: up to 16 coefficients x 3, plus one pad word (an odd stride: no bank conflicts)
 
 
-STAGE_ILP = 8   # values each thread moves per round: loads issued together, so enough bytes are in flight
-
-
 @cuda.jit(device=True, inline=True)
-def _stage_rows(rows, sh, first, n_here, to_shared, accumulate):
-    """Copy the block's SH rows (contiguous in global memory) to shared memory or back, added to
-    the global values when ``accumulate``.  The block walks the values in order, so each warp
-    access is whole cache lines, and each thread issues STAGE_ILP loads before it waits."""
-    width = int32(sh.shape[1])
-    total = int32(n_here) * width
-    tid = int32(cuda.threadIdx.x)
-    vals = cuda.local.array(STAGE_ILP, float32)
-    for base in range(int32(0), total, int32(SH_BLOCK * STAGE_ILP)):
-        for k in range(STAGE_ILP):  # a constant trip count: unrolled, the loads independent
-            i = base + int32(k * SH_BLOCK) + tid
-            if i < total:
-                r = divide_by_width(i, width)
-                if to_shared:
-                    vals[k] = sh[first + r, i - r * width]
-                else:
-                    vals[k] = rows[r, i - r * width]
-                    if accumulate:
-                        vals[k] += sh[first + r, i - r * width]
-        for k in range(STAGE_ILP):
-            i = base + int32(k * SH_BLOCK) + tid
-            if i < total:
-                r = divide_by_width(i, width)
-                if to_shared:
-                    rows[r, i - r * width] = vals[k]
-                else:
-                    sh[first + r, i - r * width] = vals[k]
+def _stage_rows(rows, sh, counts, first, n_here, to_shared, accumulate):
+    """Copy the block's SH rows between global and shared memory, the block's threads walking
+    the rows' values in order so that every warp access is one or two whole cache lines.
+    Culled Gaussians are not read; their rows are written only as zeros (not accumulated)."""
+    width = sh.shape[1]
+    tid = cuda.threadIdx.x
+    r = tid // width
+    e = tid - r * width
+    while r < n_here:
+        n = first + r
+        if to_shared:
+            if counts[n] > 0:
+                rows[r, e] = sh[n, e]
+        elif counts[n] > 0 or not accumulate:
+            v = rows[r, e]
+            if accumulate:
+                v += sh[n, e]
+            sh[n, e] = v
+        e += SH_BLOCK
+        while e >= width:
+            e -= width
+            r += 1
 
 
 @kernel(F2, F2, "int64", F1, F2, I1, F2, F2, F2, "boolean")
@@ -114,7 +106,7 @@ def _sh_backward_kernel(means, sh, degree, cam, proj, counts, grad, d_sh, d_dir,
     rows = cuda.shared.array((SH_BLOCK, SH_WIDTH), float32)
     first = cuda.blockIdx.x * SH_BLOCK
     n_here = min(SH_BLOCK, means.shape[0] - first)
-    _stage_rows(rows, sh, first, n_here, True, False)
+    _stage_rows(rows, sh, counts, first, n_here, True, False)
     cuda.syncthreads()
     t = cuda.threadIdx.x
     if t < n_here:
@@ -124,7 +116,7 @@ def _sh_backward_kernel(means, sh, degree, cam, proj, counts, grad, d_sh, d_dir,
         d_dir[n, 1] = gy
         d_dir[n, 2] = gz
     cuda.syncthreads()
-    _stage_rows(rows, d_sh, first, n_here, False, accumulate)
+    _stage_rows(rows, d_sh, counts, first, n_here, False, accumulate)
 
 
 @kernel(F2, F2, F2, F1, F1, "int64", "int64", "boolean", I1, F2, F2, F2, F2, F2, F1, "boolean")
