@@ -69,6 +69,7 @@ class Trainer:
         self.rng = np.random.default_rng(cfg.seed)
         self.step = 0
         self.train_seconds = 0.0
+        self.peak_pool_bytes = 0
         self.strategy = self._make_strategy()
         self.targets = [self.xp.asarray(v.image) for v in dataset.train]
         self.order = []
@@ -178,6 +179,8 @@ class Trainer:
             while self.step < until:
                 prev = self.step
                 loss, frame, target, events = self.train_step()
+                if events:
+                    self._release_device_cache()
                 crossed = lambda every: every and prev // every != self.step // every  # noqa: E731
                 if crossed(c.log_every) or events or self.step == c.iterations:
                     self._check_finite()
@@ -235,8 +238,21 @@ class Trainer:
         summary = {"psnr": float(np.mean([r["psnr"] for r in per_view])) if per_view else None,
                    "ssim": float(np.mean([r["ssim"] for r in per_view])) if per_view else None,
                    "views": per_view, "gaussians": len(self.model), "train_seconds": self.train_seconds,
-                   "iterations": self.step, "peak_device_bytes": peak_device_bytes(self.backend)}
+                   "iterations": self.step, "peak_device_bytes": self._release_device_cache(release=False)}
         return summary
+
+    def _release_device_cache(self, release=True):
+        """The most device memory CuPy's pool has held so far.  After a refinement every buffer
+        changes size and the pool would keep the old sizes' blocks cached as well (on fern,
+        47 GiB for 610k Gaussians by 30k steps), so ``release`` hands those back to the device."""
+        if self.backend != "cuda" or _backend.SIM:
+            return 0
+        import cupy
+        pool = cupy.get_default_memory_pool()
+        self.peak_pool_bytes = max(self.peak_pool_bytes, int(pool.total_bytes()))
+        if release:
+            pool.free_all_blocks()
+        return self.peak_pool_bytes
 
     # ------------------------------------------------------------------ snapshots
     def save_snapshot(self, path=None):
@@ -277,11 +293,6 @@ def fingerprint(dataset):
                                extra=str(dataset.source))
 
 
-def peak_device_bytes(backend):
-    if backend != "cuda" or _backend.SIM:
-        return 0
-    import cupy
-    return int(cupy.get_default_memory_pool().total_bytes())
 
 
 def save_png(path, img):
