@@ -180,7 +180,7 @@ class Trainer:
                 prev = self.step
                 loss, frame, target, events = self.train_step()
                 if events:
-                    self._release_device_cache()
+                    self._device_memory_peak(release_cache=True)
                 crossed = lambda every: every and prev // every != self.step // every  # noqa: E731
                 if crossed(c.log_every) or events or self.step == c.iterations:
                     self._check_finite()
@@ -238,19 +238,19 @@ class Trainer:
         summary = {"psnr": float(np.mean([r["psnr"] for r in per_view])) if per_view else None,
                    "ssim": float(np.mean([r["ssim"] for r in per_view])) if per_view else None,
                    "views": per_view, "gaussians": len(self.model), "train_seconds": self.train_seconds,
-                   "iterations": self.step, "peak_device_bytes": self._release_device_cache(release=False)}
+                   "iterations": self.step, "peak_device_bytes": self._device_memory_peak()}
         return summary
 
-    def _release_device_cache(self, release=True):
+    def _device_memory_peak(self, release_cache=False):
         """The most device memory CuPy's pool has held so far.  After a refinement every buffer
         changes size and the pool would keep the old sizes' blocks cached as well (on fern,
-        47 GiB for 610k Gaussians by 30k steps), so ``release`` hands those back to the device."""
+        47 GiB for 610k Gaussians by 30k steps): ``release_cache`` hands those back."""
         if self.backend != "cuda" or _backend.SIM:
             return 0
         import cupy
         pool = cupy.get_default_memory_pool()
         self.peak_pool_bytes = max(self.peak_pool_bytes, int(pool.total_bytes()))
-        if release:
+        if release_cache:
             pool.free_all_blocks()
         return self.peak_pool_bytes
 
@@ -291,8 +291,6 @@ def fingerprint(dataset):
     from .snapshot import dataset_fingerprint
     return dataset_fingerprint([v.name for v in dataset.train], [v.image.shape for v in dataset.train],
                                extra=str(dataset.source))
-
-
 
 
 def save_png(path, img):

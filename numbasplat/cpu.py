@@ -144,7 +144,6 @@ def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_i
 
 
 _adam_lr = njit(inline="always")(adam_lr)
-_adam_update = njit(inline="always")(adam_update)
 
 
 @njit(parallel=True, cache=True)
@@ -152,4 +151,4 @@ def adam(params, grads, m, v, bounds, widths, col0, lrs, visible, use_visible, b
     for i in prange(params.shape[0]):
         lr = _adam_lr(i, bounds, widths, col0, lrs, visible, use_visible)
         if lr >= 0:
-            params[i], m[i], v[i] = _adam_update(params[i], grads[i], m[i], v[i], lr, b1, b2, eps, bc1, bc2)
+            params[i], m[i], v[i] = adam_update(params[i], grads[i], m[i], v[i], lr, b1, b2, eps, bc1, bc2)

@@ -361,7 +361,6 @@ def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_i
 
 
 _adam_lr = cuda.jit(device=True, inline=True)(adam_lr)
-_adam_update = cuda.jit(device=True, inline=True)(adam_update)
 
 
 @kernel(F1, F1, F1, F1, I1, I1, I1, F1, "boolean[::1]", "boolean",
@@ -373,7 +372,7 @@ def _adam_kernel(params, grads, m, v, bounds, widths, col0, lrs, visible, use_vi
     if i < params.shape[0]:
         lr = _adam_lr(i, bounds, widths, col0, lrs, visible, use_visible)
         if lr >= ZERO:
-            params[i], m[i], v[i] = _adam_update(params[i], grads[i], m[i], v[i], lr, b1, b2, eps, bc1, bc2)
+            params[i], m[i], v[i] = adam_update(params[i], grads[i], m[i], v[i], lr, b1, b2, eps, bc1, bc2)
 
 
 def adam(params, *args):

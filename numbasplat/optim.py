@@ -114,6 +114,7 @@ def adam_lr(i, bounds, widths, col0, lrs, visible, use_visible):
     return lrs[col0[g] + off - row * w]
 
 
+@shared
 def adam_update(p, g, m, v, lr, b1, b2, eps, bc1, bc2):
     """One Adam step of one element: the new (parameter, first moment, second moment)."""
     m = b1 * m + (f32(1.0) - b1) * g
