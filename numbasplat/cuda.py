@@ -14,6 +14,7 @@ from numba import cuda, float32, int32
 
 from . import gaussian_ops as go
 from . import geometry as geo
+from .sh import sh_basis, sh_basis_jacobian
 from .blend import blend_step, blend_vjp, gaussian_alpha
 from ._backend import SIM, array_module
 from .launch import kernel
@@ -28,7 +29,8 @@ NG = go.GRAD_FIELDS
 
 _ops = go.build(cuda.jit(device=True))
 project_one, visit_tiles = _ops.project, _ops.visit_tiles
-sh_backward_one, geometry_backward_one = _ops.sh_backward, _ops.geometry_backward
+geometry_backward_one = _ops.geometry_backward
+view_direction, colour_grad = _ops.view_direction, _ops.colour_grad
 tile_span_one = _ops.tile_span
 
 ALPHA_MIN = float32(geo.ALPHA_MIN)
@@ -51,7 +53,8 @@ def _grid(n):
 
 # --------------------------------------------------------------------------- per Gaussian
 
-@kernel(F2, F2, F2, F1, F3, "int64", F1, "int64", "int64", "boolean", "int64", "int64", "int64", F2, I2, I1)
+@kernel(F2, F2, F2, F1, F3, "int64", F1, "int64", "int64", "boolean", "int64", "int64", "int64", F2, I2, I1,
+        max_registers=64)  # 68 otherwise: 3 blocks per SM instead of 4
 def _project_kernel(means, quats, scales, logits, sh, degree, cam, W, H, antialias, tile, tiles_x, tiles_y,
                     proj, radii, counts):
     n = cuda.grid(1)
@@ -69,57 +72,110 @@ def _emit_kernel(proj, order, counts, offsets, tile, tiles_x, tiles_y, W, H, key
             visit_tiles(n, proj, tile, tiles_x, tiles_y, W, H, key_base, offsets[k], counts[n], tile_ids, ids, True)
 
 
-SH_BLOCK = 128  # Gaussians (threads) per block of the SH backward kernel
-SH_WIDTH = 49   # shared row: up to 16 coefficients x 3, plus one pad word (an odd stride: no bank conflicts)
+SH_BLOCK = 128  # Gaussians per block of the SH backward kernel
+SH_PAD = 17     # shared row of 16 per-coefficient values plus a pad word (an odd stride: no bank conflicts)
+SH_ROUNDS = 2   # SH_BLOCK Gaussians x up to 16 coefficients = 16 (Gaussian, coefficient) items per thread,
+SH_ILP = 8      # taken 8 at a time: their 24 loads issued together, so enough bytes are in flight
 
 
 @cuda.jit(device=True, inline=True)
-def _stage_rows(rows, sh, counts, first, n_here, to_shared, accumulate):
-    """Copy the block's SH rows between global and shared memory, the block's threads walking
-    the rows' values in order so that every warp access is one or two whole cache lines.
-    Culled Gaussians are not read; their rows are written only as zeros (not accumulated)."""
-    width = sh.shape[1]
-    tid = cuda.threadIdx.x
-    r = tid // width
-    e = tid - r * width
-    while r < n_here:
-        n = first + r
-        if to_shared:
-            if counts[n] > 0:
-                rows[r, e] = sh[n, e]
-        elif counts[n] > 0 or not accumulate:
-            v = rows[r, e]
-            if accumulate:
-                v += sh[n, e]
-            sh[n, e] = v
-        e += SH_BLOCK
-        while e >= width:
-            e -= width
-            r += 1
+def _first_item(width):
+    """This thread's first (Gaussian, coefficient) item of the block, and the step to its next:
+    the block walks the items in memory order, SH_BLOCK at a time, so each warp access covers
+    whole cache lines."""
+    t = int32(cuda.threadIdx.x)
+    g = t // width
+    step_g = int32(SH_BLOCK) // width
+    return g, t - g * width, step_g, int32(SH_BLOCK) - step_g * width
+
+
+@cuda.jit(device=True, inline=True)
+def _next_item(g, k, step_g, step_k, width):
+    g += step_g
+    k += step_k
+    if k >= width:
+        k -= width
+        g += 1
+    return g, k
 
 
 @kernel(F2, F2, "int64", F1, F2, I1, F2, F2, F2, "boolean")
 def _sh_backward_kernel(means, sh, degree, cam, proj, counts, grad, d_sh, d_dir, accumulate):
-    """A thread per Gaussian.  Its 48 SH values are 192 contiguous bytes, so a warp reading them
-    directly would touch 32 cache lines per load; the block's rows are staged through shared
-    memory instead, the gradients computed in place over them, and written back coalesced."""
-    rows = cuda.shared.array((SH_BLOCK, SH_WIDTH), float32)
+    """The SH gradients of a block of Gaussians in three phases, so that their 192-byte SH rows
+    are read and written coalesced (a thread per Gaussian would touch 32 cache lines per access):
+    1. a thread per Gaussian: basis and clamp-gated colour gradient, into shared memory;
+    2. a thread per (Gaussian, coefficient) item, in memory order: the coefficient's weight in
+       the view-direction gradient (reads ``sh``), then d_sh = basis * colour gradient (writes);
+    3. a thread per Gaussian: the view-direction gradient from those weights."""
+    basis = cuda.shared.array((SH_BLOCK, SH_PAD), float32)
+    weight = cuda.shared.array((SH_BLOCK, SH_PAD), float32)
+    dcol = cuda.shared.array((SH_BLOCK, 3), float32)
+    live = cuda.shared.array(SH_BLOCK, int32)
     first = cuda.blockIdx.x * SH_BLOCK
     n_here = min(SH_BLOCK, means.shape[0] - first)
-    _stage_rows(rows, sh, counts, first, n_here, True, False)
-    cuda.syncthreads()
     t = cuda.threadIdx.x
+    used = int32((degree + 1) * (degree + 1))
     if t < n_here:
         n = first + t
-        gx, gy, gz = sh_backward_one(n, t, means, rows, degree, cam, proj, counts, grad, rows, False)
+        live[t] = counts[n] > 0
+        if live[t]:
+            nx, ny, nz, inv = view_direction(n, means, cam)
+            b = sh_basis(degree, nx, ny, nz)
+            for k in range(16):
+                basis[t, k] = b[k]
+            dcol[t, 0], dcol[t, 1], dcol[t, 2] = colour_grad(n, proj, grad)
+    cuda.syncthreads()
+    c0 = cuda.local.array(SH_ILP, float32)
+    c1 = cuda.local.array(SH_ILP, float32)
+    c2 = cuda.local.array(SH_ILP, float32)
+    gs = cuda.local.array(SH_ILP, int32)
+    ks = cuda.local.array(SH_ILP, int32)
+    g, k, step_g, step_k = _first_item(used)
+    for r in range(SH_ROUNDS):
+        for j in range(SH_ILP):  # constant trip counts: unrolled, the loads independent
+            gs[j] = g
+            ks[j] = k
+            if g < n_here and live[g]:
+                e = 3 * k
+                c0[j] = sh[first + g, e]
+                c1[j] = sh[first + g, e + 1]
+                c2[j] = sh[first + g, e + 2]
+            g, k = _next_item(g, k, step_g, step_k, used)
+        for j in range(SH_ILP):
+            q = gs[j]
+            if q < n_here and live[q]:
+                weight[q, ks[j]] = dcol[q, 0] * c0[j] + dcol[q, 1] * c1[j] + dcol[q, 2] * c2[j]
+    width = int32(d_sh.shape[1] // 3)  # coefficients stored, maybe more than used: those get zeros
+    g, k, step_g, step_k = _first_item(width)
+    while g < n_here:
+        if live[g] or not accumulate:
+            e = 3 * k
+            for c in range(3):
+                v = basis[g, k] * dcol[g, c] if live[g] and k < used else ZERO
+                if accumulate:
+                    v += d_sh[first + g, e + c]
+                d_sh[first + g, e + c] = v
+        g, k = _next_item(g, k, step_g, step_k, width)
+    cuda.syncthreads()
+    if t < n_here:
+        n = first + t
+        gx = gy = gz = ZERO
+        if live[t]:
+            nx, ny, nz, inv = view_direction(n, means, cam)
+            jx, jy, jz = sh_basis_jacobian(degree, nx, ny, nz)
+            for k in range(16):
+                if k < used:
+                    w = weight[t, k]
+                    gx += w * jx[k]
+                    gy += w * jy[k]
+                    gz += w * jz[k]
         d_dir[n, 0] = gx
         d_dir[n, 1] = gy
         d_dir[n, 2] = gz
-    cuda.syncthreads()
-    _stage_rows(rows, d_sh, counts, first, n_here, False, accumulate)
 
 
-@kernel(F2, F2, F2, F1, F1, "int64", "int64", "boolean", I1, F2, F2, F2, F2, F2, F1, "boolean")
+@kernel(F2, F2, F2, F1, F1, "int64", "int64", "boolean", I1, F2, F2, F2, F2, F2, F1, "boolean",
+        max_registers=80)  # 93 otherwise: 2 blocks per SM instead of 3
 def _geometry_backward_kernel(means, quats, scales, logits, cam, W, H, antialias, counts, grad, d_dir,
                               d_means, d_quats, d_scales, d_logits, accumulate):
     n = cuda.grid(1)
@@ -191,7 +247,7 @@ def _load(proj, ids, i, rec, rid, slot):
         rec[slot, f] = proj[g, f]
 
 
-@kernel(F2, I1, I2, "int64", "int64", "int64", F1, F3, F2, F2, I2)
+@kernel(F2, I1, I2, "int64", "int64", "int64", F1, F3, F2, F2, I2, fastmath=True)
 def _raster_forward_kernel(proj, ids, ranges, W, H, tiles_x, bg, image, trans, depth, last):
     rec = cuda.shared.array((BLOCK, NF), float32)
     rid = cuda.shared.array(BLOCK, int32)
@@ -290,7 +346,7 @@ else:
                 cuda.atomic.add(grad, (g, f), d)
 
 
-@kernel(F2, I1, I2, "int64", "int64", "int64", F1, F2, I2, F3, F2, F2, F2)
+@kernel(F2, I1, I2, "int64", "int64", "int64", F1, F2, I2, F3, F2, F2, F2, fastmath=True)
 def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad):
     rec = cuda.shared.array((BLOCK, NF), float32)
     rid = cuda.shared.array(BLOCK, int32)

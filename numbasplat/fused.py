@@ -36,7 +36,7 @@ def _cached_alpha(rec, j, px, py):
 
 
 @kernel(F2, I1, I2, "int64", "int64", "int64", F1, F3, "int32[:, ::1]", "int64", "float32", "float32", "float32",
-        I1, "boolean", F3, F2, F2)
+        I1, "boolean", F3, F2, F2, fastmath=True)
 def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, lam, inv_l1, inv_ssim, tile_list,
                   write_image, image, grad, partials):
     tile = tile_list[cuda.blockIdx.x]

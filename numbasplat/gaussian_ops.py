@@ -68,6 +68,14 @@ def build(jit):
         return dx * inv, dy * inv, dz * inv, inv
 
     @jit
+    def colour_grad(n, proj, grad):
+        """Gaussian n's colour gradient; clamped channels (the forward's colour is 0) pass none."""
+        g0 = grad[n, RED] if proj[n, RED] > f32(0.0) else f32(0.0)
+        g1 = grad[n, GREEN] if proj[n, GREEN] > f32(0.0) else f32(0.0)
+        g2 = grad[n, BLUE] if proj[n, BLUE] > f32(0.0) else f32(0.0)
+        return g0, g1, g2
+
+    @jit
     def visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, key_base, o, limit, tile_ids, ids, write):
         """Count (write=False) or emit (write=True) the tiles hit by Gaussian n.
 
@@ -169,9 +177,7 @@ def build(jit):
         b = sh_basis(degree, nx, ny, nz)
         jx, jy, jz = sh_basis_jacobian(degree, nx, ny, nz)
         used = (degree + 1) * (degree + 1)
-        g0 = grad[n, RED] if proj[n, RED] > f32(0.0) else f32(0.0)
-        g1 = grad[n, GREEN] if proj[n, GREEN] > f32(0.0) else f32(0.0)
-        g2 = grad[n, BLUE] if proj[n, BLUE] > f32(0.0) else f32(0.0)
+        g0, g1, g2 = colour_grad(n, proj, grad)
         for k in range(16):  # a constant trip count: unrolled, so b[k] etc. are registers, not lookups
             e = 3 * k
             if k < used:
@@ -247,4 +253,5 @@ def build(jit):
 
     return SimpleNamespace(visit_tiles=visit_tiles_body, project=project_body, tile_span=tile_span_body,
                            project_backward=project_backward_body, sh_backward=sh_backward_body,
+                           view_direction=view_direction, colour_grad=colour_grad,
                            geometry_backward=geometry_backward_body)

@@ -59,23 +59,28 @@ def _scalar(ty):
 class Kernel:
     """A kernel compiled for exactly one signature, launched as ``k[grid, block](*args)``."""
 
-    def __init__(self, fn, sig, fastmath=False):
+    def __init__(self, fn, sig, fastmath=False, max_registers=None):
         self.fn = fn
         self.sig = sig
         self.fastmath = fastmath
+        self.max_registers = max_registers
         self._launch = None
         KERNELS[f"{fn.__module__}.{fn.__name__}"] = (fn, sig)
 
     def _compile(self):
         if SIM or VIA_NUMBA:
-            k = cuda.jit(self.fn) if SIM else cuda.jit(self.sig, fastmath=self.fastmath)(self.fn)
+            k = cuda.jit(self.fn) if SIM else cuda.jit(self.sig, fastmath=self.fastmath,
+                                                        max_registers=self.max_registers)(self.fn)
             return lambda grid, block, args, shared=0: k[grid, block, 0, shared](*(as_numba(a) for a in args))
         import cupy
         argtypes, _ = sigutils.normalize_signature(self.sig)
         cc = cupy.cuda.Device().compute_capability
         ptx = _cached_ptx(self.fn, self.sig, (int(cc[:-1]), int(cc[-1])), self.fastmath)
         entry = re.search(r"\.entry\s+(\w+)\s*\(", ptx)
-        n_params = len(re.findall(r"\.param\s", ptx[entry.end():ptx.index(")", entry.end())]))
+        params_end = ptx.index(")", entry.end())
+        n_params = len(re.findall(r"\.param\s", ptx[entry.end():params_end]))
+        if self.max_registers:  # a PTX performance directive, between the parameters and the body
+            ptx = f"{ptx[:params_end + 1]}\n.maxnreg {self.max_registers}{ptx[params_end + 1:]}"
         expected = sum(5 + 2 * t.ndim if isinstance(t, types.Array) else 1 for t in argtypes)
         if n_params != expected:
             raise RuntimeError(f"{self.fn.__name__}: PTX takes {n_params} parameters, expected {expected}; "
@@ -176,7 +181,8 @@ def _set_max_dynamic_shared(func, nbytes):
     driver.funcSetAttribute(func.ptr, _MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
 
 
-def kernel(*argtypes, fastmath=False):
+def kernel(*argtypes, fastmath=False, max_registers=None):
     """Decorator: ``@kernel("float32[::1]", "int64", ...)`` for a void CUDA kernel
-    (``fastmath``: approximate division and square root, flushed denormals)."""
-    return lambda fn: Kernel(fn, "void(" + ", ".join(argtypes) + ")", fastmath)
+    (``fastmath``: approximate exp, division and square root, flushed denormals;
+    ``max_registers``: a cap per thread, for more resident warps where latency dominates)."""
+    return lambda fn: Kernel(fn, "void(" + ", ".join(argtypes) + ")", fastmath, max_registers)
