@@ -24,7 +24,6 @@ Results do not depend on P: with the same batch, P ranks give 1 rank's parameter
 """
 import math
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -60,13 +59,6 @@ def balanced_bounds(cost, parts):
     targets = c[-1] * np.arange(1, parts) / parts
     inner = np.searchsorted(c, targets) + 1
     return np.concatenate([[0], np.minimum(inner, len(c)), [len(c)]]).astype(np.int64)
-
-
-@dataclass
-class _Sent:
-    """The forward exchange, remembered by the owner to route gradients back."""
-    route: object       # (rows,) int64: b * N_local + n of each sent row, in send order
-    counts: np.ndarray  # rows sent to each rank
 
 
 class DistributedTrainer(Trainer):
@@ -120,27 +112,29 @@ class DistributedTrainer(Trainer):
     def _batch(self):
         return [self.next_view() for _ in range(self.batch)]
 
-    def _send_plan(self, spans, n_tiles, bounds):
-        """Rows to send: for each record (b, n) with a span, every rank whose tile range meets it."""
-        rec_b, rec_n, r_lo, r_hi = [], [], [], []
-        for b, span in enumerate(spans):
-            span = _backend.to_host(span)
-            ok = np.flatnonzero(span[:, 0] >= 0)
-            g_lo = b * n_tiles + span[ok, 0]
-            g_hi = b * n_tiles + span[ok, 1]
-            rec_b.append(np.full(len(ok), b))
-            rec_n.append(ok)
-            r_lo.append(np.searchsorted(bounds, g_lo, side="right") - 1)
-            r_hi.append(np.searchsorted(bounds, g_hi, side="right") - 1)
-        rec_b, rec_n = np.concatenate(rec_b), np.concatenate(rec_n)
-        r_lo, r_hi = np.concatenate(r_lo), np.concatenate(r_hi)
-        reps = r_hi - r_lo + 1
-        row = np.repeat(np.arange(len(rec_b)), reps)
-        dest = r_lo[row] + (np.arange(len(row)) - np.repeat(np.cumsum(reps) - reps, reps))
-        order = np.argsort(dest, kind="stable")          # grouped by rank, record order kept
-        row = row[order]
-        counts = np.bincount(dest, minlength=self.size).astype(np.int64)
-        return rec_b[row], rec_n[row], counts
+    def _send_plan(self, projs, spans, n_tiles, bounds):
+        """The forward exchange's rows, grouped by destination rank in record order: every
+        projected record (view b, Gaussian n) with a tile span goes to each rank whose tile range
+        meets the span.  Built on the device, where the records are (one sync per rank, for its
+        count).  Returns the rows, the per-rank counts, and each row's route b * N + n (where its
+        gradient goes back)."""
+        xp = self.xp
+        span = xp.stack(spans)                                   # (B, N, 2) first, last tile; -1 if culled
+        offset = (xp.arange(len(spans), dtype=np.int64) * n_tiles)[:, None]
+        bounds = xp.asarray(bounds)
+        r_lo = xp.searchsorted(bounds, (span[:, :, 0] + offset).ravel(), side="right") - 1
+        r_hi = xp.searchsorted(bounds, (span[:, :, 1] + offset).ravel(), side="right") - 1
+        live = (span[:, :, 0] >= 0).ravel()
+        routes = [xp.flatnonzero(live & (r_lo <= d) & (r_hi >= d)) for d in range(self.size)]
+        counts = np.array([len(r) for r in routes], np.int64)
+        route = xp.concatenate(routes)
+        records = xp.stack([p.proj for p in projs]).reshape(-1, go.PROJ_FIELDS)
+        tiles_hit = xp.stack([p.counts for p in projs]).ravel()
+        send = xp.empty((len(route), go.PROJ_FIELDS + 2), np.float32)
+        send[:, :go.PROJ_FIELDS] = records[route]
+        send[:, go.PROJ_FIELDS] = route // max(span.shape[1], 1)  # the view
+        send[:, go.PROJ_FIELDS + 1] = tiles_hit[route]
+        return send, counts, route
 
     def train_step(self):
         c, xp, model = self.cfg, self.xp, self.model
@@ -163,14 +157,7 @@ class DistributedTrainer(Trainer):
                   else balanced_bounds(self.tile_cost, self.size))
         lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
         # 3. forward exchange: records + camera index + tile count
-        rec_b, rec_n, send_counts = self._send_plan(spans, n_tiles, bounds)
-        send = xp.empty((len(rec_b), go.PROJ_FIELDS + 2), np.float32)
-        for b, p in enumerate(projs):
-            sel = np.flatnonzero(rec_b == b)
-            idx = xp.asarray(rec_n[sel])
-            send[xp.asarray(sel), :go.PROJ_FIELDS] = p.proj[idx]
-            send[xp.asarray(sel), go.PROJ_FIELDS] = b
-            send[xp.asarray(sel), go.PROJ_FIELDS + 1] = p.counts[idx]
+        send, send_counts, route = self._send_plan(projs, spans, n_tiles, bounds)
         t1 = time.perf_counter()
         recv, recv_counts = self.exchange.alltoallv(send, send_counts)
         t2 = time.perf_counter()
@@ -183,11 +170,11 @@ class DistributedTrainer(Trainer):
         G = xp.zeros((len(recv), go.GRAD_FIELDS), np.float32)
         loss_share = 0.0
         frames = {}
-        recv_b = _backend.to_host(recv[:, go.PROJ_FIELDS]).astype(np.int64) if len(recv) else np.zeros(0, np.int64)
+        recv_b = recv[:, go.PROJ_FIELDS]
         my_cost = np.zeros(self.batch * n_tiles)
         for b in range(lo // n_tiles, (hi - 1) // n_tiles + 1 if hi > lo else 0):
-            rows = np.flatnonzero(recv_b == b)
-            sub = recv[xp.asarray(rows)]
+            rows = xp.flatnonzero(recv_b == b)
+            sub = recv[rows]
             p = ns.Projection(cams[b], None, xp.ascontiguousarray(sub[:, :go.PROJ_FIELDS]), None,
                               xp.ascontiguousarray(sub[:, go.PROJ_FIELDS + 1]).astype(np.int32), degree,
                               c.antialias)
@@ -203,7 +190,7 @@ class DistributedTrainer(Trainer):
                     p, binning, self.targets[views[b]], xp.asarray(perms[b]), c.lambda_dssim, bg,
                     want_image=b == 0, backend=self.backend, tiles=mine)
                 loss_share += share / self.batch
-                G[xp.asarray(rows)] = grad / self.batch
+                G[rows] = grad / self.batch
             else:
                 r = ns.rasterize(p, binning, bg, self.backend)
                 frames[b] = (p, binning, r, rows)
@@ -225,12 +212,11 @@ class DistributedTrainer(Trainer):
                 loss += lb / self.batch
                 d_imgs.append(d / self.batch)
             for b, (p, binning, r, rows) in frames.items():
-                G[xp.asarray(rows)] = ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d_imgs[b]),
+                G[rows] = ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d_imgs[b]),
                                                             backend=self.backend)
         t4 = time.perf_counter()
         n_local = len(model)
         out = xp.zeros((self.batch * n_local, go.GRAD_FIELDS), np.float32)
-        route = xp.asarray(rec_b * n_local + rec_n)
         from comm import exchange_dense, exchange_sparse
         move = exchange_sparse if self.grad_comm == "sparse" else exchange_dense
         comm_stats = move(self.exchange, G, recv_counts, route, out, backend=self.backend)
