@@ -77,10 +77,8 @@ class Kernel:
         cc = cupy.cuda.Device().compute_capability
         ptx = _cached_ptx(self.fn, self.sig, (int(cc[:-1]), int(cc[-1])), self.fastmath)
         entry = re.search(r"\.entry\s+(\w+)\s*\(", ptx)
-        params_end = ptx.index(")", entry.end())
-        n_params = len(re.findall(r"\.param\s", ptx[entry.end():params_end]))
-        if self.max_registers:  # a PTX performance directive, between the parameters and the body
-            ptx = f"{ptx[:params_end + 1]}\n.maxnreg {self.max_registers}{ptx[params_end + 1:]}"
+        n_params = len(re.findall(r"\.param\s", ptx[entry.end():ptx.index(")", entry.end())]))
+        ptx = with_max_registers(ptx, self.max_registers)
         expected = sum(5 + 2 * t.ndim if isinstance(t, types.Array) else 1 for t in argtypes)
         if n_params != expected:
             raise RuntimeError(f"{self.fn.__name__}: PTX takes {n_params} parameters, expected {expected}; "
@@ -131,6 +129,16 @@ class Kernel:
         launches += 1
         launch = self._launch
         return lambda *args: launch(grid, block, args, shared)
+
+
+def with_max_registers(ptx, n):
+    """The PTX with a per-thread register cap on its kernel (``.maxnreg``, a performance directive
+    between the parameter list and the body); unchanged for ``n`` None."""
+    if not n:
+        return ptx
+    entry = re.search(r"\.entry\s+\w+\s*\(", ptx)
+    params_end = ptx.index(")", entry.end())
+    return f"{ptx[:params_end + 1]}\n.maxnreg {int(n)}{ptx[params_end + 1:]}"
 
 
 def _source_digest(_memo=[]):

@@ -59,3 +59,48 @@ def test_ptx_cache_compiles_once(tmp_path, monkeypatch):
     assert launch._cached_ptx(scale, sig, (9, 0)) == first
     with pytest.raises(AssertionError):  # another architecture is another entry
         launch._cached_ptx(scale, sig, (8, 0))
+
+
+def _ptxas():
+    """ptxas from the CUDA toolkit wheels (numba-cuda[cu12]) or the PATH, if any."""
+    import shutil
+    from pathlib import Path
+    try:
+        import nvidia.cuda_nvcc
+        for root in nvidia.cuda_nvcc.__path__:
+            exe = Path(root) / "bin" / "ptxas"
+            if exe.exists():
+                return str(exe)
+    except ImportError:
+        pass
+    return shutil.which("ptxas")
+
+
+@pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", reason="simulator has no compiler")
+def test_register_caps_reach_the_assembler(monkeypatch, tmp_path):
+    """Kernels declared with ``max_registers`` assemble within their cap (the directive is placed
+    where ptxas reads it), and uncapped they would use more: the cap is not a no-op."""
+    import subprocess
+    ptxas = _ptxas()
+    if not _ptx_available() or ptxas is None:
+        pytest.skip("no NVVM or ptxas (install numba-cuda[cu12])")
+    from types import SimpleNamespace
+
+    from numba import cuda as numba_cuda
+    from numba.cuda import dispatcher
+    monkeypatch.setattr(dispatcher, "get_current_device", lambda: SimpleNamespace(compute_capability=(9, 0)))
+    from numbasplat import cuda, launch
+
+    def registers(ptx):
+        path = tmp_path / "k.ptx"
+        path.write_text(ptx)
+        out = subprocess.run([ptxas, "-arch=sm_90", "-v", str(path), "-o", str(tmp_path / "k.cubin")],
+                             capture_output=True, text=True, check=True)
+        return int(re.search(r"Used (\d+) registers", out.stderr + out.stdout).group(1))
+
+    capped = [k for k in vars(cuda).values() if isinstance(k, launch.Kernel) and k.max_registers]
+    assert capped
+    for k in capped:
+        ptx, _ = numba_cuda.compile_ptx(k.fn, k.sig, cc=(9, 0), fastmath=k.fastmath)
+        assert registers(launch.with_max_registers(ptx, k.max_registers)) <= k.max_registers, k.fn.__name__
+        assert registers(ptx) > k.max_registers, f"{k.fn.__name__}: the cap changes nothing"
