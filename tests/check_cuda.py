@@ -84,10 +84,12 @@ def compare_adam(steps=3):
 def main(sizes=((37, 29, 40), (48, 32, 150))):  # (W, H, Gaussians): 150 spans two blocks
     failures = []
     for i, (W, H, n) in enumerate(sizes):
-        for antialias, degree in ((False, None), (True, 1)):  # degree 1: rows narrower than stored
-            g = edge_case_scene(n=n, seed=10 + i, dtype=np.float32)
+        # (antialias, SH degree rendered, degree stored): degree 1 of 3 uses part of each row,
+        # a stored degree 1 has rows of 4 coefficients
+        for antialias, degree, stored in ((False, None, 3), (True, 1, 3), (False, None, 1)):
+            g = edge_case_scene(n=n, seed=10 + i, dtype=np.float32, degree=stored)
             cam = look_at_camera(W=W, H=H)
-            print(f"scene {W}x{H} antialias={antialias} sh_degree={degree}")
+            print(f"scene {W}x{H} antialias={antialias} sh_degree={degree} of {stored}")
             failures += compare(g, cam, (0.1, 0.5, 0.9), antialias, seed=i, sh_degree=degree)
     # the empty scene
     empty = ns.Gaussians(*(np.zeros(s, np.float32) for s in ((0, 3), (0, 3), (0, 4), (0,), (0, 1, 3))))
