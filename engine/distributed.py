@@ -212,8 +212,7 @@ class DistributedTrainer(Trainer):
                 loss += lb / self.batch
                 d_imgs.append(d / self.batch)
             for b, (p, binning, r, rows) in frames.items():
-                G[rows] = ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d_imgs[b]),
-                                                            backend=self.backend)
+                G[rows] = ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d_imgs[b]), backend=self.backend)
         t4 = time.perf_counter()
         n_local = len(model)
         out = xp.zeros((self.batch * n_local, go.GRAD_FIELDS), np.float32)

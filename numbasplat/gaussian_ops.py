@@ -159,19 +159,17 @@ def build(jit):
 
 
     @jit
-    def sh_backward_body(n, row, means, sh, degree, cam, proj, counts, grad, d_sh, accumulate):
-        """The SH gradients of Gaussian n; its coefficients are row ``row`` of ``sh`` (K*3 values,
-        coefficient-major) and its gradients go to the same row of ``d_sh``, which may be the same
-        array (each value is read before its gradient is written: CUDA stages a block's rows in
-        shared memory).  Returns the gradient w.r.t. the view direction.  Clamped colour channels
-        (the forward's colour is 0) pass no gradient."""
+    def sh_backward_body(n, means, sh, degree, cam, proj, counts, grad, d_sh, accumulate):
+        """The SH gradients of Gaussian n (``sh`` and ``d_sh`` as (N, K*3) rows, coefficient-major);
+        returns the gradient w.r.t. its view direction.  Clamped colour channels (the forward's
+        colour is 0) pass no gradient.  (The CUDA kernel splits this work across a block's threads.)"""
         gx = f32(0.0)
         gy = f32(0.0)
         gz = f32(0.0)
         if counts[n] == 0:  # culled: its gradient is zero
             if not accumulate:
                 for e in range(d_sh.shape[1]):
-                    d_sh[row, e] = 0
+                    d_sh[n, e] = 0
             return gx, gy, gz
         nx, ny, nz, inv = view_direction(n, means, cam)
         b = sh_basis(degree, nx, ny, nz)
@@ -181,17 +179,17 @@ def build(jit):
         for k in range(16):  # a constant trip count: unrolled, so b[k] etc. are registers, not lookups
             e = 3 * k
             if k < used:
-                w = g0 * sh[row, e] + g1 * sh[row, e + 1] + g2 * sh[row, e + 2]
+                w = g0 * sh[n, e] + g1 * sh[n, e + 1] + g2 * sh[n, e + 2]
                 gx += w * jx[k]
                 gy += w * jy[k]
                 gz += w * jz[k]
-                store2(d_sh, row, e, b[k] * g0, accumulate)
-                store2(d_sh, row, e + 1, b[k] * g1, accumulate)
-                store2(d_sh, row, e + 2, b[k] * g2, accumulate)
+                store2(d_sh, n, e, b[k] * g0, accumulate)
+                store2(d_sh, n, e + 1, b[k] * g1, accumulate)
+                store2(d_sh, n, e + 2, b[k] * g2, accumulate)
             elif e < d_sh.shape[1] and not accumulate:
-                d_sh[row, e] = 0
-                d_sh[row, e + 1] = 0
-                d_sh[row, e + 2] = 0
+                d_sh[n, e] = 0
+                d_sh[n, e + 1] = 0
+                d_sh[n, e + 2] = 0
         return gx, gy, gz
 
     @jit
@@ -247,11 +245,11 @@ def build(jit):
         """Gaussian n's parameter gradients, from its screen-space gradient record (and its
         projected record, for the colour clamp): added to the outputs, or written over them
         (``accumulate`` False: no separate zeroing pass over the gradient buffers)."""
-        gx, gy, gz = sh_backward_body(n, n, means, sh, degree, cam, proj, counts, grad, d_sh, accumulate)
+        gx, gy, gz = sh_backward_body(n, means, sh, degree, cam, proj, counts, grad, d_sh, accumulate)
         geometry_backward_body(n, means, quats, scales, logits, cam, W, H, antialias, counts, grad, gx, gy, gz,
                                d_means, d_quats, d_scales, d_logits, accumulate)
 
     return SimpleNamespace(visit_tiles=visit_tiles_body, project=project_body, tile_span=tile_span_body,
-                           project_backward=project_backward_body, sh_backward=sh_backward_body,
+                           project_backward=project_backward_body,
                            view_direction=view_direction, colour_grad=colour_grad,
                            geometry_backward=geometry_backward_body)

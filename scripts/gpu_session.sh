@@ -24,7 +24,7 @@ mpi() { local p=$1; shift; mpiexec --allow-run-as-root --oversubscribe -n "$p" p
 LEGO=(--data .data/lego --white-background)
 FERN=(--data .data/fern --images images_8)
 
-case "${1:-}" in
+case "$part" in
 checks) OUT=$R bash scripts/gpu_check.sh .data/scene_gen.py 2>&1 | grep -E "passed|FAIL|ok|step_ms" ;;
 fused)
     [ -f .data/b1m.npz ] || python3 .data/scene_gen.py .data/b1m.npz --n 1000000 --res 1297x840 > /dev/null
