@@ -27,6 +27,8 @@ import zlib
 import numpy as np
 from mpi4py import MPI
 
+from numbasplat._backend import array_module_of
+
 BYTE_LIMIT = 2**31 - 1  # MPI int counts/displacements; tests lower it to exercise the row-datatype path
 INT_MAX = 2**31 - 1
 ABORT_GRACE_S = 0.5  # fail_all: time for mpiexec to forward the message before the abort
@@ -37,13 +39,6 @@ ABORT_GRACE_S = 0.5  # fail_all: time for mpiexec to forward the message before 
 def _is_device(a):
     """A GPU array (CuPy) rather than numpy (numpy also covers the CUDA simulator)."""
     return not isinstance(a, np.ndarray) and hasattr(a, "__cuda_array_interface__")
-
-
-def _xp(a):
-    if _is_device(a):
-        import cupy
-        return cupy
-    return np
 
 
 def _bytes(a):
@@ -72,8 +67,15 @@ def _row_type(row_bytes):
     return t
 
 
-def _mpi_alltoallv(comm, sbuf, scounts, rbuf, rcounts, row_bytes):
-    """MPI_Alltoallv of flat byte buffers whose counts are given in rows."""
+def _mpi_alltoallv(comm, sbuf, scounts, rbuf, rcounts, row_bytes, keep_self=False):
+    """MPI_Alltoallv of flat byte buffers whose counts are given in rows.
+
+    With ``keep_self`` this rank's own chunk is left out (the caller copies it)."""
+    sdispl, rdispl = _displs(scounts), _displs(rcounts)
+    if keep_self:
+        me = comm.Get_rank()
+        scounts, rcounts = scounts.copy(), rcounts.copy()
+        scounts[me] = rcounts[me] = 0
     if max(sbuf.nbytes, rbuf.nbytes) <= BYTE_LIMIT:
         unit, dtype = row_bytes, MPI.BYTE
     else:
@@ -81,8 +83,8 @@ def _mpi_alltoallv(comm, sbuf, scounts, rbuf, rcounts, row_bytes):
             raise OverflowError(f"alltoallv: more than 2**31-1 rows ({scounts.sum()} sent, {rcounts.sum()} "
                                 "received): split the exchange")
         unit, dtype = 1, _row_type(row_bytes)
-    s = [sbuf, ((scounts * unit).tolist(), (_displs(scounts) * unit).tolist()), dtype]
-    r = [rbuf, ((rcounts * unit).tolist(), (_displs(rcounts) * unit).tolist()), dtype]
+    s = [sbuf, ((scounts * unit).tolist(), (sdispl * unit).tolist()), dtype]
+    r = [rbuf, ((rcounts * unit).tolist(), (rdispl * unit).tolist()), dtype]
     comm.Alltoallv(s, r)
 
 
@@ -152,7 +154,10 @@ class Transport:
 
 
 class HostStaged(Transport):
-    """Device rows go through pinned host buffers (reused, grown by doubling); host rows go straight to MPI."""
+    """Device rows go through pinned host buffers (reused, grown by doubling); host rows go straight to MPI.
+
+    A rank's rows to itself stay on the device (one device copy): at P ranks
+    they are about 1/P of the bytes, and they never need the host."""
     name = "host"
 
     def __init__(self):
@@ -172,13 +177,20 @@ class HostStaged(Transport):
         if not _is_device(send):
             _mpi_alltoallv(comm, _bytes(send), scounts, _bytes(recv), rcounts, row_bytes)
             return
+        me = comm.Get_rank()
+        s0, r0 = int(_displs(scounts)[me]), int(_displs(rcounts)[me])
+        s_self, r_self = slice(s0, s0 + int(scounts[me])), slice(r0, r0 + int(rcounts[me]))
         hs = self._buffer("send", send.nbytes)
         hr = self._buffer("recv", recv.nbytes)
-        if send.nbytes:
-            _bytes(send).get(out=hs)  # blocking: also waits for the kernels that wrote send
-        _mpi_alltoallv(comm, hs, scounts, hr, rcounts, row_bytes)
-        if recv.nbytes:
-            _bytes(recv).set(hr)
+        rows_s, rows_r = hs.reshape(-1, row_bytes), hr.reshape(-1, row_bytes)
+        for part in (slice(0, s_self.start), slice(s_self.stop, len(send))):
+            if part.stop > part.start:  # blocking copies: they also wait for the kernels that wrote send
+                _bytes(send[part]).get(out=rows_s[part].reshape(-1))
+        recv[r_self] = send[s_self]
+        _mpi_alltoallv(comm, hs, scounts, hr, rcounts, row_bytes, keep_self=True)
+        for part in (slice(0, r_self.start), slice(r_self.stop, len(recv))):
+            if part.stop > part.start:
+                _bytes(recv[part]).set(rows_r[part].reshape(-1))
 
 
 class CudaAware(Transport):
@@ -239,7 +251,7 @@ class Exchange:
         are exchanged first, unless the caller already knows ``recv_counts``
         (then nothing is checked).
         """
-        xp = _xp(send)
+        xp = array_module_of(send)
         flat = send.ndim == 1
         send2 = xp.ascontiguousarray(send.reshape(-1, 1) if flat else send)
         if send2.ndim != 2:
@@ -265,10 +277,9 @@ class Exchange:
 
     def allreduce_sum(self, a):
         """Element-wise sum over ranks of a small array (staged through the host)."""
-        from numbasplat._backend import to_host
-        h = np.ascontiguousarray(to_host(a)).copy()
+        h = np.ascontiguousarray(a.get()) if _is_device(a) else np.array(a, order="C")  # a fresh host copy
         self.comm.Allreduce(MPI.IN_PLACE, h, op=MPI.SUM)
-        return _xp(a).asarray(h) if _is_device(a) else h
+        return array_module_of(a).asarray(h) if _is_device(a) else h
 
     def allgatherv(self, rows):
         """Every rank's rows, concatenated in rank order: ``(all_rows, counts)`` (staged through the host)."""
@@ -285,7 +296,7 @@ class Exchange:
         out = np.empty((int(counts.sum()), h2.shape[1]), h2.dtype)
         _mpi_allgatherv(self.comm, _bytes(h2), h2.shape[0], _bytes(out), counts, h2.shape[1] * h2.dtype.itemsize)
         out = out.reshape(-1) if flat else out
-        return (_xp(rows).asarray(out) if _is_device(rows) else out), counts
+        return (array_module_of(rows).asarray(out) if _is_device(rows) else out), counts
 
 
 # --------------------------------------------------------------------------- failing together

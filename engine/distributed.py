@@ -31,7 +31,7 @@ import numbasplat as ns
 from numbasplat import _backend
 from numbasplat import gaussian_ops as go
 from numbasplat.loss import l1_ssim_loss
-from numbasplat.rendering import rasterize_tile_loss, tile_pixel_mask
+from numbasplat.rendering import TILE, image_tiles, put_tiles, rasterize_tile_loss
 from numbasplat.tile_loss import s3im_permutations
 from numbasplat.optim import GROUPS
 
@@ -51,6 +51,11 @@ def select_device(comm):
 
 def even_bounds(n, parts):
     return np.array([n * r // parts for r in range(parts + 1)], np.int64)
+
+
+def _views_of(first, last, n_tiles):
+    """The views holding any of the batch's tiles first..last-1 (view b has tiles b*n_tiles...)."""
+    return range(first // n_tiles, (last - 1) // n_tiles + 1) if last > first else range(0)
 
 
 def balanced_bounds(cost, parts):
@@ -136,6 +141,41 @@ class DistributedTrainer(Trainer):
         send[:, go.PROJ_FIELDS + 1] = tiles_hit[route]
         return send, counts, route
 
+    def _share_tiles(self, rendered, bounds, cam, halo):
+        """The rendered pixels other ranks need, sent by one all-to-all of 16x16 tiles.
+
+        A renderer holds only its own tiles.  With the global loss (``halo``) it
+        also needs the tiles within one tile row of its own, in its views: the
+        loss's two 11x11 windows reach 10 pixels.  Rank 0 also needs all of view
+        0 (the progress image).  Every rank knows the bounds, so what goes where
+        is known without asking.  ``rendered``: {view: image} of this rank's
+        views (only its own tiles right).  Returns {view: image} of the views
+        this rank received tiles of, right on those tiles, 0 elsewhere."""
+        xp = self.xp
+        n_tiles = cam.tiles[0] * cam.tiles[1]
+        lo, hi = bounds[:-1], bounds[1:]
+        if halo:
+            reach = cam.tiles[0] + 1
+            need_lo = np.maximum(lo - reach, lo // n_tiles * n_tiles)
+            need_hi = np.where(hi > lo, np.minimum(hi + reach, -(-hi // n_tiles) * n_tiles), need_lo)
+        else:
+            need_lo, need_hi = np.zeros_like(lo), np.zeros_like(hi)
+        need_lo[0], need_hi[0] = 0, max(need_hi[0], n_tiles)
+        start = np.maximum(lo[:, None], need_lo[None, :])            # [source, destination]
+        end = np.maximum(np.minimum(hi[:, None], need_hi[None, :]), start)
+        me = self.rank
+        parts = [xp.zeros((0, TILE * TILE * 3), np.float32)]
+        for a, e in zip(start[me], end[me]):
+            for b in _views_of(a, e, n_tiles):
+                parts.append(image_tiles(rendered[b], max(a - b * n_tiles, 0), min(e - b * n_tiles, n_tiles)))
+        recv, _ = self.exchange.alltoallv(xp.concatenate(parts), end[me] - start[me], end[:, me] - start[:, me])
+        have = {}
+        for b in _views_of(need_lo[me], need_hi[me], n_tiles):
+            first, last = max(need_lo[me], b * n_tiles), min(need_hi[me], (b + 1) * n_tiles)
+            have[b] = xp.zeros((cam.height, cam.width, 3), np.float32)
+            put_tiles(have[b], recv[first - need_lo[me]:last - need_lo[me]], first - b * n_tiles)
+        return have
+
     def train_step(self):
         c, xp, model = self.cfg, self.xp, self.model
         t0 = time.perf_counter()
@@ -161,58 +201,49 @@ class DistributedTrainer(Trainer):
         t1 = time.perf_counter()
         recv, recv_counts = self.exchange.alltoallv(send, send_counts)
         t2 = time.perf_counter()
-        # 4. render my tiles of each image; the global loss needs all pixels of every image,
-        #    the tile-local one only my tiles (its pixels of the first view are shared for progress)
+        # 4. render my tiles of each view, 5. the loss share of my tiles and the raster backward
         tile_loss = c.loss == "tile"
         perms = [s3im_permutations(self.rng, c.s3im_repeats) for _ in range(self.batch)] if tile_loss else None
-        H, W = cams[0].height, cams[0].width
-        images = xp.zeros((1 if tile_loss else self.batch, H, W, 3), np.float32)
         G = xp.zeros((len(recv), go.GRAD_FIELDS), np.float32)
+        cost = xp.zeros(self.batch * n_tiles, np.int32)   # intersections per tile, for the next bounds
         loss_share = 0.0
-        frames = {}
+        frames, rendered = [], {}
         recv_b = recv[:, go.PROJ_FIELDS]
-        my_cost = np.zeros(self.batch * n_tiles)
-        for b in range(lo // n_tiles, (hi - 1) // n_tiles + 1 if hi > lo else 0):
+        for b in _views_of(lo, hi, n_tiles):
             rows = xp.flatnonzero(recv_b == b)
             sub = recv[rows]
             p = ns.Projection(cams[b], None, xp.ascontiguousarray(sub[:, :go.PROJ_FIELDS]), None,
                               xp.ascontiguousarray(sub[:, go.PROJ_FIELDS + 1]).astype(np.int32), degree,
                               c.antialias)
             binning = ns.bin_tiles(p, self.backend)
-            mine = np.zeros(n_tiles, bool)
-            mine[max(lo - b * n_tiles, 0):min(hi - b * n_tiles, n_tiles)] = True
-            ranges = _backend.to_host(binning.ranges).copy()
-            my_cost[b * n_tiles:(b + 1) * n_tiles] = np.where(mine, ranges[:, 1] - ranges[:, 0], 0)
-            ranges[~mine] = 0
-            binning.ranges = xp.asarray(ranges)
+            first, last = max(lo - b * n_tiles, 0), min(hi - b * n_tiles, n_tiles)  # my tiles of view b
+            binning.ranges[:first] = 0
+            binning.ranges[last:] = 0
+            cost[b * n_tiles + first:b * n_tiles + last] = binning.ranges[first:last, 1] - binning.ranges[first:last, 0]
             if tile_loss:  # forward, loss share and backward of my tiles (fused on GPUs)
+                mine = np.zeros(n_tiles, bool)
+                mine[first:last] = True
                 share, grad, image, self.tile_stats = rasterize_tile_loss(
                     p, binning, self.targets[views[b]], xp.asarray(perms[b]), c.lambda_dssim, bg,
                     want_image=b == 0, backend=self.backend, tiles=mine)
                 loss_share += share / self.batch
                 G[rows] = grad / self.batch
+                if image is not None:
+                    rendered[b] = image
             else:
                 r = ns.rasterize(p, binning, bg, self.backend)
-                frames[b] = (p, binning, r, rows)
-                image = r.image
-            if b < len(images):
-                pix = tile_pixel_mask(xp, mine, tx, ty, W, H)
-                images[b][pix] = image[pix]
-        full = self.exchange.allreduce_sum(images)
-        self.tile_cost = self.exchange.allreduce_sum(my_cost)
+                frames.append((b, first, last, p, binning, r, rows))
+                rendered[b] = r.image
+        # the pixels each rank needs from the others: the global loss its tiles' halo, rank 0 view 0 (progress)
+        have = self._share_tiles(rendered, bounds, cams[0], halo=not tile_loss)
+        self.tile_cost = self.exchange.allreduce_sum(_backend.to_host(cost))
         t3 = time.perf_counter()
-        # the loss of the batch is the mean of the views' losses
-        if tile_loss:
-            loss = float(self.comm.allreduce(loss_share))
-        else:  # every rank computes all of it, then 5. the raster backward of its tiles
-            loss = 0.0
-            d_imgs = []
-            for b, i in enumerate(views):
-                lb, d = l1_ssim_loss(full[b], self.targets[i], c.lambda_dssim, backend=self.backend)
-                loss += lb / self.batch
-                d_imgs.append(d / self.batch)
-            for b, (p, binning, r, rows) in frames.items():
-                G[rows] = ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d_imgs[b]), backend=self.backend)
+        for b, first, last, p, binning, r, rows in frames:  # global loss: the share of my tiles
+            lb, d = l1_ssim_loss(have[b], self.targets[views[b]], c.lambda_dssim, backend=self.backend,
+                                 tiles=(first, last))
+            loss_share += lb / self.batch
+            G[rows] = ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d / self.batch), backend=self.backend)
+        loss = float(self.comm.allreduce(loss_share))
         t4 = time.perf_counter()
         n_local = len(model)
         out = xp.zeros((self.batch * n_local, go.GRAD_FIELDS), np.float32)
@@ -242,8 +273,7 @@ class DistributedTrainer(Trainer):
                       "times": {"project": t1 - t0, "forward_exchange": t2 - t1, "render": t3 - t2,
                                 "loss_backward": t4 - t3, "backward_exchange": t5 - t4, "owner": t6 - t5},
                       **comm_stats}
-        target = self.targets[views[0]]
-        return loss, _Shown(full[0]), target, events
+        return loss, _Shown(have.get(0)), self.targets[views[0]], events
 
     def _reorder_after_refine(self, events):
         """Put the Gaussians in the order one rank would have: every rank's kept ones,

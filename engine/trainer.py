@@ -184,7 +184,7 @@ class Trainer:
                 crossed = lambda every: every and prev // every != self.step // every  # noqa: E731
                 if crossed(c.log_every) or events or self.step == c.iterations:
                     self._check_finite()
-                    p = psnr(frame.image, target)
+                    p = psnr(frame.image, target) if self.is_root else None  # under MPI rank 0 shows view 0
                     rec = {"step": self.step, "loss": loss, "psnr": p, "gaussians": len(self.model),
                            "time": self.train_seconds + time.perf_counter() - t0, **events, **self.log_extra()}
                     if logf:

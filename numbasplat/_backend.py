@@ -45,6 +45,14 @@ def array_module(backend=None):
     return np
 
 
+def array_module_of(a):
+    """numpy or CuPy: whichever holds ``a``."""
+    if isinstance(a, np.ndarray) or not hasattr(a, "__cuda_array_interface__"):
+        return np
+    import cupy
+    return cupy
+
+
 def to_host(a):
     """Copy a device array (CuPy) to numpy; numpy arrays pass through."""
     return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)

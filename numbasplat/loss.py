@@ -38,6 +38,8 @@ C2 = 0.03 ** 2
 WIN = 11            # window size
 RAD = WIN // 2      # zero padding / halo width
 SIGMA = 1.5
+TX = 16             # loss tiles: 16x16 like the rasterizer's (one CUDA block each),
+TY = 16             # so a renderer's tiles name its share of the loss
 
 
 def _gauss1d(size=WIN, sigma=SIGMA):
@@ -135,22 +137,23 @@ def _products_cpu(img, gt, out):
 
 
 @njit(parallel=True, cache=True)
-def _ssim_map_cpu(img, gt, mom, ssim_scale, dmaps):
-    """Sum of |img-gt| and of the SSIM map; writes ssim_scale * (a, b, c)."""
+def _ssim_map_cpu(img, gt, mom, ssim_scale, dmaps, partials):
+    """Per 16x16 tile (row-major, as the CUDA blocks): sum of |img-gt| and of
+    the SSIM map into partials; writes ssim_scale * (a, b, c)."""
     H, W, C = img.shape
-    l1 = 0.0
-    ss = 0.0
-    for i in prange(H):
-        for j in range(W):
-            for c in range(C):
-                s, da, db, dc = _ssim_terms_cpu(mom[0, i, j, c], mom[1, i, j, c], mom[2, i, j, c],
-                                                mom[3, i, j, c], mom[4, i, j, c], C1, C2)
-                ss += s
-                l1 += abs(img[i, j, c] - gt[i, j, c])
-                dmaps[0, i, j, c] = ssim_scale * da
-                dmaps[1, i, j, c] = ssim_scale * db
-                dmaps[2, i, j, c] = ssim_scale * dc
-    return l1, ss
+    gx = (W + TX - 1) // TX
+    for by in prange((H + TY - 1) // TY):   # one tile row per thread: no shared sums
+        for i in range(by * TY, min(H, (by + 1) * TY)):
+            for j in range(W):
+                t = by * gx + j // TX
+                for c in range(C):
+                    s, da, db, dc = _ssim_terms_cpu(mom[0, i, j, c], mom[1, i, j, c], mom[2, i, j, c],
+                                                    mom[3, i, j, c], mom[4, i, j, c], C1, C2)
+                    partials[t, 1] += s
+                    partials[t, 0] += abs(img[i, j, c] - gt[i, j, c])
+                    dmaps[0, i, j, c] = ssim_scale * da
+                    dmaps[1, i, j, c] = ssim_scale * db
+                    dmaps[2, i, j, c] = ssim_scale * dc
 
 
 @njit(parallel=True, cache=True)
@@ -164,25 +167,27 @@ def _dimg_all_cpu(img, gt, g, l1_scale, out):
 
 
 def _cpu_forward(img, gt, ssim_scale):
-    """-> (sum|d|, sum SSIM, scaled partial maps (3, H, W, 3))."""
+    """-> (per-tile (sum|d|, sum SSIM) (tiles, 2) float64, scaled partial maps (3, H, W, 3))."""
     w = _W64.astype(img.dtype)
     prod = np.empty((5,) + img.shape, img.dtype)
     _products_cpu(img, gt, prod)
     mom = np.empty_like(prod)
     _blur_cpu(prod, w, mom)
     dmaps = np.empty((3,) + img.shape, img.dtype)
-    l1, ss = _ssim_map_cpu(img, gt, mom, ssim_scale, dmaps)
-    return l1, ss, dmaps
+    gx, gy = _grid(*img.shape[:2])
+    partials = np.zeros((gx * gy, 2))
+    _ssim_map_cpu(img, gt, mom, ssim_scale, dmaps, partials)
+    return partials, dmaps
 
 
 def _cpu_l1_ssim(img, gt, lam):
     n = img.size
-    l1, ss, dmaps = _cpu_forward(img, gt, -lam / n)
+    partials, dmaps = _cpu_forward(img, gt, -lam / n)
     g = np.empty_like(dmaps)
     _blur_cpu(dmaps, _W64.astype(img.dtype), g)
     dimg = np.empty_like(img)
     _dimg_all_cpu(img, gt, g, (1.0 - lam) / n, dimg)
-    return l1 / n, ss / n, dimg
+    return partials, dimg
 
 
 # ---------------------------------------------------------------------------
@@ -194,8 +199,6 @@ def _cpu_l1_ssim(img, gt, lam):
 # tap loops: Numba's n-d indexing costs a dozen 64-bit integer ops per access.
 # ---------------------------------------------------------------------------
 
-TX = 16                      # tile width = threads per block row
-TY = 16                      # tile height = threads per block column
 NT = TX * TY
 HR = TY + 2 * RAD            # halo tile rows
 HCP = TX + 2 * RAD           # halo tile columns (pixels)
@@ -389,25 +392,19 @@ def _scratch(H, W):
 
 
 def _cuda_forward(img, gt, ssim_scale):
-    """-> (sum|d|, sum SSIM, scaled partial maps); one launch."""
+    """-> (per-tile (sum|d|, sum SSIM) (tiles, 2) float64 on the host, scaled partial maps); one launch."""
     H, W = img.shape[:2]
     dmaps, partials = _scratch(H, W)
     _ssim_fwd[_grid(H, W), (TX, TY)](img, gt, dmaps, partials, np.float32(ssim_scale))
-    l1, ss = _backend.to_host(partials).sum(axis=0, dtype=np.float64)
-    return float(l1), float(ss), dmaps
-
-
-def _cuda_ssim(img, gt):
-    _, ss, _ = _cuda_forward(img, gt, 0.0)
-    return ss
+    return _backend.to_host(partials).astype(np.float64), dmaps
 
 
 def _cuda_l1_ssim(img, gt, lam):
     n = img.size
     dimg = _backend.array_module("cuda").empty_like(img)
-    l1, ss, dmaps = _cuda_forward(img, gt, -lam / n)
+    partials, dmaps = _cuda_forward(img, gt, -lam / n)
     _ssim_bwd[_grid(*img.shape[:2]), (TX, TY)](img, gt, dmaps, dimg, np.float32((1.0 - lam) / n))
-    return l1 / n, ss / n, dimg
+    return partials, dimg
 
 
 # ---------------------------------------------------------------------------
@@ -432,27 +429,46 @@ def _prepare(img, gt, backend):
     return img, gt, backend
 
 
-def l1_ssim_loss(img, gt, lam=0.2, backend=None):
+def l1_ssim_loss(img, gt, lam=0.2, backend=None, tiles=None):
     """(1-lam) * L1 + lam * (1 - SSIM) and its gradient w.r.t. img.
 
     Returns (loss: float, dimg) with dimg shaped like img, on the backend's
     device (CuPy array on a GPU; float32 on the CUDA path, img's float dtype
     on the CPU).  Two kernel launches on the CUDA path.
+
+    ``tiles=(lo, hi)``, a range of row-major 16x16 tiles, returns those tiles'
+    share of the loss instead (the shares of a partition of the tiles add up to
+    the loss), for a renderer that owns them: its image must then be right on
+    its tiles and 10 pixels around them (two 11x11 windows), and dimg is exact
+    on its tiles only.
     """
     img, gt, backend = _prepare(img, gt, backend)
     run = _cpu_l1_ssim if backend == "cpu" else _cuda_l1_ssim
-    l1, ss, dimg = run(img, gt, float(lam))
-    return float((1.0 - lam) * l1 + lam * (1.0 - ss)), dimg
+    partials, dimg = run(img, gt, float(lam))
+    n = img.size
+    values = n
+    if tiles is not None:
+        lo, hi = tiles
+        partials = partials[lo:hi]
+        values = 3 * int(_tile_pixels(img.shape[0], img.shape[1])[lo:hi].sum())
+    l1, ss = partials.sum(axis=0)
+    return float(((1.0 - lam) * l1 + lam * (values - ss)) / n), dimg
+
+
+def _tile_pixels(H, W):
+    """Pixels in each row-major 16x16 tile (edge tiles are cut by the image border)."""
+    gx, gy = _grid(H, W)
+    rows = np.minimum(TY, H - TY * np.arange(gy))
+    cols = np.minimum(TX, W - TX * np.arange(gx))
+    return np.outer(rows, cols).ravel()
 
 
 def ssim(img, gt, backend=None):
     """Mean SSIM over all pixels and channels (3DGS definition)."""
     img, gt, backend = _prepare(img, gt, backend)
-    if backend == "cpu":
-        _, ss, _ = _cpu_forward(img, gt, 0.0)
-    else:
-        ss = _cuda_ssim(img, gt)
-    return ss / img.size
+    forward = _cpu_forward if backend == "cpu" else _cuda_forward
+    partials, _ = forward(img, gt, 0.0)
+    return float(partials[:, 1].sum()) / img.size
 
 
 def psnr(img, gt):

@@ -284,6 +284,34 @@ def project_backward(g: Gaussians, p: Projection, grad, out: Gaussians = None, a
     return out
 
 
+def _tile_grid(image):
+    """A zero-padded copy of an (H, W, C) image and its (tiles_y, tiles_x, TILE, TILE, C) tile view."""
+    xp = _backend.array_module_of(image)
+    H, W, C = image.shape
+    ty, tx = -(-H // TILE), -(-W // TILE)
+    pad = xp.zeros((ty * TILE, tx * TILE, C), image.dtype)
+    pad[:H, :W] = image
+    return pad, pad.reshape(ty, TILE, tx, TILE, C).transpose(0, 2, 1, 3, 4)
+
+
+def image_tiles(image, first, last):
+    """Row-major tiles first..last-1 of an (H, W, C) image as rows of TILE*TILE*C values
+    (zero past the border): how renderers send each other their pixels."""
+    xp = _backend.array_module_of(image)
+    _, grid = _tile_grid(image)
+    k = xp.arange(first, last)
+    return grid[k // grid.shape[1], k % grid.shape[1]].reshape(last - first, -1)
+
+
+def put_tiles(image, rows, first):
+    """Write ``image_tiles`` rows back as tiles first, first+1, ... of ``image`` (in place)."""
+    xp = _backend.array_module_of(image)
+    pad, grid = _tile_grid(image)
+    k = xp.arange(first, first + len(rows))
+    grid[k // grid.shape[1], k % grid.shape[1]] = rows.reshape((len(rows),) + grid.shape[2:])
+    image[...] = pad[:image.shape[0], :image.shape[1]]
+
+
 def tile_pixel_mask(xp, tile_mask, tiles_x, tiles_y, W, H):
     """(H, W) bool pixel mask of the tiles marked in a row-major tile mask."""
     grid = np.asarray(tile_mask).reshape(tiles_y, tiles_x).repeat(TILE, 0).repeat(TILE, 1)

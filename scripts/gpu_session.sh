@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -52,11 +52,25 @@ mpi)  # fern and lego at P ranks sharing the GPU (P = 1 is the plain train part 
         step "$name $*"; mpi "$p" --out "$R/$name" --iters 7000 --eval --quiet "${!args}" "$@" > "$R/$name.txt" 2>&1
         grep -v Warn "$R/$name.txt" | tail -1; rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders"
     done ;;
+scale)  # images/s at 2000 images: P = 1, then P ranks, one per GPU (wrapping round); every rank profiled
+    p=$2; shift 2
+    train warm 700 "${FERN[@]}" "$@"
+    for scene in fern lego; do
+        args=FERN[@]; [ $scene = lego ] && args=LEGO[@]
+        train ${scene}_p1 2000 "${!args}" "$@"
+        name=${scene}_p$p; step "$name $*"
+        mpiexec --allow-run-as-root --oversubscribe -n "$p" sh -c 'exec python3 -m cProfile -o "$0.prof$OMPI_COMM_WORLD_RANK" run.py "$@"' \
+            "$R/$name" train --out "$R/$name" --iters 2000 --eval --quiet "${!args}" "$@" > "$R/$name.txt" 2>&1
+        grep -v Warn "$R/$name.txt" | tail -1
+        python3 scripts/mpi_summary.py "$R/$name" "$R/$name".prof* > "$R/${name}_summary.txt" 2>&1
+        head -$((p + 1)) "$R/${name}_summary.txt"
+        rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders"
+    done ;;
 tile)
     train warm 700 "${LEGO[@]}" --loss tile
     train lego_tile 7000 "${LEGO[@]}" --loss tile
     train fern_tile 7000 "${FERN[@]}" --loss tile ;;
-*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]" >&2; exit 2 ;;
+*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P" >&2; exit 2 ;;
 esac
 step done
 (cd "$OUT" && tar czf "logs_$part.tgz" r && rm -rf r)

@@ -26,13 +26,20 @@ def launch(n, out, grad_comm="sparse", *flags, sim=False):
     return dict(np.load(out / "final.npz")), r.stdout
 
 
+def losses(out):
+    """The batch losses of the log (under MPI: the ranks' shares summed)."""
+    return np.array([json.loads(line)["loss"] for line in (out / "log.jsonl").read_text().splitlines()])
+
+
 @pytest.mark.mpi
 @pytest.mark.timeout(1200)
 def test_two_and_four_ranks_match_one(tmp_path):
+    """The global loss: each renderer gets its tiles' halo from the others and computes its tiles' share."""
     ref, log = launch(1, tmp_path / "p1")
     assert len(ref["means"]) != 300, "densification did not run: " + log
     for n, comm in ((2, "sparse"), (4, "sparse"), (2, "dense")):
         got, log = launch(n, tmp_path / f"p{n}{comm}", comm)
+        np.testing.assert_allclose(losses(tmp_path / f"p{n}{comm}"), losses(tmp_path / "p1"), rtol=1e-5)
         for g, a in ref.items():
             assert got[g].shape == a.shape, (n, comm, g, log)
             err = np.linalg.norm(got[g] - a) / np.linalg.norm(a)
@@ -43,9 +50,6 @@ def test_two_and_four_ranks_match_one(tmp_path):
 @pytest.mark.timeout(1200)
 def test_tile_loss_ranks_match_one(tmp_path):
     """--loss tile: no image is shared, each renderer computes its tiles' share of the loss."""
-    def losses(out):  # the batch losses of the log: the ranks' shares summed
-        return np.array([json.loads(line)["loss"] for line in (out / "log.jsonl").read_text().splitlines()])
-
     ref, log = launch(1, tmp_path / "p1", "sparse", "tile")
     assert len(ref["means"]) != 300, "densification did not run: " + log
     launch(1, tmp_path / "global", "sparse")

@@ -102,6 +102,32 @@ def test_l1_gradient_is_sign():
     assert np.count_nonzero(dimg == 0) == 10
 
 
+def tile_mask(h, w, lo, hi):
+    """(h, w) pixels of row-major 16x16 tiles lo..hi-1."""
+    gx = -(-w // 16)
+    t = (np.arange(h)[:, None] // 16) * gx + np.arange(w)[None, :] // 16
+    return (t >= lo) & (t < hi)
+
+
+def test_tile_shares_add_up_and_need_only_a_halo():
+    """A renderer's share (tiles=...) needs its tiles right and one tile row around them."""
+    img, gt = make_pair(61, 75, np.float64, seed=8)  # 5 x 4 tiles, cut at both borders
+    full, d_full = loss.l1_ssim_loss(img, gt, backend="cpu")
+    cuts = [0, 3, 9, 14, 20]
+    shares = [loss.l1_ssim_loss(img, gt, backend="cpu", tiles=(a, b))[0] for a, b in zip(cuts, cuts[1:])]
+    assert abs(sum(shares) - full) < 1e-12 and min(shares) > 0
+    lo, hi, gx = 9, 14, 5
+    wrong = img.copy()
+    outside = ~tile_mask(61, 75, lo - gx - 1, hi + gx + 1)
+    assert outside.sum() > 0
+    wrong[outside] = 1.0 - wrong[outside]  # the other renderers' pixels, far enough away
+    share, d = loss.l1_ssim_loss(wrong, gt, backend="cpu", tiles=(lo, hi))
+    assert abs(share - shares[2]) < 1e-12
+    mine = tile_mask(61, 75, lo, hi)
+    np.testing.assert_allclose(d[mine], d_full[mine], rtol=0, atol=1e-15)
+    assert np.abs(d[~mine] - d_full[~mine]).max() > 1e-6  # not trivially equal elsewhere
+
+
 def test_psnr():
     img, gt = make_pair(12, 10, np.float32, seed=5)
     mse = np.mean((img.astype(np.float64) - gt.astype(np.float64)) ** 2)
@@ -175,6 +201,10 @@ SIM_SCRIPT = textwrap.dedent("""
         # sign(0) = 0 on the L1 term in both backends
         eq = img == gt
         assert np.abs(dg - dc)[eq].max() < 0.01 * 0.8 / img.size
+        # a renderer's share of the loss: the per-tile sums of both backends agree
+        share_c, _ = loss.l1_ssim_loss(img, gt, lam=0.2, backend="cpu", tiles=(1, 2))
+        share_g, _ = loss.l1_ssim_loss(img, gt, lam=0.2, backend="cuda", tiles=(1, 2))
+        assert abs(share_c - share_g) <= 1e-6, (share_c, share_g)
     print("SIM OK")
 """)
 
