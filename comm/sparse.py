@@ -25,7 +25,7 @@ import time
 import numpy as np
 from numba import cuda, int32, njit, prange, uint32
 
-from numbasplat._backend import BACKEND, SIM, array_module, to_host
+from numbasplat._backend import BACKEND, SIM, array_module, array_module_of, to_host
 from numbasplat.launch import kernel
 
 ROWS = 256          # rows per segment = threads per block
@@ -378,8 +378,9 @@ def _sync(a):
 def exchange_sparse(exchange, G, counts, route_recv, out, backend=None):
     """Send gradient rows ``G`` (grouped by destination) as bitmap + packed rows; add them into ``out``.
 
-    One Alltoall of (dense, kept) counts, then two alltoallv (bitmap words,
-    packed rows) whose receive sizes are already known, then ``decode_add``.
+    One Alltoall of (dense, kept) counts, then one alltoallv whose message to
+    each rank is its chunk's bitmap words followed by its packed rows (as
+    32-bit words), then ``decode_add``.
     Returns stats: bytes sent dense/sparse, zero-row fraction, seconds per phase.
     """
     _sync(G)  # the phases' times exclude the still-running work that produced G
@@ -392,10 +393,14 @@ def exchange_sparse(exchange, G, counts, route_recv, out, backend=None):
     if route_recv.shape[0] != recv_counts.sum():
         raise ValueError(f"exchange_sparse: route_recv has {route_recv.shape[0]} rows, "
                          f"{recv_counts.sum()} arrive")
-    rbitmap, _ = exchange.alltoallv(bitmap, word_counts(counts), word_counts(recv_counts))
-    rpacked, _ = exchange.alltoallv(packed, kept, recv_kept)
+    F = G.shape[1]
+    words = F * G.dtype.itemsize // 4  # a row's 32-bit words: the message is words, copied bit-exactly
+    message = _interleave(bitmap, word_counts(counts), packed.reshape(-1).view(np.uint32), kept * words)
+    got, _ = exchange.alltoallv(message, word_counts(counts) + kept * words,
+                                word_counts(recv_counts) + recv_kept * words)
+    rbitmap, rpacked = _split(got, word_counts(recv_counts), recv_kept * words)
     t2 = time.perf_counter()
-    decode_add(rbitmap, rpacked, recv_counts, route_recv, out, backend)
+    decode_add(rbitmap, rpacked.view(G.dtype).reshape(-1, F), recv_counts, route_recv, out, backend)
     _sync(out)
     t3 = time.perf_counter()
     rows = int(counts.sum())
@@ -405,6 +410,25 @@ def exchange_sparse(exchange, G, counts, route_recv, out, backend=None):
         "zero_fraction": 1.0 - int(kept.sum()) / rows if rows else 0.0,
         "t_encode": t1 - t0, "t_exchange": t2 - t1, "t_decode": t3 - t2,
     }
+
+
+def _interleave(a, a_counts, b, b_counts):
+    """One 1D array: chunk 0 of a, chunk 0 of b, chunk 1 of a, ... (chunks of the given lengths)."""
+    xp = array_module_of(a)
+    ao, bo = np.cumsum(a_counts) - a_counts, np.cumsum(b_counts) - b_counts
+    parts = [a[:0]]
+    for d in range(len(a_counts)):
+        parts += [a[ao[d]:ao[d] + a_counts[d]], b[bo[d]:bo[d] + b_counts[d]]]
+    return xp.concatenate(parts)
+
+
+def _split(m, a_counts, b_counts):
+    """The inverse of ``_interleave``: (a, b)."""
+    xp = array_module_of(m)
+    start = np.cumsum(a_counts + b_counts) - (a_counts + b_counts)
+    a = [m[:0]] + [m[s:s + n] for s, n in zip(start, a_counts)]
+    b = [m[:0]] + [m[s + na:s + na + n] for s, na, n in zip(start, a_counts, b_counts)]
+    return xp.concatenate(a), xp.concatenate(b)
 
 
 def exchange_dense(exchange, G, counts, route_recv, out, backend=None):

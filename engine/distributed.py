@@ -31,7 +31,7 @@ import numbasplat as ns
 from numbasplat import _backend
 from numbasplat import gaussian_ops as go
 from numbasplat.loss import l1_ssim_loss
-from numbasplat.rendering import TILE, image_tiles, put_tiles, rasterize_tile_loss
+from numbasplat.rendering import TILE, image_from_tiles, image_tiles, rasterize_tile_loss
 from numbasplat.tile_loss import s3im_permutations
 from numbasplat.optim import GROUPS
 
@@ -102,9 +102,6 @@ class DistributedTrainer(Trainer):
                 self.model.group(g, "v")[...] = self.xp.asarray(moments[1][g][lo:hi])
         self.offset, self.total = int(lo), int(n)
 
-    def _counts(self):
-        return np.array(self.comm.allgather(len(self.model)), np.int64)
-
     def gathered(self, which="params", root_only=False):
         """The whole model's host arrays on every rank (on rank 0 only, None elsewhere, with ``root_only``)."""
         local = self.model.host_arrays(which)
@@ -172,8 +169,8 @@ class DistributedTrainer(Trainer):
         have = {}
         for b in _views_of(need_lo[me], need_hi[me], n_tiles):
             first, last = max(need_lo[me], b * n_tiles), min(need_hi[me], (b + 1) * n_tiles)
-            have[b] = xp.zeros((cam.height, cam.width, 3), np.float32)
-            put_tiles(have[b], recv[first - need_lo[me]:last - need_lo[me]], first - b * n_tiles)
+            have[b] = image_from_tiles(recv[first - need_lo[me]:last - need_lo[me]], first - b * n_tiles,
+                                       cam.height, cam.width)
         return have
 
     def train_step(self):
@@ -236,14 +233,14 @@ class DistributedTrainer(Trainer):
                 rendered[b] = r.image
         # the pixels each rank needs from the others: the global loss its tiles' halo, rank 0 view 0 (progress)
         have = self._share_tiles(rendered, bounds, cams[0], halo=not tile_loss)
-        self.tile_cost = self.exchange.allreduce_sum(_backend.to_host(cost))
         t3 = time.perf_counter()
         for b, first, last, p, binning, r, rows in frames:  # global loss: the share of my tiles
             lb, d = l1_ssim_loss(have[b], self.targets[views[b]], c.lambda_dssim, backend=self.backend,
                                  tiles=(first, last))
             loss_share += lb / self.batch
             G[rows] = ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d / self.batch), backend=self.backend)
-        loss = float(self.comm.allreduce(loss_share))
+        summed = self.exchange.allreduce_sum(np.concatenate([[loss_share], _backend.to_host(cost)]))
+        loss, self.tile_cost = float(summed[0]), summed[1:]
         t4 = time.perf_counter()
         n_local = len(model)
         out = xp.zeros((self.batch * n_local, go.GRAD_FIELDS), np.float32)
@@ -261,9 +258,8 @@ class DistributedTrainer(Trainer):
         model.adam.step(model.grads.data, cols * math.sqrt(self.batch))
         prev = self.step
         self.step += self.batch
-        counts = self._counts()
-        ctx = self.context()
-        ctx.prev_step, ctx.offset, ctx.total = prev, int(counts[:self.rank].sum()), int(counts.sum())
+        ctx = self.context()  # shards change only in _take_shard and _reorder_after_refine, which set these
+        ctx.prev_step, ctx.offset, ctx.total = prev, self.offset, self.total
         events = self.strategy.after_optimizer(model, self.step, ctx)
         if "cloned" in events:
             self._reorder_after_refine(events)

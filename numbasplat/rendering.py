@@ -284,32 +284,40 @@ def project_backward(g: Gaussians, p: Projection, grad, out: Gaussians = None, a
     return out
 
 
-def _tile_grid(image):
-    """A zero-padded copy of an (H, W, C) image and its (tiles_y, tiles_x, TILE, TILE, C) tile view."""
-    xp = _backend.array_module_of(image)
-    H, W, C = image.shape
-    ty, tx = -(-H // TILE), -(-W // TILE)
-    pad = xp.zeros((ty * TILE, tx * TILE, C), image.dtype)
-    pad[:H, :W] = image
-    return pad, pad.reshape(ty, TILE, tx, TILE, C).transpose(0, 2, 1, 3, 4)
+_TILE_INDEX = {}
+
+
+def _tile_index(xp, H, W):
+    """Per row-major tile, the flat indices of its TILE*TILE pixels: (for reading, clipped into
+    the image; for writing, H*W -- a spare pixel -- past the border).  Cached per size."""
+    key = (xp.__name__, H, W)
+    if key not in _TILE_INDEX:
+        ty, tx = -(-H // TILE), -(-W // TILE)
+        y = (np.arange(ty)[:, None, None, None] * TILE + np.arange(TILE)[None, None, :, None])
+        x = (np.arange(tx)[None, :, None, None] * TILE + np.arange(TILE)[None, None, None, :])
+        inside = (y < H) & (x < W)
+        write = np.where(inside, y * W + x, H * W).reshape(tx * ty, TILE * TILE)
+        _TILE_INDEX[key] = (xp.asarray(np.minimum(write, H * W - 1)), xp.asarray(write))
+    return _TILE_INDEX[key]
 
 
 def image_tiles(image, first, last):
     """Row-major tiles first..last-1 of an (H, W, C) image as rows of TILE*TILE*C values
-    (zero past the border): how renderers send each other their pixels."""
+    (the pixels past the border are filler): how renderers send each other their pixels."""
     xp = _backend.array_module_of(image)
-    _, grid = _tile_grid(image)
-    k = xp.arange(first, last)
-    return grid[k // grid.shape[1], k % grid.shape[1]].reshape(last - first, -1)
+    H, W, C = image.shape
+    read, _ = _tile_index(xp, H, W)
+    return image.reshape(H * W, C)[read[first:last]].reshape(last - first, -1)
 
 
-def put_tiles(image, rows, first):
-    """Write ``image_tiles`` rows back as tiles first, first+1, ... of ``image`` (in place)."""
-    xp = _backend.array_module_of(image)
-    pad, grid = _tile_grid(image)
-    k = xp.arange(first, first + len(rows))
-    grid[k // grid.shape[1], k % grid.shape[1]] = rows.reshape((len(rows),) + grid.shape[2:])
-    image[...] = pad[:image.shape[0], :image.shape[1]]
+def image_from_tiles(rows, first, H, W):
+    """An (H, W, C) image holding ``image_tiles`` rows as tiles first, first+1, ...; 0 elsewhere."""
+    xp = _backend.array_module_of(rows)
+    C = rows.shape[1] // (TILE * TILE)
+    _, write = _tile_index(xp, H, W)
+    flat = xp.zeros((H * W + 1, C), rows.dtype)  # + the spare pixel
+    flat[write[first:first + len(rows)]] = rows.reshape(len(rows), TILE * TILE, C)
+    return flat[:H * W].reshape(H, W, C)
 
 
 def tile_pixel_mask(xp, tile_mask, tiles_x, tiles_y, W, H):

@@ -26,6 +26,17 @@ def launch(n, out, grad_comm="sparse", *flags, sim=False):
     return dict(np.load(out / "final.npz")), r.stdout
 
 
+def test_image_tiles_round_trip():
+    """Renderers send each other 16x16 tiles of their images (cut at the border)."""
+    from numbasplat.rendering import image_from_tiles, image_tiles
+    im = np.random.default_rng(0).random((37, 50, 3)).astype(np.float32)  # 3 x 4 tiles
+    assert (image_from_tiles(image_tiles(im, 0, 12), 0, 37, 50) == im).all()
+    part = image_from_tiles(image_tiles(im, 5, 9), 5, 37, 50)
+    tile = (np.arange(37)[:, None] // 16) * 4 + np.arange(50)[None, :] // 16
+    mine = (tile >= 5) & (tile < 9)
+    assert (part[mine] == im[mine]).all() and (part[~mine] == 0).all()
+
+
 def losses(out):
     """The batch losses of the log (under MPI: the ranks' shares summed)."""
     return np.array([json.loads(line)["loss"] for line in (out / "log.jsonl").read_text().splitlines()])
