@@ -67,7 +67,7 @@ def _train(dataset, a, cfg):
         from engine.distributed import DistributedTrainer, select_device
         select_device(comm)
         t = DistributedTrainer(dataset, a.out, cfg, comm, batch_size=getattr(a, "batch_size", None),
-                               grad_comm=getattr(a, "grad_comm", "sparse"))
+                               grad_comm=getattr(a, "grad_comm", "sparse"), transport=getattr(a, "transport", "auto"))
     else:
         t = Trainer(dataset, a.out, cfg)
     if getattr(a, "init_ply", None):
@@ -273,6 +273,9 @@ def main(argv=None):
     t.add_argument("--batch-size", type=_count(1), default=None, help="views per step under MPI (default: ranks)")
     t.add_argument("--grad-comm", choices=["sparse", "dense"], default="sparse",
                    help="backward exchange under MPI: zero-eliding (ByteSplat) or dense")
+    t.add_argument("--transport", choices=["auto", "nccl", "cuda", "host"], default="auto",
+                   help="how GPU buffers cross ranks under MPI: auto picks a CUDA-aware MPI, else NCCL when "
+                        "every rank has its own GPU, else copies through host memory")
     t.set_defaults(fn=cmd_train)
     for name, fn, hlp in (("eval", cmd_eval, "evaluate a trained scene on the test split"),
                           ("render", cmd_render, "render views of a trained scene")):

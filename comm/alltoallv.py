@@ -11,8 +11,12 @@ How device arrays cross ranks is a ``Transport``:
 * ``CudaAware`` hands device pointers to MPI directly.  A MPI that is not
   CUDA-aware crashes on those, so "auto" only picks it when the library itself
   says at run time that it supports CUDA (``cuda_aware_mpi()``).
-* An NCCL transport (CuPy's ``cupy.cuda.nccl``: grouped send/recv per peer)
-  would subclass ``Transport`` and be added to ``TRANSPORTS``.
+* ``Nccl`` sends device rows GPU to GPU through NCCL (CuPy's binding):
+  grouped send/recv per peer on the current stream, over NVLink or the
+  network, with no host copy and no sync.  NCCL needs one GPU per rank, so
+  "auto" takes it only when every rank has its own GPU and NCCL loads.
+
+"auto" tries them in that order of preference: ``CudaAware``, ``Nccl``, ``HostStaged``.
 
 Messages: counts and displacements are sent in bytes while the whole buffer
 fits MPI's int counts, else in units of a contiguous row datatype (so ~2**31
@@ -204,17 +208,81 @@ class CudaAware(Transport):
         _mpi_alltoallv(comm, _bytes(send), scounts, _bytes(recv), rcounts, row_bytes)
 
 
-TRANSPORTS = {"host": HostStaged, "cuda": CudaAware}  # "nccl": add a CuPy NCCL transport here
+class Nccl(Transport):
+    """Device rows GPU to GPU through NCCL: one group of send/recv per peer, on the current stream.
+
+    Nothing waits for the transfer: later work on the stream runs after it.
+    A rank's rows to itself are a device copy.  Built collectively (every rank
+    of ``comm`` at once): rank 0 makes the NCCL id and broadcasts it by MPI."""
+    name = "nccl"
+
+    def __init__(self, comm):
+        from cupy.cuda import nccl
+        self.nccl = nccl
+        uid = comm.bcast(nccl.get_unique_id() if comm.Get_rank() == 0 else None, root=0)
+        self.nc = nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank())
+
+    def alltoallv(self, comm, send, scounts, recv, rcounts):
+        row_bytes = send.shape[1] * send.dtype.itemsize
+        if not _is_device(send):
+            _mpi_alltoallv(comm, _bytes(send), scounts, _bytes(recv), rcounts, row_bytes)
+            return
+        import cupy
+        me = comm.Get_rank()
+        sd, rd = _displs(scounts), _displs(rcounts)
+        recv[rd[me]:rd[me] + rcounts[me]] = send[sd[me]:sd[me] + scounts[me]]
+        stream = cupy.cuda.get_current_stream().ptr
+        nccl = self.nccl
+        nccl.groupStart()
+        for d in range(len(scounts)):
+            if d == me:
+                continue
+            if scounts[d]:
+                self.nc.send(send.data.ptr + int(sd[d]) * row_bytes, int(scounts[d]) * row_bytes,
+                             nccl.NCCL_UINT8, d, stream)
+            if rcounts[d]:
+                self.nc.recv(recv.data.ptr + int(rd[d]) * row_bytes, int(rcounts[d]) * row_bytes,
+                             nccl.NCCL_UINT8, d, stream)
+        nccl.groupEnd()
 
 
-def make_transport(transport="auto"):
+TRANSPORTS = {"host": HostStaged, "cuda": CudaAware, "nccl": Nccl}
+
+
+def _own_gpus(comm):
+    """Every rank has a GPU of its own (NCCL refuses two ranks on one device); False without CuPy."""
+    try:
+        import cupy
+        mine = (MPI.Get_processor_name(), cupy.cuda.Device().pci_bus_id)
+    except Exception:
+        mine = None
+    every = comm.allgather(mine)
+    return None not in every and len(set(every)) == len(every)
+
+
+def _nccl_or_none(comm):
+    """An ``Nccl`` transport if every rank can build one, else None (decided together: no rank hangs)."""
+    try:
+        from cupy.cuda import nccl
+        have = nccl.get_version() > 0  # the library itself loads
+    except Exception:
+        have = False
+    ok = _own_gpus(comm)
+    return Nccl(comm) if comm.allreduce(have and ok, op=MPI.LAND) else None
+
+
+def make_transport(transport="auto", comm=None):
+    """``transport``: "auto", a name of ``TRANSPORTS`` or a ``Transport``.  Collective (NCCL's set-up)."""
     if isinstance(transport, Transport):
         return transport
+    comm = comm if comm is not None else MPI.COMM_WORLD
     if transport == "auto":
-        return CudaAware() if cuda_aware_mpi() else HostStaged()
+        if cuda_aware_mpi():
+            return CudaAware()
+        return _nccl_or_none(comm) or HostStaged()
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be 'auto' or one of {sorted(TRANSPORTS)}, got {transport!r}")
-    return TRANSPORTS[transport]()
+    return Nccl(comm) if transport == "nccl" else TRANSPORTS[transport]()
 
 
 # --------------------------------------------------------------------------- Exchange
@@ -230,7 +298,7 @@ class Exchange:
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
-        self.transport = make_transport(transport)
+        self.transport = make_transport(transport, self.comm)
         self._host = HostStaged()
 
     def alltoall_ints(self, table):

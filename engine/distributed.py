@@ -70,7 +70,9 @@ class DistributedTrainer(Trainer):
     """``Trainer`` whose step is the batched owner/renderer pipeline above."""
 
     def __init__(self, dataset, out_dir, cfg, comm, batch_size=None, grad_comm="sparse", backend=None,
-                 log=print):
+                 log=print, transport="auto"):
+        """``transport``: how device buffers cross ranks (``comm.alltoallv``): "auto" (a CUDA-aware MPI,
+        else NCCL when every rank has its own GPU, else staged through host memory), "cuda", "nccl", "host"."""
         from comm import Exchange
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
@@ -78,11 +80,13 @@ class DistributedTrainer(Trainer):
         if grad_comm not in ("sparse", "dense"):
             raise ValueError(f"--grad-comm must be 'sparse' or 'dense', got {grad_comm!r}")
         self.grad_comm = grad_comm
-        self.exchange = Exchange(comm)
         self.is_root = self.rank == 0
         if cfg.strategy != "default" and self.size > 1:
             raise ValueError(f"strategy {cfg.strategy!r} is not supported across ranks yet (use default)")
         super().__init__(dataset, out_dir, cfg, backend, log if self.rank == 0 else (lambda *a, **k: None))
+        on_gpu = self.backend == "cuda" and not _backend.SIM
+        self.exchange = Exchange(comm, transport if on_gpu else "host")  # host arrays never need another
+        self.log(f"{self.size} ranks, batch {self.batch}, device buffers through: {self.exchange.transport.name}")
         self.tile_cost = None
         self.stats = {}
 

@@ -23,6 +23,7 @@ train() {  # name iters args...: a 7k/30k run with test metrics, no renders or s
 mpi() { local p=$1; shift; mpiexec --allow-run-as-root --oversubscribe -n "$p" python3 run.py train "$@"; }
 LEGO=(--data .data/lego --white-background)
 FERN=(--data .data/fern --images images_8)
+FERN4=(--data .data/fern --images images_4)
 
 case "$part" in
 checks) OUT=$R bash scripts/gpu_check.sh .data/scene_gen.py 2>&1 | grep -E "passed|FAIL|ok|step_ms" ;;
@@ -52,11 +53,12 @@ mpi)  # fern and lego at P ranks sharing the GPU (P = 1 is the plain train part 
         step "$name $*"; mpi "$p" --out "$R/$name" --iters 7000 --eval --quiet "${!args}" "$@" > "$R/$name.txt" 2>&1
         grep -v Warn "$R/$name.txt" | tail -1; rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders"
     done ;;
-scale)  # images/s at 2000 images: P = 1, then P ranks, one per GPU (wrapping round); every rank profiled
+scale)  # images/s at 2000 images: P = 1, then P ranks, one per GPU (wrapping round), after a distributed warm-up
     p=$2; shift 2
     train warm 700 "${FERN[@]}" "$@"
-    for scene in fern lego; do
-        args=FERN[@]; [ $scene = lego ] && args=LEGO[@]
+    mpi "$p" --out "$R/warm_p$p" --iters 300 --quiet "${FERN[@]}" "$@" > /dev/null 2>&1
+    for scene in fern lego fern4; do
+        args=FERN[@]; [ $scene = lego ] && args=LEGO[@]; [ $scene = fern4 ] && args=FERN4[@]
         train ${scene}_p1 2000 "${!args}" "$@"
         name=${scene}_p$p; step "$name $*"
         mpiexec --allow-run-as-root --oversubscribe -n "$p" sh -c 'exec python3 -m cProfile -o "$0.prof$OMPI_COMM_WORLD_RANK" run.py "$@"' \

@@ -2,6 +2,7 @@
 
     mpiexec -n 4 python tests/mpi_comm_check.py           # every check, prints "rank R ok"
     mpiexec -n 2 python tests/mpi_comm_check.py --fail    # the last rank raises inside abort_on_error
+    mpiexec -n 2 python tests/mpi_comm_check.py --device --transport=nccl   # GPUs: device arrays, NCCL
 
 Arrays are numpy here (CPU backend); with CuPy on a GPU pass --device to run the
 same checks on device arrays.
@@ -21,6 +22,7 @@ from comm.sparse import exchange_dense, exchange_sparse  # noqa: E402
 comm = MPI.COMM_WORLD
 rank, P = comm.Get_rank(), comm.Get_size()
 DEVICE = "--device" in sys.argv
+TRANSPORT = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--transport=")), "host")
 if DEVICE:
     import cupy as xp
 else:
@@ -107,7 +109,11 @@ def main():
                 raise RuntimeError(f"deliberate failure on rank {rank}")
             comm.Barrier()  # the others would wait here forever without the abort
             raise AssertionError("unreachable: the failing rank should have aborted everyone")
-        ex = Exchange(comm, transport="host")
+        if not DEVICE:  # no GPU of its own on any rank: "auto" never picks NCCL (which would refuse)
+            assert a2a.make_transport("auto", comm).name in ("host", "cuda")
+        ex = Exchange(comm, transport=TRANSPORT)
+        if rank == 0:
+            print(f"transport {ex.transport.name}", flush=True)
         trial = 0
         for dtype, width in ((np.float32, 12), (np.int64, 1), (np.uint8, 5), (np.float32, 10)):
             for flat, known in ((False, False), (False, True)):
