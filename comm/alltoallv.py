@@ -282,7 +282,12 @@ def make_transport(transport="auto", comm=None):
         return _nccl_or_none(comm) or HostStaged()
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be 'auto' or one of {sorted(TRANSPORTS)}, got {transport!r}")
-    return Nccl(comm) if transport == "nccl" else TRANSPORTS[transport]()
+    if transport == "nccl":
+        if not _own_gpus(comm):
+            raise ValueError("transport 'nccl' needs a GPU of its own for every rank (one rank per GPU; "
+                             "ranks sharing a GPU use 'host')")
+        return Nccl(comm)
+    return TRANSPORTS[transport]()
 
 
 # --------------------------------------------------------------------------- Exchange

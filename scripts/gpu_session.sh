@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -68,11 +68,55 @@ scale)  # images/s at 2000 images: P = 1, then P ranks, one per GPU (wrapping ro
         head -$((p + 1)) "$R/${name}_summary.txt"
         rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders"
     done ;;
+table)  # 7k quality and speed, P = 1 and P ranks one per GPU; then 2 and 4 ranks sharing GPU 0 (fern, 2000 images)
+    p=$2; shift 2
+    mpiexec --allow-run-as-root -n "$p" python3 tests/mpi_comm_check.py --device --transport=nccl > "$R/nccl_check.txt" 2>&1
+    grep -E "ok$|transport|Error" "$R/nccl_check.txt" | head -5
+    train warm 700 "${FERN[@]}" "$@"
+    mpi "$p" --out "$R/warm_p$p" --iters 300 --quiet "${FERN[@]}" "$@" > /dev/null 2>&1
+    for scene in fern lego; do
+        args=FERN[@]; [ $scene = lego ] && args=LEGO[@]
+        train ${scene}_p1 7000 "${!args}" "$@"
+        name=${scene}_p$p; step "$name $*"
+        mpi "$p" --out "$R/$name" --iters 7000 --eval --quiet "${!args}" "$@" > "$R/$name.txt" 2>&1
+        grep -a "test PSNR" "$R/$name.txt"
+        python3 scripts/mpi_summary.py "$R/$name" 2>&1 | head -$((p + 1)); rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders"
+    done
+    for q in 2 4; do
+        name=fern_shared_p$q; step "$name"
+        CUDA_VISIBLE_DEVICES=0 mpi "$q" --out "$R/$name" --iters 2000 --eval --quiet "${FERN[@]}" "$@" > "$R/$name.txt" 2>&1
+        grep -a "test PSNR" "$R/$name.txt"; python3 scripts/mpi_summary.py "$R/$name" 2>&1 | head -2
+        rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders"
+    done
+    rm -rf "$R/warm_p$p" ;;
+p2)  # the P-rank 7k runs of 'table' alone (fern and lego), after the NCCL check
+    p=$2; shift 2
+    mpiexec --allow-run-as-root -n "$p" python3 tests/mpi_comm_check.py --device --transport=nccl > "$R/nccl_check.txt" 2>&1
+    grep -aE "ok$|transport|Error" "$R/nccl_check.txt" | head -5
+    mpi "$p" --out "$R/warm_p$p" --iters 300 --quiet "${FERN[@]}" "$@" > /dev/null 2>&1; rm -rf "$R/warm_p$p"
+    for scene in fern lego; do
+        args=FERN[@]; [ $scene = lego ] && args=LEGO[@]
+        name=${scene}_p$p; step "$name $*"
+        mpi "$p" --out "$R/$name" --iters 7000 --eval --quiet "${!args}" "$@" > "$R/$name.txt" 2>&1
+        grep -a "test PSNR" "$R/$name.txt"
+        python3 scripts/mpi_summary.py "$R/$name" 2>&1 | head -$((p + 1)); rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders"
+    done ;;
+gradcomm)  # the backward exchange at P ranks, one per GPU: sparse against dense (lego and fern, 2000 images)
+    p=$2; shift 2
+    mpi "$p" --out "$R/warm_p$p" --iters 300 --quiet "${FERN[@]}" "$@" > /dev/null 2>&1; rm -rf "$R/warm_p$p"
+    for scene in lego fern; do
+        args=FERN[@]; [ $scene = lego ] && args=LEGO[@]
+        for gc in sparse dense; do
+            name=${scene}_p${p}_$gc; step "$name"
+            mpi "$p" --out "$R/$name" --iters 2000 --quiet --grad-comm $gc "${!args}" "$@" > "$R/$name.txt" 2>&1
+            python3 scripts/mpi_summary.py "$R/$name" 2>&1 | head -$((p + 1)); rm -rf "$R/$name/snapshot.h5"
+        done
+    done ;;
 tile)
     train warm 700 "${LEGO[@]}" --loss tile
     train lego_tile 7000 "${LEGO[@]}" --loss tile
     train fern_tile 7000 "${FERN[@]}" --loss tile ;;
-*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P" >&2; exit 2 ;;
+*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P" >&2; exit 2 ;;
 esac
 step done
 (cd "$OUT" && tar czf "logs_$part.tgz" r && rm -rf r)

@@ -11,8 +11,11 @@ from pathlib import Path
 
 def phases(run_dir):
     recs = [json.loads(ln) for ln in (Path(run_dir) / "log.jsonl").read_text().splitlines() if ln.strip()]
-    last = [r for r in recs if "rank_stats" in r][-1]
-    print(f"{run_dir}: step {last['step']}, {last.get('gaussians_total')} Gaussians, {last['time']:.1f} s")
+    last = ([r for r in recs if "rank_stats" in r] or recs)[-1]
+    half = [r for r in recs if r["step"] >= last["step"] // 2][0]  # past compilation and warm-up
+    rate = (last["step"] - half["step"]) / max(last["time"] - half["time"], 1e-9)
+    print(f"{run_dir}: step {last['step']}, {last.get('gaussians_total')} Gaussians, {last['time']:.1f} s, "
+          f"{rate:.0f} images/s from step {half['step']}")
     for rank, s in enumerate(last["rank_stats"]):
         t = " ".join(f"{k} {1e3 * v:.2f}" for k, v in s.get("times", {}).items())
         extra = " ".join(f"{k} {s[k] * 1e3:.2f}" for k in ("t_encode", "t_exchange", "t_decode") if k in s)
