@@ -171,7 +171,7 @@ def project(g: Gaussians, camera: Camera, sh_degree=None, antialias=False, backe
     if not 0 <= degree <= g.sh_degree():
         raise ValueError(f"sh_degree must be in 0..{g.sh_degree()}, got {sh_degree}")
     n = len(g)
-    cam = xp.asarray(camera.packed().astype(dtype))
+    cam = _constant(xp, camera.packed().astype(dtype))
     proj = xp.zeros((n, go.PROJ_FIELDS), dtype)
     radii = xp.empty((n, 2), np.int32)
     counts = xp.empty(n, np.int32)
@@ -236,7 +236,23 @@ def _background(xp, background, dtype):
     bg = np.zeros(3) if background is None else np.asarray(background, np.float64).reshape(-1)
     if bg.shape != (3,) or not np.isfinite(bg).all():
         raise ValueError(f"background must be 3 finite values, got {background!r}")
-    return xp.asarray(bg.astype(dtype))
+    return _constant(xp, bg.astype(dtype))
+
+
+_CONSTANTS = {}
+
+
+def _constant(xp, a):
+    """A read-only device copy of a small host array, reused while its values recur (the views'
+    cameras, the background): an upload from pageable memory first waits for the GPU to idle."""
+    if xp is np:
+        return a
+    key = (a.dtype.str, a.shape, a.tobytes())
+    if key not in _CONSTANTS:
+        if len(_CONSTANTS) >= 4096:
+            _CONSTANTS.clear()
+        _CONSTANTS[key] = xp.asarray(a)
+    return _CONSTANTS[key]
 
 
 def rasterize(p: Projection, b: Binning, background=None, backend=None):
