@@ -264,6 +264,8 @@ class DistributedTrainer(Trainer):
         self.step += self.batch
         ctx = self.context()  # shards change only in _take_shard and _reorder_after_refine, which set these
         ctx.prev_step, ctx.offset, ctx.total = prev, self.offset, self.total
+        if ctx.max_gaussians:  # --max-gaussians caps the whole model: each owner grows to its even share
+            ctx.max_gaussians = int(np.diff(even_bounds(ctx.max_gaussians, self.size))[self.rank])
         events = self.strategy.after_optimizer(model, self.step, ctx)
         if "cloned" in events:
             self._reorder_after_refine(events)

@@ -37,6 +37,8 @@ with abort_on_error(comm):
     backend = "cuda" if "cuda" in sys.argv else "cpu"  # cuda: the simulator in CI
     if "tile" in sys.argv:  # tile-local L1 + S3IM: each renderer computes its tiles' share
         cfg.loss = "tile"
+    if "cap" in sys.argv:  # --max-gaussians is the whole model's cap, whatever the rank count
+        cfg.max_gaussians = 330
     if "small" in sys.argv:  # two batches of 100 Gaussians: what the simulator can afford
         cfg.iterations, cfg.n_random_init = 8, 100
     t = DistributedTrainer(ds, out, cfg, comm, batch_size=4, grad_comm=grad_comm, backend=backend)

@@ -59,6 +59,15 @@ def test_two_and_four_ranks_match_one(tmp_path):
 
 @pytest.mark.mpi
 @pytest.mark.timeout(1200)
+def test_max_gaussians_caps_the_whole_model(tmp_path):
+    one, _ = launch(1, tmp_path / "p1", "sparse", "cap")
+    four, log = launch(4, tmp_path / "p4", "sparse", "cap")
+    assert len(one["means"]) == 330, "the cap did not bind"
+    assert 300 < len(four["means"]) <= 330, log
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(1200)
 def test_tile_loss_ranks_match_one(tmp_path):
     """--loss tile: no image is shared, each renderer computes its tiles' share of the loss."""
     ref, log = launch(1, tmp_path / "p1", "sparse", "tile")
