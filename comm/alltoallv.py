@@ -148,20 +148,30 @@ class Transport:
     """Moves rows between ranks: ``alltoallv(comm, send, scounts, recv, rcounts)``.
 
     ``send``/``recv`` are C-contiguous 2D arrays of one kind and dtype, ``recv``
-    already allocated; counts are int64 numpy arrays in rows.  Subclasses decide
-    how device memory reaches the network.
+    already allocated; counts are int64 numpy arrays in rows.  Host rows go
+    straight to MPI.  Of device rows, a rank's rows to itself are a device copy
+    (about 1/P of the bytes, never worth a trip out); subclasses move the
+    others in ``_exchange``, deciding how device memory reaches the network.
     """
     name = "base"
 
     def alltoallv(self, comm, send, scounts, recv, rcounts):
+        row_bytes = send.shape[1] * send.dtype.itemsize
+        if not _is_device(send):
+            _mpi_alltoallv(comm, _bytes(send), scounts, _bytes(recv), rcounts, row_bytes)
+            return
+        me = comm.Get_rank()
+        sd, rd = _displs(scounts), _displs(rcounts)
+        recv[rd[me]:rd[me] + rcounts[me]] = send[sd[me]:sd[me] + scounts[me]]
+        self._exchange(comm, send, scounts, sd, recv, rcounts, rd, row_bytes)
+
+    def _exchange(self, comm, send, scounts, sd, recv, rcounts, rd, row_bytes):
+        """Every chunk but this rank's own (``sd``/``rd``: the chunks' first rows)."""
         raise NotImplementedError
 
 
 class HostStaged(Transport):
-    """Device rows go through pinned host buffers (reused, grown by doubling); host rows go straight to MPI.
-
-    A rank's rows to itself stay on the device (one device copy): at P ranks
-    they are about 1/P of the bytes, and they never need the host."""
+    """Device rows through pinned host buffers (reused, grown by doubling) and a host MPI_Alltoallv."""
     name = "host"
 
     def __init__(self):
@@ -176,44 +186,34 @@ class HostStaged(Transport):
             self._pinned[key] = buf
         return buf[:nbytes]
 
-    def alltoallv(self, comm, send, scounts, recv, rcounts):
-        row_bytes = send.shape[1] * send.dtype.itemsize
-        if not _is_device(send):
-            _mpi_alltoallv(comm, _bytes(send), scounts, _bytes(recv), rcounts, row_bytes)
-            return
+    def _exchange(self, comm, send, scounts, sd, recv, rcounts, rd, row_bytes):
         me = comm.Get_rank()
-        s0, r0 = int(_displs(scounts)[me]), int(_displs(rcounts)[me])
-        s_self, r_self = slice(s0, s0 + int(scounts[me])), slice(r0, r0 + int(rcounts[me]))
-        hs = self._buffer("send", send.nbytes)
-        hr = self._buffer("recv", recv.nbytes)
-        rows_s, rows_r = hs.reshape(-1, row_bytes), hr.reshape(-1, row_bytes)
-        for part in (slice(0, s_self.start), slice(s_self.stop, len(send))):
+        hs = self._buffer("send", send.nbytes).reshape(-1, row_bytes)
+        hr = self._buffer("recv", recv.nbytes).reshape(-1, row_bytes)
+        for part in (slice(0, sd[me]), slice(sd[me] + scounts[me], len(send))):
             if part.stop > part.start:  # blocking copies: they also wait for the kernels that wrote send
-                _bytes(send[part]).get(out=rows_s[part].reshape(-1))
-        recv[r_self] = send[s_self]
-        _mpi_alltoallv(comm, hs, scounts, hr, rcounts, row_bytes, keep_self=True)
-        for part in (slice(0, r_self.start), slice(r_self.stop, len(recv))):
+                _bytes(send[part]).get(out=hs[part].reshape(-1))
+        _mpi_alltoallv(comm, hs.reshape(-1), scounts, hr.reshape(-1), rcounts, row_bytes, keep_self=True)
+        for part in (slice(0, rd[me]), slice(rd[me] + rcounts[me], len(recv))):
             if part.stop > part.start:
-                _bytes(recv[part]).set(rows_r[part].reshape(-1))
+                _bytes(recv[part]).set(hr[part].reshape(-1))
 
 
 class CudaAware(Transport):
     """Device pointers straight to a CUDA-aware MPI (mpi4py reads ``__cuda_array_interface__``)."""
     name = "cuda"
 
-    def alltoallv(self, comm, send, scounts, recv, rcounts):
-        if _is_device(send):
-            _sync_device()  # MPI reads the buffer outside any stream: the kernels writing it must be done
-        row_bytes = send.shape[1] * send.dtype.itemsize
-        _mpi_alltoallv(comm, _bytes(send), scounts, _bytes(recv), rcounts, row_bytes)
+    def _exchange(self, comm, send, scounts, sd, recv, rcounts, rd, row_bytes):
+        _sync_device()  # MPI reads the buffer outside any stream: the kernels writing it must be done
+        _mpi_alltoallv(comm, _bytes(send), scounts, _bytes(recv), rcounts, row_bytes, keep_self=True)
 
 
 class Nccl(Transport):
     """Device rows GPU to GPU through NCCL: one group of send/recv per peer, on the current stream.
 
     Nothing waits for the transfer: later work on the stream runs after it.
-    A rank's rows to itself are a device copy.  Built collectively (every rank
-    of ``comm`` at once): rank 0 makes the NCCL id and broadcasts it by MPI."""
+    Built collectively (every rank of ``comm`` at once): rank 0 makes the NCCL
+    id and broadcasts it by MPI."""
     name = "nccl"
 
     def __init__(self, comm):
@@ -222,25 +222,16 @@ class Nccl(Transport):
         uid = comm.bcast(nccl.get_unique_id() if comm.Get_rank() == 0 else None, root=0)
         self.nc = nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank())
 
-    def alltoallv(self, comm, send, scounts, recv, rcounts):
-        row_bytes = send.shape[1] * send.dtype.itemsize
-        if not _is_device(send):
-            _mpi_alltoallv(comm, _bytes(send), scounts, _bytes(recv), rcounts, row_bytes)
-            return
+    def _exchange(self, comm, send, scounts, sd, recv, rcounts, rd, row_bytes):
         import cupy
-        me = comm.Get_rank()
-        sd, rd = _displs(scounts), _displs(rcounts)
-        recv[rd[me]:rd[me] + rcounts[me]] = send[sd[me]:sd[me] + scounts[me]]
+        nccl, me = self.nccl, comm.Get_rank()
         stream = cupy.cuda.get_current_stream().ptr
-        nccl = self.nccl
         nccl.groupStart()
         for d in range(len(scounts)):
-            if d == me:
-                continue
-            if scounts[d]:
+            if d != me and scounts[d]:
                 self.nc.send(send.data.ptr + int(sd[d]) * row_bytes, int(scounts[d]) * row_bytes,
                              nccl.NCCL_UINT8, d, stream)
-            if rcounts[d]:
+            if d != me and rcounts[d]:
                 self.nc.recv(recv.data.ptr + int(rd[d]) * row_bytes, int(rcounts[d]) * row_bytes,
                              nccl.NCCL_UINT8, d, stream)
         nccl.groupEnd()
