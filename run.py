@@ -16,6 +16,21 @@ def cmd_bench(a):
               fuse=not a.no_fuse)
 
 
+def cmd_scaling(a):
+    if not os.path.isfile(a.scene):
+        raise SystemExit(f"error: benchmark scene not found: {a.scene} (make one with shared/bench/scene_gen.py)")
+    from engine import scaling
+    comm = _mpi_comm()
+    if comm is None:
+        return scaling.run(a.scene, views=a.views, iters=a.iters, warmup=a.warmup)
+    from comm import abort_on_error
+    from engine.distributed import select_device
+    with abort_on_error(comm):
+        select_device(comm)
+        scaling.run(a.scene, views=a.views, iters=a.iters, warmup=a.warmup, comm=comm, grad_comm=a.grad_comm,
+                    transport=a.transport)
+
+
 def _config(a):
     from engine.trainer import TrainConfig
     cfg = TrainConfig()
@@ -235,6 +250,14 @@ def main(argv=None):
     b.add_argument("--loss", choices=["global", "tile"], default="global")
     b.add_argument("--no-fuse", action="store_true", help="with --loss tile: the unfused kernels only")
     b.set_defaults(fn=cmd_bench)
+    c = sub.add_parser("scaling", help="training images/s on a benchmark scene, one rank or many (mpiexec)")
+    c.add_argument("--scene", required=True, help=".npz written by shared/bench/scene_gen.py")
+    c.add_argument("--views", type=_count(1), default=8, help="views of the scene to train on")
+    c.add_argument("--iters", type=_count(1), default=30, help="timed steps")
+    c.add_argument("--warmup", type=_count(0), default=5)
+    c.add_argument("--grad-comm", choices=["sparse", "dense"], default="sparse")
+    c.add_argument("--transport", choices=["auto", "nccl", "cuda", "host"], default="auto")
+    c.set_defaults(fn=cmd_scaling)
     i = sub.add_parser("info", help="print the backend, GPU, MPI and versions")
     i.set_defaults(fn=cmd_info)
 

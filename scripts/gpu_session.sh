@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -20,7 +20,8 @@ train() {  # name iters args...: a 7k/30k run with test metrics, no renders or s
     grep -v Warn "$R/$name.txt" | tail -1
     rm -rf "$R/$name/snapshot.h5" "$R/$name"/test_renders
 }
-mpi() { local p=$1; shift; mpiexec --allow-run-as-root --oversubscribe -n "$p" python3 run.py train "$@"; }
+mpi_run() { local p=$1; shift; mpiexec --allow-run-as-root --oversubscribe -n "$p" python3 "$@"; }
+mpi() { local p=$1; shift; mpi_run "$p" run.py train "$@"; }
 LEGO=(--data .data/lego --white-background)
 FERN=(--data .data/fern --images images_8)
 FERN4=(--data .data/fern --images images_4)
@@ -112,11 +113,21 @@ gradcomm)  # the backward exchange at P ranks, one per GPU: sparse against dense
             python3 scripts/mpi_summary.py "$R/$name" 2>&1 | head -$((p + 1)); rm -rf "$R/$name/snapshot.h5"
         done
     done ;;
+scaling)  # run.py scaling on the 1M and 6M benchmark scenes: P = 1, then P ranks one per GPU (sparse and dense)
+    p=$2; shift 2
+    for spec in "1000000 1297x840" "6000000 1920x1080"; do
+        set -- $spec; f=.data/bench_$1_$2.npz
+        [ -f "$f" ] || python3 .data/scene_gen.py "$f" --n "$1" --res "$2" > /dev/null
+        step "$f P=1"; python3 run.py scaling --scene "$f" 2>&1 | grep -aE "scaling|step|Error"
+        for gc in sparse dense; do
+            step "$f P=$p $gc"; mpi_run "$p" run.py scaling --scene "$f" --grad-comm $gc 2>&1 | grep -aE "scaling|rank|step|Error"
+        done
+    done ;;
 tile)
     train warm 700 "${LEGO[@]}" --loss tile
     train lego_tile 7000 "${LEGO[@]}" --loss tile
     train fern_tile 7000 "${FERN[@]}" --loss tile ;;
-*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P" >&2; exit 2 ;;
+*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P" >&2; exit 2 ;;
 esac
 step done
 (cd "$OUT" && tar czf "logs_$part.tgz" r && rm -rf r)

@@ -93,3 +93,37 @@ def test_cuda_kernels_in_the_distributed_pipeline(tmp_path):
     for g, a in ref.items():
         err = np.linalg.norm(got[g] - a) / np.linalg.norm(a)
         assert err <= 1e-4, (g, err, log)
+
+
+def tiny_bench_scene(path, n=3000, W=64, H=48, seed=0):
+    """A benchmark-scene file (the keys of shared/bench/scene_gen.py) small enough for the CPU."""
+    rng = np.random.default_rng(seed)
+    f = 0.9 * W
+    z = 2.0 + 6.0 * rng.random(n)
+    means = np.stack([(rng.random(n) - 0.5) * W / f * z, (rng.random(n) - 0.5) * H / f * z, z], 1)
+    sh = rng.normal(0, 0.2, (n, 16, 3))
+    sh[:, 0] = rng.normal(0.3, 0.6, (n, 3))
+    np.savez(path, means=means.astype(np.float32), quats=rng.normal(size=(n, 4)).astype(np.float32),
+             scales=np.log(np.full((n, 3), 2.0) * z[:, None] / f).astype(np.float32),
+             opacities=rng.normal(0, 1.5, n).astype(np.float32), sh=sh.astype(np.float32),
+             viewmat=np.eye(4, dtype=np.float32), K=np.array([[f, 0, W / 2], [0, f, H / 2], [0, 0, 1]], np.float32),
+             W=W, H=H)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(900)
+def test_scaling_benchmark_runs_on_one_and_two_ranks(tmp_path):
+    """``run.py scaling``: images/s of training on a benchmark scene (the multi-GPU table's tool)."""
+    scene = tmp_path / "scene.npz"
+    tiny_bench_scene(scene)
+    env = dict(os.environ, NUMBASPLAT_BACKEND="cpu", NUMBA_NUM_THREADS="1")
+    cmd = [sys.executable, str(REPO_ROOT / "run.py"), "scaling", "--scene", str(scene), "--iters", "4",
+           "--warmup", "2", "--views", "4"]
+    for launcher in ([], [mpiexec_path(), "-n", "2"]):
+        r = subprocess.run(launcher + cmd, capture_output=True, text=True, timeout=600, env=env, cwd=REPO_ROOT)
+        assert r.returncode == 0, r.stdout + r.stderr
+        rate = float(r.stdout.split("images/s")[0].split()[-1])
+        loss0, loss1 = (float(x) for x in r.stdout.split("loss ")[1].split()[0:3:2])
+        assert rate > 0 and loss1 < loss0, r.stdout  # it trains
+        ranks = 2 if launcher else 1
+        assert f"{ranks} rank(s)" in r.stdout and ("rank 1 (median ms)" in r.stdout) == bool(launcher), r.stdout
