@@ -9,12 +9,11 @@ the same on every rank (shared seed):
 2. the B images' tiles are cut into P ranges balanced by the measured cost
    (intersections per tile, from the previous batch);
 3. forward all-to-all: a record goes to every rank owning a tile in its span;
-4. renderers bin and rasterize their tiles; with the global loss the rendered
-   pixels are summed over ranks (each pixel has one owner) so every rank holds
-   the full images and computes the same loss (L1 + windowed SSIM needs
-   neighbouring pixels); with the tile-local loss (``--loss tile``) each
-   renderer computes its tiles' share of it, fused with forward and backward
-   on GPUs, and only the loss shares are summed;
+4. renderers bin and rasterize their tiles and compute their tiles' share of
+   the loss; only the shares are summed.  The global loss (L1 + windowed SSIM)
+   needs neighbouring pixels: each renderer first receives the rendered tiles
+   within one tile row of its own (``_share_tiles``).  The tile-local loss
+   (``--loss tile``) needs none and is fused with forward and backward on GPUs;
 5. renderers run the raster backward on their tiles; the backward all-to-all
    (dense, or ByteSplat's zero-eliding sparse encoding) returns the
    screen-space gradients to the owners, which accumulate them in place;
