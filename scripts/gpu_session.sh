@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -123,11 +123,22 @@ scaling)  # run.py scaling on the 1M and 6M benchmark scenes: P = 1, then P rank
             step "$f P=$p $gc"; mpi_run "$p" run.py scaling --scene "$f" --grad-comm $gc 2>&1 | grep -aE "scaling|rank|step|Error"
         done
     done ;;
+timeline)  # Nsight Systems timelines of P ranks training fern, one per GPU: where the distributed step's time goes
+    p=$2; shift 2
+    nsys=$(command -v nsys || ls /opt/nvidia/nsight-systems*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+    if [ -z "$nsys" ]; then echo "no nsys on this machine"; else
+        mpi "$p" --out "$R/warm_p$p" --iters 300 --quiet "${FERN[@]}" "$@" > /dev/null 2>&1; rm -rf "$R/warm_p$p"
+        mpiexec --allow-run-as-root --oversubscribe -n "$p" sh -c \
+            'exec "$0" profile --trace cuda,osrt,mpi --sample none -o "$1_$OMPI_COMM_WORLD_RANK" "$@"' "$nsys" "$R/tl" \
+            python3 run.py train --out "$R/tl_run" --iters 600 --quiet "${FERN[@]}" "$@" > "$R/tl.txt" 2>&1
+        "$nsys" stats --report cuda_api_sum --report cuda_gpu_kern_sum "$R/tl_0.nsys-rep" 2>&1 | head -70
+        rm -rf "$R/tl_run" "$R"/*.sqlite
+    fi ;;
 tile)
     train warm 700 "${LEGO[@]}" --loss tile
     train lego_tile 7000 "${LEGO[@]}" --loss tile
     train fern_tile 7000 "${FERN[@]}" --loss tile ;;
-*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P" >&2; exit 2 ;;
+*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|timeline P" >&2; exit 2 ;;
 esac
 step done
 (cd "$OUT" && tar czf "logs_$part.tgz" r && rm -rf r)
