@@ -129,7 +129,8 @@ timeline)  # Nsight Systems timelines of P ranks training fern, one per GPU: whe
     if [ -z "$nsys" ]; then echo "no nsys on this machine"; else
         mpi "$p" --out "$R/warm_p$p" --iters 300 --quiet "${FERN[@]}" "$@" > /dev/null 2>&1; rm -rf "$R/warm_p$p"
         mpiexec --allow-run-as-root --oversubscribe -n "$p" sh -c \
-            'exec "$0" profile --trace cuda,osrt,mpi --sample none -o "$1_$OMPI_COMM_WORLD_RANK" "$@"' "$nsys" "$R/tl" \
+            'o=$1; shift; exec "$0" profile --trace cuda,osrt,mpi --sample none -o "${o}_$OMPI_COMM_WORLD_RANK" "$@"' \
+            "$nsys" "$R/tl" \
             python3 run.py train --out "$R/tl_run" --iters 600 --quiet "${FERN[@]}" "$@" > "$R/tl.txt" 2>&1
         "$nsys" stats --report cuda_api_sum --report cuda_gpu_kern_sum "$R/tl_0.nsys-rep" 2>&1 | head -70
         rm -rf "$R/tl_run" "$R"/*.sqlite
