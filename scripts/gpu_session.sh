@@ -133,7 +133,7 @@ timeline)  # Nsight Systems timelines of P ranks training fern, one per GPU: whe
             "$nsys" "$R/tl" \
             python3 run.py train --out "$R/tl_run" --iters 600 --quiet "${FERN[@]}" "$@" > "$R/tl.txt" 2>&1
         "$nsys" stats --report cuda_api_sum --report cuda_gpu_kern_sum "$R/tl_0.nsys-rep" 2>&1 | head -70
-        rm -rf "$R/tl_run" "$R"/*.sqlite
+        rm -rf "$R/tl_run" "$R"/*.sqlite "$R"/*.nsys-rep  # the archive would be too large to come back
     fi ;;
 tile)
     train warm 700 "${LEGO[@]}" --loss tile
