@@ -343,7 +343,7 @@ class Exchange:
         """Element-wise sum over ranks of a small array (staged through the host)."""
         h = np.ascontiguousarray(a.get()) if _is_device(a) else np.array(a, order="C")  # a fresh host copy
         self.comm.Allreduce(MPI.IN_PLACE, h, op=MPI.SUM)
-        return array_module_of(a).asarray(h) if _is_device(a) else h
+        return array_module_of(a).asarray(h)
 
     def allgatherv(self, rows):
         """Every rank's rows, concatenated in rank order: ``(all_rows, counts)`` (staged through the host)."""
@@ -360,7 +360,7 @@ class Exchange:
         out = np.empty((int(counts.sum()), h2.shape[1]), h2.dtype)
         _mpi_allgatherv(self.comm, _bytes(h2), h2.shape[0], _bytes(out), counts, h2.shape[1] * h2.dtype.itemsize)
         out = out.reshape(-1) if flat else out
-        return (array_module_of(rows).asarray(out) if _is_device(rows) else out), counts
+        return array_module_of(rows).asarray(out), counts
 
 
 # --------------------------------------------------------------------------- failing together
