@@ -30,7 +30,7 @@ import numbasplat as ns
 from numbasplat import _backend
 from numbasplat import gaussian_ops as go
 from numbasplat.loss import l1_ssim_loss
-from numbasplat.rendering import TILE, image_from_tiles, image_tiles, rasterize_tile_loss
+from numbasplat.rendering import TILE, image_from_tiles, image_tiles, rasterize_tile_loss, tiles_squared_error
 from numbasplat.tile_loss import s3im_permutations
 from numbasplat.optim import GROUPS
 
@@ -141,26 +141,21 @@ class DistributedTrainer(Trainer):
         send[:, go.PROJ_FIELDS + 1] = tiles_hit[route]
         return send, counts, route
 
-    def _share_tiles(self, rendered, bounds, cam, halo):
-        """The rendered pixels other ranks need, sent by one all-to-all of 16x16 tiles.
+    def _share_tiles(self, rendered, bounds, cam):
+        """The rendered pixels the global loss needs from other ranks, by one all-to-all of 16x16 tiles.
 
-        A renderer holds only its own tiles.  With the global loss (``halo``) it
-        also needs the tiles within one tile row of its own, in its views: the
-        loss's two 11x11 windows reach 10 pixels.  Rank 0 also needs all of view
-        0 (the progress image).  Every rank knows the bounds, so what goes where
-        is known without asking.  ``rendered``: {view: image} of this rank's
-        views (only its own tiles right).  Returns {view: image} of the views
-        this rank received tiles of, right on those tiles, 0 elsewhere."""
+        A renderer holds only its own tiles; L1 + SSIM also needs the tiles
+        within one tile row of its own, in its views: the loss's two 11x11
+        windows reach 10 pixels.  Every rank knows the bounds, so what goes
+        where is known without asking.  ``rendered``: {view: image} of this
+        rank's views (only its own tiles right).  Returns {view: image} of its
+        views, right on its tiles and their halo, 0 elsewhere."""
         xp = self.xp
         n_tiles = cam.tiles[0] * cam.tiles[1]
         lo, hi = bounds[:-1], bounds[1:]
-        if halo:
-            reach = cam.tiles[0] + 1
-            need_lo = np.maximum(lo - reach, lo // n_tiles * n_tiles)
-            need_hi = np.where(hi > lo, np.minimum(hi + reach, -(-hi // n_tiles) * n_tiles), need_lo)
-        else:
-            need_lo, need_hi = np.zeros_like(lo), np.zeros_like(hi)
-        need_lo[0], need_hi[0] = 0, max(need_hi[0], n_tiles)
+        reach = cam.tiles[0] + 1
+        need_lo = np.maximum(lo - reach, lo // n_tiles * n_tiles)
+        need_hi = np.where(hi > lo, np.minimum(hi + reach, -(-hi // n_tiles) * n_tiles), need_lo)
         start = np.maximum(lo[:, None], need_lo[None, :])            # [source, destination]
         end = np.maximum(np.minimum(hi[:, None], need_hi[None, :]), start)
         me = self.rank
@@ -207,6 +202,7 @@ class DistributedTrainer(Trainer):
         G = xp.zeros((len(recv), go.GRAD_FIELDS), np.float32)
         cost = xp.zeros(self.batch * n_tiles, np.int32)   # intersections per tile, for the next bounds
         loss_share = 0.0
+        sse0 = xp.zeros((), np.float32)
         frames, rendered = [], {}
         recv_b = recv[:, go.PROJ_FIELDS]
         for b in _views_of(lo, hi, n_tiles):
@@ -228,22 +224,24 @@ class DistributedTrainer(Trainer):
                     want_image=b == 0, backend=self.backend, tiles=mine)
                 loss_share += share / self.batch
                 G[rows] = grad / self.batch
-                if image is not None:
-                    rendered[b] = image
             else:
                 r = ns.rasterize(p, binning, bg, self.backend)
                 frames.append((b, first, last, p, binning, r, rows))
-                rendered[b] = r.image
-        # the pixels each rank needs from the others: the global loss its tiles' halo, rank 0 view 0 (progress)
-        have = self._share_tiles(rendered, bounds, cams[0], halo=not tile_loss)
+                image = rendered[b] = r.image
+            if b == 0:  # progress: view 0's squared error on my tiles, summed over the ranks with the loss
+                sse0 = tiles_squared_error(image, self.targets[views[0]], first, last)
+        have = {} if tile_loss else self._share_tiles(rendered, bounds, cams[0])
         t3 = time.perf_counter()
         for b, first, last, p, binning, r, rows in frames:  # global loss: the share of my tiles
             lb, d = l1_ssim_loss(have[b], self.targets[views[b]], c.lambda_dssim, backend=self.backend,
                                  tiles=(first, last))
             loss_share += lb / self.batch
             G[rows] = ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d / self.batch), backend=self.backend)
-        summed = self.exchange.allreduce_sum(np.concatenate([[loss_share], _backend.to_host(cost)]))
-        loss, self.tile_cost = float(summed[0]), summed[1:]
+        shares = xp.concatenate([sse0.reshape(1).astype(np.float64), cost.astype(np.float64)])
+        summed = self.exchange.allreduce_sum(np.concatenate([[loss_share], _backend.to_host(shares)]))
+        loss, sse0, self.tile_cost = float(summed[0]), float(summed[1]), summed[2:]
+        mse0 = sse0 / (3 * cams[0].width * cams[0].height)
+        self._psnr0 = math.inf if mse0 == 0 else -10.0 * math.log10(mse0)
         t4 = time.perf_counter()
         n_local = len(model)
         out = xp.zeros((self.batch * n_local, go.GRAD_FIELDS), np.float32)
@@ -274,7 +272,11 @@ class DistributedTrainer(Trainer):
                       "times": {"project": t1 - t0, "forward_exchange": t2 - t1, "render": t3 - t2,
                                 "loss_backward": t4 - t3, "backward_exchange": t5 - t4, "owner": t6 - t5},
                       **comm_stats}
-        return loss, _Shown(have.get(0)), self.targets[views[0]], events
+        return loss, None, None, events  # the progress PSNR is computed here: see progress_psnr
+
+    def progress_psnr(self, frame, target):
+        """View 0's PSNR from the ranks' summed squared errors on their tiles (no image is gathered)."""
+        return self._psnr0
 
     def _reorder_after_refine(self, events):
         """Put the Gaussians in the order one rank would have: every rank's kept ones,
@@ -365,13 +367,6 @@ class _FrameInfo:
 
     def __init__(self, projection):
         self.projection = projection
-
-
-class _Shown:
-    """The first view of the batch, for progress PSNR."""
-
-    def __init__(self, image):
-        self.image = image
 
 
 class _HostModel:

@@ -184,7 +184,7 @@ class Trainer:
                 crossed = lambda every: every and prev // every != self.step // every  # noqa: E731
                 if crossed(c.log_every) or events or self.step == c.iterations:
                     self._check_finite()
-                    p = psnr(frame.image, target) if self.is_root else None  # under MPI rank 0 shows view 0
+                    p = self.progress_psnr(frame, target)
                     rec = {"step": self.step, "loss": loss, "psnr": p, "gaussians": len(self.model),
                            "time": self.train_seconds + time.perf_counter() - t0, **events, **self.log_extra()}
                     if logf:
@@ -211,6 +211,10 @@ class Trainer:
         return self
 
     is_root = True  # writes the logs and outputs (rank 0 under MPI)
+
+    def progress_psnr(self, frame, target):
+        """PSNR of the step's render, for the progress line and the log (only there: a sync)."""
+        return psnr(frame.image, target)
 
     def _check_finite(self):
         """Stop with a clear message if training diverged (rendering skips this per-step sync)."""

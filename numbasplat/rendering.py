@@ -326,6 +326,18 @@ def image_tiles(image, first, last):
     return image.reshape(H * W, C)[read[first:last]].reshape(last - first, -1)
 
 
+def tiles_squared_error(image, target, first, last):
+    """Sum of (image - target)^2 over row-major tiles first..last-1, a device scalar: a
+    renderer's share of an image's error (the pixels past the border count 0)."""
+    xp = _backend.array_module_of(image)
+    H, W, C = image.shape
+    _, write = _tile_index(xp, H, W)
+    d = xp.zeros((H * W + 1, C), image.dtype)  # + the spare pixel, 0
+    d[:H * W] = (image - target).reshape(H * W, C)
+    e = d[write[first:last]]
+    return (e * e).sum()
+
+
 def image_from_tiles(rows, first, H, W):
     """An (H, W, C) image holding ``image_tiles`` rows as tiles first, first+1, ...; 0 elsewhere."""
     xp = _backend.array_module_of(rows)

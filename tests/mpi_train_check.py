@@ -41,7 +41,8 @@ with abort_on_error(comm):
         cfg.max_gaussians = 330
     if "small" in sys.argv:  # two batches of 100 Gaussians: what the simulator can afford
         cfg.iterations, cfg.n_random_init = 8, 100
-    t = DistributedTrainer(ds, out, cfg, comm, batch_size=4, grad_comm=grad_comm, backend=backend)
+    batch = 1 if "b1" in sys.argv else 4  # b1: every view split across the ranks
+    t = DistributedTrainer(ds, out, cfg, comm, batch_size=batch, grad_comm=grad_comm, backend=backend)
     s = t.strategy
     s.refine_start, s.refine_every, s.reset_every, s.grad_threshold = 4, 8, 24, 1e-5
     s.reset_at_start = False  # a reset right after the first steps leaves rounding-level SH gradients to Adam

@@ -28,18 +28,23 @@ def launch(n, out, grad_comm="sparse", *flags, sim=False):
 
 def test_image_tiles_round_trip():
     """Renderers send each other 16x16 tiles of their images (cut at the border)."""
-    from numbasplat.rendering import image_from_tiles, image_tiles
+    from numbasplat.rendering import image_from_tiles, image_tiles, tiles_squared_error
     im = np.random.default_rng(0).random((37, 50, 3)).astype(np.float32)  # 3 x 4 tiles
     assert (image_from_tiles(image_tiles(im, 0, 12), 0, 37, 50) == im).all()
     part = image_from_tiles(image_tiles(im, 5, 9), 5, 37, 50)
     tile = (np.arange(37)[:, None] // 16) * 4 + np.arange(50)[None, :] // 16
     mine = (tile >= 5) & (tile < 9)
     assert (part[mine] == im[mine]).all() and (part[~mine] == 0).all()
+    # a renderer's share of the squared error (the progress PSNR): shares of a partition add up
+    target = np.random.default_rng(1).random((37, 50, 3)).astype(np.float32)
+    whole = ((im.astype(np.float64) - target) ** 2).sum()
+    shares = [tiles_squared_error(im, target, a, b) for a, b in ((0, 5), (5, 9), (9, 12))]
+    assert abs(sum(shares) - whole) < 1e-3 and abs(shares[1] - ((im - target)[mine] ** 2).sum()) < 1e-3
 
 
-def losses(out):
-    """The batch losses of the log (under MPI: the ranks' shares summed)."""
-    return np.array([json.loads(line)["loss"] for line in (out / "log.jsonl").read_text().splitlines()])
+def losses(out, key="loss"):
+    """The batch losses of the log (under MPI: the ranks' shares summed), or another logged value."""
+    return np.array([json.loads(line)[key] for line in (out / "log.jsonl").read_text().splitlines()])
 
 
 @pytest.mark.mpi
@@ -51,10 +56,28 @@ def test_two_and_four_ranks_match_one(tmp_path):
     for n, comm in ((2, "sparse"), (4, "sparse"), (2, "dense")):
         got, log = launch(n, tmp_path / f"p{n}{comm}", comm)
         np.testing.assert_allclose(losses(tmp_path / f"p{n}{comm}"), losses(tmp_path / "p1"), rtol=1e-5)
+        # the progress PSNR of view 0, from the ranks' squared errors on their own tiles
+        np.testing.assert_allclose(losses(tmp_path / f"p{n}{comm}", "psnr"), losses(tmp_path / "p1", "psnr"),
+                                   rtol=1e-5)
         for g, a in ref.items():
             assert got[g].shape == a.shape, (n, comm, g, log)
             err = np.linalg.norm(got[g] - a) / np.linalg.norm(a)
             assert err <= 1e-5, (n, comm, g, err)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(1200)
+def test_one_view_split_across_ranks(tmp_path):
+    """Batch 1: each view's tiles are cut among the ranks, so every halo and the progress PSNR's
+    squared error come from several renderers."""
+    ref, _ = launch(1, tmp_path / "p1", "sparse", "b1")
+    for n in (2, 4):
+        got, log = launch(n, tmp_path / f"p{n}", "sparse", "b1")
+        for key in ("loss", "psnr"):
+            np.testing.assert_allclose(losses(tmp_path / f"p{n}", key), losses(tmp_path / "p1", key), rtol=1e-5)
+        for g, a in ref.items():
+            err = np.linalg.norm(got[g] - a) / np.linalg.norm(a)
+            assert err <= 1e-5, (n, g, err)
 
 
 @pytest.mark.mpi
