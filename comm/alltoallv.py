@@ -31,7 +31,7 @@ import zlib
 import numpy as np
 from mpi4py import MPI
 
-from numbasplat._backend import array_module_of
+from numbasplat._backend import array_module_of, is_device
 
 BYTE_LIMIT = 2**31 - 1  # MPI int counts/displacements; tests lower it to exercise the row-datatype path
 INT_MAX = 2**31 - 1
@@ -39,11 +39,6 @@ ABORT_GRACE_S = 0.5  # fail_all: time for mpiexec to forward the message before 
 
 
 # --------------------------------------------------------------------------- helpers
-
-def _is_device(a):
-    """A GPU array (CuPy) rather than numpy (numpy also covers the CUDA simulator)."""
-    return not isinstance(a, np.ndarray) and hasattr(a, "__cuda_array_interface__")
-
 
 def _bytes(a):
     """Flat uint8 view of a C-contiguous array (numpy or CuPy)."""
@@ -157,7 +152,7 @@ class Transport:
 
     def alltoallv(self, comm, send, scounts, recv, rcounts):
         row_bytes = send.shape[1] * send.dtype.itemsize
-        if not _is_device(send):
+        if not is_device(send):
             _mpi_alltoallv(comm, _bytes(send), scounts, _bytes(recv), rcounts, row_bytes)
             return
         me = comm.Get_rank()
@@ -335,13 +330,13 @@ class Exchange:
         else:
             recv_counts = np.asarray(recv_counts, np.int64).reshape(-1)
         recv = xp.empty((int(recv_counts.sum()), send2.shape[1]), send2.dtype)
-        transport = self.transport if _is_device(send2) else self._host
+        transport = self.transport if is_device(send2) else self._host
         transport.alltoallv(self.comm, send2, counts, recv, recv_counts)
         return (recv.reshape(-1) if flat else recv), recv_counts
 
     def allreduce_sum(self, a):
         """Element-wise sum over ranks of a small array (staged through the host)."""
-        h = np.ascontiguousarray(a.get()) if _is_device(a) else np.array(a, order="C")  # a fresh host copy
+        h = np.ascontiguousarray(a.get()) if is_device(a) else np.array(a, order="C")  # a fresh host copy
         self.comm.Allreduce(MPI.IN_PLACE, h, op=MPI.SUM)
         return array_module_of(a).asarray(h)
 

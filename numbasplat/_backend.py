@@ -45,9 +45,14 @@ def array_module(backend=None):
     return np
 
 
+def is_device(a):
+    """A GPU array (CuPy), not numpy (which also holds the CUDA simulator's arrays)."""
+    return not isinstance(a, np.ndarray) and hasattr(a, "__cuda_array_interface__")
+
+
 def array_module_of(a):
     """numpy or CuPy: whichever holds ``a``."""
-    if isinstance(a, np.ndarray) or not hasattr(a, "__cuda_array_interface__"):
+    if not is_device(a):
         return np
     import cupy
     return cupy
