@@ -8,31 +8,83 @@ per-Gaussian gradients (and, when asked, the image) go to device memory.
 
 A tile fits when its Gaussians fit the shared-memory budget
 ``B = (M_budget - M_fixed) // M_g`` (M_budget: the device's shared memory per
-block; M_fixed: the kernel's static layout; M_g: one record and its id).  The
+block; M_fixed: the kernel's static layout; M_g: one record, its id and its warp flags).  The
 other tiles take the unfused path (raster forward, the same tile-local loss,
 raster backward) in the same step, so results do not depend on the path.
+
+Caching a record once also pays for a per-record test the streaming kernels
+would repeat every pass: when a batch is cached, each record gets a byte with
+a bit per warp (the warp's two pixel rows), set where the record's alpha can
+reach 1/255 in those rows (``ellipse_hits_box``, the exact test of tile
+binning, with a small margin).  Both passes skip, warp by warp, the records
+their rows never see, so a small Gaussian costs only the warps it touches.
 """
 import functools
 
 import numpy as np
-from numba import cuda, float32, int32
+from numba import cuda, float32, int32, uint8, uint32
 
 from . import _backend
+from ._backend import SIM
 from . import gaussian_ops as go
 from .blend import blend_step, blend_vjp, gaussian_alpha
+from .geometry import ellipse_hits_box, opacity_extent
 from .cuda import (ALPHA_MIN, BLOCK, F1, F2, F3, HALF, I1, I2, NF, NG, ONE, RED_ROWS, TILE, ZERO,
                    _pixel_of_tile, _reduce_add)
 from .launch import kernel
 from .tile_loss import TILE_LOSS_SMEM, store_tile_sums, tile_loss_grad
 
-RECORD_BYTES = 4 * NF + 4       # one cached record (float32 fields) and its Gaussian id
+WARPS = BLOCK // 32
+ROWS = TILE // WARPS                # pixel rows of the tile per warp
+RECORD_BYTES = 4 * NF + 4 + 1      # one cached record (float32 fields), its Gaussian id, its warp mask
+MARGIN = float32(1.001)            # on the alpha test's bound (relative, then absolute): a skip must
+EPS = float32(1e-3)                # never drop a pair the float32 alpha test would blend
+
+
+@cuda.jit(device=True, inline=True)
+def _at(j, f):
+    """The shared-array index of field f of cached record j.  Unsigned on purpose: Numba wraps
+    every signed index into a dynamic shared array for negative values, about 10 integer
+    instructions per read, a third of the pair loops' instructions."""
+    return uint32(j) * uint32(NF) + uint32(f)
+
+
+@cuda.jit(device=True, inline=True)
+def _mask_at(count, j):
+    """The byte index of cached record j's warp mask (the masks follow the fields and ids)."""
+    return uint32(count) * uint32(4 * NF + 4) + uint32(j)
+
+
+@cuda.jit(device=True, inline=True)
+def _warp_mask(rec, j, x0, x1, y0):
+    """Bit w set where cached record j's alpha can reach 1/255 in warp w's pixel rows of the
+    tile whose pixel centres start at (x0, y0) and span columns x0..x1."""
+    u = rec[_at(j, go.U)]
+    v = rec[_at(j, go.V)]
+    ext = opacity_extent(rec[_at(j, go.OPAC)]) * MARGIN + EPS
+    mask = 0
+    for w in range(WARPS):
+        y = y0 + float32(ROWS * w)
+        if ellipse_hits_box(u, v, rec[_at(j, go.CA)], rec[_at(j, go.CB)], rec[_at(j, go.CC)], ext, x0, x1, y,
+                            y + float32(ROWS - 1)):
+            mask |= 1 << w
+    return mask
+
+
+if SIM:  # the simulator's gradient sum has block barriers: the backward skips only records no warp sees
+    @cuda.jit(device=True, inline=True)
+    def _backward_skips(mask, warp):
+        return mask == 0
+else:
+    @cuda.jit(device=True, inline=True)
+    def _backward_skips(mask, warp):
+        return (mask >> warp) & 1 == 0
 
 
 @cuda.jit(device=True, inline=True)
 def _cached_alpha(rec, j, px, py):
-    b = j * NF
-    return gaussian_alpha(rec[b + go.U], rec[b + go.V], rec[b + go.CA], rec[b + go.CB], rec[b + go.CC],
-                          rec[b + go.OPAC], px, py)
+    return gaussian_alpha(rec[_at(j, go.U)], rec[_at(j, go.V)], rec[_at(j, go.CA)], rec[_at(j, go.CB)],
+                          rec[_at(j, go.CC)], rec[_at(j, go.OPAC)], px, py)
 
 
 @kernel(F2, I1, I2, "int64", "int64", "int64", F1, F3, "int32[:, ::1]", "int64", "float32", "float32", "float32",
@@ -42,8 +94,13 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
     tile = tile_list[cuda.blockIdx.x]
     tid, px, py, inside, start, end = _pixel_of_tile(tile, ranges, tiles_x, W, H)
     count = end - start
-    rec = cuda.shared.array(0, float32)      # count * NF record fields, then count int32 ids
+    rec = cuda.shared.array(0, float32)      # count * NF record fields, count int32 ids, count warp masks
     rid = cuda.shared.array(0, int32)
+    masks = cuda.shared.array(0, uint8)
+    warp = tid // 32
+    x0 = float32((tile % tiles_x) * TILE) + HALF  # the tile's first pixel centre
+    y0 = float32((tile // tiles_x) * TILE) + HALF
+    x1 = float32(min((tile % tiles_x) * TILE + TILE, W)) - HALF
     sm = cuda.shared.array(TILE_LOSS_SMEM, float32)
     red = cuda.shared.array((NG, RED_ROWS), float32)
     sums = cuda.shared.array((2, BLOCK), float32)
@@ -66,19 +123,24 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
         for e in range(tid, n * NF, BLOCK):  # field-interleaved: a warp reads whole rows
             k = base + e // NF
             g = ids[start + k]
-            rec[k * NF + e % NF] = proj[g, e % NF]
+            rec[_at(k, e % NF)] = proj[g, e % NF]
             if e % NF == 0:
-                rid[count * NF + k] = g
+                rid[_at(count, k)] = g
+        cuda.syncthreads()
+        if tid < n:
+            masks[_mask_at(count, base + tid)] = _warp_mask(rec, base + tid, x0, x1, y0)
         cuda.syncthreads()
         for j in range(base, base + n):
             if done:
                 break
+            if (masks[_mask_at(count, j)] >> warp) & 1 == 0:
+                continue
             alpha, vis, dx, dy = _cached_alpha(rec, j, fx, fy)
             w, T, done = blend_step(alpha, T)
             if w > ZERO:
-                r += w * rec[j * NF + go.RED]
-                gr += w * rec[j * NF + go.GREEN]
-                b += w * rec[j * NF + go.BLUE]
+                r += w * rec[_at(j, go.RED)]
+                gr += w * rec[_at(j, go.GREEN)]
+                b += w * rec[_at(j, go.BLUE)]
                 stop = j + 1
     if inside:
         cuda.atomic.max(block_last, 0, stop)
@@ -106,18 +168,20 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
     s2 = T * bg[2]
     sd = ZERO
     for j in range(block_last[0] - 1, -1, -1):
+        if _backward_skips(masks[_mask_at(count, j)], warp):  # no pixel of this warp's rows sees it
+            continue
         valid = False
         v0 = v1 = v2 = v3 = v4 = v5 = v6 = v7 = v8 = v9 = v10 = v11 = ZERO
         if j < stop:
             alpha, vis, dx, dy = _cached_alpha(rec, j, fx, fy)
             valid = alpha >= ALPHA_MIN
             if valid:
-                q = j * NF
                 T, s0, s1, s2, sd, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11 = blend_vjp(
-                    alpha, vis, dx, dy, rec[q + go.OPAC], rec[q + go.CA], rec[q + go.CB], rec[q + go.CC],
-                    rec[q + go.RED], rec[q + go.GREEN], rec[q + go.BLUE], rec[q + go.DEPTH],
+                    alpha, vis, dx, dy, rec[_at(j, go.OPAC)], rec[_at(j, go.CA)], rec[_at(j, go.CB)],
+                    rec[_at(j, go.CC)], rec[_at(j, go.RED)], rec[_at(j, go.GREEN)], rec[_at(j, go.BLUE)],
+                    rec[_at(j, go.DEPTH)],
                     T, s0, s1, s2, sd, dc0, dc1, dc2, ZERO, ZERO)
-        _reduce_add(grad, rid[count * NF + j], tid, valid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
+        _reduce_add(grad, rid[_at(count, j)], tid, valid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
 
 
 @functools.cache
@@ -139,31 +203,45 @@ def budget():
 
 
 BLOCK_RESERVED = 1024  # shared memory the driver keeps per resident block (sm_80 and later)
+BLOCKS_PER_SM = (2,)  # launch groups by resident tile blocks: those that fit 2 per SM, then the rest
 
 
 def launch_groups(counts, max_count):
     """The fused tiles, in launch groups with their own shared-memory size.
 
-    One launch sized for the heaviest tile would let one block run per SM;
-    tiles that fit at 4 or 2 blocks per SM get their own launches, so most
-    tiles run at the occupancy their size allows.  Tiles stay in image order
-    within a group (neighbours share Gaussians in L2).  Returns (tile list,
-    [(start, end, largest count)])."""
+    One launch sized for the heaviest tile would let one block run per SM, so
+    the few tiles too heavy for two per SM get a launch of their own.  Finer
+    groups cost more than they give: on the 1M scene (H200), splitting the
+    tiles by 5, 4 and 2 blocks per SM took 2.84 ms against 2.59 ms for one
+    launch at 3 per SM, as every launch ends in a tail of lone blocks.  Tiles
+    stay in image order within a group (neighbours share Gaussians in L2).
+    Returns (tile list, [(start, end, largest count)])."""
     _, per_sm, m_fixed = _shared_memory()
-    caps = [(per_sm // k - BLOCK_RESERVED - m_fixed) // RECORD_BYTES for k in (4, 2)]
-    group = np.digitize(counts, caps, right=True)        # 0: fits 4 per SM, 1: 2 per SM, 2: the rest
-    order = np.flatnonzero(counts <= max_count)
-    order = order[np.argsort(group[order], kind="stable")].astype(np.int32)
-    cuts = np.searchsorted(group[order], np.arange(4))
-    groups = [(int(a), int(b), int(counts[order[a:b]].max())) for a, b in zip(cuts, cuts[1:]) if b > a]
+    caps = [(per_sm // k - BLOCK_RESERVED - m_fixed) // RECORD_BYTES for k in BLOCKS_PER_SM]
+    parts, groups, start = [], [], 0
+    for lo, hi in zip([-1] + caps, caps + [max_count]):  # group i fits BLOCKS_PER_SM[i] per SM; the last: 1
+        tiles = np.flatnonzero((counts > lo) & (counts <= min(hi, max_count)))
+        if len(tiles):
+            parts.append(tiles)
+            groups.append((start, start + len(tiles), int(counts[tiles].max())))
+            start += len(tiles)
+    order = np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, np.int32)
     return order, groups
+
+
+def _device_copy(order, _last=[None, None]):
+    """The tile list on the device, copied only when it changed (usually every tile, in order):
+    the fused launch waits for this host work, and the GPU with it."""
+    if _last[0] is None or not np.array_equal(_last[0], order):
+        _last[:] = order, _backend.array_module().asarray(order)
+    return _last[1]
 
 
 def fused_raster_loss_backward(proj, ids, ranges, W, H, tiles_x, bg, target, perms, lam, counts, max_count,
                                write_image, image, grad, partials):
     """Launch the fused kernel on the tiles with at most ``max_count`` Gaussians (``counts``: per tile, host)."""
     order, groups = launch_groups(counts, max_count)
-    tile_list = _backend.array_module().asarray(order)
+    tile_list = _device_copy(order)
     repeats = perms.shape[0]
     for a, b, largest in groups:
         _fused_kernel[b - a, (TILE, TILE), largest * RECORD_BYTES](

@@ -370,14 +370,13 @@ def rasterize_tile_loss(p: Projection, b: Binning, target, perms, lam=0.2, backg
     tx, ty = p.camera.tiles
     bg = _background(xp, background, p.proj.dtype)
     grad = xp.zeros((p.proj.shape[0], go.GRAD_FIELDS), p.proj.dtype)
-    per_tile = _backend.to_host(b.ranges[:, 1] - b.ranges[:, 0])
-    fused = fuse and (backend or _backend.BACKEND) == "cuda"
-    limit = -1
     image = None
-    big = np.ones(len(per_tile), bool)
     loss = 0.0
-    if fused:
+    stats = {"fused_tiles": 0.0, "fused_gaussians": 0.0, "max_fused": -1}
+    unfused = b  # the tiles left to the unfused path
+    if fuse and (backend or _backend.BACKEND) == "cuda":
         from . import fused as fz
+        per_tile = _backend.to_host(b.ranges[:, 1] - b.ranges[:, 0])  # the launch groups need them here
         limit = fz.budget() if max_fused is None else int(max_fused)
         big = per_tile > limit
         image = xp.empty((H, W, 3), np.float32)
@@ -385,9 +384,16 @@ def rasterize_tile_loss(p: Projection, b: Binning, target, perms, lam=0.2, backg
         fz.fused_raster_loss_backward(p.proj, b.ids, b.ranges, W, H, tx, bg, target, perms, lam, per_tile, limit,
                                       want_image or big.any(), image, grad, partials)
         loss = loss_from_tile_sums(partials, lam, W, H, perms.shape[0], tiles)
-    if big.any():
-        ranges = xp.where(xp.asarray(big)[:, None], b.ranges, 0).astype(np.int32)
-        unfused = Binning(b.ids, xp.ascontiguousarray(ranges), b.n_isect)
+        n_big = int(np.count_nonzero(big))  # (cheap host work: the GPU waits for it)
+        total = int(per_tile.sum())
+        on_fused = total - (int(per_tile[big].sum()) if n_big else 0)
+        stats = {"fused_tiles": (len(big) - n_big) / len(big), "fused_gaussians": on_fused / max(total, 1),
+                 "max_fused": limit}
+        unfused = None
+        if n_big:
+            ranges = xp.where(xp.asarray(big)[:, None], b.ranges, 0).astype(np.int32)
+            unfused = Binning(b.ids, xp.ascontiguousarray(ranges), b.n_isect)
+    if unfused is not None:
         r = rasterize(p, unfused, background, backend)
         if image is not None:
             mask = tile_pixel_mask(xp, big, tx, ty, W, H)
@@ -395,8 +401,6 @@ def rasterize_tile_loss(p: Projection, b: Binning, target, perms, lam=0.2, backg
         loss, d_img = tile_loss(r.image, target, perms, lam, backend=backend, tiles=tiles)
         rasterize_backward(p, unfused, r, d_img, grad=grad, backend=backend)
         image = r.image
-    stats = {"fused_tiles": float((~big).mean()) if len(big) else 0.0,
-             "fused_gaussians": float(per_tile[~big].sum() / max(per_tile.sum(), 1)), "max_fused": limit}
     return float(loss), grad, (image if want_image else None), stats
 
 

@@ -294,7 +294,7 @@ def loss_from_tile_sums(partials, lam, W, H, repeats, tiles=None):
     if tiles is not None:
         p = p[tiles]
         share = tile_pixels(W, H)[tiles].sum() / (W * H)
-    l1, ss = p.sum(axis=0)
+    l1, ss = np.ones(len(p)) @ p  # numpy's axis-0 sum of an (n, 2) array takes 20x longer
     npix = 3.0 * W * H
     return float((1.0 - lam) * l1 / npix + lam * (share - ss / (repeats * npix)))
 
