@@ -8,37 +8,24 @@ per-Gaussian gradients (and, when asked, the image) go to device memory.
 
 A tile fits when its Gaussians fit the shared-memory budget
 ``B = (M_budget - M_fixed) // M_g`` (M_budget: the device's shared memory per
-block; M_fixed: the kernel's static layout; M_g: one record, its id and its warp flags).  The
+block; M_fixed: the kernel's static layout; M_g: one record and its id).  The
 other tiles take the unfused path (raster forward, the same tile-local loss,
 raster backward) in the same step, so results do not depend on the path.
-
-Caching a record once also pays for a per-record test the streaming kernels
-would repeat every pass: when a batch is cached, each record gets a byte with
-a bit per warp (the warp's two pixel rows), set where the record's alpha can
-reach 1/255 in those rows (``ellipse_hits_box``, the exact test of tile
-binning, with a small margin).  Both passes skip, warp by warp, the records
-their rows never see, so a small Gaussian costs only the warps it touches.
 """
 import functools
 
 import numpy as np
-from numba import cuda, float32, int32, uint8, uint32
+from numba import cuda, float32, int32, uint32
 
 from . import _backend
-from ._backend import SIM
 from . import gaussian_ops as go
 from .blend import blend_step, blend_vjp, gaussian_alpha
-from .geometry import ellipse_hits_box, opacity_extent
 from .cuda import (ALPHA_MIN, BLOCK, F1, F2, F3, HALF, I1, I2, NF, NG, ONE, RED_ROWS, TILE, ZERO,
                    _pixel_of_tile, _reduce_add)
 from .launch import kernel
 from .tile_loss import TILE_LOSS_SMEM, store_tile_sums, tile_loss_grad
 
-WARPS = BLOCK // 32
-ROWS = TILE // WARPS                # pixel rows of the tile per warp
-RECORD_BYTES = 4 * NF + 4 + 1      # one cached record (float32 fields), its Gaussian id, its warp mask
-MARGIN = float32(1.001)            # on the alpha test's bound (relative, then absolute): a skip must
-EPS = float32(1e-3)                # never drop a pair the float32 alpha test would blend
+RECORD_BYTES = 4 * NF + 4       # one cached record (float32 fields) and its Gaussian id
 
 
 @cuda.jit(device=True, inline=True)
@@ -47,38 +34,6 @@ def _at(j, f):
     every signed index into a dynamic shared array for negative values, about 10 integer
     instructions per read, a third of the pair loops' instructions."""
     return uint32(j) * uint32(NF) + uint32(f)
-
-
-@cuda.jit(device=True, inline=True)
-def _mask_at(count, j):
-    """The byte index of cached record j's warp mask (the masks follow the fields and ids)."""
-    return uint32(count) * uint32(4 * NF + 4) + uint32(j)
-
-
-@cuda.jit(device=True, inline=True)
-def _warp_mask(rec, j, x0, x1, y0):
-    """Bit w set where cached record j's alpha can reach 1/255 in warp w's pixel rows of the
-    tile whose pixel centres start at (x0, y0) and span columns x0..x1."""
-    u = rec[_at(j, go.U)]
-    v = rec[_at(j, go.V)]
-    ext = opacity_extent(rec[_at(j, go.OPAC)]) * MARGIN + EPS
-    mask = 0
-    for w in range(WARPS):
-        y = y0 + float32(ROWS * w)
-        if ellipse_hits_box(u, v, rec[_at(j, go.CA)], rec[_at(j, go.CB)], rec[_at(j, go.CC)], ext, x0, x1, y,
-                            y + float32(ROWS - 1)):
-            mask |= 1 << w
-    return mask
-
-
-if SIM:  # the simulator's gradient sum has block barriers: the backward skips only records no warp sees
-    @cuda.jit(device=True, inline=True)
-    def _backward_skips(mask, warp):
-        return mask == 0
-else:
-    @cuda.jit(device=True, inline=True)
-    def _backward_skips(mask, warp):
-        return (mask >> warp) & 1 == 0
 
 
 @cuda.jit(device=True, inline=True)
@@ -94,13 +49,8 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
     tile = tile_list[cuda.blockIdx.x]
     tid, px, py, inside, start, end = _pixel_of_tile(tile, ranges, tiles_x, W, H)
     count = end - start
-    rec = cuda.shared.array(0, float32)      # count * NF record fields, count int32 ids, count warp masks
+    rec = cuda.shared.array(0, float32)      # count * NF record fields, then count int32 ids
     rid = cuda.shared.array(0, int32)
-    masks = cuda.shared.array(0, uint8)
-    warp = tid // 32
-    x0 = float32((tile % tiles_x) * TILE) + HALF  # the tile's first pixel centre
-    y0 = float32((tile // tiles_x) * TILE) + HALF
-    x1 = float32(min((tile % tiles_x) * TILE + TILE, W)) - HALF
     sm = cuda.shared.array(TILE_LOSS_SMEM, float32)
     red = cuda.shared.array((NG, RED_ROWS), float32)
     sums = cuda.shared.array((2, BLOCK), float32)
@@ -127,14 +77,9 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
             if e % NF == 0:
                 rid[_at(count, k)] = g
         cuda.syncthreads()
-        if tid < n:
-            masks[_mask_at(count, base + tid)] = _warp_mask(rec, base + tid, x0, x1, y0)
-        cuda.syncthreads()
         for j in range(base, base + n):
             if done:
                 break
-            if (masks[_mask_at(count, j)] >> warp) & 1 == 0:
-                continue
             alpha, vis, dx, dy = _cached_alpha(rec, j, fx, fy)
             w, T, done = blend_step(alpha, T)
             if w > ZERO:
@@ -168,8 +113,6 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
     s2 = T * bg[2]
     sd = ZERO
     for j in range(block_last[0] - 1, -1, -1):
-        if _backward_skips(masks[_mask_at(count, j)], warp):  # no pixel of this warp's rows sees it
-            continue
         valid = False
         v0 = v1 = v2 = v3 = v4 = v5 = v6 = v7 = v8 = v9 = v10 = v11 = ZERO
         if j < stop:

@@ -301,23 +301,15 @@ def _edge_min(X0, X1, X2, d, lo, hi):
 
 @shared
 def ellipse_hits_tile(u, v, X0, X1, X2, ext, tx, ty, tile, W, H):
-    """Exact test: does any pixel centre box of the tile have alpha >= 1/255?"""
-    return ellipse_hits_box(u, v, X0, X1, X2, ext, f32(tx * tile) + f32(0.5), f32(min(tx * tile + tile, W)) - f32(0.5),
-                            f32(ty * tile) + f32(0.5), f32(min(ty * tile + tile, H)) - f32(0.5))
+    """Exact test: does any pixel centre box of the tile have alpha >= 1/255?
 
-
-@shared
-def ellipse_hits_box(u, v, X0, X1, X2, ext, x0, x1, y0, y1):
-    """Exact test: is the quadratic form of (pixel - mean) at most ``ext`` somewhere in the
-    box [x0, x1] x [y0, y1] of pixel centres?
-
-    The quadratic form is convex, so its minimum over the box is 0 when the
-    mean is inside, else attained on one of the 4 edges.
+    The quadratic form is convex, so its minimum over the tile's box of pixel
+    centres is 0 when the mean is inside, else attained on one of the 4 edges.
     """
-    x0 = x0 - u
-    x1 = x1 - u
-    y0 = y0 - v
-    y1 = y1 - v
+    x0 = f32(tx * tile) + f32(0.5) - u
+    x1 = f32(min(tx * tile + tile, W)) - f32(0.5) - u
+    y0 = f32(ty * tile) + f32(0.5) - v
+    y1 = f32(min(ty * tile + tile, H)) - f32(0.5) - v
     if x0 <= f32(0.0) <= x1 and y0 <= f32(0.0) <= y1:
         return True
     q = min(_edge_min(X0, X1, X2, x0, y0, y1), _edge_min(X0, X1, X2, x1, y0, y1))
