@@ -16,6 +16,9 @@ def cmd_bench(a):
               fuse=not a.no_fuse)
 
 
+TRANSPORTS = ["auto", "nccl", "cuda", "host"]  # comm.TRANSPORTS and "auto" (comm is imported late: mpi4py)
+
+
 def cmd_scaling(a):
     if not os.path.isfile(a.scene):
         raise SystemExit(f"error: benchmark scene not found: {a.scene} (make one with shared/bench/scene_gen.py)")
@@ -256,7 +259,7 @@ def main(argv=None):
     c.add_argument("--iters", type=_count(1), default=30, help="timed steps")
     c.add_argument("--warmup", type=_count(0), default=5)
     c.add_argument("--grad-comm", choices=["sparse", "dense"], default="sparse")
-    c.add_argument("--transport", choices=["auto", "nccl", "cuda", "host"], default="auto")
+    c.add_argument("--transport", choices=TRANSPORTS, default="auto")
     c.set_defaults(fn=cmd_scaling)
     i = sub.add_parser("info", help="print the backend, GPU, MPI and versions")
     i.set_defaults(fn=cmd_info)
@@ -296,7 +299,7 @@ def main(argv=None):
     t.add_argument("--batch-size", type=_count(1), default=None, help="views per step under MPI (default: ranks)")
     t.add_argument("--grad-comm", choices=["sparse", "dense"], default="sparse",
                    help="backward exchange under MPI: zero-eliding (ByteSplat) or dense")
-    t.add_argument("--transport", choices=["auto", "nccl", "cuda", "host"], default="auto",
+    t.add_argument("--transport", choices=TRANSPORTS, default="auto",
                    help="how GPU buffers cross ranks under MPI: auto picks a CUDA-aware MPI, else NCCL when "
                         "every rank has its own GPU, else copies through host memory")
     t.set_defaults(fn=cmd_train)

@@ -210,3 +210,9 @@ def test_mpi_error_on_one_rank_aborts_all(n, compiled):
     assert proc.returncode != 0, proc.stdout
     assert f"rank {n - 1}: RuntimeError: deliberate failure on rank {n - 1}" in proc.stdout, proc.stdout
     assert "unreachable" not in proc.stdout
+
+
+def test_cli_transports_are_the_comm_layers():
+    import run
+    from comm.alltoallv import TRANSPORTS
+    assert sorted(run.TRANSPORTS) == sorted(["auto", *TRANSPORTS])
