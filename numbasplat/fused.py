@@ -6,9 +6,13 @@ shared memory once, composites front to back, computes the tile-local loss
 backward pass back to front from the same cached records.  Only the
 per-Gaussian gradients (and, when asked, the image) go to device memory.
 
+A record costs shared memory, and shared memory sets how many tiles an SM
+runs at once, so the cache holds only what the passes read: the first
+``CACHED`` fields (no depth: the tile loss has no depth term) and the id.
+
 A tile fits when its Gaussians fit the shared-memory budget
 ``B = (M_budget - M_fixed) // M_g`` (M_budget: the device's shared memory per
-block; M_fixed: the kernel's static layout; M_g: one record and its id).  The
+block; M_fixed: the kernel's static layout; M_g: one cached record and its id).  The
 other tiles take the unfused path (raster forward, the same tile-local loss,
 raster backward) in the same step, so results do not depend on the path.
 """
@@ -20,12 +24,13 @@ from numba import cuda, float32, int32, uint32
 from . import _backend
 from . import gaussian_ops as go
 from .blend import blend_step, blend_vjp, gaussian_alpha
-from .cuda import (ALPHA_MIN, BLOCK, F1, F2, F3, HALF, I1, I2, NF, NG, ONE, RED_ROWS, TILE, ZERO,
+from .cuda import (ALPHA_MIN, BLOCK, F1, F2, F3, HALF, I1, I2, NG, ONE, RED_ROWS, TILE, ZERO,
                    _pixel_of_tile, _reduce_add)
 from .launch import kernel
 from .tile_loss import TILE_LOSS_SMEM, store_tile_sums, tile_loss_grad
 
-RECORD_BYTES = 4 * NF + 4       # one cached record (float32 fields) and its Gaussian id
+CACHED = go.DEPTH               # record fields cached per Gaussian: all before depth
+RECORD_BYTES = 4 * CACHED + 4   # one cached record (float32 fields) and its Gaussian id
 
 
 @cuda.jit(device=True, inline=True)
@@ -33,7 +38,7 @@ def _at(j, f):
     """The shared-array index of field f of cached record j.  Unsigned on purpose: Numba wraps
     every signed index into a dynamic shared array for negative values, about 10 integer
     instructions per read, a third of the pair loops' instructions."""
-    return uint32(j) * uint32(NF) + uint32(f)
+    return uint32(j) * uint32(CACHED) + uint32(f)
 
 
 @cuda.jit(device=True, inline=True)
@@ -49,11 +54,10 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
     tile = tile_list[cuda.blockIdx.x]
     tid, px, py, inside, start, end = _pixel_of_tile(tile, ranges, tiles_x, W, H)
     count = end - start
-    rec = cuda.shared.array(0, float32)      # count * NF record fields, then count int32 ids
+    rec = cuda.shared.array(0, float32)      # count * CACHED record fields, then count int32 ids
     rid = cuda.shared.array(0, int32)
-    sm = cuda.shared.array(TILE_LOSS_SMEM, float32)
+    sm = cuda.shared.array(TILE_LOSS_SMEM, float32)  # the loss's scratch, then its block sums
     red = cuda.shared.array((NG, RED_ROWS), float32)
-    sums = cuda.shared.array((2, BLOCK), float32)
     block_last = cuda.shared.array(1, int32)
     if tid == 0:
         block_last[0] = 0
@@ -70,11 +74,11 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
         if cuda.syncthreads_count(int32(done)) == BLOCK:
             break
         n = min(BLOCK, count - base)
-        for e in range(tid, n * NF, BLOCK):  # field-interleaved: a warp reads whole rows
-            k = base + e // NF
+        for e in range(tid, n * CACHED, BLOCK):  # field-interleaved: a warp reads whole rows
+            k = base + e // CACHED
             g = ids[start + k]
-            rec[_at(k, e % NF)] = proj[g, e % NF]
-            if e % NF == 0:
+            rec[_at(k, e % CACHED)] = proj[g, e % CACHED]
+            if e % CACHED == 0:
                 rid[_at(count, k)] = g
         cuda.syncthreads()
         for j in range(base, base + n):
@@ -106,7 +110,7 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
     # the tile-local loss and dL/dcolour, on chip
     dc0, dc1, dc2, l1, ss = tile_loss_grad(tid, inside, c0, c1, c2, t0, t1, t2, perms, repeats, lam, inv_l1,
                                            inv_ssim, sm)
-    store_tile_sums(tid, tile, l1, ss, sums, partials)
+    store_tile_sums(tid, tile, l1, ss, sm, partials)
     # backward, back to front from the cached records
     s0 = T * bg[0]
     s1 = T * bg[1]
@@ -121,8 +125,7 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
             if valid:
                 T, s0, s1, s2, sd, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11 = blend_vjp(
                     alpha, vis, dx, dy, rec[_at(j, go.OPAC)], rec[_at(j, go.CA)], rec[_at(j, go.CB)],
-                    rec[_at(j, go.CC)], rec[_at(j, go.RED)], rec[_at(j, go.GREEN)], rec[_at(j, go.BLUE)],
-                    rec[_at(j, go.DEPTH)],
+                    rec[_at(j, go.CC)], rec[_at(j, go.RED)], rec[_at(j, go.GREEN)], rec[_at(j, go.BLUE)], ZERO,
                     T, s0, s1, s2, sd, dc0, dc1, dc2, ZERO, ZERO)
         _reduce_add(grad, rid[_at(count, j)], tid, valid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
 
