@@ -6,32 +6,36 @@ send one bit per row plus the non-zero rows ("packed"), and the receiver adds
 each packed row straight into its gradient rows, never rebuilding the dense
 block.
 
-Format, per destination chunk of ``counts[d]`` rows: ``ceil(counts[d]/32)``
-uint32 words (bit ``i % 32`` of word ``i // 32`` is row i, least significant
-bit first), so every chunk's bitmap starts at a word boundary and travels as
-its own alltoallv message.  A row is kept iff any field is ``!= 0`` (NaN is
-kept, -0.0 is not).
+Message format, per destination chunk of ``n = counts[d]`` rows, all 32-bit
+words (a chunk is one message of the alltoallv):
 
-Both backends cut every chunk into segments of ``ROWS`` = 256 rows (one CUDA
-block each; a segment is 8 whole words) and number kept rows by a prefix sum
-over the segment's bitmap words (popcounts), so they give identical output.
-GPU encode: a mark kernel (bits and per-segment counts), a host scan of the
-segment counts (the packed size must reach the host anyway), a scatter
-kernel.  GPU decode: a per-segment popcount kernel, a device cumsum, an
-atomic scatter-add kernel (several rows may map to one output row).
+  bitmap  ceil(n/32) words; bit ``i % 32`` of word ``i // 32`` is row i,
+          least significant bit first.  A row is kept iff any field is
+          ``!= 0`` (NaN is kept, -0.0 is not).
+  bases   ceil(n/256) words: kept rows of the chunk before each segment.
+  rows    the kept rows in order, as their raw 32-bit words.
+
+Chunks are cut into segments of ``ROWS`` = 256 rows (one CUDA block each, 8
+bitmap words).  The bases let every block of the decoder find its segment's
+rows without a scan, so the receiver decodes a message with one kernel
+straight from the receive buffer.  GPU encode: a count kernel (per-segment
+kept rows), one device-to-host copy (message sizes must reach the host
+anyway), a pack kernel that writes the messages in place.  Both backends give
+identical messages.
 """
 import time
 
 import numpy as np
 from numba import cuda, int32, njit, prange, uint32
 
-from numbasplat._backend import BACKEND, SIM, array_module, array_module_of, to_host
+from numbasplat._backend import BACKEND, SIM, array_module, to_host
 from numbasplat.launch import kernel
 
 ROWS = 256          # rows per segment = threads per block
 WORDS = ROWS // 32  # bitmap words per segment
 
 F2 = "float32[:, ::1]"
+F1 = "float32[::1]"
 U1 = "uint32[::1]"
 I1 = "int32[::1]"
 L1 = "int64[::1]"
@@ -40,21 +44,32 @@ L2 = "int64[:, ::1]"
 
 # --------------------------------------------------------------------------- layout
 
-def _layout(counts):
-    """(3, P+1) int64: segment, row and bitmap-word offsets of each chunk."""
+def word_counts(counts):
+    """Bitmap words per chunk: ``ceil(counts / 32)``."""
+    return (np.asarray(counts, np.int64) + 31) // 32
+
+
+def _layout(counts, kept=None, row_words=0):
+    """(3, P+1) int64: segment, row and message-word offsets of each chunk (the last needs ``kept``)."""
     counts = np.asarray(counts, np.int64).reshape(-1)
     if (counts < 0).any():
         raise ValueError(f"negative row count in {counts.tolist()}")
     lay = np.zeros((3, counts.size + 1), np.int64)
-    np.cumsum((counts + ROWS - 1) // ROWS, out=lay[0, 1:])
+    segments = (counts + ROWS - 1) // ROWS
+    np.cumsum(segments, out=lay[0, 1:])
     np.cumsum(counts, out=lay[1, 1:])
-    np.cumsum((counts + 31) // 32, out=lay[2, 1:])
+    if kept is not None:
+        np.cumsum(word_counts(counts) + segments + np.asarray(kept, np.int64) * row_words, out=lay[2, 1:])
     return lay
 
 
-def word_counts(counts):
-    """Bitmap words per chunk: ``ceil(counts / 32)``."""
-    return (np.asarray(counts, np.int64) + 31) // 32
+def message_sizes(counts, kept, row_words):
+    """Words of each chunk's message."""
+    return np.diff(_layout(counts, kept, row_words)[2])
+
+
+def _row_words(a):
+    return a.shape[1] * a.dtype.itemsize // 4
 
 
 def _use_cuda(a, backend):
@@ -85,32 +100,14 @@ def _segment(lay, b):
 
 
 @cuda.jit(device=True, inline=True)
-def _local_ranks(bitmap, lay, d, seg, n, t, words, rank):
-    """rank[t] = index of row t among the segment's kept rows, or -1 (block-wide prefix sum by popcount)."""
-    if t < WORDS:
-        w = uint32(0)
-        if t * 32 < n:
-            w = bitmap[lay[2, d] + seg * WORDS + t]
-        words[t] = w
-    cuda.syncthreads()
-    wi = t // 32
-    bit = uint32(t % 32)
-    pre = 0
-    for k in range(wi):
-        pre += cuda.popc(words[k])
-    w = words[wi]
-    pre += cuda.popc(w & ((uint32(1) << bit) - uint32(1)))
-    rank[t] = pre if (w >> bit) & uint32(1) else -1
-    cuda.syncthreads()
+def _chunk(lay, d):
+    """(first message word, bitmap words, segments) of chunk d's message."""
+    return lay[2, d], (lay[1, d + 1] - lay[1, d] + 31) // 32, lay[0, d + 1] - lay[0, d]
 
 
-@kernel(F2, L2, U1, L1)
-def _mark_kernel(G, lay, bitmap, seg_count):
-    flags = cuda.shared.array(ROWS, int32)
-    words = cuda.shared.array(WORDS, uint32)
-    b = cuda.blockIdx.x
-    t = cuda.threadIdx.x
-    d, seg, r0, n = _segment(lay, b)
+@cuda.jit(device=True, inline=True)
+def _mark(G, r0, n, t, flags, words):
+    """words[0:WORDS] = the bitmap of rows r0..r0+n of G (every thread of the block calls it)."""
     F = G.shape[1]
     flags[t] = 0
     cuda.syncthreads()
@@ -124,60 +121,80 @@ def _mark_kernel(G, lay, bitmap, seg_count):
             if flags[t * 32 + k] != 0:
                 w |= uint32(1) << uint32(k)
         words[t] = w
-        if t * 32 < n:
-            bitmap[lay[2, d] + seg * WORDS + t] = w
     cuda.syncthreads()
+
+
+@cuda.jit(device=True, inline=True)
+def _rank(words, t, rank):
+    """rank[t] = index of row t among the segment's kept rows, or -1 (prefix popcount of the bitmap)."""
+    wi = t // 32
+    bit = uint32(t % 32)
+    pre = 0
+    for k in range(wi):
+        pre += cuda.popc(words[k])
+    w = words[wi]
+    pre += cuda.popc(w & ((uint32(1) << bit) - uint32(1)))
+    rank[t] = pre if (w >> bit) & uint32(1) else -1
+    cuda.syncthreads()
+
+
+@kernel(F2, L2, L1)
+def _count_kernel(G, lay, seg_count):
+    flags = cuda.shared.array(ROWS, int32)
+    words = cuda.shared.array(WORDS, uint32)
+    t = cuda.threadIdx.x
+    d, seg, r0, n = _segment(lay, cuda.blockIdx.x)
+    _mark(G, r0, n, t, flags, words)
     if t == 0:
         c = 0
         for k in range(WORDS):
             c += cuda.popc(words[k])
-        seg_count[b] = c
+        seg_count[cuda.blockIdx.x] = c
 
 
-@kernel(F2, L2, U1, L1, F2)
-def _pack_kernel(G, lay, bitmap, seg_base, packed):
+@kernel(F2, L2, L1, U1, F1)
+def _pack_kernel(G, lay, seg_base, msg, msg_f):
+    """Segment b's bitmap words, base and kept rows, in place in its chunk's message
+    (``msg_f``: the same buffer as float32, for the rows)."""
+    flags = cuda.shared.array(ROWS, int32)
     words = cuda.shared.array(WORDS, uint32)
-    rank = cuda.shared.array(ROWS, int32)
     b = cuda.blockIdx.x
     t = cuda.threadIdx.x
     d, seg, r0, n = _segment(lay, b)
-    _local_ranks(bitmap, lay, d, seg, n, t, words, rank)
+    _mark(G, r0, n, t, flags, words)
+    _rank(words, t, flags)
+    m0, nw, nseg = _chunk(lay, d)
+    if t < WORDS and t * 32 < n:
+        msg[m0 + seg * WORDS + t] = words[t]
+    if t == 0:
+        msg[m0 + nw + seg] = uint32(seg_base[b])
     F = G.shape[1]
-    base = seg_base[b]
+    rows = m0 + nw + nseg + seg_base[b] * F
     for e in range(t, n * F, ROWS):
-        i = e // F
-        k = rank[i]
+        k = flags[e // F]
         if k >= 0:
-            packed[base + k, e % F] = G[r0 + i, e % F]
+            msg_f[rows + k * F + e % F] = G[r0 + e // F, e % F]
 
 
-@kernel(U1, L2, L1)
-def _count_kernel(bitmap, lay, seg_count):
-    b = cuda.grid(1)
-    if b < seg_count.shape[0]:
-        d, seg, r0, n = _segment(lay, b)
-        c = 0
-        for k in range(WORDS):
-            if k * 32 < n:
-                c += cuda.popc(bitmap[lay[2, d] + seg * WORDS + k])
-        seg_count[b] = c
-
-
-@kernel(U1, F2, L2, L1, I1, F2)
-def _unpack_add_kernel(bitmap, packed, lay, seg_base, route, out):
+@kernel(U1, F1, L2, I1, F2)
+def _unpack_add_kernel(msg, msg_f, lay, route, out):
+    """out[route[row]] += each kept row of segment b, read straight from the received messages."""
     words = cuda.shared.array(WORDS, uint32)
     rank = cuda.shared.array(ROWS, int32)
-    b = cuda.blockIdx.x
     t = cuda.threadIdx.x
-    d, seg, r0, n = _segment(lay, b)
-    _local_ranks(bitmap, lay, d, seg, n, t, words, rank)
-    F = packed.shape[1]
-    base = seg_base[b]
+    d, seg, r0, n = _segment(lay, cuda.blockIdx.x)
+    m0, nw, nseg = _chunk(lay, d)
+    if t < WORDS:
+        words[t] = msg[m0 + seg * WORDS + t] if t * 32 < n else uint32(0)
+    cuda.syncthreads()
+    _rank(words, t, rank)
+    F = out.shape[1]
+    rows = m0 + nw + nseg + msg[m0 + nw + seg] * F
     for e in range(t, n * F, ROWS):
         i = e // F
         k = rank[i]
         if k >= 0:
-            v = packed[base + k, e % F]
+            v = msg_f[rows + k * F + e % F]
             if v != 0:
                 cuda.atomic.add(out, (route[r0 + i], e % F), v)
 
@@ -205,36 +222,41 @@ def _route32(route):
     return route if route.dtype == np.int32 and route.flags.c_contiguous else route.astype(np.int32)
 
 
-def _encode_cuda(G, lay):
+def _segment_bases(lay, seg_count):
+    """(kept rows per chunk, each segment's kept rows before it in its chunk), from per-segment counts."""
+    before = np.zeros(seg_count.size + 1, np.int64)
+    np.cumsum(seg_count, out=before[1:])
+    kept = before[lay[0, 1:]] - before[lay[0, :-1]]
+    chunk_start = np.repeat(before[lay[0, :-1]], np.diff(lay[0]))
+    return kept, before[:-1] - chunk_start
+
+
+def _encode_cuda(G, counts):
     xp = array_module("cuda")
     _check_f32(G)
+    lay = _layout(counts)
     nseg = int(lay[0, -1])
-    bitmap = xp.zeros(int(lay[2, -1]), np.uint32)
-    seg_count = xp.zeros(nseg, np.int64)
-    lay_d = xp.asarray(lay)
+    seg_count = xp.empty(nseg, np.int64)  # every block writes its own
     if nseg:
-        _mark_kernel[nseg, ROWS](G, lay_d, bitmap, seg_count)
-    counts_h = to_host(seg_count)  # the packed size must reach the host: scan there
-    base = np.zeros(nseg + 1, np.int64)
-    np.cumsum(counts_h, out=base[1:])
-    packed = xp.empty((int(base[-1]), G.shape[1]), np.float32)
-    if nseg and base[-1]:
-        _pack_kernel[nseg, ROWS](G, lay_d, bitmap, xp.asarray(base[:-1]), packed)
-    return bitmap, packed, np.diff(base[lay[0]])
+        _count_kernel[nseg, ROWS](G, xp.asarray(lay), seg_count)
+    kept, seg_base = _segment_bases(lay, to_host(seg_count))  # message sizes must reach the host
+    lay = _layout(counts, kept, G.shape[1])
+    plan = xp.asarray(np.concatenate([lay.reshape(-1), seg_base]))  # one host-to-device copy
+    msg = xp.empty(int(lay[2, -1]), np.uint32)
+    if nseg:
+        words = cuda.to_device(msg) if SIM else msg  # the simulator copies numpy arguments: share its array
+        _pack_kernel[nseg, ROWS](G, plan[:lay.size].reshape(lay.shape), plan[lay.size:], words,
+                                 words.view(np.float32))
+        msg = words.copy_to_host() if SIM else msg
+    return msg, np.diff(lay[2]), kept
 
 
-def _decode_add_cuda(bitmap, packed, lay, route, out):
+def _decode_add_cuda(msg, lay, route, out):
     xp = array_module("cuda")
-    _check_f32(packed, out)
-    route = _route32(route)
+    _check_f32(out)
     nseg = int(lay[0, -1])
-    if nseg == 0 or packed.shape[0] == 0:
-        return
-    lay_d = xp.asarray(lay)
-    seg_count = xp.empty(nseg, np.int64)
-    _count_kernel[(nseg + ROWS - 1) // ROWS, ROWS](bitmap, lay_d, seg_count)
-    seg_base = xp.cumsum(seg_count) - seg_count
-    _unpack_add_kernel[nseg, ROWS](bitmap, packed, lay_d, seg_base, route, out)
+    if nseg:
+        _unpack_add_kernel[nseg, ROWS](msg, msg.view(np.float32), xp.asarray(lay), _route32(route), out)
 
 
 # --------------------------------------------------------------------------- CPU (same segments)
@@ -248,38 +270,43 @@ def _segment_cpu(lay, b):
 
 
 @njit(parallel=True, cache=True)
-def _mark_cpu(G, lay, bitmap, seg_count):
+def _count_cpu(G, lay, keep, seg_count):
     F = G.shape[1]
     for b in prange(seg_count.shape[0]):
         d, seg, r0, n = _segment_cpu(lay, b)
         c = 0
-        for k in range((n + 31) // 32):
-            w = np.uint32(0)
-            for j in range(min(32, n - 32 * k)):
-                r = r0 + 32 * k + j
-                for f in range(F):
-                    if G[r, f] != 0:
-                        w |= np.uint32(1) << np.uint32(j)
-                        c += 1
-                        break
-            bitmap[lay[2, d] + seg * WORDS + k] = w
+        for r in range(r0, r0 + n):
+            for f in range(F):
+                if G[r, f] != 0:
+                    keep[r] = True
+                    c += 1
+                    break
         seg_count[b] = c
 
 
 @njit(parallel=True, cache=True)
-def _pack_cpu(G, lay, bitmap, seg_base, packed):
+def _pack_cpu(keep, G_words, lay, seg_base, msg):
+    W = G_words.shape[1]
     for b in prange(seg_base.shape[0]):
         d, seg, r0, n = _segment_cpu(lay, b)
-        p = seg_base[b]
-        for i in range(n):
-            if (bitmap[lay[2, d] + seg * WORDS + i // 32] >> np.uint32(i % 32)) & np.uint32(1):
-                packed[p] = G[r0 + i]
-                p += 1
+        m0 = lay[2, d]
+        nw = (lay[1, d + 1] - lay[1, d] + 31) // 32
+        msg[m0 + nw + seg] = seg_base[b]
+        p = m0 + nw + (lay[0, d + 1] - lay[0, d]) + seg_base[b] * W
+        for k in range((n + 31) // 32):
+            w = np.uint32(0)
+            for j in range(min(32, n - 32 * k)):
+                r = r0 + 32 * k + j
+                if keep[r]:
+                    w |= np.uint32(1) << np.uint32(j)
+                    msg[p:p + W] = G_words[r]
+                    p += W
+            msg[m0 + seg * WORDS + k] = w
 
 
 @njit(cache=True)
 def _unpack_add_cpu(bitmap, packed, lay, route, out):
-    """Serial: several rows may add into the same output row."""
+    """Serial (several rows may add into the same output row); ``lay[2]``: bitmap-word offsets."""
     p = 0
     for d in range(lay.shape[1] - 1):
         w0 = lay[2, d]
@@ -287,7 +314,7 @@ def _unpack_add_cpu(bitmap, packed, lay, route, out):
         for i in range(lay[1, d + 1] - r0):
             if (bitmap[w0 + i // 32] >> np.uint32(i % 32)) & np.uint32(1):
                 if p >= packed.shape[0]:
-                    raise ValueError("decode_add: the bitmap sets more rows than packed holds")
+                    raise ValueError("decode_add: the bitmaps set more rows than the messages hold")
                 o = route[r0 + i]
                 for f in range(packed.shape[1]):
                     v = packed[p, f]
@@ -312,47 +339,63 @@ def _scatter_add_cpu(rows, route, out):
 def encode(G, counts, backend=None):
     """Zero-eliding encoding of rows ``G`` (M x F) grouped by destination (``counts``).
 
-    Returns ``(bitmap, packed, packed_counts)``: uint32 words with
-    ``ceil(counts[d]/32)`` per chunk, the non-zero rows in order, and kept rows
-    per destination (int64 numpy).  Arrays are of ``G``'s kind (CuPy or numpy).
+    Returns ``(message, sizes, kept)``: the uint32 words of every chunk's
+    message (format above) back to back, of ``G``'s kind (CuPy or numpy); the
+    words and the kept rows per destination (int64 numpy).
     """
-    lay = _layout(counts)
-    if G.ndim != 2 or G.shape[0] != lay[1, -1]:
-        raise ValueError(f"encode: G of shape {G.shape} does not hold the {lay[1, -1]} rows of counts")
+    counts = np.asarray(counts, np.int64).reshape(-1)
+    if G.ndim != 2 or G.shape[0] != counts.sum():
+        raise ValueError(f"encode: G of shape {G.shape} does not hold the {counts.sum()} rows of counts")
     if _use_cuda(G, backend):
-        return _encode_cuda(G, lay)
+        return _encode_cuda(G, counts)
     G = np.ascontiguousarray(G)
-    nseg = int(lay[0, -1])
-    bitmap = np.zeros(int(lay[2, -1]), np.uint32)
-    seg_count = np.zeros(nseg, np.int64)
-    _mark_cpu(G, lay, bitmap, seg_count)
-    base = np.zeros(nseg + 1, np.int64)
-    np.cumsum(seg_count, out=base[1:])
-    packed = np.empty((int(base[-1]), G.shape[1]), G.dtype)
-    _pack_cpu(G, lay, bitmap, base[:-1], packed)
-    return bitmap, packed, np.diff(base[lay[0]])
-
-
-def decode_add(bitmap, packed, counts, route, out, backend=None):
-    """``out[route[i]] += packed row`` for every set bit i, chunk by chunk.
-
-    ``counts`` are the dense row counts per source (what ``encode`` was given
-    on the senders, i.e. the dense ``recv_counts``); ``route`` (one integer per
-    dense row; int32 avoids a conversion on the GPU) names each row's target row
-    of ``out``.  No dense block is built.
-    """
     lay = _layout(counts)
-    if bitmap.shape[0] != lay[2, -1] or route.shape[0] != lay[1, -1]:
-        raise ValueError(f"decode_add: {bitmap.shape[0]} bitmap words / {route.shape[0]} routes for counts "
-                         f"{np.asarray(counts).tolist()} (want {lay[2, -1]} / {lay[1, -1]})")
-    if packed.ndim != 2 or out.ndim != 2 or packed.shape[1] != out.shape[1]:
-        raise ValueError(f"decode_add: packed {packed.shape} and out {out.shape} differ in width")
+    keep = np.zeros(G.shape[0], np.bool_)
+    seg_count = np.zeros(int(lay[0, -1]), np.int64)
+    _count_cpu(G, lay, keep, seg_count)
+    kept, seg_base = _segment_bases(lay, seg_count)
+    lay = _layout(counts, kept, _row_words(G))
+    msg = np.empty(int(lay[2, -1]), np.uint32)
+    _pack_cpu(keep, G.view(np.uint32).reshape(G.shape[0], _row_words(G)), lay, seg_base, msg)
+    return msg, np.diff(lay[2]), kept
+
+
+def message_parts(message, counts, kept, width, dtype=np.float32):
+    """(bitmap, bases, packed rows) of encoded messages, each part's chunks back to back (host arrays)."""
+    message = to_host(message)
+    lay = _layout(counts, kept, width * np.dtype(dtype).itemsize // 4)
+    nw, ns = word_counts(counts), np.diff(lay[0])
+    parts = [[], [], []]
+    for d, m0 in enumerate(lay[2, :-1]):
+        ends = np.cumsum([m0, nw[d], ns[d]])
+        for part, a, b in zip(parts, ends, list(ends[1:]) + [lay[2, d + 1]]):
+            part.append(message[a:b])
+    bitmap, bases, rows = (np.concatenate(p) if p else np.zeros(0, np.uint32) for p in parts)
+    return bitmap, bases, rows.view(dtype).reshape(-1, width)
+
+
+def decode_add(message, counts, kept, route, out, backend=None):
+    """``out[route[i]] += row i`` for every kept row i of the messages, chunk by chunk.
+
+    ``counts`` and ``kept`` are the dense and kept row counts per source (what
+    ``encode`` was given and returned on the senders); ``route`` (one integer
+    per dense row; int32 avoids a conversion on the GPU) names each row's
+    target row of ``out``.  No dense block is built.
+    """
+    counts = np.asarray(counts, np.int64).reshape(-1)
+    lay = _layout(counts, kept, _row_words(out) if out.ndim == 2 else 0)
+    if message.ndim != 1 or message.shape[0] != lay[2, -1] or route.shape[0] != lay[1, -1]:
+        raise ValueError(f"decode_add: {message.shape} message words / {route.shape[0]} routes for counts "
+                         f"{counts.tolist()}, kept {np.asarray(kept).tolist()} and rows of {out.shape[-1]} "
+                         f"(want {lay[2, -1]} / {lay[1, -1]})")
     if _use_cuda(out, backend):
-        _decode_add_cuda(bitmap, packed, lay, route, out)
+        _decode_add_cuda(message, lay, route, out)
         return
-    used = _unpack_add_cpu(bitmap, np.ascontiguousarray(packed), lay, route, out)
+    bitmap, _, packed = message_parts(message, counts, kept, out.shape[1], out.dtype)
+    lay[2, 1:] = np.cumsum(word_counts(counts))
+    used = _unpack_add_cpu(bitmap, packed, lay, route, out)
     if used != packed.shape[0]:
-        raise ValueError(f"decode_add: the bitmap sets {used} rows, packed holds {packed.shape[0]}")
+        raise ValueError(f"decode_add: the bitmaps set {used} rows, the messages hold {packed.shape[0]}")
 
 
 def scatter_add(rows, route, out, backend=None):
@@ -376,16 +419,15 @@ def _sync(a):
 
 
 def exchange_sparse(exchange, G, counts, route_recv, out, backend=None):
-    """Send gradient rows ``G`` (grouped by destination) as bitmap + packed rows; add them into ``out``.
+    """Send gradient rows ``G`` (grouped by destination) as zero-eliding messages; add them into ``out``.
 
-    One Alltoall of (dense, kept) counts, then one alltoallv whose message to
-    each rank is its chunk's bitmap words followed by its packed rows (as
-    32-bit words), then ``decode_add``.
+    One Alltoall of (dense, kept) counts, then one alltoallv of the messages
+    (``encode``), decoded straight from the receive buffer (``decode_add``).
     Returns stats: bytes sent dense/sparse, zero-row fraction, seconds per phase.
     """
     _sync(G)  # the phases' times exclude the still-running work that produced G
     t0 = time.perf_counter()
-    bitmap, packed, kept = encode(G, counts, backend)
+    message, sizes, kept = encode(G, counts, backend)
     t1 = time.perf_counter()
     counts = np.asarray(counts, np.int64)
     got = exchange.alltoall_ints(np.stack([counts, kept], axis=1))
@@ -393,43 +435,19 @@ def exchange_sparse(exchange, G, counts, route_recv, out, backend=None):
     if route_recv.shape[0] != recv_counts.sum():
         raise ValueError(f"exchange_sparse: route_recv has {route_recv.shape[0]} rows, "
                          f"{recv_counts.sum()} arrive")
-    F = G.shape[1]
-    words = F * G.dtype.itemsize // 4  # a row's 32-bit words: the message is words, copied bit-exactly
-    message = _interleave(bitmap, word_counts(counts), packed.reshape(-1).view(np.uint32), kept * words)
-    got, _ = exchange.alltoallv(message, word_counts(counts) + kept * words,
-                                word_counts(recv_counts) + recv_kept * words)
-    rbitmap, rpacked = _split(got, word_counts(recv_counts), recv_kept * words)
-    _sync(rpacked)  # an NCCL transfer runs on the stream: time it here, not in the decoder
+    received, _ = exchange.alltoallv(message, sizes, message_sizes(recv_counts, recv_kept, _row_words(G)))
+    _sync(received)  # an NCCL transfer runs on the stream: time it here, not in the decoder
     t2 = time.perf_counter()
-    decode_add(rbitmap, rpacked.view(G.dtype).reshape(-1, F), recv_counts, route_recv, out, backend)
+    decode_add(received, recv_counts, recv_kept, route_recv, out, backend)
     _sync(out)
     t3 = time.perf_counter()
     rows = int(counts.sum())
     return {
         "dense_bytes": int(G.nbytes),
-        "sparse_bytes": int(bitmap.nbytes + packed.nbytes),
+        "sparse_bytes": int(message.nbytes),
         "zero_fraction": 1.0 - int(kept.sum()) / rows if rows else 0.0,
         "t_encode": t1 - t0, "t_exchange": t2 - t1, "t_decode": t3 - t2,
     }
-
-
-def _interleave(a, a_counts, b, b_counts):
-    """One 1D array: chunk 0 of a, chunk 0 of b, chunk 1 of a, ... (chunks of the given lengths)."""
-    xp = array_module_of(a)
-    ao, bo = np.cumsum(a_counts) - a_counts, np.cumsum(b_counts) - b_counts
-    parts = [a[:0]]
-    for d in range(len(a_counts)):
-        parts += [a[ao[d]:ao[d] + a_counts[d]], b[bo[d]:bo[d] + b_counts[d]]]
-    return xp.concatenate(parts)
-
-
-def _split(m, a_counts, b_counts):
-    """The inverse of ``_interleave``: (a, b)."""
-    xp = array_module_of(m)
-    start = np.cumsum(a_counts + b_counts) - (a_counts + b_counts)
-    a = [m[:0]] + [m[s:s + n] for s, n in zip(start, a_counts)]
-    b = [m[:0]] + [m[s + na:s + na + n] for s, na, n in zip(start, a_counts, b_counts)]
-    return xp.concatenate(a), xp.concatenate(b)
 
 
 def exchange_dense(exchange, G, counts, route_recv, out, backend=None):

@@ -10,12 +10,14 @@ shape..., strides...).  The simulator launches through Numba as usual.
 Compilation waits for the first launch, so importing needs no GPU; ``KERNELS``
 lists every (python function, signature) so tests can compile them to PTX.
 The PTX is cached on disk (``NUMBASPLAT_CACHE``, default ~/.cache/numbasplat),
-keyed by the package's source, the kernel, the GPU architecture and the Numba
-version, so only the first run after a change pays the ~15 s of compilation.
+keyed by the source of the package and of the kernel's module, the kernel,
+the GPU architecture and the Numba version, so only the first run after a
+change pays the ~15 s of compilation.
 """
 import hashlib
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 
@@ -141,21 +143,23 @@ def with_max_registers(ptx, n):
     return f"{ptx[:params_end + 1]}\n.maxnreg {int(n)}{ptx[params_end + 1:]}"
 
 
-def _source_digest(_memo=[]):
-    """Hash of every source file of the package: any edit invalidates the PTX cache."""
-    if not _memo:
+def _source_digest(fn, _memo={}):
+    """Hash of every source file of the package and of the kernel's own module (kernels live
+    outside the package too, in comm/): any edit invalidates the PTX cache."""
+    module = sys.modules[fn.__module__].__file__
+    if module not in _memo:
         h = hashlib.sha256()
-        for f in sorted(Path(__file__).parent.rglob("*.py")):
+        for f in sorted(Path(__file__).parent.rglob("*.py")) + [Path(module)]:
             h.update(f.name.encode() + f.read_bytes())
-        _memo.append(h.hexdigest())
-    return _memo[0]
+        _memo[module] = h.hexdigest()
+    return _memo[module]
 
 
 def _cached_ptx(fn, sig, cc, fastmath=False):
     """Numba's PTX for (fn, sig, cc), from the disk cache when it is there."""
     import numba
     import numba.cuda as nc
-    key = "|".join((_source_digest(), fn.__module__, fn.__qualname__, sig, str(cc), str(fastmath), numba.__version__,
+    key = "|".join((_source_digest(fn), fn.__module__, fn.__qualname__, sig, str(cc), str(fastmath), numba.__version__,
                     getattr(nc, "__version__", "")))
     cache = Path(os.environ.get("NUMBASPLAT_CACHE", Path.home() / ".cache" / "numbasplat"))
     path = cache / f"{fn.__name__}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.ptx"

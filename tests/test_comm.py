@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO_ROOT, mpiexec_path, run_sim
-from comm.sparse import ROWS, decode_add, encode, scatter_add, word_counts
+from comm.sparse import ROWS, decode_add, encode, message_parts, scatter_add, word_counts
 
 # chunk sizes: empty, single row, not multiples of 32, exactly 32, more than one 256-row segment
 COUNTS = [0, 1, 37, 0, 32, 300, 5, 70]
@@ -53,13 +53,29 @@ def reference_encode(G, counts):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_encode_matches_reference(counts, seed):
     G = make_rows(counts, seed=seed)
-    bitmap, packed, kept = encode(G, counts, backend="cpu")
+    message, sizes, kept = encode(G, counts, backend="cpu")
     rb, rp, rk = reference_encode(G, counts)
-    assert bitmap.dtype == np.uint32 and kept.dtype == np.int64
-    assert bitmap.size == word_counts(counts).sum()
-    np.testing.assert_array_equal(bitmap, rb)
+    assert message.dtype == np.uint32 and kept.dtype == np.int64
     np.testing.assert_array_equal(kept, rk)
+    segments = (np.asarray(counts) + ROWS - 1) // ROWS
+    np.testing.assert_array_equal(sizes, word_counts(counts) + segments + 12 * rk)
+    assert message.size == sizes.sum()
+    bitmap, bases, packed = message_parts(message, counts, kept, 12)
+    np.testing.assert_array_equal(bitmap, rb)
     np.testing.assert_array_equal(packed, rp)  # NaNs compare equal here
+    keep = np.array([(row != 0).any() for row in G], bool)
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+    want = [keep[a:a + s].sum() for a, b in zip(starts[:-1], starts[1:]) for s in range(0, b - a, ROWS)]
+    np.testing.assert_array_equal(bases, want)  # kept rows of the chunk before each segment
+
+
+def test_float64_rows_travel_as_two_words():
+    G = make_rows(COUNTS, seed=4).astype(np.float64)
+    message, sizes, kept = encode(G, COUNTS, backend="cpu")
+    np.testing.assert_array_equal(message_parts(message, COUNTS, kept, 12, np.float64)[2], G[(G != 0).any(1)])
+    out = np.zeros((len(G), 12))
+    decode_add(message, COUNTS, kept, np.arange(len(G), dtype=np.int32), out, backend="cpu")
+    np.testing.assert_array_equal(out, np.where(G == 0, 0, G))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -70,8 +86,8 @@ def test_decode_add_matches_add_at(seed):
     out = rng.normal(size=(9, 12)).astype(np.float32)
     ref = out.copy()
     np.add.at(ref, route, G)
-    bitmap, packed, _ = encode(G, COUNTS, backend="cpu")
-    decode_add(bitmap, packed, COUNTS, route, out, backend="cpu")
+    message, _, kept = encode(G, COUNTS, backend="cpu")
+    decode_add(message, COUNTS, kept, route, out, backend="cpu")
     np.testing.assert_array_equal(out, ref)
     dense = out.copy()
     scatter_add(G, route, dense, backend="cpu")
@@ -81,30 +97,31 @@ def test_decode_add_matches_add_at(seed):
 
 def test_roundtrip_and_shapes():
     G = make_rows(COUNTS, seed=3)
-    bitmap, packed, kept = encode(G, COUNTS, backend="cpu")
+    message, sizes, kept = encode(G, COUNTS, backend="cpu")
     out = np.zeros_like(G)
-    decode_add(bitmap, packed, COUNTS, np.arange(len(G), dtype=np.int32), out, backend="cpu")
+    decode_add(message, COUNTS, kept, np.arange(len(G), dtype=np.int32), out, backend="cpu")
     np.testing.assert_array_equal(out, np.where(G == 0, 0, G))
-    assert packed.shape == (kept.sum(), 12)
-    empty = encode(np.zeros((0, 4), np.float32), [0, 0], backend="cpu")
-    assert empty[0].size == 0 and empty[1].shape == (0, 4) and empty[2].tolist() == [0, 0]
+    assert message_parts(message, COUNTS, kept, 12)[2].shape == (kept.sum(), 12)
+    message, sizes, kept = encode(np.zeros((0, 4), np.float32), [0, 0], backend="cpu")
+    assert message.size == 0 and sizes.tolist() == [0, 0] and kept.tolist() == [0, 0]
 
 
 def test_bad_arguments_raise():
     G = make_rows([40, 3])
     with pytest.raises(ValueError):
         encode(G, [40, 2], backend="cpu")
-    bitmap, packed, _ = encode(G, [40, 3], backend="cpu")
+    message, sizes, kept = encode(G, [40, 3], backend="cpu")
     out = np.zeros((4, 12), np.float32)
     route = np.zeros(43, np.int32)
     with pytest.raises(ValueError):
-        decode_add(bitmap, packed, [70, 3], np.zeros(73, np.int32), out, backend="cpu")  # bitmap too short
+        decode_add(message, [70, 3], kept, np.zeros(73, np.int32), out, backend="cpu")  # message too short
     with pytest.raises(ValueError):
-        decode_add(bitmap, packed, [40, 3], np.zeros(44, np.int32), out, backend="cpu")  # route too long
+        decode_add(message, [40, 3], kept, np.zeros(44, np.int32), out, backend="cpu")  # route too long
     with pytest.raises(ValueError):
-        decode_add(bitmap, packed[:-1], [40, 3], route, out, backend="cpu")
+        short = np.delete(message, np.arange(sizes[0] - 12, sizes[0]))  # chunk 0 without its last row
+        decode_add(short, [40, 3], kept - [1, 0], route, out, backend="cpu")  # its bitmap sets a missing row
     with pytest.raises(ValueError):
-        decode_add(bitmap, packed, [40, 3], route, np.zeros((4, 10), np.float32), backend="cpu")
+        decode_add(message, [40, 3], kept, route, np.zeros((4, 10), np.float32), backend="cpu")
 
 
 @pytest.mark.sim
@@ -123,14 +140,14 @@ def test_cuda_kernels_match_cpu_in_simulator():
             gpu = encode(G, counts, backend="cuda")
             for a, b in zip(cpu, gpu):
                 assert a.dtype == b.dtype, (a.dtype, b.dtype)
-                np.testing.assert_array_equal(a, b)
+                np.testing.assert_array_equal(a, b)  # the same words, NaN rows included
             if not dyadic:
                 continue
             route = rng.integers(0, 5, len(G)).astype(np.int32)
             base = (rng.integers(-8, 8, (5, 12)) / 4).astype(np.float32)
             outs = [base.copy() for _ in range(4)]
-            decode_add(*cpu[:2], counts, route, outs[0], backend="cpu")
-            decode_add(*gpu[:2], counts, route, outs[1], backend="cuda")
+            decode_add(cpu[0], counts, cpu[2], route, outs[0], backend="cpu")
+            decode_add(gpu[0], counts, gpu[2], route, outs[1], backend="cuda")
             scatter_add(G, route, outs[2], backend="cpu")
             scatter_add(G, route.astype(np.int64), outs[3], backend="cuda")  # converted to int32
             ref = base.copy()
@@ -140,7 +157,8 @@ def test_cuda_kernels_match_cpu_in_simulator():
         G = make_rows({COUNTS!r}, seed=8, dyadic=True)
         route = rng.integers(0, 7, len(G)).astype(np.int32)
         a, b = np.zeros((7, 12), np.float32), np.zeros((7, 12), np.float32)
-        decode_add(*encode(G, {COUNTS!r}, backend="cuda")[:2], {COUNTS!r}, route, a, backend="cuda")
+        message, _, kept = encode(G, {COUNTS!r}, backend="cuda")
+        decode_add(message, {COUNTS!r}, kept, route, a, backend="cuda")
         np.add.at(b, route, G)
         np.testing.assert_array_equal(a, b)
         print("comm kernels ok")
@@ -162,7 +180,7 @@ def test_comm_kernels_compile_to_ptx(monkeypatch):
     from comm import sparse  # noqa: F401  (registers the kernels)
     from numbasplat import launch
     names = [n for n in launch.KERNELS if n.startswith("comm.")]
-    assert len(names) == 5, names
+    assert len(names) == 4, names
     for name in names:
         fn, sig = launch.KERNELS[name]
         ptx, _ = numba_cuda.compile_ptx(fn, sig, cc=(9, 0))
@@ -187,8 +205,8 @@ def _mpiexec(n, *args, timeout=60):
 def compiled():
     """Compile (and cache) the njit kernels once here, so the ranks load them instead of all compiling."""
     G = make_rows([3, 40])
-    bitmap, packed, _ = encode(G, [3, 40], backend="cpu")
-    decode_add(bitmap, packed, [3, 40], np.zeros(43, np.int32), np.zeros((1, 12), np.float32), backend="cpu")
+    message, _, kept = encode(G, [3, 40], backend="cpu")
+    decode_add(message, [3, 40], kept, np.zeros(43, np.int32), np.zeros((1, 12), np.float32), backend="cpu")
     scatter_add(G, np.zeros(43, np.int32), np.zeros((1, 12), np.float32), backend="cpu")
 
 
