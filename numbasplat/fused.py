@@ -74,12 +74,12 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
         if cuda.syncthreads_count(int32(done)) == BLOCK:
             break
         n = min(BLOCK, count - base)
-        for e in range(tid, n * CACHED, BLOCK):  # field-interleaved: a warp reads whole rows
-            k = base + e // CACHED
-            g = ids[start + k]
-            rec[_at(k, e % CACHED)] = proj[g, e % CACHED]
-            if e % CACHED == 0:
-                rid[_at(count, k)] = g
+        if tid < n:  # a record a thread: a field-interleaved copy cost ~100 instructions a word
+            k = base + tid
+            g = uint32(ids[start + k])
+            rid[_at(count, k)] = g
+            for f in range(CACHED):
+                rec[_at(k, f)] = proj[g, f]
         cuda.syncthreads()
         for j in range(base, base + n):
             if done:
