@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -123,6 +123,13 @@ scaling)  # run.py scaling on the 1M and 6M benchmark scenes: P = 1, then P rank
             step "$f P=$p $gc"; mpi_run "$p" run.py scaling --scene "$f" --grad-comm $gc 2>&1 | grep -aE "scaling|rank|step|Error"
         done
     done ;;
+exchange)  # the backward exchange alone, sparse against dense: P ranks one per GPU, NCCL and host-staged
+    p=$2; shift 2
+    for rows in 75000 600000 3000000; do
+        for t in nccl host; do
+            step "$rows rows, $t"; mpi_run "$p" scripts/exchange_bench.py --rows $rows --transport $t --reps 30 "$@" 2>&1 | grep -a "rank\|rror"
+        done
+    done ;;
 timeline)  # Nsight Systems timelines of P ranks training fern, one per GPU: where the distributed step's time goes
     p=$2; shift 2
     nsys=$(command -v nsys || ls /opt/nvidia/nsight-systems*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
@@ -139,7 +146,7 @@ tile)
     train warm 700 "${LEGO[@]}" --loss tile
     train lego_tile 7000 "${LEGO[@]}" --loss tile
     train fern_tile 7000 "${FERN[@]}" --loss tile ;;
-*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|timeline P" >&2; exit 2 ;;
+*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|timeline P" >&2; exit 2 ;;
 esac
 step done
 (cd "$OUT" && tar czf "logs_$part.tgz" r && rm -rf r)
