@@ -143,16 +143,16 @@ def with_max_registers(ptx, n):
     return f"{ptx[:params_end + 1]}\n.maxnreg {int(n)}{ptx[params_end + 1:]}"
 
 
-def _source_digest(fn, _memo={}):
+def _source_digest(fn, _package=[]):
     """Hash of every source file of the package and of the kernel's own module (kernels live
     outside the package too, in comm/): any edit invalidates the PTX cache."""
-    module = sys.modules[fn.__module__].__file__
-    if module not in _memo:
+    if not _package:
         h = hashlib.sha256()
-        for f in sorted(Path(__file__).parent.rglob("*.py")) + [Path(module)]:
+        for f in sorted(Path(__file__).parent.rglob("*.py")):
             h.update(f.name.encode() + f.read_bytes())
-        _memo[module] = h.hexdigest()
-    return _memo[module]
+        _package.append(h.hexdigest())
+    module = Path(sys.modules[fn.__module__].__file__)
+    return hashlib.sha256((_package[0] + module.name).encode() + module.read_bytes()).hexdigest()
 
 
 def _cached_ptx(fn, sig, cc, fastmath=False):

@@ -1,5 +1,6 @@
 """comm/: the zero-eliding gradient encoding (CPU, CUDA simulator, PTX) and the MPI exchanges (mpiexec)."""
 import os
+import re
 import subprocess
 import sys
 
@@ -189,14 +190,14 @@ def test_comm_kernels_compile_to_ptx(monkeypatch):
 
 # --------------------------------------------------------------------------- MPI
 
-def _mpiexec(n, *args, timeout=60):
+def _mpiexec(n, *args, timeout=60, script=REPO_ROOT / "tests" / "mpi_comm_check.py"):
     exe = mpiexec_path()
     if exe is None:
         pytest.skip("no mpiexec (pip install -e '.[mpi]')")
     env = dict(os.environ, NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     env["NUMBASPLAT_BACKEND"] = "cpu"
-    return subprocess.run([exe, "-n", str(n), sys.executable, str(REPO_ROOT / "tests" / "mpi_comm_check.py"), *args],
+    return subprocess.run([exe, "-n", str(n), sys.executable, str(script), *args],
                           cwd=str(REPO_ROOT), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=timeout)
 
@@ -218,6 +219,19 @@ def test_mpi_exchanges(n, compiled):
     assert proc.returncode == 0, proc.stdout
     for r in range(n):
         assert f"rank {r} ok" in proc.stdout, proc.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_exchange_bench_reports_every_rank(compiled):
+    proc = _mpiexec(2, "--rows", "3000", "--reps", "2", "--zero", "0.5",
+                    script=REPO_ROOT / "scripts" / "exchange_bench.py")
+    assert proc.returncode == 0, proc.stdout
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("rank ")]
+    assert [ln.split()[1] for ln in lines] == ["0/2", "1/2"], proc.stdout
+    for ln in lines:  # half the records are zero: the sparse message is smaller than the dense rows
+        sparse_mb, dense_mb = (float(x) for x in re.findall(r"\(([\d.]+) MB\)", ln))
+        assert sparse_mb < 0.7 * dense_mb, ln
 
 
 @pytest.mark.mpi

@@ -61,6 +61,26 @@ def test_ptx_cache_compiles_once(tmp_path, monkeypatch):
         launch._cached_ptx(scale, sig, (8, 0))
 
 
+def test_ptx_cache_key_follows_the_kernels_own_module(tmp_path, monkeypatch):
+    """Kernels outside the package (comm/) are keyed by their module's source too, so editing a
+    kernel there never loads stale PTX."""
+    import importlib
+    import sys
+
+    from numbasplat import launch
+    src = tmp_path / "some_kernels.py"
+    src.write_text("def k(a):\n    a[0] = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("some_kernels")
+    try:
+        before = launch._source_digest(mod.k)
+        assert launch._source_digest(mod.k) == before
+        src.write_text("def k(a):\n    a[0] = 2\n")
+        assert launch._source_digest(mod.k) != before
+    finally:
+        sys.modules.pop("some_kernels", None)
+
+
 def _ptxas():
     """ptxas from the CUDA toolkit wheels (numba-cuda[cu12]) or the PATH, if any."""
     import shutil
