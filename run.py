@@ -39,7 +39,7 @@ def _config(a):
     cfg = TrainConfig()
     for k in ("iterations", "strategy", "cap_max", "max_gaussians", "absgrad", "random_background", "antialias",
               "visible_adam", "snapshot_every", "seed", "sh_degree", "densify_until", "loss", "n_random_init",
-              "s3im_repeats"):
+              "s3im_repeats", "lambda_s3im"):
         v = getattr(a, k, None)
         if v is not None:
             setattr(cfg, k, v)
@@ -241,6 +241,17 @@ def _count(low):
     return parse
 
 
+def _fraction(text):
+    """argparse type: a number in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value}")
+    return value
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="run.py", description="NumbaSplat: 3D Gaussian Splatting in Numba")
     sub = ap.add_subparsers(dest="cmd")
@@ -285,6 +296,8 @@ def main(argv=None):
     t.add_argument("--s3im-repeats", type=_count(1), default=None,
                    help="with --loss tile: arrangements of each tile's pixels into S3IM windows, the first "
                         "spatial and the others random (default 10, as published)")
+    t.add_argument("--lambda-s3im", type=_fraction, default=None,
+                   help="with --loss tile: the weight l of (1 - l) L1 + l (1 - S3IM) (default 0.2)")
     t.add_argument("--cap-max", type=_count(1), default=None, help="Gaussian cap of the mcmc strategy")
     t.add_argument("--max-gaussians", type=_count(0), default=None, help="memory guard: stop growing at N Gaussians")
     t.add_argument("--densify-until", type=_count(0), default=None)

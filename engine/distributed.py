@@ -220,7 +220,7 @@ class DistributedTrainer(Trainer):
                 mine = np.zeros(n_tiles, bool)
                 mine[first:last] = True
                 share, grad, image, self.tile_stats = rasterize_tile_loss(
-                    p, binning, self.targets[views[b]], xp.asarray(perms[b]), c.lambda_dssim, bg,
+                    p, binning, self.targets[views[b]], xp.asarray(perms[b]), c.lambda_s3im, bg,
                     want_image=b == 0, backend=self.backend, tiles=mine)
                 loss_share += share / self.batch
                 G[rows] = grad / self.batch

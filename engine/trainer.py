@@ -34,6 +34,7 @@ class TrainConfig:
     lambda_dssim: float = 0.2
     loss: str = "global"              # global: L1 + windowed SSIM; tile: L1 + S3IM per tile (fused on GPUs)
     s3im_repeats: int = 10
+    lambda_s3im: float = 0.2          # tile loss: 0.05 densified too little on lego (BENCHMARKS.md)
     lr_means: float = 1.6e-4          # x scene scale, decaying to lr_means_final
     lr_means_final: float = 1.6e-6
     lr_means_steps: int = 30_000      # the decay's length, whatever the run's: a 7k run is the start of a 30k one
@@ -158,7 +159,7 @@ class Trainer:
         p = ns.project(g, camera, sh_degree=degree, antialias=c.antialias, backend=self.backend, check=False)
         b = ns.bin_tiles(p, backend=self.backend)
         perms = self.xp.asarray(s3im_permutations(self.rng, c.s3im_repeats))
-        loss, grad, image, stats = rasterize_tile_loss(p, b, target, perms, c.lambda_dssim, bg, want_image=True,
+        loss, grad, image, stats = rasterize_tile_loss(p, b, target, perms, c.lambda_s3im, bg, want_image=True,
                                                        backend=self.backend)
         ns.project_backward(g, p, grad, self.model.grad_gaussians, accumulate=False, backend=self.backend)
         self.tile_stats = stats  # fused tiles and Gaussians on fused tiles, for the log

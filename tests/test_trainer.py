@@ -167,7 +167,8 @@ def test_cli_reports_bad_input_by_name(tmp_path):
     assert r.returncode != 0 and "missing" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("export", "--model", str(tmp_path), "--ply", str(tmp_path / "x.ply"))
     assert r.returncode != 0 and "Traceback" not in r.stderr
-    for flag, value in (("--iters", "-5"), ("--s3im-repeats", "0"), ("--batch-size", "two")):
+    for flag, value in (("--iters", "-5"), ("--s3im-repeats", "0"), ("--batch-size", "two"), ("--lambda-s3im", "1.5"),
+                        ("--lambda-s3im", "x")):
         r = run_cli("train", "--data", str(tmp_path), "--out", str(tmp_path / "o"), flag, value)
         assert r.returncode == 2 and flag in r.stderr and "Traceback" not in r.stderr, r.stderr
 
@@ -178,6 +179,20 @@ def test_tile_loss_training_runs_and_learns(dataset, tmp_path):
     before = t.evaluate()["psnr"]
     t.train(progress=False)
     assert t.evaluate()["psnr"] > before + 1.0
+
+
+def test_tile_loss_weight_is_its_own(dataset, tmp_path):
+    """lambda_s3im weighs the tile loss's S3IM term; the global loss's lambda_dssim leaves it alone.
+    At 0 the tile loss is the L1 term alone, as is the global loss at lambda_dssim 0."""
+    def first_loss(loss="tile", **kw):
+        t = Trainer(dataset, tmp_path, small_config(loss=loss, **kw), backend="cpu")
+        t.init_model()
+        return t.train_step()[0]
+    base = first_loss()
+    assert first_loss(lambda_dssim=0.9) == base
+    l1_only = first_loss(lambda_s3im=0.0)
+    assert abs(l1_only - base) > 1e-4
+    assert l1_only == pytest.approx(first_loss("global", lambda_dssim=0.0), rel=1e-6)
 
 
 def write_blender_capture(folder, dataset):
