@@ -184,7 +184,7 @@ class Trainer:
                     self._device_memory_peak(release_cache=True)
                 crossed = lambda every: every and prev // every != self.step // every  # noqa: E731
                 if crossed(c.log_every) or events or self.step == c.iterations:
-                    self._check_finite()
+                    self._check_finite(loss)
                     p = self.progress_psnr(frame, target)
                     rec = {"step": self.step, "loss": loss, "psnr": p, "gaussians": len(self.model),
                            "time": self.train_seconds + time.perf_counter() - t0, **events, **self.log_extra()}
@@ -217,11 +217,20 @@ class Trainer:
         """PSNR of the step's render, for the progress line and the log (only there: a sync)."""
         return psnr(frame.image, target)
 
-    def _check_finite(self):
-        """Stop with a clear message if training diverged (rendering skips this per-step sync)."""
-        if not bool(self.xp.isfinite(self.model.params.data).all()):
-            raise FloatingPointError(f"training diverged before step {self.step}: non-finite parameters "
-                                     f"(the last snapshot is kept; try lower learning rates)")
+    def _check_finite(self, loss=None):
+        """Stop with a clear message if training diverged (rendering skips this per-step sync),
+        naming which attributes of how many Gaussians went non-finite and the step's loss."""
+        if bool(self.xp.isfinite(self.model.params.data).all()):
+            return
+        g = self.model.gaussians
+        bad = []
+        for name, a in g.arrays().items():
+            n = int((~self.xp.isfinite(a.reshape(len(a), -1)).all(axis=1)).sum())
+            if n:
+                bad.append(f"{name} of {n}")
+        raise FloatingPointError(f"training diverged before step {self.step}: non-finite {', '.join(bad)} of "
+                                 f"{len(g)} Gaussians, step loss {loss} (the last snapshot is kept; try lower "
+                                 "learning rates)")
 
     def log_extra(self):
         """More fields for the JSON-lines log: the fused-tile fractions with ``--loss tile``

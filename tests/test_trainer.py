@@ -181,6 +181,21 @@ def test_tile_loss_training_runs_and_learns(dataset, tmp_path):
     assert t.evaluate()["psnr"] > before + 1.0
 
 
+def test_divergence_names_what_went_non_finite(dataset, tmp_path):
+    t = Trainer(dataset, tmp_path, small_config(), backend="cpu")
+    t.init_model()
+    t._check_finite(0.5)  # all finite: nothing happens
+    g = t.model.gaussians
+    g.means[3, 1] = np.nan
+    g.means[7, 0] = np.inf
+    g.opacities[2] = -np.inf
+    with pytest.raises(FloatingPointError) as e:
+        t._check_finite(0.25)
+    msg = str(e.value)
+    assert "means of 2, opacities of 1" in msg and f"of {len(g)} Gaussians" in msg and "loss 0.25" in msg, msg
+    assert "scales" not in msg and "quats" not in msg, msg
+
+
 def test_tile_loss_weight_is_its_own(dataset, tmp_path):
     """lambda_s3im weighs the tile loss's S3IM term; the global loss's lambda_dssim leaves it alone.
     At 0 the tile loss is the L1 term alone, as is the global loss at lambda_dssim 0."""
