@@ -14,7 +14,9 @@ import time
 import numpy as np
 
 from . import _backend
+from . import gaussian_ops as go
 from . import launch
+from .fused import RECORD_BYTES
 from .loss import l1_ssim_loss
 from .tile_loss import s3im_permutations
 from .optim import Adam, FlatParams, column_lrs
@@ -62,18 +64,18 @@ class _Clock:
 def traffic_bytes(n_isect, n_pixels, fused):
     """(read, write) bytes of raster + loss + raster backward, from the kernels' layout.
 
-    Per intersection, unfused: its Gaussian id (4 B) and record (40 B) are read
-    once per pass; fused: the id and the 36 B of the record the passes use (no
-    depth) once.  Per pixel, unfused: forward
-    writes colour, transmittance, depth, last index (24 B); the tile loss reads
-    colour and target (24 B) and writes dL/dC (12 B); backward reads
-    transmittance, last index, dL/dC and the zero alpha/depth gradients (28 B).
-    Fused: the target (12 B) is read, nothing per pixel is written.  Gradient
-    atomics (~48 B per Gaussian and warp) are the same in both and left out.
+    Per intersection, unfused: its Gaussian id and whole projected record are
+    read once per pass; fused: the id and the fields it caches once
+    (``fused.RECORD_BYTES``).  Per pixel, unfused: forward writes colour,
+    transmittance, depth, last index (24 B); the tile loss reads colour and
+    target (24 B) and writes dL/dC (12 B); backward reads transmittance, last
+    index, dL/dC and the zero alpha/depth gradients (28 B).  Fused: the target
+    (12 B) is read, nothing per pixel is written.  Gradient atomics (~48 B per
+    Gaussian and warp) are the same in both and left out.
     """
     if fused:
-        return n_isect * (4 + 36) + n_pixels * 12, 0
-    return 2 * n_isect * 44 + n_pixels * (24 + 28), n_pixels * (24 + 12)
+        return n_isect * RECORD_BYTES + n_pixels * 12, 0
+    return 2 * n_isect * (4 * go.PROJ_FIELDS + 4) + n_pixels * (24 + 28), n_pixels * (24 + 12)
 
 
 def peak_device_bytes():
