@@ -42,23 +42,29 @@ def gaussian_alpha(u, v, ca, cb, cc, opacity, px, py):
 
 
 @shared
-def blend_vjp(alpha, vis, dx, dy, opacity, ca, cb, cc, c0, c1, c2, z, T, s0, s1, s2, sd, dc0, dc1, dc2, dd, da_end):
+def blend_vjp(alpha, vis, dx, dy, opacity, ca, cb, cc, c0, c1, c2, z, T, s0, s1, s2, sd, dc0, dc1, dc2, dd, da_end,
+              depth_terms):
     """One Gaussian of the back-to-front pass over a pixel.
 
     In: the Gaussian's alpha terms, record fields and colour/depth; the running
     transmittance T (behind it) and sums s0..s2, sd of what lies behind it;
     the pixel's output gradients (dc, dd, and d_alpha_out * T_final).
+    ``depth_terms`` False (a constant at the call) drops the depth and alpha
+    terms for a loss without them: x * 0 is not folded away (it could be NaN).
     Out: the updated T, s0, s1, s2, sd, then the 12 gradient-record entries
     (u, v, conic a, b, c, opacity, r, g, b, depth, |u|, |v|)."""
     ra = f32(1.0) / (f32(1.0) - alpha)
     T = T * ra
     w = alpha * T
-    d_a = (dc0 * (c0 * T - s0 * ra) + dc1 * (c1 * T - s1 * ra) + dc2 * (c2 * T - s2 * ra)
-           + dd * (z * T - sd * ra) + da_end * ra)
+    d_a = dc0 * (c0 * T - s0 * ra) + dc1 * (c1 * T - s1 * ra) + dc2 * (c2 * T - s2 * ra)
+    d_z = w * f32(0.0)
+    if depth_terms:
+        d_a += dd * (z * T - sd * ra) + da_end * ra
+        sd = sd + w * z
+        d_z = w * dd
     s0 = s0 + w * c0
     s1 = s1 + w * c1
     s2 = s2 + w * c2
-    sd = sd + w * z
     d_o = d_a * f32(0.0)
     ds = d_o
     if opacity * vis <= ALPHA_MAX:  # the 0.99 clamp has no gradient
@@ -67,4 +73,4 @@ def blend_vjp(alpha, vis, dx, dy, opacity, ca, cb, cc, c0, c1, c2, z, T, s0, s1,
     gu = ds * (ca * dx + cb * dy)
     gv = ds * (cb * dx + cc * dy)
     return (T, s0, s1, s2, sd, gu, gv, f32(0.5) * ds * dx * dx, ds * dx * dy, f32(0.5) * ds * dy * dy, d_o,
-            w * dc0, w * dc1, w * dc2, w * dd, abs(gu), abs(gv))
+            w * dc0, w * dc1, w * dc2, d_z, abs(gu), abs(gv))

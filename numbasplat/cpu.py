@@ -122,7 +122,7 @@ def _raster_backward_isect(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, la
                         continue
                     out = blend_vjp(alpha, vis, dx, dy, proj[g, go.OPAC], proj[g, go.CA], proj[g, go.CB],
                                     proj[g, go.CC], proj[g, go.RED], proj[g, go.GREEN], proj[g, go.BLUE],
-                                    proj[g, go.DEPTH], T, s0, s1, s2, sd, dc0, dc1, dc2, dd, da_end)
+                                    proj[g, go.DEPTH], T, s0, s1, s2, sd, dc0, dc1, dc2, dd, da_end, True)
                     T, s0, s1, s2, sd = out[0], out[1], out[2], out[3], out[4]
                     for f in range(go.GRAD_FIELDS):
                         grad_isect[i, f] += out[5 + f]

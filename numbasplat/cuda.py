@@ -10,7 +10,7 @@ goes through shared memory.  The per-pixel math is ``blend``'s, shared with
 the CPU backend.
 """
 import numpy as np
-from numba import cuda, float32, int32
+from numba import cuda, float32, int32, uint32
 
 from . import gaussian_ops as go
 from . import geometry as geo
@@ -261,13 +261,13 @@ def _raster_forward_kernel(proj, ids, ranges, W, H, tiles_x, bg, image, trans, d
     d = ZERO
     stop = start
     done = not inside
-    for base in range(start, end, BLOCK):
+    for base in range(start, end, int32(BLOCK)):  # int32 counters (Numba's int64 ones cost ~5 instructions a pair)
         if cuda.syncthreads_count(int32(done)) == BLOCK:
             break
         if base + tid < end:
             _load(proj, ids, base + tid, rec, rid, tid)
         cuda.syncthreads()
-        for j in range(min(BLOCK, end - base)):
+        for j in range(int32(0), int32(min(BLOCK, end - base))):
             if done:
                 break
             alpha, vis, dx, dy = _alpha(rec, j, fx, fy)
@@ -277,7 +277,7 @@ def _raster_forward_kernel(proj, ids, ranges, W, H, tiles_x, bg, image, trans, d
                 g += w * rec[j, go.GREEN]
                 b += w * rec[j, go.BLUE]
                 d += w * rec[j, go.DEPTH]
-                stop = base + j + 1
+                stop = int32(base + j + 1)
         cuda.syncthreads()
     if inside:
         image[py, px, 0] = r + T * bg[0]
@@ -293,7 +293,8 @@ if SIM:
 
     @cuda.jit(device=True)
     def _reduce_add(grad, g, tid, any_valid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11):
-        """Block sum through shared memory (the simulator has no warp shuffles)."""
+        """Block sum through shared memory (the simulator has no warp shuffles).
+        ``grad`` is the flat (N * NG) view of the gradient records."""
         v = (v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
         for f in range(NG):
             red[f, tid] = v[f]
@@ -303,7 +304,7 @@ if SIM:
             for k in range(BLOCK):
                 s += red[tid, k]
             if s != ZERO:
-                cuda.atomic.add(grad, (g, tid), s)
+                cuda.atomic.add(grad, g * NG + tid, s)
         cuda.syncthreads()
 else:
     RED_ROWS = 1
@@ -318,35 +319,36 @@ else:
 
     @cuda.jit(device=True, inline=True)
     def _reduce_add(grad, g, tid, any_valid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11):
-        """Warp sum of 12 values in 15 shuffles, then one atomic instruction.
+        """Warp sum of 12 values in 13 shuffles, then one atomic instruction.
 
-        Each step halves the values a lane carries and the lanes sharing them,
-        so lane L ends with the warp sum of value L >> 1 (12 of 16 slots used),
-        instead of 12 full 5-shuffle reductions and 12 serial atomics."""
+        Each step halves the values a lane carries (12, 6, 3, then 2 with a zero
+        pad, 1) and the lanes sharing them, so even lane L ends with the warp sum
+        of value 6 b4 + 3 b3 + 2 b2 + b1 (b: the bits of L; b2 = b1 = 1 is the pad),
+        instead of 12 full 5-shuffle reductions and 12 serial atomics.  ``grad`` is
+        the flat (N * NG) view of the gradient records: a 2D index costs a dozen
+        64-bit instructions a Gaussian."""
         if cuda.any_sync(FULL_MASK, any_valid):
             lane = tid & 31
-            a0 = _fold(lane, 16, v0, v8)
-            a1 = _fold(lane, 16, v1, v9)
-            a2 = _fold(lane, 16, v2, v10)
-            a3 = _fold(lane, 16, v3, v11)
-            a4 = _fold(lane, 16, v4, ZERO)
-            a5 = _fold(lane, 16, v5, ZERO)
-            a6 = _fold(lane, 16, v6, ZERO)
-            a7 = _fold(lane, 16, v7, ZERO)
-            b0 = _fold(lane, 8, a0, a4)
-            b1 = _fold(lane, 8, a1, a5)
-            b2 = _fold(lane, 8, a2, a6)
-            b3 = _fold(lane, 8, a3, a7)
+            a0 = _fold(lane, 16, v0, v6)
+            a1 = _fold(lane, 16, v1, v7)
+            a2 = _fold(lane, 16, v2, v8)
+            a3 = _fold(lane, 16, v3, v9)
+            a4 = _fold(lane, 16, v4, v10)
+            a5 = _fold(lane, 16, v5, v11)
+            b0 = _fold(lane, 8, a0, a3)
+            b1 = _fold(lane, 8, a1, a4)
+            b2 = _fold(lane, 8, a2, a5)
             c0 = _fold(lane, 4, b0, b2)
-            c1 = _fold(lane, 4, b1, b3)
+            c1 = _fold(lane, 4, b1, ZERO)
             d = _fold(lane, 2, c0, c1)
             d += cuda.shfl_xor_sync(FULL_MASK, d, 1)
-            f = lane >> 1
-            if lane & 1 == 0 and f < NG:
-                cuda.atomic.add(grad, (g, f), d)
+            k = (lane >> 1) & 3  # 2 b2 + b1
+            if lane & 1 == 0 and k < 3:
+                f = 6 * ((lane >> 4) & 1) + 3 * ((lane >> 3) & 1) + k
+                cuda.atomic.add(grad, uint32(g) * uint32(NG) + uint32(f), d)
 
 
-@kernel(F2, I1, I2, "int64", "int64", "int64", F1, F2, I2, F3, F2, F2, F2, fastmath=True)
+@kernel(F2, I1, I2, "int64", "int64", "int64", F1, F2, I2, F3, F2, F2, F1, fastmath=True)
 def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad):
     rec = cuda.shared.array((BLOCK, NF), float32)
     rid = cuda.shared.array(BLOCK, int32)
@@ -381,13 +383,13 @@ def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d
     s1 = T_end * bg[1]
     s2 = T_end * bg[2]
     sd = ZERO
-    for top in range(end, start, -BLOCK):
-        lo = max(start, top - BLOCK)
+    for top in range(end, start, int32(-BLOCK)):  # int32 counters, as in the forward pass
+        lo = int32(max(start, top - BLOCK))
         if top - 1 - tid >= lo:
             _load(proj, ids, top - 1 - tid, rec, rid, tid)
         cuda.syncthreads()
-        for j in range(top - lo):
-            i = top - 1 - j
+        for j in range(int32(0), int32(top - lo)):
+            i = int32(top - 1 - j)
             valid = False
             v0 = v1 = v2 = v3 = v4 = v5 = v6 = v7 = v8 = v9 = v10 = v11 = ZERO
             if i < my_last:
@@ -397,7 +399,7 @@ def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d
                     T, s0, s1, s2, sd, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11 = blend_vjp(
                         alpha, vis, dx, dy, rec[j, go.OPAC], rec[j, go.CA], rec[j, go.CB], rec[j, go.CC],
                         rec[j, go.RED], rec[j, go.GREEN], rec[j, go.BLUE], rec[j, go.DEPTH],
-                        T, s0, s1, s2, sd, dc0, dc1, dc2, dd, da_end)
+                        T, s0, s1, s2, sd, dc0, dc1, dc2, dd, da_end, True)
             _reduce_add(grad, rid[j], tid, valid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
         cuda.syncthreads()
 
@@ -413,7 +415,7 @@ def raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, dep
 
 def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad):
     _raster_backward_kernel[_tiles(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, trans, last,
-                                                        d_image, d_alpha, d_depth, grad)
+                                                        d_image, d_alpha, d_depth, grad.reshape(-1))
 
 
 _adam_lr = cuda.jit(device=True, inline=True)(adam_lr)

@@ -48,12 +48,12 @@ def _cached_alpha(rec, j, px, py):
 
 
 @kernel(F2, I1, I2, "int64", "int64", "int64", F1, F3, "int32[:, ::1]", "int64", "float32", "float32", "float32",
-        I1, "boolean", F3, F2, F2, fastmath=True)
+        I1, "boolean", F3, F1, F2, fastmath=True)
 def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, lam, inv_l1, inv_ssim, tile_list,
                   write_image, image, grad, partials):
     tile = tile_list[cuda.blockIdx.x]
     tid, px, py, inside, start, end = _pixel_of_tile(tile, ranges, tiles_x, W, H)
-    count = end - start
+    count = int32(end - start)  # int32 loop counters: Numba's int64 ones cost ~15 instructions an iteration
     rec = cuda.shared.array(0, float32)      # count * CACHED record fields, then count int32 ids
     rid = cuda.shared.array(0, int32)
     sm = cuda.shared.array(TILE_LOSS_SMEM, float32)  # the loss's scratch, then its block sums
@@ -68,12 +68,12 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
     r = ZERO
     gr = ZERO
     b = ZERO
-    stop = 0
+    stop = int32(0)
     done = not inside
-    for base in range(0, count, BLOCK):
+    for base in range(int32(0), count, int32(BLOCK)):
         if cuda.syncthreads_count(int32(done)) == BLOCK:
             break
-        n = min(BLOCK, count - base)
+        n = int32(min(BLOCK, count - base))
         if tid < n:  # a record a thread: a field-interleaved copy cost ~100 instructions a word
             k = base + tid
             g = uint32(ids[start + k])
@@ -81,16 +81,17 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
             for f in range(CACHED):
                 rec[_at(k, f)] = proj[g, f]
         cuda.syncthreads()
-        for j in range(base, base + n):
-            if done:
-                break
+        j = base
+        j_end = int32(base + n)
+        while j < j_end and not done:
             alpha, vis, dx, dy = _cached_alpha(rec, j, fx, fy)
             w, T, done = blend_step(alpha, T)
             if w > ZERO:
                 r += w * rec[_at(j, go.RED)]
                 gr += w * rec[_at(j, go.GREEN)]
                 b += w * rec[_at(j, go.BLUE)]
-                stop = j + 1
+                stop = int32(j + 1)
+            j = int32(j + 1)
     if inside:
         cuda.atomic.max(block_last, 0, stop)
     c0 = r + T * bg[0]
@@ -116,7 +117,9 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
     s1 = T * bg[1]
     s2 = T * bg[2]
     sd = ZERO
-    for j in range(block_last[0] - 1, -1, -1):
+    j = block_last[0]
+    while j > 0:
+        j = int32(j - 1)
         valid = False
         v0 = v1 = v2 = v3 = v4 = v5 = v6 = v7 = v8 = v9 = v10 = v11 = ZERO
         if j < stop:
@@ -126,7 +129,7 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
                 T, s0, s1, s2, sd, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11 = blend_vjp(
                     alpha, vis, dx, dy, rec[_at(j, go.OPAC)], rec[_at(j, go.CA)], rec[_at(j, go.CB)],
                     rec[_at(j, go.CC)], rec[_at(j, go.RED)], rec[_at(j, go.GREEN)], rec[_at(j, go.BLUE)], ZERO,
-                    T, s0, s1, s2, sd, dc0, dc1, dc2, ZERO, ZERO)
+                    T, s0, s1, s2, sd, dc0, dc1, dc2, ZERO, ZERO, False)
         _reduce_add(grad, rid[_at(count, j)], tid, valid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
 
 
@@ -193,4 +196,4 @@ def fused_raster_loss_backward(proj, ids, ranges, W, H, tiles_x, bg, target, per
         _fused_kernel[b - a, (TILE, TILE), largest * RECORD_BYTES](
             proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, np.float32(lam),
             np.float32(1.0 / (3 * W * H)), np.float32(1.0 / (repeats * 3 * W * H)), tile_list[a:b],
-            bool(write_image), image, grad, partials)
+            bool(write_image), image, grad.reshape(-1), partials)
