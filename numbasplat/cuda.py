@@ -390,16 +390,14 @@ def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d
         cuda.syncthreads()
         for j in range(int32(0), int32(top - lo)):
             i = int32(top - 1 - j)
-            valid = False
+            alpha, vis, dx, dy = _alpha(rec, j, fx, fy)  # for every lane: a branch costs more
+            valid = i < my_last and alpha >= ALPHA_MIN
             v0 = v1 = v2 = v3 = v4 = v5 = v6 = v7 = v8 = v9 = v10 = v11 = ZERO
-            if i < my_last:
-                alpha, vis, dx, dy = _alpha(rec, j, fx, fy)
-                valid = alpha >= ALPHA_MIN
-                if valid:
-                    T, s0, s1, s2, sd, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11 = blend_vjp(
-                        alpha, vis, dx, dy, rec[j, go.OPAC], rec[j, go.CA], rec[j, go.CB], rec[j, go.CC],
-                        rec[j, go.RED], rec[j, go.GREEN], rec[j, go.BLUE], rec[j, go.DEPTH],
-                        T, s0, s1, s2, sd, dc0, dc1, dc2, dd, da_end, True)
+            if valid:
+                T, s0, s1, s2, sd, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11 = blend_vjp(
+                    alpha, vis, dx, dy, rec[j, go.OPAC], rec[j, go.CA], rec[j, go.CB], rec[j, go.CC],
+                    rec[j, go.RED], rec[j, go.GREEN], rec[j, go.BLUE], rec[j, go.DEPTH],
+                    T, s0, s1, s2, sd, dc0, dc1, dc2, dd, da_end, True)
             _reduce_add(grad, rid[j], tid, valid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
         cuda.syncthreads()
 

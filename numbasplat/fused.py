@@ -120,16 +120,14 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
     j = block_last[0]
     while j > 0:
         j = int32(j - 1)
-        valid = False
+        alpha, vis, dx, dy = _cached_alpha(rec, j, fx, fy)  # for every lane: a branch costs more
+        valid = j < stop and alpha >= ALPHA_MIN
         v0 = v1 = v2 = v3 = v4 = v5 = v6 = v7 = v8 = v9 = v10 = v11 = ZERO
-        if j < stop:
-            alpha, vis, dx, dy = _cached_alpha(rec, j, fx, fy)
-            valid = alpha >= ALPHA_MIN
-            if valid:
-                T, s0, s1, s2, sd, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11 = blend_vjp(
-                    alpha, vis, dx, dy, rec[_at(j, go.OPAC)], rec[_at(j, go.CA)], rec[_at(j, go.CB)],
-                    rec[_at(j, go.CC)], rec[_at(j, go.RED)], rec[_at(j, go.GREEN)], rec[_at(j, go.BLUE)], ZERO,
-                    T, s0, s1, s2, sd, dc0, dc1, dc2, ZERO, ZERO, False)
+        if valid:
+            T, s0, s1, s2, sd, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11 = blend_vjp(
+                alpha, vis, dx, dy, rec[_at(j, go.OPAC)], rec[_at(j, go.CA)], rec[_at(j, go.CB)],
+                rec[_at(j, go.CC)], rec[_at(j, go.RED)], rec[_at(j, go.GREEN)], rec[_at(j, go.BLUE)], ZERO,
+                T, s0, s1, s2, sd, dc0, dc1, dc2, ZERO, ZERO, False)
         _reduce_add(grad, rid[_at(count, j)], tid, valid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
 
 
