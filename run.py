@@ -68,19 +68,22 @@ def _report(summary, out_dir):
               f"{summary['gaussians']} Gaussians; {summary['train_seconds']:.1f} s training; metrics in {path}")
 
 
-def _mpi_comm():
-    """COMM_WORLD when started by mpiexec/srun with several ranks, else None."""
+def _mpi_comm(batched=False):
+    """COMM_WORLD when started by mpiexec/srun with several ranks; else COMM_SELF for
+    ``batched`` training (--batch-size on one process: the batched pipeline, one rank), else None."""
     launched = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
-    if not any(k in os.environ for k in launched):
+    if not any(k in os.environ for k in launched) and not batched:
         return None
     from mpi4py import MPI
-    return MPI.COMM_WORLD if MPI.COMM_WORLD.Get_size() > 1 else None
+    if MPI.COMM_WORLD.Get_size() > 1:
+        return MPI.COMM_WORLD
+    return MPI.COMM_SELF if batched else None
 
 
 def _train(dataset, a, cfg):
     from engine.trainer import SNAPSHOT, Trainer
     from pathlib import Path
-    comm = _mpi_comm()
+    comm = _mpi_comm(batched=getattr(a, "batch_size", None) is not None)
     if comm is not None:
         from engine.distributed import DistributedTrainer, select_device
         select_device(comm)
@@ -114,7 +117,7 @@ def _train(dataset, a, cfg):
 
 
 def cmd_train(a):
-    comm = _mpi_comm()
+    comm = _mpi_comm(batched=a.batch_size is not None)
     if comm is None:
         return _cmd_train(a)
     from comm import abort_on_error
@@ -309,7 +312,8 @@ def main(argv=None):
     t.add_argument("--sh-degree", type=int, choices=range(4), default=None)
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--quiet", action="store_true")
-    t.add_argument("--batch-size", type=_count(1), default=None, help="views per step under MPI (default: ranks)")
+    t.add_argument("--batch-size", type=_count(1), default=None, help="views per step (default: the number of MPI ranks; given without mpirun, the batched "
+                        "pipeline runs on one process)")
     t.add_argument("--grad-comm", choices=["sparse", "dense"], default="sparse",
                    help="backward exchange under MPI: zero-eliding (ByteSplat) or dense")
     t.add_argument("--transport", choices=TRANSPORTS, default="auto",

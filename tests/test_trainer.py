@@ -242,3 +242,17 @@ def test_cli_train_export_and_evaluate_a_ply(dataset, tmp_path):
     assert r.returncode == 0, r.stderr
     again = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert abs(again["psnr"] - trained["psnr"]) < 1e-3 and again["gaussians"] == trained["gaussians"]
+
+
+def test_cli_batch_size_without_mpirun_trains_batched(dataset, tmp_path):
+    """--batch-size on one process runs the batched pipeline (it was silently ignored without mpirun)."""
+    cap = tmp_path / "capture"
+    write_blender_capture(cap, dataset)
+    out = tmp_path / "out"
+    r = run_cli("train", "--data", str(cap), "--white-background", "--out", str(out), "--iters", "12", "--quiet",
+                "--sh-degree", "1", "--init-points", "300", "--batch-size", "3")
+    assert r.returncode == 0, r.stderr
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert "1 ranks, batch 3" in r.stdout + r.stderr
+    assert [rec["step"] for rec in log][-1] == 12 and all(rec["step"] % 3 == 0 for rec in log)
+    assert "rank_stats" in log[-1]
