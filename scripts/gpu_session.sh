@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -142,11 +142,18 @@ timeline)  # Nsight Systems timelines of P ranks training fern, one per GPU: whe
         "$nsys" stats --report cuda_api_sum --report cuda_gpu_kern_sum "$R/tl_0.nsys-rep" 2>&1 | head -70
         rm -rf "$R/tl_run" "$R"/*.sqlite "$R"/*.nsys-rep  # the archive would be too large to come back
     fi ;;
+equiv)  # P ranks against one process at batch P (lego): first-step gradients, then Gaussian totals to image 6800
+    p=$2; shift 2
+    for q in 1 "$p"; do
+        step "P=$q"; mpi_run "$q" scripts/batch_equivalence.py "$R/equiv" "${LEGO[@]}" --batch "$p" --images 6800 "$@" 2>&1 \
+            | grep -a "P=\|rror"
+    done
+    python3 scripts/batch_equivalence.py "$R/equiv" --compare 1 "$p"; rm -f "$R"/equiv/*.npz ;;
 tile)
     train warm 700 "${LEGO[@]}" --loss tile
     train lego_tile 7000 "${LEGO[@]}" --loss tile
     train fern_tile 7000 "${FERN[@]}" --loss tile ;;
-*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|timeline P" >&2; exit 2 ;;
+*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
 esac
 step done
 (cd "$OUT" && tar czf "logs_$part.tgz" r && rm -rf r)

@@ -150,3 +150,22 @@ def test_scaling_benchmark_runs_on_one_and_two_ranks(tmp_path):
         assert rate > 0 and loss1 < loss0, r.stdout  # it trains
         ranks = 2 if launcher else 1
         assert f"{ranks} rank(s)" in r.stdout and ("rank 1 (median ms)" in r.stdout) == bool(launcher), r.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(600)
+def test_batch_equivalence_script_compares_rank_counts(tmp_path):
+    """scripts/batch_equivalence.py (the GPU check that P ranks train as one process at the
+    same batch): on the CPU its first-step gradients agree across rank counts."""
+    env = dict(os.environ, NUMBASPLAT_BACKEND="cpu", NUMBA_NUM_THREADS="1")
+    script = str(REPO_ROOT / "scripts" / "batch_equivalence.py")
+    for n in (1, 2):
+        r = subprocess.run([mpiexec_path(), "-n", str(n), sys.executable, script, str(tmp_path), "--batch", "2",
+                            "--images", "8", "--every", "4"], capture_output=True, text=True, timeout=500, env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"P={n} image 8: loss" in r.stdout, r.stdout
+    r = subprocess.run([sys.executable, script, str(tmp_path), "--compare", "1", "2"], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    diffs = [float(line.split("max difference ")[1].split()[0]) for line in r.stdout.splitlines()]
+    assert len(diffs) == 5 and max(diffs[:2]) < 1e-5, r.stdout  # means, scales (quats start at rounding level)
