@@ -318,6 +318,11 @@ else:
         return mine + cuda.shfl_xor_sync(FULL_MASK, theirs, bit)
 
     @cuda.jit(device=True, inline=True)
+    def _fold3(lane, bit, x0, x1, x2, y0, y1, y2):
+        """Three transpose-reduction steps: pairs (x0, y0), (x1, y1), (x2, y2)."""
+        return _fold(lane, bit, x0, y0), _fold(lane, bit, x1, y1), _fold(lane, bit, x2, y2)
+
+    @cuda.jit(device=True, inline=True)
     def _reduce_add(grad, g, tid, any_valid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11):
         """Warp sum of 12 values in 13 shuffles, then one atomic instruction.
 
@@ -329,15 +334,9 @@ else:
         64-bit instructions a Gaussian."""
         if cuda.any_sync(FULL_MASK, any_valid):
             lane = tid & 31
-            a0 = _fold(lane, 16, v0, v6)
-            a1 = _fold(lane, 16, v1, v7)
-            a2 = _fold(lane, 16, v2, v8)
-            a3 = _fold(lane, 16, v3, v9)
-            a4 = _fold(lane, 16, v4, v10)
-            a5 = _fold(lane, 16, v5, v11)
-            b0 = _fold(lane, 8, a0, a3)
-            b1 = _fold(lane, 8, a1, a4)
-            b2 = _fold(lane, 8, a2, a5)
+            a0, a1, a2 = _fold3(lane, 16, v0, v1, v2, v6, v7, v8)
+            a3, a4, a5 = _fold3(lane, 16, v3, v4, v5, v9, v10, v11)
+            b0, b1, b2 = _fold3(lane, 8, a0, a1, a2, a3, a4, a5)
             c0 = _fold(lane, 4, b0, b2)
             c1 = _fold(lane, 4, b1, ZERO)
             d = _fold(lane, 2, c0, c1)
