@@ -401,6 +401,14 @@ def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d
         cuda.syncthreads()
 
 
+def flat_records(grad):
+    """The flat view of (N, NG) gradient records that the raster kernels add into (a copy would
+    silently lose the gradients: refuse a non-contiguous array)."""
+    if not grad.flags.c_contiguous:
+        raise ValueError("gradient records must be a C-contiguous (N, %d) array" % NG)
+    return grad.reshape(-1)
+
+
 def _tiles(W, H):
     return (W + TILE - 1) // TILE, (H + TILE - 1) // TILE
 
@@ -412,7 +420,7 @@ def raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, dep
 
 def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad):
     _raster_backward_kernel[_tiles(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, trans, last,
-                                                        d_image, d_alpha, d_depth, grad.reshape(-1))
+                                                        d_image, d_alpha, d_depth, flat_records(grad))
 
 
 _adam_lr = cuda.jit(device=True, inline=True)(adam_lr)

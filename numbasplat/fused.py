@@ -25,7 +25,7 @@ from . import _backend
 from . import gaussian_ops as go
 from .blend import blend_step, blend_vjp, gaussian_alpha
 from .cuda import (ALPHA_MIN, BLOCK, F1, F2, F3, HALF, I1, I2, NG, ONE, RED_ROWS, TILE, ZERO,
-                   _pixel_of_tile, _reduce_add)
+                   _pixel_of_tile, _reduce_add, flat_records)
 from .launch import kernel
 from .tile_loss import TILE_LOSS_SMEM, store_tile_sums, tile_loss_grad
 
@@ -194,4 +194,4 @@ def fused_raster_loss_backward(proj, ids, ranges, W, H, tiles_x, bg, target, per
         _fused_kernel[b - a, (TILE, TILE), largest * RECORD_BYTES](
             proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, np.float32(lam),
             np.float32(1.0 / (3 * W * H)), np.float32(1.0 / (repeats * 3 * W * H)), tile_list[a:b],
-            bool(write_image), image, grad.reshape(-1), partials)
+            bool(write_image), image, flat_records(grad), partials)
