@@ -225,6 +225,15 @@ def _alpha(rec, j, px, py):
 
 
 @cuda.jit(device=True, inline=True)
+def masked(valid, alpha):
+    """(alpha, 1) for a lane whose Gaussian counts, else (0, 0): with alpha 0 the backward step
+    keeps T and the sums (1 / (1 - 0) is exactly 1), and the zero output gradient zeroes the record."""
+    if valid:
+        return alpha, ONE
+    return ZERO, ZERO
+
+
+@cuda.jit(device=True, inline=True)
 def _tile_pixel(ranges, tiles_x, W, H):
     """This thread's pixel in the block's tile (a 2D grid of tiles)."""
     return _pixel_of_tile(cuda.blockIdx.y * tiles_x + cuda.blockIdx.x, ranges, tiles_x, W, H)
@@ -292,7 +301,12 @@ if SIM:
     RED_ROWS = BLOCK
 
     @cuda.jit(device=True)
-    def _reduce_add(grad, g, tid, any_valid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11):
+    def warp_any(p):
+        """Every thread goes on: the simulator's block-wide reduction needs them all."""
+        return True
+
+    @cuda.jit(device=True)
+    def _reduce_add(grad, g, tid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11):
         """Block sum through shared memory (the simulator has no warp shuffles).
         ``grad`` is the flat (N * NG) view of the gradient records."""
         v = (v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
@@ -310,6 +324,11 @@ else:
     RED_ROWS = 1
 
     @cuda.jit(device=True, inline=True)
+    def warp_any(p):
+        """Whether p holds for any lane of the warp (the same answer on every lane)."""
+        return cuda.any_sync(FULL_MASK, p)
+
+    @cuda.jit(device=True, inline=True)
     def _fold(lane, bit, lo, hi):
         """One transpose-reduction step: keep the half of the pair this lane
         owns (by ``bit`` of its lane id) and add the partner's copy of it."""
@@ -323,7 +342,7 @@ else:
         return _fold(lane, bit, x0, y0), _fold(lane, bit, x1, y1), _fold(lane, bit, x2, y2)
 
     @cuda.jit(device=True, inline=True)
-    def _reduce_add(grad, g, tid, any_valid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11):
+    def _reduce_add(grad, g, tid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11):
         """Warp sum of 12 values in 13 shuffles, then one atomic instruction.
 
         Each step halves the values a lane carries (12, 6, 3, then 2 with a zero
@@ -332,19 +351,18 @@ else:
         instead of 12 full 5-shuffle reductions and 12 serial atomics.  ``grad`` is
         the flat (N * NG) view of the gradient records: a 2D index costs a dozen
         64-bit instructions a Gaussian."""
-        if cuda.any_sync(FULL_MASK, any_valid):
-            lane = tid & 31
-            a0, a1, a2 = _fold3(lane, 16, v0, v1, v2, v6, v7, v8)
-            a3, a4, a5 = _fold3(lane, 16, v3, v4, v5, v9, v10, v11)
-            b0, b1, b2 = _fold3(lane, 8, a0, a1, a2, a3, a4, a5)
-            c0 = _fold(lane, 4, b0, b2)
-            c1 = _fold(lane, 4, b1, ZERO)
-            d = _fold(lane, 2, c0, c1)
-            d += cuda.shfl_xor_sync(FULL_MASK, d, 1)
-            k = (lane >> 1) & 3  # 2 b2 + b1
-            if lane & 1 == 0 and k < 3:
-                f = 6 * ((lane >> 4) & 1) + 3 * ((lane >> 3) & 1) + k
-                cuda.atomic.add(grad, uint32(g) * uint32(NG) + uint32(f), d)
+        lane = tid & 31
+        a0, a1, a2 = _fold3(lane, 16, v0, v1, v2, v6, v7, v8)
+        a3, a4, a5 = _fold3(lane, 16, v3, v4, v5, v9, v10, v11)
+        b0, b1, b2 = _fold3(lane, 8, a0, a1, a2, a3, a4, a5)
+        c0 = _fold(lane, 4, b0, b2)
+        c1 = _fold(lane, 4, b1, ZERO)
+        d = _fold(lane, 2, c0, c1)
+        d += cuda.shfl_xor_sync(FULL_MASK, d, 1)
+        k = (lane >> 1) & 3  # 2 b2 + b1
+        if lane & 1 == 0 and k < 3:
+            f = 6 * ((lane >> 4) & 1) + 3 * ((lane >> 3) & 1) + k
+            cuda.atomic.add(grad, uint32(g) * uint32(NG) + uint32(f), d)
 
 
 @kernel(F2, I1, I2, "int64", "int64", "int64", F1, F2, I2, F3, F2, F2, F1, fastmath=True)
@@ -389,15 +407,15 @@ def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d
         cuda.syncthreads()
         for j in range(int32(0), int32(top - lo)):
             i = int32(top - 1 - j)
-            alpha, vis, dx, dy = _alpha(rec, j, fx, fy)  # for every lane: a branch costs more
+            alpha, vis, dx, dy = _alpha(rec, j, fx, fy)
             valid = i < my_last and alpha >= ALPHA_MIN
-            v0 = v1 = v2 = v3 = v4 = v5 = v6 = v7 = v8 = v9 = v10 = v11 = ZERO
-            if valid:
+            if warp_any(valid):  # the other lanes take alpha 0 and no gradient: exact zeros, no branch
+                a, m = masked(valid, alpha)
                 T, s0, s1, s2, sd, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11 = blend_vjp(
-                    alpha, vis, dx, dy, rec[j, go.OPAC], rec[j, go.CA], rec[j, go.CB], rec[j, go.CC],
+                    a, vis, dx, dy, rec[j, go.OPAC], rec[j, go.CA], rec[j, go.CB], rec[j, go.CC],
                     rec[j, go.RED], rec[j, go.GREEN], rec[j, go.BLUE], rec[j, go.DEPTH],
-                    T, s0, s1, s2, sd, dc0, dc1, dc2, dd, da_end, True)
-            _reduce_add(grad, rid[j], tid, valid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
+                    T, s0, s1, s2, sd, dc0 * m, dc1 * m, dc2 * m, dd * m, da_end * m, True)
+                _reduce_add(grad, rid[j], tid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
         cuda.syncthreads()
 
 

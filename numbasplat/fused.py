@@ -25,7 +25,7 @@ from . import _backend
 from . import gaussian_ops as go
 from .blend import blend_step, blend_vjp, gaussian_alpha
 from .cuda import (ALPHA_MIN, BLOCK, F1, F2, F3, HALF, I1, I2, NG, ONE, RED_ROWS, TILE, ZERO,
-                   _pixel_of_tile, _reduce_add, flat_records)
+                   _pixel_of_tile, _reduce_add, flat_records, masked, warp_any)
 from .launch import kernel
 from .tile_loss import TILE_LOSS_SMEM, store_tile_sums, tile_loss_grad
 
@@ -120,15 +120,15 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
     j = block_last[0]
     while j > 0:
         j = int32(j - 1)
-        alpha, vis, dx, dy = _cached_alpha(rec, j, fx, fy)  # for every lane: a branch costs more
+        alpha, vis, dx, dy = _cached_alpha(rec, j, fx, fy)
         valid = j < stop and alpha >= ALPHA_MIN
-        v0 = v1 = v2 = v3 = v4 = v5 = v6 = v7 = v8 = v9 = v10 = v11 = ZERO
-        if valid:
+        if warp_any(valid):  # as in the unfused backward pass
+            a, m = masked(valid, alpha)
             T, s0, s1, s2, sd, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11 = blend_vjp(
-                alpha, vis, dx, dy, rec[_at(j, go.OPAC)], rec[_at(j, go.CA)], rec[_at(j, go.CB)],
+                a, vis, dx, dy, rec[_at(j, go.OPAC)], rec[_at(j, go.CA)], rec[_at(j, go.CB)],
                 rec[_at(j, go.CC)], rec[_at(j, go.RED)], rec[_at(j, go.GREEN)], rec[_at(j, go.BLUE)], ZERO,
-                T, s0, s1, s2, sd, dc0, dc1, dc2, ZERO, ZERO, False)
-        _reduce_add(grad, rid[_at(count, j)], tid, valid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
+                T, s0, s1, s2, sd, dc0 * m, dc1 * m, dc2 * m, ZERO, ZERO, False)
+            _reduce_add(grad, rid[_at(count, j)], tid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
 
 
 @functools.cache
