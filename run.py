@@ -312,8 +312,9 @@ def main(argv=None):
     t.add_argument("--sh-degree", type=int, choices=range(4), default=None)
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--quiet", action="store_true")
-    t.add_argument("--batch-size", type=_count(1), default=None, help="views per step (default: the number of MPI ranks; given without mpirun, the batched "
-                        "pipeline runs on one process)")
+    t.add_argument("--batch-size", type=_count(1), default=None,
+                   help="views per step (default: the number of MPI ranks; given without mpirun, the batched "
+                        "pipeline runs in one process)")
     t.add_argument("--grad-comm", choices=["sparse", "dense"], default="sparse",
                    help="backward exchange under MPI: zero-eliding (ByteSplat) or dense")
     t.add_argument("--transport", choices=TRANSPORTS, default="auto",

@@ -134,7 +134,7 @@ class GaussianModel:
         return self.grads.gaussians()
 
     def group(self, name, which="params"):
-        buf = {"params": self.params.data, "m": self.adam.m, "v": self.adam.v}[which]
+        buf = {"params": self.params.data, "m": self.adam.m, "v": self.adam.v, "grads": self.grads.data}[which]
         return self.params.like(buf).view(name)
 
     def gather(self, keep, new=None):

@@ -19,13 +19,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.model import GROUPS  # noqa: E402
-from numbasplat import _backend  # noqa: E402
-
-
-def gathered_grads(t, comm):
-    buf = t.model.params.like(t.model.grads.data)
-    parts = {g: comm.gather(_backend.to_host(buf.view(g)), root=0) for g in GROUPS}
-    return {g: np.concatenate(p) for g, p in parts.items()} if comm.rank == 0 else None
 
 
 def run(a):
@@ -49,7 +42,7 @@ def run(a):
         t = DistributedTrainer(ds, a.out, cfg, comm, batch_size=a.batch)
         t.init_model()
         loss = t.train_step()[0]
-        grads = gathered_grads(t, comm)
+        grads = t.gathered("grads", root_only=True)
         if comm.rank == 0:
             np.savez(Path(a.out) / f"grads_p{comm.size}.npz", **grads)
             print(f"P={comm.size} batch {t.batch}: step {t.step} loss {loss:.6f}", flush=True)
@@ -80,7 +73,10 @@ def main():
     ap.add_argument("--compare", type=int, nargs=2, metavar=("P", "Q"), help="compare grads_pP with grads_pQ")
     a = ap.parse_args()
     Path(a.out).mkdir(parents=True, exist_ok=True)
-    compare(a) if a.compare else run(a)
+    if a.compare:
+        compare(a)
+    else:
+        run(a)
 
 
 if __name__ == "__main__":
