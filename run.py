@@ -39,7 +39,7 @@ def _config(a):
     cfg = TrainConfig()
     for k in ("iterations", "strategy", "cap_max", "max_gaussians", "absgrad", "random_background", "antialias",
               "visible_adam", "snapshot_every", "seed", "sh_degree", "densify_until", "loss", "n_random_init",
-              "s3im_repeats", "lambda_s3im"):
+              "s3im_repeats", "lambda_s3im", "grad_threshold"):
         v = getattr(a, k, None)
         if v is not None:
             setattr(cfg, k, v)
@@ -244,14 +244,26 @@ def _count(low):
     return parse
 
 
-def _fraction(text):
-    """argparse type: a number in [0, 1]."""
+def _number(text):
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def _fraction(text):
+    """argparse type: a number in [0, 1]."""
+    value = _number(text)
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value}")
+    return value
+
+
+def _positive(text):
+    """argparse type: a finite number above 0."""
+    value = _number(text)
+    if not 0.0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {value}")
     return value
 
 
@@ -305,6 +317,9 @@ def main(argv=None):
     t.add_argument("--max-gaussians", type=_count(0), default=None, help="memory guard: stop growing at N Gaussians")
     t.add_argument("--densify-until", type=_count(0), default=None)
     t.add_argument("--absgrad", action="store_true", default=None)
+    t.add_argument("--grad-threshold", type=_positive, default=None,
+                   help="default strategy: densify Gaussians whose mean screen-space gradient reaches this "
+                        "(default 2e-4)")
     t.add_argument("--random-background", action="store_true", default=None)
     t.add_argument("--antialias", action="store_true", default=None)
     t.add_argument("--visible-adam", action="store_true", default=None)

@@ -42,6 +42,32 @@ def gaussian_alpha(u, v, ca, cb, cc, opacity, px, py):
 
 
 @shared
+def _row_min_sigma(ca, cb, cc, dx_lo, dx_hi, dy):
+    """The least sigma (``gaussian_alpha``'s) along one pixel row, over dx in [dx_lo, dx_hi]
+    (ca > 0), and the size of its terms (for the rounding margin)."""
+    dx = min(max(-cb * dy / ca, dx_lo), dx_hi)
+    a = f32(0.5) * ca * dx * dx
+    b = cb * dx * dy
+    c = f32(0.5) * cc * dy * dy
+    return a + b + c, a + abs(b) + c
+
+
+@shared
+def reaches_strip(u, v, ca, cb, cc, opacity, x0, x1, y0, y1):
+    """False when the Gaussian has alpha under ALPHA_MIN at every pixel centre (x, y) with
+    x0 <= x <= x1 and y = y0 or y1: a warp's two pixel rows.  The raster kernels test 32
+    Gaussians at once this way, a lane each, and skip those no pixel of the warp would take,
+    instead of evaluating each at all 32 pixels.  Conservative: a margin covers rounding
+    (sigma is evaluated differently here), and a conic that is not positive definite is kept."""
+    if not (ca > f32(0.0) and ca * cc > cb * cb):
+        return True
+    limit = math.log(opacity / ALPHA_MIN) + f32(1e-4)  # alpha >= ALPHA_MIN <=> sigma <= log(opacity / ALPHA_MIN)
+    s0, m0 = _row_min_sigma(ca, cb, cc, u - x1, u - x0, v - y0)
+    s1, m1 = _row_min_sigma(ca, cb, cc, u - x1, u - x0, v - y1)
+    return not (s0 - f32(1e-5) * m0 > limit and s1 - f32(1e-5) * m1 > limit)  # NaN: kept
+
+
+@shared
 def blend_vjp(alpha, vis, dx, dy, opacity, ca, cb, cc, c0, c1, c2, z, T, s0, s1, s2, sd, dc0, dc1, dc2, dd, da_end,
               depth_terms):
     """One Gaussian of the back-to-front pass over a pixel.

@@ -15,7 +15,7 @@ from numba import cuda, float32, int32, uint32
 from . import gaussian_ops as go
 from . import geometry as geo
 from .sh import sh_basis, sh_basis_jacobian
-from .blend import blend_step, blend_vjp, gaussian_alpha
+from .blend import blend_step, blend_vjp, gaussian_alpha, reaches_strip
 from ._backend import SIM, array_module
 from .launch import kernel
 from .optim import adam_lr, adam_update
@@ -225,6 +225,36 @@ def _alpha(rec, j, px, py):
 
 
 @cuda.jit(device=True, inline=True)
+def _reaches(rec, j, x0, x1, y0, y1):
+    return reaches_strip(rec[j, go.U], rec[j, go.V], rec[j, go.CA], rec[j, go.CB], rec[j, go.CC],
+                         rec[j, go.OPAC], x0, x1, y0, y1)
+
+
+@cuda.jit(device=True, inline=True)
+def warp_strip(tid, px, py):
+    """The pixel centres of this thread's warp: 16 columns (x0..x1) of two rows (y0, y1)."""
+    x0 = float32(px - (tid & 15)) + HALF
+    y0 = float32(py - ((tid >> 4) & 1)) + HALF
+    return x0, x0 + float32(15.0), y0, y0 + ONE
+
+
+@cuda.jit(device=True, inline=True)
+def chunk_hits(hit, left):
+    """Bit l set: lane l's Gaussian of a chunk of up to 32 (``left`` of them remain) may reach the
+    warp's pixels.  The raster loops visit only these, lowest bit first (``next_hit``)."""
+    m = warp_ballot(hit)
+    if left < 32:
+        m = uint32(m & uint32((uint32(1) << uint32(left)) - uint32(1)))  # uint32 throughout: Numba widens
+    return m
+
+
+@cuda.jit(device=True, inline=True)
+def next_hit(m):
+    """(index of the lowest set bit, m without it)."""
+    return int32(cuda.ffs(m) - 1), uint32(m & uint32(m - uint32(1)))
+
+
+@cuda.jit(device=True, inline=True)
 def masked(valid, alpha):
     """(alpha, 1) for a lane whose Gaussian counts, else (0, 0): with alpha 0 the backward step
     keeps T and the sums (1 / (1 - 0) is exactly 1), and the zero output gradient zeroes the record."""
@@ -261,6 +291,8 @@ def _raster_forward_kernel(proj, ids, ranges, W, H, tiles_x, bg, image, trans, d
     rec = cuda.shared.array((BLOCK, NF), float32)
     rid = cuda.shared.array(BLOCK, int32)
     tid, px, py, inside, start, end = _tile_pixel(ranges, tiles_x, W, H)
+    lane = tid & 31
+    x0, x1, y0, y1 = warp_strip(tid, px, py)
     fx = float32(px) + HALF
     fy = float32(py) + HALF
     T = ONE
@@ -276,17 +308,24 @@ def _raster_forward_kernel(proj, ids, ranges, W, H, tiles_x, bg, image, trans, d
         if base + tid < end:
             _load(proj, ids, base + tid, rec, rid, tid)
         cuda.syncthreads()
-        for j in range(int32(0), int32(min(BLOCK, end - base))):
-            if done:
+        n = int32(min(BLOCK, end - base))
+        for c in range(int32(0), n, int32(32)):  # chunks of 32: the warp visits only its hits
+            if not warp_any(not done):
                 break
-            alpha, vis, dx, dy = _alpha(rec, j, fx, fy)
-            w, T, done = blend_step(alpha, T)
-            if w > ZERO:
-                r += w * rec[j, go.RED]
-                g += w * rec[j, go.GREEN]
-                b += w * rec[j, go.BLUE]
-                d += w * rec[j, go.DEPTH]
-                stop = int32(base + j + 1)
+            k = int32(c + lane)
+            hits = chunk_hits(k < n and _reaches(rec, k, x0, x1, y0, y1), int32(n - c))
+            while hits != 0:
+                h, hits = next_hit(hits)
+                j = int32(c + h)
+                if not done:
+                    alpha, vis, dx, dy = _alpha(rec, j, fx, fy)
+                    w, T, done = blend_step(alpha, T)
+                    if w > ZERO:
+                        r += w * rec[j, go.RED]
+                        g += w * rec[j, go.GREEN]
+                        b += w * rec[j, go.BLUE]
+                        d += w * rec[j, go.DEPTH]
+                        stop = int32(base + j + 1)
         cuda.syncthreads()
     if inside:
         image[py, px, 0] = r + T * bg[0]
@@ -304,6 +343,11 @@ if SIM:
     def warp_any(p):
         """Every thread goes on: the simulator's block-wide reduction needs them all."""
         return True
+
+    @cuda.jit(device=True)
+    def warp_ballot(p):
+        """Every lane's bit: the whole block visits the same Gaussians (the reduction needs it)."""
+        return uint32(FULL_MASK)
 
     @cuda.jit(device=True)
     def _reduce_add(grad, g, tid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11):
@@ -327,6 +371,11 @@ else:
     def warp_any(p):
         """Whether p holds for any lane of the warp (the same answer on every lane)."""
         return cuda.any_sync(FULL_MASK, p)
+
+    @cuda.jit(device=True, inline=True)
+    def warp_ballot(p):
+        """Bit l: p on lane l."""
+        return uint32(cuda.ballot_sync(FULL_MASK, p))
 
     @cuda.jit(device=True, inline=True)
     def _fold(lane, bit, lo, hi):
@@ -372,6 +421,8 @@ def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d
     red = cuda.shared.array((NG, RED_ROWS), float32)
     block_last = cuda.shared.array(1, int32)
     tid, px, py, inside, start, end = _tile_pixel(ranges, tiles_x, W, H)
+    lane = tid & 31
+    x0, x1, y0, y1 = warp_strip(tid, px, py)
     if tid == 0:
         block_last[0] = start
     cuda.syncthreads()
@@ -405,17 +456,22 @@ def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d
         if top - 1 - tid >= lo:
             _load(proj, ids, top - 1 - tid, rec, rid, tid)
         cuda.syncthreads()
-        for j in range(int32(0), int32(top - lo)):
-            i = int32(top - 1 - j)
-            alpha, vis, dx, dy = _alpha(rec, j, fx, fy)
-            valid = i < my_last and alpha >= ALPHA_MIN
-            if warp_any(valid):  # the other lanes take alpha 0 and no gradient: exact zeros, no branch
-                a, m = masked(valid, alpha)
-                T, s0, s1, s2, sd, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11 = blend_vjp(
-                    a, vis, dx, dy, rec[j, go.OPAC], rec[j, go.CA], rec[j, go.CB], rec[j, go.CC],
-                    rec[j, go.RED], rec[j, go.GREEN], rec[j, go.BLUE], rec[j, go.DEPTH],
-                    T, s0, s1, s2, sd, dc0 * m, dc1 * m, dc2 * m, dd * m, da_end * m, True)
-                _reduce_add(grad, rid[j], tid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
+        n = int32(top - lo)
+        for c in range(int32(0), n, int32(32)):  # as in the forward pass: only the warp's hits
+            k = int32(c + lane)
+            hits = chunk_hits(k < n and _reaches(rec, k, x0, x1, y0, y1), int32(n - c))
+            while hits != 0:
+                h, hits = next_hit(hits)
+                j = int32(c + h)
+                alpha, vis, dx, dy = _alpha(rec, j, fx, fy)
+                valid = top - 1 - j < my_last and alpha >= ALPHA_MIN
+                if warp_any(valid):  # the other lanes take alpha 0 and no gradient: exact zeros, no branch
+                    a, m = masked(valid, alpha)
+                    T, s0, s1, s2, sd, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11 = blend_vjp(
+                        a, vis, dx, dy, rec[j, go.OPAC], rec[j, go.CA], rec[j, go.CB], rec[j, go.CC],
+                        rec[j, go.RED], rec[j, go.GREEN], rec[j, go.BLUE], rec[j, go.DEPTH],
+                        T, s0, s1, s2, sd, dc0 * m, dc1 * m, dc2 * m, dd * m, da_end * m, True)
+                    _reduce_add(grad, rid[j], tid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
         cuda.syncthreads()
 
 

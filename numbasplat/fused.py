@@ -8,11 +8,14 @@ per-Gaussian gradients (and, when asked, the image) go to device memory.
 
 A record costs shared memory, and shared memory sets how many tiles an SM
 runs at once, so the cache holds only what the passes read: the first
-``CACHED`` fields (no depth: the tile loss has no depth term) and the id.
+``CACHED`` fields (no depth: the tile loss has no depth term).  The Gaussian's
+id is read again from ``ids`` in the backward pass (one broadcast load a warp,
+an L1 hit): kept in shared memory it would cost a tenth of each record, and
+on the 1M benchmark scene that is the difference between 4 and 5 tiles per SM.
 
 A tile fits when its Gaussians fit the shared-memory budget
 ``B = (M_budget - M_fixed) // M_g`` (M_budget: the device's shared memory per
-block; M_fixed: the kernel's static layout; M_g: one cached record and its id).  The
+block; M_fixed: the kernel's static layout; M_g: one cached record).  The
 other tiles take the unfused path (raster forward, the same tile-local loss,
 raster backward) in the same step, so results do not depend on the path.
 """
@@ -23,14 +26,15 @@ from numba import cuda, float32, int32, uint32
 
 from . import _backend
 from . import gaussian_ops as go
-from .blend import blend_step, blend_vjp, gaussian_alpha
+from .blend import blend_step, blend_vjp, gaussian_alpha, reaches_strip
 from .cuda import (ALPHA_MIN, BLOCK, F1, F2, F3, HALF, I1, I2, NG, ONE, RED_ROWS, TILE, ZERO,
-                   _pixel_of_tile, _reduce_add, flat_records, masked, warp_any)
+                   _pixel_of_tile, _reduce_add, chunk_hits, flat_records, masked, next_hit, warp_any,
+                   warp_strip)
 from .launch import kernel
 from .tile_loss import TILE_LOSS_SMEM, store_tile_sums, tile_loss_grad
 
 CACHED = go.DEPTH               # record fields cached per Gaussian: all before depth
-RECORD_BYTES = 4 * CACHED + 4   # one cached record (float32 fields) and its Gaussian id
+RECORD_BYTES = 4 * CACHED       # one cached record (float32 fields)
 
 
 @cuda.jit(device=True, inline=True)
@@ -39,6 +43,12 @@ def _at(j, f):
     every signed index into a dynamic shared array for negative values, about 10 integer
     instructions per read, a third of the pair loops' instructions."""
     return uint32(j) * uint32(CACHED) + uint32(f)
+
+
+@cuda.jit(device=True, inline=True)
+def _cached_reaches(rec, j, x0, x1, y0, y1):
+    return reaches_strip(rec[_at(j, go.U)], rec[_at(j, go.V)], rec[_at(j, go.CA)], rec[_at(j, go.CB)],
+                         rec[_at(j, go.CC)], rec[_at(j, go.OPAC)], x0, x1, y0, y1)
 
 
 @cuda.jit(device=True, inline=True)
@@ -53,9 +63,10 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
                   write_image, image, grad, partials):
     tile = tile_list[cuda.blockIdx.x]
     tid, px, py, inside, start, end = _pixel_of_tile(tile, ranges, tiles_x, W, H)
+    lane = tid & 31
+    x0, x1, y0, y1 = warp_strip(tid, px, py)
     count = int32(end - start)  # int32 loop counters: Numba's int64 ones cost ~15 instructions an iteration
-    rec = cuda.shared.array(0, float32)      # count * CACHED record fields, then count int32 ids
-    rid = cuda.shared.array(0, int32)
+    rec = cuda.shared.array(0, float32)      # count * CACHED record fields
     sm = cuda.shared.array(TILE_LOSS_SMEM, float32)  # the loss's scratch, then its block sums
     red = cuda.shared.array((NG, RED_ROWS), float32)
     block_last = cuda.shared.array(1, int32)
@@ -77,21 +88,26 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
         if tid < n:  # a record a thread: a field-interleaved copy cost ~100 instructions a word
             k = base + tid
             g = uint32(ids[start + k])
-            rid[_at(count, k)] = g
             for f in range(CACHED):
                 rec[_at(k, f)] = proj[g, f]
         cuda.syncthreads()
-        j = base
-        j_end = int32(base + n)
-        while j < j_end and not done:
-            alpha, vis, dx, dy = _cached_alpha(rec, j, fx, fy)
-            w, T, done = blend_step(alpha, T)
-            if w > ZERO:
-                r += w * rec[_at(j, go.RED)]
-                gr += w * rec[_at(j, go.GREEN)]
-                b += w * rec[_at(j, go.BLUE)]
-                stop = int32(j + 1)
-            j = int32(j + 1)
+        b_end = int32(base + n)
+        for c in range(base, b_end, int32(32)):  # chunks of 32: the warp visits only its hits
+            if not warp_any(not done):
+                break
+            k = int32(c + lane)
+            hits = chunk_hits(k < b_end and _cached_reaches(rec, k, x0, x1, y0, y1), int32(b_end - c))
+            while hits != 0:
+                h, hits = next_hit(hits)
+                j = int32(c + h)
+                if not done:
+                    alpha, vis, dx, dy = _cached_alpha(rec, j, fx, fy)
+                    w, T, done = blend_step(alpha, T)
+                    if w > ZERO:
+                        r += w * rec[_at(j, go.RED)]
+                        gr += w * rec[_at(j, go.GREEN)]
+                        b += w * rec[_at(j, go.BLUE)]
+                        stop = int32(j + 1)
     if inside:
         cuda.atomic.max(block_last, 0, stop)
     c0 = r + T * bg[0]
@@ -117,18 +133,21 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
     s1 = T * bg[1]
     s2 = T * bg[2]
     sd = ZERO
-    j = block_last[0]
-    while j > 0:
-        j = int32(j - 1)
-        alpha, vis, dx, dy = _cached_alpha(rec, j, fx, fy)
-        valid = j < stop and alpha >= ALPHA_MIN
-        if warp_any(valid):  # as in the unfused backward pass
-            a, m = masked(valid, alpha)
-            T, s0, s1, s2, sd, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11 = blend_vjp(
-                a, vis, dx, dy, rec[_at(j, go.OPAC)], rec[_at(j, go.CA)], rec[_at(j, go.CB)],
-                rec[_at(j, go.CC)], rec[_at(j, go.RED)], rec[_at(j, go.GREEN)], rec[_at(j, go.BLUE)], ZERO,
-                T, s0, s1, s2, sd, dc0 * m, dc1 * m, dc2 * m, ZERO, ZERO, False)
-            _reduce_add(grad, rid[_at(count, j)], tid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
+    for top in range(block_last[0], int32(0), int32(-32)):  # chunks back to front; lane l: Gaussian top-1-l
+        k = int32(top - 1 - lane)
+        hits = chunk_hits(k >= 0 and _cached_reaches(rec, k, x0, x1, y0, y1), top)
+        while hits != 0:
+            h, hits = next_hit(hits)
+            j = int32(top - 1 - h)
+            alpha, vis, dx, dy = _cached_alpha(rec, j, fx, fy)
+            valid = j < stop and alpha >= ALPHA_MIN
+            if warp_any(valid):  # as in the unfused backward pass
+                a, m = masked(valid, alpha)
+                T, s0, s1, s2, sd, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11 = blend_vjp(
+                    a, vis, dx, dy, rec[_at(j, go.OPAC)], rec[_at(j, go.CA)], rec[_at(j, go.CB)],
+                    rec[_at(j, go.CC)], rec[_at(j, go.RED)], rec[_at(j, go.GREEN)], rec[_at(j, go.BLUE)], ZERO,
+                    T, s0, s1, s2, sd, dc0 * m, dc1 * m, dc2 * m, ZERO, ZERO, False)
+                _reduce_add(grad, ids[start + j], tid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
 
 
 @functools.cache

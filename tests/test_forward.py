@@ -1,9 +1,12 @@
 """Forward rendering against an independent dense reference, and the edge cases of bad input."""
 import numpy as np
 import pytest
+from numba import njit
 
 import numbasplat as ns
 from numbasplat import rendering as rz
+from numbasplat.blend import gaussian_alpha, reaches_strip
+from numbasplat.geometry import ALPHA_MIN
 from tests.scenes import edge_case_scene, look_at_camera
 
 C0 = 0.28209479177387814
@@ -146,3 +149,48 @@ def test_project_backward_adds_or_overwrites():
     ns.project_backward(g, frame.projection, rec, out, accumulate=True, backend="cpu")
     for k, a in once.arrays().items():
         np.testing.assert_allclose(getattr(out, k), 2 * a, rtol=1e-12, atol=1e-15, err_msg=k)
+
+
+@njit(cache=False)
+def _strip_cases(params, strips, out):
+    """out[i]: (reaches_strip, max alpha over the strip's 32 pixel centres), all in float32."""
+    for i in range(params.shape[0]):
+        u, v, ca, cb, cc, o = params[i]
+        x0, y0 = strips[i]
+        out[i, 0] = reaches_strip(u, v, ca, cb, cc, o, x0, x0 + np.float32(15.0), y0, y0 + np.float32(1.0))
+        best = np.float32(0.0)
+        for row in range(2):
+            for col in range(16):
+                a = gaussian_alpha(u, v, ca, cb, cc, o, x0 + np.float32(col), y0 + np.float32(row))[0]
+                best = max(best, a)
+        out[i, 1] = best
+
+
+def test_strip_cull_is_conservative_and_culls():
+    """A warp skips a Gaussian only when none of its 32 pixels would take it: over thin,
+    tilted, near-degenerate and faint Gaussians near the strip, the cull never drops a pixel
+    with alpha >= ALPHA_MIN, and it does drop most of those that reach none."""
+    rng = np.random.default_rng(3)
+    n = 200000
+    sx, sy = np.exp(rng.uniform(np.log(0.3), np.log(60.0), (2, n)))
+    th = rng.uniform(0, np.pi, n)
+    c, s = np.cos(th), np.sin(th)
+    cov = np.stack([c * c * sx**2 + s * s * sy**2, c * s * (sx**2 - sy**2), s * s * sx**2 + c * c * sy**2], 1)
+    det = cov[:, 0] * cov[:, 2] - cov[:, 1] ** 2
+    conic = np.stack([cov[:, 2], -cov[:, 1], cov[:, 0]], 1) / det[:, None]
+    u, v = rng.uniform(-80, 100, (2, n))
+    o = np.where(rng.random(n) < 0.1, rng.uniform(0, 0.01, n), rng.uniform(0, 1, n))
+    params = np.column_stack([u, v, conic, o]).astype(np.float32)
+    strips = np.column_stack([rng.integers(0, 4, n) * 16 + 0.5, rng.integers(0, 8, n) * 2 + 0.5]).astype(np.float32)
+    out = np.zeros((n, 2), np.float32)
+    _strip_cases(params, strips, out)
+    keep, alpha = out[:, 0] > 0, out[:, 1]
+    assert not np.any(~keep & (alpha >= ALPHA_MIN)), "a culled Gaussian reaches a pixel"
+    unseen = alpha < ALPHA_MIN
+    assert keep[~unseen].all() and unseen.sum() > n // 4
+    assert (~keep[unseen]).mean() > 0.9, (~keep[unseen]).mean()
+    # an indefinite conic or a NaN opacity is never culled; zero opacity always is
+    for ca, cb, cc, op, want in ((1.0, 2.0, 1.0, 0.5, True), (1.0, 0.0, 1.0, np.nan, True),
+                                 (1.0, 0.0, 1.0, 0.0, False)):
+        got = reaches_strip(*np.float32([500.0, 500.0, ca, cb, cc, op, 0.5, 15.5, 0.5, 1.5]))
+        assert got == want

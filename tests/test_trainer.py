@@ -168,9 +168,18 @@ def test_cli_reports_bad_input_by_name(tmp_path):
     r = run_cli("export", "--model", str(tmp_path), "--ply", str(tmp_path / "x.ply"))
     assert r.returncode != 0 and "Traceback" not in r.stderr
     for flag, value in (("--iters", "-5"), ("--s3im-repeats", "0"), ("--batch-size", "two"), ("--lambda-s3im", "1.5"),
-                        ("--lambda-s3im", "x")):
+                        ("--lambda-s3im", "x"), ("--grad-threshold", "0"), ("--grad-threshold", "inf")):
         r = run_cli("train", "--data", str(tmp_path), "--out", str(tmp_path / "o"), flag, value)
         assert r.returncode == 2 and flag in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_cli_training_options_reach_the_config(monkeypatch):
+    import run
+    seen = {}
+    monkeypatch.setattr(run, "cmd_train", lambda a: seen.update(cfg=run._config(a)))
+    run.main(["train", "--data", "x", "--out", "o", "--grad-threshold", "1.5e-4", "--lambda-s3im", "0.1", "--s3im-repeats", "3"])
+    cfg = seen["cfg"]
+    assert (cfg.grad_threshold, cfg.lambda_s3im, cfg.s3im_repeats) == (1.5e-4, 0.1, 3)
 
 
 def test_tile_loss_training_runs_and_learns(dataset, tmp_path):
