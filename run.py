@@ -39,7 +39,7 @@ def _config(a):
     cfg = TrainConfig()
     for k in ("iterations", "strategy", "cap_max", "max_gaussians", "absgrad", "random_background", "antialias",
               "visible_adam", "snapshot_every", "seed", "sh_degree", "densify_until", "loss", "n_random_init",
-              "s3im_repeats", "lambda_s3im", "grad_threshold"):
+              "s3im_repeats", "lambda_s3im", "grad_threshold", "batch_lr_exponent"):
         v = getattr(a, k, None)
         if v is not None:
             setattr(cfg, k, v)
@@ -330,6 +330,9 @@ def main(argv=None):
     t.add_argument("--batch-size", type=_count(1), default=None,
                    help="views per step (default: the number of MPI ranks; given without mpirun, the batched "
                         "pipeline runs in one process)")
+    t.add_argument("--batch-lr-exponent", type=_fraction, default=None,
+                   help="at batch B the learning rates are scaled by B ** this (default 0.5, as Grendel does; "
+                        "Adam's betas are raised to the power B)")
     t.add_argument("--grad-comm", choices=["sparse", "dense"], default="sparse",
                    help="backward exchange under MPI: zero-eliding (ByteSplat) or dense")
     t.add_argument("--transport", choices=TRANSPORTS, default="auto",

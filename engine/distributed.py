@@ -256,7 +256,7 @@ class DistributedTrainer(Trainer):
             # densification sees each view's own screen gradient, not its 1/B share of the batch loss
             self.strategy.after_backward(model, self.step, _FrameInfo(p), grad_b * self.batch)
         lr, cols = self.learning_rates()
-        model.adam.step(model.grads.data, cols * math.sqrt(self.batch))
+        model.adam.step(model.grads.data, cols * self.batch ** c.batch_lr_exponent)
         prev = self.step
         self.step += self.batch
         ctx = self.context()  # shards change only in _take_shard and _reorder_after_refine, which set these

@@ -47,6 +47,7 @@ class TrainConfig:
     max_gaussians: int = 0            # memory guard for the default strategy (0: device capacity)
     absgrad: bool = False
     grad_threshold: float = 2e-4
+    batch_lr_exponent: float = 0.5    # at batch B the learning rates are scaled by B ** this (Grendel: sqrt)
     densify_until: int = 15_000
     random_background: bool = False
     background: tuple = (0.0, 0.0, 0.0)

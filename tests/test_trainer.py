@@ -177,9 +177,10 @@ def test_cli_training_options_reach_the_config(monkeypatch):
     import run
     seen = {}
     monkeypatch.setattr(run, "cmd_train", lambda a: seen.update(cfg=run._config(a)))
-    run.main(["train", "--data", "x", "--out", "o", "--grad-threshold", "1.5e-4", "--lambda-s3im", "0.1", "--s3im-repeats", "3"])
+    run.main(["train", "--data", "x", "--out", "o", "--grad-threshold", "1.5e-4", "--lambda-s3im", "0.1", "--s3im-repeats", "3",
+              "--batch-lr-exponent", "1"])
     cfg = seen["cfg"]
-    assert (cfg.grad_threshold, cfg.lambda_s3im, cfg.s3im_repeats) == (1.5e-4, 0.1, 3)
+    assert (cfg.grad_threshold, cfg.lambda_s3im, cfg.s3im_repeats, cfg.batch_lr_exponent) == (1.5e-4, 0.1, 3, 1.0)
 
 
 def test_tile_loss_training_runs_and_learns(dataset, tmp_path):
@@ -265,3 +266,19 @@ def test_cli_batch_size_without_mpirun_trains_batched(dataset, tmp_path):
     assert "1 ranks, batch 3" in r.stdout + r.stderr
     assert [rec["step"] for rec in log][-1] == 12 and all(rec["step"] % 3 == 0 for rec in log)
     assert "rank_stats" in log[-1]
+
+
+@pytest.mark.parametrize("exponent", [0.5, 1.0])
+def test_batch_scales_learning_rates_by_its_power(dataset, tmp_path, exponent):
+    """At batch B the distributed step gives Adam the learning rates times B ** batch_lr_exponent."""
+    from mpi4py import MPI
+    from engine.distributed import DistributedTrainer
+    t = DistributedTrainer(dataset, tmp_path, small_config(batch_lr_exponent=exponent), MPI.COMM_SELF,
+                           batch_size=4, backend="cpu")
+    t.init_model()
+    _, cols = t.learning_rates()
+    seen = []
+    step = t.model.adam.step
+    t.model.adam.step = lambda grads, lrs: (seen.append(np.array(lrs)), step(grads, lrs))
+    t.train_step()
+    np.testing.assert_allclose(seen[0], np.asarray(cols) * 4 ** exponent, rtol=1e-6)
