@@ -2,7 +2,9 @@
 
 Per-Gaussian kernels run the bodies of ``gaussian_ops`` one thread per
 Gaussian.  The raster kernels run one 16x16 thread block per tile and stream
-the tile's depth-sorted Gaussians through shared memory in batches of 256.
+the tile's depth-sorted Gaussians through shared memory in batches of 256,
+32 at a time: each lane tests one against its warp's two pixel rows
+(``blend.reaches_strip``) and the warp visits only those that can reach a pixel.
 The backward pass walks each pixel back to front and sums every Gaussian's
 gradient across the warp (a transpose reduction by shuffles) before one atomic
 instruction per warp; the CUDA simulator has no shuffles, so there the sum
