@@ -23,6 +23,7 @@ from .launch import kernel
 from .optim import adam_lr, adam_update
 
 BLOCK = 256                 # threads per tile block = Gaussians per shared-memory batch
+BATCH_WORDS = BLOCK * go.PROJ_FIELDS  # a batch of records in shared memory (a constant, as Numba needs)
 TILE = 16
 THREADS = 256               # threads per block of the per-Gaussian kernels
 FULL_MASK = 0xFFFFFFFF
@@ -221,15 +222,25 @@ def project_backward(means, quats, scales, logits, sh, degree, cam, W, H, antial
 # --------------------------------------------------------------------------- per tile
 
 @cuda.jit(device=True, inline=True)
-def _alpha(rec, j, px, py):
-    return gaussian_alpha(rec[j, go.U], rec[j, go.V], rec[j, go.CA], rec[j, go.CB], rec[j, go.CC],
-                          rec[j, go.OPAC], px, py)
+def field(j, f, stride):
+    """The index of field f of record j in a flat shared array of ``stride``-float records.
+    Unsigned on purpose: Numba wraps every signed index into a shared array for negative
+    values, about 10 integer instructions per read."""
+    return uint32(j) * uint32(stride) + uint32(f)
 
 
 @cuda.jit(device=True, inline=True)
-def _reaches(rec, j, x0, x1, y0, y1):
-    return reaches_strip(rec[j, go.U], rec[j, go.V], rec[j, go.CA], rec[j, go.CB], rec[j, go.CC],
-                         rec[j, go.OPAC], x0, x1, y0, y1)
+def record_alpha(rec, stride, j, px, py):
+    return gaussian_alpha(rec[field(j, go.U, stride)], rec[field(j, go.V, stride)], rec[field(j, go.CA, stride)],
+                          rec[field(j, go.CB, stride)], rec[field(j, go.CC, stride)],
+                          rec[field(j, go.OPAC, stride)], px, py)
+
+
+@cuda.jit(device=True, inline=True)
+def record_reaches(rec, stride, j, x0, x1, y0, y1):
+    return reaches_strip(rec[field(j, go.U, stride)], rec[field(j, go.V, stride)], rec[field(j, go.CA, stride)],
+                         rec[field(j, go.CB, stride)], rec[field(j, go.CC, stride)],
+                         rec[field(j, go.OPAC, stride)], x0, x1, y0, y1)
 
 
 @cuda.jit(device=True, inline=True)
@@ -254,6 +265,33 @@ def chunk_hits(hit, left):
 def next_hit(m):
     """(index of the lowest set bit, m without it)."""
     return int32(cuda.ffs(m) - 1), uint32(m & uint32(m - uint32(1)))
+
+
+@cuda.jit(device=True, inline=True)
+def composite_chunks(rec, stride, lo, hi, first, lane, x0, x1, y0, y1, fx, fy, T, r, g, b, d, stop, done, depth):
+    """Front-to-back compositing of records lo..hi-1 of ``rec`` into this thread's pixel, 32 at a
+    time, visiting only the warp's hits.  ``first``: the tile-list index of record 0 (``stop``
+    is the index after the pixel's last contributor); ``depth``: the records hold depth, sum it.
+    Returns the updated (T, r, g, b, d, stop, done)."""
+    for c in range(lo, hi, int32(32)):
+        if not warp_any(not done):
+            break
+        k = int32(c + lane)
+        hits = chunk_hits(k < hi and record_reaches(rec, stride, k, x0, x1, y0, y1), int32(hi - c))
+        while hits != 0:
+            h, hits = next_hit(hits)
+            j = int32(c + h)
+            if not done:
+                alpha, vis, dx, dy = record_alpha(rec, stride, j, fx, fy)
+                w, T, done = blend_step(alpha, T)
+                if w > ZERO:
+                    r += w * rec[field(j, go.RED, stride)]
+                    g += w * rec[field(j, go.GREEN, stride)]
+                    b += w * rec[field(j, go.BLUE, stride)]
+                    if depth:
+                        d += w * rec[field(j, go.DEPTH, stride)]
+                    stop = int32(first + j + 1)
+    return T, r, g, b, d, stop, done
 
 
 @cuda.jit(device=True, inline=True)
@@ -285,12 +323,12 @@ def _load(proj, ids, i, rec, rid, slot):
     g = ids[i]
     rid[slot] = g
     for f in range(NF):
-        rec[slot, f] = proj[g, f]
+        rec[field(slot, f, NF)] = proj[g, f]
 
 
 @kernel(F2, I1, I2, "int64", "int64", "int64", F1, F3, F2, F2, I2, fastmath=True)
 def _raster_forward_kernel(proj, ids, ranges, W, H, tiles_x, bg, image, trans, depth, last):
-    rec = cuda.shared.array((BLOCK, NF), float32)
+    rec = cuda.shared.array(BATCH_WORDS, float32)
     rid = cuda.shared.array(BLOCK, int32)
     tid, px, py, inside, start, end = _tile_pixel(ranges, tiles_x, W, H)
     lane = tid & 31
@@ -310,24 +348,8 @@ def _raster_forward_kernel(proj, ids, ranges, W, H, tiles_x, bg, image, trans, d
         if base + tid < end:
             _load(proj, ids, base + tid, rec, rid, tid)
         cuda.syncthreads()
-        n = int32(min(BLOCK, end - base))
-        for c in range(int32(0), n, int32(32)):  # chunks of 32: the warp visits only its hits
-            if not warp_any(not done):
-                break
-            k = int32(c + lane)
-            hits = chunk_hits(k < n and _reaches(rec, k, x0, x1, y0, y1), int32(n - c))
-            while hits != 0:
-                h, hits = next_hit(hits)
-                j = int32(c + h)
-                if not done:
-                    alpha, vis, dx, dy = _alpha(rec, j, fx, fy)
-                    w, T, done = blend_step(alpha, T)
-                    if w > ZERO:
-                        r += w * rec[j, go.RED]
-                        g += w * rec[j, go.GREEN]
-                        b += w * rec[j, go.BLUE]
-                        d += w * rec[j, go.DEPTH]
-                        stop = int32(base + j + 1)
+        T, r, g, b, d, stop, done = composite_chunks(rec, NF, int32(0), int32(min(BLOCK, end - base)), base, lane,
+                                                     x0, x1, y0, y1, fx, fy, T, r, g, b, d, stop, done, True)
         cuda.syncthreads()
     if inside:
         image[py, px, 0] = r + T * bg[0]
@@ -418,7 +440,7 @@ else:
 
 @kernel(F2, I1, I2, "int64", "int64", "int64", F1, F2, I2, F3, F2, F2, F1, fastmath=True)
 def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad):
-    rec = cuda.shared.array((BLOCK, NF), float32)
+    rec = cuda.shared.array(BATCH_WORDS, float32)
     rid = cuda.shared.array(BLOCK, int32)
     red = cuda.shared.array((NG, RED_ROWS), float32)
     block_last = cuda.shared.array(1, int32)
@@ -461,17 +483,18 @@ def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d
         n = int32(top - lo)
         for c in range(int32(0), n, int32(32)):  # as in the forward pass: only the warp's hits
             k = int32(c + lane)
-            hits = chunk_hits(k < n and _reaches(rec, k, x0, x1, y0, y1), int32(n - c))
+            hits = chunk_hits(k < n and record_reaches(rec, NF, k, x0, x1, y0, y1), int32(n - c))
             while hits != 0:
                 h, hits = next_hit(hits)
                 j = int32(c + h)
-                alpha, vis, dx, dy = _alpha(rec, j, fx, fy)
+                alpha, vis, dx, dy = record_alpha(rec, NF, j, fx, fy)
                 valid = top - 1 - j < my_last and alpha >= ALPHA_MIN
                 if warp_any(valid):  # the other lanes take alpha 0 and no gradient: exact zeros, no branch
                     a, m = masked(valid, alpha)
                     T, s0, s1, s2, sd, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11 = blend_vjp(
-                        a, vis, dx, dy, rec[j, go.OPAC], rec[j, go.CA], rec[j, go.CB], rec[j, go.CC],
-                        rec[j, go.RED], rec[j, go.GREEN], rec[j, go.BLUE], rec[j, go.DEPTH],
+                        a, vis, dx, dy, rec[field(j, go.OPAC, NF)], rec[field(j, go.CA, NF)],
+                        rec[field(j, go.CB, NF)], rec[field(j, go.CC, NF)], rec[field(j, go.RED, NF)],
+                        rec[field(j, go.GREEN, NF)], rec[field(j, go.BLUE, NF)], rec[field(j, go.DEPTH, NF)],
                         T, s0, s1, s2, sd, dc0 * m, dc1 * m, dc2 * m, dd * m, da_end * m, True)
                     _reduce_add(grad, rid[j], tid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
         cuda.syncthreads()

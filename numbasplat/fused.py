@@ -26,35 +26,15 @@ from numba import cuda, float32, int32, uint32
 
 from . import _backend
 from . import gaussian_ops as go
-from .blend import blend_step, blend_vjp, gaussian_alpha, reaches_strip
+from .blend import blend_vjp
 from .cuda import (ALPHA_MIN, BLOCK, F1, F2, F3, HALF, I1, I2, NG, ONE, RED_ROWS, TILE, ZERO,
-                   _pixel_of_tile, _reduce_add, chunk_hits, flat_records, masked, next_hit, warp_any,
-                   warp_strip)
+                   _pixel_of_tile, _reduce_add, chunk_hits, composite_chunks, field, flat_records, masked, next_hit,
+                   record_alpha, record_reaches, warp_any, warp_strip)
 from .launch import kernel
 from .tile_loss import TILE_LOSS_SMEM, store_tile_sums, tile_loss_grad
 
 CACHED = go.DEPTH               # record fields cached per Gaussian: all before depth
 RECORD_BYTES = 4 * CACHED       # one cached record (float32 fields)
-
-
-@cuda.jit(device=True, inline=True)
-def _at(j, f):
-    """The shared-array index of field f of cached record j.  Unsigned on purpose: Numba wraps
-    every signed index into a dynamic shared array for negative values, about 10 integer
-    instructions per read, a third of the pair loops' instructions."""
-    return uint32(j) * uint32(CACHED) + uint32(f)
-
-
-@cuda.jit(device=True, inline=True)
-def _cached_reaches(rec, j, x0, x1, y0, y1):
-    return reaches_strip(rec[_at(j, go.U)], rec[_at(j, go.V)], rec[_at(j, go.CA)], rec[_at(j, go.CB)],
-                         rec[_at(j, go.CC)], rec[_at(j, go.OPAC)], x0, x1, y0, y1)
-
-
-@cuda.jit(device=True, inline=True)
-def _cached_alpha(rec, j, px, py):
-    return gaussian_alpha(rec[_at(j, go.U)], rec[_at(j, go.V)], rec[_at(j, go.CA)], rec[_at(j, go.CB)],
-                          rec[_at(j, go.CC)], rec[_at(j, go.OPAC)], px, py)
 
 
 @kernel(F2, I1, I2, "int64", "int64", "int64", F1, F3, "int32[:, ::1]", "int64", "float32", "float32", "float32",
@@ -89,25 +69,10 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
             k = base + tid
             g = uint32(ids[start + k])
             for f in range(CACHED):
-                rec[_at(k, f)] = proj[g, f]
+                rec[field(k, f, CACHED)] = proj[g, f]
         cuda.syncthreads()
-        b_end = int32(base + n)
-        for c in range(base, b_end, int32(32)):  # chunks of 32: the warp visits only its hits
-            if not warp_any(not done):
-                break
-            k = int32(c + lane)
-            hits = chunk_hits(k < b_end and _cached_reaches(rec, k, x0, x1, y0, y1), int32(b_end - c))
-            while hits != 0:
-                h, hits = next_hit(hits)
-                j = int32(c + h)
-                if not done:
-                    alpha, vis, dx, dy = _cached_alpha(rec, j, fx, fy)
-                    w, T, done = blend_step(alpha, T)
-                    if w > ZERO:
-                        r += w * rec[_at(j, go.RED)]
-                        gr += w * rec[_at(j, go.GREEN)]
-                        b += w * rec[_at(j, go.BLUE)]
-                        stop = int32(j + 1)
+        T, r, gr, b, _, stop, done = composite_chunks(rec, CACHED, base, int32(base + n), int32(0), lane, x0, x1,
+                                                      y0, y1, fx, fy, T, r, gr, b, ZERO, stop, done, False)
     if inside:
         cuda.atomic.max(block_last, 0, stop)
     c0 = r + T * bg[0]
@@ -135,17 +100,18 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
     sd = ZERO
     for top in range(block_last[0], int32(0), int32(-32)):  # chunks back to front; lane l: Gaussian top-1-l
         k = int32(top - 1 - lane)
-        hits = chunk_hits(k >= 0 and _cached_reaches(rec, k, x0, x1, y0, y1), top)
+        hits = chunk_hits(k >= 0 and record_reaches(rec, CACHED, k, x0, x1, y0, y1), top)
         while hits != 0:
             h, hits = next_hit(hits)
             j = int32(top - 1 - h)
-            alpha, vis, dx, dy = _cached_alpha(rec, j, fx, fy)
+            alpha, vis, dx, dy = record_alpha(rec, CACHED, j, fx, fy)
             valid = j < stop and alpha >= ALPHA_MIN
             if warp_any(valid):  # as in the unfused backward pass
                 a, m = masked(valid, alpha)
                 T, s0, s1, s2, sd, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11 = blend_vjp(
-                    a, vis, dx, dy, rec[_at(j, go.OPAC)], rec[_at(j, go.CA)], rec[_at(j, go.CB)],
-                    rec[_at(j, go.CC)], rec[_at(j, go.RED)], rec[_at(j, go.GREEN)], rec[_at(j, go.BLUE)], ZERO,
+                    a, vis, dx, dy, rec[field(j, go.OPAC, CACHED)], rec[field(j, go.CA, CACHED)],
+                    rec[field(j, go.CB, CACHED)], rec[field(j, go.CC, CACHED)], rec[field(j, go.RED, CACHED)],
+                    rec[field(j, go.GREEN, CACHED)], rec[field(j, go.BLUE, CACHED)], ZERO,
                     T, s0, s1, s2, sd, dc0 * m, dc1 * m, dc2 * m, ZERO, ZERO, False)
                 _reduce_add(grad, ids[start + j], tid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
 
