@@ -222,14 +222,6 @@ def project_backward(means, quats, scales, logits, sh, degree, cam, W, H, antial
 # --------------------------------------------------------------------------- per tile
 
 @cuda.jit(device=True, inline=True)
-def field(j, f, stride):
-    """The index of field f of record j in a flat shared array of ``stride``-float records.
-    Unsigned on purpose: Numba wraps every signed index into a shared array for negative
-    values, about 10 integer instructions per read."""
-    return uint32(j) * uint32(stride) + uint32(f)
-
-
-@cuda.jit(device=True, inline=True)
 def record_alpha(rec, stride, j, px, py):
     return gaussian_alpha(rec[field(j, go.U, stride)], rec[field(j, go.V, stride)], rec[field(j, go.CA, stride)],
                           rec[field(j, go.CB, stride)], rec[field(j, go.CC, stride)],
@@ -252,29 +244,13 @@ def warp_strip(tid, px, py):
 
 
 @cuda.jit(device=True, inline=True)
-def chunk_hits(hit, left):
-    """Bit l set: lane l's Gaussian of a chunk of up to 32 (``left`` of them remain) may reach the
-    warp's pixels.  The raster loops visit only these, lowest bit first (``next_hit``)."""
-    m = warp_ballot(hit)
-    if left < 32:
-        m = uint32(m & uint32((uint32(1) << uint32(left)) - uint32(1)))  # uint32 throughout: Numba widens
-    return m
-
-
-@cuda.jit(device=True, inline=True)
-def next_hit(m):
-    """(index of the lowest set bit, m without it)."""
-    return int32(cuda.ffs(m) - 1), uint32(m & uint32(m - uint32(1)))
-
-
-@cuda.jit(device=True, inline=True)
 def composite_chunks(rec, stride, lo, hi, first, lane, x0, x1, y0, y1, fx, fy, T, r, g, b, d, stop, done, depth):
     """Front-to-back compositing of records lo..hi-1 of ``rec`` into this thread's pixel, 32 at a
     time, visiting only the warp's hits.  ``first``: the tile-list index of record 0 (``stop``
     is the index after the pixel's last contributor); ``depth``: the records hold depth, sum it.
     Returns the updated (T, r, g, b, d, stop, done)."""
     for c in range(lo, hi, int32(32)):
-        if not warp_any(not done):
+        if warp_all(done):
             break
         k = int32(c + lane)
         hits = chunk_hits(k < hi and record_reaches(rec, stride, k, x0, x1, y0, y1), int32(hi - c))
@@ -369,9 +345,29 @@ if SIM:
         return True
 
     @cuda.jit(device=True)
-    def warp_ballot(p):
-        """Every lane's bit: the whole block visits the same Gaussians (the reduction needs it)."""
-        return uint32(FULL_MASK)
+    def field(j, f, stride):
+        """The index of field f of record j in a flat shared array of ``stride``-float records
+        (plain integers: numpy's uint32 conversions cost the simulator more than the reads)."""
+        return j * stride + f
+
+    @cuda.jit(device=True)
+    def warp_all(p):
+        """This thread's own p: nothing in the loop it ends synchronises, so a thread that is done
+        stops there (the whole block going on ran every thread through every Gaussian)."""
+        return p
+
+    @cuda.jit(device=True)
+    def chunk_hits(hit, left):
+        """Every Gaussian of the chunk, as a plain int: the whole block visits the same Gaussians
+        (the reduction needs it)."""
+        return (1 << min(int(left), 32)) - 1
+
+    @cuda.jit(device=True)
+    def next_hit(m):
+        """(index of the lowest set bit, m without it), in Python integers: the simulator's
+        ``ffs`` formats strings, and it ran once a Gaussian and thread."""
+        low = m & -m
+        return low.bit_length() - 1, m ^ low
 
     @cuda.jit(device=True)
     def _reduce_add(grad, g, tid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11):
@@ -397,9 +393,30 @@ else:
         return cuda.any_sync(FULL_MASK, p)
 
     @cuda.jit(device=True, inline=True)
-    def warp_ballot(p):
-        """Bit l: p on lane l."""
-        return uint32(cuda.ballot_sync(FULL_MASK, p))
+    def field(j, f, stride):
+        """The index of field f of record j in a flat shared array of ``stride``-float records.
+        Unsigned on purpose: Numba wraps every signed index into a shared array for negative
+        values, about 10 integer instructions per read."""
+        return uint32(j) * uint32(stride) + uint32(f)
+
+    @cuda.jit(device=True, inline=True)
+    def warp_all(p):
+        """Whether p holds on every lane of the warp."""
+        return cuda.all_sync(FULL_MASK, p)
+
+    @cuda.jit(device=True, inline=True)
+    def chunk_hits(hit, left):
+        """Bit l set: lane l's Gaussian of a chunk of up to 32 (``left`` of them remain) may reach the
+        warp's pixels.  The raster loops visit only these, lowest bit first (``next_hit``)."""
+        m = uint32(cuda.ballot_sync(FULL_MASK, hit))
+        if left < 32:
+            m = uint32(m & uint32((uint32(1) << uint32(left)) - uint32(1)))  # uint32 throughout: Numba widens
+        return m
+
+    @cuda.jit(device=True, inline=True)
+    def next_hit(m):
+        """(index of the lowest set bit, m without it)."""
+        return int32(cuda.ffs(m) - 1), uint32(m & uint32(m - uint32(1)))
 
     @cuda.jit(device=True, inline=True)
     def _fold(lane, bit, lo, hi):
