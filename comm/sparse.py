@@ -412,20 +412,22 @@ def scatter_add(rows, route, out, backend=None):
     _scatter_add_cpu(np.ascontiguousarray(rows), route, out)
 
 
-def _sync(a):
-    if not isinstance(a, np.ndarray):
+def _sync(a, timed=True):
+    """Wait for the device work on ``a``, when the phases are timed (else the host runs ahead)."""
+    if timed and not isinstance(a, np.ndarray):
         import cupy
         cupy.cuda.get_current_stream().synchronize()
 
 
-def exchange_sparse(exchange, G, counts, route_recv, out, backend=None):
+def exchange_sparse(exchange, G, counts, route_recv, out, backend=None, timed=True):
     """Send gradient rows ``G`` (grouped by destination) as zero-eliding messages; add them into ``out``.
 
     One Alltoall of (dense, kept) counts, then one alltoallv of the messages
     (``encode``), decoded straight from the receive buffer (``decode_add``).
-    Returns stats: bytes sent dense/sparse, zero-row fraction, seconds per phase.
+    Returns stats: bytes sent dense/sparse, zero-row fraction, seconds per phase (the device's
+    with ``timed``, which syncs at each phase's end; else the host's).
     """
-    _sync(G)  # the phases' times exclude the still-running work that produced G
+    _sync(G, timed)  # the phases' times exclude the still-running work that produced G
     t0 = time.perf_counter()
     message, sizes, kept = encode(G, counts, backend)
     t1 = time.perf_counter()
@@ -436,10 +438,10 @@ def exchange_sparse(exchange, G, counts, route_recv, out, backend=None):
         raise ValueError(f"exchange_sparse: route_recv has {route_recv.shape[0]} rows, "
                          f"{recv_counts.sum()} arrive")
     received, _ = exchange.alltoallv(message, sizes, message_sizes(recv_counts, recv_kept, _row_words(G)))
-    _sync(received)  # an NCCL transfer runs on the stream: time it here, not in the decoder
+    _sync(received, timed)  # an NCCL transfer runs on the stream: time it here, not in the decoder
     t2 = time.perf_counter()
     decode_add(received, recv_counts, recv_kept, route_recv, out, backend)
-    _sync(out)
+    _sync(out, timed)
     t3 = time.perf_counter()
     rows = int(counts.sum())
     return {
@@ -450,20 +452,21 @@ def exchange_sparse(exchange, G, counts, route_recv, out, backend=None):
     }
 
 
-def exchange_dense(exchange, G, counts, route_recv, out, backend=None):
+def exchange_dense(exchange, G, counts, route_recv, out, backend=None, timed=True, recv_counts=None):
     """Same result as ``exchange_sparse`` by sending every row: alltoallv of ``G``, scatter-add by route.
+    ``recv_counts``, when the caller knows them, saves the exchange of the counts.
 
     Same stats keys; ``zero_fraction`` is None (not measured: it would cost a pass over ``G``).
     """
-    _sync(G)
+    _sync(G, timed)
     t0 = time.perf_counter()
-    recv, recv_counts = exchange.alltoallv(G, counts)
+    recv, recv_counts = exchange.alltoallv(G, counts, recv_counts)
     if route_recv.shape[0] != recv.shape[0]:
         raise ValueError(f"exchange_dense: route_recv has {route_recv.shape[0]} rows, {recv.shape[0]} arrive")
-    _sync(recv)
+    _sync(recv, timed)
     t1 = time.perf_counter()
     scatter_add(recv, route_recv, out, backend)
-    _sync(out)
+    _sync(out, timed)
     t2 = time.perf_counter()
     return {
         "dense_bytes": int(G.nbytes), "sparse_bytes": int(G.nbytes), "zero_fraction": None,  # not measured

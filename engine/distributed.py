@@ -29,6 +29,7 @@ import numpy as np
 import numbasplat as ns
 from numbasplat import _backend
 from numbasplat import gaussian_ops as go
+from comm.sparse import exchange_dense, exchange_sparse
 from numbasplat.loss import l1_ssim_loss
 from numbasplat.rendering import TILE, image_from_tiles, image_tiles, rasterize_tile_loss, tiles_squared_error
 from numbasplat.tile_loss import s3im_permutations
@@ -88,6 +89,8 @@ class DistributedTrainer(Trainer):
         self.log(f"{self.size} ranks, batch {self.batch}, device buffers through: {self.exchange.transport.name}")
         self.tile_cost = None
         self.stats = {}
+        self.time_phases = None  # True / False: sync at phase boundaries on every step / never (see _timing)
+        self._view0 = None
 
     # ------------------------------------------------------------------ sharding
     def init_model(self):
@@ -118,27 +121,27 @@ class DistributedTrainer(Trainer):
         return [self.next_view() for _ in range(self.batch)]
 
     def _send_plan(self, projs, spans, n_tiles, bounds):
-        """The forward exchange's rows, grouped by destination rank in record order: every
-        projected record (view b, Gaussian n) with a tile span goes to each rank whose tile range
-        meets the span.  Built on the device, where the records are (one sync per rank, for its
-        count).  Returns the rows, the per-rank counts, and each row's route b * N + n (where its
-        gradient goes back)."""
+        """The forward exchange's rows, grouped by destination rank, then by view, in record order:
+        every projected record (view b, Gaussian n) with a tile span goes to each rank whose tile
+        range meets the span.  Built on the device, where the records are, with two syncs whatever
+        P is (the counts; the compaction).  Returns the rows, the (P, B) rows per destination and
+        view, and each row's route b * N + n (where its gradient goes back)."""
         xp = self.xp
         span = xp.stack(spans)                                   # (B, N, 2) first, last tile; -1 if culled
-        offset = (xp.arange(len(spans), dtype=np.int64) * n_tiles)[:, None]
+        B, N = span.shape[:2]
+        offset = (xp.arange(B, dtype=np.int64) * n_tiles)[:, None]
         bounds = xp.asarray(bounds)
-        r_lo = xp.searchsorted(bounds, (span[:, :, 0] + offset).ravel(), side="right") - 1
-        r_hi = xp.searchsorted(bounds, (span[:, :, 1] + offset).ravel(), side="right") - 1
-        live = (span[:, :, 0] >= 0).ravel()
-        routes = [xp.flatnonzero(live & (r_lo <= d) & (r_hi >= d)) for d in range(self.size)]
-        counts = np.array([len(r) for r in routes], np.int64)
-        route = xp.concatenate(routes)
+        r_lo = (xp.searchsorted(bounds, (span[:, :, 0] + offset).ravel(), side="right") - 1).reshape(B, N)
+        r_hi = (xp.searchsorted(bounds, (span[:, :, 1] + offset).ravel(), side="right") - 1).reshape(B, N)
+        dest = xp.arange(self.size).reshape(-1, 1, 1)
+        goes = (r_lo <= dest) & (r_hi >= dest) & (span[:, :, 0] >= 0)   # (P, B, N)
+        counts = _backend.to_host(goes.sum(axis=2)).astype(np.int64)
+        route = xp.flatnonzero(goes) % max(B * N, 1)
         records = xp.stack([p.proj for p in projs]).reshape(-1, go.PROJ_FIELDS)
         tiles_hit = xp.stack([p.counts for p in projs]).ravel()
-        send = xp.empty((len(route), go.PROJ_FIELDS + 2), np.float32)
+        send = xp.empty((len(route), go.PROJ_FIELDS + 1), np.float32)
         send[:, :go.PROJ_FIELDS] = records[route]
-        send[:, go.PROJ_FIELDS] = route // max(span.shape[1], 1)  # the view
-        send[:, go.PROJ_FIELDS + 1] = tiles_hit[route]
+        send[:, go.PROJ_FIELDS] = tiles_hit[route]
         return send, counts, route
 
     def _share_tiles(self, rendered, bounds, cam):
@@ -171,9 +174,25 @@ class DistributedTrainer(Trainer):
                                        cam.height, cam.width)
         return have
 
+    def _timing(self):
+        """Whether this step syncs the device at its phase boundaries, so that the phase times are
+        the device's and not the host's: when ``time_phases`` says so, by default on the steps
+        that will be logged (a sync costs the overlap of host and device work)."""
+        if self.time_phases is not None:
+            return self.time_phases
+        every = self.cfg.log_every
+        return bool(every) and (self.step + self.batch) // every != self.step // every
+
+    def _clock(self, synced):
+        if synced and self.backend == "cuda" and not _backend.SIM:
+            import cupy
+            cupy.cuda.get_current_stream().synchronize()
+        return time.perf_counter()
+
     def train_step(self):
         c, xp, model = self.cfg, self.xp, self.model
-        t0 = time.perf_counter()
+        timed = self._timing()
+        t0 = self._clock(timed)
         views = self._batch()
         cams = [self.data.train[i].camera for i in views]
         degree = min(c.sh_degree, self.step // c.sh_increase_every)
@@ -191,26 +210,25 @@ class DistributedTrainer(Trainer):
         bounds = (even_bounds(self.batch * n_tiles, self.size) if self.tile_cost is None
                   else balanced_bounds(self.tile_cost, self.size))
         lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
-        # 3. forward exchange: records + camera index + tile count
-        send, send_counts, route = self._send_plan(projs, spans, n_tiles, bounds)
-        t1 = time.perf_counter()
-        recv, recv_counts = self.exchange.alltoallv(send, send_counts)
-        t2 = time.perf_counter()
+        # 3. forward exchange: records + tile count; the (source, view) row counts go first
+        send, send_views, route = self._send_plan(projs, spans, n_tiles, bounds)
+        recv_views = self.exchange.alltoall_ints(send_views)     # (P sources, B views)
+        t1 = self._clock(timed)
+        recv, recv_counts = self.exchange.alltoallv(send, send_views.sum(1), recv_views.sum(1))
+        t2 = self._clock(timed)
         # 4. render my tiles of each view, 5. the loss share of my tiles and the raster backward
         tile_loss = c.loss == "tile"
         perms = [s3im_permutations(self.rng, c.s3im_repeats) for _ in range(self.batch)] if tile_loss else None
         G = xp.zeros((len(recv), go.GRAD_FIELDS), np.float32)
         cost = xp.zeros(self.batch * n_tiles, np.int32)   # intersections per tile, for the next bounds
         loss_share = 0.0
-        sse0 = xp.zeros((), np.float32)
         frames, rendered = [], {}
-        recv_b = recv[:, go.PROJ_FIELDS]
+        self._view0 = None
+        runs = _view_runs(recv_views)
         for b in _views_of(lo, hi, n_tiles):
-            rows = xp.flatnonzero(recv_b == b)
-            sub = recv[rows]
+            sub = _gather_runs(xp, recv, runs[b])
             p = ns.Projection(cams[b], None, xp.ascontiguousarray(sub[:, :go.PROJ_FIELDS]), None,
-                              xp.ascontiguousarray(sub[:, go.PROJ_FIELDS + 1]).astype(np.int32), degree,
-                              c.antialias)
+                              sub[:, go.PROJ_FIELDS].astype(np.int32), degree, c.antialias)
             binning = ns.bin_tiles(p, self.backend)
             first, last = max(lo - b * n_tiles, 0), min(hi - b * n_tiles, n_tiles)  # my tiles of view b
             binning.ranges[:first] = 0
@@ -223,32 +241,32 @@ class DistributedTrainer(Trainer):
                     p, binning, self.targets[views[b]], xp.asarray(perms[b]), c.lambda_s3im, bg,
                     want_image=b == 0, backend=self.backend, tiles=mine)
                 loss_share += share / self.batch
-                G[rows] = grad / self.batch
+                _scatter_runs(G, runs[b], grad / self.batch)
             else:
                 r = ns.rasterize(p, binning, bg, self.backend)
-                frames.append((b, first, last, p, binning, r, rows))
+                frames.append((b, first, last, p, binning, r))
                 image = rendered[b] = r.image
-            if b == 0:  # progress: view 0's squared error on my tiles, summed over the ranks with the loss
-                sse0 = tiles_squared_error(image, self.targets[views[0]], first, last)
+            if b == 0:  # the progress PSNR's share, computed at log steps only (progress_psnr)
+                self._view0 = (image, self.targets[views[0]], first, last)
         have = {} if tile_loss else self._share_tiles(rendered, bounds, cams[0])
-        t3 = time.perf_counter()
-        for b, first, last, p, binning, r, rows in frames:  # global loss: the share of my tiles
+        t3 = self._clock(timed)
+        for b, first, last, p, binning, r in frames:  # global loss: the share of my tiles
             lb, d = l1_ssim_loss(have[b], self.targets[views[b]], c.lambda_dssim, backend=self.backend,
                                  tiles=(first, last))
             loss_share += lb / self.batch
-            G[rows] = ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d / self.batch), backend=self.backend)
-        shares = xp.concatenate([sse0.reshape(1).astype(np.float64), cost.astype(np.float64)])
-        summed = self.exchange.allreduce_sum(np.concatenate([[loss_share], _backend.to_host(shares)]))
-        loss, sse0, self.tile_cost = float(summed[0]), float(summed[1]), summed[2:]
-        mse0 = sse0 / (3 * cams[0].width * cams[0].height)
-        self._psnr0 = math.inf if mse0 == 0 else -10.0 * math.log10(mse0)
-        t4 = time.perf_counter()
+            _scatter_runs(G, runs[b], ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d / self.batch),
+                                                            backend=self.backend))
+        summed = self.exchange.allreduce_sum(np.concatenate([[loss_share], _backend.to_host(cost.astype(np.float64))]))
+        loss, self.tile_cost = float(summed[0]), summed[1:]
+        t4 = self._clock(timed)
         n_local = len(model)
         out = xp.zeros((self.batch * n_local, go.GRAD_FIELDS), np.float32)
-        from comm import exchange_dense, exchange_sparse
-        move = exchange_sparse if self.grad_comm == "sparse" else exchange_dense
-        comm_stats = move(self.exchange, G, recv_counts, route, out, backend=self.backend)
-        t5 = time.perf_counter()
+        if self.grad_comm == "sparse":
+            comm_stats = exchange_sparse(self.exchange, G, recv_counts, route, out, self.backend, timed)
+        else:  # the rows coming back are the rows this rank sent forward
+            comm_stats = exchange_dense(self.exchange, G, recv_counts, route, out, self.backend, timed,
+                                        send_views.sum(1))
+        t5 = self._clock(timed)
         # 6. owners: projection backward, strategy statistics, Adam, densification
         for b, p in enumerate(projs):
             grad_b = out[b * n_local:(b + 1) * n_local]
@@ -267,16 +285,24 @@ class DistributedTrainer(Trainer):
         if "cloned" in events:
             self._reorder_after_refine(events)
             events["gaussians"] = self.total
-        t6 = time.perf_counter()
-        self.stats = {"forward_rows": int(len(send)), "forward_bytes": int(send.nbytes),
+        t6 = self._clock(timed)
+        self.stats = {"forward_rows": int(len(send)), "forward_bytes": int(send.nbytes), "timed": timed,
                       "times": {"project": t1 - t0, "forward_exchange": t2 - t1, "render": t3 - t2,
                                 "loss_backward": t4 - t3, "backward_exchange": t5 - t4, "owner": t6 - t5},
                       **comm_stats}
-        return loss, None, None, events  # the progress PSNR is computed here: see progress_psnr
+        return loss, None, None, events  # the progress PSNR is computed at log steps: see progress_psnr
 
     def progress_psnr(self, frame, target):
-        """View 0's PSNR from the ranks' summed squared errors on their tiles (no image is gathered)."""
-        return self._psnr0
+        """View 0's PSNR from the ranks' summed squared errors on their tiles (no image is gathered).
+        Collective, like ``log_extra``: every rank logs the same steps."""
+        sse = 0.0
+        if self._view0 is not None:
+            image, target0, first, last = self._view0
+            sse = float(tiles_squared_error(image, target0, first, last))
+        sse = float(self.exchange.allreduce_sum(np.array([sse]))[0])
+        cam = self.data.train[0].camera
+        mse = sse / (3 * cam.width * cam.height)
+        return math.inf if mse == 0 else -10.0 * math.log10(mse)
 
     def _reorder_after_refine(self, events):
         """Put the Gaussians in the order one rank would have: every rank's kept ones,
@@ -360,6 +386,30 @@ class DistributedTrainer(Trainer):
             lo, hi = self.offset, self.offset + len(self.model)
             self.strategy.load_state({k: a[lo:hi] for k, a in stats.items()}, self.xp)
         return attrs
+
+
+def _view_runs(counts):
+    """Where each view's rows lie in the forward receive buffer: ``runs[b]`` lists (start, rows) per
+    source rank (sources in rank order; each sends its rows grouped by view).  ``counts``: (P, B)."""
+    counts = np.asarray(counts, np.int64)
+    start = np.cumsum(counts.ravel()).reshape(counts.shape) - counts
+    return [[(int(start[s, b]), int(counts[s, b])) for s in range(counts.shape[0]) if counts[s, b]]
+            for b in range(counts.shape[1])]
+
+
+def _gather_runs(xp, rows, runs):
+    """The rows of the runs, back to back (one copy)."""
+    if not runs:
+        return rows[:0]
+    return xp.concatenate([rows[a:a + n] for a, n in runs]) if len(runs) > 1 else rows[runs[0][0]:sum(runs[0])]
+
+
+def _scatter_runs(out, runs, rows):
+    """``out``'s runs, in order, from consecutive ``rows`` (the inverse of ``_gather_runs``)."""
+    k = 0
+    for a, n in runs:
+        out[a:a + n] = rows[k:k + n]
+        k += n
 
 
 class _FrameInfo:

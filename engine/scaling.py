@@ -7,7 +7,8 @@ sideways from the scene's one, with targets rendered from the scene itself
 colours perturbed, so the loss and gradients are real, and with densification
 off, so every rank count does the same work.  One rank runs the plain
 trainer, P ranks the distributed one (batch P views); both report images per
-second over the timed steps, the distributed one each rank's phase times too.
+second over the timed steps; the distributed one then times each rank's phases on a few
+more steps, synced at the phase boundaries (which costs throughput, so not on the timed ones).
 Unlike the 7k captures at hand, the scenes can be as large as the GPUs hold
 (1M, 6M Gaussians at 1297x840, 1920x1080): what the scaling table needs.
 """
@@ -67,7 +68,8 @@ def run(scene, views=8, iters=30, warmup=5, comm=None, grad_comm="sparse", trans
             t = DistributedTrainer(data, tmp, cfg, comm, grad_comm=grad_comm, backend=backend, transport=transport,
                                    log=say)
             t._take_shard(perturbed(g))
-        phases, steps, losses = [], [], []
+            t.time_phases = False  # throughput: the host runs ahead of the device, as in training
+        steps, losses = [], []
         for it in range(warmup + iters):
             _sync(t, comm)
             t0 = time.perf_counter()
@@ -76,7 +78,11 @@ def run(scene, views=8, iters=30, warmup=5, comm=None, grad_comm="sparse", trans
             if it >= warmup:
                 steps.append(time.perf_counter() - t0)
                 losses.append(loss)
-                phases.append(dict(getattr(t, "stats", {}).get("times", {})))
+        phases = []
+        t.time_phases = True  # then the phases, on steps synced at their boundaries
+        for it in range(min(iters, 10) if comm is not None else 0):
+            t.train_step()
+            phases.append(dict(t.stats["times"]))
     images = size  # views per step: the batch is one view per rank
     med = statistics.median(steps)
     say(f"scaling: {len(g)} Gaussians, {cam.width}x{cam.height}, {size} rank(s), {images} view(s) per step, "
