@@ -120,21 +120,23 @@ class DistributedTrainer(Trainer):
     def _batch(self):
         return [self.next_view() for _ in range(self.batch)]
 
-    def _send_plan(self, projs, spans, n_tiles, bounds):
+    def _send_plan(self, projs, n_tiles, bounds):
         """The forward exchange's rows, grouped by destination rank, then by view, in record order:
         every projected record (view b, Gaussian n) with a tile span goes to each rank whose tile
         range meets the span.  Built on the device, where the records are, with two syncs whatever
         P is (the counts; the compaction).  Returns the rows, the (P, B) rows per destination and
         view, and each row's route b * N + n (where its gradient goes back)."""
         xp = self.xp
-        span = xp.stack(spans)                                   # (B, N, 2) first, last tile; -1 if culled
-        B, N = span.shape[:2]
-        offset = (xp.arange(B, dtype=np.int64) * n_tiles)[:, None]
-        bounds = xp.asarray(bounds)
-        r_lo = (xp.searchsorted(bounds, (span[:, :, 0] + offset).ravel(), side="right") - 1).reshape(B, N)
-        r_hi = (xp.searchsorted(bounds, (span[:, :, 1] + offset).ravel(), side="right") - 1).reshape(B, N)
+        B, N = len(projs), len(projs[0].proj)
+        span = xp.empty((B, N, 2), np.int64)                     # first, last tile; -1 if culled
+        for b, p in enumerate(projs):
+            ns.rendering.tile_spans(p, self.backend, out=span[b])
+        live = span[:, :, 0] >= 0
+        span += (xp.arange(B, dtype=np.int64) * n_tiles)[:, None, None]  # tile ids in the batch
+        r = (xp.searchsorted(xp.asarray(bounds), span.ravel(), side="right") - 1).reshape(B, N, 2)
+        r_lo, r_hi = r[:, :, 0], r[:, :, 1]
         dest = xp.arange(self.size).reshape(-1, 1, 1)
-        goes = (r_lo <= dest) & (r_hi >= dest) & (span[:, :, 0] >= 0)   # (P, B, N)
+        goes = (r_lo <= dest) & (r_hi >= dest) & live          # (P, B, N)
         counts = _backend.to_host(goes.sum(axis=2)).astype(np.int64)
         route = xp.flatnonzero(goes) % max(B * N, 1)
         records = xp.stack([p.proj for p in projs]).reshape(-1, go.PROJ_FIELDS)
@@ -205,13 +207,12 @@ class DistributedTrainer(Trainer):
         # 1. project the shard for every camera
         projs = [ns.project(g, cam, sh_degree=degree, antialias=c.antialias, backend=self.backend, check=False)
                  for cam in cams]
-        spans = [ns.rendering.tile_spans(p, self.backend) for p in projs]
         # 2. tile ranges of the renderers
         bounds = (even_bounds(self.batch * n_tiles, self.size) if self.tile_cost is None
                   else balanced_bounds(self.tile_cost, self.size))
         lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
         # 3. forward exchange: records + tile count; the (source, view) row counts go first
-        send, send_views, route = self._send_plan(projs, spans, n_tiles, bounds)
+        send, send_views, route = self._send_plan(projs, n_tiles, bounds)
         recv_views = self.exchange.alltoall_ints(send_views)     # (P sources, B views)
         t1 = self._clock(timed)
         recv, recv_counts = self.exchange.alltoallv(send, send_views.sum(1), recv_views.sum(1))

@@ -222,10 +222,11 @@ def bin_tiles(p: Projection, backend=None):
     return Binning(ids, xp.ascontiguousarray(ranges), total)
 
 
-def tile_spans(p: Projection, backend=None):
-    """(N, 2) int64 first and last row-major tile of each Gaussian's tile rectangle, -1 if culled."""
+def tile_spans(p: Projection, backend=None, out=None):
+    """(N, 2) int64 first and last row-major tile of each Gaussian's tile rectangle, -1 if culled
+    (written into ``out`` when given)."""
     kernels, xp = _impl(backend)
-    span = xp.empty((p.proj.shape[0], 2), np.int64)
+    span = xp.empty((p.proj.shape[0], 2), np.int64) if out is None else out
     if len(span):
         tx, ty = p.camera.tiles
         kernels.tile_spans(p.proj, p.counts, TILE, tx, ty, span)
