@@ -236,10 +236,10 @@ def _load_halo(src, dst, y0, x0):
                 dst[o + uint32(ch)] = v
 
 
-def _ssim_fwd_kernel(img, gt, dmaps, partials, ssim_scale):
+def _ssim_fwd_kernel(img, gt, dmaps, partials, ssim_scale, row0):
     """Moments -> SSIM map; writes ssim_scale * (a, b, c) to dmaps and the
     block's (sum|d|, sum SSIM) to partials[block] (summed on the host: no
-    atomics, deterministic)."""
+    atomics, deterministic).  Block (x, y) is tile (x, y + row0)."""
     w = cuda.const.array_like(_W32)
     sx = cuda.shared.array(HALO_LEN, float32)
     sy = cuda.shared.array(HALO_LEN, float32)
@@ -248,7 +248,7 @@ def _ssim_fwd_kernel(img, gt, dmaps, partials, ssim_scale):
     H, W = img.shape[0], img.shape[1]
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     tid = ty * TX + tx
-    y0 = cuda.blockIdx.y * TY
+    y0 = (cuda.blockIdx.y + row0) * TY
     x0 = cuda.blockIdx.x * TX
     py, px = y0 + ty, x0 + tx
     c1, c2 = float32(C1), float32(C2)
@@ -314,14 +314,14 @@ def _ssim_fwd_kernel(img, gt, dmaps, partials, ssim_scale):
         cuda.syncthreads()
         step //= 2
     if tid == 0:
-        b = cuda.blockIdx.y * cuda.gridDim.x + cuda.blockIdx.x
+        b = (cuda.blockIdx.y + row0) * cuda.gridDim.x + cuda.blockIdx.x
         partials[b, 0] = red[0]
         partials[b, 1] = red[NT]
 
 
-def _ssim_bwd_kernel(img, gt, dmaps, dimg, l1_scale):
+def _ssim_bwd_kernel(img, gt, dmaps, dimg, l1_scale, row0):
     """dimg = G*a + 2x G*b + y G*c + l1_scale sign(x - y), from the scaled
-    partial maps of the forward kernel (halo-tiled like the forward)."""
+    partial maps of the forward kernel (halo-tiled like the forward; block (x, y) is tile (x, y + row0))."""
     w = cuda.const.array_like(_W32)
     sa = cuda.shared.array(HALO_LEN, float32)
     sb = cuda.shared.array(HALO_LEN, float32)
@@ -329,7 +329,7 @@ def _ssim_bwd_kernel(img, gt, dmaps, dimg, l1_scale):
     hb = cuda.shared.array(HB3_LEN, float32)
     H, W = img.shape[0], img.shape[1]
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    y0 = cuda.blockIdx.y * TY
+    y0 = (cuda.blockIdx.y + row0) * TY
     x0 = cuda.blockIdx.x * TX
     py, px = y0 + ty, x0 + tx
 
@@ -367,8 +367,8 @@ def _ssim_bwd_kernel(img, gt, dmaps, dimg, l1_scale):
 
 _IMG = "float32[:, :, ::1]"
 _MAPS = "float32[:, :, :, ::1]"
-_ssim_fwd = Kernel(_ssim_fwd_kernel, f"void({_IMG}, {_IMG}, {_MAPS}, float32[:, ::1], float32)")
-_ssim_bwd = Kernel(_ssim_bwd_kernel, f"void({_IMG}, {_IMG}, {_MAPS}, {_IMG}, float32)")
+_ssim_fwd = Kernel(_ssim_fwd_kernel, f"void({_IMG}, {_IMG}, {_MAPS}, float32[:, ::1], float32, int32)")
+_ssim_bwd = Kernel(_ssim_bwd_kernel, f"void({_IMG}, {_IMG}, {_MAPS}, {_IMG}, float32, int32)")
 
 _SCRATCH = {}
 
@@ -391,19 +391,36 @@ def _scratch(H, W):
     return ws
 
 
-def _cuda_forward(img, gt, ssim_scale):
-    """-> (per-tile (sum|d|, sum SSIM) (tiles, 2) on the device, scaled partial maps); one launch."""
+def _cuda_forward(img, gt, ssim_scale, rows=None):
+    """-> (per-tile (sum|d|, sum SSIM) (tiles, 2) on the device, scaled partial maps); one launch.
+    ``rows``: only tile rows [r0, r1) (the other tiles' partials and maps are left as they were)."""
     H, W = img.shape[:2]
     dmaps, partials = _scratch(H, W)
-    _ssim_fwd[_grid(H, W), (TX, TY)](img, gt, dmaps, partials, np.float32(ssim_scale))
+    gx, gy = _grid(H, W)
+    r0, r1 = rows or (0, gy)
+    if r1 > r0:
+        _ssim_fwd[(gx, r1 - r0), (TX, TY)](img, gt, dmaps, partials, np.float32(ssim_scale), np.int32(r0))
     return partials, dmaps
 
 
-def _cuda_l1_ssim(img, gt, lam):
+def _cuda_l1_ssim(img, gt, lam, tiles=None):
+    """``tiles=(lo, hi)``: the loss and gradient right on those tiles only, computed on their tile
+    rows (the maps one tile row further: the backward's window reaches into them)."""
     n = img.size
-    dimg = _backend.array_module("cuda").empty_like(img)
-    partials, dmaps = _cuda_forward(img, gt, -lam / n)
-    _ssim_bwd[_grid(*img.shape[:2]), (TX, TY)](img, gt, dmaps, dimg, np.float32((1.0 - lam) / n))
+    gx, gy = _grid(*img.shape[:2])
+    fwd = bwd = (0, gy)
+    xp = _backend.array_module("cuda")
+    if tiles is None:
+        dimg = xp.empty_like(img)
+    else:
+        lo, hi = tiles
+        bwd = (lo // gx, -(-hi // gx)) if hi > lo else (0, 0)
+        fwd = (max(bwd[0] - 1, 0), min(bwd[1] + 1, gy)) if hi > lo else (0, 0)
+        dimg = xp.zeros_like(img)  # zero off the rows: nothing reads garbage
+    partials, dmaps = _cuda_forward(img, gt, -lam / n, fwd)
+    if bwd[1] > bwd[0]:
+        _ssim_bwd[(gx, bwd[1] - bwd[0]), (TX, TY)](img, gt, dmaps, dimg, np.float32((1.0 - lam) / n),
+                                                   np.int32(bwd[0]))
     # read back after both launches: the device runs the backward kernel while the host waits
     return _backend.to_host(partials).astype(np.float64), dimg
 
@@ -444,8 +461,10 @@ def l1_ssim_loss(img, gt, lam=0.2, backend=None, tiles=None):
     on its tiles only.
     """
     img, gt, backend = _prepare(img, gt, backend)
-    run = _cpu_l1_ssim if backend == "cpu" else _cuda_l1_ssim
-    partials, dimg = run(img, gt, float(lam))
+    if backend == "cpu":
+        partials, dimg = _cpu_l1_ssim(img, gt, float(lam))
+    else:
+        partials, dimg = _cuda_l1_ssim(img, gt, float(lam), tiles)
     n = img.size
     values = n
     if tiles is not None:

@@ -205,6 +205,22 @@ SIM_SCRIPT = textwrap.dedent("""
         share_c, _ = loss.l1_ssim_loss(img, gt, lam=0.2, backend="cpu", tiles=(1, 2))
         share_g, _ = loss.l1_ssim_loss(img, gt, lam=0.2, backend="cuda", tiles=(1, 2))
         assert abs(share_c - share_g) <= 1e-6, (share_c, share_g)
+    # a renderer's tiles only (4 x 3 tiles): the kernels run on its tile rows and one more each
+    # side for the maps; the gradient is right on its tiles and zero off the rows it ran on
+    gt = rng.random((61, 40, 3)).astype(np.float32)
+    img = np.clip(gt + 0.2 * rng.standard_normal(gt.shape), 0, 1).astype(np.float32)
+    _, d_full = loss.l1_ssim_loss(img, gt, lam=0.2, backend="cpu")
+    row = np.arange(61)[:, None] // 16 + 0 * np.arange(40)[None, :]
+    tile = row * 3 + np.arange(40)[None, :] // 16
+    for lo, hi in [(4, 7), (0, 2), (10, 12), (5, 5)]:
+        share_c, _ = loss.l1_ssim_loss(img, gt, lam=0.2, backend="cpu", tiles=(lo, hi))
+        share_g, dg = loss.l1_ssim_loss(img, gt, lam=0.2, backend="cuda", tiles=(lo, hi))
+        assert abs(share_c - share_g) <= 1e-6, (lo, hi, share_c, share_g)
+        mine = (tile >= lo) & (tile < hi)
+        if mine.any():
+            assert np.abs(dg[mine] - d_full[mine]).max() <= 1e-4 * np.abs(d_full[mine]).max(), (lo, hi)
+        ran = (row >= lo // 3) & (row < -(-hi // 3))
+        assert (dg[~ran] == 0).all(), (lo, hi)
     print("SIM OK")
 """)
 
