@@ -227,9 +227,9 @@ class DistributedTrainer(Trainer):
         self._view0 = None
         runs = _view_runs(recv_views)
         for b in _views_of(lo, hi, n_tiles):
-            sub = _gather_runs(xp, recv, runs[b])
-            p = ns.Projection(cams[b], None, xp.ascontiguousarray(sub[:, :go.PROJ_FIELDS]), None,
-                              sub[:, go.PROJ_FIELDS].astype(np.int32), degree, c.antialias)
+            p = ns.Projection(cams[b], None, _gather_runs(xp, recv[:, :go.PROJ_FIELDS], runs[b]), None,
+                              _gather_runs(xp, recv[:, go.PROJ_FIELDS], runs[b]).astype(np.int32), degree,
+                              c.antialias)
             binning = ns.bin_tiles(p, self.backend)
             first, last = max(lo - b * n_tiles, 0), min(hi - b * n_tiles, n_tiles)  # my tiles of view b
             binning.ranges[:first] = 0
@@ -399,10 +399,11 @@ def _view_runs(counts):
 
 
 def _gather_runs(xp, rows, runs):
-    """The rows of the runs, back to back (one copy)."""
-    if not runs:
-        return rows[:0]
-    return xp.concatenate([rows[a:a + n] for a, n in runs]) if len(runs) > 1 else rows[runs[0][0]:sum(runs[0])]
+    """The rows of the runs, back to back, C-contiguous (one copy at most)."""
+    if len(runs) > 1:
+        return xp.concatenate([rows[a:a + n] for a, n in runs])
+    a, n = runs[0] if runs else (0, 0)
+    return xp.ascontiguousarray(rows[a:a + n])
 
 
 def _scatter_runs(out, runs, rows):
