@@ -273,7 +273,7 @@ class DistributedTrainer(Trainer):
             grad_b = out[b * n_local:(b + 1) * n_local]
             ns.project_backward(g, p, grad_b, model.grad_gaussians, accumulate=b > 0, backend=self.backend)
             # densification sees each view's own screen gradient, not its 1/B share of the batch loss
-            self.strategy.after_backward(model, self.step, _FrameInfo(p), grad_b * self.batch)
+            self.strategy.after_backward(model, self.step, _FrameInfo(p), grad_b, self.batch)
         lr, cols = self.learning_rates()
         model.adam.step(model.grads.data, cols * self.batch ** c.batch_lr_exponent)
         prev = self.step

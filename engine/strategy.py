@@ -4,7 +4,7 @@ The interface is small so that other schemes (ByteSplat's hardware-aware
 pruning, BlitzGS's importance scores) can be added as further classes:
 
     state_arrays() / load_state(arrays)        what a snapshot keeps
-    after_backward(model, step, frame, grad)   see one render's screen-space gradients
+    after_backward(model, step, frame, grad, scale)   see one render's screen-space gradients (x scale)
     after_optimizer(model, step, ctx)          densify, prune, reset; returns a dict of what it did
     loss_gradients(model)                      optional regulariser gradients, added before Adam
 """
@@ -107,8 +107,9 @@ class DefaultStrategy:
     def loss_gradients(self, model):
         return None
 
-    def after_backward(self, model, step, frame, grad):
-        """Accumulate the norm of the screen-space mean gradient, in NDC units as 3DGS does."""
+    def after_backward(self, model, step, frame, grad, scale=1.0):
+        """Accumulate the norm of ``scale`` x the screen-space mean gradient, in NDC units as 3DGS does
+        (``scale``: a batch's view sees its gradient, not its 1/B share of the batch loss)."""
         xp = model.xp
         if not self.stats or len(self.stats["grad"]) != len(model):
             self._fresh(xp, len(model))
@@ -116,8 +117,8 @@ class DefaultStrategy:
             return
         cam = frame.projection.camera
         cols = (go.ABS_U, go.ABS_V) if self.absgrad else (go.U, go.V)
-        gx = grad[:, cols[0]] * (0.5 * cam.width)
-        gy = grad[:, cols[1]] * (0.5 * cam.height)
+        gx = grad[:, cols[0]] * (0.5 * cam.width * scale)
+        gy = grad[:, cols[1]] * (0.5 * cam.height * scale)
         visible = frame.projection.counts > 0
         self.stats["grad"] += xp.where(visible, xp.sqrt(gx * gx + gy * gy), 0.0).astype(np.float32)
         self.stats["count"] += visible.astype(np.int32)
@@ -202,7 +203,7 @@ class MCMCStrategy:
     def load_state(self, arrays, xp):
         pass
 
-    def after_backward(self, model, step, frame, grad):
+    def after_backward(self, model, step, frame, grad, scale=1.0):
         pass
 
     def loss_gradients(self, model):
