@@ -29,11 +29,11 @@ import numpy as np
 import numbasplat as ns
 from numbasplat import _backend
 from numbasplat import gaussian_ops as go
-from comm.sparse import exchange_dense, exchange_sparse
 from numbasplat.loss import l1_ssim_loss
 from numbasplat.rendering import TILE, image_from_tiles, image_tiles, rasterize_tile_loss, tiles_squared_error
 from numbasplat.tile_loss import s3im_permutations
 from numbasplat.optim import GROUPS
+from comm.sparse import exchange_dense, exchange_sparse
 
 from .model import GaussianModel
 from .trainer import Trainer

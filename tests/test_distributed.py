@@ -78,6 +78,24 @@ def test_one_view_split_across_ranks(tmp_path):
         for g, a in ref.items():
             err = np.linalg.norm(got[g] - a) / np.linalg.norm(a)
             assert err <= 1e-5, (n, g, err)
+        # the logged steps' phase times are the device's: those steps synced at the phase boundaries
+        records = [json.loads(line) for line in (tmp_path / f"p{n}" / "log.jsonl").read_text().splitlines()]
+        assert len(records) == 8 and all(s["timed"] for r in records for s in r["rank_stats"]), records
+
+
+def test_phases_are_timed_on_the_logged_steps_only():
+    """A sync at every phase boundary costs the overlap of host and device work: by default only
+    the steps that the trainer will log (their step count crosses a multiple of log_every) sync."""
+    from types import SimpleNamespace
+    from engine.distributed import DistributedTrainer
+    for batch, every in ((1, 4), (3, 4), (4, 4), (2, 100), (5, 0)):
+        for step in range(0, 40, batch):
+            t = SimpleNamespace(time_phases=None, cfg=SimpleNamespace(log_every=every), step=step, batch=batch)
+            logged = bool(every) and step // every != (step + batch) // every  # Trainer.train's rule
+            assert DistributedTrainer._timing(t) == logged, (batch, every, step)
+            for forced in (True, False):
+                t.time_phases = forced
+                assert DistributedTrainer._timing(t) is forced
 
 
 @pytest.mark.mpi
