@@ -215,7 +215,8 @@ class DistributedTrainer(Trainer):
         send, send_views, route = self._send_plan(projs, n_tiles, bounds)
         recv_views = self.exchange.alltoall_ints(send_views)     # (P sources, B views)
         t1 = self._clock(timed)
-        recv, recv_counts = self.exchange.alltoallv(send, send_views.sum(1), recv_views.sum(1))
+        send_counts = send_views.sum(1)
+        recv, recv_counts = self.exchange.alltoallv(send, send_counts, recv_views.sum(1))
         t2 = self._clock(timed)
         # 4. render my tiles of each view, 5. the loss share of my tiles and the raster backward
         tile_loss = c.loss == "tile"
@@ -265,8 +266,7 @@ class DistributedTrainer(Trainer):
         if self.grad_comm == "sparse":
             comm_stats = exchange_sparse(self.exchange, G, recv_counts, route, out, self.backend, timed)
         else:  # the rows coming back are the rows this rank sent forward
-            comm_stats = exchange_dense(self.exchange, G, recv_counts, route, out, self.backend, timed,
-                                        send_views.sum(1))
+            comm_stats = exchange_dense(self.exchange, G, recv_counts, route, out, self.backend, timed, send_counts)
         t5 = self._clock(timed)
         # 6. owners: projection backward, strategy statistics, Adam, densification
         for b, p in enumerate(projs):

@@ -455,6 +455,26 @@ else:
             cuda.atomic.add(grad, uint32(g) * uint32(NG) + uint32(f), d)
 
 
+@cuda.jit(device=True, inline=True)
+def backward_hit(rec, stride, j, fx, fy, counts, T, s0, s1, s2, sd, dc0, dc1, dc2, dd, da_end, depth_terms,
+                 grad, ids, at, tid, red):
+    """One hit of a backward pass: record j un-blended from this thread's pixel (``counts``: it is
+    in front of the pixel's last contributor), its gradient summed over the warp into record
+    ``ids[at]`` of ``grad``.  The raster and fused kernels share it.  Returns (T, s0, s1, s2, sd)."""
+    alpha, vis, dx, dy = record_alpha(rec, stride, j, fx, fy)
+    valid = counts and alpha >= ALPHA_MIN
+    if warp_any(valid):  # the other lanes take alpha 0 and no gradient: exact zeros, no branch
+        a, m = masked(valid, alpha)
+        z = rec[field(j, go.DEPTH, stride)] if depth_terms else ZERO
+        T, s0, s1, s2, sd, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11 = blend_vjp(
+            a, vis, dx, dy, rec[field(j, go.OPAC, stride)], rec[field(j, go.CA, stride)],
+            rec[field(j, go.CB, stride)], rec[field(j, go.CC, stride)], rec[field(j, go.RED, stride)],
+            rec[field(j, go.GREEN, stride)], rec[field(j, go.BLUE, stride)], z,
+            T, s0, s1, s2, sd, dc0 * m, dc1 * m, dc2 * m, dd * m, da_end * m, depth_terms)
+        _reduce_add(grad, ids[at], tid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
+    return T, s0, s1, s2, sd
+
+
 @kernel(F2, I1, I2, "int64", "int64", "int64", F1, F2, I2, F3, F2, F2, F1, fastmath=True)
 def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad):
     rec = cuda.shared.array(BATCH_WORDS, float32)
@@ -504,16 +524,8 @@ def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d
             while hits != 0:
                 h, hits = next_hit(hits)
                 j = int32(c + h)
-                alpha, vis, dx, dy = record_alpha(rec, NF, j, fx, fy)
-                valid = top - 1 - j < my_last and alpha >= ALPHA_MIN
-                if warp_any(valid):  # the other lanes take alpha 0 and no gradient: exact zeros, no branch
-                    a, m = masked(valid, alpha)
-                    T, s0, s1, s2, sd, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11 = blend_vjp(
-                        a, vis, dx, dy, rec[field(j, go.OPAC, NF)], rec[field(j, go.CA, NF)],
-                        rec[field(j, go.CB, NF)], rec[field(j, go.CC, NF)], rec[field(j, go.RED, NF)],
-                        rec[field(j, go.GREEN, NF)], rec[field(j, go.BLUE, NF)], rec[field(j, go.DEPTH, NF)],
-                        T, s0, s1, s2, sd, dc0 * m, dc1 * m, dc2 * m, dd * m, da_end * m, True)
-                    _reduce_add(grad, rid[j], tid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
+                T, s0, s1, s2, sd = backward_hit(rec, NF, j, fx, fy, top - 1 - j < my_last, T, s0, s1, s2, sd,
+                                                 dc0, dc1, dc2, dd, da_end, True, grad, rid, j, tid, red)
         cuda.syncthreads()
 
 

@@ -26,10 +26,9 @@ from numba import cuda, float32, int32, uint32
 
 from . import _backend
 from . import gaussian_ops as go
-from .blend import blend_vjp
-from .cuda import (ALPHA_MIN, BLOCK, F1, F2, F3, HALF, I1, I2, NG, ONE, RED_ROWS, TILE, ZERO,
-                   _pixel_of_tile, _reduce_add, chunk_hits, composite_chunks, field, flat_records, masked, next_hit,
-                   record_alpha, record_reaches, warp_any, warp_strip)
+from .cuda import (BLOCK, F1, F2, F3, HALF, I1, I2, NG, ONE, RED_ROWS, TILE, ZERO, _pixel_of_tile,
+                   backward_hit, chunk_hits, composite_chunks, field, flat_records, next_hit, record_reaches,
+                   warp_strip)
 from .launch import kernel
 from .tile_loss import TILE_LOSS_SMEM, store_tile_sums, tile_loss_grad
 
@@ -104,16 +103,8 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
         while hits != 0:
             h, hits = next_hit(hits)
             j = int32(top - 1 - h)
-            alpha, vis, dx, dy = record_alpha(rec, CACHED, j, fx, fy)
-            valid = j < stop and alpha >= ALPHA_MIN
-            if warp_any(valid):  # as in the unfused backward pass
-                a, m = masked(valid, alpha)
-                T, s0, s1, s2, sd, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11 = blend_vjp(
-                    a, vis, dx, dy, rec[field(j, go.OPAC, CACHED)], rec[field(j, go.CA, CACHED)],
-                    rec[field(j, go.CB, CACHED)], rec[field(j, go.CC, CACHED)], rec[field(j, go.RED, CACHED)],
-                    rec[field(j, go.GREEN, CACHED)], rec[field(j, go.BLUE, CACHED)], ZERO,
-                    T, s0, s1, s2, sd, dc0 * m, dc1 * m, dc2 * m, ZERO, ZERO, False)
-                _reduce_add(grad, ids[start + j], tid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
+            T, s0, s1, s2, sd = backward_hit(rec, CACHED, j, fx, fy, j < stop, T, s0, s1, s2, sd, dc0, dc1, dc2,
+                                             ZERO, ZERO, False, grad, ids, start + j, tid, red)
 
 
 @functools.cache
