@@ -123,9 +123,10 @@ class DistributedTrainer(Trainer):
     def _send_plan(self, projs, n_tiles, bounds):
         """The forward exchange's rows, grouped by destination rank, then by view, in record order:
         every projected record (view b, Gaussian n) with a tile span goes to each rank whose tile
-        range meets the span.  Built on the device, where the records are, with two syncs whatever
-        P is (the counts; the compaction).  Returns the rows, the (P, B) rows per destination and
-        view, and each row's route b * N + n (where its gradient goes back)."""
+        range meets the span.  Built on the device, where the records are, with one sync (the
+        counts) whatever P is.  Returns the rows; a (P, 2B) table of the rows and of their tile
+        intersections per destination and view (the renderer then knows the size of its binning
+        without asking the device); and each row's route b * N + n (where its gradient goes back)."""
         xp = self.xp
         B, N = len(projs), len(projs[0].proj)
         span = xp.empty((B, N, 2), np.int64)                     # first, last tile; -1 if culled
@@ -137,14 +138,20 @@ class DistributedTrainer(Trainer):
         r_lo, r_hi = r[:, :, 0], r[:, :, 1]
         dest = xp.arange(self.size).reshape(-1, 1, 1)
         goes = (r_lo <= dest) & (r_hi >= dest) & live          # (P, B, N)
-        counts = _backend.to_host(goes.sum(axis=2)).astype(np.int64)
-        route = xp.flatnonzero(goes) % max(B * N, 1)
+        tiles_hit = xp.stack([p.counts for p in projs])          # (B, N)
+        table = xp.concatenate([goes.sum(axis=2), xp.where(goes, tiles_hit, 0).sum(axis=2)], axis=1)
+        table = _backend.to_host(table).astype(np.int64)         # the step's one sync here
+        total = int(table[:, :B].sum())
+        flat = goes.ravel()                                      # compacted without a second sync:
+        slot = xp.where(flat, xp.cumsum(flat, dtype=np.int64) - 1, total)  # misses share a spare slot
+        route = xp.empty(total + 1, np.int64)
+        route[slot] = xp.arange(flat.size, dtype=np.int64) % max(B * N, 1)
+        route = route[:total]
         records = xp.stack([p.proj for p in projs]).reshape(-1, go.PROJ_FIELDS)
-        tiles_hit = xp.stack([p.counts for p in projs]).ravel()
-        send = xp.empty((len(route), go.PROJ_FIELDS + 1), np.float32)
+        send = xp.empty((total, go.PROJ_FIELDS + 1), np.float32)
         send[:, :go.PROJ_FIELDS] = records[route]
-        send[:, go.PROJ_FIELDS] = tiles_hit[route]
-        return send, counts, route
+        send[:, go.PROJ_FIELDS] = tiles_hit.ravel()[route]
+        return send, table, route
 
     def _share_tiles(self, rendered, bounds, cam):
         """The rendered pixels the global loss needs from other ranks, by one all-to-all of 16x16 tiles.
@@ -212,10 +219,11 @@ class DistributedTrainer(Trainer):
                   else balanced_bounds(self.tile_cost, self.size))
         lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
         # 3. forward exchange: records + tile count; the (source, view) row counts go first
-        send, send_views, route = self._send_plan(projs, n_tiles, bounds)
-        recv_views = self.exchange.alltoall_ints(send_views)     # (P sources, B views)
+        send, table, route = self._send_plan(projs, n_tiles, bounds)
+        recv_table = self.exchange.alltoall_ints(table)           # (P sources, 2B): rows, intersections per view
+        recv_views, recv_isect = recv_table[:, :self.batch], recv_table[:, self.batch:]
         t1 = self._clock(timed)
-        send_counts = send_views.sum(1)
+        send_counts = table[:, :self.batch].sum(1)
         recv, recv_counts = self.exchange.alltoallv(send, send_counts, recv_views.sum(1))
         t2 = self._clock(timed)
         # 4. render my tiles of each view, 5. the loss share of my tiles and the raster backward
@@ -223,15 +231,14 @@ class DistributedTrainer(Trainer):
         perms = [s3im_permutations(self.rng, c.s3im_repeats) for _ in range(self.batch)] if tile_loss else None
         G = xp.zeros((len(recv), go.GRAD_FIELDS), np.float32)
         cost = xp.zeros(self.batch * n_tiles, np.int32)   # intersections per tile, for the next bounds
-        loss_share = 0.0
-        frames, rendered = [], {}
+        shares, frames, rendered = [], [], {}  # loss shares: read after the backward exchange's sync
         self._view0 = None
         runs = _view_runs(recv_views)
         for b in _views_of(lo, hi, n_tiles):
             p = ns.Projection(cams[b], None, _gather_runs(xp, recv[:, :go.PROJ_FIELDS], runs[b]), None,
                               _gather_runs(xp, recv[:, go.PROJ_FIELDS], runs[b]).astype(np.int32), degree,
                               c.antialias)
-            binning = ns.bin_tiles(p, self.backend)
+            binning = ns.bin_tiles(p, self.backend, total=int(recv_isect[:, b].sum()))
             first, last = max(lo - b * n_tiles, 0), min(hi - b * n_tiles, n_tiles)  # my tiles of view b
             binning.ranges[:first] = 0
             binning.ranges[last:] = 0
@@ -241,8 +248,8 @@ class DistributedTrainer(Trainer):
                 mine[first:last] = True
                 share, grad, image, self.tile_stats = rasterize_tile_loss(
                     p, binning, self.targets[views[b]], xp.asarray(perms[b]), c.lambda_s3im, bg,
-                    want_image=b == 0, backend=self.backend, tiles=mine)
-                loss_share += share / self.batch
+                    want_image=b == 0, backend=self.backend, tiles=mine, lazy=True)
+                shares.append(share)
                 _scatter_runs(G, runs[b], grad / self.batch)
             else:
                 r = ns.rasterize(p, binning, bg, self.backend)
@@ -254,12 +261,10 @@ class DistributedTrainer(Trainer):
         t3 = self._clock(timed)
         for b, first, last, p, binning, r in frames:  # global loss: the share of my tiles
             lb, d = l1_ssim_loss(have[b], self.targets[views[b]], c.lambda_dssim, backend=self.backend,
-                                 tiles=(first, last))
-            loss_share += lb / self.batch
+                                 tiles=(first, last), lazy=True)
+            shares.append(lb)
             _scatter_runs(G, runs[b], ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d / self.batch),
                                                             backend=self.backend))
-        summed = self.exchange.allreduce_sum(np.concatenate([[loss_share], _backend.to_host(cost.astype(np.float64))]))
-        loss, self.tile_cost = float(summed[0]), summed[1:]
         t4 = self._clock(timed)
         n_local = len(model)
         out = xp.zeros((self.batch * n_local, go.GRAD_FIELDS), np.float32)
@@ -286,6 +291,10 @@ class DistributedTrainer(Trainer):
         if "cloned" in events:
             self._reorder_after_refine(events)
             events["gaussians"] = self.total
+        # the loss and the tile costs (the next bounds) last: by now the device is done with them
+        summed = self.exchange.allreduce_sum(np.concatenate([[sum(map(float, shares)) / self.batch],
+                                                             _backend.to_host(cost.astype(np.float64))]))
+        loss, self.tile_cost = float(summed[0]), summed[1:]
         t6 = self._clock(timed)
         self.stats = {"forward_rows": int(len(send)), "forward_bytes": int(send.nbytes), "timed": timed,
                       "times": {"project": t1 - t0, "forward_exchange": t2 - t1, "render": t3 - t2,

@@ -77,7 +77,7 @@ def run(scene, views=8, iters=30, warmup=5, comm=None, grad_comm="sparse", trans
             _sync(t, comm)
             if it >= warmup:
                 steps.append(time.perf_counter() - t0)
-                losses.append(loss)
+                losses.append(loss)  # read after the timing: reading a LazyLoss syncs
         phases = []
         t.time_phases = True  # then the phases, on steps synced at their boundaries
         for it in range(min(iters, 10) if comm is not None else 0):
@@ -86,7 +86,7 @@ def run(scene, views=8, iters=30, warmup=5, comm=None, grad_comm="sparse", trans
     images = size  # views per step: the batch is one view per rank
     med = statistics.median(steps)
     say(f"scaling: {len(g)} Gaussians, {cam.width}x{cam.height}, {size} rank(s), {images} view(s) per step, "
-        f"{iters} timed steps; loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+        f"{iters} timed steps; loss {float(losses[0]):.4f} -> {float(losses[-1]):.4f}")
     per_rank = comm.gather(phases, root=0) if comm is not None else [phases]
     if rank == 0 and per_rank[0] and per_rank[0][0]:
         for r, ph in enumerate(per_rank):

@@ -122,6 +122,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ training
     def train_step(self):
+        """One step on one view.  Returns (loss, frame, target, events); the loss may be a ``LazyLoss``
+        (``float`` reads it: a device sync)."""
         c, model = self.cfg, self.model
         i = self.next_view()
         view = self.data.train[i]
@@ -135,7 +137,7 @@ class Trainer:
         else:
             frame = ns.render(g, view.camera, sh_degree=degree, background=bg, antialias=c.antialias,
                               backend=self.backend, check=False)  # checked at log steps: a sync
-            loss, d_img = l1_ssim_loss(frame.image, target, c.lambda_dssim, backend=self.backend)
+            loss, d_img = l1_ssim_loss(frame.image, target, c.lambda_dssim, backend=self.backend, lazy=True)
             _, grad = ns.render_backward(g, frame, d_img, out=model.grad_gaussians, backend=self.backend)
         # render_backward wrote the gradient buffers; the strategy's regularisers add on top
         extra = self.strategy.loss_gradients(model)
@@ -161,7 +163,7 @@ class Trainer:
         b = ns.bin_tiles(p, backend=self.backend)
         perms = self.xp.asarray(s3im_permutations(self.rng, c.s3im_repeats))
         loss, grad, image, stats = rasterize_tile_loss(p, b, target, perms, c.lambda_s3im, bg, want_image=True,
-                                                       backend=self.backend)
+                                                       backend=self.backend, lazy=True)
         ns.project_backward(g, p, grad, self.model.grad_gaussians, accumulate=False, backend=self.backend)
         self.tile_stats = stats  # fused tiles and Gaussians on fused tiles, for the log
         frame = ns.Frame(p, b, ns.Render(image, None, None, None, bg))
@@ -185,6 +187,7 @@ class Trainer:
                     self._device_memory_peak(release_cache=True)
                 crossed = lambda every: every and prev // every != self.step // every  # noqa: E731
                 if crossed(c.log_every) or events or self.step == c.iterations:
+                    loss = float(loss)  # a LazyLoss: read at log steps only (a device sync)
                     self._check_finite(loss)
                     p = self.progress_psnr(frame, target)
                     rec = {"step": self.step, "loss": loss, "psnr": p, "gaussians": len(self.model),

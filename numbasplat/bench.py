@@ -113,12 +113,13 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
         m.append(clock.mark())
         if loss == "tile":
             perms = xp.asarray(s3im_permutations(rng, 10))
-            loss_value, rec, _, fstats = rasterize_tile_loss(p, b, target, perms, 0.2, fuse=fuse, backend=backend)
+            loss_value, rec, _, fstats = rasterize_tile_loss(p, b, target, perms, 0.2, fuse=fuse, backend=backend,
+                                                              lazy=True)
             m += [clock.mark()] * 3  # raster, loss and backward are one stage (reported as raster_fwd)
         else:
             r = rasterize(p, b, backend=backend)
             m.append(clock.mark())
-            loss_value, d_img = l1_ssim_loss(r.image, target, backend=backend)
+            loss_value, d_img = l1_ssim_loss(r.image, target, backend=backend, lazy=True)  # as in training
             m.append(clock.mark())
             rec = rasterize_backward(p, b, r, d_img, backend=backend)
             m.append(clock.mark())
@@ -141,7 +142,7 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
     n = len(g_host)
     out(f"scene: {n} Gaussians, {cam.width}x{cam.height}, backend {backend}, loss {loss} "
         f"{'(fused where it fits)' if loss == 'tile' and fuse else ''}, {iters} iterations (median ms), "
-        f"intersections {b.n_isect}, loss value {loss_value:.4f}")
+        f"intersections {b.n_isect}, loss value {float(loss_value):.4f}")
     for s in STAGES:
         if loss == "tile" and s in ("loss", "raster_bwd"):
             continue

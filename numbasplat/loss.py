@@ -421,8 +421,7 @@ def _cuda_l1_ssim(img, gt, lam, tiles=None):
     if bwd[1] > bwd[0]:
         _ssim_bwd[(gx, bwd[1] - bwd[0]), (TX, TY)](img, gt, dmaps, dimg, np.float32((1.0 - lam) / n),
                                                    np.int32(bwd[0]))
-    # read back after both launches: the device runs the backward kernel while the host waits
-    return _backend.to_host(partials).astype(np.float64), dimg
+    return partials, dimg  # on the device: ``LazyLoss`` reads them back when asked
 
 
 # ---------------------------------------------------------------------------
@@ -447,12 +446,13 @@ def _prepare(img, gt, backend):
     return img, gt, backend
 
 
-def l1_ssim_loss(img, gt, lam=0.2, backend=None, tiles=None):
+def l1_ssim_loss(img, gt, lam=0.2, backend=None, tiles=None, lazy=False):
     """(1-lam) * L1 + lam * (1 - SSIM) and its gradient w.r.t. img.
 
     Returns (loss: float, dimg) with dimg shaped like img, on the backend's
     device (CuPy array on a GPU; float32 on the CUDA path, img's float dtype
-    on the CPU).  Two kernel launches on the CUDA path.
+    on the CPU).  Two kernel launches on the CUDA path.  ``lazy=True`` returns
+    the loss as a ``LazyLoss``: no device sync until its value is read.
 
     ``tiles=(lo, hi)``, a range of row-major 16x16 tiles, returns those tiles'
     share of the loss instead (the shares of a partition of the tiles add up to
@@ -466,13 +466,31 @@ def l1_ssim_loss(img, gt, lam=0.2, backend=None, tiles=None):
     else:
         partials, dimg = _cuda_l1_ssim(img, gt, float(lam), tiles)
     n = img.size
-    values = n
-    if tiles is not None:
-        lo, hi = tiles
-        partials = partials[lo:hi]
-        values = 3 * int(tile_pixels(img.shape[1], img.shape[0])[lo:hi].sum())
-    l1, ss = column_sums(partials)
-    return float(((1.0 - lam) * l1 + lam * (values - ss)) / n), dimg
+    lo, hi = (0, len(partials)) if tiles is None else tiles
+    values = 3 * int(tile_pixels(img.shape[1], img.shape[0])[lo:hi].sum())
+
+    def finish(p):
+        l1, ss = column_sums(p[lo:hi])
+        return ((1.0 - lam) * l1 + lam * (values - ss)) / n
+    loss = LazyLoss(partials, finish)
+    return (loss if lazy else float(loss)), dimg
+
+
+class LazyLoss:
+    """A loss whose partial sums stay on the device until its value is read (``float``).
+
+    Reading it waits for the device.  A training step needs the value only on
+    the steps it logs; not reading it on the others lets the host queue the
+    rest of the step's kernels while the device works."""
+
+    def __init__(self, partials, finish):
+        self._partials, self._finish, self._value = partials, finish, None
+
+    def __float__(self):
+        if self._value is None:
+            self._value = float(self._finish(_backend.to_host(self._partials).astype(np.float64)))
+            self._partials = self._finish = None
+        return self._value
 
 
 def column_sums(partials):

@@ -187,13 +187,14 @@ def _stable_argsort(xp, a):
     return xp.argsort(a, kind="stable") if xp is np else xp.argsort(a)
 
 
-def bin_tiles(p: Projection, backend=None):
+def bin_tiles(p: Projection, backend=None, total=None):
     """Every tile-Gaussian intersection, sorted by (tile, depth); per-tile ranges.
 
     Two short sorts instead of one of 64-bit (tile, depth) keys: the visible
     Gaussians by depth (N float32 keys), then their intersections, emitted in
     that order, stably by tile id (16-bit keys when the tiles fit).  Ties keep
-    Gaussian index order, as a single stable key sort would.
+    Gaussian index order, as a single stable key sort would.  ``total``, the
+    sum of ``p.counts`` where the caller knows it, saves reading it back (a sync).
     """
     kernels, xp = _impl(backend)
     tx, ty = p.camera.tiles
@@ -203,7 +204,10 @@ def bin_tiles(p: Projection, backend=None):
     order = _stable_argsort(xp, depth)
     counts = p.counts[order]
     ends = xp.cumsum(counts, dtype=np.int64)
-    total = int(ends[-1]) if len(ends) else 0
+    if total is None or xp is np:  # (free on the CPU, where the tests check the callers' totals)
+        known, total = total, int(ends[-1]) if len(ends) else 0
+        if known is not None and known != total:
+            raise ValueError(f"bin_tiles: total {known} given, but the counts add up to {total}")
     if total > INT32_MAX:
         raise ValueError(f"{total} tile-Gaussian intersections exceed the int32 limit; "
                          "render at a lower resolution or with fewer/smaller Gaussians")
@@ -356,14 +360,15 @@ def tile_pixel_mask(xp, tile_mask, tiles_x, tiles_y, W, H):
 
 
 def rasterize_tile_loss(p: Projection, b: Binning, target, perms, lam=0.2, background=None, fuse=True,
-                        max_fused=None, want_image=False, backend=None, tiles=None):
+                        max_fused=None, want_image=False, backend=None, tiles=None, lazy=False):
     """Forward, tile-local loss (L1 + S3IM) and backward over every tile.
 
     On the GPU, tiles whose Gaussians fit in shared memory take ByteSplat's fused
     kernel; the others (and every tile on the CPU, or with ``fuse=False``) take
     raster forward, ``tile_loss`` and raster backward.  With ``tiles`` (a bool
     mask) the loss is those tiles' share (a renderer's, under MPI).  Returns
-    (loss, gradient records, image or None, stats).
+    (loss, gradient records, image or None, stats); the loss is a ``LazyLoss``
+    with ``lazy=True`` (reading it waits for the device).
     """
     from .tile_loss import loss_from_tile_sums, tile_loss
     kernels, xp = _impl(backend)
@@ -372,7 +377,6 @@ def rasterize_tile_loss(p: Projection, b: Binning, target, perms, lam=0.2, backg
     bg = _background(xp, background, p.proj.dtype)
     grad = xp.zeros((p.proj.shape[0], go.GRAD_FIELDS), p.proj.dtype)
     image = None
-    loss = 0.0
     stats = {"fused_tiles": 0.0, "fused_gaussians": 0.0, "max_fused": -1}
     unfused = b  # the tiles left to the unfused path
     if fuse and (backend or _backend.BACKEND) == "cuda":
@@ -399,10 +403,10 @@ def rasterize_tile_loss(p: Projection, b: Binning, target, perms, lam=0.2, backg
         if image is not None:
             mask = tile_pixel_mask(xp, big, tx, ty, W, H)
             r.image = xp.where(mask[..., None], r.image, image)
-        loss, d_img = tile_loss(r.image, target, perms, lam, backend=backend, tiles=tiles)
+        loss, d_img = tile_loss(r.image, target, perms, lam, backend=backend, tiles=tiles, lazy=True)
         rasterize_backward(p, unfused, r, d_img, grad=grad, backend=backend)
         image = r.image
-    return float(loss), grad, (image if want_image else None), stats
+    return (loss if lazy else float(loss)), grad, (image if want_image else None), stats
 
 
 @dataclass

@@ -38,7 +38,7 @@ from numpy import float32 as f32
 from . import _backend
 from .device import shared
 from .launch import kernel
-from .loss import _prepare, column_sums, tile_pixels
+from .loss import LazyLoss, _prepare, column_sums, tile_pixels
 
 C1 = 0.01 ** 2
 C2 = 0.03 ** 2
@@ -277,28 +277,28 @@ def store_tile_sums(tid, tile, l1, ss, red, partials):
 # ---------------------------------------------------------------------------
 
 def loss_from_tile_sums(partials, lam, W, H, repeats, tiles=None):
-    """The loss from per-tile (sum |d|, sum n_w SSIM_w) partial sums.
+    """The loss from per-tile (sum |d|, sum n_w SSIM_w) partial sums, as a ``LazyLoss``.
 
     With ``tiles`` (a bool mask) it is those tiles' share of the image's loss:
     the shares of disjoint tile sets add up to the loss (each renderer under
     MPI computes its own share)."""
-    p = _backend.to_host(partials)
-    share = 1.0
-    if tiles is not None:
-        p = p[tiles]
-        share = tile_pixels(W, H)[tiles].sum() / (W * H)
-    l1, ss = column_sums(p)
+    share = 1.0 if tiles is None else tile_pixels(W, H)[tiles].sum() / (W * H)
     npix = 3.0 * W * H
-    return float((1.0 - lam) * l1 / npix + lam * (share - ss / (repeats * npix)))
+
+    def finish(p):
+        l1, ss = column_sums(p if tiles is None else p[tiles])
+        return (1.0 - lam) * l1 / npix + lam * (share - ss / (repeats * npix))
+    return LazyLoss(partials, finish)
 
 
-def tile_loss(img, gt, perms, lam=0.2, backend=None, tiles=None):
+def tile_loss(img, gt, perms, lam=0.2, backend=None, tiles=None, lazy=False):
     """(1-lam) * L1 + lam * (1 - S3IM) and its gradient w.r.t. img.
 
     img, gt: (H, W, 3); perms: (R, 256) int32 from ``s3im_permutations``.
     Returns (loss: float, dimg) with dimg on the backend's device (float32 on
     the CUDA path, img's float dtype on the CPU).  One kernel launch on CUDA.
     ``tiles`` (bool mask): count only those tiles' share of the loss.
+    ``lazy=True``: the loss as a ``LazyLoss`` (read when needed: a device sync).
     """
     img, gt, backend = _prepare(img, gt, backend)
     perms = np.ascontiguousarray(_backend.to_host(perms), dtype=np.int32)
@@ -322,4 +322,5 @@ def tile_loss(img, gt, perms, lam=0.2, backend=None, tiles=None):
         partials = xp.empty((tiles_x * tiles_y, 2), np.float32)
         _tile_loss_kernel[(tiles_x, tiles_y), (TILE, TILE)](img, gt, xp.asarray(perms), f32(lam), f32(inv_l1),
                                                             f32(inv_ssim), dimg, partials)
-    return loss_from_tile_sums(partials, lam, W, H, R, tiles), dimg
+    loss = loss_from_tile_sums(partials, lam, W, H, R, tiles)
+    return (loss if lazy else float(loss)), dimg

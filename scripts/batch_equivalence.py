@@ -41,13 +41,13 @@ def run(a):
             cfg.background = background
         t = DistributedTrainer(ds, a.out, cfg, comm, batch_size=a.batch)
         t.init_model()
-        loss = t.train_step()[0]
+        loss = float(t.train_step()[0])
         grads = t.gathered("grads", root_only=True)
         if comm.rank == 0:
             np.savez(Path(a.out) / f"grads_p{comm.size}.npz", **grads)
             print(f"P={comm.size} batch {t.batch}: step {t.step} loss {loss:.6f}", flush=True)
         while t.step < a.images:
-            loss = t.train_step()[0]
+            loss = float(t.train_step()[0])
             total = comm.allreduce(len(t.model))
             if comm.rank == 0 and t.step % a.every < t.batch:
                 print(f"P={comm.size} image {t.step}: loss {loss:.5f}, {total} Gaussians", flush=True)

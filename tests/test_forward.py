@@ -121,6 +121,19 @@ def test_intersection_overflow_is_refused(monkeypatch):
         ns.render(edge_case_scene(n=20), look_at_camera(), backend="cpu")
 
 
+def test_binning_takes_a_known_total_and_checks_it():
+    """A caller that knows the intersections' total (a renderer under MPI) passes it: the GPU then
+    skips a read-back.  On the CPU a wrong total is caught: on the GPU it would overrun buffers."""
+    g, cam = edge_case_scene(n=20), look_at_camera()
+    p = ns.project(g, cam, backend="cpu")
+    ref = ns.bin_tiles(p, backend="cpu")
+    b = ns.bin_tiles(p, backend="cpu", total=ref.n_isect)
+    np.testing.assert_array_equal(b.ids, ref.ids)
+    np.testing.assert_array_equal(b.ranges, ref.ranges)
+    with pytest.raises(ValueError, match=f"total {ref.n_isect + 1} given, but the counts add up to {ref.n_isect}"):
+        ns.bin_tiles(p, backend="cpu", total=ref.n_isect + 1)
+
+
 def test_emission_respects_projected_counts():
     """Binning writes exactly counts[n] slots per Gaussian even if its own
     tile test disagrees (the GPU may round the two passes differently)."""

@@ -128,6 +128,16 @@ def test_tile_shares_add_up_and_need_only_a_halo():
     assert np.abs(d[~mine] - d_full[~mine]).max() > 1e-6  # not trivially equal elsewhere
 
 
+def test_lazy_loss_reads_the_same_value():
+    """lazy=True defers the read of the partial sums; the value and the gradient are the same."""
+    img, gt = make_pair(61, 75, np.float32, seed=9)
+    for tiles in (None, (3, 9)):
+        value, d = loss.l1_ssim_loss(img, gt, backend="cpu", tiles=tiles)
+        lazy, d_lazy = loss.l1_ssim_loss(img, gt, backend="cpu", tiles=tiles, lazy=True)
+        assert isinstance(lazy, loss.LazyLoss) and float(lazy) == value and value > 0
+        np.testing.assert_array_equal(d_lazy, d)
+
+
 def test_psnr():
     img, gt = make_pair(12, 10, np.float32, seed=5)
     mse = np.mean((img.astype(np.float64) - gt.astype(np.float64)) ** 2)

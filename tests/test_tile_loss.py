@@ -107,6 +107,8 @@ def test_shares_of_disjoint_tiles_add_up_to_the_loss():
     assert abs(sum(v for v, _ in shares) - full) < 1e-12
     assert all(np.array_equal(d, dfull) for _, d in shares)  # the gradient does not depend on the share
     assert TL.tile_loss(gt, gt, perms, backend="cpu", tiles=owner == 0)[0] < 1e-12
+    lazy = TL.tile_loss(img, gt, perms, backend="cpu", tiles=owner == 1, lazy=True)[0]
+    assert isinstance(lazy, TL.LazyLoss) and float(lazy) == shares[1][0]
 
 
 def test_multiple_of_16_is_plain_mean_and_identity_is_zero():

@@ -212,7 +212,7 @@ def test_tile_loss_weight_is_its_own(dataset, tmp_path):
     def first_loss(loss="tile", **kw):
         t = Trainer(dataset, tmp_path, small_config(loss=loss, **kw), backend="cpu")
         t.init_model()
-        return t.train_step()[0]
+        return float(t.train_step()[0])
     base = first_loss()
     assert first_loss(lambda_dssim=0.9) == base
     l1_only = first_loss(lambda_s3im=0.0)
