@@ -129,28 +129,17 @@ class DistributedTrainer(Trainer):
         without asking the device); and each row's route b * N + n (where its gradient goes back)."""
         xp = self.xp
         B, N = len(projs), len(projs[0].proj)
-        span = xp.empty((B, N, 2), np.int64)                     # first, last tile; -1 if culled
+        plan = xp.empty((2, self.size, B, N), np.int32)    # [goes, tile count if it goes][rank, view, record]
         for b, p in enumerate(projs):
-            ns.rendering.tile_spans(p, self.backend, out=span[b])
-        live = span[:, :, 0] >= 0
-        span += (xp.arange(B, dtype=np.int64) * n_tiles)[:, None, None]  # tile ids in the batch
-        r = (xp.searchsorted(xp.asarray(bounds), span.ravel(), side="right") - 1).reshape(B, N, 2)
-        r_lo, r_hi = r[:, :, 0], r[:, :, 1]
-        dest = xp.arange(self.size).reshape(-1, 1, 1)
-        goes = (r_lo <= dest) & (r_hi >= dest) & live          # (P, B, N)
-        tiles_hit = xp.stack([p.counts for p in projs])          # (B, N)
-        table = xp.concatenate([goes.sum(axis=2), xp.where(goes, tiles_hit, 0).sum(axis=2)], axis=1)
-        table = _backend.to_host(table).astype(np.int64)         # the step's one sync here
+            ns.rendering.route_plan(p, b, b * n_tiles, bounds, plan, self.backend)
+        table = _backend.to_host(plan.sum(axis=3)).astype(np.int64)  # the step's one sync here
+        table = np.concatenate([table[0], table[1]], axis=1)
+        slot = xp.cumsum(plan[0].ravel(), dtype=np.int64)
         total = int(table[:, :B].sum())
-        flat = goes.ravel()                                      # compacted without a second sync:
-        slot = xp.where(flat, xp.cumsum(flat, dtype=np.int64) - 1, total)  # misses share a spare slot
-        route = xp.empty(total + 1, np.int64)
-        route[slot] = xp.arange(flat.size, dtype=np.int64) % max(B * N, 1)
-        route = route[:total]
-        records = xp.stack([p.proj for p in projs]).reshape(-1, go.PROJ_FIELDS)
         send = xp.empty((total, go.PROJ_FIELDS + 1), np.float32)
-        send[:, :go.PROJ_FIELDS] = records[route]
-        send[:, go.PROJ_FIELDS] = tiles_hit.ravel()[route]
+        route = xp.empty(total, np.int64)
+        for b, p in enumerate(projs):
+            ns.rendering.route_fill(p, b, plan, slot, send, route, self.backend)
         return send, table, route
 
     def _share_tiles(self, rendered, bounds, cam):

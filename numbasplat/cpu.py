@@ -17,7 +17,7 @@ from .device import shared
 
 _ops = go.build(njit(cache=True))  # not inlined: parfors cannot analyse the inlined tuple math
 project_one, visit_tiles, project_backward_one = _ops.project, _ops.visit_tiles, _ops.project_backward
-tile_span_one = _ops.tile_span
+route_one, route_fill_one = _ops.route, _ops.route_fill
 
 
 @njit(parallel=True, cache=True)
@@ -37,9 +37,15 @@ def emit_intersections(proj, order, counts, offsets, tile, tiles_x, tiles_y, W, 
 
 
 @njit(parallel=True, cache=True)
-def tile_spans(proj, counts, tile, tiles_x, tiles_y, span):
+def route(proj, counts, tile, tiles_x, tiles_y, first_tile, bounds, b, plan):
     for n in prange(proj.shape[0]):
-        tile_span_one(n, proj, counts, tile, tiles_x, tiles_y, span)
+        route_one(n, proj, counts, tile, tiles_x, tiles_y, first_tile, bounds, b, plan)
+
+
+@njit(parallel=True, cache=True)
+def route_fill(proj, counts, b, plan, slot, send, route):
+    for n in prange(proj.shape[0]):
+        route_fill_one(n, proj, counts, b, plan, slot, send, route)
 
 
 @njit(parallel=True, cache=True)

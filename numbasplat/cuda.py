@@ -34,7 +34,7 @@ _ops = go.build(cuda.jit(device=True))
 project_one, visit_tiles = _ops.project, _ops.visit_tiles
 geometry_backward_one = _ops.geometry_backward
 view_direction, colour_grad = _ops.view_direction, _ops.colour_grad
-tile_span_one = _ops.tile_span
+route_one, route_fill_one = _ops.route, _ops.route_fill
 
 ALPHA_MIN = float32(geo.ALPHA_MIN)
 ALPHA_MAX = float32(geo.ALPHA_MAX)
@@ -187,15 +187,26 @@ def _geometry_backward_kernel(means, quats, scales, logits, cam, W, H, antialias
                               d_dir[n, 0], d_dir[n, 1], d_dir[n, 2], d_means, d_quats, d_scales, d_logits, accumulate)
 
 
-@kernel(F2, I1, "int64", "int64", "int64", "int64[:, ::1]")
-def _tile_span_kernel(proj, counts, tile, tiles_x, tiles_y, span):
+@kernel(F2, I1, "int64", "int64", "int64", "int64", "int64[::1]", "int64", "int32[:, :, :, ::1]")
+def _route_kernel(proj, counts, tile, tiles_x, tiles_y, first_tile, bounds, b, plan):
     n = cuda.grid(1)
     if n < proj.shape[0]:
-        tile_span_one(n, proj, counts, tile, tiles_x, tiles_y, span)
+        route_one(n, proj, counts, tile, tiles_x, tiles_y, first_tile, bounds, b, plan)
 
 
-def tile_spans(proj, counts, tile, tiles_x, tiles_y, span):
-    _tile_span_kernel[_grid(proj.shape[0])](proj, counts, tile, tiles_x, tiles_y, span)
+@kernel(F2, I1, "int64", "int32[:, :, :, ::1]", "int64[::1]", F2, "int64[::1]")
+def _route_fill_kernel(proj, counts, b, plan, slot, send, route):
+    n = cuda.grid(1)
+    if n < proj.shape[0]:
+        route_fill_one(n, proj, counts, b, plan, slot, send, route)
+
+
+def route(proj, counts, tile, tiles_x, tiles_y, first_tile, bounds, b, plan):
+    _route_kernel[_grid(proj.shape[0])](proj, counts, tile, tiles_x, tiles_y, first_tile, bounds, b, plan)
+
+
+def route_fill(proj, counts, b, plan, slot, send, route):
+    _route_fill_kernel[_grid(proj.shape[0])](proj, counts, b, plan, slot, send, route)
 
 
 def project(means, quats, scales, logits, sh, degree, cam, W, H, antialias, tile, tiles_x, tiles_y,

@@ -105,17 +105,49 @@ def build(jit):
         return k
 
     @jit
-    def tile_span_body(n, proj, counts, tile, tiles_x, tiles_y, span):
-        """First and last row-major tile of Gaussian n's tile rectangle (-1, -1 if culled):
-        the exchanges send a record to every rank owning a tile in that span."""
-        span[n, 0] = -1
-        span[n, 1] = -1
+    def owner_of(bounds, t):
+        """The rank whose tile range holds tile t: the last d with bounds[d] <= t (bounds ascending,
+        bounds[0] = 0 <= t < bounds[-1]; empty ranges are skipped)."""
+        lo, hi = 0, bounds.shape[0] - 1
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if bounds[mid] <= t:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    @jit
+    def route_body(n, proj, counts, tile, tiles_x, tiles_y, first_tile, bounds, b, plan):
+        """Which ranks render Gaussian n of view b: each rank d whose tiles (``bounds[d]`` up to
+        ``bounds[d + 1]``, ids over the batch's views; view b's start at ``first_tile``) meet the
+        row-major span of n's tile rectangle.  Writes plan[0, d, b, n] = 1 and plan[1, d, b, n] =
+        counts[n] (the intersections rank d will bin) for those, 0 for the others."""
+        lo = hi = -1
         if counts[n] > 0:
             ext, cov_a, cov_c = footprint(proj[n, U], proj[n, V], proj[n, CA], proj[n, CB], proj[n, CC],
                                           proj[n, OPAC])
             tx0, tx1, ty0, ty1 = geo.tile_rect(proj[n, U], proj[n, V], cov_a, cov_c, ext, tile, tiles_x, tiles_y)
-            span[n, 0] = ty0 * tiles_x + tx0
-            span[n, 1] = ty1 * tiles_x + tx1
+            lo = owner_of(bounds, first_tile + ty0 * tiles_x + tx0)
+            hi = owner_of(bounds, first_tile + ty1 * tiles_x + tx1)
+        for d in range(plan.shape[1]):
+            goes = lo <= d <= hi and bounds[d] < bounds[d + 1]
+            plan[0, d, b, n] = 1 if goes else 0
+            plan[1, d, b, n] = counts[n] if goes else 0
+
+    @jit
+    def route_fill_body(n, proj, counts, b, plan, slot, send, route):
+        """Copy Gaussian n of view b into the send rows of each rank it goes to (row ``slot - 1``,
+        ``slot`` the running count of ``plan[0]`` flattened): its record, its tile count, and its
+        route b * N + n (where its gradient returns)."""
+        N = proj.shape[0]
+        for d in range(plan.shape[1]):
+            if plan[0, d, b, n]:
+                k = slot[(d * plan.shape[2] + b) * N + n] - 1
+                for f in range(proj.shape[1]):
+                    send[k, f] = proj[n, f]
+                send[k, proj.shape[1]] = counts[n]
+                route[k] = b * N + n
 
     @jit
     def project_body(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias,
@@ -249,7 +281,8 @@ def build(jit):
         geometry_backward_body(n, means, quats, scales, logits, cam, W, H, antialias, counts, grad, gx, gy, gz,
                                d_means, d_quats, d_scales, d_logits, accumulate)
 
-    return SimpleNamespace(visit_tiles=visit_tiles_body, project=project_body, tile_span=tile_span_body,
+    return SimpleNamespace(visit_tiles=visit_tiles_body, project=project_body, route=route_body,
+                           route_fill=route_fill_body,
                            project_backward=project_backward_body,
                            view_direction=view_direction, colour_grad=colour_grad,
                            geometry_backward=geometry_backward_body)

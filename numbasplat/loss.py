@@ -378,16 +378,14 @@ def _grid(H, W):
 
 
 def _scratch(H, W):
-    """(dmaps (3, H, W, 3), partials (blocks, 2)) float32, reused by
-    later calls of the same shape (launches are stream-ordered; the partials
-    are read back before the call returns).  Not for concurrent host threads."""
+    """dmaps (3, H, W, 3) float32, reused by later calls of the same shape (launches are
+    stream-ordered).  Not for concurrent host threads.  (Not the partial sums: a ``LazyLoss``
+    holds them until it is read, past later calls.)"""
     ws = _SCRATCH.get((H, W))
     if ws is None:
         if len(_SCRATCH) >= 4:
             _SCRATCH.clear()
-        gx, gy = _grid(H, W)
-        xp = _backend.array_module("cuda")
-        ws = _SCRATCH[(H, W)] = (xp.empty((3, H, W, 3), np.float32), xp.empty((gx * gy, 2), np.float32))
+        ws = _SCRATCH[(H, W)] = _backend.array_module("cuda").empty((3, H, W, 3), np.float32)
     return ws
 
 
@@ -395,8 +393,9 @@ def _cuda_forward(img, gt, ssim_scale, rows=None):
     """-> (per-tile (sum|d|, sum SSIM) (tiles, 2) on the device, scaled partial maps); one launch.
     ``rows``: only tile rows [r0, r1) (the other tiles' partials and maps are left as they were)."""
     H, W = img.shape[:2]
-    dmaps, partials = _scratch(H, W)
+    dmaps = _scratch(H, W)
     gx, gy = _grid(H, W)
+    partials = _backend.array_module("cuda").empty((gx * gy, 2), np.float32)
     r0, r1 = rows or (0, gy)
     if r1 > r0:
         _ssim_fwd[(gx, r1 - r0), (TX, TY)](img, gt, dmaps, partials, np.float32(ssim_scale), np.int32(r0))

@@ -226,15 +226,23 @@ def bin_tiles(p: Projection, backend=None, total=None):
     return Binning(ids, xp.ascontiguousarray(ranges), total)
 
 
-def tile_spans(p: Projection, backend=None, out=None):
-    """(N, 2) int64 first and last row-major tile of each Gaussian's tile rectangle, -1 if culled
-    (written into ``out`` when given)."""
+def route_plan(p: Projection, view, first_tile, bounds, plan, backend=None):
+    """The ranks that render view ``view``'s records (``gaussian_ops.route_body``): plan[0, d, view]
+    marks the records that go to rank d, plan[1, d, view] their tile counts.  ``bounds``: the
+    ranks' first tiles over the batch (P + 1); the view's tile ids start at ``first_tile``."""
     kernels, xp = _impl(backend)
-    span = xp.empty((p.proj.shape[0], 2), np.int64) if out is None else out
-    if len(span):
+    if len(p.proj):
         tx, ty = p.camera.tiles
-        kernels.tile_spans(p.proj, p.counts, TILE, tx, ty, span)
-    return span
+        kernels.route(p.proj, p.counts, TILE, tx, ty, first_tile, _constant(xp, np.asarray(bounds, np.int64)),
+                      view, plan)
+
+
+def route_fill(p: Projection, view, plan, slot, send, route, backend=None):
+    """Write view ``view``'s records into the send rows ``plan`` gives them (``slot``: the running
+    count of plan[0] flattened): record, tile count, and route view * N + n."""
+    kernels, _ = _impl(backend)
+    if len(p.proj):
+        kernels.route_fill(p.proj, p.counts, view, plan, slot, send, route)
 
 
 def _background(xp, background, dtype):

@@ -81,6 +81,34 @@ def compare_adam(steps=3):
     return failures
 
 
+def compare_routes():
+    """The forward exchange's send plan (route_plan, route_fill) on both backends, for two views
+    and four ranks, one of them with no tiles: the same plan and the same rows, exactly."""
+    xp = array_module("cuda")
+    cam = look_at_camera(W=45, H=34)
+    n_tiles = cam.tiles[0] * cam.tiles[1]
+    bounds = np.array([0, 5, 5, n_tiles + 3, 2 * n_tiles], np.int64)
+    projs = [ns.project(edge_case_scene(n=70, seed=s, dtype=np.float32), cam, backend="cpu") for s in (5, 6)]
+    out = {}
+    for backend, put in (("cpu", np.asarray), ("cuda", xp.asarray)):
+        ps = [ns.Projection(p.camera, None, put(p.proj), None, put(p.counts), p.sh_degree, p.antialias)
+              for p in projs]
+        plan = put(np.zeros((2, 4, 2, 70), np.int32))
+        for b, p in enumerate(ps):
+            ns.rendering.route_plan(p, b, b * n_tiles, bounds, plan, backend)
+        slot = put(np.cumsum(to_host(plan)[0].ravel()))
+        total = int(to_host(slot)[-1])
+        send, route = put(np.zeros((total, 11), np.float32)), put(np.zeros(total, np.int64))
+        for b, p in enumerate(ps):
+            ns.rendering.route_fill(p, b, plan, slot, send, route, backend)
+        out[backend] = [to_host(a) for a in (plan, send, route)]
+    print("routes")
+    same = all(np.array_equal(a, b) for a, b in zip(out["cpu"], out["cuda"]))
+    spread = out["cpu"][0][0].sum(axis=(1, 2))
+    print(f"  plan and rows {'ok' if same else 'FAIL'} (records per rank {spread.tolist()})")
+    return [] if same and spread[1] == 0 and (spread[[0, 2, 3]] > 0).all() else ["routes"]
+
+
 def main(sizes=((37, 29, 40), (48, 32, 150))):  # (W, H, Gaussians): 150 spans two blocks
     failures = []
     for i, (W, H, n) in enumerate(sizes):
@@ -96,6 +124,7 @@ def main(sizes=((37, 29, 40), (48, 32, 150))):  # (W, H, Gaussians): 150 spans t
     print("empty scene")
     failures += compare(empty, look_at_camera(W=20, H=17), (0.3, 0.3, 0.3), False, seed=9)
     failures += compare_adam()
+    failures += compare_routes()
     print("FAILED: " + ", ".join(failures) if failures else "all CUDA checks passed")
     return 1 if failures else 0
 

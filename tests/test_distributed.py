@@ -26,6 +26,38 @@ def launch(n, out, grad_comm="sparse", *flags, sim=False):
     return dict(np.load(out / "final.npz")), r.stdout
 
 
+def test_send_plan_reaches_every_renderer_of_a_binned_tile():
+    """A record goes to every rank that owns a tile it is binned to (and to no rank without tiles),
+    with its tile count; the rows are grouped by rank, then view, in record order."""
+    import numbasplat as ns
+    from numbasplat.rendering import route_fill, route_plan
+    from scenes import edge_case_scene, look_at_camera
+    cam = look_at_camera(W=45, H=34)
+    n_tiles = cam.tiles[0] * cam.tiles[1]
+    bounds = np.array([0, 7, 7, n_tiles + 4, 2 * n_tiles], np.int64)
+    projs = [ns.project(edge_case_scene(n=60, seed=s), cam, backend="cpu") for s in (1, 2)]
+    plan = np.full((2, 4, 2, 60), -1, np.int32)
+    for b, p in enumerate(projs):
+        route_plan(p, b, b * n_tiles, bounds, plan, backend="cpu")
+    for b, p in enumerate(projs):
+        binning = ns.bin_tiles(p, backend="cpu")
+        for t, (s, e) in enumerate(binning.ranges):
+            d = np.searchsorted(bounds, b * n_tiles + t, side="right") - 1
+            assert plan[0, d, b, binning.ids[s:e]].all()
+        assert (plan[1, :, b] == plan[0, :, b] * p.counts).all()
+        assert not plan[0, :, b, p.counts == 0].any()
+    assert not plan[0, 1].any() and (plan[0].sum(axis=(1, 2)) > 0)[[0, 2, 3]].all()
+    slot = np.cumsum(plan[0].ravel())
+    send, route = np.zeros((slot[-1], 11), np.float32), np.zeros(slot[-1], np.int64)
+    for b, p in enumerate(projs):
+        route_fill(p, b, plan, slot, send, route, backend="cpu")
+    d, b, n = np.nonzero(plan[0])
+    np.testing.assert_array_equal(route, b * 60 + n)
+    proj = np.stack([p.proj for p in projs])
+    np.testing.assert_array_equal(send[:, :10], proj[b, n].astype(np.float32))
+    np.testing.assert_array_equal(send[:, 10], np.stack([p.counts for p in projs])[b, n])
+
+
 def test_image_tiles_round_trip():
     """Renderers send each other 16x16 tiles of their images (cut at the border)."""
     from numbasplat.rendering import image_from_tiles, image_tiles, tiles_squared_error

@@ -215,6 +215,10 @@ SIM_SCRIPT = textwrap.dedent("""
         share_c, _ = loss.l1_ssim_loss(img, gt, lam=0.2, backend="cpu", tiles=(1, 2))
         share_g, _ = loss.l1_ssim_loss(img, gt, lam=0.2, backend="cuda", tiles=(1, 2))
         assert abs(share_c - share_g) <= 1e-6, (share_c, share_g)
+        # lazy losses in flight keep their own partial sums (no scratch shared with later calls)
+        first = loss.l1_ssim_loss(img, gt, lam=0.2, backend="cuda", lazy=True)[0]
+        loss.l1_ssim_loss(gt, gt, lam=0.2, backend="cuda", lazy=True)
+        assert abs(float(first) - lg) <= 1e-7, (float(first), lg)
     # a renderer's tiles only (4 x 3 tiles): the kernels run on its tile rows and one more each
     # side for the maps; the gradient is right on its tiles and zero off the rows it ran on
     gt = rng.random((61, 40, 3)).astype(np.float32)
