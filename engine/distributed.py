@@ -222,38 +222,40 @@ class DistributedTrainer(Trainer):
         cost = xp.zeros(self.batch * n_tiles, np.int32)   # intersections per tile, for the next bounds
         shares, frames, rendered = [], [], {}  # loss shares: read after the backward exchange's sync
         self._view0 = None
-        runs = _view_runs(recv_views)
+        # the received records (ten fields, then the tile count; the kernels read the ten) of all
+        # views are binned at once: view b's tile t is tile b * n_tiles + t of the batch
+        counts = recv[:, go.PROJ_FIELDS].astype(np.int32)
+        binning = ns.bin_tiles(ns.Projection(cams[0], None, recv, None, counts, degree, c.antialias), self.backend,
+                               total=int(recv_isect.sum()), view_of=_view_of(xp, recv_views), n_views=self.batch)
+        binning.ranges[:lo] = 0
+        binning.ranges[hi:] = 0
+        cost[lo:hi] = binning.ranges[lo:hi, 1] - binning.ranges[lo:hi, 0]
         for b in _views_of(lo, hi, n_tiles):
-            p = ns.Projection(cams[b], None, _gather_runs(xp, recv[:, :go.PROJ_FIELDS], runs[b]), None,
-                              _gather_runs(xp, recv[:, go.PROJ_FIELDS], runs[b]).astype(np.int32), degree,
-                              c.antialias)
-            binning = ns.bin_tiles(p, self.backend, total=int(recv_isect[:, b].sum()))
+            p = ns.Projection(cams[b], None, recv, None, counts, degree, c.antialias)
+            view = ns.Binning(binning.ids, binning.ranges[b * n_tiles:(b + 1) * n_tiles], binning.n_isect)
             first, last = max(lo - b * n_tiles, 0), min(hi - b * n_tiles, n_tiles)  # my tiles of view b
-            binning.ranges[:first] = 0
-            binning.ranges[last:] = 0
-            cost[b * n_tiles + first:b * n_tiles + last] = binning.ranges[first:last, 1] - binning.ranges[first:last, 0]
             if tile_loss:  # forward, loss share and backward of my tiles (fused on GPUs)
                 mine = np.zeros(n_tiles, bool)
                 mine[first:last] = True
-                share, grad, image, self.tile_stats = rasterize_tile_loss(
-                    p, binning, self.targets[views[b]], xp.asarray(perms[b]), c.lambda_s3im, bg,
-                    want_image=b == 0, backend=self.backend, tiles=mine, lazy=True)
+                share, _, image, self.tile_stats = rasterize_tile_loss(
+                    p, view, self.targets[views[b]], xp.asarray(perms[b]), c.lambda_s3im, bg,
+                    want_image=b == 0, backend=self.backend, tiles=mine, lazy=True, grad=G)
                 shares.append(share)
-                _scatter_runs(G, runs[b], grad / self.batch)
             else:
-                r = ns.rasterize(p, binning, bg, self.backend)
-                frames.append((b, first, last, p, binning, r))
+                r = ns.rasterize(p, view, bg, self.backend)
+                frames.append((b, first, last, p, view, r))
                 image = rendered[b] = r.image
             if b == 0:  # the progress PSNR's share, computed at log steps only (progress_psnr)
                 self._view0 = (image, self.targets[views[0]], first, last)
         have = {} if tile_loss else self._share_tiles(rendered, bounds, cams[0])
         t3 = self._clock(timed)
-        for b, first, last, p, binning, r in frames:  # global loss: the share of my tiles
+        for b, first, last, p, view, r in frames:  # global loss: the share of my tiles
             lb, d = l1_ssim_loss(have[b], self.targets[views[b]], c.lambda_dssim, backend=self.backend,
                                  tiles=(first, last), lazy=True)
             shares.append(lb)
-            _scatter_runs(G, runs[b], ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d / self.batch),
-                                                            backend=self.backend))
+            ns.rasterize_backward(p, view, r, d, grad=G, backend=self.backend)
+        if self.batch > 1:
+            G *= np.float32(1.0 / self.batch)  # each view's 1/B share of the batch loss
         t4 = self._clock(timed)
         n_local = len(model)
         out = xp.zeros((self.batch * n_local, go.GRAD_FIELDS), np.float32)
@@ -387,29 +389,13 @@ class DistributedTrainer(Trainer):
         return attrs
 
 
-def _view_runs(counts):
-    """Where each view's rows lie in the forward receive buffer: ``runs[b]`` lists (start, rows) per
-    source rank (sources in rank order; each sends its rows grouped by view).  ``counts``: (P, B)."""
+def _view_of(xp, counts):
+    """Each received row's view, int32: rows arrive grouped by source rank, then by view
+    (``counts``: (P, B) rows per source and view)."""
     counts = np.asarray(counts, np.int64)
-    start = np.cumsum(counts.ravel()).reshape(counts.shape) - counts
-    return [[(int(start[s, b]), int(counts[s, b])) for s in range(counts.shape[0]) if counts[s, b]]
-            for b in range(counts.shape[1])]
-
-
-def _gather_runs(xp, rows, runs):
-    """The rows of the runs, back to back, C-contiguous (one copy at most)."""
-    if len(runs) > 1:
-        return xp.concatenate([rows[a:a + n] for a, n in runs])
-    a, n = runs[0] if runs else (0, 0)
-    return xp.ascontiguousarray(rows[a:a + n])
-
-
-def _scatter_runs(out, runs, rows):
-    """``out``'s runs, in order, from consecutive ``rows`` (the inverse of ``_gather_runs``)."""
-    k = 0
-    for a, n in runs:
-        out[a:a + n] = rows[k:k + n]
-        k += n
+    ends = np.cumsum(counts.ravel())
+    run = xp.searchsorted(xp.asarray(ends), xp.arange(int(ends[-1]), dtype=np.int64), side="right")
+    return (run % counts.shape[1]).astype(np.int32)
 
 
 class _FrameInfo:

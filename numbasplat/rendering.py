@@ -136,7 +136,7 @@ class Gaussians:
 class Projection:
     camera: Camera
     cam: object          # packed camera on the device
-    proj: object         # (N, PROJ_FIELDS)
+    proj: object         # (N, PROJ_FIELDS), or wider rows (the kernels read the first PROJ_FIELDS)
     radii: object        # (N, 2) int32, 0 where not visible
     counts: object       # (N,) int32 tiles touched
     sh_degree: int
@@ -187,7 +187,7 @@ def _stable_argsort(xp, a):
     return xp.argsort(a, kind="stable") if xp is np else xp.argsort(a)
 
 
-def bin_tiles(p: Projection, backend=None, total=None):
+def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1):
     """Every tile-Gaussian intersection, sorted by (tile, depth); per-tile ranges.
 
     Two short sorts instead of one of 64-bit (tile, depth) keys: the visible
@@ -195,6 +195,10 @@ def bin_tiles(p: Projection, backend=None, total=None):
     that order, stably by tile id (16-bit keys when the tiles fit).  Ties keep
     Gaussian index order, as a single stable key sort would.  ``total``, the
     sum of ``p.counts`` where the caller knows it, saves reading it back (a sync).
+
+    Records of several views of one size (a renderer's batch under MPI) bin at
+    once with ``view_of`` (each record's view, int32) and ``n_views``: view b's
+    tile t is then tile b * tiles + t of the ranges.
     """
     kernels, xp = _impl(backend)
     tx, ty = p.camera.tiles
@@ -217,11 +221,14 @@ def bin_tiles(p: Projection, backend=None, total=None):
         offsets = (ends - counts).astype(np.int32)
         kernels.emit_intersections(p.proj, order, p.counts, offsets, TILE, tx, ty, p.camera.width,
                                    p.camera.height, 0, tile_of, ids)
-        keys = tile_of.astype(np.uint16) if n_tiles < 2**16 else tile_of  # n_tiles: the pad id
+        if n_views > 1:  # the views' tiles one after another; the pad id (n_tiles) after them all
+            tile_of = xp.where(tile_of < n_tiles, tile_of + view_of[ids].astype(np.uint32) * np.uint32(n_tiles),
+                               np.uint32(n_views * n_tiles)).astype(np.uint32, copy=False)
+        keys = tile_of.astype(np.uint16) if n_views * n_tiles < 2**16 else tile_of
         perm = _stable_argsort(xp, keys)
         ids = ids[perm]
         tile_of = tile_of[perm]
-    edges = xp.searchsorted(tile_of, xp.arange(n_tiles + 1, dtype=np.uint32)).astype(np.int32)
+    edges = xp.searchsorted(tile_of, xp.arange(n_views * n_tiles + 1, dtype=np.uint32)).astype(np.int32)
     ranges = xp.stack([edges[:-1], edges[1:]], axis=1)
     return Binning(ids, xp.ascontiguousarray(ranges), total)
 
@@ -368,7 +375,7 @@ def tile_pixel_mask(xp, tile_mask, tiles_x, tiles_y, W, H):
 
 
 def rasterize_tile_loss(p: Projection, b: Binning, target, perms, lam=0.2, background=None, fuse=True,
-                        max_fused=None, want_image=False, backend=None, tiles=None, lazy=False):
+                        max_fused=None, want_image=False, backend=None, tiles=None, lazy=False, grad=None):
     """Forward, tile-local loss (L1 + S3IM) and backward over every tile.
 
     On the GPU, tiles whose Gaussians fit in shared memory take ByteSplat's fused
@@ -376,14 +383,16 @@ def rasterize_tile_loss(p: Projection, b: Binning, target, perms, lam=0.2, backg
     raster forward, ``tile_loss`` and raster backward.  With ``tiles`` (a bool
     mask) the loss is those tiles' share (a renderer's, under MPI).  Returns
     (loss, gradient records, image or None, stats); the loss is a ``LazyLoss``
-    with ``lazy=True`` (reading it waits for the device).
+    with ``lazy=True`` (reading it waits for the device).  The gradient records
+    are added into ``grad`` if given.
     """
     from .tile_loss import loss_from_tile_sums, tile_loss
     kernels, xp = _impl(backend)
     W, H = p.camera.width, p.camera.height
     tx, ty = p.camera.tiles
     bg = _background(xp, background, p.proj.dtype)
-    grad = xp.zeros((p.proj.shape[0], go.GRAD_FIELDS), p.proj.dtype)
+    if grad is None:
+        grad = xp.zeros((p.proj.shape[0], go.GRAD_FIELDS), p.proj.dtype)
     image = None
     stats = {"fused_tiles": 0.0, "fused_gaussians": 0.0, "max_fused": -1}
     unfused = b  # the tiles left to the unfused path

@@ -134,6 +134,25 @@ def test_binning_takes_a_known_total_and_checks_it():
         ns.bin_tiles(p, backend="cpu", total=ref.n_isect + 1)
 
 
+def test_views_binned_together_as_each_alone():
+    """A renderer bins its batch's views at once (view b's tile t is tile b * tiles + t): each view's
+    ranges then list the same Gaussians, in the same order, as binning that view alone."""
+    cam = look_at_camera()
+    projs = [ns.project(edge_case_scene(n=40, seed=s), cam, backend="cpu") for s in (3, 4, 5)]
+    both = ns.Projection(cam, None, np.concatenate([p.proj for p in projs]), None,
+                         np.concatenate([p.counts for p in projs]), 3, False)
+    view_of = np.repeat(np.arange(3, dtype=np.int32), 40)
+    together = ns.bin_tiles(both, backend="cpu", view_of=view_of, n_views=3)
+    n_tiles = cam.tiles[0] * cam.tiles[1]
+    assert together.ranges.shape == (3 * n_tiles, 2)
+    for b, p in enumerate(projs):
+        alone = ns.bin_tiles(p, backend="cpu")
+        for t, (s, e) in enumerate(alone.ranges):
+            s2, e2 = together.ranges[b * n_tiles + t]
+            np.testing.assert_array_equal(together.ids[s2:e2], alone.ids[s:e] + 40 * b)
+    assert together.n_isect == sum(int(p.counts.sum()) for p in projs) > 0
+
+
 def test_emission_respects_projected_counts():
     """Binning writes exactly counts[n] slots per Gaussian even if its own
     tile test disagrees (the GPU may round the two passes differently)."""
