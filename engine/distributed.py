@@ -220,7 +220,7 @@ class DistributedTrainer(Trainer):
         perms = [s3im_permutations(self.rng, c.s3im_repeats) for _ in range(self.batch)] if tile_loss else None
         G = xp.zeros((len(recv), go.GRAD_FIELDS), np.float32)
         cost = xp.zeros(self.batch * n_tiles, np.int32)   # intersections per tile, for the next bounds
-        shares, frames, rendered = [], [], {}  # loss shares: read after the backward exchange's sync
+        shares, frames, rendered = [], [], {}  # loss shares (LazyLoss): read at the step's end
         self._view0 = None
         # the received records (ten fields, then the tile count; the kernels read the ten) of all
         # views are binned at once: view b's tile t is tile b * n_tiles + t of the batch
