@@ -466,7 +466,7 @@ def l1_ssim_loss(img, gt, lam=0.2, backend=None, tiles=None, lazy=False):
         partials, dimg = _cuda_l1_ssim(img, gt, float(lam), tiles)
     n = img.size
     lo, hi = (0, len(partials)) if tiles is None else tiles
-    values = 3 * int(tile_pixels(img.shape[1], img.shape[0])[lo:hi].sum())
+    values = n if tiles is None else 3 * int(tile_pixels(img.shape[1], img.shape[0])[lo:hi].sum())
 
     def finish(p):
         l1, ss = column_sums(p[lo:hi])

@@ -240,8 +240,8 @@ def route_plan(p: Projection, view, first_tile, bounds, plan, backend=None):
     kernels, xp = _impl(backend)
     if len(p.proj):
         tx, ty = p.camera.tiles
-        kernels.route(p.proj, p.counts, TILE, tx, ty, first_tile, _constant(xp, np.asarray(bounds, np.int64)),
-                      view, plan)
+        kernels.route(p.proj, p.counts, TILE, tx, ty, first_tile, xp.asarray(np.asarray(bounds, np.int64)),
+                      view, plan)  # (new bounds every step: not a cached constant)
 
 
 def route_fill(p: Projection, view, plan, slot, send, route, backend=None):
