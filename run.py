@@ -312,8 +312,8 @@ def main(argv=None):
                    help="with --loss tile: arrangements of each tile's pixels into S3IM windows, the first "
                         "spatial and the others random (default 10, as published)")
     t.add_argument("--lambda-s3im", type=_fraction, default=None,
-                   help="with --loss tile: the weight l of (1 - l) L1 + l (1 - S3IM) (default 0.2, for real "
-                        "captures; 0.5 for objects on a plain background, such as Blender scenes)")
+                   help="with --loss tile: the weight l of (1 - l) L1 + l (1 - S3IM) (default 0.5 where "
+                        "the images have alpha, objects on a plain background such as Blender scenes; else 0.2)")
     t.add_argument("--cap-max", type=_count(1), default=None, help="Gaussian cap of the mcmc strategy")
     t.add_argument("--max-gaussians", type=_count(0), default=None, help="memory guard: stop growing at N Gaussians")
     t.add_argument("--densify-until", type=_count(0), default=None)

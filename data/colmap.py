@@ -486,7 +486,7 @@ def load(path, images=None, background=(1.0, 1.0, 1.0), test_every=8, max_size=N
     for (im, cam, intr, viewmat), li in zip(jobs, loaded):
         name = files[im.name]
         camera = make_camera(name, viewmat, li.fx, li.fy, li.cx, li.cy, li.width, li.height)
-        views.append(View(name, li.image, camera))
+        views.append(View(name, li.image, camera, li.masked))
         sx, sy = li.native[0] / cam.width, li.native[1] / cam.height
         if abs(sx - sy) > 0.02 * max(sx, sy):
             warnings.warn(f"image {name} ({li.native[0]}x{li.native[1]}) does not have the aspect ratio of "

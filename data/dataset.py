@@ -30,6 +30,7 @@ class View:
     name: str               # image file name (relative), for sorting/splitting and messages
     image: np.ndarray       # (H, W, 3) float32 in [0, 1], C-contiguous
     camera: Camera
+    masked: bool = False    # an alpha channel put some pixels on the background
 
     @property
     def width(self):
@@ -54,6 +55,11 @@ class Dataset:
     @property
     def views(self):
         return list(self.train) + list(self.test)
+
+    @property
+    def masked(self):
+        """Objects cut out onto a plain background (RGBA images, as in Blender scenes)."""
+        return any(v.masked for v in self.train)
 
 
 # ----------------------------------------------------------------------------- helpers

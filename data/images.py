@@ -49,26 +49,28 @@ def _has_alpha(im):
 
 
 def _to_float_rgb(im, background):
+    """(image, masked): masked where an alpha channel made some pixel show the background."""
     mode = im.mode
     if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
         gray = np.asarray(im, np.float32) / 65535.0
         rgb = np.repeat(np.clip(gray, 0.0, 1.0)[..., None], 3, axis=2)
-        return np.ascontiguousarray(rgb, np.float32)
+        return np.ascontiguousarray(rgb, np.float32), False
     if mode == "F":
         gray = np.clip(np.asarray(im, np.float32), 0.0, 1.0)
-        return np.ascontiguousarray(np.repeat(gray[..., None], 3, axis=2), np.float32)
+        return np.ascontiguousarray(np.repeat(gray[..., None], 3, axis=2), np.float32), False
     if _has_alpha(im):
         rgba = np.asarray(im.convert("RGBA"), np.float32) * np.float32(1.0 / 255.0)
         a = rgba[..., 3:4]
         bg = np.asarray(background, np.float32).reshape(1, 1, 3)
         rgb = rgba[..., :3] * a + bg * (1.0 - a)
-        return np.ascontiguousarray(rgb, np.float32)
+        return np.ascontiguousarray(rgb, np.float32), bool((a < 1.0).any())
     rgb = np.asarray(im.convert("RGB"), np.float32) * np.float32(1.0 / 255.0)
-    return np.ascontiguousarray(rgb, np.float32)
+    return np.ascontiguousarray(rgb, np.float32), False
 
 
 def read_image(path, background=(1.0, 1.0, 1.0)):
-    """(H, W, 3) float32 in [0, 1]; RGBA composited on ``background``.
+    """((H, W, 3) float32 in [0, 1], masked); RGBA composited on ``background``, and ``masked``
+    when the alpha channel hid some pixel (an object cut out of its surroundings).
 
     Raises DataError naming the file if it is missing or unreadable.
     """
@@ -211,6 +213,7 @@ class LoadedImage:
     fy: float
     cx: float
     cy: float
+    masked: bool = False  # some pixel shows the background through an alpha channel
 
     @property
     def width(self):
@@ -223,7 +226,7 @@ class LoadedImage:
 
 def load_image(path, intr, background=(1.0, 1.0, 1.0), max_size=None):
     """Read, downscale to ``max_size``, scale the intrinsics to the result and undistort."""
-    img = read_image(path, background)
+    img, masked = read_image(path, background)
     h0, w0 = img.shape[:2]
     w, h = fit_size(w0, h0, max_size)
     img = resize(img, w, h)
@@ -234,7 +237,7 @@ def load_image(path, intr, background=(1.0, 1.0, 1.0), max_size=None):
         if not (np.isfinite([fx, fy, cx, cy]).all() and fx > 0 and fy > 0):
             raise DataError(f"image {path}: invalid intrinsics fx={fx}, fy={fy}, cx={cx}, cy={cy}")
         img = undistort(img, fx, fy, cx, cy, intr.dist)
-    return LoadedImage(np.ascontiguousarray(img, np.float32), (w0, h0), fx, fy, cx, cy)
+    return LoadedImage(np.ascontiguousarray(img, np.float32), (w0, h0), fx, fy, cx, cy, masked)
 
 
 def parallel_map(fn, items, workers=None):

@@ -116,7 +116,7 @@ def _load_frames(root, meta_path, frames, intr_of, background, max_size, images=
     views = []
     for (name, _, _, viewmat), li in zip(jobs, loaded):
         cam = make_camera(name, viewmat, li.fx, li.fy, li.cx, li.cy, li.width, li.height)
-        views.append(View(name, li.image, cam))
+        views.append(View(name, li.image, cam, li.masked))
     return views
 
 

@@ -9,7 +9,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +34,7 @@ class TrainConfig:
     lambda_dssim: float = 0.2
     loss: str = "global"              # global: L1 + windowed SSIM; tile: L1 + S3IM per tile (fused on GPUs)
     s3im_repeats: int = 10
-    lambda_s3im: float = 0.2          # tile loss: fern's best; lego wants 0.5 (BENCHMARKS.md, issue 5)
+    lambda_s3im: float = None         # tile loss; None: ``s3im_weight`` of the data
     lr_means: float = 1.6e-4          # x scene scale, decaying to lr_means_final
     lr_means_final: float = 1.6e-6
     lr_means_steps: int = 30_000      # the decay's length, whatever the run's: a 7k run is the start of a 30k one
@@ -59,8 +59,16 @@ class TrainConfig:
     n_random_init: int = 100_000
 
 
+def s3im_weight(dataset):
+    """The tile loss's S3IM weight where none is given. To match the global loss, objects cut out
+    onto a plain background want 0.5 (lego) and real captures 0.2 (fern): BENCHMARKS.md, issue 5."""
+    return 0.5 if dataset.masked else 0.2
+
+
 class Trainer:
     def __init__(self, dataset, out_dir, cfg: TrainConfig, backend=None, log=print):
+        if cfg.lambda_s3im is None:
+            cfg = replace(cfg, lambda_s3im=s3im_weight(dataset))
         self.data = dataset
         self.cfg = cfg
         self.out = Path(out_dir)

@@ -515,6 +515,16 @@ def rgba_image(w, h, seed):
     return img
 
 
+def test_masked_only_where_alpha_shows_the_background(tmp_path):
+    from data.images import read_image
+    img = rgba_image(8, 6, 0)
+    write_png(tmp_path / "cut.png", img)
+    img[..., 3] = 255
+    write_png(tmp_path / "opaque.png", img)
+    write_png(tmp_path / "rgb.png", img[..., :3])
+    assert [read_image(tmp_path / f)[1] for f in ("cut.png", "opaque.png", "rgb.png")] == [True, False, False]
+
+
 def check_gl_convention(cam, c2w, tol=1e-6):
     """Points in front of / right of / above the camera land where the GL pose says."""
     pos, right, up, back = c2w[:3, 3], c2w[:3, 0], c2w[:3, 1], c2w[:3, 2]
@@ -539,6 +549,7 @@ def test_blender_loader_and_gl_to_cv(tmp_path):
         (tmp_path / f"transforms_{split}.json").write_text(json.dumps({"camera_angle_x": angle, "frames": frames}))
     ds = load_dataset(tmp_path)
     assert ds.fmt == "blender" and len(ds.train) == 4 and len(ds.test) == 2
+    assert ds.masked and all(v.masked for v in ds.views)  # alpha below 1: objects cut out
     assert ds.init_box == ((-1.3,) * 3, (1.3,) * 3) and len(ds.points) == 0  # 3DGS: random points in this cube
     assert ds.points.shape == (0, 3) and ds.colors.shape == (0, 3)
     meta = json.loads((tmp_path / "transforms_train.json").read_text())
@@ -646,7 +657,7 @@ def test_real_lego():
     ds = load_dataset(root)
     elapsed = time.perf_counter() - t0
     print(f"lego loaded in {elapsed:.2f} s")
-    assert ds.fmt == "blender"
+    assert ds.fmt == "blender" and ds.masked
     assert len(ds.train) == 100 and len(ds.test) == 25
     assert ds.points.shape == (0, 3)
     for v in ds.train + ds.test:
@@ -668,7 +679,7 @@ def test_real_fern():
         ds = load_dataset(root, images="images_8")
     elapsed = time.perf_counter() - t0
     print(f"fern (images_8) loaded in {elapsed:.2f} s")
-    assert ds.fmt == "colmap"
+    assert ds.fmt == "colmap" and not ds.masked
     views = ds.train + ds.test
     assert len(views) == 20 and len(ds.train) == 17 and len(ds.test) == 3
     assert [v.name for v in ds.test] == ["image000.png", "image008.png", "image016.png"]

@@ -220,6 +220,16 @@ def test_tile_loss_weight_is_its_own(dataset, tmp_path):
     assert l1_only == pytest.approx(first_loss("global", lambda_dssim=0.0), rel=1e-6)
 
 
+def test_tile_loss_weight_follows_the_data_unless_given(dataset, tmp_path):
+    """Without --lambda-s3im, cut-out objects (alpha) get 0.5 and other images 0.2 (BENCHMARKS.md, issue 5)."""
+    from dataclasses import replace
+    assert not dataset.masked
+    cut = replace(dataset, train=[replace(v, masked=True) for v in dataset.train])
+    assert [Trainer(d, tmp_path, small_config(loss="tile"), backend="cpu").cfg.lambda_s3im
+            for d in (dataset, cut)] == [0.2, 0.5]
+    assert Trainer(cut, tmp_path, small_config(loss="tile", lambda_s3im=0.3), backend="cpu").cfg.lambda_s3im == 0.3
+
+
 def write_blender_capture(folder, dataset):
     """The demo views as a Blender/NeRF capture on disk (OpenGL camera-to-world)."""
     from PIL import Image
