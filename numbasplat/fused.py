@@ -10,8 +10,12 @@ A record costs shared memory, and shared memory sets how many tiles an SM
 runs at once, so the cache holds only what the passes read: the first
 ``CACHED`` fields (no depth: the tile loss has no depth term).  The Gaussian's
 id is read again from ``ids`` in the backward pass (one broadcast load a warp,
-an L1 hit): kept in shared memory it would cost a tenth of each record, and
-on the 1M benchmark scene that is the difference between 4 and 5 tiles per SM.
+an L1 hit).  And it holds at most ``CACHE_RECORDS`` records a tile: the
+pixels of a dense tile are done long before its list ends (the benchmark
+scenes' tiles list 866 and 2737 Gaussians on average, but none has its last
+contributor past the 515th), and a cache sized for whole lists held the 6M
+scene to 2 tiles an SM.  Past the cache, the forward pass's batches take
+turns in its last ``BLOCK`` slots, and the backward pass reloads them there.
 
 A tile fits when its Gaussians fit the shared-memory budget
 ``B = (M_budget - M_fixed) // M_g`` (M_budget: the device's shared memory per
@@ -34,18 +38,32 @@ from .tile_loss import TILE_LOSS_SMEM, store_tile_sums, tile_loss_grad
 
 CACHED = go.DEPTH               # record fields cached per Gaussian: all before depth
 RECORD_BYTES = 4 * CACHED       # one cached record (float32 fields)
+CACHE_RECORDS = 3 * BLOCK       # records a tile caches at most (see above; at least BLOCK)
 
 
+@cuda.jit(device=True, inline=True)
+def _cache(proj, ids, start, first, n, slot, rec, tid):
+    """Records first..first+n-1 of the tile into shared slots slot..slot+n-1, a record a thread
+    (a field-interleaved copy cost ~100 instructions a word)."""
+    if tid < n:
+        g = uint32(ids[start + first + tid])
+        for f in range(CACHED):
+            rec[field(slot + tid, f, CACHED)] = proj[g, f]
+
+
+# 48 registers: five tiles share an SM's 64K (ptxas would take 56, four tiles, though 48 spill nothing;
+# on the H200 that is 3.01 against 3.21 ms at 6M Gaussians, 1.63 against 1.73 at 1M)
 @kernel(F2, I1, I2, "int64", "int64", "int64", F1, F3, "int32[:, ::1]", "int64", "float32", "float32", "float32",
-        I1, "boolean", F3, F1, F2, fastmath=True)
+        I1, "int64", "boolean", F3, F1, F2, fastmath=True, max_registers=48)
 def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, lam, inv_l1, inv_ssim, tile_list,
-                  write_image, image, grad, partials):
+                  cap, write_image, image, grad, partials):
     tile = tile_list[cuda.blockIdx.x]
     tid, px, py, inside, start, end = _pixel_of_tile(tile, ranges, tiles_x, W, H)
     lane = tid & 31
     x0, x1, y0, y1 = warp_strip(tid, px, py)
     count = int32(end - start)  # int32 loop counters: Numba's int64 ones cost ~15 instructions an iteration
-    rec = cuda.shared.array(0, float32)      # count * CACHED record fields
+    window = int32(cap - BLOCK)  # past the cache, batches take turns in its last BLOCK slots
+    rec = cuda.shared.array(0, float32)      # cap * CACHED record fields
     sm = cuda.shared.array(TILE_LOSS_SMEM, float32)  # the loss's scratch, then its block sums
     red = cuda.shared.array((NG, RED_ROWS), float32)
     block_last = cuda.shared.array(1, int32)
@@ -60,18 +78,19 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
     b = ZERO
     stop = int32(0)
     done = not inside
+    spilled = False  # a batch went past the cache (the same for the whole block)
     for base in range(int32(0), count, int32(BLOCK)):
         if cuda.syncthreads_count(int32(done)) == BLOCK:
             break
         n = int32(min(BLOCK, count - base))
-        if tid < n:  # a record a thread: a field-interleaved copy cost ~100 instructions a word
-            k = base + tid
-            g = uint32(ids[start + k])
-            for f in range(CACHED):
-                rec[field(k, f, CACHED)] = proj[g, f]
+        slot = base
+        if base + n > cap:
+            slot = window
+            spilled = True
+        _cache(proj, ids, start, base, n, slot, rec, tid)
         cuda.syncthreads()
-        T, r, gr, b, _, stop, done = composite_chunks(rec, CACHED, base, int32(base + n), int32(0), lane, x0, x1,
-                                                      y0, y1, fx, fy, T, r, gr, b, ZERO, stop, done, False)
+        T, r, gr, b, _, stop, done = composite_chunks(rec, CACHED, slot, int32(slot + n), int32(base - slot), lane,
+                                                      x0, x1, y0, y1, fx, fy, T, r, gr, b, ZERO, stop, done, False)
     if inside:
         cuda.atomic.max(block_last, 0, stop)
     c0 = r + T * bg[0]
@@ -92,64 +111,47 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
     dc0, dc1, dc2, l1, ss = tile_loss_grad(tid, inside, c0, c1, c2, t0, t1, t2, perms, repeats, lam, inv_l1,
                                            inv_ssim, sm)
     store_tile_sums(tid, tile, l1, ss, sm, partials)
-    # backward, back to front from the cached records
+    # backward, back to front: from the cache, after reloading what spilled past it a batch at a time
     s0 = T * bg[0]
     s1 = T * bg[1]
     s2 = T * bg[2]
     sd = ZERO
-    for top in range(block_last[0], int32(0), int32(-32)):  # chunks back to front; lane l: Gaussian top-1-l
-        k = int32(top - 1 - lane)
-        hits = chunk_hits(k >= 0 and record_reaches(rec, CACHED, k, x0, x1, y0, y1), top)
-        while hits != 0:
-            h, hits = next_hit(hits)
-            j = int32(top - 1 - h)
-            T, s0, s1, s2, sd = backward_hit(rec, CACHED, j, fx, fy, j < stop, T, s0, s1, s2, sd, dc0, dc1, dc2,
-                                             ZERO, ZERO, False, grad, ids, start + j, tid, red)
+    hi = block_last[0]
+    while hi > 0:
+        lo = int32(0)
+        shift = int32(0)  # record j sits in slot j - shift
+        if spilled and hi > window:
+            lo = int32(max(window, hi - BLOCK))
+            shift = int32(lo - window)
+            cuda.syncthreads()  # the previous window's records are done with
+            _cache(proj, ids, start, lo, int32(hi - lo), window, rec, tid)
+            cuda.syncthreads()
+        for top in range(hi, lo, int32(-32)):  # chunks back to front; lane l: Gaussian top-1-l
+            k = int32(top - 1 - lane)
+            hits = chunk_hits(k >= lo and record_reaches(rec, CACHED, k - shift, x0, x1, y0, y1), int32(top - lo))
+            while hits != 0:
+                h, hits = next_hit(hits)
+                j = int32(top - 1 - h)
+                T, s0, s1, s2, sd = backward_hit(rec, CACHED, j - shift, fx, fy, j < stop, T, s0, s1, s2, sd,
+                                                 dc0, dc1, dc2, ZERO, ZERO, False, grad, ids, start + j, tid, red)
+        hi = lo
 
 
 @functools.cache
 def _shared_memory():
-    """(shared memory per block, per SM, the kernel's static layout) in bytes, read from the
-    process's device once (getDeviceProperties takes milliseconds: not a per-step call)."""
+    """(shared memory per block, the kernel's static layout) in bytes, read from the process's
+    device once (getDeviceProperties takes milliseconds: not a per-step call)."""
     if _backend.SIM:
-        return 48 * 1024, 48 * 1024, 0
+        return 48 * 1024, 0
     import cupy
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-    per_block = props.get("sharedMemPerBlockOptin", props["sharedMemPerBlock"])
-    return per_block, props.get("sharedMemPerMultiprocessor", per_block), _fused_kernel.static_shared_bytes()
+    return props.get("sharedMemPerBlockOptin", props["sharedMemPerBlock"]), _fused_kernel.static_shared_bytes()
 
 
 def budget():
     """B: Gaussians per tile that fit in shared memory beside the kernel's fixed layout."""
-    per_block, _, m_fixed = _shared_memory()
+    per_block, m_fixed = _shared_memory()
     return max(0, (per_block - m_fixed) // RECORD_BYTES)
-
-
-BLOCK_RESERVED = 1024  # shared memory the driver keeps per resident block (sm_80 and later)
-BLOCKS_PER_SM = (2,)  # launch groups by resident tile blocks: those that fit 2 per SM, then the rest
-
-
-def launch_groups(counts, max_count):
-    """The fused tiles, in launch groups with their own shared-memory size.
-
-    One launch sized for the heaviest tile would let one block run per SM, so
-    the few tiles too heavy for two per SM get a launch of their own.  Finer
-    groups cost more than they give: on the 1M scene (H200), splitting the
-    tiles by 5, 4 and 2 blocks per SM took 2.84 ms against 2.59 ms for one
-    launch at 3 per SM, as every launch ends in a tail of lone blocks.  Tiles
-    stay in image order within a group (neighbours share Gaussians in L2).
-    Returns (tile list, [(start, end, largest count)])."""
-    _, per_sm, m_fixed = _shared_memory()
-    caps = [(per_sm // k - BLOCK_RESERVED - m_fixed) // RECORD_BYTES for k in BLOCKS_PER_SM]
-    parts, groups, start = [], [], 0
-    for lo, hi in zip([-1] + caps, caps + [max_count]):  # group i fits BLOCKS_PER_SM[i] per SM; the last: 1
-        tiles = np.flatnonzero((counts > lo) & (counts <= min(hi, max_count)))
-        if len(tiles):
-            parts.append(tiles)
-            groups.append((start, start + len(tiles), int(counts[tiles].max())))
-            start += len(tiles)
-    order = np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, np.int32)
-    return order, groups
 
 
 def _device_copy(order, _last=[None, None]):
@@ -162,12 +164,14 @@ def _device_copy(order, _last=[None, None]):
 
 def fused_raster_loss_backward(proj, ids, ranges, W, H, tiles_x, bg, target, perms, lam, counts, max_count,
                                write_image, image, grad, partials):
-    """Launch the fused kernel on the tiles with at most ``max_count`` Gaussians (``counts``: per tile, host)."""
-    order, groups = launch_groups(counts, max_count)
-    tile_list = _device_copy(order)
+    """Launch the fused kernel on the tiles with at most ``max_count`` Gaussians (``counts``: per tile, host),
+    in image order (neighbours share Gaussians in L2), with a cache of at most ``CACHE_RECORDS``."""
+    order = np.flatnonzero(counts <= max_count).astype(np.int32)
+    if not len(order):
+        return
+    cap = int(min(counts[order].max(), CACHE_RECORDS))
     repeats = perms.shape[0]
-    for a, b, largest in groups:
-        _fused_kernel[b - a, (TILE, TILE), largest * RECORD_BYTES](
-            proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, np.float32(lam),
-            np.float32(1.0 / (3 * W * H)), np.float32(1.0 / (repeats * 3 * W * H)), tile_list[a:b],
-            bool(write_image), image, flat_records(grad), partials)
+    _fused_kernel[len(order), (TILE, TILE), cap * RECORD_BYTES](
+        proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, np.float32(lam),
+        np.float32(1.0 / (3 * W * H)), np.float32(1.0 / (repeats * 3 * W * H)), _device_copy(order), cap,
+        bool(write_image), image, flat_records(grad), partials)

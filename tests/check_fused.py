@@ -2,7 +2,8 @@
 
 Runs under the CUDA simulator in CI (tests/test_fused.py) and on a GPU
 (scripts/gpu_check.sh).  Each scene is checked with every tile fused, with a
-small budget (tiles over it take the unfused path) and with fusion off.
+small budget (tiles over it take the unfused path), with fusion off, and where
+a tile has more Gaussians than the cache holds (they spill past it).
 """
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numbasplat as ns  # noqa: E402
+from numbasplat import fused as fz  # noqa: E402
 from numbasplat._backend import array_module, to_host  # noqa: E402
 from numbasplat.rendering import rasterize_tile_loss  # noqa: E402
 from numbasplat.tile_loss import s3im_permutations  # noqa: E402
@@ -46,8 +48,15 @@ def main(repeats=3):
         assert (per_tile == 0).any() or n > 256, "scene has no empty tile"
         print(f"{W}x{H}: Gaussians per tile {per_tile.tolist()}")
         mid = int(np.median(per_tile[per_tile > 0]))
-        for label, kw in (("all fused", {}), (f"budget {mid}", {"max_fused": mid}), ("unfused", {"fuse": False})):
-            got = run(g, cam, target, perms, "cuda", **kw)
+        configs = [("all fused", {}, None), (f"budget {mid}", {"max_fused": mid}, None), ("unfused", {"fuse": False}, None)]
+        if per_tile.max() > fz.BLOCK + 44:  # a cache smaller than the crowded tile: records spill past it
+            configs.append((f"cache {fz.BLOCK + 44}", {}, fz.BLOCK + 44))
+        for label, kw, cache in configs:
+            saved, fz.CACHE_RECORDS = fz.CACHE_RECORDS, cache or fz.CACHE_RECORDS
+            try:
+                got = run(g, cam, target, perms, "cuda", **kw)
+            finally:
+                fz.CACHE_RECORDS = saved
             errs = {"loss": abs(got[0] - ref[0]), "image": float(np.abs(got[1] - ref[1]).max()),
                     "records": rel(got[2], ref[2]), **{"d_" + k: rel(got[3][k], ref[3][k]) for k in ref[3]}}
             tol = {"loss": 1e-5, "image": 1e-5}
