@@ -398,7 +398,7 @@ def rasterize_tile_loss(p: Projection, b: Binning, target, perms, lam=0.2, backg
     unfused = b  # the tiles left to the unfused path
     if fuse and (backend or _backend.BACKEND) == "cuda":
         from . import fused as fz
-        per_tile = _backend.to_host(b.ranges[:, 1] - b.ranges[:, 0])  # the launch groups need them here
+        per_tile = _backend.to_host(b.ranges[:, 1] - b.ranges[:, 0])  # the fused launch picks its tiles here
         limit = fz.budget() if max_fused is None else int(max_fused)
         big = per_tile > limit
         image = xp.empty((H, W, 3), np.float32)
