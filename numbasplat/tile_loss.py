@@ -301,7 +301,10 @@ def tile_loss(img, gt, perms, lam=0.2, backend=None, tiles=None, lazy=False):
     ``lazy=True``: the loss as a ``LazyLoss`` (read when needed: a device sync).
     """
     img, gt, backend = _prepare(img, gt, backend)
-    perms = np.ascontiguousarray(_backend.to_host(perms), dtype=np.int32)
+    xp = np if backend == "cpu" else _backend.array_module("cuda")
+    if backend == "cpu":
+        perms = _backend.to_host(perms)
+    perms = xp.ascontiguousarray(xp.asarray(perms, dtype=np.int32))  # a device copy stays there: no sync
     if perms.ndim != 2 or perms.shape[1] != NT or perms.shape[0] < 1:
         raise ValueError(f"perms must be (R, {NT}), got {perms.shape}")
     H, W = img.shape[:2]
@@ -317,10 +320,9 @@ def tile_loss(img, gt, perms, lam=0.2, backend=None, tiles=None, lazy=False):
         _tile_loss_cpu(img, gt, perms, ft((1.0 - lam) * inv_l1), ft(-lam * inv_ssim), ft(C1), ft(C2),
                        dimg, partials)
     else:
-        xp = _backend.array_module("cuda")
         dimg = xp.empty_like(img)
         partials = xp.empty((tiles_x * tiles_y, 2), np.float32)
-        _tile_loss_kernel[(tiles_x, tiles_y), (TILE, TILE)](img, gt, xp.asarray(perms), f32(lam), f32(inv_l1),
-                                                            f32(inv_ssim), dimg, partials)
+        _tile_loss_kernel[(tiles_x, tiles_y), (TILE, TILE)](img, gt, perms, f32(lam), f32(inv_l1), f32(inv_ssim),
+                                                            dimg, partials)
     loss = loss_from_tile_sums(partials, lam, W, H, R, tiles)
     return (loss if lazy else float(loss)), dimg
