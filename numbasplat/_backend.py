@@ -63,6 +63,33 @@ def to_host(a):
     return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
 
 
+class HostCopy:
+    """A device array on its way to the host: the copy is queued now (into pinned memory) and
+    waited for in ``get()``, so the host can queue more GPU work before it waits (a plain
+    ``to_host`` leaves the GPU idle until the host has caught up).  Numpy arrays pass through."""
+
+    def __init__(self, a):
+        self._event = None
+        if not is_device(a):
+            self._host = np.asarray(a)
+            return
+        import cupy
+        a = cupy.ascontiguousarray(a)
+        self._host = np.frombuffer(cupy.cuda.alloc_pinned_memory(max(a.nbytes, 1)), a.dtype, a.size).reshape(a.shape)
+        stream = cupy.cuda.get_current_stream()
+        cupy.cuda.runtime.memcpyAsync(self._host.ctypes.data, a.data.ptr, a.nbytes,
+                                      cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+        self._event = stream.record()
+        self._source = a  # kept until the copy is done
+
+    def get(self):
+        """The host array (waits for the copy the first time)."""
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = self._source = None
+        return self._host
+
+
 _views = {}
 
 

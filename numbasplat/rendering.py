@@ -386,43 +386,46 @@ def rasterize_tile_loss(p: Projection, b: Binning, target, perms, lam=0.2, backg
     with ``lazy=True`` (reading it waits for the device).  The gradient records
     are added into ``grad`` if given.
     """
-    from .tile_loss import loss_from_tile_sums, tile_loss
+    from .tile_loss import loss_from_tile_sums, tile_loss_sums
     kernels, xp = _impl(backend)
     W, H = p.camera.width, p.camera.height
     tx, ty = p.camera.tiles
+    R = perms.shape[0]
     bg = _background(xp, background, p.proj.dtype)
     if grad is None:
         grad = xp.zeros((p.proj.shape[0], go.GRAD_FIELDS), p.proj.dtype)
-    image = None
     stats = {"fused_tiles": 0.0, "fused_gaussians": 0.0, "max_fused": -1}
-    unfused = b  # the tiles left to the unfused path
+    big = None  # the tiles left to the unfused path (None: all of them)
     if fuse and (backend or _backend.BACKEND) == "cuda":
         from . import fused as fz
-        per_tile = _backend.to_host(b.ranges[:, 1] - b.ranges[:, 0])  # the fused launch picks its tiles here
+        per_tile = _backend.HostCopy(b.ranges[:, 1] - b.ranges[:, 0])
         limit = fz.budget() if max_fused is None else int(max_fused)
-        big = per_tile > limit
         image = xp.empty((H, W, 3), np.float32)
-        partials = xp.zeros((len(per_tile), 2), np.float32)
-        fz.fused_raster_loss_backward(p.proj, b.ids, b.ranges, W, H, tx, bg, target, perms, lam, per_tile, limit,
-                                      want_image or big.any(), image, grad, partials)
-        loss = loss_from_tile_sums(partials, lam, W, H, perms.shape[0], tiles)
-        n_big = int(np.count_nonzero(big))  # (cheap host work: the GPU waits for it)
+        partials = xp.empty((b.ranges.shape[0], 2), np.float32)  # every tile under the limit writes its row
+        fz.fused_raster_loss_backward(p.proj, b.ids, b.ranges, W, H, tx, bg, target, perms, lam, limit,
+                                      want_image, image, grad, partials)
+        per_tile = per_tile.get()  # (the fused kernel is queued: the GPU works while the host waits)
+        big = per_tile > limit
+        n_big = int(np.count_nonzero(big))
         total = int(per_tile.sum())
-        on_fused = total - (int(per_tile[big].sum()) if n_big else 0)
+        on_fused = total - int(per_tile[big].sum())
         stats = {"fused_tiles": (len(big) - n_big) / len(big), "fused_gaussians": on_fused / max(total, 1),
                  "max_fused": limit}
-        unfused = None
-        if n_big:
-            ranges = xp.where(xp.asarray(big)[:, None], b.ranges, 0).astype(np.int32)
-            unfused = Binning(b.ids, xp.ascontiguousarray(ranges), b.n_isect)
-    if unfused is not None:
-        r = rasterize(p, unfused, background, backend)
-        if image is not None:
-            mask = tile_pixel_mask(xp, big, tx, ty, W, H)
-            r.image = xp.where(mask[..., None], r.image, image)
-        loss, d_img = tile_loss(r.image, target, perms, lam, backend=backend, tiles=tiles, lazy=True)
-        rasterize_backward(p, unfused, r, d_img, grad=grad, backend=backend)
+        if not n_big:
+            loss = loss_from_tile_sums(partials, lam, W, H, R, tiles)
+            return (loss if lazy else float(loss)), grad, (image if want_image else None), stats
+        b = Binning(b.ids, xp.ascontiguousarray(xp.where(xp.asarray(big)[:, None], b.ranges, 0).astype(np.int32)),
+                    b.n_isect)
+    r = rasterize(p, b, background, backend)
+    tile_sums, d_img = tile_loss_sums(r.image, target, perms, lam, backend=backend)
+    rasterize_backward(p, b, r, d_img, grad=grad, backend=backend)
+    if big is None:
         image = r.image
+    else:  # the fused tiles' image and loss sums, the unfused ones' where they were over the budget
+        tile_sums = xp.where(xp.asarray(big)[:, None], tile_sums, partials)
+        if want_image:
+            image = xp.where(tile_pixel_mask(xp, big, tx, ty, W, H)[..., None], r.image, image)
+    loss = loss_from_tile_sums(tile_sums, lam, W, H, R, tiles)
     return (loss if lazy else float(loss)), grad, (image if want_image else None), stats
 
 

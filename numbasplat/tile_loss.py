@@ -300,6 +300,14 @@ def tile_loss(img, gt, perms, lam=0.2, backend=None, tiles=None, lazy=False):
     ``tiles`` (bool mask): count only those tiles' share of the loss.
     ``lazy=True``: the loss as a ``LazyLoss`` (read when needed: a device sync).
     """
+    partials, dimg = tile_loss_sums(img, gt, perms, lam, backend)
+    H, W = np.shape(img)[:2]
+    loss = loss_from_tile_sums(partials, lam, W, H, np.shape(perms)[0], tiles)
+    return (loss if lazy else float(loss)), dimg
+
+
+def tile_loss_sums(img, gt, perms, lam=0.2, backend=None):
+    """``tile_loss``'s per-tile partial sums (``loss_from_tile_sums`` makes the loss of them) and dimg."""
     img, gt, backend = _prepare(img, gt, backend)
     xp = np if backend == "cpu" else _backend.array_module("cuda")
     if backend == "cpu":
@@ -324,5 +332,4 @@ def tile_loss(img, gt, perms, lam=0.2, backend=None, tiles=None, lazy=False):
         partials = xp.empty((tiles_x * tiles_y, 2), np.float32)
         _tile_loss_kernel[(tiles_x, tiles_y), (TILE, TILE)](img, gt, perms, f32(lam), f32(inv_l1), f32(inv_ssim),
                                                             dimg, partials)
-    loss = loss_from_tile_sums(partials, lam, W, H, R, tiles)
-    return (loss if lazy else float(loss)), dimg
+    return partials, dimg

@@ -24,13 +24,13 @@ def rel(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))
 
 
-def run(g, cam, target, perms, backend, **kw):
+def run(g, cam, target, perms, backend, want_image=True, **kw):
     xp = array_module(backend)
     gg = ns.Gaussians(**{k: xp.asarray(a) for k, a in g.arrays().items()})
     p = ns.project(gg, cam, backend=backend)
     b = ns.bin_tiles(p, backend=backend)
     loss, grad, image, stats = rasterize_tile_loss(p, b, xp.asarray(target), xp.asarray(perms), 0.2,
-                                                   (0.2, 0.3, 0.4), want_image=True, backend=backend, **kw)
+                                                   (0.2, 0.3, 0.4), want_image=want_image, backend=backend, **kw)
     params = ns.project_backward(gg, p, grad, backend=backend)
     return loss, to_host(image), to_host(grad), {k: to_host(v) for k, v in params.arrays().items()}, stats, b
 
@@ -64,12 +64,13 @@ def main(repeats=3):
             print(f"{W}x{H} {label:12s} fused tiles {got[4]['fused_tiles']:.2f} "
                   + " ".join(f"{k}={e:.1e}" for k, e in errs.items()) + (" FAIL" if bad else ""))
             failures += bad
-        if i == 0:  # a renderer's share of the loss under MPI (every other tile), from the fused partial sums
-            mask = np.arange(len(per_tile)) % 2 == 0
-            share = abs(run(g, cam, target, perms, "cuda", tiles=mask)[0] - run(g, cam, target, perms, "cpu",
-                                                                              tiles=mask)[0])
-            print(f"{W}x{H} loss share   error {share:.1e}" + (" FAIL" if share > 1e-5 else ""))
-            failures += ["share"] if share > 1e-5 else []
+        if i == 0:  # a renderer's share of the loss under MPI (every other tile), from the partial sums:
+            mask = np.arange(len(per_tile)) % 2 == 0  # of the fused tiles, and of a mix with no image written
+            want = run(g, cam, target, perms, "cpu", tiles=mask)[0]
+            for label, kw in (("fused", {}), (f"budget {mid}", {"max_fused": mid, "want_image": False})):
+                share = abs(run(g, cam, target, perms, "cuda", tiles=mask, **kw)[0] - want)
+                print(f"{W}x{H} loss share, {label}: error {share:.1e}" + (" FAIL" if share > 1e-5 else ""))
+                failures += ["share"] if share > 1e-5 else []
     print("FAILED: " + ", ".join(failures) if failures else "all fused checks passed")
     return 1 if failures else 0
 
