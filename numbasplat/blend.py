@@ -53,18 +53,22 @@ def _row_min_sigma(ca, cb, cc, dx_lo, dx_hi, dy):
 
 
 @shared
-def reaches_strip(u, v, ca, cb, cc, opacity, x0, x1, y0, y1):
+def reaches_box(u, v, ca, cb, cc, opacity, x0, x1, y0, y1):
     """False when the Gaussian has alpha under ALPHA_MIN at every pixel centre (x, y) with
-    x0 <= x <= x1 and y = y0 or y1: a warp's two pixel rows.  The raster kernels test 32
+    x0 <= x <= x1 and y = y0, y0 + 1, ..., y1: a warp's pixel rows.  The raster kernels test 32
     Gaussians at once this way, a lane each, and skip those no pixel of the warp would take,
     instead of evaluating each at all 32 pixels.  Conservative: a margin covers rounding
     (sigma is evaluated differently here), and a conic that is not positive definite is kept."""
     if not (ca > f32(0.0) and ca * cc > cb * cb):
         return True
     limit = math.log(opacity / ALPHA_MIN) + f32(1e-4)  # alpha >= ALPHA_MIN <=> sigma <= log(opacity / ALPHA_MIN)
-    s0, m0 = _row_min_sigma(ca, cb, cc, u - x1, u - x0, v - y0)
-    s1, m1 = _row_min_sigma(ca, cb, cc, u - x1, u - x0, v - y1)
-    return not (s0 - f32(1e-5) * m0 > limit and s1 - f32(1e-5) * m1 > limit)  # NaN: kept
+    y = y0
+    while y <= y1:
+        s, m = _row_min_sigma(ca, cb, cc, u - x1, u - x0, v - y)
+        if not s - f32(1e-5) * m > limit:  # NaN: kept
+            return True
+        y += f32(1.0)
+    return False
 
 
 @shared

@@ -34,7 +34,7 @@ from . import _backend
 from . import gaussian_ops as go
 from .cuda import (BLOCK, F1, F2, F3, HALF, I1, I2, NG, ONE, RED_ROWS, TILE, ZERO, _pixel_of_tile,
                    backward_hit, chunk_hits, composite_chunks, field, flat_records, next_hit, record_reaches,
-                   warp_strip)
+                   warp_box)
 from .launch import kernel
 from .tile_loss import TILE_LOSS_SMEM, store_tile_sums, tile_loss_grad
 
@@ -64,7 +64,7 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
     if end - start > max_count:  # over the budget: the unfused path's tile (the whole block leaves)
         return
     lane = tid & 31
-    x0, x1, y0, y1 = warp_strip(tid, px, py)
+    x0, x1, y0, y1 = warp_box(lane, px, py)
     count = int32(end - start)  # int32 loop counters: Numba's int64 ones cost ~15 instructions an iteration
     window = int32(cap - BLOCK)  # past the cache, batches take turns in its last BLOCK slots
     rec = cuda.shared.array(0, float32)      # cap * CACHED record fields
@@ -112,8 +112,8 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
             image[py, px, 1] = c1
             image[py, px, 2] = c2
     # the tile-local loss and dL/dcolour, on chip
-    dc0, dc1, dc2, l1, ss = tile_loss_grad(tid, inside, c0, c1, c2, t0, t1, t2, perms, repeats, lam, inv_l1,
-                                           inv_ssim, sm)
+    dc0, dc1, dc2, l1, ss = tile_loss_grad(tid, (py % TILE) * TILE + px % TILE, inside, c0, c1, c2, t0, t1, t2,
+                                           perms, repeats, lam, inv_l1, inv_ssim, sm)
     store_tile_sums(tid, tile, l1, ss, sm, partials)
     # backward, back to front: from the cache, after reloading what spilled past it a batch at a time
     s0 = T * bg[0]

@@ -158,11 +158,13 @@ def _tile_loss_cpu(img, gt, perms, l1_scale, ssim_scale, c1, c2, dimg, partials)
 # ---------------------------------------------------------------------------
 
 @cuda.jit(device=True)
-def tile_loss_grad(tid, valid, c0, c1, c2, t0, t1, t2, perms, repeats, lam, inv_l1, inv_ssim, sm):
+def tile_loss_grad(tid, slot, valid, c0, c1, c2, t0, t1, t2, perms, repeats, lam, inv_l1, inv_ssim, sm):
     """dL/dcolour of this thread's pixel, for a 256-thread block that owns one tile.
 
     Every thread of the block must call it (it synchronises 2 * repeats + 1
-    times).  tid = ly*16 + lx; valid: the pixel lies inside the image; c, t:
+    times).  tid: the thread (0..255); slot = ly*16 + lx: its pixel in the
+    tile (the raster kernels give a warp a block of pixels, not a row, so the
+    two differ there); valid: the pixel lies inside the image; c, t:
     rendered and target colour; perms: (repeats, 256) int32; lam, inv_l1 =
     1/(3HW), inv_ssim = 1/(R*3HW): float32; sm: float32 shared array of shape
     TILE_LOSS_SMEM.  Returns (dc0, dc1, dc2, l1, ss): the gradient (zero for
@@ -173,13 +175,13 @@ def tile_loss_grad(tid, valid, c0, c1, c2, t0, t1, t2, perms, repeats, lam, inv_
     zero = f32(0.0)
     if not valid:                       # invalid slots hold zeros and flag 0
         c0 = c1 = c2 = t0 = t1 = t2 = zero
-    sm[0, tid] = c0
-    sm[1, tid] = c1
-    sm[2, tid] = c2
-    sm[3, tid] = t0
-    sm[4, tid] = t1
-    sm[5, tid] = t2
-    sm[_VALID, tid] = f32(1.0) if valid else zero
+    sm[0, slot] = c0
+    sm[1, slot] = c1
+    sm[2, slot] = c2
+    sm[3, slot] = t0
+    sm[4, slot] = t1
+    sm[5, slot] = t2
+    sm[_VALID, slot] = f32(1.0) if valid else zero
     cuda.syncthreads()
 
     k1, k2 = f32(C1), f32(C2)
@@ -193,10 +195,10 @@ def tile_loss_grad(tid, valid, c0, c1, c2, t0, t1, t2, perms, repeats, lam, inv_
             base = WSIZE * (tid % NWIN)
             n = sx = sy = sxx = syy = sxy = zero
             for j in range(WSIZE):
-                slot = perms[r, base + j]
-                x = sm[ch, slot]
-                y = sm[3 + ch, slot]
-                n += sm[_VALID, slot]
+                other = perms[r, base + j]
+                x = sm[ch, other]
+                y = sm[3 + ch, other]
+                n += sm[_VALID, other]
                 sx += x
                 sy += y
                 sxx += x * x
@@ -210,7 +212,7 @@ def tile_loss_grad(tid, valid, c0, c1, c2, t0, t1, t2, perms, repeats, lam, inv_
             sm[_COEF, 3 * tid + 1] = scale * b
             sm[_COEF, 3 * tid + 2] = scale * c
         cuda.syncthreads()
-        k = 3 * int(sm[_WIN, tid])                         # (channel 0, my window)
+        k = 3 * int(sm[_WIN, slot])                        # (channel 0, my window)
         g0 += sm[_COEF, k] + sm[_COEF, k + 1] * c0 + sm[_COEF, k + 2] * t0
         k += 3 * NWIN
         g1 += sm[_COEF, k] + sm[_COEF, k + 1] * c1 + sm[_COEF, k + 2] * t1
@@ -244,7 +246,7 @@ def _tile_loss_kernel(img, gt, perms, lam, inv_l1, inv_ssim, dimg, partials):
     if valid:
         c0, c1, c2 = img[py, px, 0], img[py, px, 1], img[py, px, 2]
         t0, t1, t2 = gt[py, px, 0], gt[py, px, 1], gt[py, px, 2]
-    d0, d1, d2, l1, ss = tile_loss_grad(tid, valid, c0, c1, c2, t0, t1, t2, perms, perms.shape[0],
+    d0, d1, d2, l1, ss = tile_loss_grad(tid, tid, valid, c0, c1, c2, t0, t1, t2, perms, perms.shape[0],
                                         lam, inv_l1, inv_ssim, sm)
     if valid:
         dimg[py, px, 0] = d0

@@ -5,7 +5,8 @@ from numba import njit
 
 import numbasplat as ns
 from numbasplat import rendering as rz
-from numbasplat.blend import gaussian_alpha, reaches_strip
+from numbasplat.blend import gaussian_alpha, reaches_box
+from numbasplat.cuda import WARP_H, WARP_W
 from numbasplat.geometry import ALPHA_MIN
 from tests.scenes import edge_case_scene, look_at_camera
 
@@ -184,23 +185,23 @@ def test_project_backward_adds_or_overwrites():
 
 
 @njit(cache=False)
-def _strip_cases(params, strips, out):
-    """out[i]: (reaches_strip, max alpha over the strip's 32 pixel centres), all in float32."""
+def _box_cases(params, boxes, out):
+    """out[i]: (reaches_box, max alpha over the warp's 32 pixel centres), all in float32."""
     for i in range(params.shape[0]):
         u, v, ca, cb, cc, o = params[i]
-        x0, y0 = strips[i]
-        out[i, 0] = reaches_strip(u, v, ca, cb, cc, o, x0, x0 + np.float32(15.0), y0, y0 + np.float32(1.0))
+        x0, y0 = boxes[i]
+        out[i, 0] = reaches_box(u, v, ca, cb, cc, o, x0, x0 + np.float32(WARP_W - 1), y0, y0 + np.float32(WARP_H - 1))
         best = np.float32(0.0)
-        for row in range(2):
-            for col in range(16):
+        for row in range(WARP_H):
+            for col in range(WARP_W):
                 a = gaussian_alpha(u, v, ca, cb, cc, o, x0 + np.float32(col), y0 + np.float32(row))[0]
                 best = max(best, a)
         out[i, 1] = best
 
 
-def test_strip_cull_is_conservative_and_culls():
+def test_warp_cull_is_conservative_and_culls():
     """A warp skips a Gaussian only when none of its 32 pixels would take it: over thin,
-    tilted, near-degenerate and faint Gaussians near the strip, the cull never drops a pixel
+    tilted, near-degenerate and faint Gaussians near the warp's pixels, the cull never drops a pixel
     with alpha >= ALPHA_MIN, and it does drop most of those that reach none."""
     rng = np.random.default_rng(3)
     n = 200000
@@ -213,9 +214,9 @@ def test_strip_cull_is_conservative_and_culls():
     u, v = rng.uniform(-80, 100, (2, n))
     o = np.where(rng.random(n) < 0.1, rng.uniform(0, 0.01, n), rng.uniform(0, 1, n))
     params = np.column_stack([u, v, conic, o]).astype(np.float32)
-    strips = np.column_stack([rng.integers(0, 4, n) * 16 + 0.5, rng.integers(0, 8, n) * 2 + 0.5]).astype(np.float32)
+    boxes = np.column_stack([rng.integers(0, 8, n) * WARP_W + 0.5, rng.integers(0, 4, n) * WARP_H + 0.5])
     out = np.zeros((n, 2), np.float32)
-    _strip_cases(params, strips, out)
+    _box_cases(params, boxes.astype(np.float32), out)
     keep, alpha = out[:, 0] > 0, out[:, 1]
     assert not np.any(~keep & (alpha >= ALPHA_MIN)), "a culled Gaussian reaches a pixel"
     unseen = alpha < ALPHA_MIN
@@ -224,5 +225,5 @@ def test_strip_cull_is_conservative_and_culls():
     # an indefinite conic or a NaN opacity is never culled; zero opacity always is
     for ca, cb, cc, op, want in ((1.0, 2.0, 1.0, 0.5, True), (1.0, 0.0, 1.0, np.nan, True),
                                  (1.0, 0.0, 1.0, 0.0, False)):
-        got = reaches_strip(*np.float32([500.0, 500.0, ca, cb, cc, op, 0.5, 15.5, 0.5, 1.5]))
+        got = reaches_box(*np.float32([500.0, 500.0, ca, cb, cc, op, 0.5, 7.5, 0.5, 3.5]))
         assert got == want
