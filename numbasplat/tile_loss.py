@@ -32,7 +32,7 @@ CUDA kernel (one 16x16 block per tile) built on the device function
 ``tile_loss_grad``; both use the same scalar helpers.
 """
 import numpy as np
-from numba import cuda, njit, prange
+from numba import cuda, njit, prange, uint32
 from numpy import float32 as f32
 
 from . import _backend
@@ -189,15 +189,16 @@ def tile_loss_grad(tid, slot, valid, c0, c1, c2, t0, t1, t2, perms, repeats, lam
     g0 = g1 = g2 = zero
     ss = zero
     for r in range(repeats):
-        sm[_WIN, perms[r, tid]] = f32(tid // WSIZE)        # inverse arrangement: slot -> window
+        row = uint32(r)  # unsigned indices: Numba wraps signed ones for negative values, ~10 instructions a read
+        sm[_WIN, uint32(perms[row, uint32(tid)])] = f32(tid // WSIZE)  # inverse arrangement: slot -> window
         if tid < 3 * NWIN:
-            ch = tid // NWIN
-            base = WSIZE * (tid % NWIN)
+            ch = uint32(tid // NWIN)
+            base = uint32(WSIZE * (tid % NWIN))
             n = sx = sy = sxx = syy = sxy = zero
             for j in range(WSIZE):
-                other = perms[r, base + j]
+                other = uint32(perms[row, base + uint32(j)])
                 x = sm[ch, other]
-                y = sm[3 + ch, other]
+                y = sm[ch + uint32(3), other]
                 n += sm[_VALID, other]
                 sx += x
                 sy += y
