@@ -411,20 +411,20 @@ def rasterize_tile_loss(p: Projection, b: Binning, target, perms, lam=0.2, backg
         on_fused = total - int(per_tile[big].sum())
         stats = {"fused_tiles": (len(big) - n_big) / len(big), "fused_gaussians": on_fused / max(total, 1),
                  "max_fused": limit}
-        if not n_big:
-            loss = loss_from_tile_sums(partials, lam, W, H, R, tiles)
-            return (loss if lazy else float(loss)), grad, (image if want_image else None), stats
-        b = Binning(b.ids, xp.ascontiguousarray(xp.where(xp.asarray(big)[:, None], b.ranges, 0).astype(np.int32)),
-                    b.n_isect)
-    r = rasterize(p, b, background, backend)
-    tile_sums, d_img = tile_loss_sums(r.image, target, perms, lam, backend=backend)
-    rasterize_backward(p, b, r, d_img, grad=grad, backend=backend)
-    if big is None:
-        image = r.image
-    else:  # the fused tiles' image and loss sums, the unfused ones' where they were over the budget
-        tile_sums = xp.where(xp.asarray(big)[:, None], tile_sums, partials)
-        if want_image:
-            image = xp.where(tile_pixel_mask(xp, big, tx, ty, W, H)[..., None], r.image, image)
+        tile_sums = partials
+        if n_big:
+            b = Binning(b.ids, xp.ascontiguousarray(xp.where(xp.asarray(big)[:, None], b.ranges, 0).astype(np.int32)),
+                        b.n_isect)
+    if big is None or n_big:
+        r = rasterize(p, b, background, backend)
+        sums, d_img = tile_loss_sums(r.image, target, perms, lam, backend=backend)
+        rasterize_backward(p, b, r, d_img, grad=grad, backend=backend)
+        if big is None:
+            image, tile_sums = r.image, sums
+        else:  # the tiles over the budget: their image and loss sums from the unfused path
+            tile_sums = xp.where(xp.asarray(big)[:, None], sums, partials)
+            if want_image:
+                image = xp.where(tile_pixel_mask(xp, big, tx, ty, W, H)[..., None], r.image, image)
     loss = loss_from_tile_sums(tile_sums, lam, W, H, R, tiles)
     return (loss if lazy else float(loss)), grad, (image if want_image else None), stats
 
