@@ -34,7 +34,7 @@ class TrainConfig:
     lambda_dssim: float = 0.2
     loss: str = "global"              # global: L1 + windowed SSIM; tile: L1 + S3IM per tile (fused on GPUs)
     s3im_repeats: int = 10
-    lambda_s3im: float = None         # tile loss; None: ``s3im_weight`` of the data
+    lambda_s3im: float | None = None  # tile loss; None: ``s3im_weight`` of the data
     lr_means: float = 1.6e-4          # x scene scale, decaying to lr_means_final
     lr_means_final: float = 1.6e-6
     lr_means_steps: int = 30_000      # the decay's length, whatever the run's: a 7k run is the start of a 30k one
