@@ -7,7 +7,14 @@
 Every loader returns a ``Dataset`` of ``View`` s whose images are (H, W, 3)
 float32 in [0, 1], undistorted and alpha-composited, with ``numbasplat.Camera``
 s in OpenCV axes.  Bad input raises ``DataError`` (a ValueError) naming the file.
-"""
-from .dataset import DataError, Dataset, View, detect_format, load_dataset, scene_scale, split_views
 
-__all__ = ["DataError", "Dataset", "View", "detect_format", "load_dataset", "scene_scale", "split_views"]
+Modules, each importing only ones listed after it: ``dataset`` (``load_dataset``:
+detect the format, dispatch to a loader), ``colmap`` and ``nerf`` (the loaders),
+``images`` (reading, resizing, undistortion), ``ply`` (PLY files: Gaussians and
+point clouds), ``atomic`` (write-then-rename), ``scene`` (``Dataset``, ``View``,
+``DataError`` and the helpers the loaders share).
+"""
+from .dataset import load_dataset
+from .scene import DataError, Dataset, View
+
+__all__ = ["DataError", "Dataset", "View", "load_dataset"]

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .dataset import DataError, View, colmap_model_dir, finish, make_camera, split_views
 from .images import Intrinsics, check_sizes, is_image_file, list_image_files, load_image, parallel_map
+from .scene import DataError, View, build_dataset, make_camera, split_views
 
 # id -> (name, number of params); only the first five are supported.
 CAMERA_MODELS = {
@@ -347,10 +347,20 @@ def read_points3D_text(path):
 # ----------------------------------------------------------------------------- model
 
 def _model_file(folder, stem):
+    """``folder/stem.bin``, else ``folder/stem.txt``, else None."""
     for ext in (".bin", ".txt"):
         p = Path(folder) / f"{stem}{ext}"
         if p.is_file():
             return p
+    return None
+
+
+def model_dir(root):
+    """The folder holding the COLMAP model of the scene ``root`` (``sparse/0`` or ``sparse``), or None."""
+    root = Path(root)
+    for cand in (root / "sparse" / "0", root / "sparse"):
+        if all(_model_file(cand, stem) is not None for stem in ("cameras", "images")):
+            return cand
     return None
 
 
@@ -448,7 +458,7 @@ def match_images(folder, names):
 def load(path, images=None, background=(1.0, 1.0, 1.0), test_every=8, max_size=None):
     """Load a COLMAP scene into a ``Dataset``."""
     root = Path(path)
-    model = colmap_model_dir(root)
+    model = model_dir(root)
     if model is None:
         raise DataError(f"no COLMAP model in {root}: looked for sparse/0/ and sparse/ with "
                         f"cameras and images (.bin or .txt)")
@@ -499,4 +509,4 @@ def load(path, images=None, background=(1.0, 1.0, 1.0), test_every=8, max_size=N
         xyz, rgb = np.zeros((0, 3)), np.zeros((0, 3))
     else:
         xyz, rgb = pts.xyz, pts.rgb.astype(np.float32) / 255.0
-    return finish(train, test, xyz, rgb, root, "colmap")
+    return build_dataset(train, test, xyz, rgb, root, "colmap")

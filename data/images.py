@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .dataset import DataError
+from .scene import DataError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 NO_DISTORTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)   # k1, k2, k3, k4, p1, p2

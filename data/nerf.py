@@ -11,16 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .dataset import DataError, View, finish, make_camera, split_views
 from .images import Intrinsics, check_sizes, image_size, load_image, parallel_map
-
-PLY_TYPES = {
-    "char": "i1", "int8": "i1", "uchar": "u1", "uint8": "u1",
-    "short": "i2", "int16": "i2", "ushort": "u2", "uint16": "u2",
-    "int": "i4", "int32": "i4", "uint": "u4", "uint32": "u4",
-    "float": "f4", "float32": "f4", "double": "f8", "float64": "f8",
-}
-
+from .ply import load_ply_points
+from .scene import DataError, View, build_dataset, make_camera, split_views
 
 # NeRF-synthetic objects sit inside this cube: 3DGS draws its random initial points there
 BLENDER_BOX = ((-1.3, -1.3, -1.3), (1.3, 1.3, 1.3))
@@ -152,8 +145,8 @@ def load_blender(path, images=None, background=(1.0, 1.0, 1.0), max_size=None):
         splits[split] = _load_frames(root, meta_path, meta["frames"], intr_of, background, max_size)
     if not splits["train"]:
         raise DataError(f"{train_json} lists no frames")
-    return finish(splits["train"], splits["test"], np.zeros((0, 3)), np.zeros((0, 3)), root, "blender",
-                  init_box=BLENDER_BOX)
+    return build_dataset(splits["train"], splits["test"], np.zeros((0, 3)), np.zeros((0, 3)), root, "blender",
+                         init_box=BLENDER_BOX)
 
 
 # ----------------------------------------------------------------------------- instant-ngp / nerfstudio
@@ -195,7 +188,8 @@ def _ngp_intrinsics(glob, fr, img_path, name, meta_path):
 
 
 def load_ngp(path, images=None, background=(1.0, 1.0, 1.0), test_every=8, max_size=None):
-    """instant-ngp / nerfstudio transforms.json; every ``test_every``-th sorted image is test."""
+    """instant-ngp / nerfstudio transforms.json (and the point cloud its ``ply_file_path`` names,
+    if any); every ``test_every``-th sorted image is test."""
     root = Path(path)
     meta_path = root / "transforms.json"
     if not meta_path.is_file():
@@ -218,88 +212,9 @@ def load_ngp(path, images=None, background=(1.0, 1.0, 1.0), test_every=8, max_si
     if isinstance(ply, str) and ply:
         ply_path = root / ply
         if ply_path.is_file():
-            got = read_ply_points(ply_path)
-            if got is None:
-                warnings.warn(f"cannot parse {ply_path} as an xyz(+rgb) point cloud; no initial points",
-                              stacklevel=3)
-            else:
-                points, colors = got
-    return finish(train, test, points, colors, root, "ngp")
-
-
-# ----------------------------------------------------------------------------- PLY
-
-def read_ply_points(path):
-    """(xyz (M, 3), rgb (M, 3) in [0, 1]) from a simple PLY, or None if it is not one.
-
-    Handles ascii and binary little/big endian files whose first element is
-    ``vertex`` with scalar x, y, z (and optionally red, green, blue)
-    properties.  Colours default to 0.5 grey.
-    """
-    try:
-        with open(path, "rb") as f:
-            if f.readline().strip() != b"ply":
-                return None
-            fmt, elements, current = None, [], None
-            while True:
-                line = f.readline()
-                if not line:
-                    return None
-                tok = line.decode("ascii", "replace").split()
-                if not tok or tok[0] in ("comment", "obj_info"):
-                    continue
-                if tok[0] == "end_header":
-                    break
-                if tok[0] == "format":
-                    fmt = tok[1]
-                elif tok[0] == "element":
-                    current = [tok[1], int(tok[2]), []]
-                    elements.append(current)
-                elif tok[0] == "property":
-                    if current is None:
-                        return None
-                    if tok[1] == "list":
-                        if current[0] == "vertex":
-                            return None
-                        continue  # only the first element (vertex) is read
-                    if tok[1] not in PLY_TYPES:
-                        return None
-                    current[2].append((tok[2], PLY_TYPES[tok[1]]))
-            if not elements or elements[0][0] != "vertex":
-                return None
-            _, n, props = elements[0]
-            names = [p[0] for p in props]
-            if not all(k in names for k in ("x", "y", "z")):
-                return None
-            if fmt == "ascii":
-                rows = []
-                for _ in range(n):
-                    line = f.readline()
-                    if not line:
-                        return None
-                    rows.append([float(v) for v in line.split()[:len(props)]])
-                data = np.array(rows, np.float64).reshape(n, len(props))
-                cols = {name: data[:, i] for i, name in enumerate(names)}
-            elif fmt in ("binary_little_endian", "binary_big_endian"):
-                end = "<" if fmt == "binary_little_endian" else ">"
-                dtype = np.dtype([(name, end + t) for name, t in props])
-                raw = f.read(dtype.itemsize * n)
-                if len(raw) < dtype.itemsize * n:
-                    return None
-                data = np.frombuffer(raw, dtype, n)
-                cols = {name: data[name].astype(np.float64) for name in names}
-            else:
-                return None
-    except (OSError, ValueError, TypeError, IndexError):
-        return None
-    xyz = np.stack([cols["x"], cols["y"], cols["z"]], 1)
-    if all(k in cols for k in ("red", "green", "blue")):
-        rgb = np.stack([cols["red"], cols["green"], cols["blue"]], 1)
-        kinds = dict(props)
-        if kinds["red"].startswith("f"):
-            rgb = rgb if rgb.max(initial=0.0) <= 1.0 else rgb / 255.0
-        else:
-            rgb = rgb / (65535.0 if kinds["red"].endswith("2") else 255.0)
-    else:
-        rgb = np.full_like(xyz, 0.5)
-    return xyz, np.clip(rgb, 0.0, 1.0)
+            try:
+                points, colors = load_ply_points(ply_path)
+            except (OSError, ValueError) as exc:
+                # the points only seed the model: train without them rather than fail
+                warnings.warn(f"{exc}; training without initial points", stacklevel=3)
+    return build_dataset(train, test, points, colors, root, "ngp")

@@ -1,10 +1,12 @@
-"""Gaussians to and from PLY in the reference 3DGS layout.
+"""PLY files: Gaussians in the reference 3DGS layout, and point clouds.
 
 The reference layout (x y z nx ny nz f_dc_* f_rest_* opacity scale_* rot_*,
 pre-activation values, f_rest channel-major) is what viewers and other
 trainers exchange, so we write exactly that.  Reading is lenient: properties
 are found by name in any order and type, extra ones are ignored, and ascii
-and both binary encodings are accepted, because exporters differ.
+and both binary encodings are accepted, because exporters differ.  The same
+reader serves point clouds (x y z and optional colours, as datasets ship their
+initial points).  Every error is a ValueError that names the file.
 """
 import os
 import re
@@ -124,6 +126,8 @@ def _read_vertices(f, path, fmt, elements):
             rows = np.array([ln.split() for ln in body], dtype=np.float64)
         except ValueError:
             raise ValueError(f"{path}: malformed ascii PLY vertex data") from None
+        if n == 0:  # np.array([]) is 1-D
+            rows = rows.reshape(0, len(props))
         if rows.shape != (n, len(props)):
             raise ValueError(f"{path}: ascii PLY vertex rows do not have {len(props)} values")
         return {p: rows[:, i] for i, p in enumerate(pnames)}, n
@@ -140,16 +144,44 @@ def _read_vertices(f, path, fmt, elements):
     return {p: data[p] for p in pnames}, n
 
 
-def load_ply(path):
-    """Read a 3DGS PLY -> dict of float32 means, scales, quats, opacities, sh (N, K, 3)."""
+def _read_vertex_columns(path, required):
+    """-> (columns as ``_read_vertices``, count, {property: PLY dtype}) of the vertex
+    element of the PLY at ``path``; ValueError naming the file if it lacks a ``required`` one."""
     path = os.fspath(path)
     with open(path, "rb") as f:
         fmt, elements = _parse_header(f, path)
         cols, n = _read_vertices(f, path, fmt, elements)
-    rest = sorted((int(m.group(1)), p) for p in cols if (m := re.fullmatch(r"f_rest_(\d+)", p)))
-    missing = [p for p in BASE_PROPS if p not in cols]
+    missing = [p for p in required if p not in cols]
     if missing:
         raise ValueError(f"{path}: PLY lacks required vertex properties: {', '.join(missing)}")
+    types = dict(next(props for name, _, props in elements if name == "vertex"))
+    return cols, n, types
+
+
+def load_ply_points(path):
+    """Read a point cloud PLY -> (xyz (M, 3) float64, rgb (M, 3) float64 in [0, 1]).
+
+    Colours come from red, green, blue: integers divided by their type's
+    maximum (255, or 65535 for 16-bit ones), floats taken as they are unless
+    some exceeds 1 (then as 0..255).  Without them every point is 0.5 grey.
+    """
+    cols, _, types = _read_vertex_columns(path, ("x", "y", "z"))
+    xyz = np.stack([np.asarray(cols[p], np.float64) for p in ("x", "y", "z")], 1)
+    if not all(p in cols for p in ("red", "green", "blue")):
+        return xyz, np.full_like(xyz, 0.5)
+    rgb = np.stack([np.asarray(cols[p], np.float64) for p in ("red", "green", "blue")], 1)
+    if types["red"].startswith("f"):
+        rgb = rgb if rgb.max(initial=0.0) <= 1.0 else rgb / 255.0
+    else:
+        rgb = rgb / (65535.0 if types["red"].endswith("2") else 255.0)
+    return xyz, np.clip(rgb, 0.0, 1.0)
+
+
+def load_ply(path):
+    """Read a 3DGS PLY -> dict of float32 means, scales, quats, opacities, sh (N, K, 3)."""
+    path = os.fspath(path)
+    cols, n, _ = _read_vertex_columns(path, BASE_PROPS)
+    rest = sorted((int(m.group(1)), p) for p in cols if (m := re.fullmatch(r"f_rest_(\d+)", p)))
     if len(rest) not in REST_TO_DEGREE or [i for i, _ in rest] != list(range(len(rest))):
         raise ValueError(f"{path}: f_rest_* properties must be f_rest_0..f_rest_M-1 with "
                          f"M in 0, 9, 24, 45; got {len(rest)}")

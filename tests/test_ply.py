@@ -1,4 +1,4 @@
-"""data/ply.py: reference 3DGS PLY layout, lenient reading, atomic writes."""
+"""data/ply.py: reference 3DGS PLY layout, lenient reading, atomic writes, point clouds."""
 import importlib
 import importlib.util
 import os
@@ -186,6 +186,20 @@ def test_missing_properties_listed(tmp_path):
     assert str(path) in msg and "opacity" in msg and "rot_1" in msg and "rot_0" not in msg
 
 
+def errors_name_the_file(tmp_path, cases, read):
+    """Write each {file name: bytes} case and check that ``read`` raises a ValueError naming
+    the file; -> {file name: message}."""
+    messages = {}
+    for name, content in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        with pytest.raises(ValueError) as e:
+            read(path)
+        assert str(path) in str(e.value), name
+        messages[name] = str(e.value)
+    return messages
+
+
 def test_bad_files(tmp_path):
     cases = {
         "notply.ply": b"solid cube\nfacet normal 0 0 1\n",
@@ -195,12 +209,7 @@ def test_bad_files(tmp_path):
                      + "".join(f"property float f_rest_{i}\n" for i in range(6))
                      + "end_header\n").encode(),
     }
-    for name, content in cases.items():
-        path = tmp_path / name
-        path.write_bytes(content)
-        with pytest.raises(ValueError) as e:
-            ply.load_ply(path)
-        assert str(path) in str(e.value), name
+    errors_name_the_file(tmp_path, cases, ply.load_ply)
 
 
 def test_atomic_replace_failure_keeps_old_file(tmp_path, monkeypatch):
@@ -238,3 +247,69 @@ def test_atomic_failure_mid_write(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="sh must be"):
         ply.save_ply(path, bad)
     assert path.read_bytes() == before and no_temp_files(tmp_path)
+
+
+# --- point clouds (a dataset's initial points) -------------------------------
+
+def point_cloud_bytes(fmt, rec, header_extra=""):
+    """A binary PLY whose vertex element holds the fields of the structured array ``rec``."""
+    types = {"f4": "float", "f8": "double", "u1": "uchar", "u2": "ushort", "i4": "int"}
+    header = (f"ply\nformat {fmt} 1.0\n{header_extra}element vertex {len(rec)}\n"
+              + "".join(f"property {types[rec.dtype[p].str[1:]]} {p}\n" for p in rec.dtype.names)
+              + "end_header\n")
+    return header.encode() + rec.tobytes()
+
+
+@pytest.mark.parametrize("fmt,end", [("binary_little_endian", "<"), ("binary_big_endian", ">")])
+@pytest.mark.parametrize("colour,scale", [("u1", 255.0), ("u2", 65535.0), ("f4", 1.0)])
+def test_point_cloud_binary_colours(tmp_path, fmt, end, colour, scale):
+    rng = np.random.default_rng(0)
+    xyz = rng.normal(size=(6, 3))
+    rgb = rng.uniform(0, 1, (6, 3))
+    rec = np.zeros(6, [(p, end + "f4") for p in "xyz"] + [(p, end + colour) for p in ("red", "green", "blue")])
+    for i, p in enumerate("xyz"):
+        rec[p] = xyz[:, i]
+    for i, p in enumerate(("red", "green", "blue")):
+        rec[p] = np.round(rgb[:, i] * scale) if scale > 1 else rgb[:, i]
+    path = tmp_path / "pc.ply"
+    path.write_bytes(point_cloud_bytes(fmt, rec, "comment made by hand\n"))
+    got_xyz, got_rgb = ply.load_ply_points(path)
+    assert got_xyz.dtype == got_rgb.dtype == np.float64
+    np.testing.assert_allclose(got_xyz, xyz.astype(np.float32))
+    np.testing.assert_allclose(got_rgb, rgb, atol=0.5 / scale if scale > 1 else 1e-7)
+
+
+def test_point_cloud_float_colours_in_0_255_and_ascii_without_colours(tmp_path):
+    path = tmp_path / "f.ply"
+    path.write_text("ply\nformat ascii 1.0\nelement vertex 2\nproperty float x\nproperty float y\n"
+                    "property float z\nproperty float red\nproperty float green\nproperty float blue\n"
+                    "element face 0\nproperty list uchar int vertex_indices\nend_header\n"
+                    "1 2 3 255 0 51\n4 5 6 0 102 300\n")
+    xyz, rgb = ply.load_ply_points(path)
+    np.testing.assert_array_equal(xyz, [[1, 2, 3], [4, 5, 6]])
+    np.testing.assert_allclose(rgb, [[1, 0, 0.2], [0, 0.4, 1]])      # some value above 1: 0..255, clipped
+    path.write_text("ply\nformat ascii 1.0\nelement vertex 2\nproperty float x\nproperty float y\n"
+                    "property float z\nend_header\n1 2 3\n4 5 6\n")
+    xyz, rgb = ply.load_ply_points(path)
+    np.testing.assert_array_equal(xyz, [[1, 2, 3], [4, 5, 6]])
+    np.testing.assert_array_equal(rgb, np.full((2, 3), 0.5))           # no colours: grey
+    path.write_text("ply\nformat ascii 1.0\nelement vertex 0\nproperty float x\nproperty float y\n"
+                    "property float z\nend_header\n")
+    xyz, rgb = ply.load_ply_points(path)
+    assert xyz.shape == rgb.shape == (0, 3)
+
+
+def test_point_cloud_bad_files_name_the_file(tmp_path):
+    xyz = "property float x\nproperty float y\nproperty float z\n"
+    cases = {
+        "notply.ply": "solid cube\n",
+        "noz.ply": "ply\nformat ascii 1.0\nelement vertex 1\nproperty float x\nproperty float y\nend_header\n1 2\n",
+        "list.ply": f"ply\nformat ascii 1.0\nelement vertex 1\n{xyz}property list uchar int n\nend_header\n1 2 3 0\n",
+        "short.ply": f"ply\nformat ascii 1.0\nelement vertex 3\n{xyz}end_header\n1 2 3\n",
+        "header.ply": f"ply\nformat ascii 1.0\nelement vertex 1\n{xyz}",
+        "type.ply": "ply\nformat ascii 1.0\nelement vertex 1\nproperty half x\nend_header\n1\n",
+        "bin.ply": f"ply\nformat binary_little_endian 1.0\nelement vertex 2\n{xyz}end_header\n" + "\0" * 13,
+    }
+    messages = errors_name_the_file(tmp_path, {k: v.encode() for k, v in cases.items()}, ply.load_ply_points)
+    assert messages["noz.ply"].endswith("lacks required vertex properties: z")
+    assert "truncated" in messages["short.ply"] and "truncated" in messages["bin.ply"]

@@ -1,0 +1,272 @@
+"""data/colmap.py: binary and text models, the COLMAP loader, its image
+matching and its errors (each names the file or image), and the real fern
+scene in ../shared (skipped without it)."""
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+from scipy.spatial.transform import Rotation
+
+from conftest import shared_dir
+from data import DataError, View, load_dataset
+from data import colmap
+from tests.dataset_files import (CAMS, colmap_scene, distorted_render, project, smooth_image, write_colmap_bin,
+                                 write_colmap_txt, write_png)
+
+
+def test_colmap_binary_and_text_readers_agree(tmp_path):
+    cams, imgs, pts = colmap_scene(tmp_path / "b", ".bin")
+    colmap_scene(tmp_path / "t", ".txt")
+    mb = colmap.read_model(tmp_path / "b/sparse/0")
+    mt = colmap.read_model(tmp_path / "t/sparse/0")
+    for m in (mb, mt):
+        c, im, p = m
+        assert sorted(c) == [1, 2, 3]
+        assert [c[k].model for k in (1, 2, 3)] == ["PINHOLE", "SIMPLE_RADIAL", "OPENCV"]
+        for ref in cams:
+            assert (c[ref["id"]].width, c[ref["id"]].height) == (ref["w"], ref["h"])
+            np.testing.assert_array_equal(c[ref["id"]].params, ref["params"])
+        assert sorted(im) == [r["id"] for r in imgs]
+        for ref in imgs:
+            got = im[ref["id"]]
+            assert got.name == ref["name"] and got.camera_id == ref["cam"]
+            np.testing.assert_array_equal(got.qvec, ref["q"])
+            np.testing.assert_array_equal(got.tvec, ref["t"])
+            np.testing.assert_array_equal(got.xys, np.array([r[:2] for r in ref["p2d"]]).reshape(-1, 2))
+            np.testing.assert_array_equal(got.point3D_ids, [r[2] for r in ref["p2d"]])
+        np.testing.assert_array_equal(p.ids, [r["id"] for r in pts])
+        np.testing.assert_array_equal(p.xyz, [r["xyz"] for r in pts])
+        np.testing.assert_array_equal(p.rgb, [r["rgb"] for r in pts])
+        np.testing.assert_array_equal(p.error, [r["err"] for r in pts])
+
+    db = load_dataset(tmp_path / "b", test_every=0)
+    dt = load_dataset(tmp_path / "t", test_every=0)
+    assert db.fmt == dt.fmt == "colmap"
+    assert [v.name for v in db.train] == [v.name for v in dt.train] == sorted(r["name"] for r in imgs)
+    for vb, vt in zip(db.train, dt.train):
+        np.testing.assert_array_equal(vb.camera.viewmat, vt.camera.viewmat)
+        assert (vb.camera.fx, vb.camera.fy, vb.camera.cx, vb.camera.cy) == \
+               (vt.camera.fx, vt.camera.fy, vt.camera.cx, vt.camera.cy)
+        np.testing.assert_array_equal(vb.image, vt.image)
+    np.testing.assert_array_equal(db.points, dt.points)
+    np.testing.assert_array_equal(db.colors, dt.colors)
+    assert db.scene_scale == dt.scene_scale
+
+
+def test_colmap_views_poses_and_intrinsics(tmp_path):
+    cams, imgs, pts = colmap_scene(tmp_path, ".bin")
+    ds = load_dataset(tmp_path, test_every=0)
+    by_name = {v.name: v for v in ds.train}
+    byid = {c["id"]: c for c in cams}
+    for ref in imgs:
+        v = by_name[ref["name"]]
+        assert isinstance(v, View)
+        assert v.image.dtype == np.float32 and v.image.flags.c_contiguous
+        assert v.image.shape == (byid[ref["cam"]]["h"], byid[ref["cam"]]["w"], 3)
+        assert 0.0 <= v.image.min() and v.image.max() <= 1.0
+        R = Rotation.from_quat([*ref["q"][1:], ref["q"][0]]).as_matrix()
+        np.testing.assert_allclose(v.camera.viewmat[:3, :3], R, atol=1e-12)
+        np.testing.assert_allclose(v.camera.viewmat[:3, 3], ref["t"], atol=1e-12)
+        # the scene centre (origin) is in front of every camera and projects near the principal point
+        u, vv, z = project(v.camera, [0, 0, 0])
+        assert z > 0 and 0 <= u < v.camera.width and 0 <= vv < v.camera.height
+        p = byid[ref["cam"]]["params"]
+        if ref["cam"] == 1:
+            assert (v.camera.fx, v.camera.fy, v.camera.cx, v.camera.cy) == tuple(p)
+            # PINHOLE: the image is used as is
+            np.testing.assert_allclose(v.image, np.round(smooth_image(32, 24, imgs.index(ref)) * 255) / 255,
+                                       atol=1e-6)
+        elif ref["cam"] == 2:
+            assert (v.camera.fx, v.camera.fy, v.camera.cx, v.camera.cy) == (p[0], p[0], p[1], p[2])
+    np.testing.assert_allclose(ds.points, [r["xyz"] for r in pts], rtol=1e-6)
+    np.testing.assert_allclose(ds.colors, np.array([r["rgb"] for r in pts]) / 255.0, rtol=1e-6)
+    assert ds.points.dtype == ds.colors.dtype == np.float32
+    centres = np.stack([-v.camera.viewmat[:3, :3].T @ v.camera.viewmat[:3, 3] for v in ds.train])
+    assert ds.scene_scale == pytest.approx(1.1 * np.linalg.norm(centres - centres.mean(0), axis=1).max())
+
+
+def test_colmap_intrinsics_scaled_to_image_folder(tmp_path):
+    colmap_scene(tmp_path, ".bin")
+    colmap_scene(tmp_path, ".bin", folder="images_2", image_scale=0.5)
+    full = load_dataset(tmp_path, test_every=0)
+    half = load_dataset(tmp_path, images="images_2", test_every=0)
+    for a, b in zip(full.train, half.train):
+        assert a.name == b.name
+        assert (b.camera.width, b.camera.height) == (a.camera.width // 2, a.camera.height // 2)
+        assert b.image.shape == (a.camera.height // 2, a.camera.width // 2, 3)
+        for k in ("fx", "fy", "cx", "cy"):
+            assert getattr(b.camera, k) == pytest.approx(0.5 * getattr(a.camera, k))
+        np.testing.assert_array_equal(a.camera.viewmat, b.camera.viewmat)
+    # max_size: longest side limited, intrinsics follow
+    small = load_dataset(tmp_path, test_every=0, max_size=20)
+    for a, s in zip(full.train, small.train):
+        assert max(s.camera.width, s.camera.height) == 20
+        sx = s.camera.width / a.camera.width
+        assert s.camera.fx == pytest.approx(a.camera.fx * sx)
+        assert s.camera.cx == pytest.approx(a.camera.cx * sx)
+        assert s.image.shape == (s.camera.height, s.camera.width, 3)
+    # a folder that does not exist: DataError listing those that do
+    with pytest.raises(DataError, match="images_4") as err:
+        load_dataset(tmp_path, images="images_4")
+    assert "images_2" in str(err.value) and "images," in str(err.value) + ","
+
+
+def test_colmap_sorted_order_matching(tmp_path):
+    names = [f"IMG_{4030 - i}.JPG" for i in range(5)]           # model names, not on disk
+    files = [f"image{i:03d}.png" for i in range(5)]             # renamed files, same sorted order
+    cams = [dict(CAMS[0])]
+    # pair by sorted order: the k-th sorted model name <-> the k-th sorted file
+    order = np.argsort(names)
+    files_for = [None] * 5
+    for k, i in enumerate(order):
+        files_for[i] = files[k]
+    _, imgs, _ = colmap_scene(tmp_path, ".bin", names=names, files=files_for, cams=cams)
+    with pytest.warns(UserWarning, match="sorted order"):
+        ds = load_dataset(tmp_path, test_every=0)
+    assert [v.name for v in ds.train] == files
+    for v in ds.train:
+        i = files_for.index(v.name)
+        ref = next(r for r in imgs if r["name"] == names[i])
+        np.testing.assert_allclose(v.camera.viewmat[:3, 3], ref["t"])
+        np.testing.assert_allclose(v.image, np.round(smooth_image(32, 24, i) * 255) / 255, atol=1e-6)
+
+
+def test_colmap_names_with_other_extension(tmp_path):
+    names = [f"IMG_{i}.JPG" for i in range(3)]
+    colmap_scene(tmp_path, ".bin", names=names, files=[f"IMG_{i}.png" for i in range(3)], cams=[CAMS[0]])
+    ds = load_dataset(tmp_path, test_every=0)
+    assert [v.name for v in ds.train] == ["IMG_0.png", "IMG_1.png", "IMG_2.png"]
+
+
+def test_colmap_text_model_in_plain_sparse_folder(tmp_path):
+    colmap_scene(tmp_path, ".txt", sparse="sparse", cams=[CAMS[1]], n_images=3)
+    ds = load_dataset(tmp_path, fmt="colmap", test_every=0)
+    assert len(ds.train) == 3 and len(ds.points) == 5
+
+
+def test_colmap_opencv_images_are_undistorted_on_load(tmp_path):
+    w, h = 96, 72
+    params = [80.0, 78.0, 48.5, 35.5, -0.15, 0.04, 0.003, -0.002]
+    dist = (params[4], params[5], 0.0, 0.0, params[6], params[7])
+    distorted, pinhole = distorted_render(w, h, *params[:4], dist)
+    cams = [{"id": 1, "model": "OPENCV", "w": w, "h": h, "params": params}]
+    colmap_scene(tmp_path, ".bin", cams=cams, n_images=2)
+    for i in range(2):
+        write_png(tmp_path / "images" / f"view_{i:02d}.png", distorted)
+    ds = load_dataset(tmp_path, test_every=0)
+    img = ds.train[0].image
+    cam = ds.train[0].camera
+    assert (cam.fx, cam.fy, cam.cx, cam.cy, cam.width, cam.height) == (*params[:4], w, h)
+    rmse = np.sqrt(np.mean((img - pinhole)[6:-6, 6:-6] ** 2))
+    assert rmse < 0.004, rmse
+    # and loading at half size (images_2) scales the intrinsics before undistorting
+    small = np.asarray(Image.fromarray((distorted * 255).round().astype(np.uint8)).resize((w // 2, h // 2),
+                                                                                         Image.Resampling.BOX))
+    for i in range(2):
+        write_png(tmp_path / "images_2" / f"view_{i:02d}.png", small)
+    ds2 = load_dataset(tmp_path, images="images_2", test_every=0)
+    pin2 = np.asarray(Image.fromarray((pinhole * 255).round().astype(np.uint8)).resize((w // 2, h // 2),
+                                                                                      Image.Resampling.BOX)) / 255.0
+    assert ds2.train[0].camera.fx == pytest.approx(params[0] / 2)
+    rmse2 = np.sqrt(np.mean((ds2.train[0].image - pin2)[4:-4, 4:-4] ** 2))
+    assert rmse2 < 0.006, rmse2
+
+
+# --- errors -----------------------------------------------------------------
+
+def test_error_missing_image(tmp_path):
+    colmap_scene(tmp_path, ".bin")
+    (tmp_path / "images" / "view_03.png").unlink()
+    with pytest.raises(DataError, match="view_03.png"):
+        load_dataset(tmp_path)
+
+
+@pytest.mark.parametrize("ext", [".bin", ".txt"])
+@pytest.mark.parametrize("model", ["FULL_OPENCV", "OPENCV_FISHEYE"])
+def test_error_unsupported_model(tmp_path, ext, model):
+    cams = [dict(CAMS[0]), {"id": 2, "model": model, "w": 32, "h": 24,
+                            "params": [30.0, 30, 16, 12] + [0.0] * (8 if model == "FULL_OPENCV" else 4)}]
+    colmap_scene(tmp_path, ext, cams=cams)
+    with pytest.raises(DataError, match=model) as err:
+        load_dataset(tmp_path)
+    assert f"cameras{ext}" in str(err.value)
+
+
+def test_error_non_finite_pose(tmp_path):
+    _, imgs, pts = colmap_scene(tmp_path, ".bin")
+    imgs[2]["t"] = np.array([0.0, np.nan, 1.0])
+    write_colmap_bin(tmp_path / "sparse/0", CAMS, imgs, pts)
+    with pytest.raises(DataError, match=imgs[2]["name"]):
+        load_dataset(tmp_path)
+    imgs[2]["t"] = np.array([0.0, 0.0, 1.0])
+    imgs[4]["q"] = np.array([np.inf, 0.0, 0.0, 0.0])
+    write_colmap_txt(tmp_path / "t/sparse/0", CAMS, imgs, pts)
+    (tmp_path / "t/images").symlink_to(tmp_path / "images")
+    with pytest.raises(DataError, match=imgs[4]["name"]):
+        load_dataset(tmp_path / "t")
+
+
+def test_error_non_finite_intrinsics(tmp_path):
+    cams = [dict(CAMS[0], params=[30.0, float("nan"), 16.0, 12.0])]
+    colmap_scene(tmp_path, ".bin", cams=cams, n_images=2)
+    with pytest.raises(DataError, match="view_00.png") as err:
+        load_dataset(tmp_path)
+    assert "non-finite" in str(err.value) and "cameras.bin" in str(err.value)
+
+
+@pytest.mark.parametrize("which,cut", [("images", 10), ("images", 100), ("cameras", 30), ("points3D", 40),
+                                       ("images", 4)])
+def test_error_truncated_bin(tmp_path, which, cut):
+    colmap_scene(tmp_path, ".bin")
+    p = tmp_path / "sparse/0" / f"{which}.bin"
+    data = p.read_bytes()
+    p.write_bytes(data[:cut] if cut < len(data) else data[:-5])
+    with pytest.raises(DataError, match=f"{which}.bin") as err:
+        load_dataset(tmp_path)
+    assert "truncated" in str(err.value)
+
+
+def test_error_malformed_text(tmp_path):
+    colmap_scene(tmp_path, ".txt")
+    p = tmp_path / "sparse/0/images.txt"
+    p.write_text(p.read_text().replace(" 1 view_00.png", " x view_00.png"))
+    with pytest.raises(DataError, match="images.txt"):
+        load_dataset(tmp_path)
+
+
+# --- the real scene ---------------------------------------------------------
+
+def test_real_fern():
+    root = shared_dir() / "data" / "fern"
+    if not root.is_dir():
+        pytest.skip("fern not present")
+    t0 = time.perf_counter()
+    with pytest.warns(UserWarning, match="sorted order"):
+        ds = load_dataset(root, images="images_8")
+    elapsed = time.perf_counter() - t0
+    print(f"fern (images_8) loaded in {elapsed:.2f} s")
+    assert ds.fmt == "colmap" and not ds.masked
+    views = ds.train + ds.test
+    assert len(views) == 20 and len(ds.train) == 17 and len(ds.test) == 3
+    assert [v.name for v in ds.test] == ["image000.png", "image008.png", "image016.png"]
+    cams, _, _ = colmap.read_model(root / "sparse" / "0")
+    (cam,) = cams.values()
+    assert cam.model == "SIMPLE_RADIAL" and (cam.width, cam.height) == (4032, 3024)
+    for v in views:
+        assert v.image.shape == (378, 504, 3)
+        assert v.camera.fx == pytest.approx(cam.params[0] * 504 / 4032)
+        assert v.camera.fy == pytest.approx(cam.params[0] * 378 / 3024)
+        assert v.camera.cx == pytest.approx(cam.params[1] * 504 / 4032)
+    assert len(ds.points) > 1000 and ds.points.dtype == np.float32
+    assert 0.0 <= ds.colors.min() and ds.colors.max() <= 1.0
+    # the pose convention: most SfM points are in front of each camera and inside its image
+    P = np.c_[ds.points.astype(np.float64), np.ones(len(ds.points))]
+    for v in views:
+        pc = P @ v.camera.viewmat.T
+        z = pc[:, 2]
+        u = v.camera.fx * pc[:, 0] / z + v.camera.cx
+        w = v.camera.fy * pc[:, 1] / z + v.camera.cy
+        inside = (z > 0) & (u >= 0) & (u < 504) & (w >= 0) & (w < 378)
+        assert inside.mean() > 0.5, (v.name, inside.mean())
+
