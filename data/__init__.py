@@ -1,8 +1,9 @@
 """Scene loading: COLMAP, Blender (NeRF-synthetic) and instant-ngp/nerfstudio datasets.
 
 >>> from data import load_dataset
->>> ds = load_dataset("../shared/data/fern", images="images_8")
+>>> ds = load_dataset("../shared/data/fern", images="images_8", test_every=8)
 >>> ds.train[0].image.shape, ds.train[0].camera.fx, len(ds.points)
+>>> print("\n".join(ds.summary()))
 
 Every loader returns a ``Dataset`` of ``View`` s whose images are (H, W, 3)
 float32 in [0, 1], undistorted and alpha-composited, with ``numbasplat.Camera``

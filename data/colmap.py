@@ -13,15 +13,16 @@ two lines per image (the second, the 2D points, may be empty).
 
 The pose (q, t) maps world to camera in OpenCV axes: viewmat = [[R(q), t], [0, 0, 0, 1]].
 """
+import re
 import struct
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .images import Intrinsics, check_sizes, is_image_file, list_image_files, load_image, parallel_map
-from .scene import DataError, View, build_dataset, make_camera, split_views
+from .images import (IMAGE_EXTENSIONS, Downscale, Intrinsics, check_sizes, is_image_file, list_image_files,
+                     load_image, parallel_map)
+from .scene import DataError, build_dataset, every_nth, split_views
 
 # id -> (name, number of params); only the first five are supported.
 CAMERA_MODELS = {
@@ -418,19 +419,41 @@ def _image_folder(root, images):
                     f"{', '.join(listed) if listed else '(none)'}")
 
 
+def _listing(names, most=5):
+    """'a, b, c' or 'a, b, c, d, e and 7 more'."""
+    names = [str(n) for n in names]
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _sequence_gaps(files):
+    """The names missing inside a numbered sequence such as image000.png ... image019.png
+    (same prefix, digits and extension); [] when the files are not one such sequence."""
+    parts = [re.fullmatch(r"(.*?)(\d+)(\.[^.]+)", f) for f in files]
+    if not parts or not all(parts) or len({(m[1], len(m[2]), m[3]) for m in parts}) != 1:
+        return []
+    prefix, width, ext = parts[0][1], len(parts[0][2]), parts[0][3]
+    numbers = {int(m[2]) for m in parts}
+    return [f"{prefix}{i:0{width}d}{ext}" for i in range(min(numbers), max(numbers)) if i not in numbers]
+
+
 def match_images(folder, names):
-    """Map model image names to (relative) file names in ``folder``.
+    """(files, note): map model image names to (relative) file names in ``folder``.
 
     Exact names first; then the same stem with another image extension;
     then, if no name matched and the folder holds exactly as many images as
-    the model, sorted model names pair with sorted files (the LLFF renaming).
+    the model, sorted model names pair with sorted files (the LLFF renaming),
+    which ``note`` says.
     """
     folder = Path(folder)
     names = list(names)
     exact = {n: n for n in names if (folder / n).is_file()}
     if len(exact) == len(names):
-        return exact
+        return exact, None
     files = list_image_files(folder)
+    if not files:
+        raise DataError(f"image folder {folder} holds no image files ({', '.join(IMAGE_EXTENSIONS)}); the COLMAP "
+                        f"model lists {len(names)} images, such as {sorted(names)[0]}")
     by_stem = {}
     for f in files:
         by_stem.setdefault(Path(f).stem, []).append(f)
@@ -441,22 +464,32 @@ def match_images(folder, names):
             if len(cands) == 1 and (Path(n).parent == Path(".")):
                 found[n] = cands[0]
     if len(found) == len(names):
-        return found
-    if not exact and not found and len(files) == len(names):
-        warnings.warn(f"none of the COLMAP image names exist in {folder}; pairing the {len(names)} model "
-                      f"images with the {len(files)} files there in sorted order "
-                      f"({sorted(names)[0]} -> {files[0]}, ...)", stacklevel=4)
-        return dict(zip(sorted(names), files))
-    missing = [n for n in names if n not in found]
-    raise DataError(f"missing image file {folder / missing[0]}"
-                    + (f" (and {len(missing) - 1} more of {len(names)})" if len(missing) > 1 else "")
-                    + f"; {folder} holds {len(files)} image files")
+        return found, None
+    if found:
+        missing = sorted(n for n in names if n not in found)
+        if len(missing) == 1:
+            raise DataError(f"missing image file {folder / missing[0]}: the COLMAP model lists it, and the "
+                            f"{len(found)} other images are there")
+        raise DataError(f"missing {len(missing)} of the {len(names)} image files the COLMAP model lists, in "
+                        f"{folder}: {_listing(missing)}")
+    if len(files) == len(names):
+        note = (f"none of the COLMAP image names exist in {folder}: paired the {len(names)} model images with "
+                f"the {len(files)} files there in sorted order ({sorted(names)[0]} -> {files[0]}, ...)")
+        return dict(zip(sorted(names), files)), note
+    gaps = _sequence_gaps(files)
+    holds = (f"{folder} holds {len(files)} image files ({files[0]} ... {files[-1]}) for the {len(names)} images "
+             f"of the COLMAP model, none of them by its name ({sorted(names)[0]}, ...), and renamed files pair "
+             f"with the model's images in sorted order only when their numbers match")
+    if gaps and len(gaps) == len(names) - len(files):
+        raise DataError(f"missing image file{'s' if len(gaps) > 1 else ''} {_listing(folder / g for g in gaps)}: "
+                        + holds)
+    raise DataError(holds)
 
 
 # ----------------------------------------------------------------------------- loader
 
-def load(path, images=None, background=(1.0, 1.0, 1.0), test_every=8, max_size=None):
-    """Load a COLMAP scene into a ``Dataset``."""
+def load(path, images=None, background=(1.0, 1.0, 1.0), test_every=None, downscale=Downscale()):
+    """Load a COLMAP scene into a ``Dataset`` (the arguments as ``load_dataset``'s)."""
     root = Path(path)
     model = model_dir(root)
     if model is None:
@@ -483,30 +516,35 @@ def load(path, images=None, background=(1.0, 1.0, 1.0), test_every=8, max_size=N
                             f"size {cam.width}x{cam.height} or focal length {intr.fx}, {intr.fy}")
         jobs.append((im, cam, intr, viewmat_of(im)))
 
-    files = match_images(folder, [im.name for im in imgs])
+    files, pairing = match_images(folder, [im.name for im in imgs])
+    notes = [pairing] if pairing else []
 
     def work(job):
         im, cam, intr, _ = job
-        return load_image(folder / files[im.name], intr, background, max_size)
+        return load_image(folder / files[im.name], intr, background, downscale)
 
     loaded = parallel_map(work, jobs)
     check_sizes(loaded, [files[j[0].name] for j in jobs], [j[0].camera_id for j in jobs])
 
     views = []
+    stretched = {}
     for (im, cam, intr, viewmat), li in zip(jobs, loaded):
         name = files[im.name]
-        camera = make_camera(name, viewmat, li.fx, li.fy, li.cx, li.cy, li.width, li.height)
-        views.append(View(name, li.image, camera, li.masked))
+        views.append(li.view(name, viewmat, cam.model))
         sx, sy = li.native[0] / cam.width, li.native[1] / cam.height
         if abs(sx - sy) > 0.02 * max(sx, sy):
-            warnings.warn(f"image {name} ({li.native[0]}x{li.native[1]}) does not have the aspect ratio of "
-                          f"camera {cam.id} ({cam.width}x{cam.height}); scaling the axes separately",
-                          stacklevel=3)
+            stretched.setdefault(cam.id, (name, li.native, cam))
+    for name, (w, h), cam in stretched.values():
+        notes.append(f"the images of camera {cam.id} ({name}: {w}x{h}) do not have its aspect ratio "
+                     f"({cam.width}x{cam.height}); scaling the axes separately")
 
     train, test = split_views(views, test_every)
     if pts is None:
-        warnings.warn(f"COLMAP model {model} has no points3D file; no initial points", stacklevel=3)
         xyz, rgb = np.zeros((0, 3)), np.zeros((0, 3))
+        origin = f"the COLMAP model {model.relative_to(root).as_posix()} has no points3D file"
     else:
         xyz, rgb = pts.xyz, pts.rgb.astype(np.float32) / 255.0
-    return build_dataset(train, test, xyz, rgb, root, "colmap")
+        origin = _model_file(model, "points3D").relative_to(root).as_posix()
+        origin = origin if len(xyz) else f"{origin} holds no points"
+    return build_dataset(train, test, xyz, rgb, root, "colmap", split=every_nth(test_every), points_origin=origin,
+                         downscale=downscale, notes=notes)

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from . import colmap, nerf
-from .scene import DataError
+from .images import DEFAULT_MAX_WIDTH, Downscale
+from .scene import DataError, check_test_every
 
 FORMATS = ("colmap", "blender", "ngp")
 
@@ -37,32 +38,38 @@ def detect_format(path):
         f"transforms_train.json (Blender/NeRF-synthetic) and transforms.json (instant-ngp/nerfstudio)")
 
 
-def load_dataset(path, fmt="auto", images=None, background=(1.0, 1.0, 1.0), test_every=8, max_size=None):
+def load_dataset(path, fmt="auto", images=None, background=(1.0, 1.0, 1.0), test_every=None, resolution=None,
+                 max_width=DEFAULT_MAX_WIDTH):
     """Load a COLMAP, Blender (NeRF-synthetic) or instant-ngp/nerfstudio scene.
 
     ``images``: image folder name for COLMAP (default ``images``; e.g.
     ``images_4``) or the folder replacing ``images/`` in ngp file paths.
     ``background``: RGB in [0, 1] that RGBA images are composited on.
-    ``test_every``: COLMAP/ngp hold out sorted index % test_every == 0 (0: none);
-    Blender uses transforms_test.json.  ``max_size``: longest-side limit in
-    pixels (downscales, intrinsics follow).
+    ``test_every``: hold out the sorted images whose index % test_every == 0
+    for testing (8: Inria's ``--eval`` split); 0 or None: none, every view
+    trains.  Blender scenes use transforms_test.json instead (without it,
+    test_every splits the training views).
+    ``resolution``: an integer downscale factor (Inria's ``-r``; None: 1);
+    ``max_width``: images still wider are narrowed to it (None or 0: no
+    limit; by default 1600 px, as Inria).  Intrinsics follow the images.
+
+    ``Dataset.summary()`` says what was loaded and what was decided.
     """
     path = Path(path)
     require_folder(path)
     background = np.asarray(background, np.float32).reshape(-1)
     if background.shape != (3,) or not np.isfinite(background).all():
         raise ValueError(f"background must be 3 finite floats, got {background}")
-    if max_size is not None:
-        max_size = int(max_size)
-        if max_size <= 0:
-            raise ValueError(f"max_size must be positive, got {max_size}")
+    check_test_every(test_every)
+    options = dict(images=images, background=background, test_every=test_every,
+                   downscale=Downscale(resolution, max_width))
     fmt = (fmt or "auto").lower()
     if fmt == "auto":
         fmt = detect_format(path)
     if fmt == "colmap":
-        return colmap.load(path, images=images, background=background, test_every=test_every, max_size=max_size)
+        return colmap.load(path, **options)
     if fmt == "blender":
-        return nerf.load_blender(path, images=images, background=background, max_size=max_size)
+        return nerf.load_blender(path, **options)
     if fmt in ("ngp", "nerfstudio", "instant-ngp"):
-        return nerf.load_ngp(path, images=images, background=background, test_every=test_every, max_size=max_size)
+        return nerf.load_ngp(path, **options)
     raise DataError(f"unknown dataset format {fmt!r} for {path}; expected 'auto' or one of {', '.join(FORMATS)}")

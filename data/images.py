@@ -15,8 +15,15 @@ camera coordinates ``(x, y) = ((u - cx) / fx, (v - cy) / fy)``::
 SIMPLE_RADIAL (k), RADIAL (k1, k2) and OPENCV (k1, k2, p1, p2) are special
 cases.  ``undistort`` maps every output (pinhole) pixel forward through the
 model and samples the distorted source bilinearly, so no iterative inversion
-is needed.
+is needed.  Output pixels whose source falls outside the image would only
+repeat the border (pincushion distortion puts the corners there): the output
+is cropped to the largest rectangle without them, and the principal point
+moves with the crop.
+
+Scaling (``Downscale``) follows Inria's 3DGS: an integer factor (``-r``), and
+by default no image wider than 1600 px.
 """
+import numbers
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .scene import DataError
+from .scene import DataError, Provenance, View, make_camera
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 NO_DISTORTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)   # k1, k2, k3, k4, p1, p2
@@ -99,12 +106,41 @@ def image_size(path):
         raise DataError(f"cannot read image file {path}: {type(exc).__name__}: {exc}") from None
 
 
-def fit_size(width, height, max_size):
-    """Size after limiting the longest side to ``max_size`` (unchanged if already within)."""
-    if not max_size or max(width, height) <= max_size:
-        return int(width), int(height)
-    s = max_size / max(width, height)
-    return max(1, int(round(width * s))), max(1, int(round(height * s)))
+DEFAULT_MAX_WIDTH = 1600   # Inria's 3DGS scales wider images down to this width unless told a resolution
+
+
+def _whole(value, name, low, meaning):
+    """``value`` as an int >= ``low`` (None stays None); DataError naming ``name`` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise DataError(f"{name} must be a whole number >= {low} ({meaning}), got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Downscale:
+    """How images are scaled on loading: divided by ``resolution`` (an integer factor, as
+    Inria's ``-r``; None: 1), then, if still wider than ``max_width`` pixels, narrowed to it
+    (None or 0: no limit).  Both limits hold: the smaller size wins (where Inria drops its
+    1600 px limit once ``-r`` is given, full size here is ``max_width=0``).  Intrinsics follow."""
+    resolution: int = None
+    max_width: int = DEFAULT_MAX_WIDTH
+
+    def __post_init__(self):
+        object.__setattr__(self, "resolution", _whole(self.resolution, "resolution", 1,
+                                                      "a downscale factor: 1, 2, 4, 8, ..."))
+        object.__setattr__(self, "max_width", _whole(self.max_width, "max_width", 0,
+                                                     "the largest image width in pixels; 0: no limit"))
+
+    def size(self, width, height):
+        """(width, height) of a ``width`` x ``height`` image after scaling."""
+        s = float(self.resolution or 1)
+        if self.max_width and width / s > self.max_width:
+            s = width / self.max_width
+        if s == 1.0:
+            return int(width), int(height)
+        return max(1, int(round(width / s))), max(1, int(round(height / s)))
 
 
 def resize(image, width, height):
@@ -178,13 +214,81 @@ def remap_bilinear(image, mx, my):
     return np.ascontiguousarray(np.clip(out, 0.0, 1.0), np.float32)
 
 
+def has_source(mx, my, width, height):
+    """Where a map (index coordinates) samples inside a ``width`` x ``height`` image: on one of
+    its pixels, which cover [-0.5, width - 0.5) x [-0.5, height - 0.5)."""
+    return (mx >= -0.5) & (mx < width - 0.5) & (my >= -0.5) & (my < height - 0.5)
+
+
+def largest_rectangle(valid):
+    """(x0, y0, x1, y1), exclusive ends, of the largest rectangle of True in ``valid``
+    (None if there is no True): each row contributes its longest run of True, and every
+    band of rows the run common to all of them."""
+    h, w = valid.shape
+    left = np.full(h, w, np.int64)      # the longest run of row r is [left[r], right[r])
+    right = np.zeros(h, np.int64)
+    padded = np.zeros((h, w + 2), np.int8)
+    padded[:, 1:-1] = valid
+    for r in range(h):
+        edges = np.flatnonzero(np.diff(padded[r]))
+        if len(edges):
+            starts, ends = edges[0::2], edges[1::2]
+            k = int(np.argmax(ends - starts))
+            left[r], right[r] = starts[k], ends[k]
+    best, box = 0, None
+    for top in range(h):
+        widths = np.minimum.accumulate(right[top:]) - np.maximum.accumulate(left[top:])
+        areas = np.maximum(widths, 0) * np.arange(1, h - top + 1)
+        k = int(np.argmax(areas))
+        if areas[k] > best:
+            best = int(areas[k])
+            x0 = int(np.max(left[top:top + k + 1]))
+            box = (x0, top, x0 + int(widths[k]), top + k + 1)
+    return box
+
+
+@dataclass(frozen=True)
+class Undistortion:
+    """The source coordinates of a cropped undistorted image, where the crop starts in the
+    uncropped one, and the share of the uncropped pixels that had no source pixel."""
+    mx: np.ndarray
+    my: np.ndarray
+    x0: int
+    y0: int
+    clamped: float
+
+
+def undistortion(width, height, fx, fy, cx, cy, dist):
+    """``Undistortion`` of a ``width`` x ``height`` image; None if no pixel has a source."""
+    key = ("crop", int(width), int(height), float(fx), float(fy), float(cx), float(cy),
+           tuple(float(d) for d in dist))
+    with _MAP_LOCK:
+        hit = _MAP_CACHE.get(key)
+    if hit is not None:
+        return hit
+    mx, my = undistort_map(width, height, fx, fy, cx, cy, dist)
+    valid = has_source(mx, my, width, height)
+    box = largest_rectangle(valid)
+    if box is None:
+        return None
+    x0, y0, x1, y1 = box
+    out = Undistortion(np.ascontiguousarray(mx[y0:y1, x0:x1]), np.ascontiguousarray(my[y0:y1, x0:x1]),
+                       x0, y0, float(1.0 - valid.mean()))
+    with _MAP_LOCK:
+        _MAP_CACHE[key] = out
+    return out
+
+
 def undistort(image, fx, fy, cx, cy, dist):
-    """Undistort to a pinhole camera with the same intrinsics and size."""
-    if not has_distortion(dist):
-        return np.ascontiguousarray(image, np.float32)
+    """(pinhole image, ``Undistortion``): the image undistorted to a pinhole camera with the same
+    focal lengths, cropped to the pixels that have a source (its principal point is
+    (cx - x0, cy - y0)).  DataError if none has."""
     h, w = image.shape[:2]
-    mx, my = undistort_map(w, h, fx, fy, cx, cy, dist)
-    return remap_bilinear(image, mx, my)
+    u = undistortion(w, h, fx, fy, cx, cy, dist)
+    if u is None:
+        raise DataError(f"undistorting a {w}x{h} image with fx={fx}, fy={fy}, cx={cx}, cy={cy} and distortion "
+                        f"{tuple(dist)} leaves no pixel inside the image: check the distortion parameters")
+    return remap_bilinear(image, u.mx, u.my), u
 
 
 # ----------------------------------------------------------------------------- the per-view pipeline
@@ -209,11 +313,13 @@ class Intrinsics:
 class LoadedImage:
     image: np.ndarray   # final (H, W, 3) float32
     native: tuple       # (width, height) of the file
+    scaled: tuple       # (width, height) after downscaling, before the undistortion crop
     fx: float
     fy: float
     cx: float
     cy: float
     masked: bool = False  # some pixel shows the background through an alpha channel
+    clamped: float = None  # undistorted: the share of pixels without a source, cropped away; else None
 
     @property
     def width(self):
@@ -223,21 +329,33 @@ class LoadedImage:
     def height(self):
         return self.image.shape[0]
 
+    def view(self, name, viewmat, camera_model):
+        """The ``View`` of this image seen from ``viewmat``."""
+        camera = make_camera(name, viewmat, self.fx, self.fy, self.cx, self.cy, self.width, self.height)
+        return View(name, self.image, camera, self.masked,
+                    Provenance(camera_model, self.native, self.scaled, self.clamped))
 
-def load_image(path, intr, background=(1.0, 1.0, 1.0), max_size=None):
-    """Read, downscale to ``max_size``, scale the intrinsics to the result and undistort."""
+
+def load_image(path, intr, background=(1.0, 1.0, 1.0), downscale=Downscale()):
+    """Read, downscale, scale the intrinsics to the result, and undistort (cropping the pixels
+    without a source)."""
     img, masked = read_image(path, background)
     h0, w0 = img.shape[:2]
-    w, h = fit_size(w0, h0, max_size)
+    w, h = downscale.size(w0, h0)
     img = resize(img, w, h)
     sx = w / float(intr.width)
     sy = h / float(intr.height)
     fx, fy, cx, cy = intr.fx * sx, intr.fy * sy, intr.cx * sx, intr.cy * sy
+    clamped = None
     if has_distortion(intr.dist):
         if not (np.isfinite([fx, fy, cx, cy]).all() and fx > 0 and fy > 0):
             raise DataError(f"image {path}: invalid intrinsics fx={fx}, fy={fy}, cx={cx}, cy={cy}")
-        img = undistort(img, fx, fy, cx, cy, intr.dist)
-    return LoadedImage(np.ascontiguousarray(img, np.float32), (w0, h0), fx, fy, cx, cy, masked)
+        try:
+            img, u = undistort(img, fx, fy, cx, cy, intr.dist)
+        except DataError as exc:
+            raise DataError(f"image {path}: {exc}") from None
+        cx, cy, clamped = cx - u.x0, cy - u.y0, u.clamped
+    return LoadedImage(np.ascontiguousarray(img, np.float32), (w0, h0), (w, h), fx, fy, cx, cy, masked, clamped)
 
 
 def parallel_map(fn, items, workers=None):

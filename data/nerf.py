@@ -6,14 +6,13 @@ gives OpenCV axes; the world-to-camera ``viewmat`` is its inverse.
 """
 import json
 import math
-import warnings
 from pathlib import Path
 
 import numpy as np
 
-from .images import Intrinsics, check_sizes, image_size, load_image, parallel_map
+from .images import Downscale, Intrinsics, check_sizes, has_distortion, image_size, load_image, parallel_map
 from .ply import load_ply_points
-from .scene import DataError, View, build_dataset, make_camera, split_views
+from .scene import DataError, build_dataset, every_nth, split_views
 
 # NeRF-synthetic objects sit inside this cube: 3DGS draws its random initial points there
 BLENDER_BOX = ((-1.3, -1.3, -1.3), (1.3, 1.3, 1.3))
@@ -83,8 +82,9 @@ def _float(meta, key, where, default=None):
         raise DataError(f"{where}: {key} is not a number: {val!r}") from None
 
 
-def _load_frames(root, meta_path, frames, intr_of, background, max_size, images=None, group_of=None):
-    """Load the frames of one transforms file into Views."""
+def _load_frames(root, meta_path, frames, intr_of, background, downscale, images=None, group_of=None):
+    """Load the frames of one transforms file into Views; ``intr_of(frame, image path, name)``
+    gives (``Intrinsics``, camera model name)."""
     jobs = []
     for i, fr in enumerate(frames):
         if not isinstance(fr, dict):
@@ -97,29 +97,28 @@ def _load_frames(root, meta_path, frames, intr_of, background, max_size, images=
         if "transform_matrix" not in fr:
             raise DataError(f"image {name}: no transform_matrix in {meta_path}")
         viewmat = opengl_to_viewmat(fr["transform_matrix"], name)
-        jobs.append((name, path, fr, viewmat))
+        jobs.append((name, path, fr, viewmat, *intr_of(fr, path, name)))
 
     def work(job):
-        name, path, fr, _ = job
-        return load_image(path, intr_of(fr, path, name), background, max_size)
+        _, path, _, _, intr, _ = job
+        return load_image(path, intr, background, downscale)
 
     loaded = parallel_map(work, jobs)
     groups = [group_of(j[2]) if group_of else 0 for j in jobs]
     check_sizes(loaded, [j[0] for j in jobs], groups)
-    views = []
-    for (name, _, _, viewmat), li in zip(jobs, loaded):
-        cam = make_camera(name, viewmat, li.fx, li.fy, li.cx, li.cy, li.width, li.height)
-        views.append(View(name, li.image, cam, li.masked))
-    return views
+    return [li.view(name, viewmat, model) for (name, _, _, viewmat, _, model), li in zip(jobs, loaded)]
 
 
 # ----------------------------------------------------------------------------- Blender
 
-def load_blender(path, images=None, background=(1.0, 1.0, 1.0), max_size=None):
-    """NeRF-synthetic: transforms_train.json (+ transforms_test.json); no points."""
+def load_blender(path, images=None, background=(1.0, 1.0, 1.0), test_every=None, downscale=Downscale()):
+    """NeRF-synthetic: transforms_train.json and transforms_test.json (its views for evaluation
+    only); no points.  Without transforms_test.json, ``test_every`` splits the training views
+    (none when it is 0 or None)."""
     root = Path(path)
+    notes = []
     if images is not None:
-        warnings.warn(f"the images option ({images!r}) is ignored for Blender scenes", stacklevel=3)
+        notes.append(f"the images option ({images!r}) is ignored for Blender scenes")
     train_json = root / "transforms_train.json"
     if not train_json.is_file():
         raise DataError(f"Blender scene {root} has no transforms_train.json")
@@ -140,13 +139,20 @@ def load_blender(path, images=None, background=(1.0, 1.0, 1.0), max_size=None):
             a = _float(fr, "camera_angle_x", meta_path, angle)
             w, h = image_size(img_path)
             f = 0.5 * w / math.tan(0.5 * a)
-            return Intrinsics(f, f, 0.5 * w, 0.5 * h, w, h)
+            return Intrinsics(f, f, 0.5 * w, 0.5 * h, w, h), "pinhole"
 
-        splits[split] = _load_frames(root, meta_path, meta["frames"], intr_of, background, max_size)
+        splits[split] = _load_frames(root, meta_path, meta["frames"], intr_of, background, downscale)
     if not splits["train"]:
         raise DataError(f"{train_json} lists no frames")
-    return build_dataset(splits["train"], splits["test"], np.zeros((0, 3)), np.zeros((0, 3)), root, "blender",
-                         init_box=BLENDER_BOX)
+    train, test, split = splits["train"], splits["test"], "transforms_test.json, for evaluation only"
+    if not (root / "transforms_test.json").is_file():
+        train, test = split_views(train, test_every)
+        split = f"{every_nth(test_every)} of transforms_train.json"
+        notes.append(f"no transforms_test.json: held out {split} for testing" if test else
+                     f"no transforms_test.json: all {len(train)} views train, none is held out for evaluation")
+    return build_dataset(train, test, np.zeros((0, 3)), np.zeros((0, 3)), root, "blender", init_box=BLENDER_BOX,
+                         split=split, points_origin="Blender scenes have no point cloud", downscale=downscale,
+                         notes=notes)
 
 
 # ----------------------------------------------------------------------------- instant-ngp / nerfstudio
@@ -156,7 +162,8 @@ NGP_KEYS = ("fl_x", "fl_y", "camera_angle_x", "camera_angle_y", "cx", "cy", "w",
 
 
 def _ngp_intrinsics(glob, fr, img_path, name, meta_path):
-    """Intrinsics of one frame: its own keys over the global ones; w/h default to the image size."""
+    """(``Intrinsics``, camera model) of one frame: its own keys over the global ones; w/h default to
+    the image size; the model is 'pinhole' when there is no distortion."""
     where = f"{meta_path} (image {name})"
     vals = {k: _float(fr, k, where, _float(glob, k, meta_path)) for k in NGP_KEYS}
     model = str(fr.get("camera_model", glob.get("camera_model", "OPENCV"))).upper()
@@ -184,12 +191,12 @@ def _ngp_intrinsics(glob, fr, img_path, name, meta_path):
         raise DataError(f"image {name}: non-finite intrinsics or distortion in {meta_path}")
     if fx <= 0 or fy <= 0 or w <= 0 or h <= 0:
         raise DataError(f"image {name}: invalid intrinsics in {meta_path} (fx={fx}, fy={fy}, w={w}, h={h})")
-    return intr
+    return intr, model if has_distortion(dist) else "pinhole"
 
 
-def load_ngp(path, images=None, background=(1.0, 1.0, 1.0), test_every=8, max_size=None):
+def load_ngp(path, images=None, background=(1.0, 1.0, 1.0), test_every=None, downscale=Downscale()):
     """instant-ngp / nerfstudio transforms.json (and the point cloud its ``ply_file_path`` names,
-    if any); every ``test_every``-th sorted image is test."""
+    if any); every ``test_every``-th sorted image is test (0 or None: none)."""
     root = Path(path)
     meta_path = root / "transforms.json"
     if not meta_path.is_file():
@@ -204,17 +211,21 @@ def load_ngp(path, images=None, background=(1.0, 1.0, 1.0), test_every=8, max_si
     def group_of(fr):
         return tuple(fr.get(k, meta.get(k)) for k in NGP_KEYS) if any(k in fr for k in NGP_KEYS) else None
 
-    views = _load_frames(root, meta_path, meta["frames"], intr_of, background, max_size, images, group_of)
+    views = _load_frames(root, meta_path, meta["frames"], intr_of, background, downscale, images, group_of)
     train, test = split_views(views, test_every)
 
     points = colors = np.zeros((0, 3))
     ply = meta.get("ply_file_path")
+    origin = "transforms.json names no point cloud (ply_file_path)"
     if isinstance(ply, str) and ply:
         ply_path = root / ply
+        origin = f"the point cloud {ply} that transforms.json names does not exist"
         if ply_path.is_file():
             try:
                 points, colors = load_ply_points(ply_path)
+                origin = ply
             except (OSError, ValueError) as exc:
                 # the points only seed the model: train without them rather than fail
-                warnings.warn(f"{exc}; training without initial points", stacklevel=3)
-    return build_dataset(train, test, points, colors, root, "ngp")
+                origin = f"its point cloud is unreadable ({exc})"
+    return build_dataset(train, test, points, colors, root, "ngp", split=every_nth(test_every),
+                         points_origin=origin, downscale=downscale)

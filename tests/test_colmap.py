@@ -10,7 +10,7 @@ from scipy.spatial.transform import Rotation
 
 from conftest import shared_dir
 from data import DataError, View, load_dataset
-from data import colmap
+from data import colmap, images
 from tests.dataset_files import (CAMS, colmap_scene, distorted_render, project, smooth_image, write_colmap_bin,
                                  write_colmap_txt, write_png)
 
@@ -98,18 +98,39 @@ def test_colmap_intrinsics_scaled_to_image_folder(tmp_path):
         for k in ("fx", "fy", "cx", "cy"):
             assert getattr(b.camera, k) == pytest.approx(0.5 * getattr(a.camera, k))
         np.testing.assert_array_equal(a.camera.viewmat, b.camera.viewmat)
-    # max_size: longest side limited, intrinsics follow
-    small = load_dataset(tmp_path, test_every=0, max_size=20)
-    for a, s in zip(full.train, small.train):
-        assert max(s.camera.width, s.camera.height) == 20
-        sx = s.camera.width / a.camera.width
-        assert s.camera.fx == pytest.approx(a.camera.fx * sx)
-        assert s.camera.cx == pytest.approx(a.camera.cx * sx)
-        assert s.image.shape == (s.camera.height, s.camera.width, 3)
     # a folder that does not exist: DataError listing those that do
     with pytest.raises(DataError, match="images_4") as err:
         load_dataset(tmp_path, images="images_4")
     assert "images_2" in str(err.value) and "images," in str(err.value) + ","
+
+
+def test_resolution_factor_and_max_width_scale_images_and_intrinsics(tmp_path):
+    colmap_scene(tmp_path, ".bin")                        # 32x24 and 40x30 images
+    full = load_dataset(tmp_path)
+    assert all(v.provenance.file_size == (v.width, v.height) for v in full.train)
+    assert "downscaled" not in "\n".join(full.summary())
+    # a factor (Inria's -r): sizes rounded, each axis's intrinsics scaled by its own ratio
+    for factor in (2, 3):
+        ds = load_dataset(tmp_path, resolution=factor)
+        for a, b in zip(full.train, ds.train):
+            assert (b.width, b.height) == (round(a.width / factor), round(a.height / factor))
+            assert b.image.shape == (b.height, b.width, 3)
+            sx, sy = b.width / a.width, b.height / a.height
+            assert (b.camera.fx, b.camera.cx) == pytest.approx((a.camera.fx * sx, a.camera.cx * sx))
+            assert (b.camera.fy, b.camera.cy) == pytest.approx((a.camera.fy * sy, a.camera.cy * sy))
+        images_line = ds.summary()[1]
+        assert f"downscaled from 32x24: resolution 1/{factor}" in images_line
+    # max_width: wider images narrowed to it, the others kept; one line says so
+    ds = load_dataset(tmp_path, max_width=36)
+    for a, b in zip(full.train, ds.train):
+        assert b.width == min(a.width, 36)
+        assert b.camera.fx == pytest.approx(a.camera.fx * b.width / a.width)
+        assert b.camera.cy == pytest.approx(a.camera.cy * b.height / a.height)
+    lines = [line for line in ds.summary() if "downscaled" in line]
+    assert len(lines) == 1 and "36x27 (downscaled from 40x30: max width 36 px)" in lines[0]
+    # both: the smaller size wins
+    ds = load_dataset(tmp_path, resolution=2, max_width=18)
+    assert sorted({(v.width, v.height) for v in ds.train}) == [(16, 12), (18, 14)]
 
 
 def test_colmap_sorted_order_matching(tmp_path):
@@ -122,8 +143,9 @@ def test_colmap_sorted_order_matching(tmp_path):
     for k, i in enumerate(order):
         files_for[i] = files[k]
     _, imgs, _ = colmap_scene(tmp_path, ".bin", names=names, files=files_for, cams=cams)
-    with pytest.warns(UserWarning, match="sorted order"):
-        ds = load_dataset(tmp_path, test_every=0)
+    ds = load_dataset(tmp_path, test_every=0)
+    (note,) = [line for line in ds.summary() if line.startswith("note:")]
+    assert "sorted order" in note and f"{sorted(names)[0]} -> {files[0]}" in note
     assert [v.name for v in ds.train] == files
     for v in ds.train:
         i = files_for.index(v.name)
@@ -178,8 +200,63 @@ def test_colmap_opencv_images_are_undistorted_on_load(tmp_path):
 def test_error_missing_image(tmp_path):
     colmap_scene(tmp_path, ".bin")
     (tmp_path / "images" / "view_03.png").unlink()
-    with pytest.raises(DataError, match="view_03.png"):
+    with pytest.raises(DataError, match="view_03.png") as err:
         load_dataset(tmp_path)
+    assert "more" not in str(err.value)
+    for name in ("view_01.png", "view_05.png"):
+        (tmp_path / "images" / name).unlink()
+    with pytest.raises(DataError) as err:
+        load_dataset(tmp_path)
+    assert "missing 3 of the 6 image files" in str(err.value)
+    assert "view_01.png, view_03.png, view_05.png" in str(err.value)
+
+
+def test_error_missing_image_of_renamed_files_names_the_gap(tmp_path):
+    """The LLFF renaming (IMG_4026.JPG ... in the model, image000.png ... on disk) with one
+    file deleted: the message names the file missing from the sequence."""
+    names = [f"IMG_{4026 + i}.JPG" for i in range(10)]
+    colmap_scene(tmp_path, ".bin", names=names, files=[f"image{i:03d}.png" for i in range(10)], cams=[CAMS[0]])
+    (tmp_path / "images" / "image003.png").unlink()
+    with pytest.raises(DataError) as err:
+        load_dataset(tmp_path)
+    msg = str(err.value)
+    assert msg.startswith(f"missing image file {tmp_path / 'images' / 'image003.png'}: ")
+    assert "holds 9 image files" in msg and "the 10 images of the COLMAP model" in msg and "more" not in msg
+    (tmp_path / "images" / "image009.png").unlink()          # the last: not a gap in the sequence
+    with pytest.raises(DataError, match="holds 8 image files .image000.png ... image008.png. for the 10 images"):
+        load_dataset(tmp_path)
+
+
+def test_error_empty_image_folder(tmp_path):
+    colmap_scene(tmp_path, ".bin")
+    for f in (tmp_path / "images").iterdir():
+        f.unlink()
+    with pytest.raises(DataError, match="holds no image files") as err:
+        load_dataset(tmp_path)
+    assert str(tmp_path / "images") in str(err.value) and "view_00.png" in str(err.value)
+
+
+def test_all_sfm_points_non_finite_fall_back_to_random_points(tmp_path):
+    cams, imgs, pts = colmap_scene(tmp_path, ".bin")
+    for p in pts:
+        p["xyz"] = [float("nan"), 0.0, 1.0]
+    pts[0]["xyz"] = [0.0, float("inf"), 1.0]
+    write_colmap_bin(tmp_path / "sparse/0", cams, imgs, pts)
+    ds = load_dataset(tmp_path)
+    assert ds.points.shape == ds.colors.shape == (0, 3)
+    line = ds.summary(n_random=1000)[-1]
+    assert line == ("initial points: random, 1,000 in a box around the cameras, because all 5 points of "
+                    "sparse/0/points3D.bin are NaN or infinite")
+    # some of them: dropped, and a note says how many
+    pts[0]["xyz"] = [0.0, 0.5, 1.0]
+    write_colmap_bin(tmp_path / "sparse/0", cams, imgs, pts)
+    lines = load_dataset(tmp_path).summary()
+    assert "initial points: 1 from sparse/0/points3D.bin" in lines
+    assert "note: dropped 4 of 5 points of sparse/0/points3D.bin: NaN or infinite" in lines
+    # and without a points3D file at all
+    (tmp_path / "sparse/0/points3D.bin").unlink()
+    assert load_dataset(tmp_path).summary()[-1] == ("initial points: random, in a box around the cameras, "
+                                                    "because the COLMAP model sparse/0 has no points3D file")
 
 
 @pytest.mark.parametrize("ext", [".bin", ".txt"])
@@ -242,22 +319,26 @@ def test_real_fern():
     if not root.is_dir():
         pytest.skip("fern not present")
     t0 = time.perf_counter()
-    with pytest.warns(UserWarning, match="sorted order"):
-        ds = load_dataset(root, images="images_8")
+    ds = load_dataset(root, images="images_8", test_every=8)
     elapsed = time.perf_counter() - t0
     print(f"fern (images_8) loaded in {elapsed:.2f} s")
     assert ds.fmt == "colmap" and not ds.masked
+    assert any("sorted order" in line for line in ds.summary())
     views = ds.train + ds.test
     assert len(views) == 20 and len(ds.train) == 17 and len(ds.test) == 3
     assert [v.name for v in ds.test] == ["image000.png", "image008.png", "image016.png"]
     cams, _, _ = colmap.read_model(root / "sparse" / "0")
     (cam,) = cams.values()
     assert cam.model == "SIMPLE_RADIAL" and (cam.width, cam.height) == (4032, 3024)
+    f, cx, cy, k = cam.params
+    fx, fy, cx, cy = f * 504 / 4032, f * 378 / 3024, cx * 504 / 4032, cy * 378 / 3024
+    crop = images.undistortion(504, 378, fx, fy, cx, cy, (k, 0, 0, 0, 0, 0))
+    height, width = crop.mx.shape
+    assert 0 < crop.clamped < 0.05 and 490 < width < 504 and 370 < height < 378  # k > 0: corners have no source
     for v in views:
-        assert v.image.shape == (378, 504, 3)
-        assert v.camera.fx == pytest.approx(cam.params[0] * 504 / 4032)
-        assert v.camera.fy == pytest.approx(cam.params[0] * 378 / 3024)
-        assert v.camera.cx == pytest.approx(cam.params[1] * 504 / 4032)
+        assert v.image.shape == (height, width, 3) and v.provenance.scaled_size == (504, 378)
+        assert (v.camera.fx, v.camera.fy) == pytest.approx((fx, fy))
+        assert (v.camera.cx, v.camera.cy) == pytest.approx((cx - crop.x0, cy - crop.y0))
     assert len(ds.points) > 1000 and ds.points.dtype == np.float32
     assert 0.0 <= ds.colors.min() and ds.colors.max() <= 1.0
     # the pose convention: most SfM points are in front of each camera and inside its image
@@ -267,6 +348,6 @@ def test_real_fern():
         z = pc[:, 2]
         u = v.camera.fx * pc[:, 0] / z + v.camera.cx
         w = v.camera.fy * pc[:, 1] / z + v.camera.cy
-        inside = (z > 0) & (u >= 0) & (u < 504) & (w >= 0) & (w < 378)
+        inside = (z > 0) & (u >= 0) & (u < v.width) & (w >= 0) & (w < v.height)
         assert inside.mean() > 0.5, (v.name, inside.mean())
 

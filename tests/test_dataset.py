@@ -8,6 +8,7 @@ import pytest
 
 from conftest import REPO_ROOT
 from data import DataError, load_dataset
+from tests.dataset_files import colmap_scene
 
 
 def test_error_undetectable_folder(tmp_path):
@@ -21,6 +22,26 @@ def test_error_undetectable_folder(tmp_path):
     with pytest.raises(DataError, match="fmt|format"):
         load_dataset(tmp_path / "stuff", fmt="llff")
     assert issubclass(DataError, ValueError)
+
+
+@pytest.mark.parametrize("option,bad", [("resolution", 0), ("resolution", -2), ("resolution", 1.5),
+                                        ("resolution", "4"), ("resolution", True), ("max_width", -1),
+                                        ("max_width", 800.0)])
+def test_bad_resolution_values_name_the_parameter(tmp_path, option, bad):
+    colmap_scene(tmp_path, ".bin", n_images=2)
+    with pytest.raises(DataError, match=f"^{option} must be a whole number") as err:
+        load_dataset(tmp_path, **{option: bad})
+    assert repr(bad) in str(err.value)
+
+
+def test_no_width_limit(tmp_path):
+    wide = {"id": 1, "model": "PINHOLE", "w": 2000, "h": 8, "params": [1000.0, 1000.0, 1000.0, 4.0]}
+    colmap_scene(tmp_path, ".bin", n_images=2, cams=[wide])
+    default = load_dataset(tmp_path)
+    assert (default.train[0].width, default.train[0].height) == (1600, 6)             # Inria's default
+    assert "1600x6 (downscaled from 2000x8: max width 1600 px)" in default.summary()[1]
+    for no_limit in (0, None):
+        assert load_dataset(tmp_path, max_width=no_limit).train[0].width == 2000
 
 
 def test_import_from_repo_root():

@@ -68,7 +68,13 @@ def test_blender_loader_and_gl_to_cv(tmp_path):
         a = 128 / 255
         rgb = np.round(smooth_image(w, h, int(v.name[-5]))[-1, -1] * 255) / 255
         np.testing.assert_allclose(v.image[-1, -1], rgb * a + (1 - a), atol=1e-5)   # half transparent
-    black = load_dataset(tmp_path, background=(0, 0, 0), max_size=12)
+    assert ds.summary(n_random=500)[1:] == [
+        "images: 4 train, 2 test (transforms_test.json, for evaluation only); 24x24",
+        "cameras: pinhole",
+        "distortion: none",
+        "initial points: random, 500 in the box (-1.3, -1.3, -1.3) to (1.3, 1.3, 1.3), because Blender scenes "
+        "have no point cloud"]
+    black = load_dataset(tmp_path, background=(0, 0, 0), max_width=12)
     np.testing.assert_allclose(black.train[0].image[:2, :2], 0.0)
     assert black.train[0].image.shape == (12, 12, 3)
     assert black.train[0].camera.fx == pytest.approx(0.5 * 12 / math.tan(0.5 * angle))
@@ -76,6 +82,23 @@ def test_blender_loader_and_gl_to_cv(tmp_path):
     (tmp_path / "test" / "r_1.png").unlink()
     with pytest.raises(DataError, match="r_1"):
         load_dataset(tmp_path)
+
+
+def test_blender_without_test_json_trains_on_every_view(tmp_path):
+    frames = []
+    for i in range(5):
+        write_png(tmp_path / "train" / f"r_{i}.png", rgba_image(16, 16, i))
+        frames.append({"file_path": f"./train/r_{i}", "transform_matrix": opengl_c2w([3 * math.cos(i), 3, 1]).tolist()})
+    (tmp_path / "transforms_train.json").write_text(json.dumps({"camera_angle_x": 0.8, "frames": frames}))
+    ds = load_dataset(tmp_path)
+    assert len(ds.train) == 5 and ds.test == []
+    lines = ds.summary()
+    assert lines[1] == "images: 5 train, no test views; 16x16"
+    assert lines[-1] == "note: no transforms_test.json: all 5 views train, none is held out for evaluation"
+    # asked for a test split (the CLI's --eval): every test_every-th training view
+    ds = load_dataset(tmp_path, test_every=2)
+    assert [v.name for v in ds.test] == ["train/r_0.png", "train/r_2.png", "train/r_4.png"]
+    assert "3 test (every 2nd image of transforms_train.json)" in ds.summary()[1]
 
 
 def write_ply_binary(path, xyz, rgb):
@@ -103,7 +126,7 @@ def test_ngp_loader(tmp_path):
     meta = {"fl_x": 40.0, "fl_y": 41.0, "cx": 24.5, "cy": 17.5, "w": W, "h": H,
             "k1": 0.0, "k2": 0.0, "p1": 0.0, "p2": 0.0, "frames": frames, "ply_file_path": "sparse_pc.ply"}
     (tmp_path / "transforms.json").write_text(json.dumps(meta))
-    ds = load_dataset(tmp_path)
+    ds = load_dataset(tmp_path, test_every=8)
     assert ds.fmt == "ngp"
     names = sorted(f"images/frame_{i:05d}.png" for i in range(n))
     assert [v.name for v in ds.test] == [names[0], names[8]]
@@ -123,10 +146,12 @@ def test_ngp_loader(tmp_path):
     (tmp_path / "transforms.json").write_text(json.dumps(meta))
     dd = load_dataset(tmp_path, test_every=0)
     raw = np.round(smooth_image(W // 2, H // 2, 3) * 255).astype(np.float32) / 255
-    ref = images.undistort(raw, 20.0, 20.5, 12.25, 8.75, (-0.1, 0.0, 0.0, 0.0, 0.0, 0.002))
+    ref, crop = images.undistort(raw, 20.0, 20.5, 12.25, 8.75, (-0.1, 0.0, 0.0, 0.0, 0.0, 0.002))
     v3 = next(v for v in dd.train if v.name.endswith("00003.png"))
     np.testing.assert_allclose(v3.image, ref, atol=1e-6)
-    assert not np.allclose(v3.image, raw, atol=1e-3)
+    assert (v3.camera.cx, v3.camera.cy) == pytest.approx((12.25 - crop.x0, 8.75 - crop.y0))
+    assert not np.allclose(v3.image, raw[crop.y0:crop.y0 + v3.height, crop.x0:crop.x0 + v3.width], atol=1e-3)
+    assert v3.provenance.camera_model == "OPENCV" and dd.summary()[2] == "cameras: OPENCV"
 
     # camera_angle_x instead of fl_x, per-frame override, an ASCII PLY
     meta2 = {"camera_angle_x": 1.0, "frames": [dict(f) for f in frames[:3]], "ply_file_path": "pc.ply"}
@@ -148,16 +173,17 @@ def test_ngp_loader(tmp_path):
         load_dataset(tmp_path)
 
 
-def test_ngp_unreadable_point_cloud_warns_and_loads_without_points(tmp_path):
+def test_ngp_unreadable_point_cloud_loads_without_points_and_says_why(tmp_path):
     write_png(tmp_path / "images" / "frame_0.png", smooth_image(8, 6, 0))
     frame = {"file_path": "images/frame_0.png", "transform_matrix": opengl_c2w([2.0, 0.0, 0.5]).tolist()}
     (tmp_path / "transforms.json").write_text(json.dumps({"fl_x": 8.0, "frames": [frame],
                                                           "ply_file_path": "pc.ply"}))
     (tmp_path / "pc.ply").write_text("ply\nformat ascii 1.0\nelement vertex 1\nproperty float x\n"
                                      "property float y\nend_header\n1 2\n")     # no z
-    with pytest.warns(UserWarning, match="pc.ply") as record:
-        ds = load_dataset(tmp_path, test_every=0)
-    assert "z" in str(record[0].message) and "without initial points" in str(record[0].message)
+    ds = load_dataset(tmp_path, test_every=0)
+    line = ds.summary()[-1]
+    assert line.startswith("initial points: random, in a box around the cameras, because its point cloud is "
+                           "unreadable") and "pc.ply" in line and ": z" in line
     assert len(ds.train) == 1 and ds.points.shape == (0, 3) and ds.colors.shape == (0, 3)
 
 
