@@ -96,7 +96,7 @@ def _train(dataset, a, cfg):
         t = SingleGPUTrainer(dataset, a.out, cfg)
     if getattr(a, "init_ply", None):
         from data.ply import load_ply
-        t.install({"params": load_ply(a.init_ply)})
+        t.start_from({"params": load_ply(a.init_ply)})
         t.cfg.sh_degree = min(t.cfg.sh_degree, t.model.gaussians.sh_degree())
     if getattr(a, "resume", False):
         snap = Path(a.out) / SNAPSHOT
@@ -168,7 +168,7 @@ def _trained(a):
     if src.suffix == ".ply":
         from data.ply import load_ply
         try:
-            t.install({"params": load_ply(src)})
+            t.start_from({"params": load_ply(src)})
         except ValueError as e:
             raise SystemExit(f"error: {e}")
         t.cfg.sh_degree = t.model.gaussians.sh_degree()

@@ -73,7 +73,7 @@ class GaussianExchangeTrainer(Trainer):
         self._view0 = None
 
     # ------------------------------------------------------------------ sharding
-    def install(self, model_state, strategy_state=None):
+    def start_from(self, model_state, strategy_state=None):
         """Every rank holds the same whole state (the same seed, or the same snapshot) and keeps
         its even shard of the rows."""
         total = len(model_state["params"]["means"])
@@ -272,7 +272,7 @@ class GaussianExchangeTrainer(Trainer):
         model.adam.step(model.grads.data, cols * lr_scale)
         prev = self.step
         self.step += self.batch
-        # shards change only in install and _reorder_after_refine, which set offset and total
+        # shards change only in start_from and _reorder_after_refine, which set offset and total
         ctx = self.context(lr_means=lr["means"] * lr_scale, prev_step=prev, offset=self.offset, total=self.total)
         if ctx.max_gaussians:  # --max-gaussians caps the whole model: each owner grows to its even share
             ctx.max_gaussians = int(np.diff(even_bounds(ctx.max_gaussians, self.size))[self.rank])

@@ -67,7 +67,7 @@ def run(scene, views=8, iters=30, warmup=5, comm=None, grad_comm="sparse", trans
             t = GaussianExchangeTrainer(data, tmp, cfg, comm, grad_comm=grad_comm, backend=backend,
                                         transport=transport, log=say)
             t.time_phases = False  # throughput: the host runs ahead of the device, as in training
-        t.install({"params": perturbed(g)})
+        t.start_from({"params": perturbed(g)})
         steps, losses = [], []
         for it in range(warmup + iters):
             _sync(t, comm)

@@ -16,7 +16,7 @@ from .trainer import Trainer
 class SingleGPUTrainer(Trainer):
     """``Trainer`` with the whole model in this process (on the GPU, or the CPU backend)."""
 
-    def install(self, model_state, strategy_state=None):
+    def start_from(self, model_state, strategy_state=None):
         self.model = GaussianModel.from_state(model_state, self.backend)
         self.strategy_state = ({k: self.xp.asarray(a) for k, a in strategy_state.items()} if strategy_state
                                else self.strategy.initialize_state())

@@ -170,11 +170,11 @@ class Trainer(ABC):
             box = (c - 1.3 * d.scene_scale, c + 1.3 * d.scene_scale)
         arrays = init_from_points(d.points, d.colors, self.cfg.sh_degree, rng=self.rng,
                                   n_random=self.cfg.n_random_init, box=box)
-        self.install({"params": arrays})
+        self.start_from({"params": arrays})
 
     # ------------------------------------------------------------------ what a pipeline implements
     @abstractmethod
-    def install(self, model_state, strategy_state=None):
+    def start_from(self, model_state, strategy_state=None):
         """Start from the whole model's ``GaussianModel.state()`` (host arrays; the parameters alone
         for a new model) and the strategy's state (None: a new one).  A pipeline that shards the
         Gaussians keeps its rows of both."""
@@ -322,7 +322,7 @@ class Trainer(ABC):
         if check_data and attrs.get("fingerprint") != fingerprint(self.data):
             raise ValueError(f"snapshot {path} was trained on different data than {self.data.source}")
         model_state, strategy_state = states_of(arrays, attrs)
-        self.install(model_state, strategy_state or None)
+        self.start_from(model_state, strategy_state or None)
         self.step = int(attrs["step"])
         self.rng.bit_generator.state = attrs["rng"]
         self.order = list(attrs["order"])
