@@ -172,8 +172,8 @@ class GaussianModel:
 
     @classmethod
     def from_state(cls, state, backend=None, b1=0.9, b2=0.999):
-        """The model of a ``state()`` (its rows, host or device arrays).  A state of parameters
-        only (``{"params": ...}``: a new model) starts Adam at zero, as the constructor does."""
+        """The model holding a ``state()``'s arrays (host or device; all its rows or a shard's).
+        A state of parameters only (``{"params": ...}``: a new model) starts Adam at zero."""
         model = cls(state["params"], backend, b1, b2)
         for which in ("m", "v"):
             if which in state:

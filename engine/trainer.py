@@ -322,7 +322,7 @@ class Trainer(ABC):
         if check_data and attrs.get("fingerprint") != fingerprint(self.data):
             raise ValueError(f"snapshot {path} was trained on different data than {self.data.source}")
         model_state, strategy_state = states_of(arrays, attrs)
-        self.start_from(model_state, strategy_state or None)
+        self.start_from(model_state, strategy_state)
         self.step = int(attrs["step"])
         self.rng.bit_generator.state = attrs["rng"]
         self.order = list(attrs["order"])

@@ -1,4 +1,4 @@
-"""Run by tests/test_distributed.py under mpiexec: a few batched steps, final parameters to OUT/final.npz."""
+"""Run by tests/test_gaussian_exchange.py under mpiexec: a few batched steps, final parameters to OUT/final.npz."""
 import sys
 from pathlib import Path
 
