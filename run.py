@@ -81,20 +81,22 @@ def _mpi_comm(batched=False):
 
 
 def _train(dataset, a, cfg):
-    from engine.trainer import SNAPSHOT, Trainer
+    from engine.trainer import SNAPSHOT
     from pathlib import Path
     comm = _mpi_comm(batched=getattr(a, "batch_size", None) is not None)
     if comm is not None:
-        from engine.distributed import DistributedTrainer, select_device
+        from engine.distributed import select_device
+        from engine.gaussian_exchange import GaussianExchangeTrainer
         select_device(comm)
-        t = DistributedTrainer(dataset, a.out, cfg, comm, batch_size=getattr(a, "batch_size", None),
-                               grad_comm=getattr(a, "grad_comm", "sparse"), transport=getattr(a, "transport", "auto"))
+        t = GaussianExchangeTrainer(dataset, a.out, cfg, comm, batch_size=getattr(a, "batch_size", None),
+                                    grad_comm=getattr(a, "grad_comm", "sparse"),
+                                    transport=getattr(a, "transport", "auto"))
     else:
-        t = Trainer(dataset, a.out, cfg)
+        from engine.single_gpu import SingleGPUTrainer
+        t = SingleGPUTrainer(dataset, a.out, cfg)
     if getattr(a, "init_ply", None):
         from data.ply import load_ply
-        from engine.model import GaussianModel
-        t.model = GaussianModel(load_ply(a.init_ply))
+        t.start_from({"params": load_ply(a.init_ply)})
         t.cfg.sh_degree = min(t.cfg.sh_degree, t.model.gaussians.sh_degree())
     if getattr(a, "resume", False):
         snap = Path(a.out) / SNAPSHOT
@@ -155,18 +157,18 @@ def cmd_demo(a):
 
 
 def _trained(a):
-    """A Trainer holding the model of a training output folder (its snapshot) or of a PLY file."""
+    """A trainer holding the model of a training output folder (its snapshot) or of a PLY file."""
     from pathlib import Path
-    from engine.trainer import SNAPSHOT, Trainer
+    from engine.single_gpu import SingleGPUTrainer
+    from engine.trainer import SNAPSHOT
     cfg = _config(a)
     dataset = _load(a, cfg.background)
-    t = Trainer(dataset, a.out, cfg)
+    t = SingleGPUTrainer(dataset, a.out, cfg)
     src = Path(a.model)
     if src.suffix == ".ply":
         from data.ply import load_ply
-        from engine.model import GaussianModel
         try:
-            t.model = GaussianModel(load_ply(src))
+            t.start_from({"params": load_ply(src)})
         except ValueError as e:
             raise SystemExit(f"error: {e}")
         t.cfg.sh_degree = t.model.gaussians.sh_degree()

@@ -3,6 +3,8 @@
 Densification changes N, so every per-Gaussian buffer (parameters, gradient,
 both Adam moments) is rebuilt together by ``gather``: keep some rows, append
 new ones (whose Adam state starts at zero, as in the reference 3DGS code).
+``state()`` / ``from_state()`` carry a model to and from host arrays: what a
+snapshot stores, and what a sharding pipeline cuts into its ranks' rows.
 """
 import math
 
@@ -162,3 +164,20 @@ class GaussianModel:
 
     def host_arrays(self, which="params"):
         return {g: _backend.to_host(self.group(g, which)) for g in GROUPS}
+
+    def state(self):
+        """Host copies of all that training continues from: the parameters and both Adam
+        moments (``{"params" | "m" | "v": {group: array}}``) and Adam's step count ("step")."""
+        return {**{which: self.host_arrays(which) for which in ("params", "m", "v")}, "step": self.adam.step_count}
+
+    @classmethod
+    def from_state(cls, state, backend=None, b1=0.9, b2=0.999):
+        """The model holding a ``state()``'s arrays (host or device; all its rows or a shard's).
+        A state of parameters only (``{"params": ...}``: a new model) starts Adam at zero."""
+        model = cls(state["params"], backend, b1, b2)
+        for which in ("m", "v"):
+            if which in state:
+                for g in GROUPS:
+                    model.group(g, which)[...] = model.xp.asarray(state[which][g])
+        model.adam.step_count = int(state.get("step", 0))
+        return model

@@ -5,9 +5,9 @@ with no photos, so this makes a capture of it: ``views`` cameras shifted
 sideways from the scene's one, with targets rendered from the scene itself
 (every rank renders the same ones).  Training starts from the scene with its
 colours perturbed, so the loss and gradients are real, and with densification
-off, so every rank count does the same work.  One rank runs the plain
-trainer, P ranks the distributed one (batch P views); both report images per
-second over the timed steps; the distributed one then times each rank's phases on a few
+off, so every rank count does the same work.  One rank runs the single-GPU
+pipeline, P ranks the Gaussian-exchange one (batch P views); both report images per
+second over the timed steps; the Gaussian-exchange one then times each rank's phases on a few
 more steps, synced at the phase boundaries (which costs throughput, so not on the timed ones).
 Unlike the 7k captures at hand, the scenes can be as large as the GPUs hold
 (1M, 6M Gaussians at 1297x840, 1920x1080): what the scaling table needs.
@@ -50,8 +50,7 @@ def perturbed(g, seed=0):
 
 def run(scene, views=8, iters=30, warmup=5, comm=None, grad_comm="sparse", transport="auto", backend=None,
         out=print):
-    from engine.model import GaussianModel
-    from engine.trainer import Trainer, TrainConfig
+    from engine.trainer import TrainConfig
     g, cam = load_scene(scene) if isinstance(scene, str) else scene
     size = comm.Get_size() if comm is not None else 1
     rank = comm.Get_rank() if comm is not None else 0
@@ -61,19 +60,19 @@ def run(scene, views=8, iters=30, warmup=5, comm=None, grad_comm="sparse", trans
                       snapshot_every=0)
     with tempfile.TemporaryDirectory() as tmp:
         if comm is None:
-            t = Trainer(data, tmp, cfg, backend)
-            t.model = GaussianModel(perturbed(g), t.backend)
+            from engine.single_gpu import SingleGPUTrainer
+            t = SingleGPUTrainer(data, tmp, cfg, backend)
         else:
-            from engine.distributed import DistributedTrainer
-            t = DistributedTrainer(data, tmp, cfg, comm, grad_comm=grad_comm, backend=backend, transport=transport,
-                                   log=say)
-            t._take_shard(perturbed(g))
+            from engine.gaussian_exchange import GaussianExchangeTrainer
+            t = GaussianExchangeTrainer(data, tmp, cfg, comm, grad_comm=grad_comm, backend=backend,
+                                        transport=transport, log=say)
             t.time_phases = False  # throughput: the host runs ahead of the device, as in training
+        t.start_from({"params": perturbed(g)})
         steps, losses = [], []
         for it in range(warmup + iters):
             _sync(t, comm)
             t0 = time.perf_counter()
-            loss, _, _, _ = t.train_step()
+            loss, _ = t.train_step()
             _sync(t, comm)
             if it >= warmup:
                 steps.append(time.perf_counter() - t0)

@@ -1,5 +1,9 @@
 """Training snapshots: every array needed to resume, plus JSON metadata, in one HDF5 file.
 
+The arrays are the model's state (``params/<group>``, ``adam/m/<group>``,
+``adam/v/<group>``; Adam's step count is the ``adam_step`` attribute) and the
+strategy's state (``strategy/<name>``): ``state_arrays`` and ``states_of``.
+
 One file per snapshot so a resume never mixes states; written to a temp file
 and renamed (with fsyncs) so a crash mid-write leaves the previous snapshot
 intact.  Metadata is one JSON string attribute because HDF5 attributes cannot
@@ -43,6 +47,23 @@ def write_snapshot(path, arrays, attrs):
             if not name or name.startswith("/") or "" in name.split("/"):
                 raise ValueError(f"bad snapshot array name {name!r}")
             f.create_dataset(name, data=np.asarray(a))  # intermediate groups from the slashes
+
+
+def state_arrays(model_state, strategy_state):
+    """The snapshot arrays of a ``GaussianModel.state()`` and a strategy's state (host arrays)."""
+    arrays = {f"params/{g}": a for g, a in model_state["params"].items()}
+    arrays.update({f"adam/m/{g}": a for g, a in model_state["m"].items()})
+    arrays.update({f"adam/v/{g}": a for g, a in model_state["v"].items()})
+    arrays.update({f"strategy/{k}": a for k, a in strategy_state.items()})
+    return arrays
+
+
+def states_of(arrays, attrs):
+    """-> (model state, strategy state) of a snapshot's arrays and attributes: ``state_arrays`` undone."""
+    def group(prefix):
+        return {k[len(prefix):]: a for k, a in arrays.items() if k.startswith(prefix)}
+    model = {"params": group("params/"), "m": group("adam/m/"), "v": group("adam/v/"), "step": int(attrs["adam_step"])}
+    return model, group("strategy/")
 
 
 def read_snapshot(path):

@@ -1,15 +1,23 @@
 """Densification strategies: objects that watch training and change the set of Gaussians.
 
+A strategy is its settings (a dataclass); what it gathers while training is
+a separate state dict that the trainer holds and passes to every hook, as
+gsplat's strategies do.  So the snapshot stores the state, not the object,
+and a pipeline that shards the Gaussians over ranks splits and gathers it:
+every array of a state has one row per Gaussian, in the model's order.
+
 The interface is small so that other schemes (ByteSplat's hardware-aware
 pruning, BlitzGS's importance scores) can be added as further classes:
 
-    state_arrays() / load_state(arrays)        what a snapshot keeps
-    after_backward(model, step, frame, grad, scale)   see one render's screen-space gradients (x scale)
-    after_optimizer(model, step, ctx)          densify, prune, reset; returns a dict of what it did
-    loss_gradients(model)                      optional regulariser gradients, added before Adam
+    initialize_state()                            a new state (its rows are made as the model's size is known)
+    loss_gradients(model, state)                  optional regulariser gradients, added before Adam
+    after_backward(model, state, step, projection, grad, scale)
+                                                  see one view's screen-space gradients (x scale)
+    after_optimizer(model, state, step, ctx)      after Adam: densify, prune, reset, perturb;
+                                                  returns a dict of what it did
 """
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -49,6 +57,7 @@ class Context:
     prev_step: int = None      # default: step - 1
     offset: int = 0
     total: int = 0             # default: len(model)
+    lr_means: float = 0.0      # the means' learning rate of the Adam step just taken (MCMC's noise scales with it)
 
     def crossed(self, step, every):
         prev = step - 1 if self.prev_step is None else self.prev_step
@@ -92,45 +101,44 @@ class DefaultStrategy:
     max_world_size: float = 0.1      # fraction of the scene scale
     absgrad: bool = False
     reset_at_start: bool = False     # also reset opacities at refine_start (3DGS does on white backgrounds)
-    stats: dict = field(default_factory=dict)
 
-    def _fresh(self, xp, n):
-        self.stats = {"grad": xp.zeros(n, np.float32), "count": xp.zeros(n, np.int32),
-                      "max_radius": xp.zeros(n, np.float32)}
+    def initialize_state(self):
+        """The statistics since the last refinement, per Gaussian: the summed screen-space gradient
+        norm ("grad"), the views that saw it ("count") and its largest radius in pixels ("max_radius");
+        made (zero) at the first ``after_backward``, when the model's size is known."""
+        return {}
 
-    def state_arrays(self):
-        return dict(self.stats)
+    @staticmethod
+    def _fresh(state, xp, n):
+        state.update(grad=xp.zeros(n, np.float32), count=xp.zeros(n, np.int32), max_radius=xp.zeros(n, np.float32))
 
-    def load_state(self, arrays, xp):
-        self.stats = {k: xp.asarray(arrays[k]) for k in ("grad", "count", "max_radius")}
-
-    def loss_gradients(self, model):
+    def loss_gradients(self, model, state):
         return None
 
-    def after_backward(self, model, step, frame, grad, scale=1.0):
+    def after_backward(self, model, state, step, projection, grad, scale=1.0):
         """Accumulate the norm of ``scale`` x the screen-space mean gradient, in NDC units as 3DGS does
         (``scale``: a batch's view sees its gradient, not its 1/B share of the batch loss)."""
         xp = model.xp
-        if not self.stats or len(self.stats["grad"]) != len(model):
-            self._fresh(xp, len(model))
+        if "grad" not in state or len(state["grad"]) != len(model):
+            self._fresh(state, xp, len(model))
         if step >= self.refine_stop:
             return
-        cam = frame.projection.camera
+        cam = projection.camera
         cols = (go.ABS_U, go.ABS_V) if self.absgrad else (go.U, go.V)
         gx = grad[:, cols[0]] * (0.5 * cam.width * scale)
         gy = grad[:, cols[1]] * (0.5 * cam.height * scale)
-        visible = frame.projection.counts > 0
-        self.stats["grad"] += xp.where(visible, xp.sqrt(gx * gx + gy * gy), 0.0).astype(np.float32)
-        self.stats["count"] += visible.astype(np.int32)
-        radius = frame.projection.radii.max(axis=1).astype(np.float32)
-        xp.maximum(self.stats["max_radius"], radius, out=self.stats["max_radius"])
+        visible = projection.counts > 0
+        state["grad"] += xp.where(visible, xp.sqrt(gx * gx + gy * gy), 0.0).astype(np.float32)
+        state["count"] += visible.astype(np.int32)
+        radius = projection.radii.max(axis=1).astype(np.float32)
+        xp.maximum(state["max_radius"], radius, out=state["max_radius"])
 
-    def after_optimizer(self, model, step, ctx):
+    def after_optimizer(self, model, state, step, ctx):
         xp = model.xp
         done = {}
         if self.refine_start < step < self.refine_stop and ctx.crossed(step, self.refine_every):
-            done = self._refine(model, step, ctx)
-            self._fresh(xp, len(model))
+            done = self._refine(model, state, step, ctx)
+            self._fresh(state, xp, len(model))
         if step < self.refine_stop and (ctx.crossed(step, self.reset_every)
                                         or (self.reset_at_start and ctx.reached(step, self.refine_start))):
             op = model.group("opacities")
@@ -139,16 +147,16 @@ class DefaultStrategy:
             done["opacity_reset"] = True
         return done
 
-    def _refine(self, model, step, ctx):
+    def _refine(self, model, state, step, ctx):
         xp = model.xp
         g = model.gaussians
         n = len(model)
-        grads = self.stats["grad"] / xp.maximum(self.stats["count"], 1)
+        grads = state["grad"] / xp.maximum(state["count"], 1)
         scale_max = xp.exp(g.scales.max(axis=1))
         opacity = _sigmoid(xp, g.opacities)
         prune = opacity < self.prune_opacity
         if step > self.reset_every:
-            prune |= self.stats["max_radius"] > self.max_screen_size
+            prune |= state["max_radius"] > self.max_screen_size
             prune |= scale_max > self.max_world_size * ctx.scene_scale
         grow = (grads >= self.grad_threshold) & (opacity >= self.prune_opacity)
         small = scale_max <= self.percent_dense * ctx.scene_scale
@@ -195,18 +203,15 @@ class MCMCStrategy:
     noise_lr: float = 5e5
     opacity_reg: float = 0.01
     scale_reg: float = 0.01
-    stats: dict = field(default_factory=dict)
 
-    def state_arrays(self):
+    def initialize_state(self):
+        """Nothing: MCMC reads only the model."""
         return {}
 
-    def load_state(self, arrays, xp):
+    def after_backward(self, model, state, step, projection, grad, scale=1.0):
         pass
 
-    def after_backward(self, model, step, frame, grad, scale=1.0):
-        pass
-
-    def loss_gradients(self, model):
+    def loss_gradients(self, model, state):
         """Gradients of opacity_reg * mean(sigmoid(o)) + scale_reg * mean(exp(s))."""
         xp = model.xp
         g = model.gaussians
@@ -251,8 +256,11 @@ class MCMCStrategy:
                 model.group(grp, which)[uniq] = 0
         return {k: a[src] for k, a in g.arrays().items()}
 
-    def after_optimizer(self, model, step, ctx):
+    def after_optimizer(self, model, state, step, ctx):
+        """Every step the means' noise; every ``refine_every`` steps the dead relocated and the
+        model grown towards ``cap_max``."""
         xp = model.xp
+        self._perturb(model, ctx)
         done = {}
         if self.refine_start < step < self.refine_stop and ctx.crossed(step, self.refine_every):
             g = model.gaussians
@@ -281,8 +289,9 @@ class MCMCStrategy:
             done["gaussians"] = len(model)
         return done
 
-    def perturb(self, model, lr_means, ctx):
-        """Opacity-gated Gaussian noise on the means, shaped by each covariance (SGLD step)."""
+    def _perturb(self, model, ctx):
+        """Opacity-gated Gaussian noise on the means, shaped by each covariance (SGLD step),
+        scaled by the step's learning rate of the means."""
         xp = model.xp
         g = model.gaussians
         opacity = _sigmoid(xp, g.opacities)
@@ -290,5 +299,5 @@ class MCMCStrategy:
         eps = xp.asarray(ctx.rng.standard_normal((len(model), 3)).astype(np.float32))
         sigma2 = xp.exp(2.0 * g.scales)
         noise = _quat_rotate(xp, g.quats, sigma2 * eps)
-        g.means[...] += (self.noise_lr * lr_means) * gate[:, None] * noise
+        g.means[...] += (self.noise_lr * ctx.lr_means) * gate[:, None] * noise
 

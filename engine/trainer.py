@@ -1,14 +1,25 @@
-"""Single-process training: the 3DGS recipe on top of the numbasplat rasterizer.
+"""The training recipe and the interface of its pipelines.
 
-``Trainer`` owns the model, the densification strategy, the schedules, the
-snapshot/resume logic and evaluation.  The step is: render one view, L1+SSIM
-loss, backward through rasterization and projection, strategy statistics,
-fused Adam, densification.
+``Trainer.train`` is the 3DGS recipe, top to bottom as the reference
+train.py: initialise the model, step until ``cfg.iterations`` (the schedules
+of the views, SH degree, background and learning rates are here), log,
+snapshot, evaluate.  How a step runs and where the model lives is a
+pipeline's: a subclass implementing the hooks of ``Trainer``'s "what a
+pipeline implements" section.
+
+    engine/single_gpu.py         one process, one view per step
+    engine/gaussian_exchange.py  P ranks own shards of the Gaussians and render ranges of the
+                                 batch's tiles; projected Gaussians and their gradients cross
+                                 ranks (Grendel's split, ByteSplat's sparse gradients)
+
+Another pipeline (pixel-level exchange, out-of-core training) is one more
+module implementing the same hooks, and a line in run.py that picks it.
 """
 import json
 import math
 import sys
 import time
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -16,10 +27,10 @@ import numpy as np
 
 import numbasplat as ns
 from numbasplat import _backend
-from numbasplat.loss import l1_ssim_loss, psnr, ssim
-from numbasplat.optim import GROUPS, column_lrs, exp_decay
+from numbasplat.loss import psnr, ssim
+from numbasplat.optim import column_lrs, exp_decay
 
-from .model import GaussianModel, init_from_points
+from .model import init_from_points
 from .strategy import Context, DefaultStrategy, MCMCStrategy
 
 SNAPSHOT = "snapshot.h5"
@@ -65,7 +76,14 @@ def s3im_weight(dataset):
     return 0.5 if dataset.masked else 0.2
 
 
-class Trainer:
+class Trainer(ABC):
+    """The recipe and the state that every pipeline shares: the config, the data, one RNG
+    (seeded alike on every rank, so ranks draw the same), the step count (in images), the
+    views' order, the strategy and its state, and ``model``: this process's
+    ``GaussianModel``, the whole model or its shard."""
+
+    is_root = True  # writes the logs and outputs (rank 0 under MPI)
+
     def __init__(self, dataset, out_dir, cfg: TrainConfig, backend=None, log=print):
         if cfg.lambda_s3im is None:
             cfg = replace(cfg, lambda_s3im=s3im_weight(dataset))
@@ -81,11 +99,11 @@ class Trainer:
         self.train_seconds = 0.0
         self.peak_pool_bytes = 0
         self.strategy = self._make_strategy()
+        self.strategy_state = self.strategy.initialize_state()
         self.targets = [self.xp.asarray(v.image) for v in dataset.train]
         self.order = []
         self.model = None
 
-    # ------------------------------------------------------------------ setup
     def _make_strategy(self):
         c = self.cfg
         if c.strategy == "default":
@@ -97,87 +115,7 @@ class Trainer:
             return MCMCStrategy(cap_max=c.cap_max)
         raise ValueError(f"unknown strategy {c.strategy!r} (default or mcmc)")
 
-    def init_model(self):
-        d = self.data
-        box = d.init_box
-        if box is None and len(d.points) == 0:  # no SfM points and no known bounds: a box around the cameras
-            c = np.mean([np.linalg.inv(v.camera.viewmat)[:3, 3] for v in d.train], axis=0)
-            box = (c - 1.3 * d.scene_scale, c + 1.3 * d.scene_scale)
-        arrays = init_from_points(d.points, d.colors, self.cfg.sh_degree, rng=self.rng,
-                                  n_random=self.cfg.n_random_init, box=box)
-        self.model = GaussianModel(arrays, self.backend)
-
-    def context(self):
-        free = 0
-        if self.backend == "cuda" and not _backend.SIM:
-            import cupy
-            free_dev, _ = cupy.cuda.runtime.memGetInfo()
-            free = free_dev + cupy.get_default_memory_pool().free_bytes()
-        return Context(self.data.scene_scale, self.rng, self.cfg.max_gaussians, free)
-
-    def learning_rates(self):
-        c = self.cfg
-        lr_means = exp_decay(c.lr_means * self.data.scene_scale, c.lr_means_final * self.data.scene_scale,
-                             self.step, c.lr_means_steps)
-        lr = {"means": lr_means, "scales": c.lr_scales, "quats": c.lr_quats, "opacities": c.lr_opacities,
-              "sh": c.lr_sh}
-        return lr, column_lrs(lr, self.model.params.sh_bases)
-
-    def next_view(self):
-        if not self.order:
-            self.order = list(self.rng.permutation(len(self.data.train)))
-        return int(self.order.pop())
-
-    # ------------------------------------------------------------------ training
-    def train_step(self):
-        """One step on one view.  Returns (loss, frame, target, events); the loss may be a ``LazyLoss``
-        (``float`` reads it: a device sync)."""
-        c, model = self.cfg, self.model
-        i = self.next_view()
-        view = self.data.train[i]
-        bg = self.rng.random(3) if c.random_background else np.asarray(c.background, np.float64)
-        degree = min(c.sh_degree, self.step // c.sh_increase_every)
-        g = model.gaussians
-        target = self.targets[i]  # random_background changes the render only, as in 3DGS
-        if c.loss == "tile":
-            frame, loss = self._tile_loss_step(g, view.camera, target, degree, bg)
-            grad = frame.grad
-        else:
-            frame = ns.render(g, view.camera, sh_degree=degree, background=bg, antialias=c.antialias,
-                              backend=self.backend, check=False)  # checked at log steps: a sync
-            loss, d_img = l1_ssim_loss(frame.image, target, c.lambda_dssim, backend=self.backend, lazy=True)
-            _, grad = ns.render_backward(g, frame, d_img, out=model.grad_gaussians, backend=self.backend)
-        # render_backward wrote the gradient buffers; the strategy's regularisers add on top
-        extra = self.strategy.loss_gradients(model)
-        if extra:
-            for k, v in extra.items():
-                getattr(model.grad_gaussians, k)[...] += v
-        self.strategy.after_backward(model, self.step, frame, grad)
-        lr, cols = self.learning_rates()
-        visible = frame.projection.counts > 0 if c.visible_adam else None
-        model.adam.step(model.grads.data, cols, visible)
-        if isinstance(self.strategy, MCMCStrategy):
-            self.strategy.perturb(model, lr["means"], self.context())
-        self.step += 1
-        events = self.strategy.after_optimizer(model, self.step, self.context())
-        return loss, frame, target, events
-
-    def _tile_loss_step(self, g, camera, target, degree, bg):
-        """Render, tile-local loss and backward (ByteSplat's fused kernel on GPUs)."""
-        from numbasplat.rendering import rasterize_tile_loss
-        from numbasplat.tile_loss import s3im_permutations
-        c = self.cfg
-        p = ns.project(g, camera, sh_degree=degree, antialias=c.antialias, backend=self.backend, check=False)
-        b = ns.bin_tiles(p, backend=self.backend)
-        perms = self.xp.asarray(s3im_permutations(self.rng, c.s3im_repeats))
-        loss, grad, image, stats = rasterize_tile_loss(p, b, target, perms, c.lambda_s3im, bg, want_image=True,
-                                                       backend=self.backend, lazy=True)
-        ns.project_backward(g, p, grad, self.model.grad_gaussians, accumulate=False, backend=self.backend)
-        self.tile_stats = stats  # fused tiles and Gaussians on fused tiles, for the log
-        frame = ns.Frame(p, b, ns.Render(image, None, None, None, bg))
-        frame.grad = grad
-        return frame, loss
-
+    # ------------------------------------------------------------------ the recipe
     def train(self, progress=True, until=None):
         """Train to ``cfg.iterations`` (or stop early at step ``until``) and write a snapshot."""
         c = self.cfg
@@ -190,14 +128,14 @@ class Trainer:
             t0 = time.perf_counter()
             while self.step < until:
                 prev = self.step
-                loss, frame, target, events = self.train_step()
+                loss, events = self.train_step()
                 if events:
                     self._device_memory_peak(release_cache=True)
                 crossed = lambda every: every and prev // every != self.step // every  # noqa: E731
                 if crossed(c.log_every) or events or self.step == c.iterations:
                     loss = float(loss)  # a LazyLoss: read at log steps only (a device sync)
                     self._check_finite(loss)
-                    p = self.progress_psnr(frame, target)
+                    p = self.progress_psnr()
                     rec = {"step": self.step, "loss": loss, "psnr": p, "gaussians": len(self.model),
                            "time": self.train_seconds + time.perf_counter() - t0, **events, **self.log_extra()}
                     if logf:
@@ -223,11 +161,94 @@ class Trainer:
         self.save_snapshot()
         return self
 
-    is_root = True  # writes the logs and outputs (rank 0 under MPI)
+    def init_model(self):
+        """The model to start from: the capture's SfM points, else random points in its box (or around its cameras)."""
+        d = self.data
+        box = d.init_box
+        if box is None and len(d.points) == 0:  # no SfM points and no known bounds: a box around the cameras
+            c = np.mean([np.linalg.inv(v.camera.viewmat)[:3, 3] for v in d.train], axis=0)
+            box = (c - 1.3 * d.scene_scale, c + 1.3 * d.scene_scale)
+        arrays = init_from_points(d.points, d.colors, self.cfg.sh_degree, rng=self.rng,
+                                  n_random=self.cfg.n_random_init, box=box)
+        self.start_from({"params": arrays})
 
-    def progress_psnr(self, frame, target):
-        """PSNR of the step's render, for the progress line and the log (only there: a sync)."""
-        return psnr(frame.image, target)
+    # ------------------------------------------------------------------ what a pipeline implements
+    @abstractmethod
+    def start_from(self, model_state, strategy_state=None):
+        """Start from the whole model's ``GaussianModel.state()`` (host arrays; the parameters alone
+        for a new model) and the strategy's state (None: a new one).  A pipeline that shards the
+        Gaussians keeps its rows of both."""
+
+    @abstractmethod
+    def gather_state(self):
+        """-> (the whole model's ``state()``, the strategy's state), host arrays, on the root rank;
+        None on the others.  Collective: every rank calls it."""
+
+    @abstractmethod
+    def whole_model(self):
+        """The whole model (a ``GaussianModel``) on the root rank, which evaluates it; None on the
+        others.  Collective."""
+
+    @abstractmethod
+    def train_step(self):
+        """One step: render the step's views, loss, backward, Adam, the strategy's hooks; advances
+        ``step`` by the views trained.  -> (loss, events): the loss may be a ``LazyLoss`` (``float``
+        reads it: a device sync), events the strategy's dict of what it did."""
+
+    @abstractmethod
+    def progress_psnr(self):
+        """PSNR of the last step's first view, for the progress line and the log (called at log
+        steps only: it syncs).  Collective."""
+
+    def log_extra(self):
+        """More fields for the JSON-lines log: the fused-tile fractions with ``--loss tile``
+        (a multi-rank pipeline adds its exchange statistics).  Collective."""
+        return dict(getattr(self, "tile_stats", {}))
+
+    def barrier(self):
+        """Wait for every rank (a pipeline of one process has none to wait for)."""
+
+    # ------------------------------------------------------------------ the step's schedules
+    def next_view(self):
+        """The next training view: every view once per epoch, in an order drawn from the RNG."""
+        if not self.order:
+            self.order = list(self.rng.permutation(len(self.data.train)))
+        return int(self.order.pop())
+
+    def step_background(self):
+        """The step's background: drawn with ``random_background`` (the render's only, as in 3DGS)."""
+        c = self.cfg
+        return self.rng.random(3) if c.random_background else np.asarray(c.background, np.float64)
+
+    def sh_degree_now(self):
+        """The SH degree trained at this step: one band more every ``sh_increase_every`` steps."""
+        return min(self.cfg.sh_degree, self.step // self.cfg.sh_increase_every)
+
+    def learning_rates(self):
+        """-> ({group: learning rate}, per-column rates for Adam): the means' decays over ``lr_means_steps``."""
+        c = self.cfg
+        lr_means = exp_decay(c.lr_means * self.data.scene_scale, c.lr_means_final * self.data.scene_scale,
+                             self.step, c.lr_means_steps)
+        lr = {"means": lr_means, "scales": c.lr_scales, "quats": c.lr_quats, "opacities": c.lr_opacities,
+              "sh": c.lr_sh}
+        return lr, column_lrs(lr, self.model.params.sh_bases)
+
+    def context(self, **step):
+        """The strategy's ``Context``: the scene scale, the RNG, the memory guard's limits, and a
+        pipeline's ``step`` fields (the step's learning rate, this rank's rows)."""
+        free = 0
+        if self.backend == "cuda" and not _backend.SIM:
+            import cupy
+            free_dev, _ = cupy.cuda.runtime.memGetInfo()
+            free = free_dev + cupy.get_default_memory_pool().free_bytes()
+        return Context(self.data.scene_scale, self.rng, self.cfg.max_gaussians, free, **step)
+
+    def add_strategy_gradients(self):
+        """Add the strategy's regularisers' gradients to the model's gradient buffers (before Adam)."""
+        extra = self.strategy.loss_gradients(self.model, self.strategy_state)
+        if extra:
+            for k, v in extra.items():
+                getattr(self.model.grad_gaussians, k)[...] += v
 
     def _check_finite(self, loss=None):
         """Stop with a clear message if training diverged (rendering skips this per-step sync),
@@ -244,17 +265,17 @@ class Trainer:
                                  f"{len(g)} Gaussians, step loss {loss} (the last snapshot is kept; try lower "
                                  "learning rates)")
 
-    def log_extra(self):
-        """More fields for the JSON-lines log: the fused-tile fractions with ``--loss tile``
-        (the distributed trainer adds its exchange statistics)."""
-        return dict(getattr(self, "tile_stats", {}))
-
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, views=None, save_dir=None):
+        """PSNR and SSIM of the whole model on ``views`` (the test split), renders to ``save_dir``;
+        computed on the root rank, None on the others."""
+        model = self.whole_model()
+        if model is None:
+            return None
         views = self.data.test if views is None else views
         per_view = []
         for v in views:
-            frame = ns.render(self.model.gaussians, v.camera, sh_degree=self.cfg.sh_degree,
+            frame = ns.render(model.gaussians, v.camera, sh_degree=self.cfg.sh_degree,
                               background=self.cfg.background, antialias=self.cfg.antialias, backend=self.backend)
             gt = self.xp.asarray(v.image)
             img = self.xp.clip(frame.image, 0.0, 1.0)
@@ -263,14 +284,14 @@ class Trainer:
                 save_png(Path(save_dir) / (Path(v.name).stem + ".png"), _backend.to_host(img))
         summary = {"psnr": float(np.mean([r["psnr"] for r in per_view])) if per_view else None,
                    "ssim": float(np.mean([r["ssim"] for r in per_view])) if per_view else None,
-                   "views": per_view, "gaussians": len(self.model), "train_seconds": self.train_seconds,
+                   "views": per_view, "gaussians": len(model), "train_seconds": self.train_seconds,
                    "iterations": self.step, "peak_device_bytes": self._device_memory_peak()}
         return summary
 
     def _device_memory_peak(self, release_cache=False):
         """The most device memory CuPy's pool has held so far.  After a refinement every buffer
-        changes size and the pool would keep the old sizes' blocks cached as well (on fern,
-        47 GiB for 610k Gaussians by 30k steps): ``release_cache`` hands those back."""
+        changes size and the pool would keep the old sizes' blocks cached as well, many times
+        the model's size by the end of a run: ``release_cache`` hands those back."""
         if self.backend != "cuda" or _backend.SIM:
             return 0
         import cupy
@@ -282,30 +303,26 @@ class Trainer:
 
     # ------------------------------------------------------------------ snapshots
     def save_snapshot(self, path=None):
-        from .snapshot import write_snapshot
-        arrays = {f"params/{g}": a for g, a in self.model.host_arrays("params").items()}
-        arrays.update({f"adam/m/{g}": a for g, a in self.model.host_arrays("m").items()})
-        arrays.update({f"adam/v/{g}": a for g, a in self.model.host_arrays("v").items()})
-        arrays.update({f"strategy/{k}": _backend.to_host(a) for k, a in self.strategy.state_arrays().items()})
-        attrs = {"step": self.step, "adam_step": self.model.adam.step_count, "config": asdict(self.cfg),
-                 "rng": self.rng.bit_generator.state, "order": [int(i) for i in self.order],
-                 "train_seconds": self.train_seconds, "fingerprint": fingerprint(self.data)}
-        write_snapshot(str(path or self.out / SNAPSHOT), arrays, attrs)
+        """One snapshot whatever the pipeline: the root rank writes the whole state."""
+        from .snapshot import state_arrays, write_snapshot
+        state = self.gather_state()
+        if self.is_root:
+            model_state, strategy_state = state
+            attrs = {"step": self.step, "adam_step": model_state["step"], "config": asdict(self.cfg),
+                     "rng": self.rng.bit_generator.state, "order": [int(i) for i in self.order],
+                     "train_seconds": self.train_seconds, "fingerprint": fingerprint(self.data)}
+            write_snapshot(str(path or self.out / SNAPSHOT), state_arrays(model_state, strategy_state), attrs)
+        self.barrier()
 
     def load_snapshot(self, path, check_data=True):
-        from .snapshot import read_snapshot
+        """Continue from a snapshot: the model, the strategy's state, the step, the RNG and the views'
+        order, so that the run goes on as if never stopped.  -> its attributes."""
+        from .snapshot import read_snapshot, states_of
         arrays, attrs = read_snapshot(str(path))
         if check_data and attrs.get("fingerprint") != fingerprint(self.data):
             raise ValueError(f"snapshot {path} was trained on different data than {self.data.source}")
-        params = {g: arrays[f"params/{g}"] for g in GROUPS}
-        self.model = GaussianModel(params, self.backend)
-        for g in GROUPS:
-            self.model.group(g, "m")[...] = self.xp.asarray(arrays[f"adam/m/{g}"])
-            self.model.group(g, "v")[...] = self.xp.asarray(arrays[f"adam/v/{g}"])
-        self.model.adam.step_count = int(attrs["adam_step"])
-        state = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("strategy/")}
-        if state:
-            self.strategy.load_state(state, self.xp)
+        model_state, strategy_state = states_of(arrays, attrs)
+        self.start_from(model_state, strategy_state)
         self.step = int(attrs["step"])
         self.rng.bit_generator.state = attrs["rng"]
         self.order = list(attrs["order"])

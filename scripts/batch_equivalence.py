@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.model import GROUPS  # noqa: E402
+from numbasplat.optim import GROUPS  # noqa: E402
 
 
 def run(a):
@@ -26,7 +26,8 @@ def run(a):
     from comm import abort_on_error
     from data import load_dataset
     from engine.demo import make_dataset
-    from engine.distributed import DistributedTrainer, select_device
+    from engine.distributed import select_device
+    from engine.gaussian_exchange import GaussianExchangeTrainer
     from engine.trainer import TrainConfig
     comm = MPI.COMM_WORLD
     with abort_on_error(comm):
@@ -39,7 +40,7 @@ def run(a):
             cfg.n_random_init, cfg.sh_degree = 300, 1
         if background:
             cfg.background = background
-        t = DistributedTrainer(ds, a.out, cfg, comm, batch_size=a.batch)
+        t = GaussianExchangeTrainer(ds, a.out, cfg, comm, batch_size=a.batch)
         t.init_model()
         loss = float(t.train_step()[0])
         grads = t.gathered("grads", root_only=True)

@@ -1,8 +1,9 @@
-"""Model initialisation: the grid k-nearest-neighbour distances are exact."""
+"""The model: the grid k-nearest-neighbour distances are exact, and ``state()`` / ``from_state()`` round-trip."""
 import numpy as np
 import pytest
 
-from engine.model import init_from_points, knn_rms_distance
+from engine.model import GaussianModel, init_from_points, knn_rms_distance
+from numbasplat.optim import GROUPS
 
 
 def brute_force(pts, k=3):
@@ -29,3 +30,21 @@ def test_init_uses_points_or_a_random_box():
     np.testing.assert_allclose(1 / (1 + np.exp(-a["opacities"])), 0.1, rtol=1e-6)
     b = init_from_points(np.eye(3) * 2, np.full((3, 3), 0.75), 0)
     np.testing.assert_allclose(b["sh"][:, 0] * 0.28209479177387814 + 0.5, 0.75, rtol=1e-6)
+
+
+def test_state_round_trips_parameters_moments_and_step():
+    model = GaussianModel(init_from_points(np.random.default_rng(2).normal(size=(50, 3)), np.full((50, 3), 0.5), 1),
+                          "cpu")
+    model.adam.m[...] = np.arange(model.params.size, dtype=np.float32)
+    model.adam.v[...] = 2.0
+    model.adam.step_count = 17
+    state = model.state()
+    back = GaussianModel.from_state(state, "cpu")
+    assert back.adam.step_count == 17 and len(back) == 50
+    again = back.state()
+    for which in ("params", "m", "v"):
+        for g in GROUPS:
+            np.testing.assert_array_equal(again[which][g], state[which][g], err_msg=f"{which} {g}")
+    fresh = GaussianModel.from_state({"params": state["params"]}, "cpu", b1=0.5)  # a new model: Adam at zero
+    assert fresh.adam.step_count == 0 and not fresh.adam.m.any() and not fresh.adam.v.any() and fresh.adam.b1 == 0.5
+    np.testing.assert_array_equal(fresh.params.data, model.params.data)

@@ -177,3 +177,26 @@ def test_dataset_fingerprint():
         "faf00d24a47f439346af1ac47915568ea919beb3ca12cd846c946528c732e5b0"
     with pytest.raises(ValueError):
         snap.dataset_fingerprint(["a"], [])
+
+
+def test_training_state_layout(tmp_path):
+    """A model's and a strategy's state are stored under the names of format 1 and read back as they were."""
+    rng = np.random.default_rng(3)
+    groups = {"means": (6, 3), "scales": (6, 3), "quats": (6, 4), "opacities": (6,), "sh": (6, 4, 3)}
+    model = {w: {g: rng.normal(size=shape).astype(np.float32) for g, shape in groups.items()}
+             for w in ("params", "m", "v")}
+    model["step"] = 42
+    strategy = {"grad": rng.random(6).astype(np.float32), "count": np.arange(6, dtype=np.int32)}
+    arrays = snap.state_arrays(model, strategy)
+    assert set(arrays) == ({f"params/{g}" for g in groups} | {f"adam/m/{g}" for g in groups}
+                           | {f"adam/v/{g}" for g in groups} | {"strategy/grad", "strategy/count"})
+    path = tmp_path / "state.h5"
+    snap.write_snapshot(path, arrays, {"adam_step": model["step"]})
+    model_back, strategy_back = snap.states_of(*snap.read_snapshot(path))
+    assert model_back["step"] == 42 and set(strategy_back) == set(strategy)
+    for w in ("params", "m", "v"):
+        for g, a in model[w].items():
+            np.testing.assert_array_equal(model_back[w][g], a, err_msg=f"{w} {g}")
+    for k, a in strategy.items():
+        np.testing.assert_array_equal(strategy_back[k], a, err_msg=k)
+        assert strategy_back[k].dtype == a.dtype

@@ -1,4 +1,5 @@
-"""The trainer: resume equals an uninterrupted run, densification, Ctrl-C, and the CLI."""
+"""The recipe (through the single-GPU pipeline): resume equals an uninterrupted run, the schedules, Ctrl-C,
+divergence, and the CLI."""
 import json
 import subprocess
 import sys
@@ -8,10 +9,11 @@ import pytest
 
 from conftest import REPO_ROOT
 from engine.demo import make_dataset
-from engine.model import GaussianModel, init_from_points
-from engine.strategy import Context, DefaultStrategy, MCMCStrategy
-from engine.trainer import SNAPSHOT, TrainConfig, Trainer
+from engine.single_gpu import SingleGPUTrainer
+from engine.strategy import Context
+from engine.trainer import SNAPSHOT, TrainConfig
 from numbasplat.optim import GROUPS
+from test_strategy import model_of
 
 
 def small_config(**kw):
@@ -34,10 +36,10 @@ def dataset():
 
 
 def test_resume_matches_uninterrupted_run(dataset, tmp_path):
-    whole = fast_refine(Trainer(dataset, tmp_path / "a", small_config(), backend="cpu")).train(progress=False)
-    first = fast_refine(Trainer(dataset, tmp_path / "b", small_config(), backend="cpu"))
+    whole = fast_refine(SingleGPUTrainer(dataset, tmp_path / "a", small_config(), backend="cpu")).train(progress=False)
+    first = fast_refine(SingleGPUTrainer(dataset, tmp_path / "b", small_config(), backend="cpu"))
     first.train(progress=False, until=23)
-    resumed = fast_refine(Trainer(dataset, tmp_path / "b", small_config(), backend="cpu"))
+    resumed = fast_refine(SingleGPUTrainer(dataset, tmp_path / "b", small_config(), backend="cpu"))
     resumed.load_snapshot(tmp_path / "b" / SNAPSHOT)
     assert resumed.step == 23
     resumed.train(progress=False)
@@ -48,51 +50,11 @@ def test_resume_matches_uninterrupted_run(dataset, tmp_path):
     np.testing.assert_array_equal(whole.model.host_arrays("v")["means"], resumed.model.host_arrays("v")["means"])
 
 
-def _model(opacity_logits, scales):
-    n = len(opacity_logits)
-    arrays = init_from_points(np.random.default_rng(0).normal(size=(n, 3)), np.full((n, 3), 0.5), 1)
-    arrays["opacities"] = np.asarray(opacity_logits, np.float32)
-    arrays["scales"] = np.log(np.asarray(scales, np.float32))[:, None].repeat(3, 1)
-    return GaussianModel(arrays, "cpu")
-
-
-def test_default_strategy_clones_splits_and_prunes():
-    #            small+hot  big+hot  transparent  quiet
-    model = _model([2.0, 2.0, -8.0, 2.0], [0.001, 0.5, 0.01, 0.01])
-    model.group("means", "m")[...] = 7.0
-    s = DefaultStrategy()
-    s._fresh(np, 4)
-    s.stats["grad"][:] = [1e-3, 1e-3, 1e-3, 1e-5]
-    s.stats["count"][:] = 1
-    before = model.host_arrays()
-    done = s.after_optimizer(model, 600, Context(scene_scale=1.0, rng=np.random.default_rng(0)))
-    assert done == {"cloned": 1, "split": 1, "pruned": 1, "gaussians": 5}
-    after = model.host_arrays()
-    # kept rows first (small, quiet), then the clone, then two children of the big one
-    np.testing.assert_array_equal(after["means"][:2], before["means"][[0, 3]])
-    np.testing.assert_array_equal(after["means"][2], before["means"][0])
-    np.testing.assert_allclose(after["scales"][3:], np.log(0.5 / 1.6), rtol=1e-6)
-    assert not np.allclose(after["means"][3], after["means"][4])
-    m = model.host_arrays("m")["means"]
-    assert (m[:2] == 7.0).all() and (m[2:] == 0).all()
-
-
-def test_opacity_reset_and_memory_guard():
-    model = _model([3.0, 3.0, 3.0], [0.001, 0.001, 0.001])
-    s = DefaultStrategy()
-    s._fresh(np, 3)
-    s.stats["grad"][:] = 1e-3
-    s.stats["count"][:] = 1
-    done = s.after_optimizer(model, 3000, Context(1.0, np.random.default_rng(0), max_gaussians=4))
-    assert len(model) == 4 and done["cloned"] == 1 and done["opacity_reset"]
-    assert np.allclose(1 / (1 + np.exp(-model.host_arrays()["opacities"])), 0.01, atol=1e-6)
-
-
 def test_reference_schedule_details(dataset, tmp_path):
     """3DGS's choices that decide quality at 7k: the means LR decays over 30k steps whatever the run's
     length, white backgrounds reset opacities at the first refinement too, and nothing refines or
     resets at the last step (nothing would train what it changed)."""
-    t = Trainer(dataset, tmp_path, small_config(iterations=7000))
+    t = SingleGPUTrainer(dataset, tmp_path, small_config(iterations=7000))
     t.init_model()
     t.step = 7000
     lr, _ = t.learning_rates()
@@ -100,22 +62,23 @@ def test_reference_schedule_details(dataset, tmp_path):
     assert lr["means"] > 1e-5 * scale  # 30k decay: 1.6e-4 * 0.01 ** (7 / 30) = 5.5e-5, not the final 1.6e-6
     s = t.strategy
     assert s.reset_at_start and s.refine_stop == 7000
-    assert not Trainer(dataset, tmp_path, small_config(background=(0.0, 0.0, 0.0))).strategy.reset_at_start
-    model = _model([3.0, 3.0], [0.01, 0.01])
-    s._fresh(np, 2)
-    assert s.after_optimizer(model, 500, Context(1.0, np.random.default_rng(0)))["opacity_reset"]
-    model = _model([3.0, 3.0], [0.01, 0.01])
-    s = Trainer(dataset, tmp_path, small_config(iterations=3000)).strategy
-    s._fresh(np, 2)
-    assert "opacity_reset" not in s.after_optimizer(model, 3000, Context(1.0, np.random.default_rng(0)))
+    assert not SingleGPUTrainer(dataset, tmp_path, small_config(background=(0.0, 0.0, 0.0))).strategy.reset_at_start
+    model = model_of([3.0, 3.0], [0.01, 0.01])
+    state = s.initialize_state()
+    s._fresh(state, np, 2)
+    assert s.after_optimizer(model, state, 500, Context(1.0, np.random.default_rng(0)))["opacity_reset"]
+    model = model_of([3.0, 3.0], [0.01, 0.01])
+    s = SingleGPUTrainer(dataset, tmp_path, small_config(iterations=3000)).strategy
+    state = s.initialize_state()
+    s._fresh(state, np, 2)
+    assert "opacity_reset" not in s.after_optimizer(model, state, 3000, Context(1.0, np.random.default_rng(0)))
 
 
 def test_blender_random_init_fills_the_object_box(tmp_path):
     from data.nerf import BLENDER_BOX
-    from engine.trainer import Trainer as T
     ds = make_dataset(size=32, n_views=6, backend="cpu")
     ds.points, ds.init_box = np.zeros((0, 3), np.float32), BLENDER_BOX
-    t = T(ds, tmp_path, small_config())
+    t = SingleGPUTrainer(ds, tmp_path, small_config())
     t.init_model()
     means = t.model.host_arrays()["means"]
     assert means.min() >= -1.3 and means.max() <= 1.3 and means.std() > 0.5
@@ -123,17 +86,8 @@ def test_blender_random_init_fills_the_object_box(tmp_path):
     assert np.abs(rgb - 0.5).max() < 0.01  # grey, as 3DGS
 
 
-def test_mcmc_relocates_dead_and_grows_to_cap():
-    model = _model([2.0] * 18 + [-9.0, -9.0], [0.05] * 20)
-    s = MCMCStrategy(cap_max=21)
-    done = s.after_optimizer(model, 600, Context(1.0, np.random.default_rng(0)))
-    assert done["relocated"] == 2 and done["added"] == 1 and len(model) == 21
-    o = 1 / (1 + np.exp(-model.host_arrays()["opacities"]))
-    assert (o > s.min_opacity).all()
-
-
 def test_interrupt_writes_a_snapshot(dataset, tmp_path, monkeypatch):
-    t = Trainer(dataset, tmp_path, small_config(), backend="cpu")
+    t = SingleGPUTrainer(dataset, tmp_path, small_config(), backend="cpu")
     real = t.train_step
 
     def step():
@@ -144,7 +98,7 @@ def test_interrupt_writes_a_snapshot(dataset, tmp_path, monkeypatch):
     monkeypatch.setattr(t, "train_step", step)
     with pytest.raises(KeyboardInterrupt):
         t.train(progress=False)
-    back = Trainer(dataset, tmp_path, small_config(), backend="cpu")
+    back = SingleGPUTrainer(dataset, tmp_path, small_config(), backend="cpu")
     back.load_snapshot(tmp_path / SNAPSHOT)
     assert back.step == 7
 
@@ -183,16 +137,8 @@ def test_cli_training_options_reach_the_config(monkeypatch):
     assert (cfg.grad_threshold, cfg.lambda_s3im, cfg.s3im_repeats, cfg.batch_lr_exponent) == (1.5e-4, 0.1, 3, 1.0)
 
 
-def test_tile_loss_training_runs_and_learns(dataset, tmp_path):
-    t = Trainer(dataset, tmp_path, small_config(loss="tile", iterations=30), backend="cpu")
-    t.init_model()
-    before = t.evaluate()["psnr"]
-    t.train(progress=False)
-    assert t.evaluate()["psnr"] > before + 1.0
-
-
 def test_divergence_names_what_went_non_finite(dataset, tmp_path):
-    t = Trainer(dataset, tmp_path, small_config(), backend="cpu")
+    t = SingleGPUTrainer(dataset, tmp_path, small_config(), backend="cpu")
     t.init_model()
     t._check_finite(0.5)  # all finite: nothing happens
     g = t.model.gaussians
@@ -206,28 +152,15 @@ def test_divergence_names_what_went_non_finite(dataset, tmp_path):
     assert "scales" not in msg and "quats" not in msg, msg
 
 
-def test_tile_loss_weight_is_its_own(dataset, tmp_path):
-    """lambda_s3im weighs the tile loss's S3IM term; the global loss's lambda_dssim leaves it alone.
-    At 0 the tile loss is the L1 term alone, as is the global loss at lambda_dssim 0."""
-    def first_loss(loss="tile", **kw):
-        t = Trainer(dataset, tmp_path, small_config(loss=loss, **kw), backend="cpu")
-        t.init_model()
-        return float(t.train_step()[0])
-    base = first_loss()
-    assert first_loss(lambda_dssim=0.9) == base
-    l1_only = first_loss(lambda_s3im=0.0)
-    assert abs(l1_only - base) > 1e-4
-    assert l1_only == pytest.approx(first_loss("global", lambda_dssim=0.0), rel=1e-6)
-
-
 def test_tile_loss_weight_follows_the_data_unless_given(dataset, tmp_path):
     """Without --lambda-s3im, cut-out objects (alpha) get 0.5 and other images 0.2 (BENCHMARKS.md, issue 5)."""
     from dataclasses import replace
     assert not dataset.masked
     cut = replace(dataset, train=[replace(v, masked=True) for v in dataset.train])
-    assert [Trainer(d, tmp_path, small_config(loss="tile"), backend="cpu").cfg.lambda_s3im
+    assert [SingleGPUTrainer(d, tmp_path, small_config(loss="tile"), backend="cpu").cfg.lambda_s3im
             for d in (dataset, cut)] == [0.2, 0.5]
-    assert Trainer(cut, tmp_path, small_config(loss="tile", lambda_s3im=0.3), backend="cpu").cfg.lambda_s3im == 0.3
+    given = SingleGPUTrainer(cut, tmp_path, small_config(loss="tile", lambda_s3im=0.3), backend="cpu")
+    assert given.cfg.lambda_s3im == 0.3
 
 
 def write_blender_capture(folder, dataset):
@@ -262,33 +195,3 @@ def test_cli_train_export_and_evaluate_a_ply(dataset, tmp_path):
     assert r.returncode == 0, r.stderr
     again = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert abs(again["psnr"] - trained["psnr"]) < 1e-3 and again["gaussians"] == trained["gaussians"]
-
-
-def test_cli_batch_size_without_mpirun_trains_batched(dataset, tmp_path):
-    """--batch-size on one process runs the batched pipeline (it was silently ignored without mpirun)."""
-    cap = tmp_path / "capture"
-    write_blender_capture(cap, dataset)
-    out = tmp_path / "out"
-    r = run_cli("train", "--data", str(cap), "--white-background", "--out", str(out), "--iters", "12", "--quiet",
-                "--sh-degree", "1", "--init-points", "300", "--batch-size", "3")
-    assert r.returncode == 0, r.stderr
-    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    assert "1 ranks, batch 3" in r.stdout + r.stderr
-    assert [rec["step"] for rec in log][-1] == 12 and all(rec["step"] % 3 == 0 for rec in log)
-    assert "rank_stats" in log[-1]
-
-
-@pytest.mark.parametrize("exponent", [0.5, 1.0])
-def test_batch_scales_learning_rates_by_its_power(dataset, tmp_path, exponent):
-    """At batch B the distributed step gives Adam the learning rates times B ** batch_lr_exponent."""
-    from mpi4py import MPI
-    from engine.distributed import DistributedTrainer
-    t = DistributedTrainer(dataset, tmp_path, small_config(batch_lr_exponent=exponent), MPI.COMM_SELF,
-                           batch_size=4, backend="cpu")
-    t.init_model()
-    _, cols = t.learning_rates()
-    seen = []
-    step = t.model.adam.step
-    t.model.adam.step = lambda grads, lrs: (seen.append(np.array(lrs)), step(grads, lrs))
-    t.train_step()
-    np.testing.assert_allclose(seen[0], np.asarray(cols) * 4 ** exponent, rtol=1e-6)

@@ -1,4 +1,4 @@
-"""Run by tests/test_distributed.py under mpiexec: a few batched steps, final parameters to OUT/final.npz."""
+"""Run by tests/test_gaussian_exchange.py under mpiexec: a few batched steps, final parameters to OUT/final.npz."""
 import sys
 from pathlib import Path
 
@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from comm import abort_on_error  # noqa: E402
 from engine.demo import make_dataset  # noqa: E402
-from engine.distributed import DistributedTrainer  # noqa: E402
+from engine.gaussian_exchange import GaussianExchangeTrainer  # noqa: E402
 from engine import trainer  # noqa: E402
 from engine.trainer import TrainConfig  # noqa: E402
 
@@ -42,7 +42,7 @@ with abort_on_error(comm):
     if "small" in sys.argv:  # two batches of 100 Gaussians: what the simulator can afford
         cfg.iterations, cfg.n_random_init = 8, 100
     batch = 1 if "b1" in sys.argv else 4  # b1: every view split across the ranks
-    t = DistributedTrainer(ds, out, cfg, comm, batch_size=batch, grad_comm=grad_comm, backend=backend)
+    t = GaussianExchangeTrainer(ds, out, cfg, comm, batch_size=batch, grad_comm=grad_comm, backend=backend)
     s = t.strategy
     s.refine_start, s.refine_every, s.reset_every, s.grad_threshold = 4, 8, 24, 1e-5
     s.reset_at_start = False  # a reset right after the first steps leaves rounding-level SH gradients to Adam

@@ -1,4 +1,4 @@
-"""Distributed training over MPI (CPU backend): P ranks end with 1 rank's parameters."""
+"""The Gaussian-level exchange pipeline over MPI (CPU backend): P ranks end with 1 rank's parameters."""
 import json
 import os
 import subprocess
@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from conftest import REPO_ROOT, mpiexec_path
+from test_trainer import dataset, fast_refine, run_cli, small_config, write_blender_capture  # noqa: F401 (a fixture)
 
-SCRIPT = REPO_ROOT / "tests" / "mpi_train_check.py"
+SCRIPT = REPO_ROOT / "tests" / "check_mpi_train.py"
 
 
 def launch(n, out, grad_comm="sparse", *flags, sim=False):
@@ -83,10 +84,15 @@ def losses(out, key="loss"):
 @pytest.mark.timeout(1200)
 def test_two_and_four_ranks_match_one(tmp_path):
     """The global loss: each renderer gets its tiles' halo from the others and computes its tiles' share."""
+    from engine.snapshot import read_snapshot
     ref, log = launch(1, tmp_path / "p1")
     assert len(ref["means"]) != 300, "densification did not run: " + log
     for n, comm in ((2, "sparse"), (4, "sparse"), (2, "dense")):
         got, log = launch(n, tmp_path / f"p{n}{comm}", comm)
+        # the final snapshot holds the whole model, whatever P
+        saved, _ = read_snapshot(tmp_path / f"p{n}{comm}" / "snapshot.h5")
+        for g, a in got.items():
+            np.testing.assert_array_equal(saved[f"params/{g}"], a, err_msg=g)
         np.testing.assert_allclose(losses(tmp_path / f"p{n}{comm}"), losses(tmp_path / "p1"), rtol=1e-5)
         # the progress PSNR of view 0, from the ranks' squared errors on their own tiles
         np.testing.assert_allclose(losses(tmp_path / f"p{n}{comm}", "psnr"), losses(tmp_path / "p1", "psnr"),
@@ -119,15 +125,15 @@ def test_phases_are_timed_on_the_logged_steps_only():
     """A sync at every phase boundary costs the overlap of host and device work: by default only
     the steps that the trainer will log (their step count crosses a multiple of log_every) sync."""
     from types import SimpleNamespace
-    from engine.distributed import DistributedTrainer
+    from engine.gaussian_exchange import GaussianExchangeTrainer
     for batch, every in ((1, 4), (3, 4), (4, 4), (2, 100), (5, 0)):
         for step in range(0, 40, batch):
             t = SimpleNamespace(time_phases=None, cfg=SimpleNamespace(log_every=every), step=step, batch=batch)
             logged = bool(every) and step // every != (step + batch) // every  # Trainer.train's rule
-            assert DistributedTrainer._timing(t) == logged, (batch, every, step)
+            assert GaussianExchangeTrainer._timing(t) == logged, (batch, every, step)
             for forced in (True, False):
                 t.time_phases = forced
-                assert DistributedTrainer._timing(t) is forced
+                assert GaussianExchangeTrainer._timing(t) is forced
 
 
 @pytest.mark.mpi
@@ -219,3 +225,57 @@ def test_batch_equivalence_script_compares_rank_counts(tmp_path):
     assert r.returncode == 0, r.stderr
     diffs = [float(line.split("max difference ")[1].split()[0]) for line in r.stdout.splitlines()]
     assert len(diffs) == 5 and max(diffs[:2]) < 1e-5, r.stdout  # means, scales (quats start at rounding level)
+
+
+def test_cli_batch_size_without_mpirun_trains_batched(dataset, tmp_path):
+    """--batch-size on one process runs the batched pipeline (it was silently ignored without mpirun)."""
+    cap = tmp_path / "capture"
+    write_blender_capture(cap, dataset)
+    out = tmp_path / "out"
+    r = run_cli("train", "--data", str(cap), "--white-background", "--out", str(out), "--iters", "12", "--quiet",
+                "--sh-degree", "1", "--init-points", "300", "--batch-size", "3")
+    assert r.returncode == 0, r.stderr
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert "1 ranks, batch 3" in r.stdout + r.stderr
+    assert [rec["step"] for rec in log][-1] == 12 and all(rec["step"] % 3 == 0 for rec in log)
+    assert "rank_stats" in log[-1]
+
+
+@pytest.mark.parametrize("exponent", [0.5, 1.0])
+def test_batch_scales_learning_rates_by_its_power(dataset, tmp_path, exponent):
+    """At batch B the Gaussian-exchange step gives Adam the learning rates times B ** batch_lr_exponent."""
+    from mpi4py import MPI
+    from engine.gaussian_exchange import GaussianExchangeTrainer
+    t = GaussianExchangeTrainer(dataset, tmp_path, small_config(batch_lr_exponent=exponent), MPI.COMM_SELF,
+                                batch_size=4, backend="cpu")
+    t.init_model()
+    _, cols = t.learning_rates()
+    seen = []
+    step = t.model.adam.step
+    t.model.adam.step = lambda grads, lrs: (seen.append(np.array(lrs)), step(grads, lrs))
+    t.train_step()
+    np.testing.assert_allclose(seen[0], np.asarray(cols) * 4 ** exponent, rtol=1e-6)
+
+
+def test_batched_resume_matches_uninterrupted_run(dataset, tmp_path):
+    """The pipeline's snapshot (its model gathered, its strategy rows) resumes bitwise, as one process's does."""
+    from mpi4py import MPI
+    from engine.gaussian_exchange import GaussianExchangeTrainer
+    from engine.trainer import SNAPSHOT
+    from numbasplat.optim import GROUPS
+
+    def trainer(out):
+        return fast_refine(GaussianExchangeTrainer(dataset, out, small_config(), MPI.COMM_SELF, batch_size=3,
+                                                   backend="cpu"))
+    whole = trainer(tmp_path / "a").train(progress=False)
+    trainer(tmp_path / "b").train(progress=False, until=24)
+    resumed = trainer(tmp_path / "b")
+    resumed.load_snapshot(tmp_path / "b" / SNAPSHOT)
+    assert resumed.step == 24 and resumed.strategy_state
+    resumed.train(progress=False)
+    assert len(whole.model) != 400, "densification did not run"
+    a, b = whole.model.state(), resumed.model.state()
+    for w in ("params", "m", "v"):
+        for g in GROUPS:
+            np.testing.assert_array_equal(a[w][g], b[w][g], err_msg=f"{w} {g}")
+    assert a["step"] == b["step"]

@@ -1,0 +1,352 @@
+"""The Gaussian-level exchange pipeline over MPI: Gaussian owners and tile renderers (Grendel's split).
+
+Every rank owns a contiguous shard of the Gaussians (projection, projection
+backward, Adam, densification) and renders a contiguous range of the batch's
+tiles (binning, rasterization, backward).  One step for a batch of B views,
+the same on every rank (shared seed):
+
+1. each owner projects its shard for all B cameras;
+2. the B images' tiles are cut into P ranges balanced by the measured cost
+   (intersections per tile, from the previous batch);
+3. forward all-to-all: a record goes to every rank owning a tile in its span;
+4. renderers bin and rasterize their tiles and compute their tiles' share of
+   the loss; only the shares are summed.  The global loss (L1 + windowed SSIM)
+   needs neighbouring pixels: each renderer first receives the rendered tiles
+   within one tile row of its own (``_share_tiles``).  The tile-local loss
+   (``--loss tile``) needs none and is fused with forward and backward on GPUs;
+5. renderers run the raster backward on their tiles; the backward all-to-all
+   (dense, or ByteSplat's zero-eliding sparse encoding) returns the
+   screen-space gradients to the owners, which accumulate them in place;
+6. owners back-propagate through projection, step Adam (learning rates x
+   sqrt(B), betas ^ B, as Grendel does) and densify.
+Results do not depend on P: with the same batch, P ranks give 1 rank's parameters.
+One rank (``COMM_SELF``) runs the same pipeline: batched training in one process.
+"""
+import math
+import time
+
+import numpy as np
+
+import numbasplat as ns
+from numbasplat import _backend
+from numbasplat import gaussian_ops as go
+from numbasplat.loss import l1_ssim_loss
+from numbasplat.rendering import TILE, image_from_tiles, image_tiles, rasterize_tile_loss, tiles_squared_error
+from numbasplat.tile_loss import s3im_permutations
+from comm.sparse import exchange_dense, exchange_sparse
+
+from .distributed import balanced_bounds, even_bounds
+from .model import GaussianModel
+from .trainer import Trainer
+
+
+def _views_of(first, last, n_tiles):
+    """The views holding any of the batch's tiles first..last-1 (view b has tiles b*n_tiles...)."""
+    return range(first // n_tiles, (last - 1) // n_tiles + 1) if last > first else range(0)
+
+
+class GaussianExchangeTrainer(Trainer):
+    """``Trainer`` whose step is the batched owner/renderer pipeline above; ``model`` is this
+    rank's shard, global rows ``offset .. offset + len(model)`` of ``total``."""
+
+    def __init__(self, dataset, out_dir, cfg, comm, batch_size=None, grad_comm="sparse", backend=None,
+                 log=print, transport="auto"):
+        """``transport``: how device buffers cross ranks (``comm.alltoallv``): "auto" (a CUDA-aware MPI,
+        else NCCL when every rank has its own GPU, else staged through host memory), "cuda", "nccl", "host"."""
+        from comm import Exchange
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.batch = batch_size or self.size
+        if grad_comm not in ("sparse", "dense"):
+            raise ValueError(f"--grad-comm must be 'sparse' or 'dense', got {grad_comm!r}")
+        self.grad_comm = grad_comm
+        self.is_root = self.rank == 0
+        if cfg.strategy != "default" and self.size > 1:
+            raise ValueError(f"strategy {cfg.strategy!r} is not supported across ranks yet (use default)")
+        super().__init__(dataset, out_dir, cfg, backend, log if self.rank == 0 else (lambda *a, **k: None))
+        on_gpu = self.backend == "cuda" and not _backend.SIM
+        self.exchange = Exchange(comm, transport if on_gpu else "host")  # host arrays never need another
+        self.log(f"{self.size} ranks, batch {self.batch}, device buffers through: {self.exchange.transport.name}")
+        self.tile_cost = None
+        self.stats = {}
+        self.time_phases = None  # True / False: sync at phase boundaries on every step / never (see _timing)
+        self._view0 = None
+
+    # ------------------------------------------------------------------ sharding
+    def start_from(self, model_state, strategy_state=None):
+        """Every rank holds the same whole state (the same seed, or the same snapshot) and keeps
+        its even shard of the rows."""
+        total = len(model_state["params"]["means"])
+        lo, hi = (int(b) for b in even_bounds(total, self.size)[self.rank:self.rank + 2])
+        rows = {w: {g: a[lo:hi] for g, a in model_state[w].items()} for w in ("params", "m", "v") if w in model_state}
+        self.model = GaussianModel.from_state({**model_state, **rows}, *self._model_options())
+        self.offset, self.total = lo, total
+        self.strategy_state = ({k: self.xp.asarray(a[lo:hi]) for k, a in strategy_state.items()} if strategy_state
+                               else self.strategy.initialize_state())
+
+    def _model_options(self):
+        """The backend, and Adam's betas raised to the batch size (Grendel's batched Adam)."""
+        return self.backend, 0.9 ** self.batch, 0.999 ** self.batch
+
+    def gather_state(self):
+        model_state = {w: self.gathered(w, root_only=True) for w in ("params", "m", "v")}
+        strategy = {k: self.comm.gather(_backend.to_host(a), root=0) for k, a in self.strategy_state.items()}
+        if self.rank != 0:
+            return None
+        model_state["step"] = self.model.adam.step_count
+        return model_state, {k: np.concatenate(parts) for k, parts in strategy.items()}
+
+    def whole_model(self):
+        """Rank 0 gathers the parameters (the moments are not needed to render)."""
+        params = self.gathered("params", root_only=True)
+        return GaussianModel(params, self.backend) if self.rank == 0 else None
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def gathered(self, which="params", root_only=False):
+        """The whole model's host arrays on every rank (on rank 0 only, None elsewhere, with ``root_only``)."""
+        local = self.model.host_arrays(which)
+        if not root_only:
+            return {g: np.concatenate(self.comm.allgather(a)) for g, a in local.items()}
+        parts = {g: self.comm.gather(a, root=0) for g, a in local.items()}
+        return {g: np.concatenate(p) for g, p in parts.items()} if self.rank == 0 else None
+
+    # ------------------------------------------------------------------ one step
+    def _batch(self):
+        return [self.next_view() for _ in range(self.batch)]
+
+    def _send_plan(self, projs, n_tiles, bounds):
+        """The forward exchange's rows, grouped by destination rank, then by view, in record order:
+        every projected record (view b, Gaussian n) with a tile span goes to each rank whose tile
+        range meets the span.  Built on the device, where the records are, with one sync (the
+        counts) whatever P is.  Returns the rows; a (P, 2B) table of the rows and of their tile
+        intersections per destination and view (the renderer then knows the size of its binning
+        without asking the device); and each row's route b * N + n (where its gradient goes back)."""
+        xp = self.xp
+        B, N = len(projs), len(projs[0].proj)
+        plan = xp.empty((2, self.size, B, N), np.int32)    # [goes, tile count if it goes][rank, view, record]
+        for b, p in enumerate(projs):
+            ns.rendering.route_plan(p, b, b * n_tiles, bounds, plan, self.backend)
+        table = _backend.to_host(plan.sum(axis=3)).astype(np.int64)  # the step's one sync here
+        table = np.concatenate([table[0], table[1]], axis=1)
+        slot = xp.cumsum(plan[0].ravel(), dtype=np.int64)
+        total = int(table[:, :B].sum())
+        send = xp.empty((total, go.PROJ_FIELDS + 1), np.float32)
+        route = xp.empty(total, np.int64)
+        for b, p in enumerate(projs):
+            ns.rendering.route_fill(p, b, plan, slot, send, route, self.backend)
+        return send, table, route
+
+    def _share_tiles(self, rendered, bounds, cam):
+        """The rendered pixels the global loss needs from other ranks, by one all-to-all of 16x16 tiles.
+
+        A renderer holds only its own tiles; L1 + SSIM also needs the tiles
+        within one tile row of its own, in its views: the loss's two 11x11
+        windows reach 10 pixels.  Every rank knows the bounds, so what goes
+        where is known without asking.  ``rendered``: {view: image} of this
+        rank's views (only its own tiles right).  Returns {view: image} of its
+        views, right on its tiles and their halo, 0 elsewhere."""
+        xp = self.xp
+        n_tiles = cam.tiles[0] * cam.tiles[1]
+        lo, hi = bounds[:-1], bounds[1:]
+        reach = cam.tiles[0] + 1
+        need_lo = np.maximum(lo - reach, lo // n_tiles * n_tiles)
+        need_hi = np.where(hi > lo, np.minimum(hi + reach, -(-hi // n_tiles) * n_tiles), need_lo)
+        start = np.maximum(lo[:, None], need_lo[None, :])            # [source, destination]
+        end = np.maximum(np.minimum(hi[:, None], need_hi[None, :]), start)
+        me = self.rank
+        parts = [xp.zeros((0, TILE * TILE * 3), np.float32)]
+        for a, e in zip(start[me], end[me]):
+            for b in _views_of(a, e, n_tiles):
+                parts.append(image_tiles(rendered[b], max(a - b * n_tiles, 0), min(e - b * n_tiles, n_tiles)))
+        recv, _ = self.exchange.alltoallv(xp.concatenate(parts), end[me] - start[me], end[:, me] - start[:, me])
+        have = {}
+        for b in _views_of(need_lo[me], need_hi[me], n_tiles):
+            first, last = max(need_lo[me], b * n_tiles), min(need_hi[me], (b + 1) * n_tiles)
+            have[b] = image_from_tiles(recv[first - need_lo[me]:last - need_lo[me]], first - b * n_tiles,
+                                       cam.height, cam.width)
+        return have
+
+    def _timing(self):
+        """Whether this step syncs the device at its phase boundaries, so that the phase times are
+        the device's and not the host's: when ``time_phases`` says so, by default on the steps
+        that will be logged (a sync costs the overlap of host and device work)."""
+        if self.time_phases is not None:
+            return self.time_phases
+        every = self.cfg.log_every
+        return bool(every) and (self.step + self.batch) // every != self.step // every
+
+    def _clock(self, synced):
+        if synced and self.backend == "cuda" and not _backend.SIM:
+            import cupy
+            cupy.cuda.get_current_stream().synchronize()
+        return time.perf_counter()
+
+    def train_step(self):
+        c, xp, model = self.cfg, self.xp, self.model
+        timed = self._timing()
+        t0 = self._clock(timed)
+        views = self._batch()
+        cams = [self.data.train[i].camera for i in views]
+        degree = self.sh_degree_now()
+        g = model.gaussians
+        tx, ty = cams[0].tiles
+        n_tiles = tx * ty
+        if any(cam.tiles != (tx, ty) for cam in cams):
+            raise ValueError("distributed training needs all training images of one size")
+        bg = self.step_background()
+        # 1. project the shard for every camera
+        projs = [ns.project(g, cam, sh_degree=degree, antialias=c.antialias, backend=self.backend, check=False)
+                 for cam in cams]
+        # 2. tile ranges of the renderers
+        bounds = (even_bounds(self.batch * n_tiles, self.size) if self.tile_cost is None
+                  else balanced_bounds(self.tile_cost, self.size))
+        lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
+        # 3. forward exchange: records + tile count; the (source, view) row counts go first
+        send, table, route = self._send_plan(projs, n_tiles, bounds)
+        recv_table = self.exchange.alltoall_ints(table)           # (P sources, 2B): rows, intersections per view
+        recv_views, recv_isect = recv_table[:, :self.batch], recv_table[:, self.batch:]
+        t1 = self._clock(timed)
+        send_counts = table[:, :self.batch].sum(1)
+        recv, recv_counts = self.exchange.alltoallv(send, send_counts, recv_views.sum(1))
+        t2 = self._clock(timed)
+        # 4. render my tiles of each view, 5. the loss share of my tiles and the raster backward
+        tile_loss = c.loss == "tile"
+        perms = [s3im_permutations(self.rng, c.s3im_repeats) for _ in range(self.batch)] if tile_loss else None
+        G = xp.zeros((len(recv), go.GRAD_FIELDS), np.float32)
+        cost = xp.zeros(self.batch * n_tiles, np.int32)   # intersections per tile, for the next bounds
+        shares, frames, rendered = [], [], {}  # loss shares (LazyLoss): read at the step's end
+        self._view0 = None
+        # the received records (ten fields, then the tile count; the kernels read the ten) of all
+        # views are binned at once: view b's tile t is tile b * n_tiles + t of the batch
+        counts = recv[:, go.PROJ_FIELDS].astype(np.int32)
+        binning = ns.bin_tiles(ns.Projection(cams[0], None, recv, None, counts, degree, c.antialias), self.backend,
+                               total=int(recv_isect.sum()), view_of=_view_of(xp, recv_views), n_views=self.batch)
+        binning.ranges[:lo] = 0
+        binning.ranges[hi:] = 0
+        cost[lo:hi] = binning.ranges[lo:hi, 1] - binning.ranges[lo:hi, 0]
+        for b in _views_of(lo, hi, n_tiles):
+            p = ns.Projection(cams[b], None, recv, None, counts, degree, c.antialias)
+            view = ns.Binning(binning.ids, binning.ranges[b * n_tiles:(b + 1) * n_tiles], binning.n_isect)
+            first, last = max(lo - b * n_tiles, 0), min(hi - b * n_tiles, n_tiles)  # my tiles of view b
+            if tile_loss:  # forward, loss share and backward of my tiles (fused on GPUs)
+                mine = np.zeros(n_tiles, bool)
+                mine[first:last] = True
+                share, _, image, self.tile_stats = rasterize_tile_loss(
+                    p, view, self.targets[views[b]], xp.asarray(perms[b]), c.lambda_s3im, bg,
+                    want_image=b == 0, backend=self.backend, tiles=mine, lazy=True, grad=G)
+                shares.append(share)
+            else:
+                r = ns.rasterize(p, view, bg, self.backend)
+                frames.append((b, first, last, p, view, r))
+                image = rendered[b] = r.image
+            if b == 0:  # the progress PSNR's share, computed at log steps only (progress_psnr)
+                self._view0 = (image, self.targets[views[0]], first, last)
+        have = {} if tile_loss else self._share_tiles(rendered, bounds, cams[0])
+        t3 = self._clock(timed)
+        for b, first, last, p, view, r in frames:  # global loss: the share of my tiles
+            lb, d = l1_ssim_loss(have[b], self.targets[views[b]], c.lambda_dssim, backend=self.backend,
+                                 tiles=(first, last), lazy=True)
+            shares.append(lb)
+            ns.rasterize_backward(p, view, r, d, grad=G, backend=self.backend)
+        if self.batch > 1:
+            G *= np.float32(1.0 / self.batch)  # each view's 1/B share of the batch loss
+        t4 = self._clock(timed)
+        n_local = len(model)
+        out = xp.zeros((self.batch * n_local, go.GRAD_FIELDS), np.float32)
+        if self.grad_comm == "sparse":
+            comm_stats = exchange_sparse(self.exchange, G, recv_counts, route, out, self.backend, timed)
+        else:  # the rows coming back are the rows this rank sent forward
+            comm_stats = exchange_dense(self.exchange, G, recv_counts, route, out, self.backend, timed, send_counts)
+        t5 = self._clock(timed)
+        # 6. owners: projection backward, strategy statistics, Adam, densification
+        for b, p in enumerate(projs):
+            grad_b = out[b * n_local:(b + 1) * n_local]
+            ns.project_backward(g, p, grad_b, model.grad_gaussians, accumulate=b > 0, backend=self.backend)
+            # densification sees each view's own screen gradient, not its 1/B share of the batch loss
+            self.strategy.after_backward(model, self.strategy_state, self.step, p, grad_b, self.batch)
+        self.add_strategy_gradients()
+        lr, cols = self.learning_rates()
+        lr_scale = self.batch ** c.batch_lr_exponent
+        model.adam.step(model.grads.data, cols * lr_scale)
+        prev = self.step
+        self.step += self.batch
+        # shards change only in start_from and _reorder_after_refine, which set offset and total
+        ctx = self.context(lr_means=lr["means"] * lr_scale, prev_step=prev, offset=self.offset, total=self.total)
+        if ctx.max_gaussians:  # --max-gaussians caps the whole model: each owner grows to its even share
+            ctx.max_gaussians = int(np.diff(even_bounds(ctx.max_gaussians, self.size))[self.rank])
+        events = self.strategy.after_optimizer(model, self.strategy_state, self.step, ctx)
+        if "cloned" in events:
+            self._reorder_after_refine(events)
+            events["gaussians"] = self.total
+        # the loss and the tile costs (the next bounds) last: by now the device is done with them
+        summed = self.exchange.allreduce_sum(np.concatenate([[sum(map(float, shares)) / self.batch],
+                                                             _backend.to_host(cost.astype(np.float64))]))
+        loss, self.tile_cost = float(summed[0]), summed[1:]
+        t6 = self._clock(timed)
+        self.stats = {"forward_rows": int(len(send)), "forward_bytes": int(send.nbytes), "timed": timed,
+                      "times": {"project": t1 - t0, "forward_exchange": t2 - t1, "render": t3 - t2,
+                                "loss_backward": t4 - t3, "backward_exchange": t5 - t4, "owner": t6 - t5},
+                      **comm_stats}
+        return loss, events
+
+    def progress_psnr(self):
+        """View 0's PSNR from the ranks' summed squared errors on their tiles (no image is gathered).
+        Collective, like ``log_extra``: every rank logs the same steps."""
+        sse = 0.0
+        if self._view0 is not None:
+            image, target0, first, last = self._view0
+            sse = float(tiles_squared_error(image, target0, first, last))
+        sse = float(self.exchange.allreduce_sum(np.array([sse]))[0])
+        cam = self.data.train[0].camera
+        mse = sse / (3 * cam.width * cam.height)
+        return math.inf if mse == 0 else -10.0 * math.log10(mse)
+
+    def _reorder_after_refine(self, events):
+        """Put the Gaussians in the order one rank would have: every rank's kept ones,
+        then every rank's clones, then every rank's split children; then even shards.
+
+        The global order decides the random draws of later splits and breaks depth
+        ties, so this keeps P ranks equal to one; evening the shards out also
+        rebalances the owners.  Rows move by one all-to-all (parameters and both
+        Adam moments together) and are put in order where they land."""
+        n_new = events["cloned"] + 2 * events["split"]
+        parts = np.array(self.comm.allgather((len(self.model) - n_new, events["cloned"], 2 * events["split"])))
+        before = np.cumsum(parts, axis=0) - parts            # each segment's rows on lower ranks
+        seg_start = np.concatenate([[0], np.cumsum(parts.sum(0))[:-1]])
+        kind = np.repeat(np.arange(3), parts[self.rank])    # 0 kept, 1 clone, 2 child, per local row
+        within = np.arange(len(kind)) - np.concatenate([[0], np.cumsum(parts[self.rank])[:-1]])[kind]
+        new_index = seg_start[kind] + before[self.rank, kind] + within
+        total = int(parts.sum())
+        bounds = even_bounds(total, self.size)
+        dest = np.searchsorted(bounds, new_index, side="right") - 1
+        order = np.argsort(dest, kind="stable")
+        counts = np.bincount(dest, minlength=self.size).astype(np.int64)
+        state = self.model.state()
+        send = {w: {g: a[order] for g, a in state[w].items()} for w in ("params", "m", "v")}
+        recv_index, _ = self.exchange.alltoallv(new_index[order], counts)
+        place = np.argsort(recv_index, kind="stable")
+        moved = {}
+        for w, groups in send.items():
+            moved[w] = {}
+            for g, a in groups.items():
+                got, _ = self.exchange.alltoallv(a.reshape(len(a), -1), counts)
+                moved[w][g] = got[place].reshape((-1,) + a.shape[1:])
+        moved["step"] = state["step"]
+        self.model = GaussianModel.from_state(moved, *self._model_options())
+        self.offset, self.total = int(bounds[self.rank]), total
+        self.strategy_state = self.strategy.initialize_state()  # fresh after a refinement anyway
+
+    def log_extra(self):
+        """This rank's exchange statistics, and every rank's, gathered (per phase and per rank)."""
+        return {**super().log_extra(), "rank_stats": self.comm.allgather(self.stats), "gaussians_total": self.total}
+
+
+def _view_of(xp, counts):
+    """Each received row's view, int32: rows arrive grouped by source rank, then by view
+    (``counts``: (P, B) rows per source and view)."""
+    counts = np.asarray(counts, np.int64)
+    ends = np.cumsum(counts.ravel())
+    run = xp.searchsorted(xp.asarray(ends), xp.arange(int(ends[-1]), dtype=np.int64), side="right")
+    return (run % counts.shape[1]).astype(np.int32)

@@ -1,0 +1,70 @@
+"""Densification strategies: what DefaultStrategy and MCMCStrategy do to a model, with their state apart."""
+import numpy as np
+
+from engine.model import GaussianModel, init_from_points
+from engine.strategy import Context, DefaultStrategy, MCMCStrategy
+
+
+def model_of(opacity_logits, scales):
+    n = len(opacity_logits)
+    arrays = init_from_points(np.random.default_rng(0).normal(size=(n, 3)), np.full((n, 3), 0.5), 1)
+    arrays["opacities"] = np.asarray(opacity_logits, np.float32)
+    arrays["scales"] = np.log(np.asarray(scales, np.float32))[:, None].repeat(3, 1)
+    return GaussianModel(arrays, "cpu")
+
+
+def test_default_strategy_clones_splits_and_prunes():
+    #            small+hot  big+hot  transparent  quiet
+    model = model_of([2.0, 2.0, -8.0, 2.0], [0.001, 0.5, 0.01, 0.01])
+    model.group("means", "m")[...] = 7.0
+    s = DefaultStrategy()
+    state = s.initialize_state()
+    s._fresh(state, np, 4)
+    state["grad"][:] = [1e-3, 1e-3, 1e-3, 1e-5]
+    state["count"][:] = 1
+    before = model.host_arrays()
+    done = s.after_optimizer(model, state, 600, Context(scene_scale=1.0, rng=np.random.default_rng(0)))
+    assert done == {"cloned": 1, "split": 1, "pruned": 1, "gaussians": 5}
+    after = model.host_arrays()
+    # kept rows first (small, quiet), then the clone, then two children of the big one
+    np.testing.assert_array_equal(after["means"][:2], before["means"][[0, 3]])
+    np.testing.assert_array_equal(after["means"][2], before["means"][0])
+    np.testing.assert_allclose(after["scales"][3:], np.log(0.5 / 1.6), rtol=1e-6)
+    assert not np.allclose(after["means"][3], after["means"][4])
+    m = model.host_arrays("m")["means"]
+    assert (m[:2] == 7.0).all() and (m[2:] == 0).all()
+
+
+def test_opacity_reset_and_memory_guard():
+    model = model_of([3.0, 3.0, 3.0], [0.001, 0.001, 0.001])
+    s = DefaultStrategy()
+    state = s.initialize_state()
+    s._fresh(state, np, 3)
+    state["grad"][:] = 1e-3
+    state["count"][:] = 1
+    done = s.after_optimizer(model, state, 3000, Context(1.0, np.random.default_rng(0), max_gaussians=4))
+    assert len(model) == 4 and done["cloned"] == 1 and done["opacity_reset"]
+    assert np.allclose(1 / (1 + np.exp(-model.host_arrays()["opacities"])), 0.01, atol=1e-6)
+
+
+def test_mcmc_relocates_dead_and_grows_to_cap():
+    model = model_of([2.0] * 18 + [-9.0, -9.0], [0.05] * 20)
+    s = MCMCStrategy(cap_max=21)
+    done = s.after_optimizer(model, s.initialize_state(), 600, Context(1.0, np.random.default_rng(0)))
+    assert done["relocated"] == 2 and done["added"] == 1 and len(model) == 21
+    o = 1 / (1 + np.exp(-model.host_arrays()["opacities"]))
+    assert (o > s.min_opacity).all()
+
+
+def test_mcmc_perturbs_the_means_after_every_step():
+    """MCMC's noise on the means comes with its ``after_optimizer`` hook (any step, not only
+    refinement steps), scaled by the step's learning rate and gated off for opaque Gaussians."""
+    def means_after(lr_means):
+        model = model_of([-9.0, 0.0], [0.05, 0.05])
+        before = model.host_arrays()["means"].copy()  # host_arrays may be views on the CPU
+        done = MCMCStrategy().after_optimizer(model, {}, 7, Context(1.0, np.random.default_rng(0), lr_means=lr_means))
+        assert done == {}
+        return before, model.host_arrays()["means"]
+    before, after = means_after(1e-3)
+    assert not np.allclose(after[0], before[0]) and np.allclose(after[1], before[1], atol=1e-6)
+    np.testing.assert_array_equal(*means_after(0.0))
