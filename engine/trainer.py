@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 import numbasplat as ns
-from numbasplat import _backend
+from numbasplat import backend as _backend
 from numbasplat.loss import l1_ssim_loss, psnr, ssim
 from numbasplat.optim import GROUPS, column_lrs, exp_decay
 
@@ -109,7 +109,7 @@ class Trainer:
 
     def context(self):
         free = 0
-        if self.backend == "cuda" and not _backend.SIM:
+        if _backend.on_gpu(self.backend):
             import cupy
             free_dev, _ = cupy.cuda.runtime.memGetInfo()
             free = free_dev + cupy.get_default_memory_pool().free_bytes()
@@ -271,7 +271,7 @@ class Trainer:
         """The most device memory CuPy's pool has held so far.  After a refinement every buffer
         changes size and the pool would keep the old sizes' blocks cached as well (on fern,
         47 GiB for 610k Gaussians by 30k steps): ``release_cache`` hands those back."""
-        if self.backend != "cuda" or _backend.SIM:
+        if not _backend.on_gpu(self.backend):
             return 0
         import cupy
         pool = cupy.get_default_memory_pool()
