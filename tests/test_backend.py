@@ -1,26 +1,14 @@
 """numbasplat.backend: the choice of backend, the kernel packages it dispatches to, the device
 helpers on the CPU and in the simulator; and the package's layers, which import only downward."""
 import ast
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from conftest import REPO_ROOT, run_sim
+from test_loss import run_python
 
 PACKAGE = REPO_ROOT / "numbasplat"
-
-
-def run_python(code, **env):
-    e = dict(os.environ)
-    e.pop("NUMBASPLAT_BACKEND", None)
-    e.pop("NUMBA_ENABLE_CUDASIM", None)
-    e.update(env)
-    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), e.get("PYTHONPATH", "")) if p)
-    return subprocess.run([sys.executable, "-c", code], env=e, cwd=str(REPO_ROOT), capture_output=True, text=True,
-                          timeout=300)
 
 
 def test_the_environment_chooses_the_backend():

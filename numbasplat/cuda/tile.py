@@ -3,7 +3,7 @@
 caches in shared memory, compositing them, and the backward step with its warp reduction.
 
 A tile is a 16x16 thread block.  Warp w takes the WARP_W x WARP_H pixels at block (w % 2, w // 2)
-of the tile: a square-ish box meets fewer Gaussians than a row.  Records are streamed through
+of the tile (``pixel_of_tile``).  Records are streamed through
 shared memory 32 at a time: each lane tests one against its warp's box (``blend.reaches_box``)
 and the warp visits only those that can reach a pixel (``chunk_hits``, ``next_hit``).  The
 backward pass sums every Gaussian's gradient across the warp (a transpose reduction by shuffles)
@@ -20,7 +20,7 @@ from ..math.jit import SIM
 from ..math.tiles import TILE
 
 BLOCK = 256                 # threads per tile block = Gaussians per shared-memory batch
-WARP_W, WARP_H = 8, 4        # a warp's pixels in its tile
+WARP_W, WARP_H = 8, 4       # a warp's pixels in its tile: 8x4 meets fewer Gaussians than 16x2
 FULL_MASK = 0xFFFFFFFF
 NF = go.PROJ_FIELDS
 NG = go.GRAD_FIELDS
@@ -89,7 +89,6 @@ def masked(valid, alpha):
     return ZERO, ZERO
 
 
-
 @cuda.jit(device=True, inline=True)
 def pixel_of_tile(t, ranges, tiles_x, W, H):
     """This thread's pixel in tile t: (thread id, px, py, inside the image, tile range start, end).
@@ -101,7 +100,6 @@ def pixel_of_tile(t, ranges, tiles_x, W, H):
     px = (t % tiles_x) * TILE + (w % (TILE // WARP_W)) * WARP_W + lane % WARP_W
     py = (t // tiles_x) * TILE + (w // (TILE // WARP_W)) * WARP_H + lane // WARP_W
     return tid, px, py, px < W and py < H, ranges[t, 0], ranges[t, 1]
-
 
 
 if SIM:
@@ -241,7 +239,6 @@ def backward_hit(rec, stride, j, fx, fy, counts, T, s0, s1, s2, sd, dc0, dc1, dc
             T, s0, s1, s2, sd, dc0 * m, dc1 * m, dc2 * m, dd * m, da_end * m, depth_terms)
         _reduce_add(grad, ids[at], tid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
     return T, s0, s1, s2, sd
-
 
 
 def flat_records(grad):
