@@ -213,12 +213,12 @@ def cmd_export(a):
 def cmd_info(a):
     import numba
     import numpy as np
-    from numbasplat import _backend
+    from numbasplat import backend as _backend
     print(f"numbasplat backend: {_backend.BACKEND}{' (CUDA simulator)' if _backend.SIM else ''}")
     print(f"python {sys.version.split()[0]}, numpy {np.__version__}, numba {numba.__version__}")
     try:
         from numba import cuda
-        if cuda.is_available() and not _backend.SIM:
+        if cuda.is_available() and _backend.on_gpu("cuda"):
             d = cuda.get_current_device()
             print(f"GPU: {d.name.decode() if isinstance(d.name, bytes) else d.name}, "
                   f"compute capability {d.compute_capability}")

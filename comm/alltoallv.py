@@ -31,7 +31,7 @@ import zlib
 import numpy as np
 from mpi4py import MPI
 
-from numbasplat._backend import array_module_of, is_device
+from numbasplat.backend import array_module_of, is_device, synchronize, to_host
 
 BYTE_LIMIT = 2**31 - 1  # MPI int counts/displacements; tests lower it to exercise the row-datatype path
 INT_MAX = 2**31 - 1
@@ -96,11 +96,6 @@ def _mpi_allgatherv(comm, sbuf, srows, rbuf, rcounts, row_bytes):
         unit, dtype = 1, _row_type(row_bytes)
     comm.Allgatherv([sbuf, srows * unit, dtype],
                     [rbuf, ((rcounts * unit).tolist(), (_displs(rcounts) * unit).tolist()), dtype])
-
-
-def _sync_device():
-    import cupy
-    cupy.cuda.get_current_stream().synchronize()
 
 
 def cuda_aware_mpi(_cache=[]):
@@ -199,7 +194,7 @@ class CudaAware(Transport):
     name = "cuda"
 
     def _exchange(self, comm, send, scounts, sd, recv, rcounts, rd, row_bytes):
-        _sync_device()  # MPI reads the buffer outside any stream: the kernels writing it must be done
+        synchronize()  # MPI reads the buffer outside any stream: the kernels writing it must be done
         _mpi_alltoallv(comm, _bytes(send), scounts, _bytes(recv), rcounts, row_bytes, keep_self=True)
 
 
@@ -342,7 +337,6 @@ class Exchange:
 
     def allgatherv(self, rows):
         """Every rank's rows, concatenated in rank order: ``(all_rows, counts)`` (staged through the host)."""
-        from numbasplat._backend import to_host
         h = np.ascontiguousarray(to_host(rows))
         flat = h.ndim == 1
         h2 = h.reshape(-1, 1) if flat else h

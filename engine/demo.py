@@ -7,8 +7,8 @@ from random points in a box and is scored on held-out views.
 import numpy as np
 
 import numbasplat as ns
-from numbasplat import _backend
-from numbasplat.sh import C0
+from numbasplat import backend as _backend
+from numbasplat.math.sh import C0
 
 
 def look_at(eye, target, up=(0.0, 0.0, 1.0)):

@@ -2,12 +2,12 @@
 contiguous ranges, one per rank."""
 import numpy as np
 
-from numbasplat import _backend
+from numbasplat import backend as _backend
 
 
 def select_device(comm):
     """One GPU per rank: the rank's index among the ranks of its node picks the device."""
-    if _backend.BACKEND != "cuda" or _backend.SIM:
+    if not _backend.on_gpu():
         return
     from mpi4py import MPI
     import cupy

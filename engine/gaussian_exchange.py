@@ -28,10 +28,11 @@ import time
 import numpy as np
 
 import numbasplat as ns
-from numbasplat import _backend
-from numbasplat import gaussian_ops as go
+from numbasplat import backend as _backend
+from numbasplat.math import gaussian_ops as go
 from numbasplat.loss import l1_ssim_loss
-from numbasplat.rendering import TILE, image_from_tiles, image_tiles, rasterize_tile_loss, tiles_squared_error
+from numbasplat.math.tiles import TILE
+from numbasplat.rendering import image_from_tiles, image_tiles, rasterize_tile_loss, tiles_squared_error
 from numbasplat.tile_loss import s3im_permutations
 from comm.sparse import exchange_dense, exchange_sparse
 
@@ -64,7 +65,7 @@ class GaussianExchangeTrainer(Trainer):
         if cfg.strategy != "default" and self.size > 1:
             raise ValueError(f"strategy {cfg.strategy!r} is not supported across ranks yet (use default)")
         super().__init__(dataset, out_dir, cfg, backend, log if self.rank == 0 else (lambda *a, **k: None))
-        on_gpu = self.backend == "cuda" and not _backend.SIM
+        on_gpu = _backend.on_gpu(self.backend)
         self.exchange = Exchange(comm, transport if on_gpu else "host")  # host arrays never need another
         self.log(f"{self.size} ranks, batch {self.batch}, device buffers through: {self.exchange.transport.name}")
         self.tile_cost = None
@@ -178,9 +179,8 @@ class GaussianExchangeTrainer(Trainer):
         return bool(every) and (self.step + self.batch) // every != self.step // every
 
     def _clock(self, synced):
-        if synced and self.backend == "cuda" and not _backend.SIM:
-            import cupy
-            cupy.cuda.get_current_stream().synchronize()
+        if synced:
+            _backend.synchronize(self.backend)
         return time.perf_counter()
 
     def train_step(self):

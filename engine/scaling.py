@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 import numbasplat as ns
-from numbasplat import _backend
+from numbasplat import backend as _backend
 from numbasplat.bench import load_scene
 
 
@@ -97,8 +97,6 @@ def run(scene, views=8, iters=30, warmup=5, comm=None, grad_comm="sparse", trans
 
 def _sync(t, comm):
     """Wait for the GPU (and the other ranks): step times are then whole steps."""
-    if t.backend == "cuda" and not _backend.SIM:
-        import cupy
-        cupy.cuda.get_current_stream().synchronize()
+    _backend.synchronize(t.backend)
     if comm is not None:
         comm.Barrier()

@@ -6,7 +6,7 @@ rasterization and projection, the strategy's statistics, fused Adam, the
 strategy's densification.
 """
 import numbasplat as ns
-from numbasplat import _backend
+from numbasplat import backend as _backend
 from numbasplat.loss import l1_ssim_loss, psnr
 
 from .model import GaussianModel

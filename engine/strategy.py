@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbasplat import gaussian_ops as go
-from numbasplat._backend import to_host
-from numbasplat.geometry import ALPHA_MIN
+from numbasplat.backend import to_host
+from numbasplat.math import gaussian_ops as go
+from numbasplat.math.geometry import ALPHA_MIN
 
 from .model import inverse_sigmoid
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 import numbasplat as ns
-from numbasplat import _backend
+from numbasplat import backend as _backend
 from numbasplat.loss import psnr, ssim
 from numbasplat.optim import column_lrs, exp_decay
 
@@ -237,7 +237,7 @@ class Trainer(ABC):
         """The strategy's ``Context``: the scene scale, the RNG, the memory guard's limits, and a
         pipeline's ``step`` fields (the step's learning rate, this rank's rows)."""
         free = 0
-        if self.backend == "cuda" and not _backend.SIM:
+        if _backend.on_gpu(self.backend):
             import cupy
             free_dev, _ = cupy.cuda.runtime.memGetInfo()
             free = free_dev + cupy.get_default_memory_pool().free_bytes()
@@ -292,7 +292,7 @@ class Trainer(ABC):
         """The most device memory CuPy's pool has held so far.  After a refinement every buffer
         changes size and the pool would keep the old sizes' blocks cached as well, many times
         the model's size by the end of a run: ``release_cache`` hands those back."""
-        if self.backend != "cuda" or _backend.SIM:
+        if not _backend.on_gpu(self.backend):
             return 0
         import cupy
         pool = cupy.get_default_memory_pool()

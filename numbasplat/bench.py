@@ -13,14 +13,13 @@ import time
 
 import numpy as np
 
-from . import _backend
-from . import gaussian_ops as go
-from . import launch
-from .fused import RECORD_BYTES
+from . import backend as _backend
+from .gaussians import Gaussians
 from .loss import l1_ssim_loss
+from .math import gaussian_ops as go
 from .tile_loss import s3im_permutations
 from .optim import Adam, FlatParams, column_lrs
-from .rendering import (Camera, Gaussians, bin_tiles, project, project_backward, rasterize, rasterize_backward,
+from .rendering import (Camera, bin_tiles, project, project_backward, rasterize, rasterize_backward,
                         rasterize_tile_loss)
 
 STAGES = ("project", "bin_sort", "raster_fwd", "loss", "raster_bwd", "project_bwd", "adam")
@@ -42,7 +41,7 @@ class _Clock:
     """Marks on the device timeline (CUDA events) or the host clock (CPU)."""
 
     def __init__(self, backend):
-        self.gpu = backend == "cuda" and not _backend.SIM
+        self.gpu = _backend.on_gpu(backend)
         if self.gpu:
             import cupy
             self.cupy = cupy
@@ -66,7 +65,7 @@ def traffic_bytes(n_isect, n_pixels, fused):
 
     Per intersection, unfused: its Gaussian id and whole projected record are
     read once per pass; fused: the id and the fields it caches once
-    (``fused.RECORD_BYTES``).  Per pixel, unfused: forward writes colour,
+    (``numbasplat.cuda.fused.RECORD_BYTES``).  Per pixel, unfused: forward writes colour,
     transmittance, depth, last index (24 B); the tile loss reads colour and
     target (24 B) and writes dL/dC (12 B); backward reads transmittance, last
     index, dL/dC and the zero alpha/depth gradients (28 B).  Fused: the target
@@ -74,12 +73,12 @@ def traffic_bytes(n_isect, n_pixels, fused):
     Gaussian and warp) are the same in both and left out.
     """
     if fused:
-        return n_isect * RECORD_BYTES + n_pixels * 12, 0
+        return n_isect * _backend.kernels("cuda").fused.RECORD_BYTES + n_pixels * 12, 0
     return 2 * n_isect * (4 * go.PROJ_FIELDS + 4) + n_pixels * (24 + 28), n_pixels * (24 + 12)
 
 
 def peak_device_bytes():
-    if _backend.BACKEND != "cuda" or _backend.SIM:
+    if not _backend.on_gpu():
         return 0
     import cupy
     return cupy.get_default_memory_pool().total_bytes()
@@ -89,6 +88,7 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
         fuse=True, out=print):
     backend = backend or _backend.BACKEND
     xp = _backend.array_module(backend)
+    kernels = _backend.kernels(backend)
     g_host, cam = load_scene(scene) if isinstance(scene, str) else scene
     flat = FlatParams.from_gaussians(g_host, xp)
     g = flat.gaussians()
@@ -105,7 +105,7 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
     for it in range(warmup + iters):
         if prof and it == warmup:
             prof.enable()
-        n0 = launch.launches
+        n0 = kernels.launch_count()
         m = [clock.mark()]
         p = project(g, cam, sh_degree, backend=backend, check=False)
         m.append(clock.mark())
@@ -132,7 +132,7 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
                 times[s].append(clock.elapsed_ms(a, c))
             times["step"].append(clock.elapsed_ms(m[0], m[-1]))
             times["forward"].append(clock.elapsed_ms(m[0], m[3]))
-            launches.append(launch.launches - n0)
+            launches.append(None if n0 is None else kernels.launch_count() - n0)
     if prof:
         prof.disable()
         buf = io.StringIO()
@@ -156,7 +156,7 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
             out(f"modelled device traffic, {name}: read {rd / 2**20:.1f} MiB, write {wr / 2**20:.1f} MiB")
     if loss != "tile":
         out(f"  {'forward':15s} {med['forward']:8.3f}   (project + bin_sort + raster_fwd)")
-    if backend == "cuda":
+    if launches[0] is not None:
         out(f"numba kernel launches per step: {statistics.median(launches):.0f}")
     peak = peak_device_bytes()
     if peak:

@@ -3,16 +3,16 @@
 Each group (means, scales, ...) is a contiguous block of N*width values, so
 the ``Gaussians`` views are plain reshapes and one launch updates everything.
 Learning rates are per column of a group (the sh group's first 3 columns are
-the DC band, the rest the higher bands, which 3DGS trains 20x slower).
+the DC band, the rest the higher bands, which 3DGS trains 20x slower).  The
+update itself is ``numbasplat.math.adam``'s, run by the backend's ``adam`` kernel.
 """
 import math
 from dataclasses import dataclass
 
 import numpy as np
-from numpy import float32 as f32, int32
-from . import _backend
-from .device import shared
-from .rendering import Gaussians, _impl as _rendering_impl
+
+from . import backend as _backend
+from .gaussians import Gaussians
 
 GROUPS = ("means", "scales", "quats", "opacities", "sh")
 
@@ -36,8 +36,7 @@ class FlatParams:
             raise ValueError(f"flat buffer must hold {self.size} values, got {self.data.shape}")
 
     def like(self, data=None):
-        xp = _backend.array_module("cuda") if not isinstance(self.data, np.ndarray) else np
-        return FlatParams(self.n, self.sh_bases, xp, self.data.dtype, data)
+        return FlatParams(self.n, self.sh_bases, _backend.array_module_of(self.data), self.data.dtype, data)
 
     def view(self, group):
         s, w = self.starts[group], self.widths[group]
@@ -85,43 +84,6 @@ def exp_decay(lr0, lr1, step, steps):
     return math.exp(math.log(lr0) * (1 - t) + math.log(lr1) * t)
 
 
-@shared
-def divide_by_width(off, w):
-    """off // w for the layout's group widths, each a division by a constant: a GPU divides by a
-    variable in ~20 instructions, by a constant in ~3, and Adam is otherwise pure streaming."""
-    if w == 48:
-        return off // int32(48)
-    if w == 3:
-        return off // int32(3)
-    if w == 4:
-        return off // int32(4)
-    if w == 1:
-        return off
-    return off // w
-
-
-def adam_lr(i, bounds, widths, col0, lrs, visible, use_visible):
-    """The learning rate of flat element i (its group's column), or -1 if its Gaussian is not
-    visible this step and keeps its state."""
-    g = 0
-    while i >= bounds[g + 1]:
-        g += 1
-    w = widths[g]
-    off = i - bounds[g]  # int32 (bounds are int32): 64-bit division is slow on GPUs
-    row = divide_by_width(off, w)
-    if use_visible and not visible[row]:
-        return f32(-1.0)
-    return lrs[col0[g] + off - row * w]
-
-
-@shared
-def adam_update(p, g, m, v, lr, b1, b2, eps, bc1, bc2):
-    """One Adam step of one element: the new (parameter, first moment, second moment)."""
-    m = b1 * m + (f32(1.0) - b1) * g
-    v = b2 * v + (f32(1.0) - b2) * g * g
-    return p - lr * (m / bc1) / (math.sqrt(v / bc2) + eps), m, v
-
-
 @dataclass
 class Adam:
     """Fused Adam over a ``FlatParams`` (3DGS defaults: eps 1e-15)."""
@@ -154,4 +116,4 @@ class Adam:
                 np.float32(self.b1), np.float32(self.b2), np.float32(self.eps),
                 np.float32(1 - self.b1 ** t), np.float32(1 - self.b2 ** t))
         if p.size:
-            _rendering_impl(self.backend)[0].adam(*args)
+            _backend.kernels(self.backend).adam(*args)

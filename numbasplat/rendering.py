@@ -6,43 +6,26 @@ between them (projection is per Gaussian, everything after binning per tile).
 
 Arrays live where the backend wants them: numpy for ``cpu`` (and the CUDA
 simulator), CuPy for ``cuda`` on a GPU.  Every function takes ``backend=None``
-meaning the process default (see ``_backend``).
+meaning the process default, and runs that backend's kernels
+(``numbasplat.backend.kernels``).
 """
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import _backend
-from . import gaussian_ops as go
+from . import backend as _backend
+from .gaussians import CHECKS, Gaussians
+from .math import gaussian_ops as go
+from .math.tiles import TILE, TILE_PIXELS, tile_grid
+from .tile_loss import loss_from_tile_sums, tile_loss_sums
 
-TILE = 16
 INT32_MAX = 2**31 - 1
 
 
-def _impl(backend):
-    backend = backend or _backend.BACKEND
-    if backend == "cpu":
-        from . import cpu as kernels
-    elif backend == "cuda":
-        from . import cuda as kernels
-    else:
-        raise ValueError(f"backend must be 'cpu' or 'cuda', got {backend!r}")
-    return kernels, _backend.array_module(backend)
-
-
-CHECKS = os.environ.get("NUMBASPLAT_CHECKS", "1") != "0"
-
-
-def check_finite(xp, **arrays):
-    """Raise ValueError naming each non-finite input (one device sync for all)."""
-    if not CHECKS or not arrays:
-        return
-    names = list(arrays)
-    flags = xp.stack([xp.isfinite(a).all() for a in arrays.values()])
-    bad = [n for n, ok in zip(names, _backend.to_host(flags)) if not ok]
-    if bad:
-        raise ValueError("non-finite values in " + ", ".join(bad))
+def _dispatch(backend):
+    """The backend's kernels and array module."""
+    kernels = _backend.kernels(backend)
+    return kernels, kernels.array_module()
 
 
 @dataclass
@@ -81,7 +64,7 @@ class Camera:
 
     @property
     def tiles(self):
-        return -(-self.width // TILE), -(-self.height // TILE)
+        return tile_grid(self.width, self.height)
 
     def packed(self):
         """The 19 floats the kernels read: R (row-major), t, fx, fy, cx, cy, camera centre."""
@@ -89,47 +72,6 @@ class Camera:
         t = self.viewmat[:3, 3]
         centre = -R.T @ t
         return np.concatenate([R.ravel(), t, [self.fx, self.fy, self.cx, self.cy], centre])
-
-
-@dataclass
-class Gaussians:
-    """Parameters in the 3DGS conventions (pre-activation).
-
-    means (N,3); scales (N,3) log; quats (N,4) wxyz, unnormalized;
-    opacities (N,) logits; sh (N,K,3) with sh[:,0] = (rgb - 0.5) / C0.
-    """
-    means: object
-    scales: object
-    quats: object
-    opacities: object
-    sh: object
-
-    FIELDS = ("means", "scales", "quats", "opacities", "sh")
-
-    def __len__(self):
-        return self.means.shape[0]
-
-    def arrays(self):
-        return {f: getattr(self, f) for f in self.FIELDS}
-
-    def validate(self, xp, check=True):
-        n = len(self)
-        shapes = {"means": (n, 3), "scales": (n, 3), "quats": (n, 4), "opacities": (n,)}
-        for name, shape in shapes.items():
-            a = getattr(self, name)
-            if tuple(a.shape) != shape:
-                raise ValueError(f"Gaussian parameter {name} must have shape {shape}, got {tuple(a.shape)}")
-        if self.sh.ndim != 3 or self.sh.shape[0] != n or self.sh.shape[2] != 3 or self.sh.shape[1] < 1:
-            raise ValueError(f"Gaussian parameter sh must have shape (N, K, 3), got {tuple(self.sh.shape)}")
-        if check:
-            check_finite(xp, **self.arrays())
-
-    def sh_degree(self):
-        k = self.sh.shape[1]
-        d = int(round(np.sqrt(k))) - 1
-        if (d + 1) ** 2 != k or d > 3:
-            raise ValueError(f"sh must hold (d+1)^2 <= 16 coefficients, got {k}")
-        return d
 
 
 @dataclass
@@ -164,7 +106,7 @@ class Render:
 
 
 def project(g: Gaussians, camera: Camera, sh_degree=None, antialias=False, backend=None, check=None):
-    kernels, xp = _impl(backend)
+    kernels, xp = _dispatch(backend)
     g.validate(xp, CHECKS if check is None else check)
     dtype = g.means.dtype
     degree = g.sh_degree() if sh_degree is None else int(sh_degree)
@@ -200,7 +142,7 @@ def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1):
     once with ``view_of`` (each record's view, int32) and ``n_views``: view b's
     tile t is then tile b * tiles + t of the ranges.
     """
-    kernels, xp = _impl(backend)
+    kernels, xp = _dispatch(backend)
     tx, ty = p.camera.tiles
     n_tiles = tx * ty
     # culled Gaussians sort last and emit nothing (no data-dependent compaction: no device sync)
@@ -237,7 +179,7 @@ def route_plan(p: Projection, view, first_tile, bounds, plan, backend=None):
     """The ranks that render view ``view``'s records (``gaussian_ops.route_body``): plan[0, d, view]
     marks the records that go to rank d, plan[1, d, view] their tile counts.  ``bounds``: the
     ranks' first tiles over the batch (P + 1); the view's tile ids start at ``first_tile``."""
-    kernels, xp = _impl(backend)
+    kernels, xp = _dispatch(backend)
     if len(p.proj):
         tx, ty = p.camera.tiles
         kernels.route(p.proj, p.counts, TILE, tx, ty, first_tile, xp.asarray(np.asarray(bounds, np.int64)),
@@ -247,7 +189,7 @@ def route_plan(p: Projection, view, first_tile, bounds, plan, backend=None):
 def route_fill(p: Projection, view, plan, slot, send, route, backend=None):
     """Write view ``view``'s records into the send rows ``plan`` gives them (``slot``: the running
     count of plan[0] flattened): record, tile count, and route view * N + n."""
-    kernels, _ = _impl(backend)
+    kernels, _ = _dispatch(backend)
     if len(p.proj):
         kernels.route_fill(p.proj, p.counts, view, plan, slot, send, route)
 
@@ -276,7 +218,7 @@ def _constant(xp, a):
 
 
 def rasterize(p: Projection, b: Binning, background=None, backend=None):
-    kernels, xp = _impl(backend)
+    kernels, xp = _dispatch(backend)
     W, H = p.camera.width, p.camera.height
     dtype = p.proj.dtype
     bg = _background(xp, background, dtype)
@@ -291,7 +233,7 @@ def rasterize(p: Projection, b: Binning, background=None, backend=None):
 def rasterize_backward(p: Projection, b: Binning, r: Render, d_image, d_alpha=None, d_depth=None, grad=None,
                        backend=None):
     """Screen-space gradient records (N, GRAD_FIELDS), added into ``grad`` if given."""
-    kernels, xp = _impl(backend)
+    kernels, xp = _dispatch(backend)
     W, H = p.camera.width, p.camera.height
     dtype = p.proj.dtype
     if grad is None:
@@ -307,7 +249,7 @@ def rasterize_backward(p: Projection, b: Binning, r: Render, d_image, d_alpha=No
 def project_backward(g: Gaussians, p: Projection, grad, out: Gaussians = None, accumulate=True, backend=None):
     """Parameter gradients (a ``Gaussians`` of arrays) into ``out`` if given:
     added to it, or written over it with ``accumulate=False``."""
-    kernels, xp = _impl(backend)
+    kernels, xp = _dispatch(backend)
     if out is None:
         out = Gaussians(**{k: xp.empty_like(a) for k, a in g.arrays().items()})
         accumulate = False
@@ -328,11 +270,11 @@ def _tile_index(xp, H, W):
     the image; for writing, H*W -- a spare pixel -- past the border).  Cached per size."""
     key = (xp.__name__, H, W)
     if key not in _TILE_INDEX:
-        ty, tx = -(-H // TILE), -(-W // TILE)
+        tx, ty = tile_grid(W, H)
         y = (np.arange(ty)[:, None, None, None] * TILE + np.arange(TILE)[None, None, :, None])
         x = (np.arange(tx)[None, :, None, None] * TILE + np.arange(TILE)[None, None, None, :])
         inside = (y < H) & (x < W)
-        write = np.where(inside, y * W + x, H * W).reshape(tx * ty, TILE * TILE)
+        write = np.where(inside, y * W + x, H * W).reshape(tx * ty, TILE_PIXELS)
         _TILE_INDEX[key] = (xp.asarray(np.minimum(write, H * W - 1)), xp.asarray(write))
     return _TILE_INDEX[key]
 
@@ -361,10 +303,10 @@ def tiles_squared_error(image, target, first, last):
 def image_from_tiles(rows, first, H, W):
     """An (H, W, C) image holding ``image_tiles`` rows as tiles first, first+1, ...; 0 elsewhere."""
     xp = _backend.array_module_of(rows)
-    C = rows.shape[1] // (TILE * TILE)
+    C = rows.shape[1] // TILE_PIXELS
     _, write = _tile_index(xp, H, W)
     flat = xp.zeros((H * W + 1, C), rows.dtype)  # + the spare pixel
-    flat[write[first:first + len(rows)]] = rows.reshape(len(rows), TILE * TILE, C)
+    flat[write[first:first + len(rows)]] = rows.reshape(len(rows), TILE_PIXELS, C)
     return flat[:H * W].reshape(H, W, C)
 
 
@@ -386,8 +328,7 @@ def rasterize_tile_loss(p: Projection, b: Binning, target, perms, lam=0.2, backg
     with ``lazy=True`` (reading it waits for the device).  The gradient records
     are added into ``grad`` if given.
     """
-    from .tile_loss import loss_from_tile_sums, tile_loss_sums
-    kernels, xp = _impl(backend)
+    kernels, xp = _dispatch(backend)
     W, H = p.camera.width, p.camera.height
     tx, ty = p.camera.tiles
     R = perms.shape[0]
@@ -396,14 +337,13 @@ def rasterize_tile_loss(p: Projection, b: Binning, target, perms, lam=0.2, backg
         grad = xp.zeros((p.proj.shape[0], go.GRAD_FIELDS), p.proj.dtype)
     stats = {"fused_tiles": 0.0, "fused_gaussians": 0.0, "max_fused": -1}
     big = None  # the tiles left to the unfused path (None: all of them)
-    if fuse and (backend or _backend.BACKEND) == "cuda":
-        from . import fused as fz
+    if fuse and kernels.FUSED_TILE_LOSS:
         per_tile = _backend.HostCopy(b.ranges[:, 1] - b.ranges[:, 0])
-        limit = fz.budget() if max_fused is None else int(max_fused)
+        limit = kernels.fused_budget() if max_fused is None else int(max_fused)
         image = xp.empty((H, W, 3), np.float32)
         partials = xp.empty((b.ranges.shape[0], 2), np.float32)  # every tile under the limit writes its row
-        fz.fused_raster_loss_backward(p.proj, b.ids, b.ranges, W, H, tx, bg, target, perms, lam, limit,
-                                      want_image, image, grad, partials)
+        kernels.fused_raster_loss_backward(p.proj, b.ids, b.ranges, W, H, tx, bg, target, perms, lam, limit,
+                                           want_image, image, grad, partials)
         per_tile = per_tile.get()  # (the fused kernel is queued: the GPU works while the host waits)
         big = per_tile > limit
         n_big = int(np.count_nonzero(big))

@@ -13,7 +13,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cupy as cp  # noqa: E402
 
-from numbasplat import bench, cuda as kernels, gaussian_ops as go, rendering as R  # noqa: E402
+from numbasplat import bench, rendering as R  # noqa: E402
+from numbasplat.backend import kernels  # noqa: E402
+from numbasplat.gaussians import Gaussians  # noqa: E402
+from numbasplat.math import gaussian_ops as go  # noqa: E402
+from numbasplat.math.tiles import TILE  # noqa: E402
 
 
 def timed(label, fn, reps=15):
@@ -31,7 +35,7 @@ def timed(label, fn, reps=15):
 
 def main(path):
     g, cam = bench.load_scene(path)
-    g = R.Gaussians(**{k: cp.asarray(a) for k, a in g.arrays().items()})
+    g = Gaussians(**{k: cp.asarray(a) for k, a in g.arrays().items()})
     p = R.project(g, cam, check=False)
     tx, ty = cam.tiles
     print(f"{int((p.counts > 0).sum())} of {len(g)} Gaussians visible")
@@ -44,8 +48,9 @@ def main(path):
     total = timed("total (device sync)", lambda: int(ends[-1]))
     ids, tile_of = cp.empty(total, np.int32), cp.empty(total, np.uint32)
     offsets = (ends - counts).astype(np.int32)
-    timed("emit intersections", lambda: kernels.emit_intersections(p.proj, order, p.counts, offsets, R.TILE, tx, ty,
-                                                                    cam.width, cam.height, 0, tile_of, ids))
+    emit = kernels("cuda").emit_intersections
+    timed("emit intersections", lambda: emit(p.proj, order, p.counts, offsets, TILE, tx, ty, cam.width, cam.height, 0,
+                                             tile_of, ids))
     keys = tile_of.astype(np.uint16)
     perm = timed("stable tile argsort (uint16)", lambda: cp.argsort(keys))
     timed("the two gathers", lambda: (ids[perm], tile_of[perm]))

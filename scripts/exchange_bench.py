@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from comm.alltoallv import Exchange, abort_on_error  # noqa: E402
 from comm.sparse import exchange_dense, exchange_sparse  # noqa: E402
-from numbasplat import _backend  # noqa: E402
+from numbasplat import backend as _backend  # noqa: E402
 
 
 def main():
@@ -33,7 +33,7 @@ def main():
     comm = MPI.COMM_WORLD
     rank, P = comm.Get_rank(), comm.Get_size()
     with abort_on_error(comm):
-        if _backend.BACKEND == "cuda" and not _backend.SIM:
+        if _backend.on_gpu():
             from engine.distributed import select_device
             select_device(comm)
         xp = _backend.array_module()

@@ -10,8 +10,8 @@ gen=${1:-../shared/bench/scene_gen.py}
 [ -f "$gen" ] || gen=.data/scene_gen.py
 rc=0
 python3 run.py info | tee "$OUT/info.txt"
-python3 tests/check_cuda.py 2>&1 | tee "$OUT/check_cuda.txt" || rc=1
-python3 tests/check_fused.py 2>&1 | tee "$OUT/check_fused.txt" || rc=1
+python3 tests/check_cuda_raster.py 2>&1 | tee "$OUT/check_cuda_raster.txt" || rc=1
+python3 tests/check_cuda_fused.py 2>&1 | tee "$OUT/check_cuda_fused.txt" || rc=1
 # the GPU machine's Open MPI is not CUDA-aware: device buffers are staged through pinned host memory
 mpiexec --allow-run-as-root -n 2 python3 tests/mpi_comm_check.py --device 2>&1 | tee "$OUT/check_comm.txt" || rc=1
 for spec in "1000000 1297x840" "6000000 1920x1080"; do

@@ -20,9 +20,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numbasplat as ns  # noqa: E402
-from numbasplat import gaussian_ops as go  # noqa: E402
-from numbasplat._backend import to_host  # noqa: E402
-from numbasplat.rendering import TILE  # noqa: E402
+from numbasplat.backend import to_host  # noqa: E402
+from numbasplat.math import gaussian_ops as go  # noqa: E402
+from numbasplat.math.tiles import TILE  # noqa: E402
 
 
 def box_tiles(proj, valid, tx, ty):

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO_ROOT, mpiexec_path, run_sim
-from comm.sparse import ROWS, decode_add, encode, message_parts, scatter_add, word_counts
+from comm.sparse import decode_add, encode, scatter_add
+from numbasplat.math.sparse import ROWS, message_parts, word_counts
 
 # chunk sizes: empty, single row, not multiples of 32, exactly 32, more than one 256-row segment
 COUNTS = [0, 1, 37, 0, 32, 300, 5, 70]
@@ -178,9 +179,8 @@ def test_comm_kernels_compile_to_ptx(monkeypatch):
 
     from numba.cuda import dispatcher
     monkeypatch.setattr(dispatcher, "get_current_device", lambda: SimpleNamespace(compute_capability=(9, 0)))
-    from comm import sparse  # noqa: F401  (registers the kernels)
-    from numbasplat import launch
-    names = [n for n in launch.KERNELS if n.startswith("comm.")]
+    from numbasplat.cuda import launch, sparse  # noqa: F401  (registers the kernels)
+    names = [n for n in launch.KERNELS if n.startswith("numbasplat.cuda.sparse.")]
     assert len(names) == 4, names
     for name in names:
         fn, sig = launch.KERNELS[name]

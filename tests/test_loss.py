@@ -191,8 +191,8 @@ def test_gradient_finite_differences(lam):
 
 SIM_SCRIPT = textwrap.dedent("""
     import numpy as np
-    from numbasplat import _backend, loss
-    assert _backend.SIM
+    from numbasplat import backend, loss
+    assert backend.SIM
     rng = np.random.default_rng(7)
     # 29 x 32: edge tiles in y; 5 x 7: image smaller than the halo
     for h, w in [(29, 32), (5, 7)]:

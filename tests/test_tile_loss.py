@@ -1,6 +1,6 @@
 """Tests for numbasplat.tile_loss: values against an independent float64
 reference, gradients against central finite differences, the permutations,
-the CUDA kernel (simulator) against the CPU backend (its PTX: tests/test_ptx.py)."""
+the CUDA kernel (simulator) against the CPU backend (its PTX: tests/test_cuda_launch.py)."""
 import sys
 import textwrap
 from pathlib import Path
@@ -13,6 +13,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from numbasplat import tile_loss as TL  # noqa: E402
+from numbasplat.loss import LazyLoss  # noqa: E402
+from numbasplat.math.tiles import tile_pixels  # noqa: E402
 
 
 # ---------------------------------------------------------------------------
@@ -102,13 +104,13 @@ def test_shares_of_disjoint_tiles_add_up_to_the_loss():
     img, gt = make_pair(37, 50, np.float64, seed=3)
     perms = TL.s3im_permutations(np.random.default_rng(4), repeats=3)
     full, dfull = TL.tile_loss(img, gt, perms, backend="cpu")
-    owner = np.random.default_rng(5).integers(0, 3, TL.tile_pixels(50, 37).size)
+    owner = np.random.default_rng(5).integers(0, 3, tile_pixels(50, 37).size)
     shares = [TL.tile_loss(img, gt, perms, backend="cpu", tiles=owner == r) for r in range(3)]
     assert abs(sum(v for v, _ in shares) - full) < 1e-12
     assert all(np.array_equal(d, dfull) for _, d in shares)  # the gradient does not depend on the share
     assert TL.tile_loss(gt, gt, perms, backend="cpu", tiles=owner == 0)[0] < 1e-12
     lazy = TL.tile_loss(img, gt, perms, backend="cpu", tiles=owner == 1, lazy=True)[0]
-    assert isinstance(lazy, TL.LazyLoss) and float(lazy) == shares[1][0]
+    assert isinstance(lazy, LazyLoss) and float(lazy) == shares[1][0]
 
 
 def test_multiple_of_16_is_plain_mean_and_identity_is_zero():
@@ -170,8 +172,8 @@ def test_l1_gradient_sign_zero():
 
 SIM_SCRIPT = textwrap.dedent("""
     import numpy as np
-    from numbasplat import _backend, tile_loss as TL
-    assert _backend.SIM
+    from numbasplat import backend, tile_loss as TL
+    assert backend.SIM
     rng = np.random.default_rng(7)
     perms = TL.s3im_permutations(rng, repeats=3)
     for h, w in [(24, 20), (5, 7)]:          # partial tiles; image smaller than a tile

@@ -1,16 +1,18 @@
-"""Backend selection: which kernels run and which array module holds device data.
+"""The backend: which kernels run and where their arrays live.  The one module that names one.
 
-``NUMBASPLAT_BACKEND=cpu|cuda`` overrides the automatic choice (CUDA when a GPU
-or the CUDA simulator is available, else CPU).  Under ``NUMBA_ENABLE_CUDASIM=1``
-the CUDA kernels run in Python on numpy arrays, so ``xp`` is numpy there and
-CuPy on a real GPU.
+``NUMBASPLAT_BACKEND=cpu|cuda`` overrides the automatic choice (CUDA when a GPU or the CUDA
+simulator is available, else CPU).  ``kernels(backend)`` is the backend's kernel package,
+``numbasplat.cpu`` or ``numbasplat.cuda``: both export the same entry points, so the API calls
+``kernels(backend).raster_forward(...)`` whatever the backend.  Under
+``NUMBA_ENABLE_CUDASIM=1`` (``SIM``) the CUDA kernels run in Python on numpy arrays, so the
+array module is numpy there and CuPy on a real GPU; ``on_gpu`` tells the two apart, and
+``synchronize`` waits for a real GPU.  The rest are helpers for arrays of either kind.
 """
 import os
 
 import numpy as np
-from numba import config as _nb_config
 
-SIM = bool(_nb_config.ENABLE_CUDASIM) or os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
+from .math.jit import SIM
 
 
 def _cuda_available():
@@ -37,12 +39,42 @@ def _choose():
 BACKEND = _choose()
 
 
+def kernels(backend=None):
+    """The kernel package of ``backend`` (None: the process default), imported on first use."""
+    backend = backend or BACKEND
+    if backend == "cpu":
+        from . import cpu
+        return cpu
+    if backend == "cuda":
+        from . import cuda
+        return cuda
+    raise ValueError(f"backend must be 'cpu' or 'cuda', got {backend!r}")
+
+
+def backend_of(a):
+    """The backend whose kernels take ``a``: CUDA for a device array, and for a numpy array under
+    the simulator when CUDA is the process default; else CPU."""
+    if not isinstance(a, np.ndarray):
+        return "cuda"
+    return "cuda" if SIM and BACKEND == "cuda" else "cpu"
+
+
+def on_gpu(backend=None):
+    """Whether ``backend`` (None: the process default) runs on a real GPU, not the simulator."""
+    return (backend or BACKEND) == "cuda" and not SIM
+
+
+def synchronize(backend=None):
+    """Wait for the work queued on the current CuPy stream (kernels, copies, NCCL transfers), on a
+    real GPU; a no-op on the CPU and in the simulator, where every call finishes its work."""
+    if on_gpu(backend):
+        import cupy
+        cupy.cuda.get_current_stream().synchronize()
+
+
 def array_module(backend=None):
     """numpy for the CPU backend and the simulator, CuPy for a real GPU."""
-    if (backend or BACKEND) == "cuda" and not SIM:
-        import cupy
-        return cupy
-    return np
+    return kernels(backend).array_module()
 
 
 def is_device(a):
@@ -56,6 +88,13 @@ def array_module_of(a):
         return np
     import cupy
     return cupy
+
+
+def asarray(a, backend=None):
+    """``a`` as an array of the backend's array module: a device array comes to the host for
+    numpy, a host array goes to the device for CuPy."""
+    xp = array_module(backend)
+    return to_host(a) if xp is np else xp.asarray(a)
 
 
 def to_host(a):
@@ -88,30 +127,3 @@ class HostCopy:
             self._event.synchronize()
             self._event = self._source = None
         return self._host
-
-
-_views = {}
-
-
-def as_numba(a):
-    """A Numba device-array view of a CuPy array, for kernel launches.
-
-    Numba's own conversion synchronises the stream for every array argument
-    and costs ~20 us; this view has no owner and no sync (CuPy and Numba both
-    use the legacy default stream) and is cached by (pointer, shape, strides,
-    dtype), which CuPy's memory pool makes repeat from step to step.  Numpy
-    arrays (CPU backend, simulator) pass through.
-    """
-    if SIM or not type(a).__module__.startswith("cupy"):
-        return a
-    key = (a.data.ptr, a.shape, a.strides, a.dtype.char)
-    v = _views.get(key)
-    if v is None:
-        from numba.cuda.cudadrv import devicearray, driver
-        from numba.cuda import current_context
-        if len(_views) > 4096:
-            _views.clear()
-        mem = driver.MemoryPointer(current_context(), driver.binding.CUdeviceptr(a.data.ptr), size=a.nbytes)
-        v = devicearray.DeviceNDArray(a.shape, a.strides, a.dtype, gpu_data=mem, stream=0)
-        _views[key] = v
-    return v

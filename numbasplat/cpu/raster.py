@@ -1,19 +1,17 @@
-"""CPU backend: Numba ``njit`` kernels with the semantics of the CUDA ones.
+"""The rasterizer's CPU kernels: Numba ``njit`` loops with the semantics of the CUDA ones.
 
-It is the reference the CUDA kernels are checked against, and it runs in the
-dtype it is given, so float64 inputs give float64 gradients for finite-difference
-checks.  Tiles are independent, so ``prange`` runs over tiles; the backward pass
-writes one gradient row per tile-Gaussian intersection (no races) and then sums
-them per Gaussian.
+Per-Gaussian kernels run the bodies of ``numbasplat.math.gaussian_ops`` under ``prange``.
+Tiles are independent, so ``prange`` runs over tiles; the backward pass writes one gradient
+row per tile-Gaussian intersection (no races) and then sums them per Gaussian.  The
+per-pixel math is ``numbasplat.math.blend``'s, shared with the CUDA kernels.
 """
 import numpy as np
 from numba import njit, prange
 
-from . import gaussian_ops as go
-from . import geometry as geo
-from .optim import adam_lr, adam_update
-from .blend import blend_step, blend_vjp, gaussian_alpha
-from .device import shared
+from ..math import gaussian_ops as go
+from ..math import geometry as geo
+from ..math.blend import blend_step, blend_vjp, gaussian_alpha
+from ..math.jit import shared
 
 _ops = go.build(njit(cache=True))  # not inlined: parfors cannot analyse the inlined tuple math
 project_one, visit_tiles, project_backward_one = _ops.project, _ops.visit_tiles, _ops.project_backward
@@ -147,14 +145,3 @@ def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_i
     rows = np.zeros((ids.shape[0], grad.shape[1]), grad.dtype)
     _raster_backward_isect(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, rows)
     scatter_add_rows(ids, rows, grad)
-
-
-_adam_lr = njit(inline="always")(adam_lr)
-
-
-@njit(parallel=True, cache=True)
-def adam(params, grads, m, v, bounds, widths, col0, lrs, visible, use_visible, b1, b2, eps, bc1, bc2):
-    for i in prange(params.shape[0]):
-        lr = _adam_lr(i, bounds, widths, col0, lrs, visible, use_visible)
-        if lr >= 0:
-            params[i], m[i], v[i] = adam_update(params[i], grads[i], m[i], v[i], lr, b1, b2, eps, bc1, bc2)

@@ -5,9 +5,9 @@ from numba import njit
 
 import numbasplat as ns
 from numbasplat import rendering as rz
-from numbasplat.blend import gaussian_alpha, reaches_box
-from numbasplat.cuda import WARP_H, WARP_W
-from numbasplat.geometry import ALPHA_MIN
+from numbasplat.cuda.tile import WARP_H, WARP_W
+from numbasplat.math.blend import gaussian_alpha, reaches_box
+from numbasplat.math.geometry import ALPHA_MIN
 from tests.scenes import edge_case_scene, look_at_camera
 
 C0 = 0.28209479177387814

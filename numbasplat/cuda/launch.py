@@ -1,7 +1,7 @@
 """Compiling and launching Numba CUDA kernels with little host overhead.
 
-A Numba launch costs ~35-50 us of Python per call (argument typing, ctypes
-conversion, and a stream sync for every CuPy argument).  On a real GPU a
+A Numba launch spends much of a small kernel's time in Python (argument typing,
+ctypes conversion, and a stream sync for every CuPy argument).  On a real GPU a
 ``Kernel`` is compiled once by Numba to PTX for its one signature, loaded as a
 CuPy module and launched through CuPy, with the arguments flattened the way
 Numba's ABI lays them out (an array is meminfo, parent, size, itemsize, data,
@@ -10,9 +10,13 @@ shape..., strides...).  The simulator launches through Numba as usual.
 Compilation waits for the first launch, so importing needs no GPU; ``KERNELS``
 lists every (python function, signature) so tests can compile them to PTX.
 The PTX is cached on disk (``NUMBASPLAT_CACHE``, default ~/.cache/numbasplat),
-keyed by the source of the package and of the kernel's module, the kernel,
-the GPU architecture and the Numba version, so only the first run after a
-change pays the ~15 s of compilation.
+keyed by the source of the whole numbasplat package (every file a kernel
+compiles from: the math lives in ``numbasplat.math``) and of the kernel's
+module, the kernel, the GPU architecture and the Numba version, so only the
+first run after a change pays the compilation.
+
+Also here, for every CUDA kernel module: the signature type strings (``F1``...),
+``array_module`` (where the kernels' arrays live) and ``as_numba``.
 """
 import hashlib
 import os
@@ -25,7 +29,19 @@ import numpy as np
 from numba import cuda, types
 from numba.core import sigutils
 
-from ._backend import SIM, as_numba
+from ..math.jit import SIM
+
+F1 = "float32[::1]"
+F2 = "float32[:, ::1]"
+F3 = "float32[:, :, ::1]"
+F4 = "float32[:, :, :, ::1]"
+I1 = "int32[::1]"
+I2 = "int32[:, ::1]"
+U1 = "uint32[::1]"
+L1 = "int64[::1]"
+L2 = "int64[:, ::1]"
+
+THREADS = 256  # threads per block of the kernels that run a thread per item (Gaussian, element)
 
 KERNELS = {}
 launches = 0  # kernels launched so far (the benchmark reports launches per step)
@@ -33,6 +49,46 @@ launches = 0  # kernels launched so far (the benchmark reports launches per step
 # NUMBASPLAT_SYNC_CHECK=1 synchronises after every launch so a fault names its kernel.
 VIA_NUMBA = os.environ.get("NUMBASPLAT_LAUNCH", "cupy") == "numba"
 SYNC_CHECK = os.environ.get("NUMBASPLAT_SYNC_CHECK", "0") == "1"
+
+
+def array_module():
+    """CuPy on a GPU; numpy under the simulator, whose kernels take numpy arrays."""
+    if SIM:
+        return np
+    import cupy
+    return cupy
+
+
+def per_item(n):
+    """The (blocks, threads) of a launch that runs a thread per item, for ``n`` items."""
+    return (n + THREADS - 1) // THREADS, THREADS
+
+
+_views = {}
+
+
+def as_numba(a):
+    """A Numba device-array view of a CuPy array, for kernel launches.
+
+    Numba's own conversion synchronises the stream for every array argument;
+    this view has no owner and no sync (CuPy and Numba both use the legacy
+    default stream) and is cached by (pointer, shape, strides, dtype), which
+    CuPy's memory pool makes repeat from step to step.  Numpy arrays (the
+    simulator) pass through.
+    """
+    if SIM or not type(a).__module__.startswith("cupy"):
+        return a
+    key = (a.data.ptr, a.shape, a.strides, a.dtype.char)
+    v = _views.get(key)
+    if v is None:
+        from numba.cuda.cudadrv import devicearray, driver
+        from numba.cuda import current_context
+        if len(_views) > 4096:
+            _views.clear()
+        mem = driver.MemoryPointer(current_context(), driver.binding.CUdeviceptr(a.data.ptr), size=a.nbytes)
+        v = devicearray.DeviceNDArray(a.shape, a.strides, a.dtype, gpu_data=mem, stream=0)
+        _views[key] = v
+    return v
 
 
 def _array_params(a, _cache={}):
@@ -143,14 +199,23 @@ def with_max_registers(ptx, n):
     return f"{ptx[:params_end + 1]}\n.maxnreg {int(n)}{ptx[params_end + 1:]}"
 
 
+PACKAGE = Path(__file__).resolve().parents[1]  # numbasplat/
+
+
+def package_digest(root=PACKAGE):
+    """Hash of every source file under ``root``: its path relative to ``root`` and its contents
+    (a kernel compiles from its own module, cuda/'s device functions and numbasplat.math)."""
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
 def _source_digest(fn, _package=[]):
-    """Hash of every source file of the package and of the kernel's own module (kernels live
-    outside the package too, in comm/): any edit invalidates the PTX cache."""
+    """Hash of every source file of the package and of the kernel's own module (a kernel may
+    live outside the package): any edit invalidates the PTX cache."""
     if not _package:
-        h = hashlib.sha256()
-        for f in sorted(Path(__file__).parent.rglob("*.py")):
-            h.update(f.name.encode() + f.read_bytes())
-        _package.append(h.hexdigest())
+        _package.append(package_digest())
     module = Path(sys.modules[fn.__module__].__file__)
     return hashlib.sha256((_package[0] + module.name).encode() + module.read_bytes()).hexdigest()
 

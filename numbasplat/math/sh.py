@@ -6,7 +6,7 @@ The colour of a Gaussian is ``max(0, sum_k b_k(dir) * sh[k] + 0.5)`` with
 """
 from numpy import float32 as f32
 
-from .device import shared
+from .jit import shared
 
 C0 = f32(0.28209479177387814)
 C1 = f32(0.4886025119029199)

@@ -5,7 +5,7 @@ import pytest
 
 from conftest import run_sim
 
-CHECK = Path(__file__).with_name("check_fused.py")
+CHECK = Path(__file__).with_name("check_cuda_fused.py")
 
 
 @pytest.mark.sim

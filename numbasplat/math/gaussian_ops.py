@@ -1,10 +1,10 @@
 """Per-Gaussian work, written once for both backends.
 
 ``build(jit)`` defines each ``*_body`` (the work of one Gaussian index) with
-the given decorator: ``cpu.py`` passes ``njit`` and loops with ``prange``,
-``cuda.py`` passes a CUDA device-function decorator and launches one thread
-per Gaussian (under the CUDA simulator the bodies run as Python on fake
-arrays, which is why the math they call is scalar-only).
+the given decorator: ``numbasplat.cpu.raster`` passes ``njit`` and loops with
+``prange``, ``numbasplat.cuda.raster`` passes a CUDA device-function decorator
+and launches one thread per Gaussian (under the CUDA simulator the bodies run
+as Python on fake arrays, which is why the math they call is scalar-only).
 
 Record layouts (rows of float arrays, so exchanges can move whole records):
   projected  (N, PROJ_FIELDS): u, v, conic a, b, c, opacity, r, g, b, depth
@@ -16,7 +16,7 @@ from numpy import float32 as f32
 from types import SimpleNamespace
 
 from . import geometry as geo
-from .device import shared
+from .jit import shared
 from .sh import sh_basis, sh_basis_jacobian
 
 PROJ_FIELDS = 10

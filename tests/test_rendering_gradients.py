@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import numbasplat as ns
-from numbasplat import gaussian_ops as go
+from numbasplat.math import gaussian_ops as go
 from tests.scenes import edge_case_scene, look_at_camera
 
 H_STEP = 1e-6

@@ -1,7 +1,7 @@
 """CUDA kernels against the CPU backend on the same float32 scenes.
 
-Runs under the CUDA simulator in CI (tests/test_cuda.py) and on a real GPU
-(``python tests/check_cuda.py`` in scripts/gpu_check.sh).  Exits non-zero on
+Runs under the CUDA simulator in CI (tests/test_cuda_raster.py) and on a real GPU
+(``python tests/check_cuda_raster.py`` in scripts/gpu_check.sh).  Exits non-zero on
 any mismatch beyond: images 1e-5 absolute, gradients 1e-4 relative.
 """
 import sys
@@ -12,7 +12,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numbasplat as ns  # noqa: E402
-from numbasplat._backend import SIM, array_module, to_host  # noqa: E402
+from numbasplat.backend import SIM, array_module, to_host  # noqa: E402
 from tests.scenes import edge_case_scene, look_at_camera  # noqa: E402
 
 IMAGE_TOL = 1e-5

@@ -1,4 +1,4 @@
-"""ByteSplat's fused rasterization: forward, tile-local loss and backward in one kernel.
+"""ByteSplat's fused rasterization: forward, tile-local loss and backward in one CUDA kernel.
 
 One 16x16 thread block per tile loads the tile's depth-sorted Gaussians into
 shared memory once, composites front to back, computes the tile-local loss
@@ -11,11 +11,10 @@ runs at once, so the cache holds only what the passes read: the first
 ``CACHED`` fields (no depth: the tile loss has no depth term).  The Gaussian's
 id is read again from ``ids`` in the backward pass (one broadcast load a warp,
 an L1 hit).  And it holds at most ``CACHE_RECORDS`` records a tile: the
-pixels of a dense tile are done long before its list ends (the benchmark
-scenes' tiles list 866 and 2737 Gaussians on average, but none has its last
-contributor past the 515th), and a cache sized for whole lists held the 6M
-scene to 2 tiles an SM.  Past the cache, the forward pass's batches take
-turns in its last ``BLOCK`` slots, and the backward pass reloads them there.
+pixels of a dense tile are done long before its list ends, and a cache sized
+for whole lists would hold a dense scene to fewer tiles an SM.  Past the cache,
+the forward pass's batches take turns in its last ``BLOCK`` slots, and the
+backward pass reloads them there.
 
 A tile fits when its Gaussians fit the shared-memory budget
 ``B = (M_budget - M_fixed) // M_g`` (M_budget: the device's shared memory per
@@ -30,12 +29,12 @@ import functools
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from . import _backend
-from . import gaussian_ops as go
-from .cuda import (BLOCK, F1, F2, F3, HALF, I1, I2, NG, ONE, RED_ROWS, TILE, ZERO, _pixel_of_tile,
-                   backward_hit, chunk_hits, composite_chunks, field, flat_records, next_hit, record_reaches,
-                   warp_box)
-from .launch import kernel
+from ..math import gaussian_ops as go
+from ..math.jit import SIM
+from ..math.tiles import TILE
+from .launch import F1, F2, F3, I1, I2, kernel
+from .tile import (BLOCK, HALF, NG, ONE, RED_ROWS, ZERO, backward_hit, chunk_hits, composite_chunks, field,
+                   flat_records, next_hit, pixel_of_tile, record_reaches, warp_box)
 from .tile_loss import TILE_LOSS_SMEM, store_tile_sums, tile_loss_grad
 
 CACHED = go.DEPTH               # record fields cached per Gaussian: all before depth
@@ -53,14 +52,13 @@ def _cache(proj, ids, start, first, n, slot, rec, tid):
             rec[field(slot + tid, f, CACHED)] = proj[g, f]
 
 
-# 48 registers: five tiles share an SM's 64K (ptxas would take 56, four tiles, though 48 spill nothing;
-# on the H200 that is 3.01 against 3.21 ms at 6M Gaussians, 1.63 against 1.73 at 1M)
+# 48 registers: five tiles share an SM's 64K (ptxas would take 56, four tiles, though 48 spill nothing)
 @kernel(F2, I1, I2, "int64", "int64", "int64", F1, F3, "int32[:, ::1]", "int64", "float32", "float32", "float32",
         "int64", "int64", "boolean", F3, F1, F2, fastmath=True, max_registers=48)
 def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, lam, inv_l1, inv_ssim, max_count,
                   cap, write_image, image, grad, partials):
     tile = cuda.blockIdx.x
-    tid, px, py, inside, start, end = _pixel_of_tile(tile, ranges, tiles_x, W, H)
+    tid, px, py, inside, start, end = pixel_of_tile(tile, ranges, tiles_x, W, H)
     if end - start > max_count:  # over the budget: the unfused path's tile (the whole block leaves)
         return
     lane = tid & 31
@@ -145,14 +143,14 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
 def _shared_memory():
     """(shared memory per block, the kernel's static layout) in bytes, read from the process's
     device once (getDeviceProperties takes milliseconds: not a per-step call)."""
-    if _backend.SIM:
+    if SIM:
         return 48 * 1024, 0
     import cupy
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     return props.get("sharedMemPerBlockOptin", props["sharedMemPerBlock"]), _fused_kernel.static_shared_bytes()
 
 
-def budget():
+def fused_budget():
     """B: Gaussians per tile that fit in shared memory beside the kernel's fixed layout."""
     per_block, m_fixed = _shared_memory()
     return max(0, (per_block - m_fixed) // RECORD_BYTES)

@@ -5,7 +5,7 @@ import pytest
 
 from conftest import run_sim
 
-CHECK = Path(__file__).with_name("check_cuda.py")
+CHECK = Path(__file__).with_name("check_cuda_raster.py")
 
 
 @pytest.mark.sim
@@ -18,7 +18,7 @@ def test_cuda_kernels_match_cpu_backend_in_simulator():
 def test_gradient_records_are_added_into_a_view_never_a_copy():
     """The raster kernels add into a flat view of the (N, 12) records: a copy would lose them."""
     import numpy as np
-    from numbasplat.cuda import NG, flat_records
+    from numbasplat.cuda.tile import NG, flat_records
     grad = np.zeros((5, NG), np.float32)
     flat = flat_records(grad)
     flat[NG + 2] = 1.0

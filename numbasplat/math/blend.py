@@ -9,7 +9,7 @@ import math
 
 from numpy import float32 as f32
 
-from .device import shared
+from .jit import shared
 from .geometry import ALPHA_MAX, ALPHA_MIN, T_MIN
 
 

@@ -1,6 +1,6 @@
 """The fused raster+loss+backward kernel against the unfused path and the CPU backend.
 
-Runs under the CUDA simulator in CI (tests/test_fused.py) and on a GPU
+Runs under the CUDA simulator in CI (tests/test_cuda_fused.py) and on a GPU
 (scripts/gpu_check.sh).  Each scene is checked with every tile fused, with a
 small budget (tiles over it take the unfused path), with fusion off, and where
 a tile has more Gaussians than the cache holds (they spill past it).
@@ -13,8 +13,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numbasplat as ns  # noqa: E402
-from numbasplat import fused as fz  # noqa: E402
-from numbasplat._backend import array_module, to_host  # noqa: E402
+from numbasplat.backend import array_module, to_host  # noqa: E402
+from numbasplat.cuda import fused as fz  # noqa: E402
 from numbasplat.rendering import rasterize_tile_loss  # noqa: E402
 from numbasplat.tile_loss import s3im_permutations  # noqa: E402
 from tests.scenes import edge_case_scene, look_at_camera  # noqa: E402

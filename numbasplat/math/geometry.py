@@ -9,7 +9,7 @@ import math
 
 from numpy import float32 as f32
 
-from .device import shared
+from .jit import shared
 
 # float32 constants (and f32(...) literals below): Numba types a bare Python
 # float as float64, which would turn GPU float32 math into float64.

@@ -1,10 +1,12 @@
-"""Every CUDA kernel compiles to PTX for sm_90 with its real float32 signature.
+"""numbasplat.cuda.launch: every CUDA kernel compiles to PTX for sm_90 with its real float32
+signature, the PTX cache and its key, and the register caps.
 
 The simulator computes in float64 and catches no typing errors; this compiles
 the real thing without a GPU (numba-cuda's NVVM, from the cuda-toolkit wheels).
 """
 import os
 import re
+import shutil
 
 import pytest
 
@@ -18,6 +20,14 @@ def _ptx_available():
         return False
 
 
+KERNEL_NAMES = {
+    "_project_kernel", "_emit_kernel", "_sh_backward_kernel", "_geometry_backward_kernel", "_route_kernel",
+    "_route_fill_kernel", "_raster_forward_kernel", "_raster_backward_kernel",  # raster
+    "_fused_kernel", "_ssim_fwd_kernel", "_ssim_bwd_kernel", "_tile_loss_kernel", "_adam_kernel",
+    "_count_kernel", "_pack_kernel", "_unpack_add_kernel", "_scatter_add_kernel",  # sparse
+}
+
+
 @pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", reason="simulator has no compiler")
 def test_all_kernels_compile_to_ptx(monkeypatch):
     if not _ptx_available():
@@ -28,9 +38,8 @@ def test_all_kernels_compile_to_ptx(monkeypatch):
     from numba.cuda import dispatcher
     # device functions ask the current GPU for its compute capability; there is none here
     monkeypatch.setattr(dispatcher, "get_current_device", lambda: SimpleNamespace(compute_capability=(9, 0)))
-    from numbasplat import cuda, fused, launch, loss, tile_loss  # noqa: F401  (importing registers kernels)
-    from comm import sparse  # noqa: F401
-    assert len(launch.KERNELS) >= 8
+    from numbasplat.cuda import launch  # importing the package registers every kernel
+    assert {name.rsplit(".", 1)[1] for name in launch.KERNELS} >= KERNEL_NAMES
     for name, (fn, sig) in launch.KERNELS.items():
         ptx, _ = numba_cuda.compile_ptx(fn, sig, cc=(9, 0))
         assert ".entry" in ptx, name
@@ -44,7 +53,7 @@ def test_ptx_cache_compiles_once(tmp_path, monkeypatch):
         pytest.skip("no NVVM (install numba-cuda[cu12])")
     from numba import cuda as numba_cuda
 
-    from numbasplat import launch
+    from numbasplat.cuda import launch
     monkeypatch.setenv("NUMBASPLAT_CACHE", str(tmp_path))
 
     def scale(a):
@@ -62,12 +71,12 @@ def test_ptx_cache_compiles_once(tmp_path, monkeypatch):
 
 
 def test_ptx_cache_key_follows_the_kernels_own_module(tmp_path, monkeypatch):
-    """Kernels outside the package (comm/) are keyed by their module's source too, so editing a
+    """Kernels outside the package are keyed by their module's source too, so editing a
     kernel there never loads stale PTX."""
     import importlib
     import sys
 
-    from numbasplat import launch
+    from numbasplat.cuda import launch
     src = tmp_path / "some_kernels.py"
     src.write_text("def k(a):\n    a[0] = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -79,6 +88,23 @@ def test_ptx_cache_key_follows_the_kernels_own_module(tmp_path, monkeypatch):
         assert launch._source_digest(mod.k) != before
     finally:
         sys.modules.pop("some_kernels", None)
+
+
+def test_ptx_cache_key_covers_every_file_of_the_package(tmp_path):
+    """A kernel compiles from its module, cuda/'s shared device functions and numbasplat.math: the
+    key hashes the whole package, so editing (or moving) any of its files changes it."""
+    from numbasplat.cuda import launch
+    assert (launch.PACKAGE / "math" / "geometry.py").is_file()
+    copy = tmp_path / "numbasplat"
+    shutil.copytree(launch.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    before = launch.package_digest(copy)
+    assert before == launch.package_digest(launch.PACKAGE)
+    geometry = copy / "math" / "geometry.py"
+    geometry.write_text(geometry.read_text() + "\n# edited\n")
+    edited = launch.package_digest(copy)
+    assert edited != before
+    geometry.rename(copy / "math" / "geometry_moved.py")
+    assert launch.package_digest(copy) != edited
 
 
 def _ptxas():
@@ -109,7 +135,7 @@ def test_register_caps_reach_the_assembler(monkeypatch, tmp_path):
     from numba import cuda as numba_cuda
     from numba.cuda import dispatcher
     monkeypatch.setattr(dispatcher, "get_current_device", lambda: SimpleNamespace(compute_capability=(9, 0)))
-    from numbasplat import cuda, launch
+    from numbasplat.cuda import launch, raster
 
     def registers(ptx):
         path = tmp_path / "k.ptx"
@@ -118,7 +144,7 @@ def test_register_caps_reach_the_assembler(monkeypatch, tmp_path):
                              capture_output=True, text=True, check=True)
         return int(re.search(r"Used (\d+) registers", out.stderr + out.stdout).group(1))
 
-    capped = [k for k in vars(cuda).values() if isinstance(k, launch.Kernel) and k.max_registers]
+    capped = [k for k in vars(raster).values() if isinstance(k, launch.Kernel) and k.max_registers]
     assert capped
     for k in capped:
         ptx, _ = numba_cuda.compile_ptx(k.fn, k.sig, cc=(9, 0), fastmath=k.fastmath)

@@ -1,0 +1,33 @@
+"""The CPU backend: Numba ``njit`` kernels with the semantics of the CUDA ones.
+
+It is the reference the CUDA kernels are checked against, and it runs in the dtype it is
+given, so float64 inputs give float64 gradients for finite-difference checks.  Its arrays are
+numpy arrays.  The entry points have the names and arguments of ``numbasplat.cuda``'s, so the
+API (through ``numbasplat.backend.kernels``) calls either.  It has no fused raster+loss kernel
+(``FUSED_TILE_LOSS``): every tile takes raster forward, tile loss and raster backward.
+"""
+import numpy as np
+
+from .loss import as_images, l1_ssim, ssim_forward
+from .optim import adam
+from .raster import (emit_intersections, project, project_backward, raster_backward, raster_forward, route,
+                     route_fill)
+from .sparse import decode_add, encode, scatter_add
+from .tile_loss import tile_loss
+
+FUSED_TILE_LOSS = False
+
+
+def array_module():
+    """numpy: the module of this backend's arrays."""
+    return np
+
+
+def launch_count():
+    """None: CPU kernels are plain calls, there are no launches to count."""
+    return None
+
+
+__all__ = ["FUSED_TILE_LOSS", "adam", "array_module", "as_images", "decode_add", "emit_intersections", "encode",
+           "l1_ssim", "launch_count", "project", "project_backward", "raster_backward", "raster_forward", "route",
+           "route_fill", "scatter_add", "ssim_forward", "tile_loss"]

@@ -1,0 +1,32 @@
+"""The CUDA backend: Numba ``@cuda.jit`` kernels (float32), compiled to PTX and launched
+through CuPy (``launch``); under the CUDA simulator they run in Python on numpy arrays.
+
+The entry points have the names and arguments of ``numbasplat.cpu``'s, so the API (through
+``numbasplat.backend.kernels``) calls either.  Modules: ``launch`` (compiling, caching and
+launching kernels), ``tile`` (the per-tile device functions the raster and fused kernels
+share), ``raster`` (projection, binning, raster forward and backward), ``fused`` (raster,
+tile loss and backward in one kernel: ``FUSED_TILE_LOSS``), ``loss`` (windowed SSIM),
+``tile_loss`` (L1 + S3IM per tile), ``optim`` (Adam), ``sparse`` (the zero-eliding gradient
+messages).
+"""
+from . import launch
+from .fused import fused_budget, fused_raster_loss_backward
+from .launch import array_module
+from .loss import as_images, l1_ssim, ssim_forward
+from .optim import adam
+from .raster import (emit_intersections, project, project_backward, raster_backward, raster_forward, route,
+                     route_fill)
+from .sparse import decode_add, encode, scatter_add
+from .tile_loss import tile_loss
+
+FUSED_TILE_LOSS = True
+
+
+def launch_count():
+    """Kernels launched so far (the benchmark reports launches per step)."""
+    return launch.launches
+
+
+__all__ = ["FUSED_TILE_LOSS", "adam", "array_module", "as_images", "decode_add", "emit_intersections", "encode",
+           "fused_budget", "fused_raster_loss_backward", "l1_ssim", "launch_count", "project", "project_backward",
+           "raster_backward", "raster_forward", "route", "route_fill", "scatter_add", "ssim_forward", "tile_loss"]

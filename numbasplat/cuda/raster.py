@@ -1,0 +1,317 @@
+"""The rasterizer's CUDA kernels (float32): per Gaussian, then per tile.
+
+Per-Gaussian kernels run the bodies of ``numbasplat.math.gaussian_ops`` one thread per
+Gaussian (projection, binning, routing, and the projection's backward in two kernels: the SH
+gradients with coalesced row access, then the geometry).  The raster kernels run one 16x16
+thread block per tile and stream the tile's depth-sorted Gaussians through shared memory in
+batches of ``BLOCK``, built on the per-tile device functions of ``tile`` (shared with the
+fused kernel).  The entry points below take the same arguments as ``numbasplat.cpu``'s.
+"""
+import numpy as np
+from numba import cuda, float32, int32
+
+from ..math import gaussian_ops as go
+from ..math.sh import sh_basis, sh_basis_jacobian
+from ..math.tiles import TILE, tile_grid
+from .launch import F1, F2, F3, I1, I2, U1, array_module, kernel, per_item
+from .tile import (BLOCK, HALF, NF, NG, ONE, RED_ROWS, ZERO, backward_hit, chunk_hits, composite_chunks, field,
+                   flat_records, next_hit, pixel_of_tile, record_reaches, warp_box)
+
+BATCH_WORDS = BLOCK * NF    # a batch of records in shared memory (a constant, as Numba needs)
+
+_ops = go.build(cuda.jit(device=True))
+project_one, visit_tiles = _ops.project, _ops.visit_tiles
+geometry_backward_one = _ops.geometry_backward
+view_direction, colour_grad = _ops.view_direction, _ops.colour_grad
+route_one, route_fill_one = _ops.route, _ops.route_fill
+
+
+# --------------------------------------------------------------------------- per Gaussian
+
+@kernel(F2, F2, F2, F1, F3, "int64", F1, "int64", "int64", "boolean", "int64", "int64", "int64", F2, I2, I1,
+        max_registers=64)  # 68 otherwise: 3 blocks per SM instead of 4
+def _project_kernel(means, quats, scales, logits, sh, degree, cam, W, H, antialias, tile, tiles_x, tiles_y,
+                    proj, radii, counts):
+    n = cuda.grid(1)
+    if n < means.shape[0]:
+        project_one(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias, tile, tiles_x, tiles_y,
+                    proj, radii, counts)
+
+
+@kernel(F2, "int64[::1]", I1, I1, "int64", "int64", "int64", "int64", "int64", "int64", U1, I1)
+def _emit_kernel(proj, order, counts, offsets, tile, tiles_x, tiles_y, W, H, key_base, tile_ids, ids):
+    k = cuda.grid(1)
+    if k < order.shape[0]:
+        n = order[k]
+        if counts[n] > 0:
+            visit_tiles(n, proj, tile, tiles_x, tiles_y, W, H, key_base, offsets[k], counts[n], tile_ids, ids, True)
+
+
+SH_BLOCK = 128  # Gaussians per block of the SH backward kernel
+SH_PAD = 17     # shared row of 16 per-coefficient values plus a pad word (an odd stride: no bank conflicts)
+SH_ROUNDS = 2   # SH_BLOCK Gaussians x up to 16 coefficients = 16 (Gaussian, coefficient) items per thread,
+SH_ILP = 8      # taken 8 at a time: their 24 loads issued together, so enough bytes are in flight
+
+
+@cuda.jit(device=True, inline=True)
+def _first_item(width):
+    """This thread's first (Gaussian, coefficient) item of the block, and the step to its next:
+    the block walks the items in memory order, SH_BLOCK at a time, so each warp access covers
+    whole cache lines."""
+    t = int32(cuda.threadIdx.x)
+    g = t // width
+    step_g = int32(SH_BLOCK) // width
+    return g, t - g * width, step_g, int32(SH_BLOCK) - step_g * width
+
+
+@cuda.jit(device=True, inline=True)
+def _next_item(g, k, step_g, step_k, width):
+    g += step_g
+    k += step_k
+    if k >= width:
+        k -= width
+        g += 1
+    return g, k
+
+
+@kernel(F2, F2, "int64", F1, F2, I1, F2, F2, F2, "boolean")
+def _sh_backward_kernel(means, sh, degree, cam, proj, counts, grad, d_sh, d_dir, accumulate):
+    """The SH gradients of a block of Gaussians in three phases, so that their 192-byte SH rows
+    are read and written coalesced (a thread per Gaussian would touch 32 cache lines per access):
+    1. a thread per Gaussian: basis and clamp-gated colour gradient, into shared memory;
+    2. a thread per (Gaussian, coefficient) item, in memory order: the coefficient's weight in
+       the view-direction gradient (reads ``sh``), then d_sh = basis * colour gradient (writes);
+    3. a thread per Gaussian: the view-direction gradient from those weights."""
+    basis = cuda.shared.array((SH_BLOCK, SH_PAD), float32)
+    weight = cuda.shared.array((SH_BLOCK, SH_PAD), float32)
+    dcol = cuda.shared.array((SH_BLOCK, 3), float32)
+    live = cuda.shared.array(SH_BLOCK, int32)
+    first = cuda.blockIdx.x * SH_BLOCK
+    n_here = min(SH_BLOCK, means.shape[0] - first)
+    t = cuda.threadIdx.x
+    used = int32((degree + 1) * (degree + 1))
+    if t < n_here:
+        n = first + t
+        live[t] = counts[n] > 0
+        if live[t]:
+            nx, ny, nz, inv = view_direction(n, means, cam)
+            b = sh_basis(degree, nx, ny, nz)
+            for k in range(16):
+                basis[t, k] = b[k]
+            dcol[t, 0], dcol[t, 1], dcol[t, 2] = colour_grad(n, proj, grad)
+    cuda.syncthreads()
+    c0 = cuda.local.array(SH_ILP, float32)
+    c1 = cuda.local.array(SH_ILP, float32)
+    c2 = cuda.local.array(SH_ILP, float32)
+    gs = cuda.local.array(SH_ILP, int32)
+    ks = cuda.local.array(SH_ILP, int32)
+    g, k, step_g, step_k = _first_item(used)
+    for r in range(SH_ROUNDS):
+        for j in range(SH_ILP):  # constant trip counts: unrolled, the loads independent
+            gs[j] = g
+            ks[j] = k
+            if g < n_here and live[g]:
+                e = 3 * k
+                c0[j] = sh[first + g, e]
+                c1[j] = sh[first + g, e + 1]
+                c2[j] = sh[first + g, e + 2]
+            g, k = _next_item(g, k, step_g, step_k, used)
+        for j in range(SH_ILP):
+            q = gs[j]
+            if q < n_here and live[q]:
+                weight[q, ks[j]] = dcol[q, 0] * c0[j] + dcol[q, 1] * c1[j] + dcol[q, 2] * c2[j]
+    width = int32(d_sh.shape[1] // 3)  # coefficients stored, maybe more than used: those get zeros
+    g, k, step_g, step_k = _first_item(width)
+    while g < n_here:
+        if live[g] or not accumulate:
+            e = 3 * k
+            for c in range(3):
+                v = basis[g, k] * dcol[g, c] if live[g] and k < used else ZERO
+                if accumulate:
+                    v += d_sh[first + g, e + c]
+                d_sh[first + g, e + c] = v
+        g, k = _next_item(g, k, step_g, step_k, width)
+    cuda.syncthreads()
+    if t < n_here:
+        n = first + t
+        gx = gy = gz = ZERO
+        if live[t]:
+            nx, ny, nz, inv = view_direction(n, means, cam)
+            jx, jy, jz = sh_basis_jacobian(degree, nx, ny, nz)
+            for k in range(16):
+                if k < used:
+                    w = weight[t, k]
+                    gx += w * jx[k]
+                    gy += w * jy[k]
+                    gz += w * jz[k]
+        d_dir[n, 0] = gx
+        d_dir[n, 1] = gy
+        d_dir[n, 2] = gz
+
+
+@kernel(F2, F2, F2, F1, F1, "int64", "int64", "boolean", I1, F2, F2, F2, F2, F2, F1, "boolean",
+        max_registers=80)  # 93 otherwise: 2 blocks per SM instead of 3
+def _geometry_backward_kernel(means, quats, scales, logits, cam, W, H, antialias, counts, grad, d_dir,
+                              d_means, d_quats, d_scales, d_logits, accumulate):
+    n = cuda.grid(1)
+    if n < means.shape[0]:
+        geometry_backward_one(n, means, quats, scales, logits, cam, W, H, antialias, counts, grad,
+                              d_dir[n, 0], d_dir[n, 1], d_dir[n, 2], d_means, d_quats, d_scales, d_logits, accumulate)
+
+
+@kernel(F2, I1, "int64", "int64", "int64", "int64", "int64[::1]", "int64", "int32[:, :, :, ::1]")
+def _route_kernel(proj, counts, tile, tiles_x, tiles_y, first_tile, bounds, b, plan):
+    n = cuda.grid(1)
+    if n < proj.shape[0]:
+        route_one(n, proj, counts, tile, tiles_x, tiles_y, first_tile, bounds, b, plan)
+
+
+@kernel(F2, I1, "int64", "int32[:, :, :, ::1]", "int64[::1]", F2, "int64[::1]")
+def _route_fill_kernel(proj, counts, b, plan, slot, send, route):
+    n = cuda.grid(1)
+    if n < proj.shape[0]:
+        route_fill_one(n, proj, counts, b, plan, slot, send, route)
+
+
+def route(proj, counts, tile, tiles_x, tiles_y, first_tile, bounds, b, plan):
+    _route_kernel[per_item(proj.shape[0])](proj, counts, tile, tiles_x, tiles_y, first_tile, bounds, b, plan)
+
+
+def route_fill(proj, counts, b, plan, slot, send, route):
+    _route_fill_kernel[per_item(proj.shape[0])](proj, counts, b, plan, slot, send, route)
+
+
+def project(means, quats, scales, logits, sh, degree, cam, W, H, antialias, tile, tiles_x, tiles_y,
+            proj, radii, counts):
+    _project_kernel[per_item(means.shape[0])](means, quats, scales, logits, sh, degree, cam, W, H, antialias,
+                                              tile, tiles_x, tiles_y, proj, radii, counts)
+
+
+def emit_intersections(proj, order, counts, offsets, tile, tiles_x, tiles_y, W, H, key_base, tile_ids, ids):
+    _emit_kernel[per_item(order.shape[0])](proj, order, counts, offsets, tile, tiles_x, tiles_y, W, H, key_base,
+                                           tile_ids, ids)
+
+
+def project_backward(means, quats, scales, logits, sh, degree, cam, W, H, antialias, proj, counts, grad,
+                     d_means, d_quats, d_scales, d_logits, d_sh, accumulate):
+    n = means.shape[0]
+    d_dir = array_module().empty((n, 3), np.float32)
+    _sh_backward_kernel[(n + SH_BLOCK - 1) // SH_BLOCK, SH_BLOCK](means, sh, degree, cam, proj, counts, grad,
+                                                                   d_sh, d_dir, accumulate)
+    _geometry_backward_kernel[per_item(n)](means, quats, scales, logits, cam, W, H, antialias, counts, grad,
+                                           d_dir, d_means, d_quats, d_scales, d_logits, accumulate)
+
+
+# --------------------------------------------------------------------------- per tile
+
+@cuda.jit(device=True, inline=True)
+def _tile_pixel(ranges, tiles_x, W, H):
+    """This thread's pixel in the block's tile (a 2D grid of tiles)."""
+    return pixel_of_tile(cuda.blockIdx.y * tiles_x + cuda.blockIdx.x, ranges, tiles_x, W, H)
+
+
+@cuda.jit(device=True, inline=True)
+def _load(proj, ids, i, rec, rid, slot):
+    g = ids[i]
+    rid[slot] = g
+    for f in range(NF):
+        rec[field(slot, f, NF)] = proj[g, f]
+
+
+@kernel(F2, I1, I2, "int64", "int64", "int64", F1, F3, F2, F2, I2, fastmath=True)
+def _raster_forward_kernel(proj, ids, ranges, W, H, tiles_x, bg, image, trans, depth, last):
+    rec = cuda.shared.array(BATCH_WORDS, float32)
+    rid = cuda.shared.array(BLOCK, int32)
+    tid, px, py, inside, start, end = _tile_pixel(ranges, tiles_x, W, H)
+    lane = tid & 31
+    x0, x1, y0, y1 = warp_box(lane, px, py)
+    fx = float32(px) + HALF
+    fy = float32(py) + HALF
+    T = ONE
+    r = ZERO
+    g = ZERO
+    b = ZERO
+    d = ZERO
+    stop = start
+    done = not inside
+    for base in range(start, end, int32(BLOCK)):  # int32 counters (Numba's int64 ones cost ~5 instructions a pair)
+        if cuda.syncthreads_count(int32(done)) == BLOCK:
+            break
+        if base + tid < end:
+            _load(proj, ids, base + tid, rec, rid, tid)
+        cuda.syncthreads()
+        T, r, g, b, d, stop, done = composite_chunks(rec, NF, int32(0), int32(min(BLOCK, end - base)), base, lane,
+                                                     x0, x1, y0, y1, fx, fy, T, r, g, b, d, stop, done, True)
+        cuda.syncthreads()
+    if inside:
+        image[py, px, 0] = r + T * bg[0]
+        image[py, px, 1] = g + T * bg[1]
+        image[py, px, 2] = b + T * bg[2]
+        trans[py, px] = T
+        depth[py, px] = d
+        last[py, px] = stop
+
+
+@kernel(F2, I1, I2, "int64", "int64", "int64", F1, F2, I2, F3, F2, F2, F1, fastmath=True)
+def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad):
+    rec = cuda.shared.array(BATCH_WORDS, float32)
+    rid = cuda.shared.array(BLOCK, int32)
+    red = cuda.shared.array((NG, RED_ROWS), float32)
+    block_last = cuda.shared.array(1, int32)
+    tid, px, py, inside, start, end = _tile_pixel(ranges, tiles_x, W, H)
+    lane = tid & 31
+    x0, x1, y0, y1 = warp_box(lane, px, py)
+    if tid == 0:
+        block_last[0] = start
+    cuda.syncthreads()
+    fx = float32(px) + HALF
+    fy = float32(py) + HALF
+    T_end = ZERO
+    dc0 = ZERO
+    dc1 = ZERO
+    dc2 = ZERO
+    dd = ZERO
+    da_end = ZERO
+    my_last = start
+    if inside:
+        T_end = trans[py, px]
+        dc0 = d_image[py, px, 0]
+        dc1 = d_image[py, px, 1]
+        dc2 = d_image[py, px, 2]
+        dd = d_depth[py, px]
+        da_end = d_alpha[py, px] * T_end
+        my_last = last[py, px]
+        cuda.atomic.max(block_last, 0, my_last)
+    cuda.syncthreads()
+    end = block_last[0]  # nothing behind the block's last contributor matters
+    T = T_end
+    s0 = T_end * bg[0]
+    s1 = T_end * bg[1]
+    s2 = T_end * bg[2]
+    sd = ZERO
+    for top in range(end, start, int32(-BLOCK)):  # int32 counters, as in the forward pass
+        lo = int32(max(start, top - BLOCK))
+        if top - 1 - tid >= lo:
+            _load(proj, ids, top - 1 - tid, rec, rid, tid)
+        cuda.syncthreads()
+        n = int32(top - lo)
+        for c in range(int32(0), n, int32(32)):  # as in the forward pass: only the warp's hits
+            k = int32(c + lane)
+            hits = chunk_hits(k < n and record_reaches(rec, NF, k, x0, x1, y0, y1), int32(n - c))
+            while hits != 0:
+                h, hits = next_hit(hits)
+                j = int32(c + h)
+                T, s0, s1, s2, sd = backward_hit(rec, NF, j, fx, fy, top - 1 - j < my_last, T, s0, s1, s2, sd,
+                                                 dc0, dc1, dc2, dd, da_end, True, grad, rid, j, tid, red)
+        cuda.syncthreads()
+
+
+def raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, depth, last):
+    _raster_forward_kernel[tile_grid(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, image, trans,
+                                                           depth, last)
+
+
+def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad):
+    _raster_backward_kernel[tile_grid(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, trans, last,
+                                                            d_image, d_alpha, d_depth, flat_records(grad))
+
