@@ -156,6 +156,16 @@ def cmd_demo(a):
     _report(t.evaluate(), a.out)
 
 
+def cmd_synth(a):
+    """Write the procedural city dataset (data/synthetic_city.py) and say what it holds."""
+    from data.synthetic_city import generate
+    s = generate(a.out, preset=a.preset, gaussians=a.gaussians, views=a.views, resolution=a.res, seed=a.seed,
+                 force=a.force, progress=not a.quiet)
+    print(f"wrote {a.out}: {s['gaussians']} ground-truth Gaussians, {s['views']} views at {s['width']}x{s['height']} "
+          f"({s['street_views']} street, {s['aerial_views']} aerial, {s['test_views']} held out), "
+          f"{s['initial_points']} initial points; {sum(s['seconds'].values()):.1f} s")
+
+
 def _trained(a):
     """A trainer holding the model of a training output folder (its snapshot) or of a PLY file."""
     from pathlib import Path
@@ -354,6 +364,18 @@ def main(argv=None):
     x.add_argument("--model", required=True, help="training output folder or snapshot .h5")
     x.add_argument("--ply", required=True, help="output .ply path")
     x.set_defaults(fn=cmd_export)
+    y = sub.add_parser("synth", help="write a procedural city (COLMAP text, ground-truth PLY) to train on")
+    y.add_argument("--out", required=True, help="output folder (new or empty)")
+    y.add_argument("--preset", default="small",
+                   help="small or large: the city size, Gaussians, views and image size of PRESETS in "
+                        "data/synthetic_city.py")
+    y.add_argument("--gaussians", type=_count(1), default=None, help="ground-truth Gaussians (default: the preset's)")
+    y.add_argument("--views", type=_count(1), default=None, help="views, every 8th held out (default: the preset's)")
+    y.add_argument("--res", default=None, help="image size WxH (default: the preset's)")
+    y.add_argument("--seed", type=_count(0), default=0)
+    y.add_argument("--force", action="store_true", help="overwrite an earlier generation in --out")
+    y.add_argument("--quiet", action="store_true", help="no progress bar")
+    y.set_defaults(fn=cmd_synth)
     d = sub.add_parser("demo", help="train the built-in scene (also: no arguments)")
     d.add_argument("--iters", dest="iterations", type=_count(1), default=None)
     d.add_argument("--out", default=None)

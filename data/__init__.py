@@ -9,7 +9,8 @@ Every loader returns a ``Dataset`` of ``View`` s whose images are (H, W, 3)
 float32 in [0, 1], undistorted and alpha-composited, with ``numbasplat.Camera``
 s in OpenCV axes.  Bad input raises ``DataError`` (a ValueError) naming the file.
 
-Modules, each importing only ones listed after it: ``dataset`` (``load_dataset``:
+Modules, each importing only ones listed after it: ``synthetic_city`` (the
+procedural city benchmark: writes a COLMAP dataset), ``dataset`` (``load_dataset``:
 detect the format, dispatch to a loader), ``colmap`` and ``nerf`` (the loaders),
 ``images`` (reading, resizing, undistortion), ``ply`` (PLY files: Gaussians and
 point clouds), ``atomic`` (write-then-rename), ``scene`` (``Dataset``, ``View``,
