@@ -56,14 +56,12 @@ import numpy as np
 from PIL import Image
 
 import numbasplat as ns
-from numbasplat import _backend
+from numbasplat import backend as _backend
+from numbasplat.math.sh import C0, C1
 
 from .atomic import atomic_path
 from .colmap import qvec_to_rotmat
 from .ply import save_ply
-
-C0 = 0.28209479177387814   # the SH basis constants of degree 0 and 1
-C1 = 0.4886025119029199
 
 
 @dataclass(frozen=True)

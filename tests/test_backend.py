@@ -1,6 +1,5 @@
 """numbasplat.backend: the choice of backend, the kernel packages it dispatches to, the device
 helpers on the CPU and in the simulator; and the package's layers, which import only downward."""
-import ast
 
 import numpy as np
 import pytest
@@ -66,79 +65,3 @@ def test_device_helpers_in_the_simulator():
     """, timeout=300)
     assert "sim helpers ok" in out.stdout
 
-
-# the layers, top to bottom; a module may import its own layer's siblings and the layers below
-LAYERS = [
-    {"numbasplat", "numbasplat.rendering", "numbasplat.loss", "numbasplat.tile_loss", "numbasplat.optim",
-     "numbasplat.bench", "numbasplat.gaussians"},
-    {"numbasplat.backend"},
-    {"numbasplat.cpu", "numbasplat.cuda"},
-    {"numbasplat.math"},
-]
-
-
-def _layer(module):
-    for i, layer in enumerate(LAYERS):
-        if module in layer or any(module.startswith(p + ".") for p in layer if p != "numbasplat"):
-            return i
-    raise AssertionError(f"{module} is in no layer")
-
-
-def _is_module(name):
-    path = PACKAGE.parent / name.replace(".", "/")
-    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
-
-
-def _imports(path, module):
-    """The numbasplat modules that ``module`` (file ``path``) imports, at top level or in a function."""
-    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("numbasplat")}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")[:len(package.split(".")) - node.level + 1]
-                base = ".".join(parts + ([base] if base else []))
-            if base == "numbasplat" or base.startswith("numbasplat."):
-                found |= {f"{base}.{a.name}" if _is_module(f"{base}.{a.name}") else base for a in node.names}
-    return found
-
-
-def test_layers_import_only_downward():
-    """API -> backend -> cpu, cuda -> math: nothing imports upward, so there is no import circle,
-    and only the backend imports the kernel packages."""
-    for path in sorted(PACKAGE.rglob("*.py")):
-        rel = path.relative_to(PACKAGE.parent).with_suffix("")
-        module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
-        mine = _layer(module)
-        for target in _imports(path, module):
-            theirs = _layer(target)
-            assert theirs >= mine, f"{module} imports {target}, a layer above it"
-            if theirs == 2 and mine < 2:
-                assert module == "numbasplat.backend", f"{module} imports the kernels {target}: use backend.kernels()"
-            if mine == theirs == 2:
-                assert target.split(".")[1] == module.split(".")[1], f"{module} imports the other backend's {target}"
-
-
-def test_no_import_circle():
-    graph = {}
-    for path in PACKAGE.rglob("*.py"):
-        rel = path.relative_to(PACKAGE.parent).with_suffix("")
-        module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
-        graph[module] = _imports(path, module) - {module}
-    done, active = set(), []
-
-    def visit(m):
-        if m in active:
-            raise AssertionError("import circle: " + " -> ".join(active[active.index(m):] + [m]))
-        if m in done:
-            return
-        active.append(m)
-        for n in graph.get(m, ()):
-            visit(n)
-        active.pop()
-        done.add(m)
-    for m in sorted(graph):
-        visit(m)

@@ -1,6 +1,5 @@
 """data/dataset.py: format detection and its errors; the package: importing it
 from the repository root, and its modules' layering."""
-import ast
 import subprocess
 import sys
 
@@ -49,16 +48,3 @@ def test_import_from_repo_root():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "load_dataset"
-
-
-
-def test_modules_import_only_those_below_them():
-    order = ["dataset", "colmap", "nerf", "images", "ply", "atomic", "scene"]   # as data/__init__.py lists them
-    files = sorted(p.stem for p in (REPO_ROOT / "data").glob("*.py") if p.stem != "__init__")
-    assert sorted(order) == files
-    for i, module in enumerate(order):
-        tree = ast.parse((REPO_ROOT / "data" / f"{module}.py").read_text())
-        imported = {alias.name if node.module is None else node.module.split(".")[0]
-                    for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1
-                    for alias in node.names}
-        assert imported <= set(order[i + 1:]), (module, imported - set(order[i + 1:]))

@@ -197,7 +197,7 @@ def test_too_few_gaussians_names_the_option(small_layout, tmp_path):
 def test_generated_dataset_loads_with_its_cameras_split_and_images(tiny):
     out, summary = tiny
     views = sc.city_views(sc.plan_city(sc.PRESETS["small"].blocks, 3), 17, 64, 36)
-    ds = load_dataset(out)
+    ds = load_dataset(out, test_every=8)
     assert ds.fmt == "colmap" and len(ds.train) + len(ds.test) == 17
     # every 8th captured view is held out, street and aerial ones alike
     assert [v.name for v in ds.test] == [views[i].name for i in (0, 8, 16)]
