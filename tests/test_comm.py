@@ -245,6 +245,6 @@ def test_mpi_error_on_one_rank_aborts_all(n, compiled):
 
 
 def test_cli_transports_are_the_comm_layers():
-    import run
+    from cli.args import TRANSPORTS as CLI_TRANSPORTS
     from comm.alltoallv import TRANSPORTS
-    assert sorted(run.TRANSPORTS) == sorted(["auto", *TRANSPORTS])
+    assert sorted(CLI_TRANSPORTS) == sorted(["auto", *TRANSPORTS])

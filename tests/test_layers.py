@@ -3,7 +3,7 @@
 Every import of the project's own modules (top level and inside functions) is read from the
 source with ``ast``, so the check needs no GPU and imports nothing.  The layers, from the
 bottom: numbasplat's shared math, its two backends, its dispatch module, its API; then
-``data`` and ``comm`` (each on numbasplat only); then ``engine``; then ``run.py`` and
+``data`` and ``comm`` (each on numbasplat only); then ``engine``; then ``cli/``, ``run.py`` and
 ``scripts/``.  A module may import its own layer or any below it, never one above.
 """
 import ast
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("numbasplat", "data", "comm", "engine")
+PACKAGES = ("numbasplat", "data", "comm", "engine", "cli")
 
 # (module prefix, layer): the longest matching prefix decides a module's layer
 LAYERS = [
@@ -24,6 +24,7 @@ LAYERS = [
     ("data", 4),
     ("comm", 4),
     ("engine", 5),
+    ("cli", 6),
     ("run", 6),
     ("scripts", 6),
 ]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import numbasplat as ns
-import run
+import cli
 from data import load_dataset
 from data import synthetic_city as sc
 from data.ply import load_ply
@@ -250,7 +250,7 @@ def test_generation_is_deterministic_in_the_seed(tiny, tmp_path):
 def test_bad_arguments_give_one_error_naming_the_option(tmp_path, capsys, args, message):
     argv = ["synth", "--out", str(tmp_path / "o"), "--views", "2", "--res", "32x18", "--quiet"] + args
     try:
-        rc = run.main(argv)
+        rc = cli.main(argv)
     except SystemExit as e:   # argparse: exit status 2
         rc = e.code
     assert rc in (1, 2)
@@ -263,15 +263,15 @@ def test_the_output_folder_must_be_new_or_empty_unless_forced(tmp_path, capsys):
     small = ["--preset", "small", "--gaussians", "8000", "--views", "2", "--res", "32x18", "--quiet"]
     afile = tmp_path / "file"
     afile.write_text("x")
-    assert run.main(["synth", "--out", str(afile)] + small) == 1
+    assert cli.main(["synth", "--out", str(afile)] + small) == 1
     assert f"--out {afile} is a file" in capsys.readouterr().err
     full = tmp_path / "full"
     (full / "images").mkdir(parents=True)
     (full / "images" / "99999_street.png").write_bytes(b"stale")
     (full / "notes.txt").write_text("keep")
-    assert run.main(["synth", "--out", str(full)] + small) == 1
+    assert cli.main(["synth", "--out", str(full)] + small) == 1
     assert "is not empty; add --force" in capsys.readouterr().err
-    assert run.main(["synth", "--out", str(full), "--force"] + small) == 0
+    assert cli.main(["synth", "--out", str(full), "--force"] + small) == 0
     assert sorted(p.name for p in (full / "images").iterdir()) == ["00000_street.png", "00001_aerial.png"]
     assert (full / "notes.txt").read_text() == "keep"
     assert "wrote" in capsys.readouterr().out
@@ -284,7 +284,7 @@ def test_smoke_synth_then_train_on_the_cpu(tmp_path):
     t0 = time.perf_counter()
     procs = []
     for argv in (["synth", "--out", data, "--gaussians", "8000", "--views", "9", "--res", "64x36"],
-                 ["train", "--data", data, "--out", out, "--iters", "20", "--quiet", "--snapshot-every", "0"]):
+                 ["train", "--data", data, "--out", out, "--iters", "20", "--quiet", "--snapshot-every", "0", "--eval"]):
         procs.append(subprocess.run([sys.executable, "run.py", *map(str, argv)], cwd=REPO, env=env,
                                     capture_output=True, text=True, timeout=600))
         assert procs[-1].returncode == 0, procs[-1].stdout + procs[-1].stderr

@@ -128,10 +128,11 @@ def test_cli_reports_bad_input_by_name(tmp_path):
 
 
 def test_cli_training_options_reach_the_config(monkeypatch):
-    import run
+    import cli
+    from cli import train
     seen = {}
-    monkeypatch.setattr(run, "cmd_train", lambda a: seen.update(cfg=run._config(a)))
-    run.main(["train", "--data", "x", "--out", "o", "--grad-threshold", "1.5e-4", "--lambda-s3im", "0.1", "--s3im-repeats", "3",
+    monkeypatch.setattr(train, "cmd_train", lambda a: seen.update(cfg=train.config_from_args(a)))
+    cli.main(["train", "--data", "x", "--out", "o", "--grad-threshold", "1.5e-4", "--lambda-s3im", "0.1", "--s3im-repeats", "3",
               "--batch-lr-exponent", "1"])
     cfg = seen["cfg"]
     assert (cfg.grad_threshold, cfg.lambda_s3im, cfg.s3im_repeats, cfg.batch_lr_exponent) == (1.5e-4, 0.1, 3, 1.0)

@@ -1,0 +1,37 @@
+"""The command line: one module per group of commands, each adding its subcommands to the parser.
+
+``python run.py --help`` lists them.  A command that fails on bad input prints one line naming
+it and exits 1 (``NUMBASPLAT_DEBUG=1`` shows the traceback instead).
+"""
+import argparse
+import os
+import sys
+
+os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")  # (before Numba is imported)
+
+from . import bench, evaluate, synth, train  # noqa: E402
+
+COMMANDS = (train, evaluate, bench, synth)
+
+
+def parser():
+    ap = argparse.ArgumentParser(prog="run.py", description="NumbaSplat: 3D Gaussian Splatting in Numba")
+    sub = ap.add_subparsers(dest="cmd")
+    for module in COMMANDS:
+        module.add_commands(sub)
+    return ap
+
+
+def main(argv=None):
+    ap = parser()
+    a = ap.parse_args(argv)
+    if a.cmd is None:
+        a = ap.parse_args(["demo"])
+    try:
+        a.fn(a)
+    except (ValueError, OSError) as e:  # bad input: a message naming it, not a traceback
+        if os.environ.get("NUMBASPLAT_DEBUG"):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
