@@ -71,7 +71,7 @@ scale)  # images/s at 2000 images: P = 1, then P ranks, one per GPU (wrapping ro
     done ;;
 table)  # 7k quality and speed, P = 1 and P ranks one per GPU; then 2 and 4 ranks sharing GPU 0 (fern, 2000 images)
     p=$2; shift 2
-    mpiexec --allow-run-as-root -n "$p" python3 tests/mpi_comm_check.py --device --transport=nccl > "$R/nccl_check.txt" 2>&1
+    mpiexec --allow-run-as-root -n "$p" python3 tests/check_mpi_comm.py --device --transport=nccl > "$R/nccl_check.txt" 2>&1
     grep -E "ok$|transport|Error" "$R/nccl_check.txt" | head -5
     train warm 700 "${FERN[@]}" "$@"
     mpi "$p" --out "$R/warm_p$p" --iters 300 --quiet "${FERN[@]}" "$@" > /dev/null 2>&1
@@ -92,7 +92,7 @@ table)  # 7k quality and speed, P = 1 and P ranks one per GPU; then 2 and 4 rank
     rm -rf "$R/warm_p$p" ;;
 p2)  # the P-rank 7k runs of 'table' alone (fern and lego), after the NCCL check
     p=$2; shift 2
-    mpiexec --allow-run-as-root -n "$p" python3 tests/mpi_comm_check.py --device --transport=nccl > "$R/nccl_check.txt" 2>&1
+    mpiexec --allow-run-as-root -n "$p" python3 tests/check_mpi_comm.py --device --transport=nccl > "$R/nccl_check.txt" 2>&1
     grep -aE "ok$|transport|Error" "$R/nccl_check.txt" | head -5
     mpi "$p" --out "$R/warm_p$p" --iters 300 --quiet "${FERN[@]}" "$@" > /dev/null 2>&1; rm -rf "$R/warm_p$p"
     for scene in fern lego; do

@@ -1,13 +1,10 @@
-"""comm/: the zero-eliding gradient encoding (CPU, CUDA simulator, PTX) and the MPI exchanges (mpiexec)."""
+"""comm/sparse.py: the zero-eliding gradient encoding, on the CPU, in the CUDA simulator and as PTX."""
 import os
-import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, mpiexec_path, run_sim
+from conftest import REPO_ROOT, run_sim
 from comm.sparse import decode_add, encode, scatter_add
 from numbasplat.math.sparse import ROWS, message_parts, word_counts
 
@@ -133,7 +130,7 @@ def test_cuda_kernels_match_cpu_in_simulator():
         import sys
         sys.path.insert(0, {str(REPO_ROOT / "tests")!r})
         import numpy as np
-        from test_comm import make_rows
+        from test_sparse import make_rows
         from comm.sparse import encode, decode_add, scatter_add
         rng = np.random.default_rng(5)
         for counts, dyadic in (({COUNTS!r}, False), ([0, 3, 0], True), ([], True)):
@@ -168,7 +165,7 @@ def test_cuda_kernels_match_cpu_in_simulator():
 
 
 @pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", reason="simulator has no compiler")
-def test_comm_kernels_compile_to_ptx(monkeypatch):
+def test_sparse_kernels_compile_to_ptx(monkeypatch):
     """The simulator catches no typing errors: compile the real kernels (needs NVVM, no GPU)."""
     from numba import cuda as numba_cuda
     try:
@@ -186,65 +183,3 @@ def test_comm_kernels_compile_to_ptx(monkeypatch):
         fn, sig = launch.KERNELS[name]
         ptx, _ = numba_cuda.compile_ptx(fn, sig, cc=(9, 0))
         assert ".entry" in ptx, name
-
-
-# --------------------------------------------------------------------------- MPI
-
-def _mpiexec(n, *args, timeout=60, script=REPO_ROOT / "tests" / "mpi_comm_check.py"):
-    exe = mpiexec_path()
-    if exe is None:
-        pytest.skip("no mpiexec (pip install -e '.[mpi]')")
-    env = dict(os.environ, NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env.pop("NUMBA_ENABLE_CUDASIM", None)
-    env["NUMBASPLAT_BACKEND"] = "cpu"
-    return subprocess.run([exe, "-n", str(n), sys.executable, str(script), *args],
-                          cwd=str(REPO_ROOT), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
-
-
-@pytest.fixture(scope="module")
-def compiled():
-    """Compile (and cache) the njit kernels once here, so the ranks load them instead of all compiling."""
-    G = make_rows([3, 40])
-    message, _, kept = encode(G, [3, 40], backend="cpu")
-    decode_add(message, [3, 40], kept, np.zeros(43, np.int32), np.zeros((1, 12), np.float32), backend="cpu")
-    scatter_add(G, np.zeros(43, np.int32), np.zeros((1, 12), np.float32), backend="cpu")
-
-
-@pytest.mark.mpi
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("n", [2, 4])
-def test_mpi_exchanges(n, compiled):
-    proc = _mpiexec(n)
-    assert proc.returncode == 0, proc.stdout
-    for r in range(n):
-        assert f"rank {r} ok" in proc.stdout, proc.stdout
-
-
-@pytest.mark.mpi
-@pytest.mark.timeout(120)
-def test_exchange_bench_reports_every_rank(compiled):
-    proc = _mpiexec(2, "--rows", "3000", "--reps", "2", "--zero", "0.5",
-                    script=REPO_ROOT / "scripts" / "exchange_bench.py")
-    assert proc.returncode == 0, proc.stdout
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("rank ")]
-    assert [ln.split()[1] for ln in lines] == ["0/2", "1/2"], proc.stdout
-    for ln in lines:  # half the records are zero: the sparse message is smaller than the dense rows
-        sparse_mb, dense_mb = (float(x) for x in re.findall(r"\(([\d.]+) MB\)", ln))
-        assert sparse_mb < 0.7 * dense_mb, ln
-
-
-@pytest.mark.mpi
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("n", [2, 4])
-def test_mpi_error_on_one_rank_aborts_all(n, compiled):
-    proc = _mpiexec(n, "--fail", timeout=60)  # a hang here (no abort) would hit the timeout
-    assert proc.returncode != 0, proc.stdout
-    assert f"rank {n - 1}: RuntimeError: deliberate failure on rank {n - 1}" in proc.stdout, proc.stdout
-    assert "unreachable" not in proc.stdout
-
-
-def test_cli_transports_are_the_comm_layers():
-    from cli.args import TRANSPORTS as CLI_TRANSPORTS
-    from comm.alltoallv import TRANSPORTS
-    assert sorted(CLI_TRANSPORTS) == sorted(["auto", *TRANSPORTS])

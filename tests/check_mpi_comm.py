@@ -1,8 +1,8 @@
-"""Run under mpiexec by tests/test_comm.py: checks comm.Exchange and the gradient exchanges across ranks.
+"""Run under mpiexec by tests/test_alltoallv.py: checks comm.Exchange and the gradient exchanges across ranks.
 
-    mpiexec -n 4 python tests/mpi_comm_check.py           # every check, prints "rank R ok"
-    mpiexec -n 2 python tests/mpi_comm_check.py --fail    # the last rank raises inside abort_on_error
-    mpiexec -n 2 python tests/mpi_comm_check.py --device --transport=nccl   # GPUs: device arrays, NCCL
+    mpiexec -n 4 python tests/check_mpi_comm.py           # every check, prints "rank R ok"
+    mpiexec -n 2 python tests/check_mpi_comm.py --fail    # the last rank raises inside abort_on_error
+    mpiexec -n 2 python tests/check_mpi_comm.py --device --transport=nccl   # GPUs: device arrays, NCCL
 
 Arrays are numpy here (CPU backend); with CuPy on a GPU pass --device to run the
 same checks on device arrays.
