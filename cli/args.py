@@ -1,5 +1,5 @@
 """What several commands share: argument types that name a bad value, the capture options, the
-MPI communicator a command runs on, and the metrics file."""
+output folder, the MPI communicator a command runs on, and the metrics file."""
 import argparse
 import json
 import os
@@ -44,22 +44,78 @@ def positive(text):
     return value
 
 
-def add_data_options(p, need_out=True):
-    """The options that name a capture and where a command writes."""
-    p.add_argument("--data", required=True, help="capture folder (COLMAP, Blender or instant-ngp)")
+def nonnegative(text):
+    """argparse type: a finite number of at least 0."""
+    value = number(text)
+    if not 0.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of at least 0, got {value}")
+    return value
+
+
+def hold_out(text):
+    """argparse type of ``--test-every``: 0 (no test views) or at least 2 (1 would hold out every view)."""
+    value = count(0)(text)
+    if value == 1:
+        raise argparse.ArgumentTypeError("must be 0 (no test views) or at least 2 (1 would hold out every view)")
+    return value
+
+
+def switch(p, *flags, help):
+    """A ``--x/--no-x`` option, off by default (``--no-x`` turns off what a config file turned on)."""
+    action = p.add_argument(*flags, action=argparse.BooleanOptionalAction, default=False)
+    action.help = help  # set after: argparse appends "(default: %(default)s)", which reads None in train's help
+    return action
+
+
+def add_data_options(p, required=True):
+    """The options that name a capture, how its images are scaled and split, and where a command
+    writes (``required=False``: a config file may give ``--data`` and ``--out``)."""
+    from data.images import DEFAULT_MAX_WIDTH
+    p.add_argument("--data", required=required, help="capture folder (COLMAP, Blender or instant-ngp)")
     p.add_argument("--format", default="auto", choices=["auto", "colmap", "blender", "ngp"])
     p.add_argument("--images", default=None, help="image folder of a COLMAP capture, e.g. images_4")
-    p.add_argument("--white-background", action="store_true", help="composite RGBA on white (Blender scenes)")
-    p.add_argument("--out", required=need_out, help="output folder")
+    switch(p, "--white-background", help="composite RGBA on white and train on a white background (Blender "
+                                         "scenes): the same as --background 1 1 1")
+    p.add_argument("--resolution", type=count(1), default=None, metavar="N",
+                   help="divide the images' width and height by N on loading (Inria's -r)")
+    p.add_argument("--max-width", type=count(0), default=DEFAULT_MAX_WIDTH, metavar="PX",
+                   help=f"narrow images still wider than PX pixels to PX, as Inria does (default {DEFAULT_MAX_WIDTH}; "
+                        "0: no limit)")
+    p.add_argument("--test-every", type=hold_out, default=None, metavar="N",
+                   help="hold out every Nth image (sorted by name) as a test view (0: none; "
+                        "default: 8 with --eval and for eval/render, else none)")
+    p.add_argument("--out", required=required, help="output folder")
 
 
 def load_data(a, background, test_every=None):
-    """The capture ``--data`` names; a bad one ends the command with the loader's message."""
+    """The capture ``--data`` names, scaled as ``--resolution`` and ``--max-width`` say, with every
+    ``--test-every``-th image held out (``test_every`` where the option is not given); a bad one
+    ends the command with the loader's message."""
     from data import DataError, load_dataset
+    if a.test_every is not None:
+        test_every = a.test_every
     try:
-        return load_dataset(a.data, fmt=a.format, images=a.images, background=background, test_every=test_every)
+        return load_dataset(a.data, fmt=a.format, images=a.images, background=background, test_every=test_every,
+                            resolution=a.resolution, max_width=a.max_width)
     except DataError as e:
         raise SystemExit(f"error: {e}")
+
+
+def output_folder(path):
+    """Make the output folder ``path`` (and its parents); one error naming ``--out`` where it cannot
+    be a folder (a file there or above it) rather than the system's "[Errno 17] File exists"."""
+    out = Path(path)
+    for p in (out, *out.parents):
+        if p.exists():
+            if not p.is_dir():
+                what = "it" if p == out else str(p)
+                raise ValueError(f"--out {path}: {what} is a file, not a folder; give an output folder")
+            break
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {path}: cannot make the output folder ({e.strerror or e})") from None
+    return out
 
 
 def write_metrics(summary, out_dir):

@@ -1,28 +1,39 @@
-"""``train`` and ``demo``: the configuration from the options, a pipeline for the ranks at hand, the run."""
+"""``train`` and ``demo``: the settings (defaults, a config file, the flags), what was loaded, a
+pipeline for the ranks at hand, the run."""
+import argparse
 import os
+from dataclasses import asdict, fields
+from pathlib import Path
 
-from .args import TRANSPORTS, add_data_options, count, fraction, load_data, mpi_comm, positive, write_metrics
+from .args import TRANSPORTS, add_data_options, count, load_data, mpi_comm, output_folder, switch, write_metrics
+from .config import NOT_RECORDED, ConfigError, add_config_options, resolve, write_settings
 
 HOLD_OUT_EVERY = 8  # with --eval, every 8th image (sorted by name) is a test view, as Inria's llffhold
+CPU_SLOW_PIXELS = 250_000     # views larger than this train slowly on the CPU backend: a hint says so
+CPU_SECONDS_PER_PIXEL = 3e-5  # a step's rough cost per pixel of its view on the CPU backend
 
 
 def config_from_args(a):
+    """The ``TrainConfig`` of the options in ``a``: its fields that ``a`` holds and are not None
+    (``--white-background`` is ``--background 1 1 1``)."""
     from engine.trainer import TrainConfig
     cfg = TrainConfig()
-    for k in ("iterations", "strategy", "cap_max", "max_gaussians", "absgrad", "random_background", "antialias",
-              "visible_adam", "snapshot_every", "seed", "sh_degree", "densify_until", "loss", "n_random_init",
-              "s3im_repeats", "lambda_s3im", "grad_threshold", "batch_lr_exponent"):
-        v = getattr(a, k, None)
+    for f in fields(cfg):
+        v = getattr(a, f.name, None)
         if v is not None:
-            setattr(cfg, k, v)
+            setattr(cfg, f.name, tuple(v) if isinstance(f.default, tuple) else v)
     if getattr(a, "white_background", False):
+        if tuple(cfg.background) not in (TrainConfig.background, (1.0, 1.0, 1.0)):
+            raise ValueError(f"--white-background and --background {' '.join(map(str, cfg.background))} "
+                             "disagree: give one of them")
         cfg.background = (1.0, 1.0, 1.0)
     return cfg
 
 
-def train_model(dataset, a, cfg):
+def train_model(dataset, a, cfg, settings=None):
+    """Train on ``dataset`` with the pipeline for the ranks at hand; ``settings`` (the command's
+    options) are written with the trainer's config to ``OUT/cfg.json`` before the first step."""
     from engine.trainer import SNAPSHOT
-    from pathlib import Path
     comm = mpi_comm(batched=getattr(a, "batch_size", None) is not None)
     if comm is not None:
         from engine.distributed import select_device
@@ -46,6 +57,8 @@ def train_model(dataset, a, cfg):
         t.cfg.iterations = cfg.iterations
         if comm is None or comm.Get_rank() == 0:
             print(f"resumed from {snap} at step {t.step}")
+    if settings is not None and t.is_root:
+        write_settings(t.out / "cfg.json", recorded_settings(settings, t, comm))
     try:
         t.train(progress=not getattr(a, "quiet", False) and (comm is None or comm.Get_rank() == 0))
     except KeyboardInterrupt:
@@ -53,33 +66,86 @@ def train_model(dataset, a, cfg):
     except FloatingPointError as e:
         raise SystemExit(f"error: {e}")
     except MemoryError as e:
-        raise SystemExit(f"error: out of memory ({e}); try --max-gaussians N, a smaller --images folder "
-                         "(e.g. images_4), or --densify-until with an earlier step")
+        raise SystemExit(f"error: out of memory ({e}); try --max-gaussians N, --resolution 2 (or more), "
+                         "or --densify-until with an earlier step")
     return t
 
 
+def recorded_settings(settings, t, comm):
+    """What ``OUT/cfg.json`` holds: the command's settings (paths made absolute, the batch size the
+    ranks make) and the trainer's config as it trains (the S3IM weight the data chose, the SH
+    degree of an ``--init-ply``), by name, as a ``--config`` file takes them."""
+    recorded = {k: v for k, v in settings.items() if k not in NOT_RECORDED}
+    for k in ("data", "init_ply"):
+        if recorded.get(k):
+            recorded[k] = str(Path(recorded[k]).resolve())
+    if recorded.get("batch_size") is None and comm is not None:
+        recorded["batch_size"] = comm.Get_size()
+    recorded.update(asdict(t.cfg))
+    return recorded
+
+
 def cmd_train(a):
+    settings = resolve(a, train_parser())
+    for name in ("data", "out"):
+        if getattr(a, name) is None:
+            raise ConfigError(f"--{name} is required (on the command line or in a --config file)")
     comm = mpi_comm(batched=a.batch_size is not None)
     if comm is None:
-        return run_training(a)
+        return run_training(a, settings)
     from comm import abort_on_error
     with abort_on_error(comm):  # one rank failing stops them all, with its message
         try:
-            return run_training(a)
+            return run_training(a, settings)
         except (ValueError, OSError) as e:  # bad input: the message, not a traceback
             if os.environ.get("NUMBASPLAT_DEBUG"):
                 raise
             raise SystemExit(f"error: {e}")
 
 
-def run_training(a):
+def run_training(a, settings):
+    from engine.trainer import SNAPSHOT
+    from numbasplat.backend import BACKEND
+    output_folder(a.out)
     cfg = config_from_args(a)
+    # every view trains unless --eval (Inria's split) or --test-every holds some out
     dataset = load_data(a, cfg.background, HOLD_OUT_EVERY if a.eval else None)
-    t = train_model(dataset, a, cfg)
-    if a.eval or dataset.test:
+    comm = mpi_comm(batched=a.batch_size is not None)
+    root = comm is None or comm.Get_rank() == 0
+    if root:
+        print("\n".join(dataset.summary(None if a.init_ply else cfg.n_random_init)))
+        if a.init_ply:
+            print(f"initial Gaussians: from {a.init_ply} (--init-ply), not the points above")
+        hint = slow_cpu_hint(dataset, BACKEND)
+        if hint:
+            print(hint)
+    t = train_model(dataset, a, cfg, settings)
+    if dataset.test:
         summary = t.evaluate(save_dir=(a.out + "/test_renders") if a.eval else None)
         if summary is not None:  # rank 0 of a distributed run
             write_metrics(summary, a.out)
+    elif root:
+        print(f"trained on all {len(dataset.train)} views; no test split{'' if a.eval else ' (use --eval)'}; "
+              f"{t.step} steps in {t.train_seconds:.1f} s; snapshot {Path(a.out) / SNAPSHOT}")
+
+
+def slow_cpu_hint(dataset, backend):
+    """One line when training on the ``backend`` will be slow (the CPU, views above
+    ``CPU_SLOW_PIXELS``): a step's rough time at the largest training view and the ``--resolution``
+    that brings its image file under that size; None otherwise."""
+    if backend != "cpu" or not dataset.train:
+        return None
+    view = max(dataset.train, key=lambda v: v.width * v.height)
+    pixels = view.width * view.height
+    if pixels <= CPU_SLOW_PIXELS:
+        return None
+    p = view.provenance
+    width, height = p.file_size if p is not None and p.file_size[0] else (view.width, view.height)
+    factor = 2
+    while (width / factor) * (height / factor) > CPU_SLOW_PIXELS:
+        factor *= 2
+    return (f"CPU backend: about {pixels * CPU_SECONDS_PER_PIXEL:.0f} s a step at {view.width}x{view.height}; "
+            f"use --resolution {factor} or a GPU")
 
 
 def cmd_demo(a):
@@ -96,49 +162,37 @@ def cmd_demo(a):
     write_metrics(t.evaluate(), a.out)
 
 
-def add_commands(sub):
-    t = sub.add_parser("train", help="train on a capture")
-    add_data_options(t)
-    t.add_argument("--iters", dest="iterations", type=count(1), default=None)
-    t.add_argument("--eval", action="store_true", help="evaluate on the test split and save renders")
-    t.add_argument("--resume", action="store_true", help="continue from OUT/snapshot.h5")
-    t.add_argument("--init-ply", default=None, help="start from the Gaussians of a PLY file (3DGS layout)")
-    t.add_argument("--init-points", dest="n_random_init", type=count(1), default=None,
-                   help="random points to start from when the capture has no SfM points (default 100000)")
-    t.add_argument("--strategy", choices=["default", "mcmc"], default=None)
-    t.add_argument("--loss", choices=["global", "tile"], default=None,
-                   help="global: L1 + windowed SSIM; tile: L1 + S3IM per tile, fused on GPUs (ByteSplat)")
-    t.add_argument("--s3im-repeats", type=count(1), default=None,
-                   help="with --loss tile: arrangements of each tile's pixels into S3IM windows, the first "
-                        "spatial and the others random (default 10, as published)")
-    t.add_argument("--lambda-s3im", type=fraction, default=None,
-                   help="with --loss tile: the weight l of (1 - l) L1 + l (1 - S3IM) (default 0.5 where "
-                        "the images have alpha, objects on a plain background such as Blender scenes; else 0.2)")
-    t.add_argument("--cap-max", type=count(1), default=None, help="Gaussian cap of the mcmc strategy")
-    t.add_argument("--max-gaussians", type=count(0), default=None, help="memory guard: stop growing at N Gaussians")
-    t.add_argument("--densify-until", type=count(0), default=None)
-    t.add_argument("--absgrad", action="store_true", default=None)
-    t.add_argument("--grad-threshold", type=positive, default=None,
-                   help="default strategy: densify Gaussians whose mean screen-space gradient reaches this "
-                        "(default 2e-4)")
-    t.add_argument("--random-background", action="store_true", default=None)
-    t.add_argument("--antialias", action="store_true", default=None)
-    t.add_argument("--visible-adam", action="store_true", default=None)
-    t.add_argument("--snapshot-every", type=count(0), default=None)
-    t.add_argument("--sh-degree", type=int, choices=range(4), default=None)
-    t.add_argument("--seed", type=int, default=None)
-    t.add_argument("--quiet", action="store_true")
-    t.add_argument("--batch-size", type=count(1), default=None,
+def add_train_options(p):
+    """The ``train`` command's options: the capture, the run, and every ``TrainConfig`` field."""
+    add_data_options(p, required=False)  # --data and --out may come from a config file
+    switch(p, "--eval", help=f"hold out every {HOLD_OUT_EVERY}th image (or every --test-every), evaluate on them "
+                             "and save their renders (without it and --test-every every view trains)")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/snapshot.h5")
+    p.add_argument("--init-ply", default=None, help="start from the Gaussians of a PLY file (3DGS layout)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--batch-size", type=count(1), default=None,
                    help="views per step (default: the number of MPI ranks; given without mpirun, the batched "
                         "pipeline runs in one process)")
-    t.add_argument("--batch-lr-exponent", type=fraction, default=None,
-                   help="at batch B the learning rates are scaled by B ** this (default 0.5, as Grendel does; "
-                        "Adam's betas are raised to the power B)")
-    t.add_argument("--grad-comm", choices=["sparse", "dense"], default="sparse",
+    p.add_argument("--grad-comm", choices=["sparse", "dense"], default="sparse",
                    help="backward exchange under MPI: zero-eliding (ByteSplat) or dense")
-    t.add_argument("--transport", choices=TRANSPORTS, default="auto",
+    p.add_argument("--transport", choices=TRANSPORTS, default="auto",
                    help="how GPU buffers cross ranks under MPI: auto picks a CUDA-aware MPI, else NCCL when "
                         "every rank has its own GPU, else copies through host memory")
+    add_config_options(p)
+
+
+def train_parser():
+    """The ``train`` options on a parser of their own, with their defaults: what reads a config file."""
+    p = argparse.ArgumentParser(prog="run.py train", exit_on_error=False)
+    add_train_options(p)
+    return p
+
+
+def add_commands(sub):
+    t = sub.add_parser("train", help="train on a capture")
+    add_train_options(t)
+    # every option None unless given: a --config file or the default fills it in (cli/config.resolve)
+    t.set_defaults(**dict.fromkeys(vars(t.parse_args([])), None))
     t.set_defaults(fn=cmd_train)
     d = sub.add_parser("demo", help="train the built-in scene (also: no arguments)")
     d.add_argument("--iters", dest="iterations", type=count(1), default=None)

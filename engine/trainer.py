@@ -38,36 +38,49 @@ SNAPSHOT = "snapshot.h5"
 
 @dataclass
 class TrainConfig:
-    """Defaults of the reference 3DGS implementation."""
-    iterations: int = 30_000
-    sh_degree: int = 3
-    sh_increase_every: int = 1000
-    lambda_dssim: float = 0.2
+    """A run's settings; the defaults are the reference 3DGS implementation's.  Every field is a
+    flag of ``run.py train`` (its name with dashes) and a key of its ``--config`` file, and the
+    comment beside a field (with the comment lines below it in the same column) is that flag's help."""
+    iterations: int = 30_000          # training steps, in images
+    sh_degree: int = 3                # the highest degree of the spherical harmonics of the colours (0-3)
+    sh_increase_every: int = 1000     # one SH degree more every this many steps, up to sh_degree
+    lambda_dssim: float = 0.2         # global loss: the weight l of (1 - l) L1 + l (1 - SSIM)
     loss: str = "global"              # global: L1 + windowed SSIM; tile: L1 + S3IM per tile (fused on GPUs)
-    s3im_repeats: int = 10
-    lambda_s3im: float | None = None  # tile loss; None: ``s3im_weight`` of the data
-    lr_means: float = 1.6e-4          # x scene scale, decaying to lr_means_final
-    lr_means_final: float = 1.6e-6
+    s3im_repeats: int = 10            # tile loss: arrangements of each tile's pixels into S3IM windows
+    lambda_s3im: float | None = None  # tile loss: the weight of S3IM; None: ``s3im_weight`` of the data
+    lr_means: float = 1.6e-4          # the means' learning rate (x scene scale), decaying to lr_means_final
+    lr_means_final: float = 1.6e-6    # the means' learning rate (x scene scale) at step lr_means_steps
     lr_means_steps: int = 30_000      # the decay's length, whatever the run's: a 7k run is the start of a 30k one
-    lr_scales: float = 5e-3
-    lr_quats: float = 1e-3
-    lr_opacities: float = 5e-2
-    lr_sh: float = 2.5e-3             # the higher bands train 20x slower
+    lr_scales: float = 5e-3           # the learning rate of the log-scales
+    lr_quats: float = 1e-3            # the learning rate of the rotations (quaternions)
+    lr_opacities: float = 5e-2        # the learning rate of the opacity logits
+    lr_sh: float = 2.5e-3             # the learning rate of the colours' SH degree 0;
+                                      # the higher bands train 20x slower
     strategy: str = "default"         # default | mcmc
-    cap_max: int = 1_000_000          # mcmc
+    cap_max: int = 1_000_000          # mcmc: the most Gaussians
+    mcmc_opacity_reg: float = 0.01    # mcmc: the weight of the L1 regulariser on opacities
+    mcmc_scale_reg: float = 0.01      # mcmc: the weight of the L1 regulariser on scales
+    mcmc_noise_lr: float = 5e5        # mcmc: the scale of the noise on the means (x their learning rate)
     max_gaussians: int = 0            # memory guard for the default strategy (0: device capacity)
-    absgrad: bool = False
-    grad_threshold: float = 2e-4
+    absgrad: bool = False             # default strategy: densify on the absolute screen-space gradients
+    grad_threshold: float = 2e-4      # default strategy: densify Gaussians whose mean screen-space gradient
+                                      # reaches this
+    densify_from: int = 500           # default strategy: the first step that densifies and prunes
+    densify_until: int = 15_000       # default strategy: no densification or opacity reset from this step
+    densify_every: int = 100          # default strategy: densify and prune every this many steps
+    opacity_reset_every: int = 3000   # default strategy: set every opacity to at most 0.01 every this many steps
+    prune_opacity: float = 0.005      # default strategy: prune Gaussians less opaque than this
+    percent_dense: float = 0.01       # default strategy: Gaussians larger than this (x scene scale) split,
+                                      # smaller ones clone
     batch_lr_exponent: float = 0.5    # at batch B the learning rates are scaled by B ** this (Grendel: sqrt)
-    densify_until: int = 15_000
-    random_background: bool = False
-    background: tuple = (0.0, 0.0, 0.0)
-    antialias: bool = False
-    visible_adam: bool = False
-    snapshot_every: int = 5000
-    log_every: int = 100
-    seed: int = 0
-    n_random_init: int = 100_000
+    random_background: bool = False   # render each step on a random background colour (the targets keep theirs)
+    background: tuple = (0.0, 0.0, 0.0)  # the background colour, RGB in [0, 1]
+    antialias: bool = False           # Mip-Splatting's 2D filter, compensating the opacity
+    visible_adam: bool = False        # Adam updates only the Gaussians the step saw
+    snapshot_every: int = 5000        # write OUT/snapshot.h5 every this many steps (0: at the end only)
+    log_every: int = 100              # a line of OUT/log.jsonl every this many steps
+    seed: int = 0                     # the random seed (the views' order, random points, densification)
+    n_random_init: int = 100_000      # random points to start from when the capture has no SfM points
 
 
 def s3im_weight(dataset):
@@ -108,11 +121,14 @@ class Trainer(ABC):
         c = self.cfg
         if c.strategy == "default":
             # no refinement or opacity reset at the last step: nothing would train what they change
-            return DefaultStrategy(grad_threshold=c.grad_threshold, refine_stop=min(c.densify_until, c.iterations),
-                                   absgrad=c.absgrad,
+            return DefaultStrategy(grad_threshold=c.grad_threshold, refine_start=c.densify_from,
+                                   refine_stop=min(c.densify_until, c.iterations), refine_every=c.densify_every,
+                                   reset_every=c.opacity_reset_every, prune_opacity=c.prune_opacity,
+                                   percent_dense=c.percent_dense, absgrad=c.absgrad,
                                    reset_at_start=tuple(c.background) == (1.0, 1.0, 1.0))
         if c.strategy == "mcmc":
-            return MCMCStrategy(cap_max=c.cap_max)
+            return MCMCStrategy(cap_max=c.cap_max, opacity_reg=c.mcmc_opacity_reg, scale_reg=c.mcmc_scale_reg,
+                                noise_lr=c.mcmc_noise_lr)
         raise ValueError(f"unknown strategy {c.strategy!r} (default or mcmc)")
 
     # ------------------------------------------------------------------ the recipe
@@ -129,6 +145,7 @@ class Trainer(ABC):
             while self.step < until:
                 prev = self.step
                 loss, events = self.train_step()
+                bar.update(self.step)
                 if events:
                     self._device_memory_peak(release_cache=True)
                 crossed = lambda every: every and prev // every != self.step // every  # noqa: E731
@@ -141,7 +158,7 @@ class Trainer(ABC):
                     if logf:
                         logf.write(json.dumps(rec) + "\n")
                         logf.flush()
-                    bar.update(self.step, loss=loss, psnr=p, n=rec.get("gaussians_total", len(self.model)))
+                    bar.show(loss, p, rec.get("gaussians_total", len(self.model)))
                 if crossed(c.snapshot_every) and self.step < c.iterations:
                     self.train_seconds += time.perf_counter() - t0
                     t0 = time.perf_counter()
@@ -343,26 +360,82 @@ def save_png(path, img):
 
 
 class Progress:
-    """A one-line progress bar: iterations per second, loss, PSNR, Gaussian count and ETA."""
+    """The progress bar of a run: iterations per second, loss, PSNR, Gaussian count and ETA.
 
-    def __init__(self, total, start=0, enabled=True, stream=sys.stderr):
-        self.total, self.start, self.enabled, self.stream = total, start, enabled, stream
-        self.t0 = time.perf_counter()
+    ``update(step)`` after every step (cheap: no device sync; the bar redraws at most every
+    ``min_interval`` seconds), ``show(loss, psnr, gaussians)`` at log steps, where those are read.
+    On a terminal the bar is tqdm's when it is installed, else a line of its own redrawn in place;
+    elsewhere (a batch job's log file) it is a plain line per log step, at most one every
+    ``line_interval`` seconds, so that the log holds no carriage-return redraws.
+    """
 
-    def update(self, step, loss, psnr, n):
+    def __init__(self, total, start=0, enabled=True, stream=None, min_interval=0.25, line_interval=10.0,
+                 use_tqdm=None):
+        self.total, self.step, self.enabled = total, start, enabled
+        self.stream = sys.stderr if stream is None else stream
+        self.min_interval, self.line_interval = min_interval, line_interval
+        self.tty = enabled and _isatty(self.stream)
+        self.stats = ""
+        self.start, self.t0 = start, time.perf_counter()
+        self.last_draw = -math.inf
+        self.bar = self._tqdm(use_tqdm) if self.tty else None
+
+    def _tqdm(self, use_tqdm):
+        if use_tqdm is False:
+            return None
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            if use_tqdm:
+                raise
+            return None
+        return tqdm(total=self.total, initial=self.start, file=self.stream, mininterval=self.min_interval,
+                    dynamic_ncols=True, smoothing=0.1)
+
+    def update(self, step):
+        """The run reached ``step``."""
         if not self.enabled:
             return
-        dt = time.perf_counter() - self.t0
-        rate = (step - self.start) / dt if dt > 0 else 0.0
-        eta = (self.total - step) / rate if rate > 0 else float("inf")
-        frac = step / self.total
+        if self.bar is not None:
+            self.bar.update(step - self.step)
+        self.step = step
+        if self.bar is None and self.tty and time.perf_counter() - self.last_draw >= self.min_interval:
+            self._draw("\r")
+
+    def show(self, loss, psnr, gaussians):
+        """The last log step's loss, PSNR and Gaussian count, shown until the next one."""
+        if not self.enabled:
+            return
+        self.stats = f"loss {loss:.4f} psnr {psnr:5.2f} gaussians {gaussians:,}"
+        if self.bar is not None:
+            self.bar.set_postfix_str(self.stats, refresh=False)
+        elif not self.tty and (time.perf_counter() - self.last_draw >= self.line_interval
+                               or self.step >= self.total):
+            self._draw("", "\n")
+
+    def _draw(self, start, end=""):
+        now = time.perf_counter()
+        dt = now - self.t0
+        rate = (self.step - self.start) / dt if dt > 0 else 0.0
+        eta = (self.total - self.step) / rate if rate > 0 else math.inf
+        frac = min(1.0, self.step / self.total) if self.total else 1.0
         bar = "#" * int(20 * frac) + "-" * (20 - int(20 * frac))
         eta_s = f"{eta:6.0f}s" if math.isfinite(eta) else "     ?"
-        self.stream.write(f"\r[{bar}] {step}/{self.total} {rate:6.1f} it/s loss {loss:.4f} "
-                          f"psnr {psnr:5.2f} gaussians {n} eta {eta_s}")
+        self.stream.write(f"{start}[{bar}] {self.step}/{self.total} {rate:6.1f} it/s {self.stats} eta {eta_s}{end}")
         self.stream.flush()
+        self.last_draw = now
 
     def close(self):
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        elif self.tty:
+            self._draw("\r", "\n")
+        self.enabled = False
+
+
+def _isatty(stream):
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False

@@ -1,5 +1,6 @@
 """The recipe (through the single-GPU pipeline): resume equals an uninterrupted run, the schedules, Ctrl-C,
 divergence, and the CLI."""
+import io
 import json
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from conftest import REPO_ROOT
 from engine.demo import make_dataset
 from engine.single_gpu import SingleGPUTrainer
 from engine.strategy import Context
-from engine.trainer import SNAPSHOT, TrainConfig
+from engine.trainer import SNAPSHOT, Progress, TrainConfig
 from numbasplat.optim import GROUPS
 from test_strategy import model_of
 
@@ -196,3 +197,77 @@ def test_cli_train_export_and_evaluate_a_ply(dataset, tmp_path):
     assert r.returncode == 0, r.stderr
     again = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert abs(again["psnr"] - trained["psnr"]) < 1e-3 and again["gaussians"] == trained["gaussians"]
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_redraws_between_log_steps_on_a_terminal():
+    """Every step moves the bar (at most every min_interval seconds); loss, PSNR and the Gaussian
+    count are the last log step's."""
+    term = Terminal()
+    bar = Progress(100, stream=term, min_interval=0.0, use_tqdm=False)
+    bar.update(10)
+    bar.show(0.1234, 21.5, 12345)
+    bar.update(11)
+    bar.update(50)
+    bar.close()
+    frames = term.getvalue().split("\r")[1:]
+    assert len(frames) == 4 and frames[-1].endswith("\n"), frames
+    assert frames[0].startswith("[##") and "10/100" in frames[0] and "it/s" in frames[0] and "eta" in frames[0]
+    assert "50/100" in frames[2] and "loss 0.1234 psnr 21.50 gaussians 12,345" in frames[2], frames[2]
+    slow = Terminal()
+    bar = Progress(100, stream=slow, min_interval=3600.0, use_tqdm=False)
+    for step in range(1, 50):
+        bar.update(step)
+    assert slow.getvalue().count("\r") == 1   # drawn once: the next redraw is an hour away
+
+
+def test_progress_through_tqdm():
+    pytest.importorskip("tqdm")
+    term = Terminal()
+    bar = Progress(100, start=10, stream=term, min_interval=0.0, use_tqdm=True)
+    for step in range(11, 60):
+        bar.update(step)
+    bar.show(0.1234, 21.5, 12345)
+    bar.update(60)
+    bar.close()
+    last = term.getvalue().rstrip("\n").split("\r")[-1]
+    assert "60/100" in last and "it/s" in last and "loss 0.1234 psnr 21.50 gaussians 12,345" in last, last
+
+
+def test_progress_off_a_terminal_is_plain_lines_and_quiet_is_nothing():
+    log = io.StringIO()   # a batch job's log file: no carriage returns, a line per log step at most every 10 s
+    bar = Progress(100, stream=log)
+    for step in range(1, 101):
+        bar.update(step)
+        if step % 10 == 0:
+            bar.show(0.5, 20.0, 1000)
+    bar.close()
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and [line.split()[1] for line in lines] == ["10/100", "100/100"], lines
+    quiet = Terminal()
+    bar = Progress(100, enabled=False, stream=quiet)
+    bar.update(5)
+    bar.show(0.5, 20.0, 1000)
+    bar.close()
+    assert quiet.getvalue() == ""
+
+
+def test_train_moves_the_bar_every_step(dataset, tmp_path, monkeypatch):
+    import engine.trainer
+    calls = []
+
+    class Recorder(Progress):
+        def update(self, step):
+            calls.append(("update", step))
+
+        def show(self, loss, psnr, gaussians):
+            calls.append(("show", gaussians))
+
+    monkeypatch.setattr(engine.trainer, "Progress", Recorder)
+    SingleGPUTrainer(dataset, tmp_path, small_config(iterations=12, log_every=5), backend="cpu").train(progress=False)
+    assert [s for kind, s in calls if kind == "update"] == list(range(1, 13))
+    assert sum(kind == "show" for kind, _ in calls) == 3   # steps 5, 10 and the last

@@ -1,0 +1,165 @@
+"""cli/config.py: a flag for every TrainConfig field, the --config file (JSON, YAML) under the flags,
+and its errors, each one line naming the file and the key."""
+import argparse
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+import cli
+from cli import config, train
+from engine.trainer import TrainConfig
+
+
+@pytest.fixture
+def resolved(monkeypatch):
+    """cli.main(argv) -> (the options, the settings) that ``train`` would run with (nothing trains)."""
+    seen = {}
+    monkeypatch.setattr(train, "run_training", lambda a, settings: seen.update(a=a, settings=settings))
+
+    def parse(*argv):
+        assert cli.main(["train", *argv]) == 0
+        return seen["a"], seen["settings"]
+    return parse
+
+
+def test_every_field_is_a_flag_with_help_and_its_default():
+    p = train.train_parser()
+    defaults = vars(p.parse_args([]))
+    helps = config.field_comments(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        assert defaults[f.name] == f.default, f.name
+        assert f.name in helps or "help" in config.FLAGS.get(f.name, {}), f"{f.name}: no comment for its help"
+        flag = "--" + f.name.replace("_", "-")  # a config file's key with dashes is always its flag
+        if isinstance(f.default, bool):
+            assert getattr(p.parse_args([flag]), f.name) is True
+            assert getattr(p.parse_args(["--no-" + flag[2:]]), f.name) is False
+        elif isinstance(f.default, int):
+            assert getattr(p.parse_args([flag, "2"]), f.name) == 2, f.name
+        elif isinstance(f.default, tuple):
+            assert getattr(p.parse_args([flag, "0.5", "0.5", "0.5"]), f.name) == [0.5] * 3, f.name
+        elif not isinstance(f.default, str):  # a float, or None (lambda_s3im)
+            assert getattr(p.parse_args([flag, "0.5"]), f.name) == 0.5, f.name
+        with pytest.raises((argparse.ArgumentError, SystemExit)):
+            p.parse_args([flag, "-1"])  # no setting is negative
+
+
+def test_flags_reach_the_config(resolved):
+    a, settings = resolved("--data", "d", "--out", "o", "--iters", "7", "--lr-means", "1e-4", "--lr-means-final", "1e-6",
+                           "--lr-scales", "0.004", "--lr-quats", "0.002", "--lr-opacities", "0.03", "--lr-sh", "0.001",
+                           "--lambda-dssim", "0.3", "--sh-degree", "2", "--sh-increase-every", "500",
+                           "--densify-from", "100", "--densify-until", "900", "--densify-every", "50",
+                           "--opacity-reset-every", "400", "--grad-threshold", "3e-4", "--log-every", "5",
+                           "--snapshot-every", "0", "--background", "0.5", "0.25", "1", "--init-points", "300",
+                           "--resolution", "2", "--max-width", "0", "--test-every", "4")
+    cfg = train.config_from_args(a)
+    assert (cfg.iterations, cfg.lr_means, cfg.lr_means_final, cfg.lr_scales, cfg.lr_quats, cfg.lr_opacities,
+            cfg.lr_sh) == (7, 1e-4, 1e-6, 0.004, 0.002, 0.03, 0.001)
+    assert (cfg.lambda_dssim, cfg.sh_degree, cfg.sh_increase_every) == (0.3, 2, 500)
+    assert (cfg.densify_from, cfg.densify_until, cfg.densify_every, cfg.opacity_reset_every) == (100, 900, 50, 400)
+    assert (cfg.grad_threshold, cfg.log_every, cfg.snapshot_every, cfg.n_random_init) == (3e-4, 5, 0, 300)
+    assert cfg.background == (0.5, 0.25, 1.0)
+    assert (settings["resolution"], settings["max_width"], settings["test_every"]) == (2, 0, 4)
+    assert "resume" not in settings and "config" not in settings
+    # what is not given keeps its default
+    assert (cfg.lr_means_steps, cfg.strategy, settings["format"], settings["eval"]) == (30_000, "default", "auto", False)
+
+
+def test_the_strategy_takes_the_densification_settings(tmp_path):
+    from engine.demo import make_dataset
+    from engine.single_gpu import SingleGPUTrainer
+    ds = make_dataset(size=16, n_views=3, backend="cpu")
+    cfg = TrainConfig(iterations=800, densify_from=100, densify_until=700, densify_every=50, opacity_reset_every=400,
+                      prune_opacity=0.01, percent_dense=0.02, grad_threshold=3e-4)
+    s = SingleGPUTrainer(ds, tmp_path, cfg, backend="cpu").strategy
+    assert (s.refine_start, s.refine_stop, s.refine_every, s.reset_every, s.prune_opacity, s.percent_dense,
+            s.grad_threshold) == (100, 700, 50, 400, 0.01, 0.02, 3e-4)
+    cfg = TrainConfig(strategy="mcmc", cap_max=99, mcmc_opacity_reg=0.5, mcmc_scale_reg=0.25, mcmc_noise_lr=7.0)
+    s = SingleGPUTrainer(ds, tmp_path, cfg, backend="cpu").strategy
+    assert (s.cap_max, s.opacity_reg, s.scale_reg, s.noise_lr) == (99, 0.5, 0.25, 7.0)
+
+
+def write(path, settings):
+    path.write_text(json.dumps(settings))
+    return str(path)
+
+
+def test_flags_override_the_file_and_the_file_the_defaults(resolved, tmp_path):
+    f = write(tmp_path / "run.json", {"data": "d", "out": "o", "iterations": 50, "lr_means": 0.001, "eval": True,
+                                      "absgrad": True, "background": [1, 1, 1], "test_every": 4, "lambda_s3im": None})
+    a, settings = resolved("--config", f, "--iters", "9", "--no-absgrad")
+    cfg = train.config_from_args(a)
+    assert (cfg.iterations, cfg.lr_means, cfg.absgrad, cfg.background) == (9, 0.001, False, (1.0, 1.0, 1.0))
+    assert (a.eval, a.test_every, a.data, a.out, cfg.lr_scales, cfg.lambda_s3im) == (True, 4, "d", "o", 5e-3, None)
+    a, _ = resolved("--config", f, "--no-eval", "--out", "elsewhere")
+    assert (a.eval, a.out) == (False, "elsewhere")
+
+
+def test_yaml_config(resolved, tmp_path):
+    pytest.importorskip("yaml")
+    f = tmp_path / "run.yaml"
+    f.write_text("data: d\nout: o\nlr_means: 1e-4   # YAML reads this as a string: checked as the flag would\n"
+                 "sh_degree: 1\nloss: tile\nwhite_background: true\n")
+    a, _ = resolved("--config", str(f))
+    cfg = train.config_from_args(a)
+    assert (cfg.lr_means, cfg.sh_degree, cfg.loss, cfg.background) == (1e-4, 1, "tile", (1.0, 1.0, 1.0))
+
+
+def fails(capsys, *argv):
+    assert cli.main(["train", *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    return err
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"lr_mean": 0.1}, ["unknown key 'lr_mean'", "did you mean 'lr_means'"]),
+    ({"iterations": "many"}, ["iterations", "expected an integer, got 'many'"]),
+    ({"iterations": 0}, ["iterations", "must be at least 1"]),
+    ({"loss": "l2"}, ["loss", "invalid choice"]),
+    ({"eval": "yes"}, ["eval", "expected true or false"]),
+    ({"data": True}, ["data", "expected a value"]),
+    ({"background": [1, 1]}, ["background", "expected 3 arguments"]),
+    ({"lambda_dssim": 2}, ["lambda_dssim", "between 0 and 1"]),
+    ({"resume": True}, ["'resume' is not a setting", "--resume"]),
+])
+def test_a_bad_setting_is_one_line_naming_the_file_and_key(capsys, tmp_path, settings, words):
+    f = write(tmp_path / "run.json", {"data": "d", "out": "o", **settings})
+    err = fails(capsys, "--config", f)
+    for w in [f"config file {f}", *words]:
+        assert w in err, err
+
+
+def test_bad_config_files(capsys, tmp_path, monkeypatch):
+    assert "cannot read it" in fails(capsys, "--config", str(tmp_path / "missing.json"))
+    (tmp_path / "run.toml").write_text("")
+    assert "expected a .json, .yaml or .yml file" in fails(capsys, "--config", str(tmp_path / "run.toml"))
+    (tmp_path / "bad.json").write_text("{data: d")
+    assert "not valid JSON" in fails(capsys, "--config", str(tmp_path / "bad.json"))
+    assert "expected a mapping" in fails(capsys, "--config", write(tmp_path / "list.json", [1, 2]))
+    assert "--data is required" in fails(capsys, "--config", write(tmp_path / "no_data.json", {"out": "o"}))
+    (tmp_path / "run.yaml").write_text("data: d\n")
+    monkeypatch.setitem(sys.modules, "yaml", None)  # PyYAML not installed
+    assert "pip install pyyaml" in fails(capsys, "--config", str(tmp_path / "run.yaml"))
+
+
+def test_white_background_and_another_background_disagree(capsys):
+    err = fails(capsys, "--data", "d", "--out", "o", "--white-background", "--background", "0.5", "0.5", "0.5")
+    assert "--white-background" in err and "--background" in err
+
+
+def test_field_comments_are_the_help():
+    @dataclass
+    class Settings:
+        """A docstring: not a comment."""
+        # a heading above a field is not its help
+        plain: int = 1
+        steps: int = 2        # how many steps
+        rate: float = 0.5     # a rate, which
+                              # continues here
+        # another heading
+        last: str = "x"       # the last one
+    assert config.field_comments(Settings) == {"steps": "how many steps", "rate": "a rate, which continues here",
+                                               "last": "the last one"}

@@ -1,0 +1,87 @@
+"""cli/train.py: what a run on a user's capture says and writes: the loaded data, the hold-out
+options, OUT/cfg.json (a config file that repeats the run), the slow-CPU hint, a bad --out."""
+import json
+
+import numpy as np
+import pytest
+
+import cli
+from cli import train
+from data import Dataset, View
+from data.scene import Provenance
+from engine.trainer import TrainConfig
+from numbasplat import Camera
+from tests.dataset_files import CAMS, colmap_scene
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory):
+    """Ten 32x24 views with a few SfM points."""
+    root = tmp_path_factory.mktemp("capture")
+    colmap_scene(root, ".bin", n_images=10, cams=[CAMS[0]])
+    return root
+
+
+def run(capsys, *argv):
+    assert cli.main(["train", "--quiet", "--init-points", "200", "--sh-degree", "1", *argv]) == 0
+    return capsys.readouterr().out
+
+
+def test_every_view_trains_unless_told_and_cfg_json_repeats_the_run(capture, tmp_path, capsys):
+    out = tmp_path / "all"
+    said = run(capsys, "--data", str(capture), "--out", str(out), "--iters", "2", "--lr-means", "1e-4")
+    assert said.splitlines()[:2] == [f"colmap scene {capture}", "images: 10 train, no test views; 32x24"]
+    assert "initial points: 5 from sparse/0/points3D.bin" in said
+    assert "trained on all 10 views; no test split (use --eval); 2 steps" in said.splitlines()[-1]
+    assert not (out / "metrics.json").exists()
+    recorded = json.loads((out / "cfg.json").read_text())
+    assert {f: recorded[f] for f in ("data", "test_every", "eval", "resolution", "max_width", "batch_size")} == {
+        "data": str(capture.resolve()), "test_every": None, "eval": False, "resolution": None, "max_width": 1600,
+        "batch_size": None}
+    assert (recorded["iterations"], recorded["lr_means"], recorded["sh_degree"]) == (2, 1e-4, 1)
+    assert recorded["lambda_s3im"] == 0.2   # as the trainer chose it for these (opaque) images
+    assert set(TrainConfig.__dataclass_fields__) <= set(recorded) and "out" not in recorded
+
+    # the recorded file is a config file: the same run elsewhere, with every 5th view held out
+    again = tmp_path / "again"
+    said = run(capsys, "--config", str(out / "cfg.json"), "--out", str(again), "--test-every", "5")
+    assert "images: 8 train, 2 test (every 5th image); 32x24" in said
+    assert "test PSNR" in said.splitlines()[-1] and (again / "metrics.json").is_file()
+    assert not (again / "test_renders").exists()   # renders are --eval's
+    assert json.loads((again / "cfg.json").read_text()) == {**recorded, "test_every": 5}
+
+    # --eval: Inria's split, every 8th view, and the test renders
+    said = run(capsys, "--config", str(out / "cfg.json"), "--out", str(tmp_path / "eval"), "--eval")
+    assert "images: 8 train, 2 test (every 8th image); 32x24" in said
+    assert len(list((tmp_path / "eval" / "test_renders").glob("*.png"))) == 2
+
+
+def test_resolution_and_max_width_reach_the_loader(capture, tmp_path, capsys):
+    said = run(capsys, "--data", str(capture), "--out", str(tmp_path), "--iters", "1", "--resolution", "2")
+    assert "images: 10 train, no test views; 16x12 (downscaled from 32x24: resolution 1/2)" in said
+    said = run(capsys, "--data", str(capture), "--out", str(tmp_path), "--iters", "1", "--max-width", "8")
+    assert "images: 10 train, no test views; 8x6 (downscaled from 32x24: max width 8 px)" in said
+
+
+def view_of(width, height, file_size=None):
+    cam = Camera(np.eye(4), 1.0, 1.0, width / 2, height / 2, width, height)
+    provenance = Provenance(file_size=file_size, scaled_size=(width, height)) if file_size else None
+    return View("v.png", None, cam, provenance=provenance)
+
+
+def test_slow_cpu_hint():
+    hd = Dataset(train=[view_of(32, 24), view_of(1600, 900, file_size=(1920, 1080))], test=[])
+    assert train.slow_cpu_hint(hd, "cpu") == "CPU backend: about 43 s a step at 1600x900; use --resolution 4 or a GPU"
+    assert train.slow_cpu_hint(hd, "cuda") is None
+    assert train.slow_cpu_hint(Dataset(train=[view_of(480, 270, file_size=(1920, 1080))], test=[]), "cpu") is None
+    big = Dataset(train=[view_of(1000, 1000)], test=[])  # no image file: the factor is of its size
+    assert train.slow_cpu_hint(big, "cpu").endswith("at 1000x1000; use --resolution 2 or a GPU")
+
+
+def test_out_naming_a_file_is_one_error_naming_out(capture, tmp_path, capsys):
+    f = tmp_path / "taken"
+    f.write_text("")
+    for out, what in ((f, "it is a file"), (f / "sub", f"{f} is a file")):
+        assert cli.main(["train", "--data", str(capture), "--out", str(out)]) == 1
+        err = capsys.readouterr().err
+        assert err == f"error: --out {out}: {what}, not a folder; give an output folder\n", err
