@@ -59,7 +59,7 @@ def train_model(dataset, a, cfg):
     except Interrupted as e:  # SIGINT, SIGTERM or SIGHUP
         if not e.saved:  # a second Ctrl-C
             raise SystemExit(e.exit_code)
-        if comm is None or comm.Get_rank() == 0:
+        if hasattr(a, "resume") and (comm is None or comm.Get_rank() == 0):  # (demo has no --resume)
             print("to continue, run the same command with --resume")
         raise StoppedTogether(e.exit_code)
     except KeyboardInterrupt:

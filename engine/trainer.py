@@ -103,9 +103,12 @@ class StopSignals:
         self._previous = {}
 
     def install(self):
+        """Catch the stop signals, except those that this process was told to ignore (``nohup``
+        ignores SIGHUP so that closing the terminal does not end the run: it still does not)."""
         self.received = 0
         try:
-            self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
+            self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS
+                              if signal.getsignal(s) is not signal.SIG_IGN}
         except ValueError:  # not the main thread, where Python runs handlers: the signals stay as they were
             self._previous = {}
 

@@ -112,6 +112,25 @@ def test_stop_signals_write_a_snapshot_at_the_step_boundary(dataset, tmp_path, m
     assert back.step == 8
 
 
+def test_ignored_signals_stay_ignored(dataset, tmp_path, monkeypatch):
+    """``nohup`` starts a run with SIGHUP ignored, so that closing the terminal does not end it: it does not."""
+    t = SingleGPUTrainer(dataset, tmp_path, small_config(iterations=4), backend="cpu")
+    real = t.train_step
+
+    def step():
+        if t.step == 2:
+            os.kill(os.getpid(), signal.SIGHUP)
+        return real()
+
+    monkeypatch.setattr(t, "train_step", step)
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        t.train(progress=False)
+        assert t.step == 4 and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
 def test_second_ctrl_c_stops_at_once_without_a_snapshot(dataset, tmp_path, monkeypatch):
     t = SingleGPUTrainer(dataset, tmp_path, small_config(), backend="cpu")
     real = t.train_step
