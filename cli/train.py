@@ -30,10 +30,15 @@ def config_from_args(a):
     return cfg
 
 
+class StoppedTogether(SystemExit):
+    """Every rank stopped training for a signal after the same step and wrote the snapshot: an
+    orderly exit with the signal's code, not a failure for ``abort_on_error`` to spread."""
+
+
 def train_model(dataset, a, cfg, settings=None):
     """Train on ``dataset`` with the pipeline for the ranks at hand; ``settings`` (the command's
     options) are written with the trainer's config to ``OUT/cfg.json`` before the first step."""
-    from engine.trainer import SNAPSHOT
+    from engine.trainer import SNAPSHOT, Interrupted
     comm = mpi_comm(batched=getattr(a, "batch_size", None) is not None)
     if comm is not None:
         from engine.distributed import select_device
@@ -54,6 +59,9 @@ def train_model(dataset, a, cfg, settings=None):
         if not snap.is_file():
             raise SystemExit(f"error: --resume but no snapshot at {snap}")
         t.load_snapshot(snap)
+        if cfg.iterations < t.step:
+            raise SystemExit(f"error: --iters {cfg.iterations} is below step {t.step} of the snapshot to resume "
+                             f"({snap}): give --iters {t.step} or more")
         t.cfg.iterations = cfg.iterations
         if comm is None or comm.Get_rank() == 0:
             print(f"resumed from {snap} at step {t.step}")
@@ -61,6 +69,12 @@ def train_model(dataset, a, cfg, settings=None):
         write_settings(t.out / "cfg.json", recorded_settings(settings, t, comm))
     try:
         t.train(progress=not getattr(a, "quiet", False) and (comm is None or comm.Get_rank() == 0))
+    except Interrupted as e:  # SIGINT, SIGTERM or SIGHUP
+        if not e.saved:  # a second Ctrl-C
+            raise SystemExit(e.exit_code)
+        if hasattr(a, "resume") and (comm is None or comm.Get_rank() == 0):  # (demo has no --resume)
+            print("to continue, run the same command with --resume")
+        raise StoppedTogether(e.exit_code)
     except KeyboardInterrupt:
         raise SystemExit(130)
     except FloatingPointError as e:
@@ -97,10 +111,13 @@ def cmd_train(a):
     with abort_on_error(comm):  # one rank failing stops them all, with its message
         try:
             return run_training(a, settings)
+        except StoppedTogether as e:
+            stopped = e
         except (ValueError, OSError) as e:  # bad input: the message, not a traceback
             if os.environ.get("NUMBASPLAT_DEBUG"):
                 raise
             raise SystemExit(f"error: {e}")
+    raise SystemExit(stopped.code)
 
 
 def run_training(a, settings):

@@ -1,7 +1,31 @@
 """Atomic file replacement, so a crash never leaves a half-written file where a good one was."""
 import os
+import re
 import secrets
 from contextlib import contextmanager
+
+# ``atomic_path``'s temporary files: "<name>.tmp-<pid>-<8 hex digits>", beside the file they replace
+_TEMP = re.compile(r".+\.tmp-[0-9]+-[0-9a-f]{8}")
+
+
+def _temp_path(path):
+    """A fresh temporary name beside ``path`` (the writer's pid and a random tag: no two writers collide)."""
+    return f"{os.fspath(path)}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def remove_stale_temps(folder):
+    """Remove the temporary files that a crash mid-write left in ``folder`` (our pattern only,
+    nothing else); -> their names.  Only for a folder that no other process writes now."""
+    removed = []
+    with os.scandir(folder) as entries:
+        stale = sorted(e.name for e in entries if _TEMP.fullmatch(e.name) and e.is_file(follow_symlinks=False))
+    for name in stale:
+        try:
+            os.unlink(os.path.join(folder, name))
+            removed.append(name)
+        except FileNotFoundError:
+            pass
+    return removed
 
 
 def fsync_path(p, strict=True):
@@ -27,7 +51,7 @@ def atomic_path(path):
     rename it onto ``path``.  On any exception the temporary file is removed
     and ``path`` is left as it was."""
     path = os.fspath(path)
-    tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = _temp_path(path)
     try:
         yield tmp
         fsync_path(tmp)

@@ -1,5 +1,7 @@
-"""What pipelines over several MPI ranks share: one GPU per rank, and cuts of rows or tiles into
-contiguous ranges, one per rank."""
+"""What pipelines over several MPI ranks share: one GPU per rank, the checks that ranks agree, and
+cuts of rows or tiles into contiguous ranges, one per rank."""
+import json
+
 import numpy as np
 
 from numbasplat import backend as _backend
@@ -13,6 +15,30 @@ def select_device(comm):
     import cupy
     local = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
     cupy.cuda.Device(local % cupy.cuda.runtime.getDeviceCount()).use()
+
+
+def disagreement(comm, fields):
+    """Where the ranks' ``fields`` ({name: JSON value}, the same names on every rank) differ: one
+    message, the same on every rank, naming each differing field, the ranks that differ from rank 0
+    and two of the values; None where all agree.  Collective (one gather of the fields)."""
+    mine = {k: json.dumps(v, sort_keys=True, default=str) for k, v in fields.items()}
+    every = comm.allgather(mine)
+    problems = []
+    for name in fields:
+        values = [r[name] for r in every]
+        differ = [r for r, v in enumerate(values) if v != values[0]]
+        if differ:
+            ranks = ("rank " if len(differ) == 1 else "ranks ") + ", ".join(map(str, differ))
+            problems.append(f"{name} differs on {ranks} (rank 0: {values[0]}, rank {differ[0]}: {values[differ[0]]})")
+    return "; ".join(problems) or None
+
+
+def max_over_ranks(comm, value):
+    """The largest of the ranks' integers ``value``: one small host allreduce.  Collective."""
+    from mpi4py import MPI
+    buf = np.array([value], np.int64)
+    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
+    return int(buf[0])
 
 
 def even_bounds(n, parts):

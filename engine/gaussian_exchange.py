@@ -24,6 +24,7 @@ One rank (``COMM_SELF``) runs the same pipeline: batched training in one process
 """
 import math
 import time
+from dataclasses import asdict
 
 import numpy as np
 
@@ -36,9 +37,9 @@ from numbasplat.rendering import image_from_tiles, image_tiles, rasterize_tile_l
 from numbasplat.tile_loss import s3im_permutations
 from comm.sparse import exchange_dense, exchange_sparse
 
-from .distributed import balanced_bounds, even_bounds
+from .distributed import balanced_bounds, disagreement, even_bounds, max_over_ranks
 from .model import GaussianModel
-from .trainer import Trainer
+from .trainer import Trainer, fingerprint
 
 
 def _views_of(first, last, n_tiles):
@@ -104,6 +105,24 @@ class GaussianExchangeTrainer(Trainer):
 
     def barrier(self):
         self.comm.Barrier()
+
+    def check_ranks_agree(self):
+        """Different options on one rank (say ``--iters``) or other files would hang a collective
+        or train silently wrong: every rank compares its configuration, its pipeline's options, the
+        step it starts from and its dataset's fingerprint with every other rank's, and raises the
+        same ``ValueError`` where they differ."""
+        fields = {**asdict(self.cfg), "batch size": self.batch, "gradient exchange": self.grad_comm,
+                  "backend": self.backend, "start step": self.step, "Gaussian count": self.total,
+                  "training image count": len(self.data.train), "data": str(self.data.source),
+                  "dataset fingerprint": fingerprint(self.data)[:16]}
+        problem = disagreement(self.comm, fields)
+        if problem:
+            raise ValueError(f"the {self.size} ranks were not given the same run (the same options and files "
+                             f"on every rank): {problem}")
+
+    def stop_signal(self):
+        """The largest stop signal that any rank received (0: none): every rank stops for it."""
+        return max_over_ranks(self.comm, self.signals.received)
 
     def gathered(self, which="params", root_only=False):
         """The whole model's host arrays on every rank (on rank 0 only, None elsewhere, with ``root_only``)."""

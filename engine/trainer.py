@@ -17,6 +17,7 @@ module implementing the same hooks, and a line in run.py that picks it.
 """
 import json
 import math
+import signal
 import sys
 import time
 from abc import ABC, abstractmethod
@@ -29,6 +30,7 @@ import numbasplat as ns
 from numbasplat import backend as _backend
 from numbasplat.loss import psnr, ssim
 from numbasplat.optim import column_lrs, exp_decay
+from data.atomic import atomic_path, remove_stale_temps
 
 from .model import init_from_points
 from .strategy import Context, DefaultStrategy, MCMCStrategy
@@ -83,6 +85,59 @@ class TrainConfig:
     n_random_init: int = 100_000      # random points to start from when the capture has no SfM points
 
 
+class Interrupted(KeyboardInterrupt):
+    """Training stopped by signal ``signum`` during step ``step``; ``saved``: at a step boundary, every
+    rank with it, after writing the snapshot (else at once, mid-step, without one).  Processes
+    exit with ``exit_code``, the shell's 128 + signal number."""
+
+    def __init__(self, signum, step=None, saved=False):
+        super().__init__(signal.Signals(signum).name + ("" if step is None else f" at step {step}"))
+        self.signum, self.step, self.saved = signum, step, saved
+        self.exit_code = 128 + signum
+
+
+# Ctrl-C, and what schedulers (Slurm, PBS, a closed terminal) send some time before they kill a job
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class StopSignals:
+    """Between ``install`` and ``restore``, the ``STOP_SIGNALS`` ask training to stop at the next step
+    boundary.
+
+    A Python signal handler runs between any two bytecodes: mid-step a snapshot would hold a
+    half-updated model, and under MPI the ranks would stop in different collectives and the
+    snapshot's gathers would hang.  So a signal only sets ``received``; the training loop reads
+    it between steps, a pipeline over ranks agreeing on it first, so that all ranks stop after
+    the same step.  A second SIGINT (Ctrl-C again) stops at once; a repeated SIGTERM or SIGHUP
+    (a scheduler may signal every process and a launcher forward the same signal) changes nothing."""
+
+    def __init__(self):
+        self.received = 0   # this process's first stop signal (0: none)
+        self._previous = {}
+
+    def install(self):
+        """Catch the stop signals, except those that this process was told to ignore (``nohup``
+        ignores SIGHUP so that closing the terminal does not end the run: it still does not)."""
+        self.received = 0
+        try:
+            self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS
+                              if signal.getsignal(s) is not signal.SIG_IGN}
+        except ValueError:  # not the main thread, where Python runs handlers: the signals stay as they were
+            self._previous = {}
+
+    def restore(self):
+        """Put back the handlers that ``install`` replaced."""
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        if not self.received:
+            self.received = signum
+        elif signum == signal.SIGINT:
+            raise Interrupted(signum)
+
+
 def s3im_weight(dataset):
     """The tile loss's S3IM weight where none is given. To match the global loss, objects cut out
     onto a plain background want 0.5 (lego) and real captures 0.2 (fern): BENCHMARKS.md, issue 5."""
@@ -116,6 +171,7 @@ class Trainer(ABC):
         self.targets = [self.xp.asarray(v.image) for v in dataset.train]
         self.order = []
         self.model = None
+        self.signals = StopSignals()
 
     def _make_strategy(self):
         c = self.cfg
@@ -133,13 +189,24 @@ class Trainer(ABC):
 
     # ------------------------------------------------------------------ the recipe
     def train(self, progress=True, until=None):
-        """Train to ``cfg.iterations`` (or stop early at step ``until``) and write a snapshot."""
+        """Train to ``cfg.iterations`` (or stop early at step ``until``) and write a snapshot.
+
+        SIGINT, SIGTERM and SIGHUP stop training at the next step boundary, where every rank
+        writes the snapshot together, then raise ``Interrupted`` (see ``StopSignals``)."""
         c = self.cfg
         until = c.iterations if until is None else min(until, c.iterations)
         if self.model is None:
             self.init_model()
-        logf = open(self.out / "log.jsonl", "a") if self.is_root else None
+        self.check_ranks_agree()
+        logf = None
+        if self.is_root:
+            removed = remove_stale_temps(self.out)  # left by a crash mid-write; nothing writes to OUT now
+            if removed:
+                self.log(f"removed {len(removed)} temporary file(s) that an interrupted write left in {self.out}: "
+                         + ", ".join(removed))
+            logf = self._open_log()
         bar = Progress(c.iterations, self.step, enabled=progress)
+        self.signals.install()
         try:
             t0 = time.perf_counter()
             while self.step < until:
@@ -159,24 +226,49 @@ class Trainer(ABC):
                         logf.write(json.dumps(rec) + "\n")
                         logf.flush()
                     bar.show(loss, p, rec.get("gaussians_total", len(self.model)))
-                if crossed(c.snapshot_every) and self.step < c.iterations:
+                signum = self.stop_signal()
+                if (crossed(c.snapshot_every) and self.step < c.iterations) or signum:
                     self.train_seconds += time.perf_counter() - t0
                     t0 = time.perf_counter()
                     self.save_snapshot()
-        except KeyboardInterrupt:
+                if signum:
+                    bar.close()
+                    raise self._stopped_by(signum)
             self.train_seconds += time.perf_counter() - t0
             bar.close()
-            self.log(f"\ninterrupted at step {self.step}: writing {self.out / SNAPSHOT}")
             self.save_snapshot()
+            signum = self.stop_signal()  # came after the last step's check: stop all the same
+            if signum:
+                raise self._stopped_by(signum)
+        except KeyboardInterrupt as e:
+            if not getattr(e, "saved", False):  # a second Ctrl-C: no snapshot of a half-done step
+                self.train_seconds += time.perf_counter() - t0
+                bar.close()
+                self.log(f"interrupted at step {self.step}: no snapshot written now (the last one is kept)")
+            raise
+        finally:
+            self.signals.restore()
             if logf:
                 logf.close()
-            raise
-        self.train_seconds += time.perf_counter() - t0
-        bar.close()
-        if logf:
-            logf.close()
-        self.save_snapshot()
         return self
+
+    def _stopped_by(self, signum):
+        """-> the ``Interrupted`` of a stop at a step boundary, the snapshot written, and say so."""
+        self.log(f"{signal.Signals(signum).name}: stopped at step {self.step}, snapshot in {self.out / SNAPSHOT}")
+        return Interrupted(signum, self.step, saved=True)
+
+    def _open_log(self):
+        """``OUT/log.jsonl``, opened to append from this step: its records of later steps (written
+        after the snapshot that this run resumes from, or by an earlier run in OUT) are dropped, so
+        that the log reads as one run."""
+        path = self.out / "log.jsonl"
+        if path.exists():
+            lines = path.read_text().splitlines(keepends=True)
+            kept = [line for line in lines if _logged_step(line) <= self.step]
+            if len(kept) < len(lines):
+                with atomic_path(path) as tmp:
+                    Path(tmp).write_text("".join(kept))
+        return open(path, "a")
 
     def init_model(self):
         """The model to start from: the capture's SfM points, else random points in its box (or around its cameras)."""
@@ -224,6 +316,15 @@ class Trainer(ABC):
 
     def barrier(self):
         """Wait for every rank (a pipeline of one process has none to wait for)."""
+
+    def check_ranks_agree(self):
+        """Stop with one message if the ranks were given different options or see other data
+        (a pipeline of one process has nothing to compare).  Collective."""
+
+    def stop_signal(self):
+        """The signal to stop for at this step boundary (0: none; see ``StopSignals``): here this
+        process's.  A pipeline over ranks returns the one that every rank stops for.  Collective."""
+        return self.signals.received
 
     # ------------------------------------------------------------------ the step's schedules
     def next_view(self):
@@ -351,6 +452,18 @@ def fingerprint(dataset):
     from .snapshot import dataset_fingerprint
     return dataset_fingerprint([v.name for v in dataset.train], [v.image.shape for v in dataset.train],
                                extra=str(dataset.source))
+
+
+def _logged_step(line):
+    """The step of one line of log.jsonl; a line cut short by a crash (no newline, no JSON) counts as
+    past every step, a record without a step as before them."""
+    try:
+        rec = json.loads(line) if line.endswith("\n") else None
+    except json.JSONDecodeError:
+        rec = None
+    if not isinstance(rec, dict):
+        return math.inf
+    return rec.get("step", -math.inf)
 
 
 def save_png(path, img):

@@ -1,4 +1,5 @@
-"""Run by tests/test_gaussian_exchange.py under mpiexec: a few batched steps, final parameters to OUT/final.npz."""
+"""Run by tests/test_gaussian_exchange.py under mpiexec: a few batched steps, final parameters to OUT/final.npz
+(other-iters, other-data: rank 1 is given another iteration count, or sees one view fewer)."""
 import sys
 from pathlib import Path
 
@@ -31,9 +32,12 @@ trainer.init_from_points = anisotropic_init
 out, grad_comm = Path(sys.argv[1]), sys.argv[2]
 comm = MPI.COMM_WORLD
 with abort_on_error(comm):
-    ds = make_dataset(size=32, n_views=12, backend="cpu")
+    odd = comm.Get_rank() == 1  # the rank that the mismatch flags set apart
+    ds = make_dataset(size=32, n_views=11 if odd and "other-data" in sys.argv else 12, backend="cpu")
     cfg = TrainConfig(iterations=32, sh_degree=1, sh_increase_every=8, n_random_init=300, snapshot_every=0,
                       log_every=4, background=(1.0, 1.0, 1.0))
+    if odd and "other-iters" in sys.argv:  # as if one rank were given another --iters
+        cfg.iterations = 36
     backend = "cuda" if "cuda" in sys.argv else "cpu"  # cuda: the simulator in CI
     if "tile" in sys.argv:  # tile-local L1 + S3IM: each renderer computes its tiles' share
         cfg.loss = "tile"

@@ -14,6 +14,13 @@ SCRIPT = REPO_ROOT / "tests" / "check_mpi_train.py"
 
 
 def launch(n, out, grad_comm="sparse", *flags, sim=False):
+    """check_mpi_train.py on ``n`` ranks -> (its final parameters, its output)."""
+    r = run_check(n, out, grad_comm, *flags, sim=sim)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return dict(np.load(out / "final.npz")), r.stdout
+
+
+def run_check(n, out, grad_comm="sparse", *flags, sim=False, timeout=900):
     env = dict(os.environ, NUMBASPLAT_BACKEND="cpu", NUMBA_NUM_THREADS="1")
     cmd = [sys.executable, str(SCRIPT), str(out), grad_comm, *flags]
     if sim:  # the CUDA kernels under the simulator, with its polling patch
@@ -21,10 +28,8 @@ def launch(n, out, grad_comm="sparse", *flags, sim=False):
                    PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")]))
         cmd = [sys.executable, "-c", "import _simpatch, runpy, sys; _simpatch.apply(); sys.argv = sys.argv[1:]; "
                "runpy.run_path(sys.argv[0], run_name='__main__')", *cmd[1:]]
-    r = subprocess.run([mpiexec_path(), "-n", str(n), *cmd], capture_output=True, text=True, timeout=900, env=env,
-                       cwd=REPO_ROOT)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return dict(np.load(out / "final.npz")), r.stdout
+    return subprocess.run([mpiexec_path(), "-n", str(n), *cmd], capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=REPO_ROOT)
 
 
 def test_send_plan_reaches_every_renderer_of_a_binned_tile():
@@ -119,6 +124,36 @@ def test_one_view_split_across_ranks(tmp_path):
         # the logged steps' phase times are the device's: those steps synced at the phase boundaries
         records = [json.loads(line) for line in (tmp_path / f"p{n}" / "log.jsonl").read_text().splitlines()]
         assert len(records) == 8 and all(s["timed"] for r in records for s in r["rank_stats"]), records
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(600)
+def test_ranks_given_another_run_stop_with_one_message(tmp_path):
+    """Another --iters on one rank, or other files, would hang a collective or train wrong: the ranks
+    compare their runs at the start, and each names the difference."""
+    for flag, says in (("other-iters", "iterations differs on rank 1 (rank 0: 32, rank 1: 36)"),
+                       ("other-data", "dataset fingerprint differs on rank 1")):
+        r = run_check(2, tmp_path / flag, "sparse", flag, timeout=300)
+        assert r.returncode != 0 and says in r.stderr, r.stdout + r.stderr
+        assert not (tmp_path / flag / "log.jsonl").exists(), "trained before checking"
+        if flag == "other-data":
+            assert "training image count differs on rank 1 (rank 0: 10, rank 1: 9)" in r.stderr, r.stderr
+
+
+def test_disagreement_names_each_field_and_the_ranks():
+    from engine.distributed import disagreement
+
+    class Ranks:  # allgather of four ranks' fields
+        def __init__(self, fields):
+            self.fields = fields
+
+        def allgather(self, mine):
+            return [{k: json.dumps(v) for k, v in f.items()} for f in self.fields]
+    same = {"iterations": 40, "background": [1.0, 1.0, 1.0], "fingerprint": "ab12"}
+    assert disagreement(Ranks([same] * 4), same) is None
+    odd = [same, {**same, "fingerprint": "ff00"}, same, {**same, "fingerprint": "ee00", "iterations": 30}]
+    assert disagreement(Ranks(odd), same) == ('iterations differs on rank 3 (rank 0: 40, rank 3: 30); fingerprint '
+                                               'differs on ranks 1, 3 (rank 0: "ab12", rank 1: "ff00")')
 
 
 def test_phases_are_timed_on_the_logged_steps_only():

@@ -114,6 +114,24 @@ def test_replace_failure_keeps_old(tmp_path, monkeypatch):
     _assert_old_intact(path, before)
 
 
+def test_only_our_stale_temporary_files_are_removed(tmp_path, monkeypatch):
+    """What a kill mid-write leaves (the temporary file of ``atomic_path``) is recognised and removed;
+    nothing else is, however alike its name."""
+    from data.atomic import remove_stale_temps
+    path, _ = _old_snapshot(tmp_path)
+    left = []
+    monkeypatch.setattr(snap.os, "replace", lambda tmp, dst: left.append(tmp))  # killed before the rename
+    snap.write_snapshot(path, sample_arrays(2), {"step": 200})
+    monkeypatch.undo()
+    (left,) = left
+    others = ["snapshot.h5.tmp-", "snapshot.h5.tmp-12-abc", "snapshot.h5.tmp-12-0123abcd.bak", "a.tmp-x-0123abcd"]
+    for name in others:
+        (tmp_path / name).write_text("")
+    (tmp_path / "dir.tmp-1-0123abcd").mkdir()
+    assert remove_stale_temps(tmp_path) == [os.path.basename(left)]
+    assert sorted(os.listdir(tmp_path)) == sorted(others + ["dir.tmp-1-0123abcd", "snap.h5"])
+
+
 def test_bad_input_keeps_old(tmp_path):
     path, before = _old_snapshot(tmp_path)
     with pytest.raises(TypeError):

@@ -1,7 +1,9 @@
-"""The recipe (through the single-GPU pipeline): resume equals an uninterrupted run, the schedules, Ctrl-C,
-divergence, and the CLI."""
+"""The recipe (through the single-GPU pipeline): resume equals an uninterrupted run, the schedules, stop
+signals, the progress bar, divergence, and the CLI."""
 import io
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -12,7 +14,7 @@ from conftest import REPO_ROOT
 from engine.demo import make_dataset
 from engine.single_gpu import SingleGPUTrainer
 from engine.strategy import Context
-from engine.trainer import SNAPSHOT, Progress, TrainConfig
+from engine.trainer import SNAPSHOT, Interrupted, Progress, TrainConfig
 from numbasplat.optim import GROUPS
 from test_strategy import model_of
 
@@ -87,21 +89,64 @@ def test_blender_random_init_fills_the_object_box(tmp_path):
     assert np.abs(rgb - 0.5).max() < 0.01  # grey, as 3DGS
 
 
-def test_interrupt_writes_a_snapshot(dataset, tmp_path, monkeypatch):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_stop_signals_write_a_snapshot_at_the_step_boundary(dataset, tmp_path, monkeypatch, signum):
+    """Ctrl-C, and what schedulers send before a kill: the step under way ends, the snapshot is written,
+    and ``Interrupted`` carries the exit code 128 + signal; the handlers are put back afterwards."""
+    before = signal.getsignal(signum)
     t = SingleGPUTrainer(dataset, tmp_path, small_config(), backend="cpu")
     real = t.train_step
 
     def step():
         if t.step == 7:
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), signum)  # arrives as step 8 starts
+            os.kill(os.getpid(), signal.SIGTERM if signum == signal.SIGINT else signum)  # repeats change nothing
         return real()
 
     monkeypatch.setattr(t, "train_step", step)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted) as e:
         t.train(progress=False)
+    assert (e.value.signum, e.value.step, e.value.saved, e.value.exit_code) == (signum, 8, True, 128 + signum)
+    assert signal.getsignal(signum) == before
     back = SingleGPUTrainer(dataset, tmp_path, small_config(), backend="cpu")
     back.load_snapshot(tmp_path / SNAPSHOT)
-    assert back.step == 7
+    assert back.step == 8
+
+
+def test_ignored_signals_stay_ignored(dataset, tmp_path, monkeypatch):
+    """``nohup`` starts a run with SIGHUP ignored, so that closing the terminal does not end it: it does not."""
+    t = SingleGPUTrainer(dataset, tmp_path, small_config(iterations=4), backend="cpu")
+    real = t.train_step
+
+    def step():
+        if t.step == 2:
+            os.kill(os.getpid(), signal.SIGHUP)
+        return real()
+
+    monkeypatch.setattr(t, "train_step", step)
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        t.train(progress=False)
+        assert t.step == 4 and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+def test_second_ctrl_c_stops_at_once_without_a_snapshot(dataset, tmp_path, monkeypatch):
+    t = SingleGPUTrainer(dataset, tmp_path, small_config(), backend="cpu")
+    real = t.train_step
+
+    def step():
+        if t.step == 7:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real()
+
+    monkeypatch.setattr(t, "train_step", step)
+    with pytest.raises(Interrupted) as e:
+        t.train(progress=False)
+    assert not e.value.saved and e.value.exit_code == 130 and t.step == 7
+    assert not (tmp_path / SNAPSHOT).exists()
 
 
 def run_cli(*args, timeout=600):
