@@ -44,9 +44,9 @@ def positive(text):
     return value
 
 
-def add_data_options(p, need_out=True):
+def add_data_options(p, need_out=True, need_data=True):
     """The options that name a capture and where a command writes."""
-    p.add_argument("--data", required=True, help="capture folder (COLMAP, Blender or instant-ngp)")
+    p.add_argument("--data", required=need_data, help="capture folder (COLMAP, Blender or instant-ngp)")
     p.add_argument("--format", default="auto", choices=["auto", "colmap", "blender", "ngp"])
     p.add_argument("--images", default=None, help="image folder of a COLMAP capture, e.g. images_4")
     p.add_argument("--white-background", action="store_true", help="composite RGBA on white (Blender scenes)")
@@ -69,8 +69,9 @@ def write_metrics(summary, out_dir):
     with atomic_path(path) as tmp:
         Path(tmp).write_text(json.dumps(summary, indent=1))
     if summary["psnr"] is not None:
-        print(f"test PSNR {summary['psnr']:.2f} dB, SSIM {summary['ssim']:.4f} over {len(summary['views'])} views; "
-              f"{summary['gaussians']} Gaussians; {summary['train_seconds']:.1f} s training; metrics in {path}")
+        lpips = f", LPIPS {summary['lpips']:.4f}" if summary.get("lpips") is not None else ""
+        print(f"test PSNR {summary['psnr']:.2f} dB, SSIM {summary['ssim']:.4f}{lpips} over {len(summary['views'])} "
+              f"views; {summary['gaussians']} Gaussians; {summary['train_seconds']:.1f} s training; metrics in {path}")
 
 
 def mpi_comm(batched=False):

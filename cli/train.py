@@ -11,7 +11,7 @@ def config_from_args(a):
     cfg = TrainConfig()
     for k in ("iterations", "strategy", "cap_max", "max_gaussians", "absgrad", "random_background", "antialias",
               "visible_adam", "snapshot_every", "seed", "sh_degree", "densify_until", "loss", "n_random_init",
-              "s3im_repeats", "lambda_s3im", "grad_threshold", "batch_lr_exponent"):
+              "s3im_repeats", "lambda_s3im", "grad_threshold", "batch_lr_exponent", "tensorboard"):
         v = getattr(a, k, None)
         if v is not None:
             setattr(cfg, k, v)
@@ -76,8 +76,9 @@ def run_training(a):
     cfg = config_from_args(a)
     dataset = load_data(a, cfg.background, HOLD_OUT_EVERY if a.eval else None)
     t = train_model(dataset, a, cfg)
+    from engine.outputs import split_dir
     if a.eval or dataset.test:
-        summary = t.evaluate(save_dir=(a.out + "/test_renders") if a.eval else None)
+        summary = t.evaluate(save_dir=split_dir(a.out, "test", t.step) if a.eval else None)
         if summary is not None:  # rank 0 of a distributed run
             write_metrics(summary, a.out)
 
@@ -128,6 +129,7 @@ def add_commands(sub):
     t.add_argument("--sh-degree", type=int, choices=range(4), default=None)
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--quiet", action="store_true")
+    t.add_argument("--tensorboard", action="store_true", default=None, help="also log as TensorBoard events in OUT")
     t.add_argument("--batch-size", type=count(1), default=None,
                    help="views per step (default: the number of MPI ranks; given without mpirun, the batched "
                         "pipeline runs in one process)")
