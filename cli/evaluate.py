@@ -95,7 +95,7 @@ def cmd_eval(a):
     t = trained_model(a)
     folder = split_dir(t.out, "test", t.step)
     write_metrics(t.evaluate(save_dir=folder), t.out)
-    print(f"renders and ground truth in {folder}/renders and gt")
+    print(f"renders in {folder / 'renders'}, ground truth in {folder / 'gt'}")
 
 
 def cmd_render(a):
@@ -110,7 +110,7 @@ def cmd_render(a):
     views = t.data.test if a.split == "test" else t.data.train
     folder = split_dir(t.out, a.split, t.step)
     t.evaluate(views, save_dir=folder, lpips=False)
-    print(f"wrote {len(views)} renders and their ground truth to {folder}/renders and gt")
+    print(f"wrote {len(views)} renders to {folder / 'renders'} and their ground truth to {folder / 'gt'}")
 
 
 def path_cameras(a, background):
