@@ -24,7 +24,8 @@ def model_file(model):
     if src.is_dir():
         found = src / SNAPSHOT if (src / SNAPSHOT).is_file() else latest_point_cloud(src)
         if found is None:
-            raise SystemExit(f"error: --model {src} holds no {SNAPSHOT} and no point_cloud/iteration_N/point_cloud.ply")
+            raise SystemExit(f"error: --model {src} holds no {SNAPSHOT} and no "
+                             "point_cloud/iteration_N/point_cloud.ply")
         return found
     if not src.is_file():
         raise SystemExit(f"error: --model {src} does not exist")
@@ -72,9 +73,9 @@ def trained_model(a):
     """A trainer holding the model ``--model`` names and the capture ``--data`` names (split as
     ``--eval`` splits it), rendering at the model's SH degree."""
     from engine.single_gpu import SingleGPUTrainer
+    src = model_file(a.model)  # (before loading the capture: a wrong --model is told at once)
     cfg = config_from_args(a)
     dataset = load_data(a, cfg.background, HOLD_OUT_EVERY)
-    src = model_file(a.model)
     t = SingleGPUTrainer(dataset, output_folder(a), cfg)
     if src.suffix == ".ply":
         params, iteration, _ = read_model(src)

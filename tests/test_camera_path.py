@@ -87,7 +87,8 @@ def test_ellipse_circles_the_centre_at_the_cameras_height_looking_at_it():
 
 
 def test_ellipse_follows_the_cameras_spread():
-    cams = [camera((6 * np.cos(a), 2 * np.sin(a), 1.0), (0, 0, 0)) for a in np.linspace(0, 2 * np.pi, 40, endpoint=False)]
+    angles = np.linspace(0, 2 * np.pi, 40, endpoint=False)
+    cams = [camera((6 * np.cos(a), 2 * np.sin(a), 1.0), (0, 0, 0)) for a in angles]
     pos = centres(ellipse_path(cams, 40))
     assert 5.5 < np.abs(pos[:, 0]).max() <= 6.0 + 1e-9 and 1.8 < np.abs(pos[:, 1]).max() <= 2.0 + 1e-9
 

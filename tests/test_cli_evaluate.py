@@ -50,7 +50,8 @@ def test_eval_writes_into_the_model_folder_by_default(run, tmp_path):
     trained = json.loads((out / "metrics.json").read_text())
     inria = tmp_path / "inria"  # a folder as Inria's train.py leaves it: no snapshot, a point cloud
     shutil.copytree(out / "point_cloud", inria / "point_cloud")
-    for model, folder in ((out, out), (inria, inria), (inria / "point_cloud" / "iteration_20" / "point_cloud.ply", inria)):
+    ply = inria / "point_cloud" / "iteration_20" / "point_cloud.ply"
+    for model, folder in ((out, out), (inria, inria), (ply, inria)):
         (folder / "metrics.json").unlink(missing_ok=True)
         assert cli.main(["eval", "--data", str(cap), "--white-background", "--model", str(model)]) == 0
         again = json.loads((folder / "metrics.json").read_text())
@@ -62,7 +63,8 @@ def test_render_a_split(run, tmp_path):
     cap, out = run
     assert cli.main(["render", "--data", str(cap), "--white-background", "--model", str(out), "--split", "train",
                      "--out", str(tmp_path)]) == 0
-    n_train = len(json.loads((out / "cameras.json").read_text())) - len(json.loads((out / "metrics.json").read_text())["views"])
+    n_views = len(json.loads((out / "cameras.json").read_text()))
+    n_train = n_views - len(json.loads((out / "metrics.json").read_text())["views"])
     assert len(pairs(tmp_path / "train" / "ours_20")) == n_train
 
 
