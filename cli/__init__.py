@@ -1,7 +1,7 @@
 """The command line: one module per group of commands, each adding its subcommands to the parser.
 
-``python run.py --help`` lists them.  A command that fails on bad input prints one line naming
-it and exits 1 (``NUMBASPLAT_DEBUG=1`` shows the traceback instead).
+``python run.py --help`` lists them.  A command that fails on bad input, or for want of an optional
+extra it needs, prints one line naming it and exits 1 (``NUMBASPLAT_DEBUG=1`` shows the traceback instead).
 """
 import argparse
 import os
@@ -9,9 +9,9 @@ import sys
 
 os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")  # (before Numba is imported)
 
-from . import bench, evaluate, synth, train  # noqa: E402
+from . import bench, evaluate, plot, synth, train  # noqa: E402
 
-COMMANDS = (train, evaluate, bench, synth)
+COMMANDS = (train, evaluate, plot, bench, synth)
 
 
 def parser():
@@ -29,8 +29,9 @@ def main(argv=None):
         a = ap.parse_args(["demo"])
     try:
         a.fn(a)
-    except (ValueError, OSError) as e:  # bad input: a message naming it, not a traceback
-        if os.environ.get("NUMBASPLAT_DEBUG"):
+    except (ValueError, OSError, ImportError) as e:  # bad input or a missing extra: a message naming it
+        from engine.outputs import MissingExtra
+        if os.environ.get("NUMBASPLAT_DEBUG") or (isinstance(e, ImportError) and not isinstance(e, MissingExtra)):
             raise
         print(f"error: {e}", file=sys.stderr)
         return 1

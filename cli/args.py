@@ -67,11 +67,12 @@ def switch(p, *flags, help):
     return action
 
 
-def add_data_options(p, required=True):
+def add_data_options(p, need_data=True, need_out=True):
     """The options that name a capture, how its images are scaled and split, and where a command
-    writes (``required=False``: a config file may give ``--data`` and ``--out``)."""
+    writes (``need_data``/``need_out`` False: a config file may give ``--data`` and ``--out``, or the
+    command can do without them)."""
     from data.images import DEFAULT_MAX_WIDTH
-    p.add_argument("--data", required=required, help="capture folder (COLMAP, Blender or instant-ngp)")
+    p.add_argument("--data", required=need_data, help="capture folder (COLMAP, Blender or instant-ngp)")
     p.add_argument("--format", default="auto", choices=["auto", "colmap", "blender", "ngp"])
     p.add_argument("--images", default=None, help="image folder of a COLMAP capture, e.g. images_4")
     switch(p, "--white-background", help="composite RGBA on white and train on a white background (Blender "
@@ -84,7 +85,7 @@ def add_data_options(p, required=True):
     p.add_argument("--test-every", type=hold_out, default=None, metavar="N",
                    help="hold out every Nth image (sorted by name) as a test view (0: none; "
                         "default: 8 with --eval and for eval/render, else none)")
-    p.add_argument("--out", required=required, help="output folder")
+    p.add_argument("--out", required=need_out, help="output folder")
 
 
 def load_data(a, background, test_every=None):
@@ -125,8 +126,9 @@ def write_metrics(summary, out_dir):
     with atomic_path(path) as tmp:
         Path(tmp).write_text(json.dumps(summary, indent=1))
     if summary["psnr"] is not None:
-        print(f"test PSNR {summary['psnr']:.2f} dB, SSIM {summary['ssim']:.4f} over {len(summary['views'])} views; "
-              f"{summary['gaussians']} Gaussians; {summary['train_seconds']:.1f} s training; metrics in {path}")
+        lpips = f", LPIPS {summary['lpips']:.4f}" if summary.get("lpips") is not None else ""
+        print(f"test PSNR {summary['psnr']:.2f} dB, SSIM {summary['ssim']:.4f}{lpips} over {len(summary['views'])} "
+              f"views; {summary['gaussians']} Gaussians; {summary['train_seconds']:.1f} s training; metrics in {path}")
 
 
 def mpi_comm(batched=False):

@@ -121,6 +121,7 @@ def cmd_train(a):
 
 
 def run_training(a, settings):
+    from engine.outputs import split_dir
     from engine.trainer import SNAPSHOT
     from numbasplat.backend import BACKEND
     output_folder(a.out)
@@ -138,7 +139,7 @@ def run_training(a, settings):
             print(hint)
     t = train_model(dataset, a, cfg, settings)
     if dataset.test:
-        summary = t.evaluate(save_dir=(a.out + "/test_renders") if a.eval else None)
+        summary = t.evaluate(save_dir=split_dir(a.out, "test", t.step) if a.eval else None)
         if summary is not None:  # rank 0 of a distributed run
             write_metrics(summary, a.out)
     elif root:
@@ -181,7 +182,7 @@ def cmd_demo(a):
 
 def add_train_options(p):
     """The ``train`` command's options: the capture, the run, and every ``TrainConfig`` field."""
-    add_data_options(p, required=False)  # --data and --out may come from a config file
+    add_data_options(p, need_data=False, need_out=False)  # --data and --out may come from a config file
     switch(p, "--eval", help=f"hold out every {HOLD_OUT_EVERY}th image (or every --test-every), evaluate on them "
                              "and save their renders (without it and --test-every every view trains)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/snapshot.h5")

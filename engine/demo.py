@@ -10,19 +10,7 @@ import numbasplat as ns
 from numbasplat import backend as _backend
 from numbasplat.math.sh import C0
 
-
-def look_at(eye, target, up=(0.0, 0.0, 1.0)):
-    """World-to-camera (OpenCV axes: x right, y down, z forward)."""
-    eye, target, up = (np.asarray(a, np.float64) for a in (eye, target, up))
-    z = target - eye
-    z /= np.linalg.norm(z)
-    x = np.cross(z, up)
-    x /= np.linalg.norm(x)
-    y = np.cross(z, x)
-    m = np.eye(4)
-    m[:3, :3] = np.stack([x, y, z])
-    m[:3, 3] = -m[:3, :3] @ eye
-    return m
+from .camera_path import look_at
 
 
 def ground_truth(seed=0):

@@ -26,13 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-import numbasplat as ns
 from numbasplat import backend as _backend
 from numbasplat.loss import psnr, ssim
 from numbasplat.optim import column_lrs, exp_decay
 from data.atomic import atomic_path, remove_stale_temps
 
 from .model import init_from_points
+from .outputs import TensorBoardLog, lpips_metric, render_image, save_png, write_model_outputs
 from .strategy import Context, DefaultStrategy, MCMCStrategy
 
 SNAPSHOT = "snapshot.h5"
@@ -81,6 +81,7 @@ class TrainConfig:
     visible_adam: bool = False        # Adam updates only the Gaussians the step saw
     snapshot_every: int = 5000        # write OUT/snapshot.h5 every this many steps (0: at the end only)
     log_every: int = 100              # a line of OUT/log.jsonl every this many steps
+    tensorboard: bool = False         # the log's scalars as TensorBoard events in OUT too (tensorboardX)
     seed: int = 0                     # the random seed (the views' order, random points, densification)
     n_random_init: int = 100_000      # random points to start from when the capture has no SfM points
 
@@ -205,6 +206,7 @@ class Trainer(ABC):
                 self.log(f"removed {len(removed)} temporary file(s) that an interrupted write left in {self.out}: "
                          + ", ".join(removed))
             logf = self._open_log()
+        tensorboard = TensorBoardLog(self.out, purge_step=self.step) if self.is_root and c.tensorboard else None
         bar = Progress(c.iterations, self.step, enabled=progress)
         self.signals.install()
         try:
@@ -225,6 +227,8 @@ class Trainer(ABC):
                     if logf:
                         logf.write(json.dumps(rec) + "\n")
                         logf.flush()
+                    if tensorboard:
+                        tensorboard.write(rec)
                     bar.show(loss, p, rec.get("gaussians_total", len(self.model)))
                 signum = self.stop_signal()
                 if (crossed(c.snapshot_every) and self.step < c.iterations) or signum:
@@ -237,6 +241,7 @@ class Trainer(ABC):
             self.train_seconds += time.perf_counter() - t0
             bar.close()
             self.save_snapshot()
+            write_model_outputs(self)
             signum = self.stop_signal()  # came after the last step's check: stop all the same
             if signum:
                 raise self._stopped_by(signum)
@@ -250,6 +255,8 @@ class Trainer(ABC):
             self.signals.restore()
             if logf:
                 logf.close()
+            if tensorboard:
+                tensorboard.close()
         return self
 
     def _stopped_by(self, signum):
@@ -384,24 +391,34 @@ class Trainer(ABC):
                                  "learning rates)")
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(self, views=None, save_dir=None):
-        """PSNR and SSIM of the whole model on ``views`` (the test split), renders to ``save_dir``;
-        computed on the root rank, None on the others."""
+    def evaluate(self, views=None, save_dir=None, lpips=True):
+        """PSNR, SSIM and LPIPS (with the ``metrics`` extra; ``lpips=False``: not computed) of the
+        whole model on ``views`` (the test split).  With ``save_dir``, each render and its ground
+        truth side by side as Inria's render.py writes them (``save_dir/renders/00000.png``,
+        ``save_dir/gt/00000.png``, in the order of ``views``), so that Inria's metrics.py reads
+        them.  Computed on the root rank, None on the others."""
         model = self.whole_model()
         if model is None:
             return None
         views = self.data.test if views is None else views
+        perceptual = lpips_metric(self.log) if lpips and views else None
         per_view = []
-        for v in views:
-            frame = ns.render(model.gaussians, v.camera, sh_degree=self.cfg.sh_degree,
-                              background=self.cfg.background, antialias=self.cfg.antialias, backend=self.backend)
+        for i, v in enumerate(views):
+            img = render_image(model.gaussians, v.camera, self.cfg.sh_degree, self.cfg.background,
+                               self.cfg.antialias, self.backend)
             gt = self.xp.asarray(v.image)
-            img = self.xp.clip(frame.image, 0.0, 1.0)
-            per_view.append({"name": v.name, "psnr": psnr(img, gt), "ssim": ssim(img, gt, backend=self.backend)})
+            rec = {"name": v.name, "psnr": psnr(img, gt), "ssim": ssim(img, gt, backend=self.backend)}
+            if perceptual is not None:
+                rec["lpips"] = perceptual(img, gt)
             if save_dir is not None:
-                save_png(Path(save_dir) / (Path(v.name).stem + ".png"), _backend.to_host(img))
-        summary = {"psnr": float(np.mean([r["psnr"] for r in per_view])) if per_view else None,
-                   "ssim": float(np.mean([r["ssim"] for r in per_view])) if per_view else None,
+                rec["file"] = f"{i:05d}.png"
+                save_png(Path(save_dir) / "renders" / rec["file"], _backend.to_host(img))
+                save_png(Path(save_dir) / "gt" / rec["file"], v.image)
+            per_view.append(rec)
+
+        def mean(key):
+            return float(np.mean([r[key] for r in per_view])) if per_view and key in per_view[0] else None
+        summary = {"psnr": mean("psnr"), "ssim": mean("ssim"), "lpips": mean("lpips"),
                    "views": per_view, "gaussians": len(model), "train_seconds": self.train_seconds,
                    "iterations": self.step, "peak_device_bytes": self._device_memory_peak()}
         return summary
@@ -464,12 +481,6 @@ def _logged_step(line):
     if not isinstance(rec, dict):
         return math.inf
     return rec.get("step", -math.inf)
-
-
-def save_png(path, img):
-    from PIL import Image
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray((np.clip(img, 0, 1) * 255 + 0.5).astype(np.uint8)).save(path)
 
 
 class Progress:

@@ -234,7 +234,7 @@ def test_cli_train_export_and_evaluate_a_ply(dataset, tmp_path):
                 "--sh-degree", "1", "--init-points", "500", "--eval")
     assert r.returncode == 0, r.stderr
     trained = json.loads((out / "metrics.json").read_text())
-    assert len(list((out / "test_renders").glob("*.png"))) == len(dataset.test)
+    assert len(list((out / "test" / "ours_40" / "renders").glob("*.png"))) == len(dataset.test)
     r = run_cli("export", "--model", str(out), "--ply", str(out / "scene.ply"))
     assert r.returncode == 0, r.stderr
     r = run_cli("eval", "--data", str(cap), "--white-background", "--model", str(out / "scene.ply"),
