@@ -47,13 +47,13 @@ def test_every_view_trains_unless_told_and_cfg_json_repeats_the_run(capture, tmp
     said = run(capsys, "--config", str(out / "cfg.json"), "--out", str(again), "--test-every", "5")
     assert "images: 8 train, 2 test (every 5th image); 32x24" in said
     assert "test PSNR" in said.splitlines()[-1] and (again / "metrics.json").is_file()
-    assert not (again / "test_renders").exists()   # renders are --eval's
+    assert not (again / "test").exists()   # renders are --eval's
     assert json.loads((again / "cfg.json").read_text()) == {**recorded, "test_every": 5}
 
     # --eval: Inria's split, every 8th view, and the test renders
     said = run(capsys, "--config", str(out / "cfg.json"), "--out", str(tmp_path / "eval"), "--eval")
     assert "images: 8 train, 2 test (every 8th image); 32x24" in said
-    assert len(list((tmp_path / "eval" / "test_renders").glob("*.png"))) == 2
+    assert len(list((tmp_path / "eval" / "test" / "ours_2" / "renders").glob("*.png"))) == 2   # Inria's layout
 
 
 def test_resolution_and_max_width_reach_the_loader(capture, tmp_path, capsys):

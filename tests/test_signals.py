@@ -65,7 +65,7 @@ def test_stale_temporary_files_are_removed_at_the_start(dataset, tmp_path, capsy
         (tmp_path / name).write_text("x")
     SingleGPUTrainer(dataset, tmp_path, small_config(iterations=2), backend="cpu").train(progress=False)
     assert all(not (tmp_path / n).exists() for n in stale) and all((tmp_path / n).exists() for n in kept)
-    lines = [line for line in capsys.readouterr().out.splitlines() if "temporary" in line]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("removed ")]
     assert len(lines) == 1 and "removed 2 temporary file(s)" in lines[0] and stale[0] in lines[0], lines
 
 
