@@ -119,6 +119,14 @@ def test_batch_size_without_libmpi_is_one_line(libmpi_hidden, tmp_path):
         "`pip install -e .` brings it), or build mpi4py against your system's MPI (README.md, 'MPI on a cluster')"]
 
 
+def test_info_without_libmpi_says_so_quietly(libmpi_hidden):
+    r = _run("run.py", "info", env=libmpi_hidden)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    mpi = [ln for ln in r.stdout.splitlines() if ln.startswith("MPI:")]
+    assert len(mpi) == 1 and mpi[0].startswith("MPI: unavailable: mpi4py cannot load an MPI library"), r.stdout
+    assert "cannot open shared object" not in r.stdout
+
+
 @pytest.mark.mpi
 def test_mpiexec_without_libmpi_is_one_line_per_rank(libmpi_hidden, tmp_path):
     exe = mpiexec_path()
