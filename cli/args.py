@@ -137,7 +137,11 @@ def mpi_comm(batched=False):
     launched = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
     if not any(k in os.environ for k in launched) and not batched:
         return None
-    from mpi4py import MPI
+    from comm.libraries import MPIUnavailable, load_mpi
+    try:
+        MPI = load_mpi()
+    except MPIUnavailable as e:
+        raise SystemExit(f"error: {e}") from None
     if MPI.COMM_WORLD.Get_size() > 1:
         return MPI.COMM_WORLD
     return MPI.COMM_SELF if batched else None

@@ -29,27 +29,152 @@ def cmd_scaling(a):
                     transport=a.transport)
 
 
+CUDA_MAJORS = ("12", "13")  # one gpu extra each: gpu-cu12, gpu-cu13 (pyproject.toml)
+GPU_DISTRIBUTIONS = ("numba-cuda", "cuda-bindings", "cupy",
+                     *(f"cupy-cuda{m}x" for m in CUDA_MAJORS), *(f"nvidia-nccl-cu{m}" for m in CUDA_MAJORS))
+
+
+def installed_versions(names):
+    """``{distribution: version}`` of those of ``names`` that are installed (pip or conda metadata)."""
+    from importlib import metadata
+    found = {}
+    for name in names:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def cuda_extra(versions):
+    """Which gpu extra the installed wheels make up, from ``{distribution: version}``, as ``info`` says it.
+
+    The CuPy wheel names the CUDA major (cupy-cuda13x: gpu-cu13); the extra's NCCL wheel and
+    numba-cuda's bindings for the same major complete it.
+    """
+    wheels = [m for m in CUDA_MAJORS if f"cupy-cuda{m}x" in versions]
+    if len(wheels) > 1:
+        names = " and ".join(f"cupy-cuda{m}x" for m in wheels)
+        return f"mixed: {names} are both installed and shadow each other; pip uninstall all but one"
+    if not wheels:
+        if "cupy" in versions:
+            return f"none: CuPy {versions['cupy']} comes from conda-forge or a source build"
+        return 'none: no CuPy, CPU backend only (pip install -e ".[gpu-cu12]" or ".[gpu-cu13]" for a GPU)'
+    major = wheels[0]
+    extra, cupy, nccl = f"gpu-cu{major}", f"cupy-cuda{major}x", f"nvidia-nccl-cu{major}"
+    parts, missing = [f"{cupy} {versions[cupy]}"], []
+    if nccl in versions:
+        parts.append(f"{nccl} {versions[nccl]}")
+    else:
+        missing.append(f"no {nccl}")
+    bindings = versions.get("cuda-bindings")
+    if bindings:
+        parts.append(f"cuda-bindings {bindings}")
+        if bindings.split(".")[0] != major:
+            missing.append(f"numba-cuda's cuda-bindings {bindings} is for another CUDA")
+    line = f"{extra} ({', '.join(parts)})"
+    if missing:
+        line += f"; incomplete: {', '.join(missing)} (pip install -e \".[{extra}]\")"
+    return line
+
+
+def _cuda_version(code):
+    """CUDA's version integers (12090: 12.9) as text."""
+    return f"{code // 1000}.{code % 1000 // 10}"
+
+
+def _first_line(exc):
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _cupy_line():
+    try:
+        import cupy
+    except ImportError as e:
+        if isinstance(e, ModuleNotFoundError) and e.name == "cupy":
+            return "CuPy: not installed"
+        return f"CuPy: does not load ({_first_line(e)})"  # installed, but a CUDA library it needs is not
+    runtime = cupy.cuda.runtime
+    line = f"CuPy: {cupy.__version__}, CUDA runtime {_cuda_version(runtime.runtimeGetVersion())}"
+    try:
+        return f"{line}, driver {_cuda_version(runtime.driverGetVersion())}"
+    except Exception as e:  # no driver on this machine
+        return f"{line}, no driver ({_first_line(e)})"
+
+
+def _numba_cuda_line(versions):
+    try:
+        from numba import cuda
+        major, minor = cuda.runtime.get_version()
+        toolkit = f"CUDA toolkit {major}.{minor}"
+    except Exception as e:  # no toolkit wheels (the gpu extras bring them) nor a CUDA install
+        toolkit = f"no CUDA toolkit found ({_first_line(e)})"
+    bindings = f" (cuda-bindings {versions['cuda-bindings']})" if "cuda-bindings" in versions else ""
+    return f"numba-cuda: {versions.get('numba-cuda', 'not installed')}, {toolkit}{bindings}"
+
+
+def _nccl_line():
+    from comm.libraries import load_nccl, loaded_libraries
+    nccl, why = load_nccl()
+    if nccl is None:
+        return f"NCCL: unavailable ({why})"
+    v = nccl.get_version()
+    where = ", ".join(loaded_libraries("libnccl")) or "library path unknown"
+    return f"NCCL: {v // 10000}.{v % 10000 // 100}.{v % 100} ({where})"
+
+
+def _mpi_line():
+    from comm.libraries import MPIUnavailable, load_mpi, loaded_libraries, mpi_library_name
+    try:
+        MPI = load_mpi()
+    except MPIUnavailable as e:
+        return f"MPI: unavailable: {e}"
+    from comm.alltoallv import cuda_aware_mpi
+    import mpi4py
+    where = ", ".join(loaded_libraries("libmpi")) or "library path unknown"
+    return (f"MPI: {mpi_library_name(MPI)} ({where}), mpi4py {mpi4py.__version__}, "
+            f"CUDA-aware: {'yes' if cuda_aware_mpi() else 'no'}")
+
+
 def cmd_info(a):
+    """What this install runs on: backend, GPU, the CUDA extra and its libraries, MPI.
+
+    Libraries that do not load are one line each saying why; what they would print while failing
+    (dlopen errors, CuPy's and mpi4py's warnings) is not shown.
+    """
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for line in _info_lines(installed_versions(GPU_DISTRIBUTIONS)):
+            print(line, flush=True)
+
+
+def _info_lines(versions):
+    """The lines of ``info``, one by one (each printed as soon as it is known)."""
     import numba
     import numpy as np
     from numbasplat import backend as _backend
-    print(f"numbasplat backend: {_backend.BACKEND}{' (CUDA simulator)' if _backend.SIM else ''}")
-    print(f"python {sys.version.split()[0]}, numpy {np.__version__}, numba {numba.__version__}")
+    yield f"numbasplat backend: {_backend.BACKEND}{' (CUDA simulator)' if _backend.SIM else ''}"
+    yield f"python {sys.version.split()[0]}, numpy {np.__version__}, numba {numba.__version__}"
+    yield _gpu_line(_backend)
+    yield f"CUDA extra: {cuda_extra(versions)}"
+    yield _cupy_line()
+    yield _numba_cuda_line(versions)
+    yield _nccl_line()
+    yield _mpi_line()
+
+
+def _gpu_line(_backend):
     try:
         from numba import cuda
         if cuda.is_available() and _backend.on_gpu("cuda"):
             d = cuda.get_current_device()
-            print(f"GPU: {d.name.decode() if isinstance(d.name, bytes) else d.name}, "
-                  f"compute capability {d.compute_capability}")
-        else:
-            print("GPU: none")
+            return (f"GPU: {d.name.decode() if isinstance(d.name, bytes) else d.name}, "
+                    f"compute capability {d.compute_capability}")
+        return "GPU: none"
     except Exception as e:  # no numba-cuda or driver
-        print(f"GPU: none ({e.__class__.__name__})")
-    try:
-        from mpi4py import MPI
-        print(f"MPI: {MPI.Get_library_version().splitlines()[0]}")
-    except Exception as e:
-        print(f"MPI: unavailable ({e})")
+        return f"GPU: none ({e.__class__.__name__})"
 
 
 def add_commands(sub):

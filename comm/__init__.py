@@ -4,6 +4,8 @@
 device), ``allreduce_sum``/``allgatherv`` helpers and ``abort_on_error``.
 ``sparse``: the zero-eliding gradient encoding (bitmap + packed rows) and the
 sparse/dense gradient exchanges built on ``Exchange``.
+``libraries``: MPI and NCCL loaded in one place (``load_mpi`` raises ``MPIUnavailable``,
+one line naming the fix, when mpi4py has no MPI library to load).
 
 Names are loaded lazily so that ``import comm.sparse`` (encode/decode only)
 does not initialise MPI.

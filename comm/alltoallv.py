@@ -29,9 +29,12 @@ import traceback
 import zlib
 
 import numpy as np
-from mpi4py import MPI
 
 from numbasplat.backend import array_module_of, is_device, synchronize, to_host
+
+from .libraries import load_mpi, load_nccl, loaded_libraries
+
+MPI = load_mpi()
 
 BYTE_LIMIT = 2**31 - 1  # MPI int counts/displacements; tests lower it to exercise the row-datatype path
 INT_MAX = 2**31 - 1
@@ -113,13 +116,7 @@ def cuda_aware_mpi(_cache=[]):
 
 def _query_cuda_support():
     import ctypes
-    libs = [None]
-    try:
-        with open("/proc/self/maps") as f:
-            libs += sorted({ln.split()[-1] for ln in f if "libmpi" in ln and ln.split()[-1].startswith("/")})
-    except OSError:
-        pass
-    for lib in libs:
+    for lib in [None, *loaded_libraries("libmpi")]:
         try:
             fn = ctypes.CDLL(lib).MPIX_Query_cuda_support
         except (OSError, AttributeError):
@@ -207,7 +204,10 @@ class Nccl(Transport):
     name = "nccl"
 
     def __init__(self, comm):
-        from cupy.cuda import nccl
+        nccl, why = load_nccl()
+        if nccl is None:
+            raise ValueError(f"transport 'nccl': NCCL does not load ({why}); install the gpu-cu12 or gpu-cu13 "
+                               "extra, which brings it")
         self.nccl = nccl
         uid = comm.bcast(nccl.get_unique_id() if comm.Get_rank() == 0 else None, root=0)
         self.nc = nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank())
@@ -243,11 +243,7 @@ def _own_gpus(comm):
 
 def _nccl_or_none(comm):
     """An ``Nccl`` transport if every rank can build one, else None (decided together: no rank hangs)."""
-    try:
-        from cupy.cuda import nccl
-        have = nccl.get_version() > 0  # the library itself loads
-    except Exception:
-        have = False
+    have = load_nccl()[0] is not None
     ok = _own_gpus(comm)
     return Nccl(comm) if comm.allreduce(have and ok, op=MPI.LAND) else None
 

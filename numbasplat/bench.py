@@ -26,14 +26,53 @@ STAGES = ("project", "bin_sort", "raster_fwd", "loss", "raster_bwd", "project_bw
 LR = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "sh": 2.5e-3}
 
 
+SCENE_KEYS = (*Gaussians.FIELDS, "viewmat", "K", "W", "H")
+
+
 def load_scene(path):
-    """Gaussians and camera from a ``shared/bench/scene_gen.py`` file."""
+    """Gaussians and camera from a ``shared/bench/scene_gen.py`` file.
+
+    A file that is not such a scene ends the command with one line naming it and what is wrong
+    (not a NumPy archive, missing arrays, damaged, or arrays that do not fit together), never
+    NumPy's advice about pickles: scenes hold plain arrays, so nothing is unpickled.
+    """
+    import zipfile
+    import zlib
+
+    def fail(what):
+        return SystemExit(f"error: {path} is not a benchmark scene: {what} (make one with shared/bench/scene_gen.py)")
+
     try:
-        z = np.load(path)
-        g = Gaussians(z["means"], z["scales"], z["quats"], z["opacities"], z["sh"])
-        cam = Camera.from_K(z["viewmat"], z["K"], int(z["W"]), int(z["H"]))
-    except (OSError, KeyError, ValueError) as e:
-        raise SystemExit(f"error: cannot read benchmark scene {path}: {e}")
+        z = np.load(path, allow_pickle=False)
+    except EOFError:
+        raise fail("an empty file") from None
+    except zipfile.BadZipFile:
+        raise fail("a damaged or truncated .npz archive") from None
+    except ValueError:  # neither a zip (.npz) nor an .npy header: NumPy would only try it as a pickle
+        raise fail("not a NumPy .npz archive") from None
+    except OSError as e:
+        raise SystemExit(f"error: cannot read benchmark scene {path}: {e.strerror or e}") from None
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise fail("a single .npy array, not an .npz archive of arrays")
+    with z:
+        missing = [k for k in SCENE_KEYS if k not in z.files]
+        if missing:
+            raise fail(f"it lacks the arrays {', '.join(missing)} (it holds: {', '.join(z.files) or 'none'})")
+        arrays = {}
+        for k in SCENE_KEYS:
+            try:
+                arrays[k] = z[k]
+            except ValueError:  # allow_pickle=False refused an object array
+                raise fail(f"{k} holds Python objects, not numbers") from None
+            except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
+                raise fail(f"{k} is damaged ({e})") from None
+    try:
+        g = Gaussians(*(arrays[k] for k in Gaussians.FIELDS))
+        g.validate(np, check=False)
+        g.sh_degree()
+        cam = Camera.from_K(arrays["viewmat"], arrays["K"], int(arrays["W"]), int(arrays["H"]))
+    except (ValueError, TypeError, IndexError) as e:
+        raise fail(f"arrays that do not fit together ({e})") from None
     return g, cam
 
 

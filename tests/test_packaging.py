@@ -1,9 +1,11 @@
-"""Packaging consistency: pyproject.toml, environment.yml, README.md and .ci/run.
+"""Packaging consistency: pyproject.toml, environment.yml, environment-gpu.yml, README.md and .ci/run.
 
 These compare the real files, so they fail when one is edited and the other is
 not: environment.yml must list the same dependency names, with the same version
 bounds, as pyproject.toml's runtime dependencies plus its `test` and `mpi`
-extras; README.md must hold the quick-start and test commands that .ci/run runs.
+extras; environment-gpu.yml the same plus the conda-forge counterparts of the
+gpu-cu12 extra; README.md must hold the quick-start and test commands that
+.ci/run runs, and the install instructions for the extras and the cluster MPI.
 """
 import os
 import re
@@ -33,6 +35,12 @@ CONDA_TO_PYPI = {
 CONDA_ONLY = {"python", "pip"}
 # pyproject extras that environment.yml must carry besides the runtime deps.
 ENV_EXTRAS = ("test", "mpi")
+# PyPI wheel of a gpu extra -> its conda-forge package (environment-gpu.yml follows gpu-cu12).
+GPU_PYPI_TO_CONDA = {"cupy-cuda12x": "cupy", "nvidia-nccl-cu12": "nccl", "numba-cuda": "numba-cuda"}
+# What the wheels bring that conda-forge has as packages of its own: the CUDA major, NVVM, NVRTC.
+GPU_CONDA_ONLY = {"cuda-version", "cuda-nvcc", "cuda-nvrtc"}
+ENV_FILES = ("environment.yml", "environment-gpu.yml")
+SELF_INSTALL = "pip install --no-deps -e ."
 
 
 # --------------------------------------------------------------------------- helpers
@@ -184,8 +192,8 @@ def load_pyproject():
         return tomllib.load(f)
 
 
-def load_environment():
-    return parse_simple_yaml((ROOT / "environment.yml").read_text())
+def load_environment(name="environment.yml"):
+    return parse_simple_yaml((ROOT / name).read_text())
 
 
 def env_conda_and_pip(env):
@@ -207,6 +215,24 @@ def pyproject_expected(pp):
     return requirements_map(specs)
 
 
+def extra_requirements(pp, extra):
+    """The requirements an extra stands for, with ``numbasplat[other]`` aliases expanded."""
+    from packaging.requirements import Requirement
+    out = []
+    for spec in pp["project"]["optional-dependencies"][extra]:
+        req = Requirement(spec)
+        if norm_name(req.name) == pp["project"]["name"]:
+            for other in sorted(req.extras):
+                out += extra_requirements(pp, other)
+        else:
+            out.append(req)
+    return out
+
+
+def conda_python_deps(conda):
+    return requirements_map([c for c in conda if parse_requirement(c)[0] not in CONDA_ONLY], rename=CONDA_TO_PYPI)
+
+
 def readme_test_command_lines(text):
     m = re.search(r"<!-- test-command -->\n(.*?)<!-- /test-command -->", text, re.S)
     assert m, "README.md lacks the <!-- test-command --> ... <!-- /test-command --> block"
@@ -218,9 +244,7 @@ def readme_test_command_lines(text):
 def test_environment_matches_pyproject():
     pp, env = load_pyproject(), load_environment()
     conda, _pip = env_conda_and_pip(env)
-    actual = requirements_map(
-        [c for c in conda if parse_requirement(c)[0] not in CONDA_ONLY], rename=CONDA_TO_PYPI
-    )
+    actual = conda_python_deps(conda)
     expected = pyproject_expected(pp)
     problems = compare_dependencies(expected, actual)
     assert not problems, "environment.yml and pyproject.toml disagree:\n" + "\n".join(problems)
@@ -228,19 +252,41 @@ def test_environment_matches_pyproject():
         assert name in actual, name
 
 
-def test_environment_python_pip_and_self_install():
-    pp, env = load_pyproject(), load_environment()
-    assert env["name"] == "numbasplat"
+def test_gpu_environment_is_the_cpu_one_plus_the_gpu_extra():
+    """environment-gpu.yml: environment.yml's packages with the same bounds, plus gpu-cu12's conda counterparts."""
+    pp = load_pyproject()
+    cpu, _ = env_conda_and_pip(load_environment())
+    gpu, _ = env_conda_and_pip(load_environment("environment-gpu.yml"))
+    cpu_deps = conda_python_deps(cpu)
+    gpu_deps = requirements_map(gpu)
+    for name, bounds in cpu_deps.items():
+        assert gpu_deps.get(name) == bounds, f"environment-gpu.yml: {name} {gpu_deps.get(name)} != {bounds}"
+    gpu_wheels = {norm_name(r.name) for r in extra_requirements(pp, "gpu-cu12")}
+    assert set(GPU_PYPI_TO_CONDA) == gpu_wheels, "map every wheel of gpu-cu12 to its conda-forge package"
+    expected = set(cpu_deps) | set(GPU_PYPI_TO_CONDA.values()) | GPU_CONDA_ONLY | CONDA_ONLY
+    assert set(gpu_deps) == expected, (sorted(set(gpu_deps) - expected), sorted(expected - set(gpu_deps)))
+    assert gpu_deps["cuda-version"] == {("=", "12")}, "environment-gpu.yml follows the gpu-cu12 extra"
+
+
+@pytest.mark.parametrize("name", ENV_FILES)
+def test_environment_python_and_self_install(name):
+    """Both environments: conda-forge only, pyproject's Python bound, and the project installed by
+    ``pip install --no-deps -e .`` afterwards (a pip section would pull PyPI's mpich over conda's)."""
+    pp, env = load_pyproject(), load_environment(name)
+    assert env["name"] == {"environment.yml": "numbasplat", "environment-gpu.yml": "numbasplat-gpu"}[name]
     assert env["channels"] == ["conda-forge"]
     conda, pip = env_conda_and_pip(env)
     conda_map = requirements_map(conda)
     assert "pip" in conda_map
     py_bound = parse_requirement("python" + pp["project"]["requires-python"])[1]
     assert conda_map.get("python") == py_bound, (conda_map.get("python"), py_bound)
-    assert "-e ." in [p.strip() for p in pip], f"environment.yml pip section should install the package: {pip}"
+    assert not pip, f"{name}: no pip section (it would install the package's PyPI dependencies): {pip}"
+    text = (ROOT / name).read_text()
+    assert f"conda env create -f {name} && conda activate {env['name']} && {SELF_INSTALL}" in text
 
 
 def test_pyproject_contents():
+    from packaging.requirements import Requirement
     pp = load_pyproject()
     project = pp["project"]
     assert project["name"] == "numbasplat"
@@ -250,17 +296,21 @@ def test_pyproject_contents():
         "numpy": {(">=", "1.24"), ("<", "2.5")},
         "numba": {(">=", "0.60")},
         "numba-cuda": {(">=", "0.20")},
-        "mpi4py": {(">=", "3.1")},
+        "mpi4py": {(">=", "4.1")},
+        "mpich": set(),
         "h5py": {(">=", "3.8")},
         "pillow": {(">=", "9")},
     }
+    # the MPI library is part of the base install wherever PyPI's mpich has one (not Windows)
+    mpich = next(Requirement(d) for d in project["dependencies"] if d.startswith("mpich"))
+    for platform, wanted in (("linux", True), ("darwin", True), ("win32", False)):
+        assert mpich.marker.evaluate({"sys_platform": platform}) is wanted, platform
     extras = {k: requirements_map(v) for k, v in project["optional-dependencies"].items()}
     assert {"pytest", "pytest-timeout", "scipy"} <= set(extras["test"])
     assert extras["test"]["pytest"] == {(">=", "7")}
     assert extras["test"]["pytest-timeout"] == {(">=", "2.1")}
     assert extras["test"]["scipy"] == {(">=", "1.10")}
-    assert "cupy-cuda12x" in extras["gpu"]
-    assert "mpich" in extras["mpi"]
+    assert extras["mpi"] == {}, "`mpi` is kept as an empty alias: mpich is a base dependency"
 
     find = pp["tool"]["setuptools"]["packages"]["find"]
     for pkg in ("numbasplat", "engine", "comm", "data"):
@@ -274,6 +324,24 @@ def test_pyproject_contents():
     assert {"sim", "mpi"} <= marker_names
 
 
+def test_gpu_extras_one_per_cuda_major():
+    """gpu-cuXX for each CUDA major ``info`` knows: CuPy for that CUDA with its libraries ([ctk]),
+    numba-cuda's cuXX toolkit, NCCL (Linux)."""
+    from cli.bench import CUDA_MAJORS
+    pp = load_pyproject()
+    extras = pp["project"]["optional-dependencies"]
+    assert sorted(k for k in extras if re.fullmatch(r"gpu-cu\d+", k)) == [f"gpu-cu{m}" for m in CUDA_MAJORS]
+    for major in CUDA_MAJORS:
+        reqs = {norm_name(r.name): r for r in extra_requirements(pp, f"gpu-cu{major}")}
+        assert set(reqs) == {f"cupy-cuda{major}x", "numba-cuda", f"nvidia-nccl-cu{major}"}, reqs
+        cupy = reqs[f"cupy-cuda{major}x"]
+        assert cupy.extras == {"ctk"} and cupy.specifier.contains("14.0") and not cupy.specifier.contains("13.6")
+        assert reqs["numba-cuda"].extras == {f"cu{major}"}
+        assert reqs[f"nvidia-nccl-cu{major}"].marker.evaluate({"sys_platform": "linux"})
+    # `gpu`, the old name, is gpu-cu12
+    assert [str(r) for r in extra_requirements(pp, "gpu")] == [str(r) for r in extra_requirements(pp, "gpu-cu12")]
+
+
 def test_readme_commands_and_ci_run():
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```[^\n]*\n(.*?)```", text, re.S)
@@ -282,6 +350,11 @@ def test_readme_commands_and_ci_run():
     )
     assert readme_test_command_lines(text) == [TEST_COMMAND]
     assert "BENCHMARKS.md" in text
+    for needed in ('pip install -e ".[gpu-cu12]"', 'pip install -e ".[gpu-cu13]"', "python run.py info",
+                   "conda env create -f environment.yml", "conda env create -f environment-gpu.yml",
+                   SELF_INSTALL, "mpich=*=external_*", "openmpi=*=external_*", "--no-binary mpi4py",
+                   "MPI4PY_BUILD_MPICC"):
+        assert needed in text, f"README.md should show {needed!r}"
 
     ci = ROOT / ".ci" / "run"
     assert ci.is_file()
