@@ -300,6 +300,8 @@ def test_pyproject_contents():
         "mpich": set(),
         "h5py": {(">=", "3.8")},
         "pillow": {(">=", "9")},
+        "tqdm": {(">=", "4.60")},
+        "pyyaml": {(">=", "6")},
     }
     # the MPI library is part of the base install wherever PyPI's mpich has one (not Windows)
     mpich = next(Requirement(d) for d in project["dependencies"] if d.startswith("mpich"))
