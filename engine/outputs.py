@@ -180,12 +180,15 @@ def _load_lpips():
         import torch
     except ImportError as e:
         return None, f"{e.name or 'lpips'} is not installed ({install_hint('metrics')})"
+    import contextlib
+    import io
     import socket
     import warnings
     timeout = socket.getdefaulttimeout()
     try:
         socket.setdefaulttimeout(20)  # no network: fail, don't hang on the backbone's download
-        with warnings.catch_warnings():
+        # (torch.hub announces the download on stderr: the one line below says what became of it)
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
             device = "cuda" if torch.cuda.is_available() else "cpu"
             net = lpips.LPIPS(net="vgg", verbose=False).to(device).eval()
