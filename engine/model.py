@@ -158,9 +158,10 @@ class GaussianModel:
                     view[len(keep):] = xp.asarray(new[g], np.float32) if which == "params" else 0
         self._install(out[0], out[1].data, out[2].data)
 
-    def reset_moments(self, group):
+    def reset_moments(self, group, rows=Ellipsis):
+        """Zero both Adam moments of ``group``, of all its rows or of ``rows`` (indices or a mask)."""
         for which in ("m", "v"):
-            self.group(group, which)[...] = 0
+            self.group(group, which)[rows] = 0
 
     def host_arrays(self, which="params"):
         return {g: _backend.to_host(self.group(g, which)) for g in GROUPS}

@@ -88,12 +88,21 @@ def growth_allowed(n_now, n_new, ctx):
 
 
 @dataclass
-class DefaultStrategy:
-    """Adaptive density control of the reference 3DGS implementation."""
-    grad_threshold: float = 2e-4
+class RefineSchedule:
+    """When a strategy refines (densifies, prunes, relocates): every ``refine_every`` steps
+    strictly between ``refine_start`` and ``refine_stop``."""
     refine_start: int = 500
     refine_stop: int = 15_000
     refine_every: int = 100
+
+    def refines_at(self, step, ctx):
+        return self.refine_start < step < self.refine_stop and ctx.crossed(step, self.refine_every)
+
+
+@dataclass
+class DefaultStrategy(RefineSchedule):
+    """Adaptive density control of the reference 3DGS implementation."""
+    grad_threshold: float = 2e-4
     reset_every: int = 3000
     prune_opacity: float = 0.005
     percent_dense: float = 0.01
@@ -136,7 +145,7 @@ class DefaultStrategy:
     def after_optimizer(self, model, state, step, ctx):
         xp = model.xp
         done = {}
-        if self.refine_start < step < self.refine_stop and ctx.crossed(step, self.refine_every):
+        if self.refines_at(step, ctx):
             done = self._refine(model, state, step, ctx)
             self._fresh(state, xp, len(model))
         if step < self.refine_stop and (ctx.crossed(step, self.reset_every)
@@ -185,7 +194,7 @@ class DefaultStrategy:
 
 
 @dataclass
-class MCMCStrategy:
+class MCMCStrategy(RefineSchedule):
     """3DGS as MCMC (Kheradmand et al. 2024), with a hard cap on the number of Gaussians.
 
     Dead Gaussians (opacity below ``min_opacity``) are moved onto live ones
@@ -195,9 +204,7 @@ class MCMCStrategy:
     step, and L1 regularisers push opacities and scales down.
     """
     cap_max: int = 1_000_000
-    refine_start: int = 500
     refine_stop: int = 25_000
-    refine_every: int = 100
     min_opacity: float = 0.005
     growth: float = 0.05
     noise_lr: float = 5e5
@@ -252,8 +259,7 @@ class MCMCStrategy:
         g.opacities[uniq] = xp.log(o_new / (1.0 - o_new))
         g.scales[uniq] = s_new
         for grp in ("opacities", "scales"):
-            for which in ("m", "v"):
-                model.group(grp, which)[uniq] = 0
+            model.reset_moments(grp, uniq)
         return {k: a[src] for k, a in g.arrays().items()}
 
     def after_optimizer(self, model, state, step, ctx):
@@ -262,7 +268,7 @@ class MCMCStrategy:
         xp = model.xp
         self._perturb(model, ctx)
         done = {}
-        if self.refine_start < step < self.refine_stop and ctx.crossed(step, self.refine_every):
+        if self.refines_at(step, ctx):
             g = model.gaussians
             opacity = _sigmoid(xp, g.opacities)
             dead = xp.flatnonzero(opacity <= self.min_opacity)
@@ -273,8 +279,7 @@ class MCMCStrategy:
                 for k, a in model.gaussians.arrays().items():
                     a[dead] = rows[k]
                 for grp in ("means", "scales", "quats", "opacities", "sh"):
-                    for which in ("m", "v"):
-                        model.group(grp, which)[dead] = 0
+                    model.reset_moments(grp, dead)
                 done["relocated"] = int(len(dead))
             n = len(model)
             target = growth_allowed(n, min(self.cap_max, int(n * (1 + self.growth))) - n,

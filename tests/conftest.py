@@ -4,6 +4,7 @@
   pytest process runs with ``NUMBA_ENABLE_CUDASIM=1``.
 * ``shared_dir()`` -> Path of ../shared (or $NUMBASPLAT_SHARED), else skip.
 * ``run_sim(script_or_code, timeout)`` -> run Python in a simulator subprocess.
+* ``simulator_test(script_or_code, passed, timeout)`` -> a test of a script run by ``run_sim``.
 * ``mpiexec_path()`` -> the mpiexec beside this Python (mpich wheel) or on PATH.
 
 Use them as plain functions (``from conftest import run_sim, shared_dir``) or as
@@ -140,6 +141,18 @@ def run_sim(script_or_code, timeout=600, args=(), env=None, cwd=None):
             pytrace=False,
         )
     return proc
+
+
+def simulator_test(script_or_code, passed, timeout):
+    """A test (assign it to a ``test_*`` name) that runs ``script_or_code`` under the CUDA
+    simulator (``run_sim``; marked ``sim``, failed after ``timeout`` seconds) and passes when the
+    output has ``passed``, the line the script prints once all its checks held."""
+    @pytest.mark.sim
+    @pytest.mark.timeout(timeout)
+    def test():
+        out = run_sim(script_or_code, timeout=timeout).stdout
+        assert passed in out, out
+    return test
 
 
 def mpiexec_path():

@@ -3,16 +3,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_sim
+from conftest import simulator_test
 
-CHECK = Path(__file__).with_name("check_cuda_raster.py")
-
-
-@pytest.mark.sim
-@pytest.mark.timeout(900)
-def test_cuda_kernels_match_cpu_backend_in_simulator():
-    out = run_sim(CHECK, timeout=900)
-    assert "all CUDA checks passed" in out.stdout
+test_cuda_kernels_match_cpu_backend_in_simulator = simulator_test(
+    Path(__file__).with_name("check_cuda_raster.py"), "all CUDA checks passed", timeout=900)
 
 
 def test_gradient_records_are_added_into_a_view_never_a_copy():

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from conftest import simulator_test  # noqa: E402
 from numbasplat import loss  # noqa: E402
 
 
@@ -238,12 +239,7 @@ SIM_SCRIPT = textwrap.dedent("""
     print("SIM OK")
 """)
 
-
-@pytest.mark.sim
-@pytest.mark.timeout(600)
-def test_cuda_simulator_matches_cpu(run_sim):
-    out = run_sim(SIM_SCRIPT, timeout=600).stdout
-    assert "SIM OK" in out, out
+test_cuda_simulator_matches_cpu = simulator_test(SIM_SCRIPT, "SIM OK", timeout=600)
 
 
 def run_python(code, **env):

@@ -21,27 +21,31 @@ def as_images(img, gt):
 
 
 @njit(parallel=True, cache=True)
-def _blur(src, w, out):
-    """Separable zero-padded window filter of every (k, :, :, c) plane of src."""
-    K, H, W, C = src.shape
+def _filter_rows(src, w, out):
+    """out[k, a, b, c] = the zero-padded window w along axis 2 of src (K, A, B, C), at b."""
+    K, A, B, C = src.shape
     r = w.shape[0] // 2
+    for ab in prange(A * B):
+        a = ab // B
+        b = ab - a * B
+        for k in range(K):
+            for c in range(C):
+                acc = 0.0
+                for t in range(max(0, r - b), min(w.shape[0], B + r - b)):
+                    acc += w[t] * src[k, a, b + t - r, c]
+                out[k, a, b, c] = acc
+
+
+def _blur(src, w, out):
+    """Separable zero-padded window filter of every (k, :, :, c) plane of src (K, H, W, C) into
+    out.  The vertical pass is the row filter over the image's rows taken whole (W * C values a
+    row), so both passes run the one loop."""
+    K, H, W, C = src.shape
     tmp = np.empty_like(src)
-    for i in prange(H):                      # horizontal
-        for k in range(K):
-            for j in range(W):
-                for c in range(C):
-                    acc = 0.0
-                    for t in range(max(0, r - j), min(w.shape[0], W + r - j)):
-                        acc += w[t] * src[k, i, j + t - r, c]
-                    tmp[k, i, j, c] = acc
-    for i in prange(H):                      # vertical
-        for k in range(K):
-            for j in range(W):
-                for c in range(C):
-                    acc = 0.0
-                    for t in range(max(0, r - i), min(w.shape[0], H + r - i)):
-                        acc += w[t] * tmp[k, i + t - r, j, c]
-                    out[k, i, j, c] = acc
+    _filter_rows(src, w, tmp)
+    if not out.flags.c_contiguous:  # its reshape would be a copy, and the result lost
+        raise ValueError("the blur's output must be C-contiguous")
+    _filter_rows(tmp.reshape(K, 1, H, W * C), w, out.reshape(K, 1, H, W * C))
 
 
 @njit(parallel=True, cache=True)

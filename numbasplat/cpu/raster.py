@@ -10,12 +10,13 @@ from numba import njit, prange
 
 from ..math import gaussian_ops as go
 from ..math import geometry as geo
-from ..math.blend import blend_step, blend_vjp, gaussian_alpha
+from ..math.blend import blend_step, blend_vjp, gaussian_alpha, store_pixel
 from ..math.jit import shared
 
 _ops = go.build(njit(cache=True))  # not inlined: parfors cannot analyse the inlined tuple math
 project_one, visit_tiles, project_backward_one = _ops.project, _ops.visit_tiles, _ops.project_backward
 route_one, route_fill_one = _ops.route, _ops.route_fill
+_store_pixel = njit(cache=True)(store_pixel)
 
 
 @njit(parallel=True, cache=True)
@@ -88,12 +89,7 @@ def raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, dep
                         b += w * proj[g, go.BLUE]
                         d += w * proj[g, go.DEPTH]
                         stop = i + 1
-                image[py, px, 0] = r + T * bg[0]
-                image[py, px, 1] = gr + T * bg[1]
-                image[py, px, 2] = b + T * bg[2]
-                trans[py, px] = T
-                depth[py, px] = d
-                last[py, px] = stop
+                _store_pixel(image, trans, depth, last, py, px, r, gr, b, T, d, stop, bg)
 
 
 @njit(parallel=True, cache=True)

@@ -33,8 +33,8 @@ from ..math import gaussian_ops as go
 from ..math.jit import SIM
 from ..math.tiles import TILE
 from .launch import F1, F2, F3, I1, I2, kernel
-from .tile import (BLOCK, HALF, NG, ONE, RED_ROWS, ZERO, backward_hit, chunk_hits, composite_chunks, field,
-                   flat_records, next_hit, pixel_of_tile, record_reaches, warp_box)
+from .tile import (BLOCK, NG, ONE, RED_ROWS, ZERO, backward_hit, chunk_hits, composite_chunks, field,
+                   flat_records, next_hit, pixel_of_tile, record_reaches)
 from .tile_loss import TILE_LOSS_SMEM, store_tile_sums, tile_loss_grad
 
 CACHED = go.DEPTH               # record fields cached per Gaussian: all before depth
@@ -58,11 +58,9 @@ def _cache(proj, ids, start, first, n, slot, rec, tid):
 def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, lam, inv_l1, inv_ssim, max_count,
                   cap, write_image, image, grad, partials):
     tile = cuda.blockIdx.x
-    tid, px, py, inside, start, end = pixel_of_tile(tile, ranges, tiles_x, W, H)
+    tid, lane, px, py, inside, start, end, x0, x1, y0, y1, fx, fy = pixel_of_tile(tile, ranges, tiles_x, W, H)
     if end - start > max_count:  # over the budget: the unfused path's tile (the whole block leaves)
         return
-    lane = tid & 31
-    x0, x1, y0, y1 = warp_box(lane, px, py)
     count = int32(end - start)  # int32 loop counters: Numba's int64 ones cost ~15 instructions an iteration
     window = int32(cap - BLOCK)  # past the cache, batches take turns in its last BLOCK slots
     rec = cuda.shared.array(0, float32)      # cap * CACHED record fields
@@ -72,8 +70,6 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
     if tid == 0:
         block_last[0] = 0
     # forward, front to back, caching records batch by batch until every pixel is done
-    fx = float32(px) + HALF
-    fy = float32(py) + HALF
     T = ONE
     r = ZERO
     gr = ZERO

@@ -54,6 +54,16 @@ def _load_halo(src, dst, y0, x0):
                 dst[o + uint32(ch)] = v
 
 
+@cuda.jit(device=True, inline=True)
+def _filter_column(w, hb, o):
+    """The vertical pass of one plane of ``hb`` at a thread's pixel: the window ``w`` over
+    hb[o], hb[o + TILE], ... (o: the plane's value in the pixel's column at the first halo row)."""
+    s = float32(0)
+    for t in range(WIN):
+        s += w[t] * _at(hb, o + t * TILE)
+    return s
+
+
 @kernel(F3, F3, F4, F2, "float32", "int32")
 def _ssim_fwd_kernel(img, gt, dmaps, partials, ssim_scale, row0):
     """Moments -> SSIM map; writes ssim_scale * (a, b, c) to dmaps and the
@@ -100,18 +110,12 @@ def _ssim_fwd_kernel(img, gt, dmaps, partials, ssim_scale, row0):
             hb[o + 3 * HB] = m3
             hb[o + 4 * HB] = m4
         cuda.syncthreads()
-        m0 = float32(0)                              # vertical pass, own pixel
-        m1 = float32(0)
-        m2 = float32(0)
-        m3 = float32(0)
-        m4 = float32(0)
-        for t in range(WIN):
-            o = (ty + t) * TILE + tx
-            m0 += w[t] * _at(hb, o)
-            m1 += w[t] * _at(hb, o + HB)
-            m2 += w[t] * _at(hb, o + 2 * HB)
-            m3 += w[t] * _at(hb, o + 3 * HB)
-            m4 += w[t] * _at(hb, o + 4 * HB)
+        o = ty * TILE + tx                           # vertical pass, own pixel
+        m0 = _filter_column(w, hb, o)
+        m1 = _filter_column(w, hb, o + HB)
+        m2 = _filter_column(w, hb, o + 2 * HB)
+        m3 = _filter_column(w, hb, o + 3 * HB)
+        m4 = _filter_column(w, hb, o + 4 * HB)
         if py < H and px < W:
             s, da, db, dc = _ssim_terms(m0, m1, m2, m3, m4, c1, c2)
             ss += s
@@ -172,14 +176,10 @@ def _ssim_bwd_kernel(img, gt, dmaps, dimg, l1_scale, row0):
             hb[o + HB] = g1
             hb[o + 2 * HB] = g2
         cuda.syncthreads()
-        g0 = float32(0)
-        g1 = float32(0)
-        g2 = float32(0)
-        for t in range(WIN):
-            o = (ty + t) * TILE + tx
-            g0 += w[t] * _at(hb, o)
-            g1 += w[t] * _at(hb, o + HB)
-            g2 += w[t] * _at(hb, o + 2 * HB)
+        o = ty * TILE + tx
+        g0 = _filter_column(w, hb, o)
+        g1 = _filter_column(w, hb, o + HB)
+        g2 = _filter_column(w, hb, o + 2 * HB)
         if py < H and px < W:
             dimg[py, px, ch] = _ssim_loss_grad(img[py, px, ch], gt[py, px, ch], g0, g1, g2, l1_scale)
         cuda.syncthreads()

@@ -11,11 +11,12 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from ..math import gaussian_ops as go
+from ..math.blend import store_pixel
 from ..math.sh import sh_basis, sh_basis_jacobian
 from ..math.tiles import TILE, tile_grid
 from .launch import F1, F2, F3, I1, I2, U1, array_module, kernel, per_item
-from .tile import (BLOCK, HALF, NF, NG, ONE, RED_ROWS, ZERO, backward_hit, chunk_hits, composite_chunks, field,
-                   flat_records, next_hit, pixel_of_tile, record_reaches, warp_box)
+from .tile import (BLOCK, NF, NG, ONE, RED_ROWS, ZERO, backward_hit, chunk_hits, composite_chunks, field,
+                   flat_records, next_hit, pixel_of_tile, record_reaches)
 
 BATCH_WORDS = BLOCK * NF    # a batch of records in shared memory (a constant, as Numba needs)
 
@@ -24,6 +25,7 @@ project_one, visit_tiles = _ops.project, _ops.visit_tiles
 geometry_backward_one = _ops.geometry_backward
 view_direction, colour_grad = _ops.view_direction, _ops.colour_grad
 route_one, route_fill_one = _ops.route, _ops.route_fill
+_store_pixel = cuda.jit(device=True, inline=True)(store_pixel)
 
 
 # --------------------------------------------------------------------------- per Gaussian
@@ -206,7 +208,7 @@ def project_backward(means, quats, scales, logits, sh, degree, cam, W, H, antial
 
 @cuda.jit(device=True, inline=True)
 def _tile_pixel(ranges, tiles_x, W, H):
-    """This thread's pixel in the block's tile (a 2D grid of tiles)."""
+    """``pixel_of_tile`` of the block's tile (a 2D grid of tiles)."""
     return pixel_of_tile(cuda.blockIdx.y * tiles_x + cuda.blockIdx.x, ranges, tiles_x, W, H)
 
 
@@ -222,11 +224,7 @@ def _load(proj, ids, i, rec, rid, slot):
 def _raster_forward_kernel(proj, ids, ranges, W, H, tiles_x, bg, image, trans, depth, last):
     rec = cuda.shared.array(BATCH_WORDS, float32)
     rid = cuda.shared.array(BLOCK, int32)
-    tid, px, py, inside, start, end = _tile_pixel(ranges, tiles_x, W, H)
-    lane = tid & 31
-    x0, x1, y0, y1 = warp_box(lane, px, py)
-    fx = float32(px) + HALF
-    fy = float32(py) + HALF
+    tid, lane, px, py, inside, start, end, x0, x1, y0, y1, fx, fy = _tile_pixel(ranges, tiles_x, W, H)
     T = ONE
     r = ZERO
     g = ZERO
@@ -244,12 +242,7 @@ def _raster_forward_kernel(proj, ids, ranges, W, H, tiles_x, bg, image, trans, d
                                                      x0, x1, y0, y1, fx, fy, T, r, g, b, d, stop, done, True)
         cuda.syncthreads()
     if inside:
-        image[py, px, 0] = r + T * bg[0]
-        image[py, px, 1] = g + T * bg[1]
-        image[py, px, 2] = b + T * bg[2]
-        trans[py, px] = T
-        depth[py, px] = d
-        last[py, px] = stop
+        _store_pixel(image, trans, depth, last, py, px, r, g, b, T, d, stop, bg)
 
 
 @kernel(F2, I1, I2, "int64", "int64", "int64", F1, F2, I2, F3, F2, F2, F1, fastmath=True)
@@ -258,20 +251,11 @@ def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d
     rid = cuda.shared.array(BLOCK, int32)
     red = cuda.shared.array((NG, RED_ROWS), float32)
     block_last = cuda.shared.array(1, int32)
-    tid, px, py, inside, start, end = _tile_pixel(ranges, tiles_x, W, H)
-    lane = tid & 31
-    x0, x1, y0, y1 = warp_box(lane, px, py)
+    tid, lane, px, py, inside, start, end, x0, x1, y0, y1, fx, fy = _tile_pixel(ranges, tiles_x, W, H)
     if tid == 0:
         block_last[0] = start
     cuda.syncthreads()
-    fx = float32(px) + HALF
-    fy = float32(py) + HALF
-    T_end = ZERO
-    dc0 = ZERO
-    dc1 = ZERO
-    dc2 = ZERO
-    dd = ZERO
-    da_end = ZERO
+    T_end = dc0 = dc1 = dc2 = dd = da_end = ZERO  # outside the image (where no hit counts: my_last = start)
     my_last = start
     if inside:
         T_end = trans[py, px]

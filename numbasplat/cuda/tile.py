@@ -91,15 +91,18 @@ def masked(valid, alpha):
 
 @cuda.jit(device=True, inline=True)
 def pixel_of_tile(t, ranges, tiles_x, W, H):
-    """This thread's pixel in tile t: (thread id, px, py, inside the image, tile range start, end).
-    Warp w takes the WARP_W x WARP_H pixels at block (w % 2, w // 2) of the tile, lane l the pixel
-    (l % WARP_W, l // WARP_W) of it."""
+    """This thread's pixel in tile t, as every tile kernel starts: (thread id, lane, px, py, inside
+    the image, tile range start, end, the warp's box x0, x1, y0, y1 (``warp_box``), the pixel
+    centre fx, fy).  Warp w takes the WARP_W x WARP_H pixels at block (w % 2, w // 2) of the
+    tile, lane l the pixel (l % WARP_W, l // WARP_W) of it."""
     tid = cuda.threadIdx.y * TILE + cuda.threadIdx.x
     w = tid >> 5
     lane = tid & 31
     px = (t % tiles_x) * TILE + (w % (TILE // WARP_W)) * WARP_W + lane % WARP_W
     py = (t // tiles_x) * TILE + (w // (TILE // WARP_W)) * WARP_H + lane // WARP_W
-    return tid, px, py, px < W and py < H, ranges[t, 0], ranges[t, 1]
+    x0, x1, y0, y1 = warp_box(lane, px, py)
+    return (tid, lane, px, py, px < W and py < H, ranges[t, 0], ranges[t, 1], x0, x1, y0, y1,
+            float32(px) + HALF, float32(py) + HALF)
 
 
 if SIM:

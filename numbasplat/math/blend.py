@@ -27,6 +27,19 @@ def blend_step(alpha, T):
     return alpha * T, nT, False
 
 
+def store_pixel(image, trans, depth, last, py, px, r, g, b, T, d, stop, bg):
+    """A pixel's outputs of the front-to-back pass: its colour over the background ``bg``, the
+    transmittance left, depth and ``stop`` (the index after its last contributor).  Plain Python,
+    compiled by each backend's raster kernel: it takes arrays, which a ``shared`` function cannot
+    under the CUDA simulator."""
+    image[py, px, 0] = r + T * bg[0]
+    image[py, px, 1] = g + T * bg[1]
+    image[py, px, 2] = b + T * bg[2]
+    trans[py, px] = T
+    depth[py, px] = d
+    last[py, px] = stop
+
+
 @shared
 def gaussian_alpha(u, v, ca, cb, cc, opacity, px, py):
     """(alpha, exp(-sigma), dx, dy) of a projected Gaussian at pixel centre (px, py);

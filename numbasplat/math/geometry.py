@@ -138,16 +138,10 @@ def to_camera(mx, my, mz, view):
 
 
 @shared
-def project(mx, my, mz, qw, qx, qy, qz, ls0, ls1, ls2, view, fx, fy, cx, cy, W, H, antialias):
-    """EWA projection of one Gaussian.
-
-    Returns (ok, u, v, depth, conic_a, conic_b, conic_c, compensation, cov_a, cov_b, cov_c)
-    where cov is the dilated 2D covariance and conic its inverse.  ``ok`` is
-    False behind the near plane or for a degenerate 2D covariance.
-    """
-    x, y, z = to_camera(mx, my, mz, view)
-    if not z >= NEAR:  # also rejects NaN
-        return False, f32(0.0), f32(0.0), z, f32(0.0), f32(0.0), f32(0.0), f32(0.0), f32(0.0), f32(0.0), f32(0.0)
+def _screen_covariance(x, y, z, qw, qx, qy, qz, ls0, ls1, ls2, view, fx, fy, cx, cy, W, H):
+    """The 2D covariance T S T^T of the Gaussian at camera point (x, y, z), before the dilation,
+    as (a, b, c) of [[a, b], [b, c]]; then what ``project_vjp`` differentiates through: S
+    (``covar_world``), T (``_screen_transform``) and ``_jacobian``'s clamped x/z, y/z and clamp flags."""
     S = covar_world(qw, qx, qy, qz, ls0, ls1, ls2)
     J00, J02, J11, J12, rx, ry, clx, cly = _jacobian(x, y, z, fx, fy, cx, cy, W, H)
     T = _screen_transform(J00, J02, J11, J12, view)
@@ -161,6 +155,21 @@ def project(mx, my, mz, qw, qx, qy, qz, ls0, ls1, ls2, view, fx, fy, cx, cy, W, 
     ca = a0 * T[0] + a1 * T[1] + a2 * T[2]
     cb = a0 * T[3] + a1 * T[4] + a2 * T[5]
     cc = b0 * T[3] + b1 * T[4] + b2 * T[5]
+    return ca, cb, cc, S, T, rx, ry, clx, cly
+
+
+@shared
+def project(mx, my, mz, qw, qx, qy, qz, ls0, ls1, ls2, view, fx, fy, cx, cy, W, H, antialias):
+    """EWA projection of one Gaussian.
+
+    Returns (ok, u, v, depth, conic_a, conic_b, conic_c, compensation, cov_a, cov_b, cov_c)
+    where cov is the dilated 2D covariance and conic its inverse.  ``ok`` is
+    False behind the near plane or for a degenerate 2D covariance.
+    """
+    x, y, z = to_camera(mx, my, mz, view)
+    if not z >= NEAR:  # also rejects NaN
+        return False, f32(0.0), f32(0.0), z, f32(0.0), f32(0.0), f32(0.0), f32(0.0), f32(0.0), f32(0.0), f32(0.0)
+    ca, cb, cc = _screen_covariance(x, y, z, qw, qx, qy, qz, ls0, ls1, ls2, view, fx, fy, cx, cy, W, H)[:3]
     det0 = ca * cc - cb * cb
     pa = ca + EPS2D
     pc = cc + EPS2D
@@ -185,18 +194,9 @@ def project_vjp(mx, my, mz, qw, qx, qy, qz, ls0, ls1, ls2, view, fx, fy, cx, cy,
     where ``project`` returned ok.
     """
     x, y, z = to_camera(mx, my, mz, view)
-    S = covar_world(qw, qx, qy, qz, ls0, ls1, ls2)
-    J00, J02, J11, J12, rx, ry, clx, cly = _jacobian(x, y, z, fx, fy, cx, cy, W, H)
-    T = _screen_transform(J00, J02, J11, J12, view)
-    a0 = T[0] * S[0] + T[1] * S[1] + T[2] * S[2]
-    a1 = T[0] * S[1] + T[1] * S[3] + T[2] * S[4]
-    a2 = T[0] * S[2] + T[1] * S[4] + T[2] * S[5]
-    b0 = T[3] * S[0] + T[4] * S[1] + T[5] * S[2]
-    b1 = T[3] * S[1] + T[4] * S[3] + T[5] * S[4]
-    b2 = T[3] * S[2] + T[4] * S[4] + T[5] * S[5]
-    ca = a0 * T[0] + a1 * T[1] + a2 * T[2]
-    cb = a0 * T[3] + a1 * T[4] + a2 * T[5]
-    cc = b0 * T[3] + b1 * T[4] + b2 * T[5]
+    # the forward's intermediate values, recomputed (``project`` keeps none of them)
+    ca, cb, cc, S, T, rx, ry, clx, cly = _screen_covariance(x, y, z, qw, qx, qy, qz, ls0, ls1, ls2, view,
+                                                            fx, fy, cx, cy, W, H)
     pa = ca + EPS2D
     pc = cc + EPS2D
     det = pa * pc - cb * cb
