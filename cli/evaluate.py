@@ -7,8 +7,15 @@ view's render and ground truth to OUT/test/ours_N/renders/00000.png and OUT/test
 ``render`` does the same for a split (``--split train``: OUT/train/ours_N/...), or, with ``--path``,
 renders a camera path around or through the capture's views into an mp4 or PNG frames.  OUT is
 ``--out``, by default the model's training folder.
+
+As Inria's render.py reads the model folder's cfg_args, the capture options that the command line
+leaves out (``--data``, ``--images``, the scaling, the split, the background) come from the
+training folder's cfg.json, which ``train`` writes; a flag given here overrides it.
 """
-from .args import add_data_options, count, load_data, positive, write_metrics
+import argparse
+
+from .args import add_data_options, count, load_data, output_folder, positive, write_metrics
+from .config import ConfigError, read_mapping
 from .train import HOLD_OUT_EVERY, config_from_args
 
 PATHS = ("spiral", "ellipse", "interp")  # engine.camera_path.PATHS (engine is imported late: numba)
@@ -45,12 +52,47 @@ def model_folder(a):
     return src.parents[2] if iteration_of(src) is not None else None
 
 
-def output_folder(a):
-    """``--out``, else the model's training folder (where Inria's render.py writes too)."""
-    out = a.out or model_folder(a)
-    if out is None:
+def results_folder(a):
+    """``--out`` (made where missing; one error naming it where it cannot be a folder), else the
+    model's training folder (where Inria's render.py writes too)."""
+    if a.out:
+        return str(output_folder(a.out))
+    folder = model_folder(a)
+    if folder is None:
         raise SystemExit(f"error: give --out: {a.model} is not in a training folder")
-    return str(out)
+    return str(folder)
+
+
+def data_defaults():
+    """{option: default} of the capture options (``add_data_options``), ``--out`` aside."""
+    p = argparse.ArgumentParser()
+    add_data_options(p, need_data=False, need_out=False)
+    return {k: v for k, v in vars(p.parse_args([])).items() if k != "out"}
+
+
+def fill_capture_options(a):
+    """Set the capture options of ``a`` that the command line left None: from the training folder's
+    cfg.json where it records them, else their defaults.  ``background`` (a setting of the run,
+    not a flag of these commands) comes from there too, unless ``--[no-]white-background`` is given.  The test split: the recorded
+    ``--test-every``, else every ``HOLD_OUT_EVERY``-th view (the ``--eval`` split)."""
+    folder = model_folder(a)
+    recorded = {}
+    if folder is not None and (folder / "cfg.json").is_file():
+        try:
+            recorded = read_mapping(folder / "cfg.json")
+        except ConfigError as e:
+            raise SystemExit(f"error: {e}")
+    # the recorded background, unless --white-background or --no-white-background says otherwise
+    a.background = recorded.get("background") if a.white_background is None else None
+    for name, default in data_defaults().items():
+        if getattr(a, name) is None:
+            value = recorded.get(name)
+            setattr(a, name, default if value is None else value)
+    if a.test_every is None:
+        a.test_every = HOLD_OUT_EVERY
+    if not a.data:
+        where = f"{folder / 'cfg.json'} does not name one" if recorded else f"no cfg.json in {folder or a.model}"
+        raise SystemExit(f"error: give --data (the capture whose views to render): {where}")
 
 
 def read_model(src):
@@ -74,9 +116,10 @@ def trained_model(a):
     ``--eval`` splits it), rendering at the model's SH degree."""
     from engine.single_gpu import SingleGPUTrainer
     src = model_file(a.model)  # (before loading the capture: a wrong --model is told at once)
+    fill_capture_options(a)
     cfg = config_from_args(a)
-    dataset = load_data(a, cfg.background, HOLD_OUT_EVERY)
-    t = SingleGPUTrainer(dataset, output_folder(a), cfg)
+    dataset = load_data(a, cfg.background)
+    t = SingleGPUTrainer(dataset, results_folder(a), cfg)
     if src.suffix == ".ply":
         params, iteration, _ = read_model(src)
         t.start_from({"params": params})
@@ -104,8 +147,6 @@ def cmd_render(a):
         return render_path(a)
     if a.video or a.frames_dir:
         raise SystemExit("error: --video and --frames-dir render a camera path: give --path too")
-    if not a.data:
-        raise SystemExit("error: render --split needs --data (the capture whose views to render)")
     from engine.outputs import split_dir
     t = trained_model(a)
     views = t.data.test if a.split == "test" else t.data.train
@@ -119,6 +160,7 @@ def path_cameras(a, background):
     cameras.json."""
     from engine.outputs import CAMERAS_JSON, read_cameras_json
     if a.data:
+        fill_capture_options(a)
         views = load_data(a, background).views
         return [v.camera for v in sorted(views, key=lambda v: v.name)]
     folder = model_folder(a)
@@ -170,7 +212,7 @@ def add_commands(sub):
     for name, fn, hlp in (("eval", cmd_eval, "evaluate a trained scene on the test split"),
                           ("render", cmd_render, "render the views of a split, or a camera path as a video")):
         e = sub.add_parser(name, help=hlp)
-        add_data_options(e, need_out=False, need_data=name == "eval")
+        add_data_options(e, need_out=False, need_data=False)  # the capture may come from the model's cfg.json
         e.add_argument("--model", required=True,
                        help="training output folder, snapshot .h5 or .ply (OUT defaults to the training folder)")
         if name == "render":
@@ -183,6 +225,7 @@ def add_commands(sub):
             e.add_argument("--frames-dir", default=None, help="with --path: write PNG frames to this folder")
             e.add_argument("--frames", type=count(1), default=120, help="frames of the path (default 120)")
             e.add_argument("--fps", type=positive, default=30.0, help="frames per second of the video (default 30)")
+        e.set_defaults(**dict.fromkeys(data_defaults(), None))  # None unless given: see fill_capture_options
         e.set_defaults(fn=fn)
     x = sub.add_parser("export", help="write the trained scene as a PLY file")
     x.add_argument("--model", required=True, help="training output folder or snapshot .h5")

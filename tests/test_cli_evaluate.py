@@ -59,6 +59,29 @@ def test_eval_writes_into_the_model_folder_by_default(run, tmp_path):
         assert len(pairs(folder / "test" / "ours_20")) == len(trained["views"])
 
 
+def test_eval_reads_the_capture_from_the_training_folder(run, tmp_path, capsys):
+    """As Inria's render.py reads cfg_args: without --data, the capture, its split and the white
+    background come from OUT/cfg.json; a flag given overrides the recorded setting."""
+    cap, out = run
+    trained = json.loads((out / "metrics.json").read_text())
+    assert cli.main(["eval", "--model", str(out), "--out", str(tmp_path / "a")]) == 0
+    again = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    assert again["views"] == trained["views"] and abs(again["psnr"] - trained["psnr"]) < 1e-3
+    assert cli.main(["eval", "--model", str(out), "--out", str(tmp_path / "b"), "--resolution", "2"]) == 0
+    assert Image.open(tmp_path / "b" / "test" / "ours_20" / "renders" / "00000.png").size == (16, 16)
+    assert cli.main(["eval", "--model", str(out), "--out", str(tmp_path / "c"), "--no-white-background"]) == 0
+    black = json.loads((tmp_path / "c" / "metrics.json").read_text())
+    assert black["psnr"] < trained["psnr"] - 1  # the same Gaussians on the other background
+    (tmp_path / "file").write_text("")
+    assert cli.main(["eval", "--model", str(out), "--out", str(tmp_path / "file")]) == 1
+    assert f"--out {tmp_path}/file: it is a file, not a folder" in capsys.readouterr().err
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad, ignore=shutil.ignore_patterns("test"))
+    (bad / "cfg.json").write_text("{")
+    with pytest.raises(SystemExit, match=f"config file {bad}/cfg.json: not valid JSON"):
+        cli.main(["eval", "--model", str(bad)])
+
+
 def test_render_a_split(run, tmp_path):
     cap, out = run
     assert cli.main(["render", "--data", str(cap), "--white-background", "--model", str(out), "--split", "train",
@@ -91,13 +114,14 @@ def test_render_path_errors_name_what_to_give(run, tmp_path):
     cap, out = run
     for args, message in (
             (["--path", "spiral"], "--path needs --video FILE.mp4 or --frames-dir DIR"),
-            (["--video", "x.mp4"], "give --path too"),
-            ([], "render --split needs --data")):
+            (["--video", "x.mp4"], "give --path too")):
         with pytest.raises(SystemExit, match=message):
             cli.main(["render", "--model", str(out), *args])
     lone = tmp_path / "lone"
     lone.mkdir()
     shutil.copy(out / "snapshot.h5", lone)
+    with pytest.raises(SystemExit, match=f"give --data .*: no cfg.json in {lone}"):
+        cli.main(["render", "--model", str(lone)])
     with pytest.raises(SystemExit, match="give --data, or a --model folder holding cameras.json"):
         cli.main(["render", "--model", str(lone), "--path", "ellipse", "--frames-dir", str(tmp_path / "f")])
     with pytest.raises(SystemExit, match="holds no snapshot.h5 and no point_cloud"):
