@@ -22,7 +22,7 @@ import numpy as np
 
 from .images import (IMAGE_EXTENSIONS, Downscale, Intrinsics, check_sizes, is_image_file, list_image_files,
                      load_image, parallel_map)
-from .scene import DataError, build_dataset, every_nth, split_views
+from .scene import DataError, build_dataset, every_nth, split_indices, split_views
 
 # id -> (name, number of params); only the first five are supported.
 CAMERA_MODELS = {
@@ -488,8 +488,9 @@ def match_images(folder, names):
 
 # ----------------------------------------------------------------------------- loader
 
-def load(path, images=None, background=(1.0, 1.0, 1.0), test_every=None, downscale=Downscale()):
-    """Load a COLMAP scene into a ``Dataset`` (the arguments as ``load_dataset``'s)."""
+def load(path, images=None, background=(1.0, 1.0, 1.0), test_every=None, downscale=Downscale(), train_views=None):
+    """Load a COLMAP scene into a ``Dataset`` (the arguments as ``load_dataset``'s).  With
+    ``train_views``, only the images of the first that many training views are read."""
     root = Path(path)
     model = model_dir(root)
     if model is None:
@@ -518,6 +519,10 @@ def load(path, images=None, background=(1.0, 1.0, 1.0), test_every=None, downsca
 
     files, pairing = match_images(folder, [im.name for im in imgs])
     notes = [pairing] if pairing else []
+    if train_views:
+        train_jobs, _ = split_indices([files[j[0].name] for j in jobs], test_every)
+        jobs = [jobs[i] for i in train_jobs[:train_views]]
+        notes.append(f"read the first {len(jobs)} of the {len(train_jobs)} training views, no test views")
 
     def work(job):
         im, cam, intr, _ = job
@@ -538,7 +543,7 @@ def load(path, images=None, background=(1.0, 1.0, 1.0), test_every=None, downsca
         notes.append(f"the images of camera {cam.id} ({name}: {w}x{h}) do not have its aspect ratio "
                      f"({cam.width}x{cam.height}); scaling the axes separately")
 
-    train, test = split_views(views, test_every)
+    train, test = (views, []) if train_views else split_views(views, test_every)
     if pts is None:
         xyz, rgb = np.zeros((0, 3)), np.zeros((0, 3))
         origin = f"the COLMAP model {model.relative_to(root).as_posix()} has no points3D file"

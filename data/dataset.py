@@ -9,7 +9,7 @@ import numpy as np
 
 from . import colmap, nerf
 from .images import DEFAULT_MAX_WIDTH, Downscale
-from .scene import DataError, check_test_every
+from .scene import DataError, check_test_every, first_training_views
 
 FORMATS = ("colmap", "blender", "ngp")
 
@@ -39,7 +39,7 @@ def detect_format(path):
 
 
 def load_dataset(path, fmt="auto", images=None, background=(1.0, 1.0, 1.0), test_every=None, resolution=None,
-                 max_width=DEFAULT_MAX_WIDTH):
+                 max_width=DEFAULT_MAX_WIDTH, train_views=None):
     """Load a COLMAP, Blender (NeRF-synthetic) or instant-ngp/nerfstudio scene.
 
     ``images``: image folder name for COLMAP (default ``images``; e.g.
@@ -52,6 +52,9 @@ def load_dataset(path, fmt="auto", images=None, background=(1.0, 1.0, 1.0), test
     ``resolution``: an integer downscale factor (Inria's ``-r``; None: 1);
     ``max_width``: images still wider are narrowed to it (None or 0: no
     limit; by default 1600 px, as Inria).  Intrinsics follow the images.
+    ``train_views``: keep the first that many training views and no test
+    views (None: all); a COLMAP capture then reads only their images, the
+    other formats read every image and drop the rest.
 
     ``Dataset.summary()`` says what was loaded and what was decided.
     """
@@ -67,9 +70,11 @@ def load_dataset(path, fmt="auto", images=None, background=(1.0, 1.0, 1.0), test
     if fmt == "auto":
         fmt = detect_format(path)
     if fmt == "colmap":
-        return colmap.load(path, **options)
-    if fmt == "blender":
-        return nerf.load_blender(path, **options)
-    if fmt in ("ngp", "nerfstudio", "instant-ngp"):
-        return nerf.load_ngp(path, **options)
-    raise DataError(f"unknown dataset format {fmt!r} for {path}; expected 'auto' or one of {', '.join(FORMATS)}")
+        dataset = colmap.load(path, **options, train_views=train_views)
+    elif fmt == "blender":
+        dataset = nerf.load_blender(path, **options)
+    elif fmt in ("ngp", "nerfstudio", "instant-ngp"):
+        dataset = nerf.load_ngp(path, **options)
+    else:
+        raise DataError(f"unknown dataset format {fmt!r} for {path}; expected 'auto' or one of {', '.join(FORMATS)}")
+    return first_training_views(dataset, train_views) if train_views else dataset

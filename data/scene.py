@@ -24,7 +24,7 @@ Conventions shared by every loader:
   rank, where the summary is printed once by whoever presents it.
 """
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -177,15 +177,32 @@ def check_test_every(test_every):
     return int(test_every)
 
 
-def split_views(views, test_every=None):
-    """Sort by name; index % test_every == 0 goes to test (0 or None: no test split)."""
-    views = sorted(views, key=lambda v: v.name)
+def split_indices(names, test_every=None):
+    """(train, test): the indices of ``names`` in name order; index % test_every == 0 of that
+    order goes to test (0 or None: no test split).  A loader can split before it reads images."""
+    order = sorted(range(len(names)), key=lambda i: names[i])
     k = check_test_every(test_every)
     if k == 0:
-        return views, []
-    train = [v for i, v in enumerate(views) if i % k != 0]
-    test = [v for i, v in enumerate(views) if i % k == 0]
-    return train, test
+        return order, []
+    return [n for i, n in enumerate(order) if i % k != 0], [n for i, n in enumerate(order) if i % k == 0]
+
+
+def split_views(views, test_every=None):
+    """Sort by name; index % test_every == 0 goes to test (0 or None: no test split)."""
+    train, test = split_indices([v.name for v in views], test_every)
+    return [views[i] for i in train], [views[i] for i in test]
+
+
+def first_training_views(dataset, n):
+    """``dataset`` with its first ``n`` training views only and no test views (its scene scale
+    theirs): what a measurement that trains on part of a large capture uses."""
+    train = dataset.train[:n]
+    if len(train) == len(dataset.train) and not dataset.test:
+        return dataset
+    notes = dataset.notes + [f"kept the first {len(train)} training views (of {len(dataset.train)} loaded), "
+                             "no test views"]
+    return replace(dataset, train=train, test=[], split="", scene_scale=scene_scale(v.camera for v in train),
+                   notes=notes)
 
 
 def every_nth(test_every):

@@ -43,6 +43,26 @@ def test_no_width_limit(tmp_path):
         assert load_dataset(tmp_path, max_width=no_limit).train[0].width == 2000
 
 
+def test_the_first_training_views_only(tmp_path, monkeypatch):
+    """``train_views``: a COLMAP capture reads the images of those views alone; every format keeps
+    them and no test views, the scene scale theirs."""
+    from data import colmap
+    from data.scene import first_training_views, scene_scale
+    colmap_scene(tmp_path, ".bin", n_images=7)
+    whole = load_dataset(tmp_path, test_every=3)
+    read = []
+    real = colmap.load_image
+    monkeypatch.setattr(colmap, "load_image", lambda path, *a, **k: read.append(path.name) or real(path, *a, **k))
+    some = load_dataset(tmp_path, test_every=3, train_views=2)
+    assert [v.name for v in some.train] == [v.name for v in whole.train[:2]] == sorted(read) and some.test == []
+    assert some.scene_scale == scene_scale(v.camera for v in some.train)
+    assert "read the first 2 of the 4 training views, no test views" in some.summary()[-1]
+    kept = first_training_views(whole, 3)
+    assert [v.name for v in kept.train] == [v.name for v in whole.train[:3]] and kept.test == [] and not kept.split
+    assert kept.notes[-1] == "kept the first 3 training views (of 4 loaded), no test views"
+    assert first_training_views(some, 5) is some
+
+
 def test_import_from_repo_root():
     proc = subprocess.run([sys.executable, "-c", "import data; print(data.load_dataset.__name__)"], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=120)
