@@ -23,7 +23,6 @@ Results do not depend on P: with the same batch, P ranks give 1 rank's parameter
 One rank (``COMM_SELF``) runs the same pipeline: batched training in one process.
 """
 import math
-import time
 from dataclasses import asdict
 
 import numpy as np
@@ -39,7 +38,7 @@ from comm.sparse import exchange_dense, exchange_sparse
 
 from .distributed import balanced_bounds, disagreement, even_bounds, max_over_ranks
 from .model import GaussianModel
-from .trainer import Trainer, fingerprint
+from .trainer import PhaseClock, Trainer, fingerprint
 
 
 def _views_of(first, last, n_tiles):
@@ -70,8 +69,7 @@ class GaussianExchangeTrainer(Trainer):
         self.exchange = Exchange(comm, transport if on_gpu else "host")  # host arrays never need another
         self.log(f"{self.size} ranks, batch {self.batch}, device buffers through: {self.exchange.transport.name}")
         self.tile_cost = None
-        self.stats = {}
-        self.time_phases = None  # True / False: sync at phase boundaries on every step / never (see _timing)
+        self.time_phases = None  # the phases synced at log steps (see _timing)
         self._view0 = None
 
     # ------------------------------------------------------------------ sharding
@@ -159,22 +157,13 @@ class GaussianExchangeTrainer(Trainer):
         return send, table, route
 
     def _share_tiles(self, rendered, bounds, cam):
-        """The rendered pixels the global loss needs from other ranks, by one all-to-all of 16x16 tiles.
-
-        A renderer holds only its own tiles; L1 + SSIM also needs the tiles
-        within one tile row of its own, in its views: the loss's two 11x11
-        windows reach 10 pixels.  Every rank knows the bounds, so what goes
-        where is known without asking.  ``rendered``: {view: image} of this
-        rank's views (only its own tiles right).  Returns {view: image} of its
-        views, right on its tiles and their halo, 0 elsewhere."""
+        """The rendered pixels the global loss needs from other ranks, by one all-to-all of 16x16 tiles
+        (``halo_ranges``: which).  ``rendered``: {view: image} of this rank's views (only its own
+        tiles right).  Returns {view: image} of its views, right on its tiles and their halo, 0
+        elsewhere."""
         xp = self.xp
         n_tiles = cam.tiles[0] * cam.tiles[1]
-        lo, hi = bounds[:-1], bounds[1:]
-        reach = cam.tiles[0] + 1
-        need_lo = np.maximum(lo - reach, lo // n_tiles * n_tiles)
-        need_hi = np.where(hi > lo, np.minimum(hi + reach, -(-hi // n_tiles) * n_tiles), need_lo)
-        start = np.maximum(lo[:, None], need_lo[None, :])            # [source, destination]
-        end = np.maximum(np.minimum(hi[:, None], need_hi[None, :]), start)
+        start, end, need_lo, need_hi = halo_ranges(bounds, cam.tiles[0], n_tiles)
         me = self.rank
         parts = [xp.zeros((0, TILE * TILE * 3), np.float32)]
         for a, e in zip(start[me], end[me]):
@@ -188,24 +177,10 @@ class GaussianExchangeTrainer(Trainer):
                                        cam.height, cam.width)
         return have
 
-    def _timing(self):
-        """Whether this step syncs the device at its phase boundaries, so that the phase times are
-        the device's and not the host's: when ``time_phases`` says so, by default on the steps
-        that will be logged (a sync costs the overlap of host and device work)."""
-        if self.time_phases is not None:
-            return self.time_phases
-        every = self.cfg.log_every
-        return bool(every) and (self.step + self.batch) // every != self.step // every
-
-    def _clock(self, synced):
-        if synced:
-            _backend.synchronize(self.backend)
-        return time.perf_counter()
-
     def train_step(self):
         c, xp, model = self.cfg, self.xp, self.model
         timed = self._timing()
-        t0 = self._clock(timed)
+        clock = PhaseClock(self.backend, timed)
         views = self._batch()
         cams = [self.data.train[i].camera for i in views]
         degree = self.sh_degree_now()
@@ -218,6 +193,7 @@ class GaussianExchangeTrainer(Trainer):
         # 1. project the shard for every camera
         projs = [ns.project(g, cam, sh_degree=degree, antialias=c.antialias, backend=self.backend, check=False)
                  for cam in cams]
+        clock.end("project")
         # 2. tile ranges of the renderers
         bounds = (even_bounds(self.batch * n_tiles, self.size) if self.tile_cost is None
                   else balanced_bounds(self.tile_cost, self.size))
@@ -226,10 +202,10 @@ class GaussianExchangeTrainer(Trainer):
         send, table, route = self._send_plan(projs, n_tiles, bounds)
         recv_table = self.exchange.alltoall_ints(table)           # (P sources, 2B): rows, intersections per view
         recv_views, recv_isect = recv_table[:, :self.batch], recv_table[:, self.batch:]
-        t1 = self._clock(timed)
+        clock.end("plan")
         send_counts = table[:, :self.batch].sum(1)
         recv, recv_counts = self.exchange.alltoallv(send, send_counts, recv_views.sum(1))
-        t2 = self._clock(timed)
+        clock.end("forward_exchange")
         # 4. render my tiles of each view, 5. the loss share of my tiles and the raster backward
         tile_loss = c.loss == "tile"
         perms = [s3im_permutations(self.rng, c.s3im_repeats) for _ in range(self.batch)] if tile_loss else None
@@ -262,23 +238,28 @@ class GaussianExchangeTrainer(Trainer):
                 image = rendered[b] = r.image
             if b == 0:  # the progress PSNR's share, computed at log steps only (progress_psnr)
                 self._view0 = (image, self.targets[views[0]], first, last)
+        clock.end("render")
         have = {} if tile_loss else self._share_tiles(rendered, bounds, cams[0])
-        t3 = self._clock(timed)
+        clock.end("halo_exchange")
+        d_images = []
         for b, first, last, p, view, r in frames:  # global loss: the share of my tiles
             lb, d = l1_ssim_loss(have[b], self.targets[views[b]], c.lambda_dssim, backend=self.backend,
                                  tiles=(first, last), lazy=True)
             shares.append(lb)
+            d_images.append(d)
+        clock.end("loss")
+        for (b, first, last, p, view, r), d in zip(frames, d_images):
             ns.rasterize_backward(p, view, r, d, grad=G, backend=self.backend)
         if self.batch > 1:
             G *= np.float32(1.0 / self.batch)  # each view's 1/B share of the batch loss
-        t4 = self._clock(timed)
+        clock.end("backward")
         n_local = len(model)
         out = xp.zeros((self.batch * n_local, go.GRAD_FIELDS), np.float32)
         if self.grad_comm == "sparse":
             comm_stats = exchange_sparse(self.exchange, G, recv_counts, route, out, self.backend, timed)
         else:  # the rows coming back are the rows this rank sent forward
             comm_stats = exchange_dense(self.exchange, G, recv_counts, route, out, self.backend, timed, send_counts)
-        t5 = self._clock(timed)
+        clock.end("backward_exchange")
         # 6. owners: projection backward, strategy statistics, Adam, densification
         for b, p in enumerate(projs):
             grad_b = out[b * n_local:(b + 1) * n_local]
@@ -286,6 +267,7 @@ class GaussianExchangeTrainer(Trainer):
             # densification sees each view's own screen gradient, not its 1/B share of the batch loss
             self.strategy.after_backward(model, self.strategy_state, self.step, p, grad_b, self.batch)
         self.add_strategy_gradients()
+        clock.end("owner")
         lr, cols = self.learning_rates()
         lr_scale = self.batch ** c.batch_lr_exponent
         model.adam.step(model.grads.data, cols * lr_scale)
@@ -299,14 +281,13 @@ class GaussianExchangeTrainer(Trainer):
         if "cloned" in events:
             self._reorder_after_refine(events)
             events["gaussians"] = self.total
+        clock.end("optimizer")
         # the loss and the tile costs (the next bounds) last: by now the device is done with them
         summed = self.exchange.allreduce_sum(np.concatenate([[sum(map(float, shares)) / self.batch],
                                                              _backend.to_host(cost.astype(np.float64))]))
         loss, self.tile_cost = float(summed[0]), summed[1:]
-        t6 = self._clock(timed)
-        self.stats = {"forward_rows": int(len(send)), "forward_bytes": int(send.nbytes), "timed": timed,
-                      "times": {"project": t1 - t0, "forward_exchange": t2 - t1, "render": t3 - t2,
-                                "loss_backward": t4 - t3, "backward_exchange": t5 - t4, "owner": t6 - t5},
+        clock.end("reduce")
+        self.stats = {"forward_rows": int(len(send)), "forward_bytes": int(send.nbytes), **clock.stats(),
                       **comm_stats}
         return loss, events
 
@@ -360,6 +341,25 @@ class GaussianExchangeTrainer(Trainer):
     def log_extra(self):
         """This rank's exchange statistics, and every rank's, gathered (per phase and per rank)."""
         return {**super().log_extra(), "rank_stats": self.comm.allgather(self.stats), "gaussians_total": self.total}
+
+
+def halo_ranges(bounds, tiles_x, n_tiles):
+    """The tiles that the global loss's renderers trade (``_share_tiles``), from the renderers'
+    tile ranges ``bounds`` over the batch (P + 1) and the views' tile grid.
+
+    A renderer holds only its own tiles; L1 + SSIM also needs the tiles within one tile row of
+    its own, in its views: the loss's two 11x11 windows reach 10 pixels.  Every rank knows the
+    bounds, so what goes where is known without asking.  Returns (start, end, need_lo, need_hi):
+    source rank s sends tiles start[s, d] .. end[s, d] - 1 to destination d (its own to itself
+    too), which needs tiles need_lo[d] .. need_hi[d] - 1 in all."""
+    bounds = np.asarray(bounds, np.int64)
+    lo, hi = bounds[:-1], bounds[1:]
+    reach = tiles_x + 1
+    need_lo = np.maximum(lo - reach, lo // n_tiles * n_tiles)
+    need_hi = np.where(hi > lo, np.minimum(hi + reach, -(-hi // n_tiles) * n_tiles), need_lo)
+    start = np.maximum(lo[:, None], need_lo[None, :])            # [source, destination]
+    end = np.maximum(np.minimum(hi[:, None], need_hi[None, :]), start)
+    return start, end, need_lo, need_hi
 
 
 def _view_of(xp, counts):

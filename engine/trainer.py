@@ -86,6 +86,49 @@ class TrainConfig:
     n_random_init: int = 100_000      # random points to start from when the capture has no SfM points
 
 
+PHASES = ("project", "plan", "forward_exchange", "render", "halo_exchange", "loss", "backward",
+          "backward_exchange", "owner", "optimizer", "reduce")
+"""The phases of a step, in order, named alike in every pipeline (each runs those it has):
+projection of the model's (or shard's) Gaussians for the step's views; the send plan (which
+records go to which renderer, and the counts' exchange); the records' exchange; binning and
+rasterization (with ``--loss tile`` also the loss and raster backward, one fused kernel); the
+rendered tiles that the global loss needs from other renderers; the loss and its image
+gradient; the raster backward; the gradients' exchange back to the owners; the owners'
+projection backward and the strategy's statistics; Adam and densification; the ranks' sum of
+the loss and the tile costs."""
+
+
+class PhaseClock:
+    """The times of one step's phases (``PHASES``): ``end(phase)`` closes the phase that began at the
+    previous mark (or at the start).
+
+    ``synced``: the device is waited for at the start and at every mark, so that a phase's time
+    is the device's work in it and not only the host's queueing of it (a sync costs the overlap
+    of host and device work, so not on every step).  ``times``: seconds per phase, from mark to
+    mark; ``host``: the host's part of each, from the previous mark until the host had queued
+    the phase (its own waits for the device inside the phase included), before the wait at its end."""
+
+    def __init__(self, backend, synced):
+        self.backend, self.synced = backend, synced
+        self.times, self.host = {}, {}
+        if synced:
+            _backend.synchronize(backend)
+        self._last = time.perf_counter()
+
+    def end(self, phase):
+        queued = time.perf_counter()
+        if self.synced:
+            _backend.synchronize(self.backend)
+        done = time.perf_counter()
+        self.host[phase] = self.host.get(phase, 0.0) + queued - self._last
+        self.times[phase] = self.times.get(phase, 0.0) + done - self._last
+        self._last = done
+
+    def stats(self):
+        """What a pipeline keeps of the step's timing (its ``stats``)."""
+        return {"timed": self.synced, "times": self.times, "host": self.host}
+
+
 class Interrupted(KeyboardInterrupt):
     """Training stopped by signal ``signum`` during step ``step``; ``saved``: at a step boundary, every
     rank with it, after writing the snapshot (else at once, mid-step, without one).  Processes
@@ -152,6 +195,8 @@ class Trainer(ABC):
     ``GaussianModel``, the whole model or its shard."""
 
     is_root = True  # writes the logs and outputs (rank 0 under MPI)
+    batch = 1  # views per step (a batched pipeline sets its batch size)
+    time_phases = False  # sync at the phase boundaries (PhaseClock): True every step, False never, None at log steps
 
     def __init__(self, dataset, out_dir, cfg: TrainConfig, backend=None, log=print):
         if cfg.lambda_s3im is None:
@@ -170,6 +215,7 @@ class Trainer(ABC):
         self.strategy = self._make_strategy()
         self.strategy_state = self.strategy.initialize_state()
         self.targets = [self.xp.asarray(v.image) for v in dataset.train]
+        self.stats = {}  # the last step's phase times (PhaseClock) and a pipeline's exchange statistics
         self.order = []
         self.model = None
         self.signals = StopSignals()
@@ -332,6 +378,15 @@ class Trainer(ABC):
         """The signal to stop for at this step boundary (0: none; see ``StopSignals``): here this
         process's.  A pipeline over ranks returns the one that every rank stops for.  Collective."""
         return self.signals.received
+
+    def _timing(self):
+        """Whether this step syncs the device at its phase boundaries, so that the phase times are
+        the device's and not the host's: when ``time_phases`` says so; None: on the steps that
+        will be logged (a sync costs the overlap of host and device work)."""
+        if self.time_phases is not None:
+            return self.time_phases
+        every = self.cfg.log_every
+        return bool(every) and (self.step + self.batch) // every != self.step // every
 
     # ------------------------------------------------------------------ the step's schedules
     def next_view(self):
