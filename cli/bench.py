@@ -2,7 +2,7 @@
 import os
 import sys
 
-from .args import TRANSPORTS, count, mpi_comm
+from .args import TRANSPORTS, count, mpi_comm, positive
 
 
 def cmd_bench(a):
@@ -15,18 +15,36 @@ def cmd_bench(a):
 
 
 def cmd_scaling(a):
-    if not os.path.isfile(a.scene):
+    """Training images/s and phases on a benchmark scene or a dataset (engine/scaling.py)."""
+    if a.scene is not None and not os.path.isfile(a.scene):
         raise SystemExit(f"error: benchmark scene not found: {a.scene} (make one with shared/bench/scene_gen.py)")
     from engine import scaling
-    comm = mpi_comm()
+    comm = mpi_comm(batched=a.pipeline == "gaussian-exchange")
+    if a.pipeline == "single" and comm is not None:
+        raise ValueError(f"--pipeline single runs on one rank, not {comm.Get_size()}: leave it out under mpiexec")
+    options = dict(iters=a.iters, warmup=a.warmup, grad_comm=a.grad_comm, transport=a.transport,
+                   model_ranks=a.model_ranks, link_gbs=a.link_gbs or scaling.NVLINK_GBS,
+                   balanced=a.model_bounds == "balanced")
     if comm is None:
-        return scaling.run(a.scene, views=a.views, iters=a.iters, warmup=a.warmup)
+        return scaling.run(_workload(a, scaling), **options)
     from comm import abort_on_error
     from engine.distributed import select_device
     with abort_on_error(comm):
         select_device(comm)
-        scaling.run(a.scene, views=a.views, iters=a.iters, warmup=a.warmup, comm=comm, grad_comm=a.grad_comm,
-                    transport=a.transport)
+        scaling.run(_workload(a, scaling), comm=comm, **options)
+
+
+def _workload(a, scaling):
+    """What ``scaling`` trains on: ``--scene``'s renders or ``--data``'s training views."""
+    if a.scene is not None:
+        return scaling.scene_workload(a.scene, a.views)
+    return scaling.data_workload(a.data, a.views)
+
+
+def rank_counts(text):
+    """argparse type of ``--model-ranks``: rank counts of at least 1, comma-separated (2,4,8)."""
+    parse = count(1)
+    return tuple(parse(part.strip()) for part in text.split(","))
 
 
 CUDA_MAJORS = ("12", "13")  # one gpu extra each: gpu-cu12, gpu-cu13 (pyproject.toml)
@@ -187,13 +205,28 @@ def add_commands(sub):
     b.add_argument("--loss", choices=["global", "tile"], default="global")
     b.add_argument("--no-fuse", action="store_true", help="with --loss tile: the unfused kernels only")
     b.set_defaults(fn=cmd_bench)
-    c = sub.add_parser("scaling", help="training images/s on a benchmark scene, one rank or many (mpiexec)")
-    c.add_argument("--scene", required=True, help=".npz written by shared/bench/scene_gen.py")
-    c.add_argument("--views", type=count(1), default=8, help="views of the scene to train on")
+    c = sub.add_parser("scaling", help="training images/s and the step's phases on a benchmark scene or a dataset, "
+                                       "one rank or many (mpiexec); on one rank bytes per step and a cost model")
+    what = c.add_mutually_exclusive_group(required=True)
+    what.add_argument("--scene", help=".npz written by shared/bench/scene_gen.py (trains on renders of it)")
+    what.add_argument("--data", help="a dataset folder with the ground-truth Gaussians in ground_truth.ply "
+                                     "(run.py synth writes one), at full resolution")
+    c.add_argument("--views", type=count(1), default=None,
+                   help="--scene: renders to train on (default 8); --data: the first N training views (default all)")
     c.add_argument("--iters", type=count(1), default=30, help="timed steps")
     c.add_argument("--warmup", type=count(0), default=5)
+    c.add_argument("--pipeline", choices=["auto", "single", "gaussian-exchange"], default="auto",
+                   help="on one process: single-GPU (auto) or the Gaussian-exchange one on one rank; under mpiexec "
+                        "always the Gaussian-exchange one")
     c.add_argument("--grad-comm", choices=["sparse", "dense"], default="sparse")
     c.add_argument("--transport", choices=TRANSPORTS, default="auto")
+    c.add_argument("--model-ranks", type=rank_counts, default=(), metavar="P,P,...",
+                   help="on one rank: bytes per step and the cost model's step time for these rank counts (2,4,8)")
+    c.add_argument("--model-bounds", choices=["balanced", "even"], default="balanced",
+                   help="the modelled renderers' tile ranges: balanced by the batch's intersections, or even")
+    c.add_argument("--link-gbs", type=positive, default=None, metavar="GB/s",
+                   help="the cost model's link, gigabytes per second per GPU and direction (default: NCCL's "
+                        "effective NVLink 4 bandwidth, engine/scaling.py NVLINK_GBS)")
     c.set_defaults(fn=cmd_scaling)
     i = sub.add_parser("info", help="print the backend, GPU, MPI and versions")
     i.set_defaults(fn=cmd_info)

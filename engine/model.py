@@ -127,6 +127,10 @@ class GaussianModel:
     def __len__(self):
         return self.params.n
 
+    def nbytes(self):
+        """Bytes of the parameters, their gradients and both Adam moments."""
+        return sum(int(a.nbytes) for a in (self.params.data, self.grads.data, self.adam.m, self.adam.v))
+
     @property
     def gaussians(self):
         return self.params.gaussians()

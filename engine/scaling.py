@@ -1,26 +1,58 @@
-"""``run.py scaling``: training throughput on a benchmark scene, on one rank or many (mpiexec).
+"""``run.py scaling``: training throughput and the phases of its step, on one rank or many
+(mpiexec); on one rank also the bytes a step would move over P ranks, a cost model of the
+speed-up built from them, and the device memory per Gaussian.
 
-A benchmark scene (``shared/bench/scene_gen.py``) is Gaussians and one camera,
-with no photos, so this makes a capture of it: ``views`` cameras shifted
-sideways from the scene's one, with targets rendered from the scene itself
-(every rank renders the same ones).  Training starts from the scene with its
-colours perturbed, so the loss and gradients are real, and with densification
-off, so every rank count does the same work.  One rank runs the single-GPU
-pipeline, P ranks the Gaussian-exchange one (batch P views); both report images per
-second over the timed steps; the Gaussian-exchange one then times each rank's phases on a few
-more steps, synced at the phase boundaries (which costs throughput, so not on the timed ones).
-Unlike the 7k captures at hand, the scenes can be as large as the GPUs hold
-(1M, 6M Gaussians at 1297x840, 1920x1080): what the scaling table needs.
+What it trains on (a ``Workload``): a benchmark scene (``shared/bench/scene_gen.py``: Gaussians
+and one camera, no photos), of which ``views`` cameras shifted sideways are rendered as targets
+(every rank renders the same ones); or a dataset folder with its ground-truth Gaussians
+(``run.py synth`` writes the city so), trained on its first ``views`` training views, whose
+images alone are read.  Training starts from the Gaussians with their colours perturbed, so the
+loss and gradients are real, and with densification off, so every rank count does the same work.
+
+One rank runs the single-GPU pipeline, or with ``pipeline="gaussian-exchange"`` the batched one
+on one rank (to see what its plan and exchanges cost where nothing crosses ranks); P ranks run
+the Gaussian-exchange one (batch P views).  Images per second come from the timed steps, which
+do not sync inside; a few more steps are then synced at their phase boundaries for the phase
+table (``trainer.PHASES``, the same names at every P).  Unlike the captures at hand, the
+scenes can be as large as the GPUs hold (the benchmark scenes, the large city): what the scaling
+table needs.
 """
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 import numbasplat as ns
 from numbasplat import backend as _backend
-from numbasplat.bench import load_scene
+from numbasplat.bench import load_scene, peak_device_bytes
+from numbasplat.loss import l1_ssim_loss
+from numbasplat.math import gaussian_ops as go
+from numbasplat.math.sparse import message_sizes
+from numbasplat.math.tiles import TILE_PIXELS
+
+from .distributed import balanced_bounds, even_bounds
+from .gaussian_exchange import halo_ranges
+from .trainer import PHASES
+
+# NCCL's effective NVLink 4 bandwidth (H100, H200), GB/s per GPU and direction: the 450 GB/s line
+# rate less about 20% protocol overhead, as NCCL's maintainers give it (NVIDIA/nccl-tests issue
+# 212). BENCHMARKS.md holds exchange times, not bandwidths, to use instead.
+NVLINK_GBS = 370.0
+H200_BYTES = 141e9  # an H200's memory
+RECORD_BYTES = 4 * (go.PROJ_FIELDS + 1)  # a forward record: the projection and its tile count, float32
+GRAD_BYTES = 4 * go.GRAD_FIELDS          # a dense gradient row, float32
+TILE_BYTES = 4 * 3 * TILE_PIXELS         # a rendered RGB tile, float32
+
+
+@dataclass
+class Workload:
+    """What to train on: a ``data.Dataset``, the Gaussians' arrays to start from, and its name."""
+    data: object
+    start: dict
+    name: str
 
 
 def synthetic_capture(g, cam, views, backend=None):
@@ -41,33 +73,78 @@ def synthetic_capture(g, cam, views, backend=None):
     return Dataset(train=train, test=[], scene_scale=depth, source="benchmark scene", fmt="synthetic")
 
 
-def perturbed(g, seed=0):
-    """The scene's arrays with its base colour perturbed: where training starts."""
-    arrays = {k: np.array(a) for k, a in g.arrays().items()}
+def perturbed(arrays, seed=0):
+    """Copies of the Gaussians' ``arrays`` with their base colour perturbed: where training starts."""
+    arrays = {k: np.array(a) for k, a in arrays.items()}
     arrays["sh"][:, 0] += np.random.default_rng(seed).normal(0, 0.3, arrays["sh"][:, 0].shape).astype(np.float32)
     return arrays
 
 
-def run(scene, views=8, iters=30, warmup=5, comm=None, grad_comm="sparse", transport="auto", backend=None,
-        out=print):
-    from engine.trainer import TrainConfig
+SCENE_VIEWS = 8   # renders of a benchmark scene to train on, unless told
+TEST_EVERY = 8    # a dataset's held-out views: every 8th, as run.py synth and train --eval hold them out
+
+
+def scene_workload(scene, views=None, backend=None):
+    """A benchmark scene (a path, or (Gaussians, camera)) and ``views`` renders of it (None:
+    ``SCENE_VIEWS``)."""
     g, cam = load_scene(scene) if isinstance(scene, str) else scene
+    views = views or SCENE_VIEWS
+    return Workload(synthetic_capture(g, cam, views, backend), perturbed(g.arrays()),
+                    f"benchmark scene, {views} views")
+
+
+GROUND_TRUTH = "ground_truth.ply"  # the Gaussians of a generated dataset (data/synthetic_city.py)
+
+
+def data_workload(folder, views=None):
+    """The dataset in ``folder`` at its full resolution, its first ``views`` training views (None:
+    all; the test views are held out as ``TEST_EVERY`` says), and its ground-truth Gaussians.
+    ValueError naming what is missing."""
+    from data import load_dataset
+    from data.ply import load_ply
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"--data {folder}: no such folder")
+    ply = folder / GROUND_TRUTH
+    if not ply.is_file():
+        raise ValueError(f"--data {folder} has no {GROUND_TRUTH}: the Gaussians that training starts from "
+                         "(run.py synth writes one)")
+    data = load_dataset(folder, test_every=TEST_EVERY, max_width=None, train_views=views)
+    return Workload(data, perturbed(load_ply(ply)), f"{folder}, {len(data.train)} training views")
+
+
+def run(workload, iters=30, warmup=5, comm=None, grad_comm="sparse", transport="auto", backend=None,
+        model_ranks=(), link_gbs=NVLINK_GBS, balanced=True, out=print):
+    """Train ``workload`` (or a benchmark scene's path) and report: images per second, the phase
+    table per rank, and on one rank the peak device memory and, for each of ``model_ranks``, the
+    bytes a step of the Gaussian-exchange pipeline would move over that many ranks and the step
+    time the cost model (``predict_step``) gives for them.  ``comm``: the ranks (None: the
+    single-GPU pipeline; ``COMM_SELF``: the batched one on one rank).  ``balanced``: the modelled
+    renderers' tile ranges balance the batch's intersections (else even).  Returns the report's
+    numbers (rank 0's; the others return None)."""
+    from engine.trainer import TrainConfig
+    if not isinstance(workload, Workload):
+        workload = scene_workload(workload, backend=backend)
     size = comm.Get_size() if comm is not None else 1
     rank = comm.Get_rank() if comm is not None else 0
+    if model_ranks and size > 1:
+        raise ValueError("--model-ranks models P ranks from a run on one rank: run it without mpiexec")
     say = out if rank == 0 else (lambda *a, **k: None)
-    data = synthetic_capture(g, cam, views, backend)
-    cfg = TrainConfig(iterations=10**9, sh_degree=g.sh_degree(), sh_increase_every=1, densify_until=0,
-                      snapshot_every=0)
+    start = workload.start
+    n = len(start["means"])
+    degree = ns.Gaussians(**start).sh_degree()
+    cfg = TrainConfig(iterations=10**9, sh_degree=degree, sh_increase_every=1, densify_until=0, snapshot_every=0)
     with tempfile.TemporaryDirectory() as tmp:
         if comm is None:
             from engine.single_gpu import SingleGPUTrainer
-            t = SingleGPUTrainer(data, tmp, cfg, backend)
+            t = SingleGPUTrainer(workload.data, tmp, cfg, backend)
         else:
             from engine.gaussian_exchange import GaussianExchangeTrainer
-            t = GaussianExchangeTrainer(data, tmp, cfg, comm, grad_comm=grad_comm, backend=backend,
+            t = GaussianExchangeTrainer(workload.data, tmp, cfg, comm, grad_comm=grad_comm, backend=backend,
                                         transport=transport, log=say)
-            t.time_phases = False  # throughput: the host runs ahead of the device, as in training
-        t.start_from({"params": perturbed(g)})
+        t.start_from({"params": start})
+        _release_cached_blocks(t.backend)  # what making the capture left: the peak is then training's
+        t.time_phases = False  # throughput: the host runs ahead of the device, as in training
         steps, losses = [], []
         for it in range(warmup + iters):
             _sync(t, comm)
@@ -77,22 +154,71 @@ def run(scene, views=8, iters=30, warmup=5, comm=None, grad_comm="sparse", trans
             if it >= warmup:
                 steps.append(time.perf_counter() - t0)
                 losses.append(loss)  # read after the timing: reading a LazyLoss syncs
+        peak = peak_device_bytes()
         phases = []
         t.time_phases = True  # then the phases, on steps synced at their boundaries
-        for it in range(min(iters, 10) if comm is not None else 0):
+        for _ in range(min(iters, 10)):
             t.train_step()
-            phases.append(dict(t.stats["times"]))
-    images = size  # views per step: the batch is one view per rank
-    med = statistics.median(steps)
-    say(f"scaling: {len(g)} Gaussians, {cam.width}x{cam.height}, {size} rank(s), {images} view(s) per step, "
-        f"{iters} timed steps; loss {float(losses[0]):.4f} -> {float(losses[-1]):.4f}")
-    per_rank = comm.gather(phases, root=0) if comm is not None else [phases]
-    if rank == 0 and per_rank[0] and per_rank[0][0]:
-        for r, ph in enumerate(per_rank):
-            say(f"  rank {r} (median ms): " + " ".join(
-                f"{k} {1e3 * statistics.median(p[k] for p in ph):.2f}" for k in ph[0]))
-    say(f"step {1e3 * med:.2f} ms, {images / med:.1f} images/s")
-    return images / med
+            phases.append(t.stats)
+        per_rank = comm.gather(phases, root=0) if comm is not None else [phases]
+        if rank != 0:
+            return None
+        cam = workload.data.train[0].camera
+        med = statistics.median(steps)
+        say(f"scaling: {workload.name}; {n} Gaussians, {cam.width}x{cam.height}, {size} rank(s), "
+            f"{t.batch} view(s) per step, {type(t).__name__}, {iters} timed steps; "
+            f"loss {float(losses[0]):.4f} -> {float(losses[-1]):.4f}")
+        medians = [phase_medians(ph) for ph in per_rank]
+        for line in phase_table(medians, len(phases)):
+            say(line)
+        say(f"step {1e3 * med:.2f} ms, {t.batch / med:.1f} images/s")
+        report = {"step": med, "images_per_s": t.batch / med, "phases": medians, "gaussians": n}
+        if size == 1:
+            report.update(_model_report(t, med, medians[0], peak, model_ranks, grad_comm, link_gbs, balanced, say))
+    return report
+
+
+def _model_report(t, step, phases, peak, model_ranks, grad_comm, link_gbs, balanced, say):
+    """The one-rank part of the report: memory per Gaussian and the largest scenes; the bytes per
+    step and the cost model for each of ``model_ranks``."""
+    report = {}
+    model_bytes = t.model.nbytes() + sum(int(a.nbytes) for a in t.strategy_state.values())
+    target_bytes = sum(int(a.nbytes) for a in t.targets)
+    n = len(t.model)
+    if peak:
+        owner, render = model_bytes / n, max(peak - target_bytes - model_bytes, 0) / n
+        say(f"peak device memory {peak / 2**30:.2f} GiB: {(peak - target_bytes) / n:.0f} B per Gaussian besides the "
+            f"{target_bytes / 2**30:.2f} GiB of training images (owner state {owner:.0f} B, the step's buffers "
+            f"{render:.0f} B)")
+        fits = {p: largest_scene(owner, render, H200_BYTES, p) for p in (1, *model_ranks)}
+        say(f"largest scene on {H200_BYTES / 1e9:.0f} GB GPUs (H200): "
+            + ", ".join(f"P = {p}: {g / 1e6:.0f}M Gaussians" for p, g in fits.items()))
+        report.update(peak_bytes=peak, owner_bytes=owner, render_bytes=render, largest=fits)
+    else:
+        say("peak device memory: not measured (no GPU)")
+    if not model_ranks:
+        return report
+    g = t.model.gaussians
+    train = t.data.train
+    traffic, predicted = {}, {}
+    for p in model_ranks:
+        views = [i % len(train) for i in range(p)]  # the batch: one view per rank
+        traffic[p] = step_traffic(g, [train[i].camera for i in views], [t.targets[i] for i in views], p,
+                                  t.sh_degree_now(), t.cfg.background, t.cfg.lambda_dssim, balanced, t.backend)
+        predicted[p] = predict_step(phases, step, traffic[p], grad_comm, link_gbs * 1e9)
+    for line in traffic_table(traffic, balanced):
+        say(line)
+    for line in model_table(predicted, step, t.batch, link_gbs, grad_comm):
+        say(line)
+    report.update(traffic=traffic, predicted=predicted)
+    return report
+
+
+def _release_cached_blocks(backend):
+    """Hand CuPy's cached free blocks back to the device (nothing to do elsewhere)."""
+    if _backend.on_gpu(backend):
+        import cupy
+        cupy.get_default_memory_pool().free_all_blocks()
 
 
 def _sync(t, comm):
@@ -100,3 +226,226 @@ def _sync(t, comm):
     _backend.synchronize(t.backend)
     if comm is not None:
         comm.Barrier()
+
+
+# ---------------------------------------------------------------------------------- the phases
+
+def phase_medians(steps):
+    """{phase: (median seconds, median seconds of the host's part)} over steps' ``stats``, in
+    ``PHASES`` order."""
+    names = [k for k in PHASES if steps and k in steps[0]["times"]]
+    return {k: (statistics.median(s["times"][k] for s in steps), statistics.median(s["host"][k] for s in steps))
+            for k in names}
+
+
+def phase_table(per_rank, steps):
+    """The lines of the phase table: a row per phase, a column per rank (``phase_medians`` each)."""
+    def row(name, cells):
+        return f"  {name:18s}" + "".join(f"{c:>22s}" for c in cells)
+
+    def cell(seconds, host):
+        return f"{1e3 * seconds:.2f} ({1e3 * host:.2f})"
+    lines = [f"phases, ms (in brackets the host's part), median of {steps} steps synced at their boundaries:",
+             row("phase", [f"rank {r} (median ms)" for r in range(len(per_rank))])]
+    for k in PHASES:
+        if any(k in m for m in per_rank):
+            lines.append(row(k, [cell(*m[k]) if k in m else "-" for m in per_rank]))
+    lines.append(row("sum", [cell(*np.sum(list(m.values()), axis=0)) if m else "-" for m in per_rank]))
+    return lines
+
+
+# ---------------------------------------------------------------------------------- bytes per step
+
+@dataclass
+class Traffic:
+    """One step of the Gaussian-exchange pipeline over ``ranks`` ranks, counted on one device.
+
+    Matrices are [source, destination] (the diagonal: what a rank keeps); vectors per rank.
+    ``records``: projected records that owner s sends renderer d; ``kept``: those whose
+    gradient from d's tiles is not zero (the rows the sparse exchange sends back);
+    ``halo_tiles``: rendered tiles that s sends d for the global loss.  ``rows``: Gaussians each
+    owner holds; ``isect_received``: tile intersections of the records each renderer receives
+    (its binning); ``isect_own``: those on its own tiles (its rasterization); ``tiles``: its
+    tiles.  ``views``: the batch; ``gaussians``, ``view_tiles`` and ``view_isect`` (the mean
+    intersections of a view) are what one rank rendering one view works on."""
+    ranks: int
+    views: int
+    gaussians: int
+    view_tiles: int
+    view_isect: float
+    records: np.ndarray
+    kept: np.ndarray
+    halo_tiles: np.ndarray
+    rows: np.ndarray
+    isect_received: np.ndarray
+    isect_own: np.ndarray
+    tiles: np.ndarray
+
+    def forward_bytes(self):
+        return self.records * RECORD_BYTES
+
+    def backward_bytes(self, grad_comm):
+        """[renderer, owner] bytes of the gradients going back: every row (dense), or the
+        zero-eliding messages of ``comm.sparse`` (their bitmaps, bases and kept rows)."""
+        if grad_comm == "dense":
+            return self.records.T * GRAD_BYTES
+        return np.stack([4 * message_sizes(self.records[:, d], self.kept[:, d], go.GRAD_FIELDS)
+                         for d in range(self.ranks)])
+
+    def halo_bytes(self):
+        return self.halo_tiles * TILE_BYTES
+
+    def crossing(self, grad_comm):
+        """[source, destination] bytes of every message of the step that crosses ranks."""
+        m = self.forward_bytes() + self.backward_bytes(grad_comm) + self.halo_bytes()
+        np.fill_diagonal(m, 0)
+        return m
+
+    def link_bytes(self, grad_comm):
+        """Per rank, the more of the bytes it sends and it receives over other ranks."""
+        m = self.crossing(grad_comm)
+        return np.maximum(m.sum(1), m.sum(0))
+
+    def shares(self):
+        """Per rank, its part of the work of one rank rendering one view, by what that work grows
+        with: projected records (every view of its rows), rows, intersections binned,
+        intersections rasterized, pixels."""
+        return {"view_rows": self.views * self.rows / self.gaussians, "rows": self.rows / self.gaussians,
+                "isect_received": self.isect_received / self.view_isect,
+                "isect_own": self.isect_own / self.view_isect, "pixels": self.tiles / self.view_tiles}
+
+
+def step_traffic(g, cams, targets, ranks, sh_degree, background, lambda_dssim, balanced=True, backend=None):
+    """The ``Traffic`` of a step whose batch is ``cams`` (one view per rank; ``targets`` their
+    images) over ``ranks`` ranks, from the pipeline's own send plan (``route_plan``) on the
+    whole model ``g`` on this device.
+
+    Owners hold even shards of the rows (``even_bounds``, as ``start_from``); the renderers'
+    tile ranges balance the batch's own intersections per tile (``balanced``; the trainer
+    balances by the previous batch's), else are even.  A record's gradient on renderer d is the
+    raster backward of the global loss's image gradient over d's tiles only, so ``kept`` counts
+    what the sparse exchange would send.  Views are projected twice (the bounds need every
+    view's intersections first), one at a time, so that memory holds one view's buffers."""
+    xp = _backend.array_module(backend)
+    n, P, B = len(g), ranks, len(cams)
+    tx, ty = cams[0].tiles
+    n_tiles = tx * ty
+
+    def frame(b):
+        p = ns.project(g, cams[b], sh_degree=sh_degree, backend=backend, check=False)
+        return p, ns.bin_tiles(p, backend)
+
+    cost = np.concatenate([_backend.to_host(ranges[:, 1] - ranges[:, 0])
+                           for ranges in (frame(b)[1].ranges for b in range(B))]).astype(np.int64)
+    bounds = balanced_bounds(cost, P) if balanced else even_bounds(B * n_tiles, P)
+    owners = even_bounds(n, P)
+    shards = list(zip(owners[:-1], owners[1:]))
+    records, kept = np.zeros((P, P), np.int64), np.zeros((P, P), np.int64)
+    isect_received = np.zeros(P, np.int64)
+    plan = xp.empty((2, P, 1, n), np.int32)
+    G = xp.empty((n, go.GRAD_FIELDS), np.float32)
+    for b in range(B):
+        p, binning = frame(b)
+        ns.rendering.route_plan(p, 0, b * n_tiles, bounds, plan, backend)
+        goes = plan[0, :, 0]
+        records += np.stack([_backend.to_host(goes[:, lo:hi].sum(axis=1, dtype=np.int64)) for lo, hi in shards])
+        isect_received += _backend.to_host(plan[1, :, 0].sum(axis=1, dtype=np.int64))
+        r = ns.rasterize(p, binning, background, backend)
+        _, d_image = l1_ssim_loss(r.image, targets[b], lambda_dssim, backend=backend)
+        for d in range(P):
+            first, last = max(int(bounds[d]) - b * n_tiles, 0), min(int(bounds[d + 1]) - b * n_tiles, n_tiles)
+            if first >= last:
+                continue  # d renders none of this view
+            mine = binning.ranges.copy()
+            mine[:first] = 0
+            mine[last:] = 0
+            G[...] = 0
+            ns.rasterize_backward(p, ns.Binning(binning.ids, mine, binning.n_isect), r, d_image, grad=G,
+                                  backend=backend)
+            live = (G != 0).any(axis=1) & (goes[d] > 0)
+            kept[:, d] += [int(live[lo:hi].sum()) for lo, hi in shards]
+    start, end, _, _ = halo_ranges(bounds, tx, n_tiles)
+    own = np.concatenate([[0], np.cumsum(cost)])
+    return Traffic(ranks=P, views=B, gaussians=n, view_tiles=n_tiles, view_isect=max(cost.sum() / B, 1.0),
+                   records=records, kept=kept, halo_tiles=end - start, rows=np.diff(owners),
+                   isect_received=isect_received, isect_own=own[bounds[1:]] - own[bounds[:-1]],
+                   tiles=np.diff(bounds))
+
+
+def traffic_table(traffic, balanced):
+    """The lines of the bytes table: a row per rank count."""
+    mb = 1e6
+
+    def most_and_all(m):
+        off = m - np.diag(np.diag(m))
+        return f"{np.maximum(off.sum(0), off.sum(1)).max() / mb:9.2f} {off.sum() / mb:9.2f}"
+    pair = f"{'rank max':>9s} {'all':>9s}"
+    lines = [f"bytes per step if a batch of P views is split over P ranks ({'balanced' if balanced else 'even'} "
+             "tile ranges), MB crossing ranks: a rank's most (the more of sent and received) and all ranks':",
+             f"  {'P':>3s} {'records':>12s} {'forward':>19s} {'backward dense':>19s} {'backward sparse':>19s} "
+             f"{'kept %':>7s} {'halo (global loss)':>19s}",
+             f"  {'':3s} {'crossing':>12s} {pair} {pair} {pair} {'':7s} {pair}"]
+    for p, t in traffic.items():
+        cross = t.records.sum() - np.trace(t.records)
+        kept = 100.0 * t.kept.sum() / max(t.records.sum(), 1)
+        lines.append(f"  {p:3d} {cross:12d} {most_and_all(t.forward_bytes())} {most_and_all(t.backward_bytes('dense'))} "
+                     f"{most_and_all(t.backward_bytes('sparse'))} {kept:7.1f} {most_and_all(t.halo_bytes())}")
+    return lines
+
+
+# ---------------------------------------------------------------------------------- the cost model
+
+SCALES = {"project": "view_rows", "plan": "view_rows", "owner": "view_rows", "optimizer": "rows",
+          "render": "isect_received", "loss": "pixels", "backward": "isect_own"}
+"""How each phase's work grows (a key of ``Traffic.shares``); the other phases (the exchanges
+and the ranks' sum) are where the model puts the link's time instead."""
+
+
+def predict_step(phases, step, traffic, grad_comm, link_bytes_per_s):
+    """The cost model: the predicted seconds of a step of the Gaussian-exchange pipeline over
+    ``traffic.ranks`` ranks, from what one rank measured (``phases``: {phase: (median seconds,
+    host part)} of synced steps; ``step``: the median seconds of an unsynced step) and the
+    step's ``Traffic``.
+
+    Assumptions.  A phase's time grows with its work (``SCALES``): owner phases with the
+    records they project (their rows, for every view of the batch), Adam with the rows, the
+    render with the intersections binned, the backward with those rasterized, the loss with the
+    pixels.  Ranks work in parallel and the slowest sets the step.  A rank's messages cross one
+    link of ``link_bytes_per_s`` each way, one after the other (no overlap with computing), and
+    the other phases (exchanges within one rank, the sum over ranks) become that.  What the step
+    takes beyond its phases (host launches, syncs) stays as measured on one rank, however many
+    views a step has.  Synced phases that add up to more than the step (the syncs cost the host's
+    overlap with the device) are scaled down to it.  So one rank's prediction is the measured step.
+
+    Returns seconds per step, and its parts: per rank the work and the link's time; the
+    fixed rest."""
+    scaled = sum(phases[k][0] for k in SCALES if k in phases)
+    fit = min(1.0, step / scaled) if scaled > 0 else 1.0
+    fixed = step - fit * scaled
+    shares = traffic.shares()
+    work = fit * sum(phases[k][0] * shares[SCALES[k]] for k in SCALES if k in phases)
+    link = traffic.link_bytes(grad_comm) / link_bytes_per_s
+    return {"step": float((work + link).max() + fixed), "work": work, "link": link, "fixed": fixed}
+
+
+def model_table(predicted, step, views, link_gbs, grad_comm):
+    """The lines of the cost model's table: a row per rank count beside the measured one."""
+    lines = [f"cost model (predict_step; link {link_gbs:g} GB/s per GPU and direction, {grad_comm} gradients): "
+             f"measured on 1 rank {1e3 * step:.2f} ms, {views / step:.1f} images/s",
+             f"  {'P':>3s} {'ms/step':>9s} {'work ms':>9s} {'link ms':>9s} {'fixed ms':>9s} {'images/s':>9s} "
+             f"{'speed-up':>9s}"]
+    for p, m in predicted.items():
+        rate = p / m["step"]
+        lines.append(f"  {p:3d} {1e3 * m['step']:9.2f} {1e3 * m['work'].max():9.2f} {1e3 * m['link'].max():9.2f} "
+                     f"{1e3 * m['fixed']:9.2f} {rate:9.1f} {rate * step / views:8.2f}x")
+    return lines
+
+
+def largest_scene(owner_bytes, render_bytes, device_bytes, ranks):
+    """The most Gaussians that ``ranks`` devices of ``device_bytes`` each can train, from the bytes
+    per Gaussian of one rank: its owner state (``owner_bytes``: parameters, gradients, Adam's
+    moments, the strategy's statistics), of which each rank holds a P-th; and a step's buffers
+    (``render_bytes``: projected records, their gradients, binning, images), which do not
+    shrink with P, since a rank projects its shard for every view of a batch of P views and
+    renders a P-th of their tiles.  The training images are not counted."""
+    return int(device_bytes // (owner_bytes / ranks + render_bytes))

@@ -102,3 +102,42 @@ def test_scene_commands_name_a_missing_scene(cmd, tmp_path):
                        capture_output=True, text=True, timeout=300, env={"NUMBASPLAT_BACKEND": "cpu",
                                                                          "PATH": "/usr/bin:/bin"})
     assert r.returncode == 1 and r.stderr.strip().startswith(f"error: benchmark scene not found: {tmp_path}")
+
+
+def _scaling(*args, timeout=600):
+    return subprocess.run([sys.executable, "run.py", "scaling", *map(str, args)], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=timeout, env={"NUMBASPLAT_BACKEND": "cpu", "NUMBA_NUM_THREADS": "1",
+                                                           "PATH": "/usr/bin:/bin"})
+
+
+def test_scaling_wants_a_scene_or_a_dataset_not_both(tmp_path):
+    r = _scaling("--iters", "1")
+    assert r.returncode == 2 and "one of the arguments --scene --data is required" in r.stderr, r.stderr
+    r = _scaling("--scene", tmp_path / "s.npz", "--data", tmp_path)
+    assert r.returncode == 2 and "argument --data: not allowed with argument --scene" in r.stderr, r.stderr
+    r = _scaling("--data", tmp_path)
+    assert r.returncode == 1 and r.stderr.strip() == (f"error: --data {tmp_path} has no ground_truth.ply: the "
+                                                      "Gaussians that training starts from (run.py synth writes one)")
+    r = _scaling("--data", tmp_path, "--model-ranks", "2,0")
+    assert r.returncode == 2 and "--model-ranks: must be at least 1, got 0" in r.stderr, r.stderr
+
+
+def test_scaling_on_a_tiny_city_reports_phases_bytes_and_the_cost_model(tmp_path):
+    """``run.py scaling --data``: the first training views of a generated city, its ground truth perturbed."""
+    from data import synthetic_city
+    city = tmp_path / "city"
+    synthetic_city.generate(city, preset="small", gaussians=20_000, views=10, resolution="64x36", seed=3,
+                            progress=False, backend="cpu")
+    r = _scaling("--data", city, "--views", "2", "--iters", "2", "--warmup", "1", "--model-ranks", "2,4",
+                 "--grad-comm", "dense", "--link-gbs", "100")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert f"scaling: {city}, 2 training views; 20000 Gaussians, 64x36, 1 rank(s)" in out, out
+    phases = [line.split()[0] for line in out.split("steps synced at their boundaries:\n")[1].splitlines()[1:8]]
+    assert phases == ["project", "render", "loss", "backward", "owner", "optimizer", "sum"], out
+    rate = float(out.split("images/s")[0].split()[-1])
+    model = out.split("cost model")[1]
+    assert "link 100 GB/s" in model and "dense gradients" in model and f"{rate:.1f} images/s" in model, out
+    rows = [line.split() for line in model.splitlines()[2:]]
+    assert [row[0] for row in rows] == ["2", "4"] and all(row[-1].endswith("x") for row in rows), out
+    assert [line.split()[0] for line in out.split("halo (global loss)")[1].splitlines()[2:4]] == ["2", "4"], out

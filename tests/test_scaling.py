@@ -1,0 +1,211 @@
+"""engine/scaling.py, the measuring tools of issue 22 on one rank: the dataset workload (only the
+training views used are read), the phase table of both pipelines at P = 1, the bytes a step
+would move over P ranks against a brute-force count, the cost model's edge and monotonic
+behaviour, and the memory model.  CPU backend, tiny scenes."""
+import numpy as np
+import pytest
+
+import numbasplat as ns
+from data import synthetic_city as sc
+from engine import scaling
+from engine.distributed import balanced_bounds, even_bounds
+from engine.trainer import PHASES
+from numbasplat.loss import l1_ssim_loss
+from numbasplat.math import geometry as geo
+from numbasplat.math import gaussian_ops as go
+from numbasplat.math.tiles import TILE
+
+SINGLE_PHASES = {"project", "render", "loss", "backward", "owner", "optimizer"}
+
+
+@pytest.fixture(scope="module")
+def city(tmp_path_factory):
+    """A tiny city: ten views, of which 0 and 8 are held out."""
+    out = tmp_path_factory.mktemp("city") / "tiny"
+    sc.generate(out, preset="small", gaussians=20_000, views=10, resolution="64x36", seed=3, progress=False,
+                backend="cpu")
+    return out
+
+
+def test_data_workload_reads_only_the_training_views_it_uses(city, monkeypatch):
+    from data import colmap, load_dataset
+    read = []
+    real = colmap.load_image
+    monkeypatch.setattr(colmap, "load_image", lambda path, *a, **k: read.append(path.name) or real(path, *a, **k))
+    w = scaling.data_workload(city, views=3)
+    first = ["00001_street.png", "00002_street.png", "00003_street.png"]  # 00000 is a test view
+    assert sorted(read) == first and [v.name for v in w.data.train] == first and w.data.test == []
+    assert (w.data.train[0].width, w.data.train[0].height) == (64, 36)
+    everything = load_dataset(city, test_every=8)
+    assert [v.name for v in everything.train[:3]] == first
+    np.testing.assert_array_equal(w.data.train[2].image, everything.train[2].image)
+    assert len(scaling.data_workload(city).data.train) == 8
+    from data.ply import load_ply
+    truth = load_ply(city / "ground_truth.ply")
+    np.testing.assert_array_equal(w.start["means"], truth["means"])
+    assert not np.array_equal(w.start["sh"][:, 0], truth["sh"][:, 0])  # the colours start perturbed
+
+
+def test_data_workload_names_what_is_missing(tmp_path, city):
+    with pytest.raises(ValueError, match="no such folder"):
+        scaling.data_workload(tmp_path / "none")
+    (tmp_path / "x").mkdir()
+    with pytest.raises(ValueError, match="has no ground_truth.ply"):
+        scaling.data_workload(tmp_path / "x")
+
+
+def test_both_pipelines_report_their_phases_at_one_rank(city):
+    from mpi4py import MPI
+    w = scaling.data_workload(city, views=2)
+    lines = []
+    single = scaling.run(w, iters=2, warmup=1, out=lines.append, backend="cpu")
+    assert set(single["phases"][0]) == SINGLE_PHASES and single["images_per_s"] > 0
+    text = "\n".join(lines)
+    assert "SingleGPUTrainer" in text and "rank 0 (median ms)" in text and "rank 1" not in text
+    assert text.index("loss ") < text.index("images/s") and "peak device memory: not measured" in text
+    batched = scaling.run(w, iters=2, warmup=1, comm=MPI.COMM_SELF, out=lines.append, backend="cpu")
+    assert list(batched["phases"][0]) == list(PHASES)  # every phase, in order
+    for m in (single, batched):
+        assert all(0 <= host <= total for total, host in m["phases"][0].values())
+
+
+def tiny_scene(n=400, W=64, H=48, seed=1):
+    """Gaussians of all sizes in front of a camera, and three views of them a little apart."""
+    rng = np.random.default_rng(seed)
+    f = 0.9 * W
+    z = 2.0 + 4.0 * rng.random(n)
+    means = np.stack([(rng.random(n) - 0.5) * W / f * z, (rng.random(n) - 0.5) * H / f * z, z], 1)
+    sh = rng.normal(0, 0.2, (n, 4, 3))
+    g = ns.Gaussians(means.astype(np.float32), np.log(rng.uniform(0.5, 8.0, (n, 3)) * z[:, None] / f).astype(np.float32),
+                     rng.normal(size=(n, 4)).astype(np.float32), rng.normal(0, 1.5, n).astype(np.float32),
+                     sh.astype(np.float32))
+    cams = []
+    for b in range(3):
+        vm = np.eye(4)
+        vm[:2, 3] = 0.3 * b, -0.2 * b
+        cams.append(ns.Camera(vm, f, f, W / 2, H / 2, W, H))
+    targets = [rng.random((H, W, 3)).astype(np.float32) for _ in cams]
+    return g, cams, targets
+
+
+def brute_force_records(g, cams, bounds, P):
+    """[owner, renderer] records by looking at every Gaussian: the renderers whose tile ranges meet
+    the row-major span of its tile rectangle in its view."""
+    owners = even_bounds(len(g), P)
+    records = np.zeros((P, P), np.int64)
+    for b, cam in enumerate(cams):
+        tx, ty = cam.tiles
+        p = ns.project(g, cam, sh_degree=1, backend="cpu")
+        for n in np.flatnonzero(p.counts > 0):
+            u, v, ca, cb, cc, opac = (np.float32(x) for x in p.proj[n, :6])
+            ext, cov_a, cov_c = go.footprint(u, v, ca, cb, cc, opac)
+            tx0, tx1, ty0, ty1 = geo.tile_rect(u, v, cov_a, cov_c, ext, TILE, tx, ty)
+            first, last = b * tx * ty + ty0 * tx + tx0, b * tx * ty + ty1 * tx + tx1
+            s = np.searchsorted(owners, n, side="right") - 1
+            for d in range(P):
+                if bounds[d] < bounds[d + 1] and bounds[d] <= last and bounds[d + 1] > first:
+                    records[s, d] += 1
+    return records
+
+
+def brute_force_halo(bounds, tiles_x, n_tiles):
+    """[source, destination] tiles: those of the source within one tile row and one tile of any of
+    the destination's tiles, in the same view."""
+    P = len(bounds) - 1
+    halo = np.zeros((P, P), np.int64)
+    for s in range(P):
+        for d in range(P):
+            mine = np.arange(bounds[d], bounds[d + 1])
+            for t in range(bounds[s], bounds[s + 1]):
+                near = (np.abs(mine - t) <= tiles_x + 1) & (mine // n_tiles == t // n_tiles)
+                halo[s, d] += s != d and near.any()
+    return halo
+
+
+@pytest.mark.parametrize("P,views,balanced", [(1, 1, True), (2, 2, False), (3, 2, False), (3, 2, True),
+                                               (2, 3, True)])
+def test_bytes_per_step_against_a_brute_force_count(P, views, balanced):
+    g, cams, targets = tiny_scene()
+    cams, targets = cams[:views], targets[:views]
+    t = scaling.step_traffic(g, cams, targets, P, 1, (0, 0, 0), 0.2, balanced, "cpu")
+    tx, ty = cams[0].tiles
+    n_tiles = tx * ty
+    frames = [ns.render(g, c, sh_degree=1, backend="cpu") for c in cams]
+    cost = np.concatenate([np.diff(f.binning.ranges, axis=1)[:, 0] for f in frames])
+    bounds = balanced_bounds(cost, P) if balanced else even_bounds(views * n_tiles, P)
+    records = brute_force_records(g, cams, bounds, P)
+    np.testing.assert_array_equal(t.records, records)
+    halo = brute_force_halo(bounds, tx, n_tiles)
+    np.testing.assert_array_equal(t.halo_tiles - np.diag(np.diag(t.halo_tiles)), halo)
+    assert halo.sum() > 0 or P % views == 0  # ranks that cut a view trade its tiles
+    # bytes: records of eleven floats forward, twelve back (dense); nothing that stays on a rank
+    off = records - np.diag(np.diag(records))
+    np.testing.assert_array_equal(t.crossing("dense"), off * 44 + off.T * 48 + halo * TILE * TILE * 12)
+    np.testing.assert_array_equal(t.link_bytes("dense"), np.maximum(t.crossing("dense").sum(0),
+                                                                    t.crossing("dense").sum(1)))
+    # the sparse exchange keeps the rows whose gradient from the renderer's tiles is not zero
+    assert (t.kept <= t.records).all()
+    rows, kept = t.records.T, t.kept.T  # [renderer, owner]: a bitmap bit a row, a word of bases per 256 rows
+    np.testing.assert_array_equal(t.backward_bytes("sparse"), 4 * (-(-rows // 32) + -(-rows // 256) + 12 * kept))
+    nonzero = 0
+    for f, target in zip(frames, targets):
+        _, d_image = l1_ssim_loss(f.image, target, 0.2, backend="cpu")
+        grad = ns.rasterize_backward(f.projection, f.binning, f.render, d_image, backend="cpu")
+        nonzero += int((grad != 0).any(axis=1).sum())
+    assert t.kept.sum() == nonzero if P == 1 else t.kept.sum() >= nonzero
+    # the work: the owners' rows, the intersections binned and rasterized, the tiles
+    assert t.rows.sum() == len(g) and t.tiles.sum() == views * n_tiles and t.isect_own.sum() == cost.sum()
+    assert (t.isect_received >= t.isect_own).all() and t.isect_received.sum() >= cost.sum()
+
+
+def ideal_traffic(P, n=1000, tiles=100, isect=5000.0, link_bytes=0):
+    """A ``Traffic`` of P ranks whose work is split evenly (records that never cross but ``link_bytes``)."""
+    records = np.full((P, P), link_bytes // scaling.RECORD_BYTES if P > 1 else 0)
+    return scaling.Traffic(ranks=P, views=P, gaussians=n, view_tiles=tiles, view_isect=isect,
+                           records=records, kept=records, halo_tiles=np.zeros((P, P), np.int64),
+                           rows=np.diff(even_bounds(n, P)), isect_received=np.full(P, isect),
+                           isect_own=np.full(P, isect), tiles=np.full(P, tiles))
+
+
+PHASE_TIMES = {"project": (0.002, 0.001), "render": (0.004, 0.001), "loss": (0.001, 0.0005),
+               "backward": (0.003, 0.001), "owner": (0.002, 0.001), "optimizer": (0.002, 0.0015)}
+
+
+@pytest.mark.parametrize("step", [0.020, 0.010])  # more than the phases add up to, and less
+def test_cost_model_predicts_the_measured_step_on_one_rank(step):
+    g, cams, targets = tiny_scene()
+    for t in (scaling.step_traffic(g, cams[:1], targets[:1], 1, 1, (0, 0, 0), 0.2, True, "cpu"), ideal_traffic(1)):
+        m = scaling.predict_step(PHASE_TIMES, step, t, "sparse", 1e9)
+        assert m["step"] == pytest.approx(step) and m["fixed"] >= 0 and m["link"].max() == 0
+    assert scaling.predict_step({}, step, ideal_traffic(1), "dense", 1e9)["step"] == pytest.approx(step)
+
+
+def test_cost_model_with_even_work_and_the_link():
+    step = 0.020
+    times = [scaling.predict_step(PHASE_TIMES, step, ideal_traffic(P), "dense", 1e9)["step"] for P in (1, 2, 4, 8)]
+    # every rank does one view's work but Adam on a P-th of the rows; the fixed rest stays
+    optimizer = PHASE_TIMES["optimizer"][0]
+    assert times == pytest.approx([step - optimizer * (1 - 1 / P) for P in (1, 2, 4, 8)])
+    rates = [P / s for P, s in zip((1, 2, 4, 8), times)]
+    assert rates == sorted(rates)
+    # bytes cost time: the less bandwidth, the slower; without bytes the link takes nothing
+    busy = ideal_traffic(4, link_bytes=44_000_000)
+    slow, fast = (scaling.predict_step(PHASE_TIMES, step, busy, "dense", bw)["step"] for bw in (1e9, 1e11))
+    assert slow > fast > times[2]
+    assert slow - times[2] == pytest.approx(busy.link_bytes("dense").max() / 1e9)
+
+
+def test_largest_scene_grows_with_the_ranks_up_to_the_step_buffers():
+    owner, render, device = 200.0, 100.0, 30e9
+    fits = [scaling.largest_scene(owner, render, device, P) for P in (1, 2, 4, 8)]
+    assert fits[0] == int(device // (owner + render)) and fits == sorted(fits)
+    assert fits[-1] < device / render
+
+
+def test_phase_table_has_a_column_per_rank_and_a_dash_where_a_rank_lacks_a_phase():
+    lines = scaling.phase_table([{"project": (0.001, 0.0005)}, {"project": (0.002, 0.001), "plan": (0.003, 0.0)}],
+                                5)
+    assert "rank 1 (median ms)" in lines[1]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[2:]}
+    assert rows["project"] == ["1.00", "(0.50)", "2.00", "(1.00)"] and rows["plan"] == ["-", "3.00", "(0.00)"]
+    assert rows["sum"] == ["1.00", "(0.50)", "5.00", "(1.00)"]
