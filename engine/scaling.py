@@ -297,14 +297,11 @@ class Traffic:
 
     def crossing(self, grad_comm):
         """[source, destination] bytes of every message of the step that crosses ranks."""
-        m = self.forward_bytes() + self.backward_bytes(grad_comm) + self.halo_bytes()
-        np.fill_diagonal(m, 0)
-        return m
+        return off_diagonal(self.forward_bytes() + self.backward_bytes(grad_comm) + self.halo_bytes())
 
     def link_bytes(self, grad_comm):
         """Per rank, the more of the bytes it sends and it receives over other ranks."""
-        m = self.crossing(grad_comm)
-        return np.maximum(m.sum(1), m.sum(0))
+        return rank_bytes(self.crossing(grad_comm))
 
     def shares(self):
         """Per rank, its part of the work of one rank rendering one view, by what that work grows
@@ -313,6 +310,17 @@ class Traffic:
         return {"view_rows": self.views * self.rows / self.gaussians, "rows": self.rows / self.gaussians,
                 "isect_received": self.isect_received / self.view_isect,
                 "isect_own": self.isect_own / self.view_isect, "pixels": self.tiles / self.view_tiles}
+
+
+def off_diagonal(m):
+    """A [source, destination] matrix without what ranks send themselves."""
+    return m - np.diag(np.diag(m))
+
+
+def rank_bytes(m):
+    """Per rank, the more of what it sends other ranks and receives from them ([source, destination])."""
+    m = off_diagonal(m)
+    return np.maximum(m.sum(1), m.sum(0))
 
 
 def step_traffic(g, cams, targets, ranks, sh_degree, background, lambda_dssim, balanced=True, backend=None):
@@ -377,8 +385,7 @@ def traffic_table(traffic, balanced):
     mb = 1e6
 
     def most_and_all(m):
-        off = m - np.diag(np.diag(m))
-        return f"{np.maximum(off.sum(0), off.sum(1)).max() / mb:9.2f} {off.sum() / mb:9.2f}"
+        return f"{rank_bytes(m).max() / mb:9.2f} {off_diagonal(m).sum() / mb:9.2f}"
     pair = f"{'rank max':>9s} {'all':>9s}"
     lines = [f"bytes per step if a batch of P views is split over P ranks ({'balanced' if balanced else 'even'} "
              "tile ranges), MB crossing ranks: a rank's most (the more of sent and received) and all ranks':",
@@ -386,10 +393,11 @@ def traffic_table(traffic, balanced):
              f"{'kept %':>7s} {'halo (global loss)':>19s}",
              f"  {'':3s} {'crossing':>12s} {pair} {pair} {pair} {'':7s} {pair}"]
     for p, t in traffic.items():
-        cross = t.records.sum() - np.trace(t.records)
+        cross = off_diagonal(t.records).sum()
         kept = 100.0 * t.kept.sum() / max(t.records.sum(), 1)
-        lines.append(f"  {p:3d} {cross:12d} {most_and_all(t.forward_bytes())} {most_and_all(t.backward_bytes('dense'))} "
-                     f"{most_and_all(t.backward_bytes('sparse'))} {kept:7.1f} {most_and_all(t.halo_bytes())}")
+        lines.append(f"  {p:3d} {cross:12d} {most_and_all(t.forward_bytes())} "
+                     f"{most_and_all(t.backward_bytes('dense'))} {most_and_all(t.backward_bytes('sparse'))} "
+                     f"{kept:7.1f} {most_and_all(t.halo_bytes())}")
     return lines
 
 

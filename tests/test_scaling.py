@@ -76,9 +76,9 @@ def tiny_scene(n=400, W=64, H=48, seed=1):
     z = 2.0 + 4.0 * rng.random(n)
     means = np.stack([(rng.random(n) - 0.5) * W / f * z, (rng.random(n) - 0.5) * H / f * z, z], 1)
     sh = rng.normal(0, 0.2, (n, 4, 3))
-    g = ns.Gaussians(means.astype(np.float32), np.log(rng.uniform(0.5, 8.0, (n, 3)) * z[:, None] / f).astype(np.float32),
-                     rng.normal(size=(n, 4)).astype(np.float32), rng.normal(0, 1.5, n).astype(np.float32),
-                     sh.astype(np.float32))
+    scales = np.log(rng.uniform(0.5, 8.0, (n, 3)) * z[:, None] / f)
+    g = ns.Gaussians(means.astype(np.float32), scales.astype(np.float32), rng.normal(size=(n, 4)).astype(np.float32),
+                     rng.normal(0, 1.5, n).astype(np.float32), sh.astype(np.float32))
     cams = []
     for b in range(3):
         vm = np.eye(4)
