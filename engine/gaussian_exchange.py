@@ -146,9 +146,13 @@ class GaussianExchangeTrainer(Trainer):
         plan = xp.empty((2, self.size, B, N), np.int32)    # [goes, tile count if it goes][rank, view, record]
         for b, p in enumerate(projs):
             ns.rendering.route_plan(p, b, b * n_tiles, bounds, plan, self.backend)
-        table = _backend.to_host(plan.sum(axis=3)).astype(np.int64)  # the step's one sync here
+        # the sums over records, from one running count of the whole plan (a sum over the last axis
+        # would give each of the few (rank, view) rows one thread block): its value at each row's end
+        running = xp.cumsum(plan.ravel(), dtype=np.int64)
+        ends = _backend.to_host(running[N - 1::N]) if N else np.zeros(2 * self.size * B, np.int64)  # the one sync
+        table = np.diff(ends, prepend=0).reshape(2, self.size, B)
         table = np.concatenate([table[0], table[1]], axis=1)
-        slot = xp.cumsum(plan[0].ravel(), dtype=np.int64)
+        slot = running[:self.size * B * N]  # the running count of plan[0] flattened
         total = int(table[:, :B].sum())
         send = xp.empty((total, go.PROJ_FIELDS + 1), np.float32)
         route = xp.empty(total, np.int64)

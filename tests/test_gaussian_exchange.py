@@ -64,6 +64,29 @@ def test_send_plan_reaches_every_renderer_of_a_binned_tile():
     np.testing.assert_array_equal(send[:, 10], np.stack([p.counts for p in projs])[b, n])
 
 
+def test_send_plan_table_counts_each_rank_and_view():
+    """``_send_plan``'s table (rows and tile intersections per destination and view, read from one
+    running count of the plan) against a count of the routed rows; a shard without Gaussians sends none."""
+    from types import SimpleNamespace
+    import numbasplat as ns
+    from engine.gaussian_exchange import GaussianExchangeTrainer
+    from scenes import edge_case_scene, look_at_camera
+    cam = look_at_camera(W=45, H=34)
+    n_tiles = cam.tiles[0] * cam.tiles[1]
+    bounds = np.array([0, 7, 7, n_tiles + 4, 2 * n_tiles], np.int64)
+    me = SimpleNamespace(xp=np, size=4, backend="cpu")
+    for n in (60, 0):
+        scenes = [edge_case_scene(n=60, seed=s) for s in (1, 2)]
+        projs = [ns.project(ns.Gaussians(**{k: a[:n] for k, a in g.arrays().items()}), cam, backend="cpu")
+                 for g in scenes]
+        send, table, route = GaussianExchangeTrainer._send_plan(me, projs, n_tiles, bounds)
+        assert table.shape == (4, 4) and len(send) == len(route) == table[:, :2].sum()
+        rows = np.split(np.arange(len(route)), np.cumsum(table[:, :2].ravel())[:-1])  # by (rank, view)
+        for (d, b), r in zip(np.ndindex(4, 2), rows):
+            assert (route[r] // max(n, 1) == b).all() and table[d, 2 + b] == send[r, 10].sum()
+        assert table[1].sum() == 0 and (n == 0) == (table.sum() == 0)
+
+
 def test_image_tiles_round_trip():
     """Renderers send each other 16x16 tiles of their images (cut at the border)."""
     from numbasplat.rendering import image_from_tiles, image_tiles, tiles_squared_error
