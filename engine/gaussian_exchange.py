@@ -194,16 +194,18 @@ class GaussianExchangeTrainer(Trainer):
         if any(cam.tiles != (tx, ty) for cam in cams):
             raise ValueError("distributed training needs all training images of one size")
         bg = self.step_background()
+        # 2. tile ranges of the renderers, uploaded first: an upload waits for the device to idle,
+        # which it is now (the last step ended reading its results), and not once the projections run
+        bounds = (even_bounds(self.batch * n_tiles, self.size) if self.tile_cost is None
+                  else balanced_bounds(self.tile_cost, self.size))
+        lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
+        device_bounds = xp.asarray(bounds)
         # 1. project the shard for every camera
         projs = [ns.project(g, cam, sh_degree=degree, antialias=c.antialias, backend=self.backend, check=False)
                  for cam in cams]
         clock.end("project")
-        # 2. tile ranges of the renderers
-        bounds = (even_bounds(self.batch * n_tiles, self.size) if self.tile_cost is None
-                  else balanced_bounds(self.tile_cost, self.size))
-        lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
         # 3. forward exchange: records + tile count; the (source, view) row counts go first
-        send, table, route = self._send_plan(projs, n_tiles, bounds)
+        send, table, route = self._send_plan(projs, n_tiles, device_bounds)
         recv_table = self.exchange.alltoall_ints(table)           # (P sources, 2B): rows, intersections per view
         recv_views, recv_isect = recv_table[:, :self.batch], recv_table[:, self.batch:]
         clock.end("plan")

@@ -178,12 +178,15 @@ def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1):
 def route_plan(p: Projection, view, first_tile, bounds, plan, backend=None):
     """The ranks that render view ``view``'s records (``gaussian_ops.route_body``): plan[0, d, view]
     marks the records that go to rank d, plan[1, d, view] their tile counts.  ``bounds``: the
-    ranks' first tiles over the batch (P + 1); the view's tile ids start at ``first_tile``."""
+    ranks' first tiles over the batch (P + 1), int64, on the host or already on the device (an
+    upload from the host waits for the device to idle: a step's views share one); the view's tile
+    ids start at ``first_tile``."""
     kernels, xp = _dispatch(backend)
     if len(p.proj):
         tx, ty = p.camera.tiles
-        kernels.route(p.proj, p.counts, TILE, tx, ty, first_tile, xp.asarray(np.asarray(bounds, np.int64)),
-                      view, plan)  # (new bounds every step: not a cached constant)
+        if isinstance(bounds, np.ndarray) or xp is np:  # (new bounds every step: not a cached constant)
+            bounds = xp.asarray(np.asarray(bounds, np.int64))
+        kernels.route(p.proj, p.counts, TILE, tx, ty, first_tile, bounds, view, plan)
 
 
 def route_fill(p: Projection, view, plan, slot, send, route, backend=None):
