@@ -43,9 +43,10 @@ with abort_on_error(comm):
         cfg.loss = "tile"
     if "cap" in sys.argv:  # --max-gaussians is the whole model's cap, whatever the rank count
         cfg.max_gaussians = 330
-    if "small" in sys.argv:  # two batches of 100 Gaussians: what the simulator can afford
-        cfg.iterations, cfg.n_random_init = 8, 100
-    batch = 1 if "b1" in sys.argv else 4  # b1: every view split across the ranks
+    small = "small" in sys.argv  # two batches of two views, 100 Gaussians: what the simulator can afford
+    if small:
+        cfg.iterations, cfg.n_random_init = 4, 100
+    batch = 1 if "b1" in sys.argv else 2 if small else 4  # b1: every view split across the ranks
     t = GaussianExchangeTrainer(ds, out, cfg, comm, batch_size=batch, grad_comm=grad_comm, backend=backend)
     s = t.strategy
     s.refine_start, s.refine_every, s.reset_every, s.grad_threshold = 4, 8, 24, 1e-5

@@ -155,6 +155,18 @@ def simulator_test(script_or_code, passed, timeout):
     return test
 
 
+def pytest_collection_modifyitems(config, items):
+    """The simulator tests first, those allowed the longest first (their timeout stands for their
+    time): they take minutes each, so that under pytest-xdist the workers start on them and share
+    the short tests after, rather than one worker running a long one at the end."""
+    def order(item):
+        if item.get_closest_marker("sim") is None:
+            return (1, 0)  # (a stable sort: the others keep their order)
+        timeout = item.get_closest_marker("timeout")
+        return (0, -(timeout.args[0] if timeout and timeout.args else 0))
+    items.sort(key=order)
+
+
 def mpiexec_path():
     """The mpiexec of the mpich wheel in this environment, else the one on PATH, else None."""
     here = Path(sys.executable).parent / "mpiexec"

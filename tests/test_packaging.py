@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 DEMO_COMMAND = "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && python run.py"
 TEST_COMMAND = (
-    'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[test]" && python -m pytest -q'
+    'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[test]" && python -m pytest -q -n auto'
 )
 
 # conda-forge name -> PyPI name, where they differ (none do today).
