@@ -173,6 +173,29 @@ def lpips_metric(log=print):
     return _lpips_cache["metric"]
 
 
+def silenced_stderr():
+    """A context that discards what is written to stderr, through ``sys.stderr`` or below Python on
+    file descriptor 2 (where a library that kept the original stream, or C code, writes)."""
+    import contextlib
+    import io
+    import sys
+
+    @contextlib.contextmanager
+    def silenced():
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            with open(os.devnull, "w") as null:
+                os.dup2(null.fileno(), 2)
+            with contextlib.redirect_stderr(io.StringIO()):
+                yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+    return silenced()
+
+
 def _load_lpips():
     """-> (metric or None, why not or None)."""
     try:
@@ -180,15 +203,13 @@ def _load_lpips():
         import torch
     except ImportError as e:
         return None, f"{e.name or 'lpips'} is not installed ({install_hint('metrics')})"
-    import contextlib
-    import io
     import socket
     import warnings
     timeout = socket.getdefaulttimeout()
     try:
         socket.setdefaulttimeout(20)  # no network: fail, don't hang on the backbone's download
         # (torch.hub announces the download on stderr: the one line below says what became of it)
-        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        with warnings.catch_warnings(), silenced_stderr():
             warnings.simplefilter("ignore")
             device = "cuda" if torch.cuda.is_available() else "cpu"
             net = lpips.LPIPS(net="vgg", verbose=False).to(device).eval()

@@ -4,6 +4,7 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import os
 import struct
 import sys
 import types
@@ -148,8 +149,16 @@ def fake_lpips(network):
     return types.SimpleNamespace(LPIPS=network)
 
 
-def test_lpips_skipped_in_one_line_when_its_weights_cannot_be_loaded(fresh_lpips, monkeypatch):
+def test_lpips_skipped_in_one_line_when_its_weights_cannot_be_loaded(fresh_lpips, monkeypatch, capfd):
+    """The download's notice (torch.hub writes it to stderr; a library may hold the original stream,
+    or write below Python) is not shown: only the one line."""
+    stream = sys.__stderr__  # the process's stderr, as a library that imported it early holds it
+
     def offline(**kw):
+        sys.stderr.write('Downloading: "https://download.pytorch.org/models/vgg16.pth"\n')
+        stream.write("notice on the stream kept from before\n")
+        stream.flush()
+        os.write(2, b"notice on file descriptor 2\n")
         raise OSError("<urlopen error [Errno -3] Temporary failure in name resolution>")
     monkeypatch.setitem(sys.modules, "torch", fake_torch())
     monkeypatch.setitem(sys.modules, "lpips", fake_lpips(offline))
@@ -157,6 +166,8 @@ def test_lpips_skipped_in_one_line_when_its_weights_cannot_be_loaded(fresh_lpips
     assert lpips_metric(lines.append) is None
     assert lines == ["LPIPS skipped: its VGG weights could not be loaded "
                      "(<urlopen error [Errno -3] Temporary failure in name resolution>)"]
+    print("after", file=sys.stderr)
+    assert capfd.readouterr().err == "after\n"
 
 
 def test_lpips_reported_per_view_and_on_average_when_present(trained, fresh_lpips, monkeypatch):
