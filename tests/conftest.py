@@ -156,15 +156,19 @@ def simulator_test(script_or_code, passed, timeout):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The simulator tests first, those allowed the longest first (their timeout stands for their
-    time): they take minutes each, so that under pytest-xdist the workers start on them and share
-    the short tests after, rather than one worker running a long one at the end."""
-    def order(item):
-        if item.get_closest_marker("sim") is None:
-            return (1, 0)  # (a stable sort: the others keep their order)
+    """The simulator tests first, as pytest-xdist's workers will take them: they take minutes each.
+    Their timeouts stand for their times; the workers are dealt the first tests in turn, so the
+    longest go in "snake" order (1 2 2 1 for two workers: the longest with the shortest), and the
+    short tests fill in after."""
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+    def allowed(item):
         timeout = item.get_closest_marker("timeout")
-        return (0, -(timeout.args[0] if timeout and timeout.args else 0))
-    items.sort(key=order)
+        return timeout.args[0] if timeout and timeout.args else 0
+    slow = sorted((i for i in items if i.get_closest_marker("sim")), key=allowed, reverse=True)
+    rounds = [slow[k:k + workers] for k in range(0, len(slow), workers)]
+    slow = [i for r, chunk in enumerate(rounds) for i in (chunk[::-1] if r % 2 else chunk)]
+    items[:] = slow + [i for i in items if not i.get_closest_marker("sim")]
 
 
 def mpiexec_path():
