@@ -233,6 +233,26 @@ def rasterize(p: Projection, b: Binning, background=None, backend=None):
     return Render(image, trans, depth, last, bg)
 
 
+def contributions(p: Projection, b: Binning, backend=None):
+    """Each pixel's dominant Gaussian and each Gaussian's total contribution over the view
+    (issue 23's contribution pruning keeps the Gaussians that dominate some pixel).
+
+    Gaussian i contributes ``T_i alpha_i |c_i|`` to a pixel, |c_i| the L2 norm of its RGB colour
+    in this view (``blend.dominant_step`` says why), composited as ``rasterize`` does: front to
+    back, with its alpha threshold and early stop.  Returns (dominant, total) on the backend's
+    arrays: (H, W) int32, the row of ``p.proj`` of each pixel's largest contributor (the first
+    in front-to-back order on a tie), -1 where none contributes; (N,) float32, the sum of each
+    Gaussian's contributions over the pixels."""
+    kernels, xp = _dispatch(backend)
+    W, H = p.camera.width, p.camera.height
+    total = xp.zeros(p.proj.shape[0], np.float32)
+    if not b.n_isect:
+        return xp.full((H, W), -1, np.int32), total
+    dominant = xp.empty((H, W), np.int32)
+    kernels.contributions(p.proj, b.ids, b.ranges, W, H, TILE, p.camera.tiles[0], dominant, total)
+    return dominant, total
+
+
 def rasterize_backward(p: Projection, b: Binning, r: Render, d_image, d_alpha=None, d_depth=None, grad=None,
                        backend=None):
     """Screen-space gradient records (N, GRAD_FIELDS), added into ``grad`` if given."""

@@ -2,7 +2,8 @@
 
 Per-Gaussian kernels run the bodies of ``numbasplat.math.gaussian_ops`` under ``prange``.
 Tiles are independent, so ``prange`` runs over tiles; the backward pass writes one gradient
-row per tile-Gaussian intersection (no races) and then sums them per Gaussian.  The
+row per tile-Gaussian intersection (no races) and then sums them per Gaussian, and so does the
+contributions pass with its per-Gaussian totals.  The
 per-pixel math is ``numbasplat.math.blend``'s, shared with the CUDA kernels.
 """
 import numpy as np
@@ -10,7 +11,7 @@ from numba import njit, prange
 
 from ..math import gaussian_ops as go
 from ..math import geometry as geo
-from ..math.blend import blend_step, blend_vjp, gaussian_alpha, store_pixel
+from ..math.blend import blend_step, blend_vjp, dominant_step, gaussian_alpha, store_pixel
 from ..math.jit import shared
 
 _ops = go.build(njit(cache=True))  # not inlined: parfors cannot analyse the inlined tuple math
@@ -128,6 +129,30 @@ def _raster_backward_isect(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, la
                         grad_isect[i, f] += out[5 + f]
 
 
+@njit(parallel=True, cache=True)
+def _contributions_isect(proj, ids, ranges, W, H, tile, tiles_x, dominant, contrib):
+    """Each pixel's dominant Gaussian (-1: none contributes), and each intersection's contribution
+    summed over its tile's pixels, front to back per pixel as in the forward pass."""
+    for t in prange(ranges.shape[0]):
+        for q in range(tile * tile):
+            px = (t % tiles_x) * tile + q % tile
+            py = (t // tiles_x) * tile + q // tile
+            if px >= W or py >= H:
+                continue
+            T = 1.0
+            best = 0.0
+            best_g = -1
+            for i in range(ranges[t, 0], ranges[t, 1]):
+                g = ids[i]
+                w, T, done = blend_step(record_alpha(proj, g, px + 0.5, py + 0.5)[0], T)
+                if done:
+                    break
+                k, best, best_g = dominant_step(w, proj[g, go.RED], proj[g, go.GREEN], proj[g, go.BLUE], g, best,
+                                                best_g)
+                contrib[i, 0] += k
+            dominant[py, px] = best_g
+
+
 @njit(cache=True)
 def scatter_add_rows(ids, rows, out):
     for i in range(ids.shape[0]):
@@ -141,3 +166,11 @@ def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_i
     rows = np.zeros((ids.shape[0], grad.shape[1]), grad.dtype)
     _raster_backward_isect(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, rows)
     scatter_add_rows(ids, rows, grad)
+
+
+def contributions(proj, ids, ranges, W, H, tile, tiles_x, dominant, total):
+    """Each pixel's dominant Gaussian into ``dominant`` (H, W); each Gaussian's contribution over
+    the view added into ``total`` (N,)."""
+    rows = np.zeros((ids.shape[0], 1), proj.dtype)
+    _contributions_isect(proj, ids, ranges, W, H, tile, tiles_x, dominant, rows)
+    scatter_add_rows(ids, rows, total.reshape(-1, 1))

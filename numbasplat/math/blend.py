@@ -4,6 +4,8 @@ A pixel composites its tile's Gaussians front to back:
 ``C = sum_i c_i a_i T_i + T_N bg`` with ``T_i = prod_{j<i} (1 - a_j)``.  The
 backward pass walks the same Gaussians back to front, recovering ``T_i`` by
 division and carrying ``s`` (what lies behind Gaussian i, background included).
+The contributions pass walks them front to back as the forward pass does, finding each
+pixel's dominant Gaussian (``dominant_step``: the largest ``w_i |c_i|``, ``w_i = a_i T_i``).
 """
 import math
 
@@ -25,6 +27,24 @@ def blend_step(alpha, T):
     if nT <= T_MIN:
         return T * f32(0.0), T, True
     return alpha * T, nT, False
+
+
+@shared
+def dominant_step(w, c0, c1, c2, g, best, best_g):
+    """One Gaussian's contribution to a pixel and the pixel's dominant Gaussian after it:
+    (contribution, best contribution, its Gaussian).
+
+    The contribution is ``w |c|``: the weight ``w = T alpha`` from ``blend_step`` times the L2
+    norm of the Gaussian's RGB colour (c0, c1, c2).  It is the length of the Gaussian's term
+    ``w c`` in the pixel's colour, so it measures what the Gaussian adds to the colour
+    (ByteSplat's T alpha |c|): a dark Gaussian adds little even where it is opaque.  The
+    dominant Gaussian is the largest contributor: a strictly larger contribution replaces
+    ``best``, so ties keep the first in front-to-back order, and with ``best`` starting at 0 a
+    Gaussian that contributes nothing never becomes the pixel's."""
+    k = w * math.sqrt(c0 * c0 + c1 * c1 + c2 * c2)
+    if k > best:
+        return k, k, g
+    return k, best, best_g
 
 
 def store_pixel(image, trans, depth, last, py, px, r, g, b, T, d, stop, bg):
