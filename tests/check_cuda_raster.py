@@ -2,7 +2,8 @@
 
 Runs under the CUDA simulator in CI (tests/test_cuda_raster.py) and on a real GPU
 (``python tests/check_cuda_raster.py`` in scripts/gpu_check.sh).  Exits non-zero on
-any mismatch beyond: images 1e-5 absolute, gradients 1e-4 relative.
+any mismatch beyond: images 1e-5 absolute, gradients and contribution totals 1e-4 relative,
+dominant Gaussians none.
 """
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numbasplat as ns  # noqa: E402
 from numbasplat.backend import SIM, array_module, to_host  # noqa: E402
+from numbasplat.cuda.tile import BLOCK  # noqa: E402
 from tests.scenes import edge_case_scene, look_at_camera  # noqa: E402
 
 IMAGE_TOL = 1e-5
@@ -109,6 +111,37 @@ def compare_routes():
     return [] if same and spread[1] == 0 and (spread[[0, 2, 3]] > 0).all() else ["routes"]
 
 
+def compare_contributions():
+    """Each pixel's dominant Gaussian (exactly) and each Gaussian's total (GRAD_TOL) on both
+    backends: the small scene (early stops), a faint crowd on one tile that spans two batches of
+    records, and no intersections."""
+    xp = array_module("cuda")
+    crowd = edge_case_scene(n=300, seed=12, dtype=np.float32, degree=0)
+    crowd.opacities[:] = -4.0  # faint: the pixels go on past the first batch
+    behind = edge_case_scene(n=8, seed=13, dtype=np.float32, degree=0)
+    behind.means[:, 2] = -3.0
+    failures = []
+    for name, g, cam in (("scene", edge_case_scene(n=40, seed=10, dtype=np.float32), look_at_camera(W=37, H=29)),
+                         ("crowd", crowd, look_at_camera(W=20, H=16, f=4.0)),
+                         ("behind", behind, look_at_camera(W=20, H=17))):
+        out = {}
+        for backend, put in (("cpu", np.asarray), ("cuda", xp.asarray)):
+            gg = ns.Gaussians(**{k: put(a) for k, a in g.arrays().items()})
+            p = ns.project(gg, cam, backend=backend)
+            b = ns.bin_tiles(p, backend=backend)
+            out[backend] = [to_host(a) for a in ns.contributions(p, b, backend=backend)] + [to_host(b.ranges)]
+        (dom, total, ranges), (dom_gpu, total_gpu, _) = out["cpu"], out["cuda"]
+        same = np.array_equal(dom, dom_gpu)
+        err = rel(total_gpu, total) if total.any() else float(np.abs(total_gpu).max(initial=0.0))
+        per_tile = (ranges[:, 1] - ranges[:, 0]).max(initial=0)
+        print(f"contributions {name}: dominant {'ok' if same else 'FAIL'} "
+              f"({int((dom != dom_gpu).sum())} pixels differ), total {'ok' if err <= GRAD_TOL else 'FAIL'} "
+              f"err={err:.2e} (tol {GRAD_TOL:g}; most Gaussians on a tile {per_tile})")
+        if not (same and err <= GRAD_TOL) or (name == "crowd" and per_tile <= BLOCK):
+            failures.append("contributions " + name)
+    return failures
+
+
 def main(sizes=((37, 29, 40), (48, 32, 150))):  # (W, H, Gaussians): 150 spans two blocks
     failures = []
     for i, (W, H, n) in enumerate(sizes):
@@ -126,6 +159,7 @@ def main(sizes=((37, 29, 40), (48, 32, 150))):  # (W, H, Gaussians): 150 spans t
     failures += compare(empty, look_at_camera(W=20, H=17), (0.3, 0.3, 0.3), False, seed=9)
     failures += compare_adam()
     failures += compare_routes()
+    failures += compare_contributions()
     print("FAILED: " + ", ".join(failures) if failures else "all CUDA checks passed")
     return 1 if failures else 0
 

@@ -22,7 +22,7 @@ def _ptx_available():
 
 KERNEL_NAMES = {
     "_project_kernel", "_emit_kernel", "_sh_backward_kernel", "_geometry_backward_kernel", "_route_kernel",
-    "_route_fill_kernel", "_raster_forward_kernel", "_raster_backward_kernel",  # raster
+    "_route_fill_kernel", "_raster_forward_kernel", "_raster_backward_kernel", "_contributions_kernel",  # raster
     "_fused_kernel", "_ssim_fwd_kernel", "_ssim_bwd_kernel", "_tile_loss_kernel", "_adam_kernel",
     "_count_kernel", "_pack_kernel", "_unpack_add_kernel", "_scatter_add_kernel",  # sparse
 }

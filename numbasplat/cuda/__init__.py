@@ -14,8 +14,8 @@ from .fused import fused_budget, fused_raster_loss_backward
 from .launch import array_module
 from .loss import as_images, l1_ssim, ssim_forward
 from .optim import adam
-from .raster import (emit_intersections, project, project_backward, raster_backward, raster_forward, route,
-                     route_fill)
+from .raster import (contributions, emit_intersections, project, project_backward, raster_backward, raster_forward,
+                     route, route_fill)
 from .sparse import decode_add, encode, scatter_add
 from .tile_loss import tile_loss
 
@@ -27,6 +27,7 @@ def launch_count():
     return launch.launches
 
 
-__all__ = ["FUSED_TILE_LOSS", "adam", "array_module", "as_images", "decode_add", "emit_intersections", "encode",
-           "fused_budget", "fused_raster_loss_backward", "l1_ssim", "launch_count", "project", "project_backward",
-           "raster_backward", "raster_forward", "route", "route_fill", "scatter_add", "ssim_forward", "tile_loss"]
+__all__ = ["FUSED_TILE_LOSS", "adam", "array_module", "as_images", "contributions", "decode_add",
+           "emit_intersections", "encode", "fused_budget", "fused_raster_loss_backward", "l1_ssim", "launch_count",
+           "project", "project_backward", "raster_backward", "raster_forward", "route", "route_fill", "scatter_add",
+           "ssim_forward", "tile_loss"]

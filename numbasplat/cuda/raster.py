@@ -5,18 +5,18 @@ Gaussian (projection, binning, routing, and the projection's backward in two ker
 gradients with coalesced row access, then the geometry).  The raster kernels run one 16x16
 thread block per tile and stream the tile's depth-sorted Gaussians through shared memory in
 batches of ``BLOCK``, built on the per-tile device functions of ``tile`` (shared with the
-fused kernel).  The entry points below take the same arguments as ``numbasplat.cpu``'s.
+fused kernel); so does the contributions kernel (each pixel's dominant Gaussian, for pruning).  The entry points below take the same arguments as ``numbasplat.cpu``'s.
 """
 import numpy as np
 from numba import cuda, float32, int32
 
 from ..math import gaussian_ops as go
-from ..math.blend import store_pixel
+from ..math.blend import blend_step, dominant_step, store_pixel
 from ..math.sh import sh_basis, sh_basis_jacobian
 from ..math.tiles import TILE, tile_grid
 from .launch import F1, F2, F3, I1, I2, U1, array_module, kernel, per_item
 from .tile import (BLOCK, NF, NG, ONE, RED_ROWS, ZERO, backward_hit, chunk_hits, composite_chunks, field,
-                   flat_records, next_hit, pixel_of_tile, record_reaches)
+                   flat_records, next_hit, pixel_of_tile, record_alpha, record_reaches)
 
 BATCH_WORDS = BLOCK * NF    # a batch of records in shared memory (a constant, as Numba needs)
 
@@ -290,6 +290,46 @@ def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d
         cuda.syncthreads()
 
 
+@kernel(F2, I1, I2, "int64", "int64", "int64", I2, F1, fastmath=True)
+def _contributions_kernel(proj, ids, ranges, W, H, tiles_x, dominant, total):
+    """Each pixel's dominant Gaussian, and each Gaussian's contributions added into ``total``.
+
+    As the forward kernel: the tile's records stream through shared memory a batch at a time,
+    front to back, until every pixel is done.  A thread walks every record of a batch (the
+    forward's warp culling only saves work, on records under the alpha threshold at all of the
+    warp's pixels: this pass runs once a view for pruning, not every step).  The batch's contributions are summed per record by
+    shared-memory atomics, then each record's sum is added into ``total`` by one global atomic."""
+    rec = cuda.shared.array(BATCH_WORDS, float32)
+    rid = cuda.shared.array(BLOCK, int32)
+    acc = cuda.shared.array(BLOCK, float32)  # per record of the batch: its contributions over the tile
+    tid, lane, px, py, inside, start, end, x0, x1, y0, y1, fx, fy = _tile_pixel(ranges, tiles_x, W, H)
+    T = ONE
+    best = ZERO
+    best_g = int32(-1)
+    done = not inside
+    for base in range(start, end, int32(BLOCK)):
+        if cuda.syncthreads_count(int32(done)) == BLOCK:
+            break
+        n = int32(min(BLOCK, end - base))
+        if tid < n:
+            _load(proj, ids, base + tid, rec, rid, tid)
+        acc[tid] = ZERO
+        cuda.syncthreads()
+        for j in range(int32(0), n):
+            if done:
+                break
+            w, T, done = blend_step(record_alpha(rec, NF, j, fx, fy)[0], T)
+            k, best, best_g = dominant_step(w, rec[field(j, go.RED, NF)], rec[field(j, go.GREEN, NF)],
+                                            rec[field(j, go.BLUE, NF)], rid[j], best, best_g)
+            if k > ZERO:
+                cuda.atomic.add(acc, j, k)
+        cuda.syncthreads()
+        if tid < n and acc[tid] != ZERO:  # (slot tid is this thread's to load again next batch)
+            cuda.atomic.add(total, rid[tid], acc[tid])
+    if inside:
+        dominant[py, px] = best_g
+
+
 def raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, depth, last):
     _raster_forward_kernel[tile_grid(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, image, trans,
                                                            depth, last)
@@ -299,3 +339,9 @@ def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_i
     _raster_backward_kernel[tile_grid(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, trans, last,
                                                             d_image, d_alpha, d_depth, flat_records(grad))
 
+
+
+def contributions(proj, ids, ranges, W, H, tile, tiles_x, dominant, total):
+    """Each pixel's dominant Gaussian into ``dominant`` (H, W); each Gaussian's contribution over
+    the view added into ``total`` (N,): one launch."""
+    _contributions_kernel[tile_grid(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, dominant, total)
