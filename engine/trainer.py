@@ -334,6 +334,16 @@ class Trainer(ABC):
                                   n_random=self.cfg.n_random_init, box=box)
         self.start_from({"params": arrays})
 
+    def fine_tune_from_here(self, images):
+        """Train ``images`` more steps with densification and opacity resets off from this step on
+        (the model's rows may have changed: the strategy starts afresh)."""
+        self.cfg.densify_until = self.step
+        self.cfg.iterations = self.step + images
+        self.strategy = self._make_strategy()
+        self.strategy_state = self.strategy.initialize_state()
+        if images:
+            self.train(progress=False)
+
     # ------------------------------------------------------------------ what a pipeline implements
     @abstractmethod
     def start_from(self, model_state, strategy_state=None):

@@ -49,6 +49,19 @@ def s3im_permutations(rng, repeats=10):
     return np.stack(rows).astype(np.int32)
 
 
+def fused_layout(smem_budget=None, backend=None):
+    """(M_budget, M_fixed, M_g, where M_budget comes from), in bytes, of the fused raster + loss +
+    backward kernel: a tile fits it when its Gaussians number at most (M_budget - M_fixed) // M_g.
+    ``smem_budget`` replaces M_budget (the GPU's shared memory per block; without a GPU, an
+    H200's)."""
+    per_block, fixed, per_gaussian, source = _backend.kernels(backend).fused_layout()
+    if smem_budget is not None:
+        if smem_budget <= 0:
+            raise ValueError(f"--smem-budget must be a positive number of bytes, got {smem_budget}")
+        per_block, source = int(smem_budget), "--smem-budget"
+    return per_block, fixed, per_gaussian, source
+
+
 def loss_from_tile_sums(partials, lam, W, H, repeats, tiles=None):
     """The loss from per-tile (sum |d|, sum n_w SSIM_w) partial sums, as a ``LazyLoss``.
 

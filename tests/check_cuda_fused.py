@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numbasplat as ns  # noqa: E402
 from numbasplat.backend import array_module, to_host  # noqa: E402
 from numbasplat.cuda import fused as fz  # noqa: E402
+from numbasplat.math.tiles import fused_smem_layout  # noqa: E402
 from numbasplat.rendering import rasterize_tile_loss  # noqa: E402
 from numbasplat.tile_loss import s3im_permutations  # noqa: E402
 from tests.scenes import edge_case_scene, look_at_camera  # noqa: E402
@@ -78,6 +79,13 @@ def main(repeats=3):
                 share = abs(run(g, cam, target, perms, "cuda", tiles=mask, **kw)[0] - want)
                 print(f"{W}x{H} loss share, {label}: error {share:.1e}" + (" FAIL" if share > 1e-5 else ""))
                 failures += ["share"] if share > 1e-5 else []
+    # the layout pruning budgets with on any machine (numbasplat.math.tiles) is the compiled kernel's,
+    # or above it by what the compiler drops (so a budget without a GPU is never too large)
+    per_block, fixed, per_gaussian, source = fz.fused_layout()
+    declared = fused_smem_layout()
+    print(f"shared memory: {per_block} B per block ({source}), fixed {fixed} B (declared {declared[0]}), "
+          f"{per_gaussian} B a Gaussian (declared {declared[1]}): budget {fz.fused_budget()}")
+    failures += [] if fixed <= declared[0] and per_gaussian == declared[1] else ["layout"]
     print("FAILED: " + ", ".join(failures) if failures else "all fused checks passed")
     return 1 if failures else 0
 

@@ -23,11 +23,18 @@ def array_module():
     return np
 
 
+def fused_layout():
+    """(M_budget, M_fixed, M_g, where M_budget comes from) of the CUDA fused kernel, for pruning to
+    its budget without a GPU: an H200's shared memory per block and the kernel's declared layout."""
+    from ..math.tiles import H200_SMEM_PER_BLOCK, fused_smem_layout
+    return (H200_SMEM_PER_BLOCK, *fused_smem_layout(), "an H200's (no GPU here)")
+
+
 def launch_count():
     """None: CPU kernels are plain calls, there are no launches to count."""
     return None
 
 
 __all__ = ["FUSED_TILE_LOSS", "adam", "array_module", "as_images", "contributions", "decode_add",
-           "emit_intersections", "encode", "l1_ssim", "launch_count", "project", "project_backward", "raster_backward",
-           "raster_forward", "route", "route_fill", "scatter_add", "ssim_forward", "tile_loss"]
+           "emit_intersections", "encode", "fused_layout", "l1_ssim", "launch_count", "project", "project_backward",
+           "raster_backward", "raster_forward", "route", "route_fill", "scatter_add", "ssim_forward", "tile_loss"]

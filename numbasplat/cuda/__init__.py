@@ -10,7 +10,7 @@ tile loss and backward in one kernel: ``FUSED_TILE_LOSS``), ``loss`` (windowed S
 messages).
 """
 from . import launch
-from .fused import fused_budget, fused_raster_loss_backward
+from .fused import fused_budget, fused_layout, fused_raster_loss_backward
 from .launch import array_module
 from .loss import as_images, l1_ssim, ssim_forward
 from .optim import adam
@@ -28,6 +28,6 @@ def launch_count():
 
 
 __all__ = ["FUSED_TILE_LOSS", "adam", "array_module", "as_images", "contributions", "decode_add",
-           "emit_intersections", "encode", "fused_budget", "fused_raster_loss_backward", "l1_ssim", "launch_count",
-           "project", "project_backward", "raster_backward", "raster_forward", "route", "route_fill", "scatter_add",
-           "ssim_forward", "tile_loss"]
+           "emit_intersections", "encode", "fused_budget", "fused_layout", "fused_raster_loss_backward", "l1_ssim",
+           "launch_count", "project", "project_backward", "raster_backward", "raster_forward", "route", "route_fill",
+           "scatter_add", "ssim_forward", "tile_loss"]

@@ -31,7 +31,7 @@ from numba import cuda, float32, int32, uint32
 
 from ..math import gaussian_ops as go
 from ..math.jit import SIM
-from ..math.tiles import TILE
+from ..math.tiles import TILE, fused_smem_layout
 from .launch import F1, F2, F3, I1, I2, kernel
 from .tile import (BLOCK, NG, ONE, RED_ROWS, ZERO, backward_hit, chunk_hits, composite_chunks, field,
                    flat_records, next_hit, pixel_of_tile, record_reaches)
@@ -150,6 +150,13 @@ def fused_budget():
     """B: Gaussians per tile that fit in shared memory beside the kernel's fixed layout."""
     per_block, m_fixed = _shared_memory()
     return max(0, (per_block - m_fixed) // RECORD_BYTES)
+
+
+def fused_layout():
+    """(M_budget, M_fixed, M_g, where M_budget comes from) of ``fused_budget``, in bytes; in the
+    simulator, which has no compiled kernel, M_fixed from the constants (``fused_smem_layout``)."""
+    per_block, m_fixed = _shared_memory()
+    return per_block, m_fixed or fused_smem_layout()[0], RECORD_BYTES, "the simulator" if SIM else "this GPU"
 
 
 def fused_raster_loss_backward(proj, ids, ranges, W, H, tiles_x, bg, target, perms, lam, max_count, write_image,

@@ -7,14 +7,14 @@ from numba import cuda, uint32
 from numpy import float32 as f32
 
 from ..math.ssim import C1, C2, NWIN, WSIZE, l1_grad, window_ssim
-from ..math.tiles import TILE, TILE_PIXELS, tile_grid
+from ..math.tiles import TILE, TILE_LOSS_ROWS, TILE_PIXELS, tile_grid
 from .launch import F2, F3, I2, array_module, kernel
 
 # Shared scratch of tile_loss_grad: rows 0-2 rendered colour, 3-5 target,
 # 6 valid flag (1/0) per slot; row 7: window of each slot in the current
 # repeat; row 8: gradient coefficients (a, b, c) of the 48 (channel, window)
 # pairs of the current repeat at 3 * (16 * ch + w).
-TILE_LOSS_SMEM = (9, TILE_PIXELS)
+TILE_LOSS_SMEM = (TILE_LOSS_ROWS, TILE_PIXELS)
 _VALID, _WIN, _COEF = 6, 7, 8
 
 

@@ -1,0 +1,54 @@
+"""``prune``: ByteSplat's hardware-aware pruning (``engine/pruning.py``) applied to a trained model.
+
+As the paper applies it after convergence: the model of ``--model`` (its snapshot) is pruned by
+contribution, fine-tuned, then pruned in rounds to the fused kernel's shared-memory budget, each
+round fine-tuned; the result goes to ``--out`` as a training folder (snapshot, PLY, cameras.json,
+log.jsonl) with the test views' renders and metrics.json, which holds the pruning's report (the
+budget and how it was derived, the Gaussians and the tiles within the budget at each stage, and
+PSNR/SSIM before and after).  One process: the pruned model then trains under mpiexec as any.
+"""
+from .args import add_data_options, count, positive, write_metrics
+
+
+def cmd_prune(a):
+    from engine.outputs import split_dir
+    from engine.pruning import PruneConfig, prune_model
+    from .args import mpi_comm
+    from .evaluate import trained_model
+    if mpi_comm() is not None:
+        raise SystemExit("error: prune runs in one process (not under mpiexec): the ranking is over the whole model")
+    if a.beta > 100:
+        raise SystemExit(f"error: --beta is a percentage of the candidates: at most 100, got {a.beta:g}")
+    cfg = PruneConfig(stage=a.stage, fine_tune=a.fine_tune, round_fine_tune=a.round_fine_tune, beta=a.beta,
+                      max_rounds=a.rounds, smem_budget=a.smem_budget)
+    t = trained_model(a)
+    before = t.evaluate(lpips=False)
+    if before is not None and before["psnr"] is not None:
+        print(f"before pruning: test PSNR {before['psnr']:.2f} dB, SSIM {before['ssim']:.4f}, {len(t.model)} Gaussians")
+    report = prune_model(t, cfg)
+    summary = t.evaluate(save_dir=split_dir(t.out, "test", t.step))
+    summary["pruning"] = {**report, "psnr_before": before and before["psnr"], "ssim_before": before and before["ssim"],
+                          "gaussians_before": report["stages"][0]["gaussians_before"]}
+    write_metrics(summary, t.out)
+
+
+def add_commands(sub):
+    from .evaluate import data_defaults
+    p = sub.add_parser("prune", help="prune a trained model to the fused kernel's budget (ByteSplat) and fine-tune")
+    add_data_options(p, need_data=False, need_out=True)
+    p.add_argument("--model", required=True, help="training output folder or snapshot .h5 (its capture: its "
+                                                  "cfg.json, or --data)")
+    p.add_argument("--stage", choices=["contribution", "hardware"], default="hardware",
+                   help="contribution: keep each pixel's dominant Gaussians only; hardware: then prune to the "
+                        "fused kernel's budget in rounds (default)")
+    p.add_argument("--smem-budget", type=count(1), default=None, metavar="BYTES",
+                   help="shared memory per block to fit (default: the GPU's; without a GPU, an H200's)")
+    p.add_argument("--rounds", type=count(0), default=5, help="hardware rounds at most (default 5)")
+    p.add_argument("--beta", type=positive, default=10.0, metavar="PCT",
+                   help="percent of the candidates a hardware round removes (default 10)")
+    p.add_argument("--fine-tune", type=count(0), default=1000, metavar="N",
+                   help="images of fine-tuning after contribution pruning (default 1000)")
+    p.add_argument("--round-fine-tune", type=count(0), default=500, metavar="N",
+                   help="images of fine-tuning after each hardware round (default 500)")
+    p.set_defaults(**dict.fromkeys(data_defaults(), None))  # the capture may come from the model's cfg.json
+    p.set_defaults(fn=cmd_prune)

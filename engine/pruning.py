@@ -1,0 +1,173 @@
+"""ByteSplat's hardware-aware pruning: contribution pruning, then pruning to the fused kernel's budget.
+
+After ordinary training (stage 1, up to the end of densification):
+
+* **Stage 2, contribution pruning.**  Every pixel of every training view has a dominant Gaussian,
+  the one of largest contribution T * alpha * |c| to its colour (``numbasplat.rendering.
+  contributions``).  The union of the dominant Gaussians over the training views is kept, the
+  rest removed; then the model is fine-tuned with densification and opacity resets off.
+* **Stage 3, pruning to the hardware budget.**  The fused kernel holds a tile's Gaussians in
+  shared memory: B = (M_budget - M_fixed) // M_g of them (``fused_budget``).  A tile t of a view
+  with N_t Gaussians is over by E_t = max(0, N_t - B), a share P_t = E_t / N_t of its list.  A
+  Gaussian's pressure P_i sums P_t over the tiles it meets in all training views; its
+  importance I_i is its total contribution over the views over the largest; Q_i = P_i / (I_i +
+  eps).  A round removes the ``beta`` percent of the candidates (P_i > 0) of highest Q_i and
+  fine-tunes; rounds go on until every tile of every view fits, or ``max_rounds``.
+
+The statistics are computed on the trainer's backend, view by view; the ranking is one over the
+whole model.
+"""
+import json
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+import numbasplat as ns
+from numbasplat import backend as _backend
+from numbasplat.tile_loss import fused_layout
+
+
+@dataclass
+class PruneConfig:
+    stage: str = "hardware"            # "contribution" (stage 2 only) or "hardware" (stages 2 and 3)
+    fine_tune: int = 1000              # I_M: images of fine-tuning after contribution pruning
+    round_fine_tune: int = 500         # I_o: images of fine-tuning after each hardware round
+    beta: float = 10.0                 # percent of the candidates (P_i > 0) a hardware round removes
+    max_rounds: int = 5                # hardware rounds at most
+    eps: float = 1e-6                  # Q_i = P_i / (I_i + eps)
+    smem_budget: int | None = None     # M_budget in bytes (None: the GPU's; on the CPU the H200's)
+
+
+def tile_excess(counts, budget, xp=np):
+    """P_t per tile: the share of its ``counts`` Gaussians over ``budget`` (0 for an empty tile)."""
+    counts = counts.astype(np.float64)
+    over = xp.maximum(counts - budget, 0.0)
+    return xp.where(counts > 0, over / xp.maximum(counts, 1.0), 0.0)
+
+
+def tile_of_intersections(ranges, xp=np):
+    """The tile of each intersection of a binning whose per-tile ``ranges`` are contiguous from 0."""
+    counts = (ranges[:, 1] - ranges[:, 0]).astype(np.int64)
+    return xp.repeat(xp.arange(len(counts)), counts)
+
+
+def removal_mask(pressure, importance, beta, eps=1e-6, xp=np):
+    """The Gaussians one hardware round removes: of the candidates (pressure > 0), the ``beta``
+    percent (at least one while any is left) of highest Q = pressure / (importance + eps); never
+    a Gaussian without pressure."""
+    candidates = xp.flatnonzero(pressure > 0)
+    remove = xp.zeros(len(pressure), bool)
+    if len(candidates) == 0:
+        return remove
+    k = max(1, int(np.floor(len(candidates) * beta / 100.0)))
+    q = pressure[candidates] / (importance[candidates] + eps)
+    order = xp.argsort(-q, kind="stable")  # ties: the lower row first, so the ranking is one
+    remove[candidates[order[:k]]] = True
+    return remove
+
+
+@dataclass
+class ViewStatistics:
+    """What stages 2 and 3 read from the training views, for the model as it is."""
+    dominant: object      # (N,) bool: the dominant Gaussian of some pixel of some view
+    importance: object    # (N,) summed contribution over the views, divided by the largest (I_i)
+    pressure: object      # (N,) sum of P_t over the tiles each meets in every view (P_i)
+    tiles: int            # non-empty tiles over all views
+    tiles_within: int     # of those, within the budget
+    intersections: int    # tile-Gaussian intersections over all views
+    intersections_within: int  # of those, on tiles within the budget
+
+    def eligibility(self):
+        """The fraction of tiles within the budget and of the intersections on such tiles."""
+        return (self.tiles_within / max(self.tiles, 1), self.intersections_within / max(self.intersections, 1))
+
+
+def view_statistics(gaussians, cameras, budget, sh_degree=None, antialias=False, backend=None):
+    """``ViewStatistics`` of ``gaussians`` over the views of ``cameras``, with ``budget`` Gaussians a tile."""
+    xp = _backend.array_module(backend)
+    n = len(gaussians)
+    dominant = xp.zeros(n, bool)
+    total = xp.zeros(n, np.float64)
+    pressure = xp.zeros(n, np.float64)
+    tiles = within = isect = isect_within = 0
+    for cam in cameras:
+        p = ns.project(gaussians, cam, sh_degree=sh_degree, antialias=antialias, backend=backend)
+        b = ns.bin_tiles(p, backend=backend)
+        pixels_dominant, contribution = ns.rendering.contributions(p, b, backend=backend)
+        hit = pixels_dominant[pixels_dominant >= 0]
+        dominant[hit] = True
+        total += contribution.astype(np.float64)
+        counts = (b.ranges[:, 1] - b.ranges[:, 0]).astype(np.int64)
+        excess = tile_excess(counts, budget, xp)
+        ids = b.ids[:b.n_isect]
+        pressure += xp.bincount(ids, weights=excess[tile_of_intersections(b.ranges, xp)], minlength=n)[:n]
+        fits = (counts > 0) & (counts <= budget)
+        tiles += int((counts > 0).sum())
+        within += int(fits.sum())
+        isect += int(counts.sum())
+        isect_within += int(counts[fits].sum())
+    top = float(total.max()) if n else 0.0
+    importance = total / top if top > 0 else total
+    return ViewStatistics(dominant, importance, pressure, tiles, within, isect, isect_within)
+
+
+def fused_budget(smem_budget=None, backend=None):
+    """(B, how it was derived): Gaussians per tile within the fused kernel's shared memory."""
+    per_block, fixed, per_gaussian, source = fused_layout(smem_budget, backend)
+    budget = max(0, (per_block - fixed) // per_gaussian)
+    return budget, {"budget": budget, "smem_per_block": per_block, "smem_fixed": fixed,
+                    "smem_per_gaussian": per_gaussian, "smem_source": source}
+
+
+def prune_model(trainer, cfg: PruneConfig, log=print):
+    """Stages 2 and (``cfg.stage == "hardware"``) 3 on ``trainer``'s model, fine-tuning it through
+    ``trainer.train`` with densification and opacity resets off.  Returns the report: the budget
+    and how it was derived, and for each stage the Gaussians and the fusion eligibility before and
+    after."""
+    if cfg.stage not in ("contribution", "hardware"):
+        raise ValueError(f"--prune must be contribution or hardware, got {cfg.stage!r}")
+    budget, how = fused_budget(cfg.smem_budget, trainer.backend)
+    log(f"fused budget B = {budget} Gaussians a tile: ({how['smem_per_block']} B of shared memory per block "
+        f"({how['smem_source']}) - {how['smem_fixed']} B fixed) // {how['smem_per_gaussian']} B a Gaussian")
+    cameras = [v.camera for v in trainer.data.train]
+    report = {**how, "config": asdict(cfg), "stages": []}
+
+    def statistics():
+        g = trainer.model.gaussians
+        return view_statistics(g, cameras, budget, sh_degree=g.sh_degree(), antialias=trainer.cfg.antialias,
+                               backend=trainer.backend)
+
+    def record(name, before, stats_before, after_stats):
+        entry = {"stage": name, "gaussians_before": before, "gaussians_after": len(trainer.model),
+                 "tiles_within_before": stats_before.eligibility()[0],
+                 "intersections_within_before": stats_before.eligibility()[1],
+                 "tiles_within_after": after_stats.eligibility()[0],
+                 "intersections_within_after": after_stats.eligibility()[1], "step": trainer.step}
+        report["stages"].append(entry)
+        with open(trainer.out / "log.jsonl", "a") as f:  # beside the fine-tuning's records, at its step
+            f.write(json.dumps(entry) + "\n")
+        log(f"{name}: {before} -> {entry['gaussians_after']} Gaussians; tiles within the budget "
+            f"{100 * entry['tiles_within_before']:.1f}% -> {100 * entry['tiles_within_after']:.1f}%, "
+            f"intersections on them {100 * entry['intersections_within_before']:.1f}% -> "
+            f"{100 * entry['intersections_within_after']:.1f}%")
+
+    def remove_and_fine_tune(remove, images):
+        trainer.model.gather(~remove)
+        trainer.fine_tune_from_here(images)
+
+    stats = statistics()
+    before = len(trainer.model)
+    remove_and_fine_tune(~stats.dominant, cfg.fine_tune)
+    after = statistics()
+    record("contribution", before, stats, after)
+    if cfg.stage == "hardware":
+        for r in range(cfg.max_rounds):
+            stats = after
+            if stats.tiles_within == stats.tiles:
+                break
+            before = len(trainer.model)
+            remove_and_fine_tune(removal_mask(stats.pressure, stats.importance, cfg.beta, cfg.eps,
+                                              _backend.array_module(trainer.backend)), cfg.round_fine_tune)
+            after = statistics()
+            record(f"hardware round {r + 1}", before, stats, after)
+    return report

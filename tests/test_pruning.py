@@ -1,0 +1,88 @@
+"""engine/pruning.py and ``run.py prune``: ByteSplat's contribution and hardware-aware pruning.
+The budget, P_t, P_i, Q_i and a round's choice on small cases computed by hand; the command on
+a small trained model (the pruned model loads, exports and trains on)."""
+import json
+
+import numpy as np
+import pytest
+
+import cli
+from engine.pruning import fused_budget, removal_mask, tile_excess, tile_of_intersections
+from numbasplat.math.tiles import H200_SMEM_PER_BLOCK, fused_smem_layout
+from test_cli_evaluate import run as trained  # noqa: F401 (a fixture: a capture and a 20-step training folder)
+
+
+def test_budget_from_the_kernels_layout():
+    fixed, per_gaussian = fused_smem_layout()
+    assert per_gaussian == 4 * 9                      # the fields before depth, float32
+    assert fixed == 4 * (9 * 256 + 12 + 1)            # loss scratch, a gradient row, one flag
+    budget, how = fused_budget(backend="cpu")
+    assert how["smem_per_block"] == H200_SMEM_PER_BLOCK == 232448 and budget == (232448 - fixed) // 36
+    assert fused_budget(20000, backend="cpu")[0] == (20000 - fixed) // 36 == 298
+    assert fused_budget(9000, backend="cpu")[0] == 0  # less than the fixed part: no tile fits
+    with pytest.raises(ValueError, match="--smem-budget"):
+        fused_budget(0, backend="cpu")
+
+
+def test_tile_excess_and_pressure_by_hand():
+    counts = np.array([0, 3, 10, 5])
+    np.testing.assert_allclose(tile_excess(counts, 5), [0, 0, 0.5, 0])
+    # one view's binning: tile 0 holds Gaussians 0, 1; tile 1 holds 0, 2, 3, 1, 4; tile 2 none
+    ranges = np.array([[0, 2], [2, 7], [7, 7]])
+    ids = np.array([0, 1, 0, 2, 3, 1, 4])
+    np.testing.assert_array_equal(tile_of_intersections(ranges), [0, 0, 1, 1, 1, 1, 1])
+    excess = tile_excess(ranges[:, 1] - ranges[:, 0], 3)            # [0, 0.4, 0]
+    pressure = np.bincount(ids, weights=excess[tile_of_intersections(ranges)], minlength=6)
+    np.testing.assert_allclose(pressure, [0.4, 0.4, 0.4, 0.4, 0.4, 0.0])
+
+
+def test_a_round_removes_the_highest_q_and_never_a_gaussian_without_pressure():
+    pressure = np.array([0.0, 0.4, 0.4, 0.2, 0.0, 0.9, 0.1, 0.3, 0.3, 0.5, 0.6])
+    importance = np.array([0.0, 1.0, 0.1, 0.1, 0.0, 1.0, 0.0, 0.5, 0.5, 0.2, 1.0])
+    # Q = P / (I + eps) of the 9 candidates (rows 1-3, 5-10): 0.4, 4, 2, 0.9, 1e5, 0.6, 0.6, 2.5, 0.6
+    assert removal_mask(pressure, importance, 10).nonzero()[0].tolist() == [6]          # 10% of 9: one
+    assert sorted(removal_mask(pressure, importance, 34).nonzero()[0].tolist()) == [2, 6, 9]
+    everything = removal_mask(pressure, importance, 100)
+    assert everything.sum() == 9 and not everything[[0, 4]].any()
+    assert not removal_mask(np.zeros(5), np.ones(5), 50).any()
+
+
+def test_prune_command_writes_a_pruned_model_that_loads_and_trains(trained, tmp_path, capsys):
+    cap, out = trained
+    root = tmp_path
+    pruned = root / "pruned"
+    # a budget of 9268 + 36 * 40 bytes: 40 Gaussians a tile, fewer than the model's crowded tiles hold
+    assert cli.main(["prune", "--model", str(out), "--out", str(pruned), "--smem-budget", str(9268 + 36 * 40),
+                     "--fine-tune", "4", "--round-fine-tune", "2", "--rounds", "2", "--beta", "20"]) == 0
+    text = capsys.readouterr().out
+    assert "fused budget B = 40 Gaussians a tile" in text and "--smem-budget" in text
+    report = json.loads((pruned / "metrics.json").read_text())["pruning"]
+    stages = report["stages"]
+    assert report["budget"] == 40 and stages[0]["stage"] == "contribution" and len(stages) >= 2
+    assert stages[0]["gaussians_after"] < stages[0]["gaussians_before"]  # some Gaussians dominate no pixel
+    for s in stages:
+        assert s["gaussians_after"] <= s["gaussians_before"]
+    hardware = [s for s in stages if s["stage"].startswith("hardware")]
+    assert hardware and hardware[0]["tiles_within_before"] < 1.0
+    assert hardware[-1]["tiles_within_after"] >= hardware[0]["tiles_within_before"]
+    assert report["psnr_before"] is not None and json.loads((pruned / "metrics.json").read_text())["psnr"] > 10
+    log = [json.loads(line) for line in (pruned / "log.jsonl").read_text().splitlines()]
+    assert [r["stage"] for r in log if "stage" in r] == [s["stage"] for s in stages]
+    # the pruned folder is a training folder: export, evaluate and train on
+    ply = sorted((pruned / "point_cloud").glob("iteration_*/point_cloud.ply"))[-1]
+    assert cli.main(["export", "--model", str(pruned), "--ply", str(root / "again.ply")]) == 0
+    assert (root / "again.ply").read_bytes() == ply.read_bytes()
+    step = stages[-1]["step"]
+    assert cli.main(["train", "--data", str(cap), "--white-background", "--out", str(pruned), "--resume",
+                     "--iters", str(step + 4), "--quiet", "--sh-degree", "1"]) == 0
+
+
+def test_prune_errors_name_the_option(trained, tmp_path):
+    _, out = trained
+    root = tmp_path
+    with pytest.raises(SystemExit) as e:
+        cli.main(["prune", "--model", str(out), "--out", str(root / "x"), "--beta", "150"])
+    assert "--beta" in str(e.value)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["prune", "--model", str(out), "--out", str(root / "x"), "--stage", "all"])
+    assert e.value.code == 2
