@@ -44,6 +44,14 @@ def positive(text):
     return value
 
 
+def percent(text):
+    """argparse type: a percentage above 0, at most 100."""
+    value = number(text)
+    if not 0.0 < value <= 100.0:
+        raise argparse.ArgumentTypeError(f"must be a percentage above 0 and at most 100, got {value:g}")
+    return value
+
+
 def nonnegative(text):
     """argparse type: a finite number of at least 0."""
     value = number(text)

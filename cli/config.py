@@ -26,7 +26,7 @@ import tokenize
 import typing
 from pathlib import Path
 
-from .args import count, fraction, nonnegative, positive
+from .args import count, fraction, nonnegative, percent, positive
 
 COMMAND_LINE_ONLY = ("config", "resume", "quiet")  # what this invocation does, not a setting of the run
 NOT_RECORDED = COMMAND_LINE_ONLY + ("out",)         # cfg.json lies in OUT: a copy of the run goes elsewhere
@@ -58,6 +58,9 @@ FLAGS = {
                                    "Adam's betas are raised to the power B)"),
     "background": dict(type=fraction, nargs=3, metavar=("R", "G", "B")),
     "log_every": dict(type=count(1)),
+    "prune": dict(choices=["none", "contribution", "hardware"]),
+    "prune_beta": dict(type=percent, metavar="PCT"),
+    "smem_budget": dict(metavar="BYTES"),
 }
 
 

@@ -7,7 +7,7 @@ log.jsonl) with the test views' renders and metrics.json, which holds the prunin
 budget and how it was derived, the Gaussians and the tiles within the budget at each stage, and
 PSNR/SSIM before and after).  One process: the pruned model then trains under mpiexec as any.
 """
-from .args import add_data_options, count, positive, write_metrics
+from .args import add_data_options, count, percent, write_metrics
 
 
 def cmd_prune(a):
@@ -17,11 +17,9 @@ def cmd_prune(a):
     from .evaluate import trained_model
     if mpi_comm() is not None:
         raise SystemExit("error: prune runs in one process (not under mpiexec): the ranking is over the whole model")
-    if a.beta > 100:
-        raise SystemExit(f"error: --beta is a percentage of the candidates: at most 100, got {a.beta:g}")
-    cfg = PruneConfig(stage=a.stage, fine_tune=a.fine_tune, round_fine_tune=a.round_fine_tune, beta=a.beta,
-                      max_rounds=a.rounds, smem_budget=a.smem_budget)
     t = trained_model(a)
+    cfg = PruneConfig.of(t.cfg, stage=a.stage, fine_tune=a.fine_tune, round_fine_tune=a.round_fine_tune, beta=a.beta,
+                         max_rounds=a.rounds, smem_budget=a.smem_budget)
     before = t.evaluate(lpips=False)
     if before is not None and before["psnr"] is not None:
         print(f"before pruning: test PSNR {before['psnr']:.2f} dB, SSIM {before['ssim']:.4f}, {len(t.model)} Gaussians")
@@ -43,12 +41,14 @@ def add_commands(sub):
                         "fused kernel's budget in rounds (default)")
     p.add_argument("--smem-budget", type=count(1), default=None, metavar="BYTES",
                    help="shared memory per block to fit (default: the GPU's; without a GPU, an H200's)")
-    p.add_argument("--rounds", type=count(0), default=5, help="hardware rounds at most (default 5)")
-    p.add_argument("--beta", type=positive, default=10.0, metavar="PCT",
-                   help="percent of the candidates a hardware round removes (default 10)")
-    p.add_argument("--fine-tune", type=count(0), default=1000, metavar="N",
-                   help="images of fine-tuning after contribution pruning (default 1000)")
-    p.add_argument("--round-fine-tune", type=count(0), default=500, metavar="N",
-                   help="images of fine-tuning after each hardware round (default 500)")
+    p.add_argument("--rounds", type=count(0), default=None, help="hardware rounds at most (default: train's "
+                                                                "--prune-rounds)")
+    p.add_argument("--beta", type=percent, default=None, metavar="PCT",
+                   help="percent of the candidates a hardware round removes (default: train's --prune-beta)")
+    p.add_argument("--fine-tune", type=count(0), default=None, metavar="N",
+                   help="images of fine-tuning after contribution pruning (default: train's --prune-fine-tune)")
+    p.add_argument("--round-fine-tune", type=count(0), default=None, metavar="N",
+                   help="images of fine-tuning after each hardware round (default: train's "
+                        "--prune-round-fine-tune)")
     p.set_defaults(**dict.fromkeys(data_defaults(), None))  # the capture may come from the model's cfg.json
     p.set_defaults(fn=cmd_prune)

@@ -38,6 +38,7 @@ class StoppedTogether(SystemExit):
 def train_model(dataset, a, cfg, settings=None):
     """Train on ``dataset`` with the pipeline for the ranks at hand; ``settings`` (the command's
     options) are written with the trainer's config to ``OUT/cfg.json`` before the first step."""
+    from engine.pruning import train_then_prune
     from engine.trainer import SNAPSHOT, Interrupted
     comm = mpi_comm(batched=getattr(a, "batch_size", None) is not None)
     if comm is not None:
@@ -68,7 +69,8 @@ def train_model(dataset, a, cfg, settings=None):
     if settings is not None and t.is_root:
         write_settings(t.out / "cfg.json", recorded_settings(settings, t, comm))
     try:
-        t.train(progress=not getattr(a, "quiet", False) and (comm is None or comm.Get_rank() == 0))
+        root = comm is None or comm.Get_rank() == 0
+        t.pruning = train_then_prune(t, progress=not getattr(a, "quiet", False) and root)  # (metrics.json's)
     except Interrupted as e:  # SIGINT, SIGTERM or SIGHUP
         if not e.saved:  # a second Ctrl-C
             raise SystemExit(e.exit_code)
@@ -141,7 +143,7 @@ def run_training(a, settings):
     if dataset.test:
         summary = t.evaluate(save_dir=split_dir(a.out, "test", t.step) if a.eval else None)
         if summary is not None:  # rank 0 of a distributed run
-            write_metrics(summary, a.out)
+            write_metrics({**summary, "pruning": t.pruning} if t.pruning else summary, a.out)
     elif root:
         print(f"trained on all {len(dataset.train)} views; no test split{'' if a.eval else ' (use --eval)'}; "
               f"{t.step} steps in {t.train_seconds:.1f} s; snapshot {Path(a.out) / SNAPSHOT}")

@@ -18,7 +18,7 @@ The statistics are computed on the trainer's backend, view by view; the ranking 
 whole model.
 """
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -29,13 +29,44 @@ from numbasplat.tile_loss import fused_layout
 
 @dataclass
 class PruneConfig:
-    stage: str = "hardware"            # "contribution" (stage 2 only) or "hardware" (stages 2 and 3)
-    fine_tune: int = 1000              # I_M: images of fine-tuning after contribution pruning
-    round_fine_tune: int = 500         # I_o: images of fine-tuning after each hardware round
-    beta: float = 10.0                 # percent of the candidates (P_i > 0) a hardware round removes
-    max_rounds: int = 5                # hardware rounds at most
+    """The pruning's settings, made from a ``TrainConfig`` (``of``), whose fields give the defaults."""
+    stage: str                         # "contribution" (stage 2 only) or "hardware" (stages 2 and 3)
+    fine_tune: int                     # I_M: images of fine-tuning after contribution pruning
+    round_fine_tune: int               # I_o: images of fine-tuning after each hardware round
+    beta: float                        # percent of the candidates (P_i > 0) a hardware round removes
+    max_rounds: int                    # hardware rounds at most
+    smem_budget: int | None            # M_budget in bytes (None: the GPU's; on the CPU the H200's)
     eps: float = 1e-6                  # Q_i = P_i / (I_i + eps)
-    smem_budget: int | None = None     # M_budget in bytes (None: the GPU's; on the CPU the H200's)
+
+    @classmethod
+    def of(cls, cfg, **changes):
+        """The pruning settings of a ``TrainConfig``, with ``changes`` (those not None) applied."""
+        made = cls(stage=cfg.prune, fine_tune=cfg.prune_fine_tune, round_fine_tune=cfg.prune_round_fine_tune,
+                   beta=cfg.prune_beta, max_rounds=cfg.prune_rounds, smem_budget=cfg.smem_budget or None)
+        return replace(made, **{k: v for k, v in changes.items() if v is not None})
+
+
+def train_then_prune(trainer, progress=True, log=print):
+    """``trainer.train`` with the pruning its config asks for (``cfg.prune``): stage 1 to
+    ``densify_until``, stages 2 (and 3) with their fine-tuning, then on to ``cfg.iterations``
+    with densification off.  -> the pruning's report, or None where this run did not prune (no
+    pruning asked for, or a resume from past it: a run stopped during the pruning's fine-tuning
+    goes on without its remaining rounds)."""
+    c = trainer.cfg
+    if c.prune == "none":
+        trainer.train(progress=progress)
+        return None
+    if getattr(trainer, "size", 1) > 1:
+        raise ValueError("--prune runs in one process for now (its ranking is over the whole model): "
+                         "prune without mpiexec, then train on under mpiexec")
+    total, at = c.iterations, min(c.densify_until, c.iterations)
+    report = None
+    if trainer.step <= at:
+        trainer.train(progress=progress, until=at)
+        report = prune_model(trainer, PruneConfig.of(c), log=log if trainer.is_root else (lambda *a: None))
+    c.iterations = max(total, trainer.step)
+    trainer.train(progress=progress)
+    return report
 
 
 def tile_excess(counts, budget, xp=np):

@@ -74,6 +74,15 @@ class TrainConfig:
     prune_opacity: float = 0.005      # default strategy: prune Gaussians less opaque than this
     percent_dense: float = 0.01       # default strategy: Gaussians larger than this (x scene scale) split,
                                       # smaller ones clone
+    prune: str = "none"               # ByteSplat's pruning at densify_until (engine/pruning.py): none, contribution,
+                                      # or hardware (then to the fused kernel's budget); its fine-tuning counts
+                                      # in the iterations
+    prune_fine_tune: int = 1000       # pruning: images of fine-tuning after contribution pruning (I_M)
+    prune_round_fine_tune: int = 500  # pruning: images of fine-tuning after each hardware round (I_o)
+    prune_beta: float = 10.0          # pruning: percent of the candidates a hardware round removes
+    prune_rounds: int = 5             # pruning: hardware rounds at most
+    smem_budget: int = 0              # pruning: shared memory per block to fit, bytes (0: the GPU's; an H200's
+                                      # without a GPU)
     batch_lr_exponent: float = 0.5    # at batch B the learning rates are scaled by B ** this (Grendel: sqrt)
     random_background: bool = False   # render each step on a random background colour (the targets keep theirs)
     background: tuple = (0.0, 0.0, 0.0)  # the background colour, RGB in [0, 1]

@@ -77,12 +77,43 @@ def test_prune_command_writes_a_pruned_model_that_loads_and_trains(trained, tmp_
                      "--iters", str(step + 4), "--quiet", "--sh-degree", "1"]) == 0
 
 
-def test_prune_errors_name_the_option(trained, tmp_path):
+def test_prune_errors_name_the_option(trained, tmp_path, capsys):
     _, out = trained
     root = tmp_path
-    with pytest.raises(SystemExit) as e:
-        cli.main(["prune", "--model", str(out), "--out", str(root / "x"), "--beta", "150"])
-    assert "--beta" in str(e.value)
-    with pytest.raises(SystemExit) as e:
-        cli.main(["prune", "--model", str(out), "--out", str(root / "x"), "--stage", "all"])
-    assert e.value.code == 2
+    for flag, value, message in (("--beta", "150", "must be a percentage above 0 and at most 100, got 150"),
+                                 ("--stage", "all", "invalid choice: 'all'")):
+        with pytest.raises(SystemExit) as e:
+            cli.main(["prune", "--model", str(out), "--out", str(root / "x"), flag, value])
+        assert e.value.code == 2 and f"argument {flag}: {message}" in capsys.readouterr().err
+
+
+def test_train_with_prune_runs_the_stages_within_the_iterations(trained, tmp_path):
+    """``train --prune hardware``: stage 1 to densify_until, the pruning and its fine-tuning, then on
+    to --iters with densification off; a resume past the pruning does not prune again."""
+    cap, _ = trained
+    out = tmp_path / "run"
+    args = ["train", "--data", str(cap), "--white-background", "--out", str(out), "--quiet", "--sh-degree", "1",
+            "--init-points", "500", "--eval", "--densify-from", "4", "--densify-every", "4", "--densify-until", "16",
+            "--prune", "hardware", "--prune-fine-tune", "4", "--prune-round-fine-tune", "2", "--prune-rounds", "2",
+            "--prune-beta", "20", "--smem-budget", str(9268 + 36 * 40)]
+    assert cli.main([*args, "--iters", "40"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    stages = metrics["pruning"]["stages"]
+    assert metrics["iterations"] == 40 and stages[0]["stage"] == "contribution" and stages[0]["step"] == 20
+    assert metrics["gaussians"] == stages[-1]["gaussians_after"] < stages[0]["gaussians_before"]
+    assert json.loads((out / "cfg.json").read_text())["prune"] == "hardware"
+    assert cli.main([*args, "--iters", "44", "--resume"]) == 0
+    again = json.loads((out / "metrics.json").read_text())
+    assert again["iterations"] == 44 and "pruning" not in again and again["gaussians"] == metrics["gaussians"]
+
+
+def test_train_with_prune_under_mpiexec_is_one_clear_error(trained, tmp_path):
+    import subprocess
+    import sys
+    from conftest import REPO_ROOT, mpiexec_path
+    cap, _ = trained
+    r = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, "run.py", "train", "--data", str(cap),
+                        "--white-background", "--out", str(tmp_path / "o"), "--iters", "8", "--quiet",
+                        "--prune", "contribution"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+                       env={"NUMBASPLAT_BACKEND": "cpu", "PATH": "/usr/bin:/bin"})
+    assert r.returncode != 0 and "--prune runs in one process" in r.stderr + r.stdout, r.stderr
