@@ -16,7 +16,7 @@ def cmd_prune(a):
     from .args import mpi_comm
     from .evaluate import trained_model
     if mpi_comm() is not None:
-        raise SystemExit("error: prune runs in one process (not under mpiexec): the ranking is over the whole model")
+        raise SystemExit("error: prune runs in one process, not under mpiexec (train --prune prunes under mpiexec)")
     t = trained_model(a)
     cfg = PruneConfig.of(t.cfg, stage=a.stage, fine_tune=a.fine_tune, round_fine_tune=a.round_fine_tune, beta=a.beta,
                          max_rounds=a.rounds, smem_budget=a.smem_budget)

@@ -104,6 +104,9 @@ class GaussianExchangeTrainer(Trainer):
     def barrier(self):
         self.comm.Barrier()
 
+    def from_root(self, value):
+        return self.comm.bcast(value, root=0)
+
     def check_ranks_agree(self):
         """Different options on one rank (say ``--iters``) or other files would hang a collective
         or train silently wrong: every rank compares its configuration, its pipeline's options, the

@@ -14,8 +14,8 @@ After ordinary training (stage 1, up to the end of densification):
   eps).  A round removes the ``beta`` percent of the candidates (P_i > 0) of highest Q_i and
   fine-tunes; rounds go on until every tile of every view fits, or ``max_rounds``.
 
-The statistics are computed on the trainer's backend, view by view; the ranking is one over the
-whole model.
+The statistics are computed on the trainer's backend, view by view, by the root rank for the
+whole model: one ranking, whatever the number of ranks; the shards are cut anew after each removal.
 """
 import json
 from dataclasses import asdict, dataclass, replace
@@ -56,9 +56,6 @@ def train_then_prune(trainer, progress=True, log=print):
     if c.prune == "none":
         trainer.train(progress=progress)
         return None
-    if getattr(trainer, "size", 1) > 1:
-        raise ValueError("--prune runs in one process for now (its ranking is over the whole model): "
-                         "prune without mpiexec, then train on under mpiexec")
     total, at = c.iterations, min(c.densify_until, c.iterations)
     report = None
     if trainer.step <= at:
@@ -163,31 +160,38 @@ def prune_model(trainer, cfg: PruneConfig, log=print):
     cameras = [v.camera for v in trainer.data.train]
     report = {**how, "config": asdict(cfg), "stages": []}
 
-    def statistics():
-        g = trainer.model.gaussians
-        return view_statistics(g, cameras, budget, sh_degree=g.sh_degree(), antialias=trainer.cfg.antialias,
-                               backend=trainer.backend)
+    def statistics():  # of the whole model, on the root: one ranking, whatever the ranks
+        whole = trainer.whole_model()
+        stats = None
+        if whole is not None:
+            g = whole.gaussians
+            stats = view_statistics(g, cameras, budget, sh_degree=g.sh_degree(), antialias=trainer.cfg.antialias,
+                                    backend=trainer.backend)
+            stats = ViewStatistics(**{k: _backend.to_host(v) if hasattr(v, "shape") else v
+                                      for k, v in vars(stats).items()})
+        return trainer.from_root(stats)
 
     def record(name, before, stats_before, after_stats):
-        entry = {"stage": name, "gaussians_before": before, "gaussians_after": len(trainer.model),
+        entry = {"stage": name, "gaussians_before": before, "gaussians_after": len(after_stats.dominant),
                  "tiles_within_before": stats_before.eligibility()[0],
                  "intersections_within_before": stats_before.eligibility()[1],
                  "tiles_within_after": after_stats.eligibility()[0],
                  "intersections_within_after": after_stats.eligibility()[1], "step": trainer.step}
         report["stages"].append(entry)
-        with open(trainer.out / "log.jsonl", "a") as f:  # beside the fine-tuning's records, at its step
-            f.write(json.dumps(entry) + "\n")
+        if trainer.is_root:
+            with open(trainer.out / "log.jsonl", "a") as f:  # beside the fine-tuning's records, at its step
+                f.write(json.dumps(entry) + "\n")
         log(f"{name}: {before} -> {entry['gaussians_after']} Gaussians; tiles within the budget "
             f"{100 * entry['tiles_within_before']:.1f}% -> {100 * entry['tiles_within_after']:.1f}%, "
             f"intersections on them {100 * entry['intersections_within_before']:.1f}% -> "
             f"{100 * entry['intersections_within_after']:.1f}%")
 
     def remove_and_fine_tune(remove, images):
-        trainer.model.gather(~remove)
+        remove_rows(trainer, remove)
         trainer.fine_tune_from_here(images)
 
     stats = statistics()
-    before = len(trainer.model)
+    before = len(stats.dominant)
     remove_and_fine_tune(~stats.dominant, cfg.fine_tune)
     after = statistics()
     record("contribution", before, stats, after)
@@ -196,9 +200,23 @@ def prune_model(trainer, cfg: PruneConfig, log=print):
             stats = after
             if stats.tiles_within == stats.tiles:
                 break
-            before = len(trainer.model)
+            before = len(stats.dominant)
             remove_and_fine_tune(removal_mask(stats.pressure, stats.importance, cfg.beta, cfg.eps,
-                                              _backend.array_module(trainer.backend)), cfg.round_fine_tune)
+                                              np), cfg.round_fine_tune)
             after = statistics()
             record(f"hardware round {r + 1}", before, stats, after)
     return report
+
+
+def remove_rows(trainer, remove):
+    """Remove the whole model's rows where ``remove`` (host bool) is set, with their Adam moments,
+    and start the pipeline again from what is left (under MPI the shards are cut anew, even).
+    Collective."""
+    gathered = trainer.gather_state()
+    state = None
+    if gathered is not None:
+        model_state, _ = gathered  # the strategy's statistics start afresh (fine_tune_from_here)
+        keep = ~np.asarray(remove)
+        state = {**{w: {g: a[keep] for g, a in model_state[w].items()} for w in ("params", "m", "v")},
+                 "step": model_state["step"]}
+    trainer.start_from(trainer.from_root(state))

@@ -389,6 +389,11 @@ class Trainer(ABC):
     def barrier(self):
         """Wait for every rank (a pipeline of one process has none to wait for)."""
 
+    def from_root(self, value):
+        """``value`` as the root rank has it, on every rank (a pipeline of one process has it).
+        Collective."""
+        return value
+
     def check_ranks_agree(self):
         """Stop with one message if the ranks were given different options or see other data
         (a pipeline of one process has nothing to compare).  Collective."""

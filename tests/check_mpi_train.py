@@ -11,6 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from comm import abort_on_error  # noqa: E402
 from engine.demo import make_dataset  # noqa: E402
 from engine.gaussian_exchange import GaussianExchangeTrainer  # noqa: E402
+from engine.pruning import train_then_prune  # noqa: E402
 from engine import trainer  # noqa: E402
 from engine.trainer import TrainConfig  # noqa: E402
 
@@ -43,6 +44,9 @@ with abort_on_error(comm):
         cfg.loss = "tile"
     if "cap" in sys.argv:  # --max-gaussians is the whole model's cap, whatever the rank count
         cfg.max_gaussians = 330
+    if "prune" in sys.argv:  # ByteSplat's pruning at step 16 (one ranking on the root), fine-tuned within the 32
+        cfg.densify_until, cfg.prune, cfg.smem_budget = 16, "hardware", 9268 + 36 * 5  # 5 Gaussians a tile
+        cfg.prune_fine_tune, cfg.prune_round_fine_tune, cfg.prune_rounds = 4, 4, 2
     small = "small" in sys.argv  # two batches of two views, 100 Gaussians: what the simulator can afford
     if small:
         cfg.iterations, cfg.n_random_init = 4, 100
@@ -53,8 +57,10 @@ with abort_on_error(comm):
     s.reset_at_start = False  # a reset right after the first steps leaves rounding-level SH gradients to Adam
     if "no-densify" in sys.argv:
         s.refine_start = 10**9
-    t.train(progress=False)
+    report = train_then_prune(t, progress=False, log=lambda *a: None)
     params = t.gathered()
     if comm.Get_rank() == 0:
         np.savez(out / "final.npz", **params)
         print("gaussians", len(params["means"]), "stats", {k: v for k, v in t.stats.items() if k != "times"})
+        if report:
+            print("pruning", [(s["stage"], s["gaussians_before"], s["gaussians_after"]) for s in report["stages"]])
