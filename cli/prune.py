@@ -20,14 +20,8 @@ def cmd_prune(a):
     t = trained_model(a)
     cfg = PruneConfig.of(t.cfg, stage=a.stage, fine_tune=a.fine_tune, round_fine_tune=a.round_fine_tune, beta=a.beta,
                          max_rounds=a.rounds, smem_budget=a.smem_budget)
-    before = t.evaluate(lpips=False)
-    if before is not None and before["psnr"] is not None:
-        print(f"before pruning: test PSNR {before['psnr']:.2f} dB, SSIM {before['ssim']:.4f}, {len(t.model)} Gaussians")
     report = prune_model(t, cfg)
-    summary = t.evaluate(save_dir=split_dir(t.out, "test", t.step))
-    summary["pruning"] = {**report, "psnr_before": before and before["psnr"], "ssim_before": before and before["ssim"],
-                          "gaussians_before": report["stages"][0]["gaussians_before"]}
-    write_metrics(summary, t.out)
+    write_metrics({**t.evaluate(save_dir=split_dir(t.out, "test", t.step)), "pruning": report}, t.out)
 
 
 def add_commands(sub):

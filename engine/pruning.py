@@ -150,8 +150,8 @@ def fused_budget(smem_budget=None, backend=None):
 def prune_model(trainer, cfg: PruneConfig, log=print):
     """Stages 2 and (``cfg.stage == "hardware"``) 3 on ``trainer``'s model, fine-tuning it through
     ``trainer.train`` with densification and opacity resets off.  Returns the report: the budget
-    and how it was derived, and for each stage the Gaussians and the fusion eligibility before and
-    after."""
+    and how it was derived, for each stage the Gaussians and the fusion eligibility before and
+    after, and the test views' PSNR and SSIM before and after (None without test views)."""
     if cfg.stage not in ("contribution", "hardware"):
         raise ValueError(f"--prune must be contribution or hardware, got {cfg.stage!r}")
     budget, how = fused_budget(cfg.smem_budget, trainer.backend)
@@ -190,6 +190,14 @@ def prune_model(trainer, cfg: PruneConfig, log=print):
         remove_rows(trainer, remove)
         trainer.fine_tune_from_here(images)
 
+    def quality(when):  # the test views' PSNR and SSIM, on the root (collective; none without test views)
+        summary = trainer.evaluate(lpips=False) if trainer.data.test else None
+        if summary is None:
+            return None
+        log(f"{when} pruning: test PSNR {summary['psnr']:.2f} dB, SSIM {summary['ssim']:.4f}")
+        return {"psnr": summary["psnr"], "ssim": summary["ssim"]}
+
+    report["test_before"] = quality("before")
     stats = statistics()
     before = len(stats.dominant)
     remove_and_fine_tune(~stats.dominant, cfg.fine_tune)
@@ -205,6 +213,7 @@ def prune_model(trainer, cfg: PruneConfig, log=print):
                                               np), cfg.round_fine_tune)
             after = statistics()
             record(f"hardware round {r + 1}", before, stats, after)
+    report["test_after"] = quality("after")
     return report
 
 

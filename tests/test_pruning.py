@@ -65,7 +65,8 @@ def test_prune_command_writes_a_pruned_model_that_loads_and_trains(trained, tmp_
     hardware = [s for s in stages if s["stage"].startswith("hardware")]
     assert hardware and hardware[0]["tiles_within_before"] < 1.0
     assert hardware[-1]["tiles_within_after"] >= hardware[0]["tiles_within_before"]
-    assert report["psnr_before"] is not None and json.loads((pruned / "metrics.json").read_text())["psnr"] > 10
+    after = json.loads((pruned / "metrics.json").read_text())["psnr"]
+    assert report["test_before"]["psnr"] > 10 and abs(report["test_after"]["psnr"] - after) < 1e-6
     log = [json.loads(line) for line in (pruned / "log.jsonl").read_text().splitlines()]
     assert [r["stage"] for r in log if "stage" in r] == [s["stage"] for s in stages]
     # the pruned folder is a training folder: export, evaluate and train on
@@ -102,6 +103,7 @@ def test_train_with_prune_runs_the_stages_within_the_iterations(trained, tmp_pat
     assert metrics["iterations"] == 40 and stages[0]["stage"] == "contribution" and stages[0]["step"] == 20
     assert metrics["gaussians"] == stages[-1]["gaussians_after"] < stages[0]["gaussians_before"]
     assert json.loads((out / "cfg.json").read_text())["prune"] == "hardware"
+    assert metrics["pruning"]["test_before"]["psnr"] > 10 and metrics["pruning"]["test_after"]["psnr"] > 10
     assert cli.main([*args, "--iters", "44", "--resume"]) == 0
     again = json.loads((out / "metrics.json").read_text())
     assert again["iterations"] == 44 and "pruning" not in again and again["gaussians"] == metrics["gaussians"]
