@@ -23,7 +23,7 @@ from numbasplat.tile_loss import s3im_permutations  # noqa: E402
 from tests.scenes import edge_case_scene, look_at_camera  # noqa: E402
 
 
-SPILL = 16  # records of the crowded tile that the smaller cache holds besides one load batch
+SPILL = 8  # records of the crowded tile that the smaller cache holds besides one load batch
 
 
 def rel(a, b):
@@ -44,7 +44,8 @@ def run(g, cam, target, perms, backend, want_image=True, **kw):
 def main(repeats=3):
     failures = []
     # the last scene crowds over 256 Gaussians (more than one load batch) onto the middle tile
-    for i, (W, H, n) in enumerate(((37, 29, 30), (48, 32, 30), (48, 16, 290))):
+    # (the first scene's size is no multiple of the tile: its last column and row are cut)
+    for i, (W, H, n) in enumerate(((37, 29, 30), (48, 16, 276))):
         g = edge_case_scene(n=n, seed=20 + i, dtype=np.float32)
         cam = look_at_camera(W=W, H=H, f=10.0)  # wide: the border tiles are empty
         target = np.random.default_rng(i).random((H, W, 3)).astype(np.float32)

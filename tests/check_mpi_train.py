@@ -47,9 +47,9 @@ with abort_on_error(comm):
     if "prune" in sys.argv:  # ByteSplat's pruning at step 16 (one ranking on the root), fine-tuned within the 32
         cfg.densify_until, cfg.prune, cfg.smem_budget = 16, "hardware", 9268 + 36 * 5  # 5 Gaussians a tile
         cfg.prune_fine_tune, cfg.prune_round_fine_tune, cfg.prune_rounds = 4, 4, 2
-    small = "small" in sys.argv  # two batches of two views, 100 Gaussians: what the simulator can afford
+    small = "small" in sys.argv  # one batch of two views, 100 Gaussians: what the simulator can afford
     if small:
-        cfg.iterations, cfg.n_random_init = 4, 100
+        cfg.iterations, cfg.n_random_init = 2, 100
     batch = 1 if "b1" in sys.argv else 2 if small else 4  # b1: every view split across the ranks
     t = GaussianExchangeTrainer(ds, out, cfg, comm, batch_size=batch, grad_comm=grad_comm, backend=backend)
     s = t.strategy

