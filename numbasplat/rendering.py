@@ -184,7 +184,7 @@ def route_plan(p: Projection, view, first_tile, bounds, plan, backend=None):
     kernels, xp = _dispatch(backend)
     if len(p.proj):
         tx, ty = p.camera.tiles
-        if isinstance(bounds, np.ndarray) or xp is np:  # (new bounds every step: not a cached constant)
+        if not isinstance(bounds, xp.ndarray):  # (new bounds every step: not a cached constant)
             bounds = xp.asarray(np.asarray(bounds, np.int64))
         kernels.route(p.proj, p.counts, TILE, tx, ty, first_tile, bounds, view, plan)
 
