@@ -15,29 +15,37 @@ def cmd_bench(a):
 
 
 def cmd_scaling(a):
-    """Training images/s and phases on a benchmark scene or a dataset (engine/scaling.py)."""
+    """Training images/s and phases on a benchmark scene, a dataset or a trained model (engine/scaling.py)."""
     if a.scene is not None and not os.path.isfile(a.scene):
         raise SystemExit(f"error: benchmark scene not found: {a.scene} (make one with shared/bench/scene_gen.py)")
+    import tempfile
     from engine import scaling
     comm = mpi_comm(batched=a.pipeline == "gaussian-exchange")
     if a.pipeline == "single" and comm is not None:
         raise ValueError(f"--pipeline single runs on one rank, not {comm.Get_size()}: leave it out under mpiexec")
     options = dict(iters=a.iters, warmup=a.warmup, grad_comm=a.grad_comm, transport=a.transport,
                    model_ranks=a.model_ranks, link_gbs=a.link_gbs or scaling.NVLINK_GBS,
-                   balanced=a.model_bounds == "balanced")
-    if comm is None:
-        return scaling.run(_workload(a, scaling), **options)
-    from comm import abort_on_error
-    from engine.distributed import select_device
-    with abort_on_error(comm):
-        select_device(comm)
-        scaling.run(_workload(a, scaling), comm=comm, **options)
+                   balanced=a.model_bounds == "balanced", loss=a.loss)
+    with tempfile.TemporaryDirectory(prefix="scaling-") as tmp:  # --model's trainer writes nothing there
+        if comm is None:
+            return scaling.run(_workload(a, scaling, tmp), **options)
+        from comm import abort_on_error
+        from engine.distributed import select_device
+        with abort_on_error(comm):
+            select_device(comm)
+            scaling.run(_workload(a, scaling, tmp), comm=comm, **options)
 
 
-def _workload(a, scaling):
-    """What ``scaling`` trains on: ``--scene``'s renders or ``--data``'s training views."""
+def _workload(a, scaling, tmp):
+    """What ``scaling`` trains on: ``--scene``'s renders, ``--data``'s training views, or ``--model``
+    on the training views of its capture (as its cfg.json records it)."""
     if a.scene is not None:
         return scaling.scene_workload(a.scene, a.views)
+    if a.model is not None:
+        import argparse
+        from .evaluate import data_defaults, trained_model
+        capture = argparse.Namespace(**dict.fromkeys(data_defaults()), model=a.model, out=tmp)  # as cfg.json has them
+        return scaling.model_workload(trained_model(capture), a.views)
     return scaling.data_workload(a.data, a.views)
 
 
@@ -211,8 +219,13 @@ def add_commands(sub):
     what.add_argument("--scene", help=".npz written by shared/bench/scene_gen.py (trains on renders of it)")
     what.add_argument("--data", help="a dataset folder with the ground-truth Gaussians in ground_truth.ply "
                                      "(run.py synth writes one), at full resolution")
+    what.add_argument("--model", help="a training folder or snapshot: its model as trained, on its capture's "
+                                      "training views (as its cfg.json records them)")
     c.add_argument("--views", type=count(1), default=None,
-                   help="--scene: renders to train on (default 8); --data: the first N training views (default all)")
+                   help="--scene: renders to train on (default 8); --data, --model: the first N training views "
+                        "(default all)")
+    c.add_argument("--loss", choices=["global", "tile"], default="global",
+                   help="the training loss (tile: the fused kernel on GPUs)")
     c.add_argument("--iters", type=count(1), default=30, help="timed steps")
     c.add_argument("--warmup", type=count(0), default=5)
     c.add_argument("--pipeline", choices=["auto", "single", "gaussian-exchange"], default="auto",

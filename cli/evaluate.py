@@ -70,18 +70,24 @@ def data_defaults():
     return {k: v for k, v in vars(p.parse_args([])).items() if k != "out"}
 
 
+def recorded_settings(a):
+    """The settings that the training folder of ``--model`` recorded in its cfg.json ({} where it has none)."""
+    folder = model_folder(a)
+    if folder is None or not (folder / "cfg.json").is_file():
+        return {}
+    try:
+        return read_mapping(folder / "cfg.json")
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}")
+
+
 def fill_capture_options(a):
     """Set the capture options of ``a`` that the command line left None: from the training folder's
     cfg.json where it records them, else their defaults.  ``background`` (a setting of the run,
     not a flag of these commands) comes from there too, unless ``--[no-]white-background`` is given.  The test split: the recorded
     ``--test-every``, else every ``HOLD_OUT_EVERY``-th view (the ``--eval`` split)."""
     folder = model_folder(a)
-    recorded = {}
-    if folder is not None and (folder / "cfg.json").is_file():
-        try:
-            recorded = read_mapping(folder / "cfg.json")
-        except ConfigError as e:
-            raise SystemExit(f"error: {e}")
+    recorded = recorded_settings(a)
     # the recorded background, unless --white-background or --no-white-background says otherwise
     a.background = recorded.get("background") if a.white_background is None else None
     for name, default in data_defaults().items():

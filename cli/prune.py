@@ -2,11 +2,14 @@
 
 As the paper applies it after convergence: the model of ``--model`` (its snapshot) is pruned by
 contribution, fine-tuned, then pruned in rounds to the fused kernel's shared-memory budget, each
-round fine-tuned; the result goes to ``--out`` as a training folder (snapshot, PLY, cameras.json,
-log.jsonl) with the test views' renders and metrics.json, which holds the pruning's report (the
+round fine-tuned with the settings the model trained with (its cfg.json); the result goes to
+``--out`` as a training folder (cfg.json, snapshot, PLY, cameras.json, log.jsonl) with the test views' renders and metrics.json, which holds the pruning's report (the
 budget and how it was derived, the Gaussians and the tiles within the budget at each stage, and
 PSNR/SSIM before and after).  One process: the pruned model then trains under mpiexec as any.
 """
+from dataclasses import asdict, fields
+from pathlib import Path
+
 from .args import add_data_options, count, percent, write_metrics
 
 
@@ -14,10 +17,18 @@ def cmd_prune(a):
     from engine.outputs import split_dir
     from engine.pruning import PruneConfig, prune_model
     from .args import mpi_comm
-    from .evaluate import trained_model
+    from .config import write_settings
+    from .evaluate import data_defaults, recorded_settings, trained_model
     if mpi_comm() is not None:
         raise SystemExit("error: prune runs in one process, not under mpiexec (train --prune prunes under mpiexec)")
+    recorded = recorded_settings(a)  # (before trained_model, which may make --out the model's folder)
     t = trained_model(a)
+    fine_tuning = {f.name for f in fields(t.cfg)} - {"sh_degree", "iterations", "background"}
+    for name in fine_tuning & recorded.keys():  # fine-tune as the model trained (its loss, rates, ...)
+        setattr(t.cfg, name, tuple(recorded[name]) if isinstance(recorded[name], list) else recorded[name])
+    capture = {name: getattr(a, name) for name in data_defaults()}
+    capture["data"] = str(Path(a.data).resolve())
+    write_settings(t.out / "cfg.json", {**recorded, **capture, **asdict(t.cfg)})  # eval, render, scaling read it
     cfg = PruneConfig.of(t.cfg, stage=a.stage, fine_tune=a.fine_tune, round_fine_tune=a.round_fine_tune, beta=a.beta,
                          max_rounds=a.rounds, smem_budget=a.smem_budget)
     report = prune_model(t, cfg)

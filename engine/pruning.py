@@ -151,7 +151,9 @@ def prune_model(trainer, cfg: PruneConfig, log=print):
     """Stages 2 and (``cfg.stage == "hardware"``) 3 on ``trainer``'s model, fine-tuning it through
     ``trainer.train`` with densification and opacity resets off.  Returns the report: the budget
     and how it was derived, for each stage the Gaussians and the fusion eligibility before and
-    after, and the test views' PSNR and SSIM before and after (None without test views)."""
+    after, the fine-tuning's time a step, and the test views' PSNR and SSIM before and after each
+    stage (None without test views): a run of many rounds traces quality and speed against the
+    share of Gaussians removed."""
     if cfg.stage not in ("contribution", "hardware"):
         raise ValueError(f"--prune must be contribution or hardware, got {cfg.stage!r}")
     budget, how = fused_budget(cfg.smem_budget, trainer.backend)
@@ -171,12 +173,24 @@ def prune_model(trainer, cfg: PruneConfig, log=print):
                                       for k, v in vars(stats).items()})
         return trainer.from_root(stats)
 
-    def record(name, before, stats_before, after_stats):
-        entry = {"stage": name, "gaussians_before": before, "gaussians_after": len(after_stats.dominant),
-                 "tiles_within_before": stats_before.eligibility()[0],
-                 "intersections_within_before": stats_before.eligibility()[1],
-                 "tiles_within_after": after_stats.eligibility()[0],
-                 "intersections_within_after": after_stats.eligibility()[1], "step": trainer.step}
+    def quality(when):  # the test views' PSNR and SSIM, on the root (collective; none without test views)
+        summary = trainer.evaluate(lpips=False) if trainer.data.test else None
+        if summary is None:
+            return None
+        log(f"{when}: test PSNR {summary['psnr']:.2f} dB, SSIM {summary['ssim']:.4f}")
+        return {"psnr": summary["psnr"], "ssim": summary["ssim"]}
+
+    def stage(name, stats, remove, images):
+        """Remove ``remove``'s rows, fine-tune ``images`` steps, and record the stage: -> the statistics after."""
+        before, seconds = len(stats.dominant), trainer.train_seconds
+        remove_rows(trainer, remove)
+        trainer.fine_tune_from_here(images)
+        step_ms = 1e3 * (trainer.train_seconds - seconds) / images if images else None
+        after = statistics()
+        entry = {"stage": name, "gaussians_before": before, "gaussians_after": len(after.dominant),
+                 "tiles_within_before": stats.eligibility()[0], "intersections_within_before": stats.eligibility()[1],
+                 "tiles_within_after": after.eligibility()[0], "intersections_within_after": after.eligibility()[1],
+                 "step": trainer.step, "fine_tune_step_ms": step_ms, "test": quality(f"after {name}")}
         report["stages"].append(entry)
         if trainer.is_root:
             with open(trainer.out / "log.jsonl", "a") as f:  # beside the fine-tuning's records, at its step
@@ -184,36 +198,20 @@ def prune_model(trainer, cfg: PruneConfig, log=print):
         log(f"{name}: {before} -> {entry['gaussians_after']} Gaussians; tiles within the budget "
             f"{100 * entry['tiles_within_before']:.1f}% -> {100 * entry['tiles_within_after']:.1f}%, "
             f"intersections on them {100 * entry['intersections_within_before']:.1f}% -> "
-            f"{100 * entry['intersections_within_after']:.1f}%")
+            f"{100 * entry['intersections_within_after']:.1f}%"
+            + (f"; fine-tuning {step_ms:.2f} ms a step" if step_ms is not None else ""))
+        return after
 
-    def remove_and_fine_tune(remove, images):
-        remove_rows(trainer, remove)
-        trainer.fine_tune_from_here(images)
-
-    def quality(when):  # the test views' PSNR and SSIM, on the root (collective; none without test views)
-        summary = trainer.evaluate(lpips=False) if trainer.data.test else None
-        if summary is None:
-            return None
-        log(f"{when} pruning: test PSNR {summary['psnr']:.2f} dB, SSIM {summary['ssim']:.4f}")
-        return {"psnr": summary["psnr"], "ssim": summary["ssim"]}
-
-    report["test_before"] = quality("before")
+    report["test_before"] = quality("before pruning")
     stats = statistics()
-    before = len(stats.dominant)
-    remove_and_fine_tune(~stats.dominant, cfg.fine_tune)
-    after = statistics()
-    record("contribution", before, stats, after)
+    after = stage("contribution", stats, ~stats.dominant, cfg.fine_tune)
     if cfg.stage == "hardware":
         for r in range(cfg.max_rounds):
-            stats = after
-            if stats.tiles_within == stats.tiles:
+            if after.tiles_within == after.tiles:
                 break
-            before = len(stats.dominant)
-            remove_and_fine_tune(removal_mask(stats.pressure, stats.importance, cfg.beta, cfg.eps,
-                                              np), cfg.round_fine_tune)
-            after = statistics()
-            record(f"hardware round {r + 1}", before, stats, after)
-    report["test_after"] = quality("after")
+            after = stage(f"hardware round {r + 1}", after,
+                          removal_mask(after.pressure, after.importance, cfg.beta, cfg.eps, np), cfg.round_fine_tune)
+    report["test_after"] = report["stages"][-1]["test"]
     return report
 
 

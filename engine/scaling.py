@@ -20,7 +20,7 @@ table needs.
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -49,10 +49,12 @@ TILE_BYTES = 4 * 3 * TILE_PIXELS         # a rendered RGB tile, float32
 
 @dataclass
 class Workload:
-    """What to train on: a ``data.Dataset``, the Gaussians' arrays to start from, and its name."""
+    """What to train on: a ``data.Dataset``, the Gaussians' arrays to start from, and its name;
+    ``settings``: ``TrainConfig`` fields the model was trained with (its background)."""
     data: object
     start: dict
     name: str
+    settings: dict = field(default_factory=dict)
 
 
 def synthetic_capture(g, cam, views, backend=None):
@@ -113,15 +115,28 @@ def data_workload(folder, views=None):
     return Workload(data, perturbed(load_ply(ply)), f"{folder}, {len(data.train)} training views")
 
 
+def model_workload(trainer, views=None):
+    """A trained model as it stands (``trainer``'s, after ``cli.evaluate.trained_model``) on its
+    capture's first ``views`` training views (None: all): how fast its steps are, pruned or not."""
+    from dataclasses import replace
+    d = trainer.data
+    data = replace(d, train=d.train[:views] if views else d.train, test=[])
+    g = trainer.model.gaussians
+    start = {k: _backend.to_host(a) for k, a in g.arrays().items()}
+    return Workload(data, start, f"the model of {trainer.out}, {len(data.train)} training views",
+                    {"background": trainer.cfg.background})
+
+
 def run(workload, iters=30, warmup=5, comm=None, grad_comm="sparse", transport="auto", backend=None,
-        model_ranks=(), link_gbs=NVLINK_GBS, balanced=True, out=print):
+        model_ranks=(), link_gbs=NVLINK_GBS, balanced=True, loss="global", out=print):
     """Train ``workload`` (or a benchmark scene's path) and report: images per second, the phase
     table per rank, and on one rank the peak device memory and, for each of ``model_ranks``, the
     bytes a step of the Gaussian-exchange pipeline would move over that many ranks and the step
     time the cost model (``predict_step``) gives for them.  ``comm``: the ranks (None: the
     single-GPU pipeline; ``COMM_SELF``: the batched one on one rank).  ``balanced``: the modelled
     renderers' tile ranges balance the batch's intersections (else even).  Returns the report's
-    numbers (rank 0's; the others return None)."""
+    numbers (rank 0's; the others return None).  ``loss``: the training loss (``tile``: the fused
+    kernel on GPUs)."""
     from engine.trainer import TrainConfig
     if not isinstance(workload, Workload):
         workload = scene_workload(workload, backend=backend)
@@ -133,7 +148,8 @@ def run(workload, iters=30, warmup=5, comm=None, grad_comm="sparse", transport="
     start = workload.start
     n = len(start["means"])
     degree = ns.Gaussians(**start).sh_degree()
-    cfg = TrainConfig(iterations=10**9, sh_degree=degree, sh_increase_every=1, densify_until=0, snapshot_every=0)
+    cfg = TrainConfig(iterations=10**9, sh_degree=degree, sh_increase_every=1, densify_until=0, snapshot_every=0,
+                      loss=loss, **workload.settings)
     with tempfile.TemporaryDirectory() as tmp:
         if comm is None:
             from engine.single_gpu import SingleGPUTrainer

@@ -62,17 +62,26 @@ def test_prune_command_writes_a_pruned_model_that_loads_and_trains(trained, tmp_
     assert stages[0]["gaussians_after"] < stages[0]["gaussians_before"]  # some Gaussians dominate no pixel
     for s in stages:
         assert s["gaussians_after"] <= s["gaussians_before"]
+    for s in stages:  # each stage's quality and fine-tuning time: the ratio sweep's points
+        assert s["test"]["psnr"] > 10 and s["fine_tune_step_ms"] > 0
     hardware = [s for s in stages if s["stage"].startswith("hardware")]
     assert hardware and hardware[0]["tiles_within_before"] < 1.0
     assert hardware[-1]["tiles_within_after"] >= hardware[0]["tiles_within_before"]
     after = json.loads((pruned / "metrics.json").read_text())["psnr"]
     assert report["test_before"]["psnr"] > 10 and abs(report["test_after"]["psnr"] - after) < 1e-6
+    assert report["test_after"] == stages[-1]["test"]
     log = [json.loads(line) for line in (pruned / "log.jsonl").read_text().splitlines()]
     assert [r["stage"] for r in log if "stage" in r] == [s["stage"] for s in stages]
     # the pruned folder is a training folder: export, evaluate and train on
     ply = sorted((pruned / "point_cloud").glob("iteration_*/point_cloud.ply"))[-1]
     assert cli.main(["export", "--model", str(pruned), "--ply", str(root / "again.ply")]) == 0
     assert (root / "again.ply").read_bytes() == ply.read_bytes()
+    # the step on the pruned model and the unpruned one, with the tile loss, on the capture's views
+    for model, n in ((out, stages[0]["gaussians_before"]), (pruned, stages[-1]["gaussians_after"])):
+        assert cli.main(["scaling", "--model", str(model), "--views", "2", "--iters", "1", "--warmup", "0",
+                         "--loss", "tile"]) == 0
+        text = capsys.readouterr().out
+        assert "the model of" in text and f"{n} Gaussians, 32x32" in text and "2 training views" in text
     step = stages[-1]["step"]
     assert cli.main(["train", "--data", str(cap), "--white-background", "--out", str(pruned), "--resume",
                      "--iters", str(step + 4), "--quiet", "--sh-degree", "1"]) == 0
