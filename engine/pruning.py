@@ -74,9 +74,20 @@ def tile_excess(counts, budget, xp=np):
 
 
 def tile_of_intersections(ranges, xp=np):
-    """The tile of each intersection of a binning whose per-tile ``ranges`` are contiguous from 0."""
+    """The tile of each intersection of a binning whose per-tile ``ranges`` are contiguous from 0:
+    those of ``ids[:len(result)]`` (the ids past them are padding, intersections that the tile
+    counts foresaw and the exact ellipse test did not emit)."""
     counts = (ranges[:, 1] - ranges[:, 0]).astype(np.int64)
     return xp.repeat(xp.arange(len(counts)), counts)
+
+
+def view_pressure(binning, counts, budget, n, xp=np):
+    """(n,) each Gaussian's sum of P_t over the tiles it meets in one view's ``binning`` (``counts``:
+    its tiles' Gaussians).  Only the intersections in the ranges count: the ids past them are
+    padding (``tile_of_intersections``)."""
+    tile_of = tile_of_intersections(binning.ranges, xp)
+    excess = tile_excess(counts, budget, xp)
+    return xp.bincount(binning.ids[:len(tile_of)], weights=excess[tile_of], minlength=n)[:n]
 
 
 def removal_mask(pressure, importance, beta, eps=1e-6, xp=np):
@@ -126,9 +137,7 @@ def view_statistics(gaussians, cameras, budget, sh_degree=None, antialias=False,
         dominant[hit] = True
         total += contribution.astype(np.float64)
         counts = (b.ranges[:, 1] - b.ranges[:, 0]).astype(np.int64)
-        excess = tile_excess(counts, budget, xp)
-        ids = b.ids[:b.n_isect]
-        pressure += xp.bincount(ids, weights=excess[tile_of_intersections(b.ranges, xp)], minlength=n)[:n]
+        pressure += view_pressure(b, counts, budget, n, xp)
         fits = (counts > 0) & (counts <= budget)
         tiles += int((counts > 0).sum())
         within += int(fits.sum())

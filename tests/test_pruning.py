@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import cli
-from engine.pruning import fused_budget, removal_mask, tile_excess, tile_of_intersections
+from engine.pruning import fused_budget, removal_mask, tile_excess, tile_of_intersections, view_pressure
+from numbasplat.rendering import Binning
 from numbasplat.math.tiles import H200_SMEM_PER_BLOCK, fused_smem_layout
 from test_cli_evaluate import run as trained  # noqa: F401 (a fixture: a capture and a 20-step training folder)
 
@@ -34,6 +35,10 @@ def test_tile_excess_and_pressure_by_hand():
     excess = tile_excess(ranges[:, 1] - ranges[:, 0], 3)            # [0, 0.4, 0]
     pressure = np.bincount(ids, weights=excess[tile_of_intersections(ranges)], minlength=6)
     np.testing.assert_allclose(pressure, [0.4, 0.4, 0.4, 0.4, 0.4, 0.0])
+    # the same binning with two padding intersections past the ranges (a GPU's count and emit
+    # passes can disagree on a boundary tile): they weigh nothing
+    padded = Binning(np.array([*ids, 5, 5]), ranges, len(ids) + 2)
+    np.testing.assert_allclose(view_pressure(padded, ranges[:, 1] - ranges[:, 0], 3, 6), pressure)
 
 
 def test_a_round_removes_the_highest_q_and_never_a_gaussian_without_pressure():
