@@ -77,7 +77,7 @@ class TrainConfig:
     prune: str = "none"               # ByteSplat's pruning at densify_until (engine/pruning.py): none, contribution,
                                       # or hardware (then to the fused kernel's budget); its fine-tuning counts
                                       # in the iterations
-    prune_fine_tune: int = 1000       # pruning: images of fine-tuning after contribution pruning (I_M)
+    prune_fine_tune: int = 10000      # pruning: images of fine-tuning after contribution pruning (I_M)
     prune_round_fine_tune: int = 500  # pruning: images of fine-tuning after each hardware round (I_o)
     prune_beta: float = 10.0          # pruning: percent of the candidates a hardware round removes
     prune_rounds: int = 5             # pruning: hardware rounds at most
