@@ -79,7 +79,7 @@ def add_data_options(p, need_data=True, need_out=True):
     """The options that name a capture, how its images are scaled and split, and where a command
     writes (``need_data``/``need_out`` False: a config file may give ``--data`` and ``--out``, or the
     command can do without them)."""
-    from data.images import DEFAULT_MAX_WIDTH
+    from data.images import DEFAULT_MAX_WIDTH, DISTORTION
     p.add_argument("--data", required=need_data, help="capture folder (COLMAP, Blender or instant-ngp)")
     p.add_argument("--format", default="auto", choices=["auto", "colmap", "blender", "ngp"])
     p.add_argument("--images", default=None, help="image folder of a COLMAP capture, e.g. images_4")
@@ -90,6 +90,10 @@ def add_data_options(p, need_data=True, need_out=True):
     p.add_argument("--max-width", type=count(0), default=DEFAULT_MAX_WIDTH, metavar="PX",
                    help=f"narrow images still wider than PX pixels to PX, as Inria does (default {DEFAULT_MAX_WIDTH}; "
                         "0: no limit)")
+    p.add_argument("--distortion", choices=DISTORTION, default="undistort",
+                   help="cameras with lens distortion: undistort their images (cropped to the pixels with a "
+                        "source), or ignore it and train on them as pinhole views, as trainers that do not "
+                        "undistort do (default undistort)")
     p.add_argument("--test-every", type=hold_out, default=None, metavar="N",
                    help="hold out every Nth image (sorted by name) as a test view (0: none; "
                         "default: 8 with --eval and for eval/render, else none)")
@@ -105,7 +109,7 @@ def load_data(a, background, test_every=None):
         test_every = a.test_every
     try:
         return load_dataset(a.data, fmt=a.format, images=a.images, background=background, test_every=test_every,
-                            resolution=a.resolution, max_width=a.max_width)
+                            resolution=a.resolution, max_width=a.max_width, distortion=a.distortion)
     except DataError as e:
         raise SystemExit(f"error: {e}")
 

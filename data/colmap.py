@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .images import (IMAGE_EXTENSIONS, Downscale, Intrinsics, check_sizes, is_image_file, list_image_files,
-                     load_image, parallel_map)
+from .images import (IMAGE_EXTENSIONS, Downscale, Intrinsics, check_sizes, ignored_distortion_note, is_image_file,
+                     list_image_files, load_image, parallel_map)
 from .scene import DataError, build_dataset, every_nth, split_indices, split_views
 
 # id -> (name, number of params); only the first five are supported.
@@ -488,7 +488,8 @@ def match_images(folder, names):
 
 # ----------------------------------------------------------------------------- loader
 
-def load(path, images=None, background=(1.0, 1.0, 1.0), test_every=None, downscale=Downscale(), train_views=None):
+def load(path, images=None, background=(1.0, 1.0, 1.0), test_every=None, downscale=Downscale(), train_views=None,
+         distortion="undistort"):
     """Load a COLMAP scene into a ``Dataset`` (the arguments as ``load_dataset``'s).  With
     ``train_views``, only the images of the first that many training views are read."""
     root = Path(path)
@@ -523,6 +524,9 @@ def load(path, images=None, background=(1.0, 1.0, 1.0), test_every=None, downsca
         train_jobs, _ = split_indices([files[j[0].name] for j in jobs], test_every)
         jobs = [jobs[i] for i in train_jobs[:train_views]]
         notes.append(f"read the first {len(jobs)} of the {len(train_jobs)} training views, no test views")
+    ignored = ignored_distortion_note([intr for _, _, intr, _ in jobs], distortion)
+    notes += [ignored] if ignored else []
+    jobs = [(im, cam, intr.as_loaded(distortion), vm) for im, cam, intr, vm in jobs]
 
     def work(job):
         im, cam, intr, _ = job

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from . import colmap, nerf
-from .images import DEFAULT_MAX_WIDTH, Downscale
+from .images import DEFAULT_MAX_WIDTH, DISTORTION, Downscale
 from .scene import DataError, check_test_every, first_training_views
 
 FORMATS = ("colmap", "blender", "ngp")
@@ -39,7 +39,7 @@ def detect_format(path):
 
 
 def load_dataset(path, fmt="auto", images=None, background=(1.0, 1.0, 1.0), test_every=None, resolution=None,
-                 max_width=DEFAULT_MAX_WIDTH, train_views=None):
+                 max_width=DEFAULT_MAX_WIDTH, train_views=None, distortion="undistort"):
     """Load a COLMAP, Blender (NeRF-synthetic) or instant-ngp/nerfstudio scene.
 
     ``images``: image folder name for COLMAP (default ``images``; e.g.
@@ -52,6 +52,9 @@ def load_dataset(path, fmt="auto", images=None, background=(1.0, 1.0, 1.0), test
     ``resolution``: an integer downscale factor (Inria's ``-r``; None: 1);
     ``max_width``: images still wider are narrowed to it (None or 0: no
     limit; by default 1600 px, as Inria).  Intrinsics follow the images.
+    ``distortion``: "undistort" (default) undistorts the images of cameras with distortion and
+    crops them to the pixels that have a source; "ignore" trains on them as they are, as pinhole
+    views (as trainers that do not undistort do: to compare with them).
     ``train_views``: keep the first that many training views and no test
     views (None: all); a COLMAP capture then reads only their images, the
     other formats read every image and drop the rest.
@@ -64,8 +67,10 @@ def load_dataset(path, fmt="auto", images=None, background=(1.0, 1.0, 1.0), test
     if background.shape != (3,) or not np.isfinite(background).all():
         raise ValueError(f"background must be 3 finite floats, got {background}")
     check_test_every(test_every)
+    if distortion not in DISTORTION:
+        raise ValueError(f"distortion must be one of {', '.join(DISTORTION)}, got {distortion!r}")
     options = dict(images=images, background=background, test_every=test_every,
-                   downscale=Downscale(resolution, max_width))
+                   downscale=Downscale(resolution, max_width), distortion=distortion)
     fmt = (fmt or "auto").lower()
     if fmt == "auto":
         fmt = detect_format(path)

@@ -27,7 +27,7 @@ import numbers
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +37,7 @@ from .scene import DataError, Provenance, View, make_camera
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 NO_DISTORTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)   # k1, k2, k3, k4, p1, p2
+DISTORTION = ("undistort", "ignore")            # what loading does with a camera's distortion
 
 
 def is_image_file(path):
@@ -307,6 +308,22 @@ class Intrinsics:
     def finite(self):
         vals = (self.fx, self.fy, self.cx, self.cy, self.width, self.height) + tuple(self.dist)
         return all(np.isfinite(float(v)) for v in vals)
+
+    def as_loaded(self, distortion):
+        """These intrinsics as the images are loaded: ``distortion`` "undistort" keeps the
+        distortion (the images are undistorted), "ignore" drops it (they train as they are,
+        as pinhole views: what trainers that do not undistort do)."""
+        if distortion not in DISTORTION:
+            raise ValueError(f"distortion must be one of {', '.join(DISTORTION)}, got {distortion!r}")
+        return self if distortion == "undistort" else replace(self, dist=NO_DISTORTION)
+
+
+def ignored_distortion_note(intrinsics, distortion):
+    """The dataset note for a load that ignores the distortion of some of ``intrinsics`` (None
+    where none is ignored)."""
+    n = sum(has_distortion(i.dist) for i in intrinsics) if distortion == "ignore" else 0
+    return (f"distortion ignored for {n} images (--distortion ignore): they train as pinhole views, "
+            "not undistorted") if n else None
 
 
 @dataclass

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .images import Downscale, Intrinsics, check_sizes, has_distortion, image_size, load_image, parallel_map
+from .images import (Downscale, Intrinsics, check_sizes, has_distortion, ignored_distortion_note, image_size, load_image,
+                     parallel_map)
 from .ply import load_ply_points
 from .scene import DataError, build_dataset, every_nth, split_views
 
@@ -111,10 +112,11 @@ def _load_frames(root, meta_path, frames, intr_of, background, downscale, images
 
 # ----------------------------------------------------------------------------- Blender
 
-def load_blender(path, images=None, background=(1.0, 1.0, 1.0), test_every=None, downscale=Downscale()):
+def load_blender(path, images=None, background=(1.0, 1.0, 1.0), test_every=None, downscale=Downscale(),
+                 distortion="undistort"):
     """NeRF-synthetic: transforms_train.json and transforms_test.json (its views for evaluation
     only); no points.  Without transforms_test.json, ``test_every`` splits the training views
-    (none when it is 0 or None)."""
+    (none when it is 0 or None).  Its cameras have no distortion (``distortion`` changes nothing)."""
     root = Path(path)
     notes = []
     if images is not None:
@@ -194,7 +196,8 @@ def _ngp_intrinsics(glob, fr, img_path, name, meta_path):
     return intr, model if has_distortion(dist) else "pinhole"
 
 
-def load_ngp(path, images=None, background=(1.0, 1.0, 1.0), test_every=None, downscale=Downscale()):
+def load_ngp(path, images=None, background=(1.0, 1.0, 1.0), test_every=None, downscale=Downscale(),
+             distortion="undistort"):
     """instant-ngp / nerfstudio transforms.json (and the point cloud its ``ply_file_path`` names,
     if any); every ``test_every``-th sorted image is test (0 or None: none)."""
     root = Path(path)
@@ -205,8 +208,12 @@ def load_ngp(path, images=None, background=(1.0, 1.0, 1.0), test_every=None, dow
     if not meta["frames"]:
         raise DataError(f"{meta_path} lists no frames")
 
+    given = []  # the intrinsics as the file gives them (for the note on ignored distortion)
+
     def intr_of(fr, img_path, name):
-        return _ngp_intrinsics(meta, fr, img_path, name, meta_path)
+        intr, model = _ngp_intrinsics(meta, fr, img_path, name, meta_path)
+        given.append(intr)
+        return intr.as_loaded(distortion), model
 
     def group_of(fr):
         return tuple(fr.get(k, meta.get(k)) for k in NGP_KEYS) if any(k in fr for k in NGP_KEYS) else None
@@ -227,5 +234,6 @@ def load_ngp(path, images=None, background=(1.0, 1.0, 1.0), test_every=None, dow
             except (OSError, ValueError) as exc:
                 # the points only seed the model: train without them rather than fail
                 origin = f"its point cloud is unreadable ({exc})"
+    ignored = ignored_distortion_note(given, distortion)
     return build_dataset(train, test, points, colors, root, "ngp", split=every_nth(test_every),
-                         points_origin=origin, downscale=downscale)
+                         points_origin=origin, downscale=downscale, notes=[ignored] if ignored else [])

@@ -193,6 +193,16 @@ def test_colmap_opencv_images_are_undistorted_on_load(tmp_path):
     assert ds2.train[0].camera.fx == pytest.approx(params[0] / 2)
     rmse2 = np.sqrt(np.mean((ds2.train[0].image - pin2)[4:-4, 4:-4] ** 2))
     assert rmse2 < 0.006, rmse2
+    # --distortion ignore: the images as they are, the same intrinsics without distortion, and a note
+    raw = load_dataset(tmp_path, test_every=0, distortion="ignore")
+    np.testing.assert_allclose(raw.train[0].image, np.round(distorted * 255) / 255, atol=1e-6)
+    cam = raw.train[0].camera
+    assert (cam.fx, cam.fy, cam.cx, cam.cy, cam.width, cam.height) == (*params[:4], w, h)
+    summary = raw.summary()
+    assert "distortion: none" in summary and any("distortion ignored for 2 images" in line for line in summary)
+    assert not any("distortion ignored" in line for line in ds.summary())
+    with pytest.raises(ValueError, match="distortion must be one of undistort, ignore, got 'keep'"):
+        load_dataset(tmp_path, distortion="keep")
 
 
 # --- errors -----------------------------------------------------------------

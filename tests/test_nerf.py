@@ -152,6 +152,11 @@ def test_ngp_loader(tmp_path):
     assert (v3.camera.cx, v3.camera.cy) == pytest.approx((12.25 - crop.x0, 8.75 - crop.y0))
     assert not np.allclose(v3.image, raw[crop.y0:crop.y0 + v3.height, crop.x0:crop.x0 + v3.width], atol=1e-3)
     assert v3.provenance.camera_model == "OPENCV" and dd.summary()[2] == "cameras: OPENCV"
+    kept = load_dataset(tmp_path, test_every=0, distortion="ignore")  # as they are, as pinhole views
+    k3 = next(v for v in kept.train if v.name.endswith("00003.png"))
+    np.testing.assert_allclose(k3.image, raw, atol=1e-6)
+    assert (k3.camera.cx, k3.camera.cy) == pytest.approx((12.25, 8.75))
+    assert any(f"distortion ignored for {n} images" in line for line in kept.summary())
 
     # camera_angle_x instead of fl_x, per-frame override, an ASCII PLY
     meta2 = {"camera_angle_x": 1.0, "frames": [dict(f) for f in frames[:3]], "ply_file_path": "pc.ply"}
