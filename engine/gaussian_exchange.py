@@ -64,6 +64,8 @@ class GaussianExchangeTrainer(Trainer):
         self.is_root = self.rank == 0
         if cfg.strategy != "default" and self.size > 1:
             raise ValueError(f"strategy {cfg.strategy!r} is not supported across ranks yet (use default)")
+        if cfg.appearance:
+            raise ValueError("--appearance runs in one process: not under mpiexec or with --batch-size")
         super().__init__(dataset, out_dir, cfg, backend, log if self.rank == 0 else (lambda *a, **k: None))
         on_gpu = _backend.on_gpu(self.backend)
         self.exchange = Exchange(comm, transport if on_gpu else "host")  # host arrays never need another

@@ -45,9 +45,12 @@ class SingleGPUTrainer(Trainer):
             clock.end("render")
         else:
             r = ns.rasterize(p, b, bg, self.backend)
-            image = r.image
             clock.end("render")
+            corrected = self.appearance is not None
+            image = self.appearance.apply(r.image, i) if corrected else r.image  # what the loss sees
             loss, d_img = l1_ssim_loss(image, target, c.lambda_dssim, backend=self.backend, lazy=True)
+            if corrected:
+                d_img = self.appearance.backward(d_img, r.image, i)
             clock.end("loss")
             grad = ns.rasterize_backward(p, b, r, d_img, backend=self.backend)
             clock.end("backward")

@@ -31,6 +31,7 @@ from numbasplat.loss import psnr, ssim
 from numbasplat.optim import column_lrs, exp_decay
 from data.atomic import atomic_path, remove_stale_temps
 
+from .appearance import ColourCorrection
 from .model import init_from_points
 from .outputs import TensorBoardLog, lpips_metric, render_image, save_png, write_model_outputs
 from .strategy import Context, DefaultStrategy, MCMCStrategy
@@ -88,6 +89,9 @@ class TrainConfig:
     background: tuple = (0.0, 0.0, 0.0)  # the background colour, RGB in [0, 1]
     antialias: bool = False           # Mip-Splatting's 2D filter, compensating the opacity
     visible_adam: bool = False        # Adam updates only the Gaussians the step saw
+    appearance: bool = False          # a per-image affine colour correction that the loss sees, for captures
+                                      # whose exposure varies (engine/appearance.py; not for held-out views)
+    lr_appearance: float = 1e-3       # the learning rate of the colour corrections
     snapshot_every: int = 5000        # write OUT/snapshot.h5 every this many steps (0: at the end only)
     log_every: int = 100              # a line of OUT/log.jsonl every this many steps
     tensorboard: bool = False         # the log's scalars as TensorBoard events in OUT too (tensorboardX)
@@ -228,6 +232,11 @@ class Trainer(ABC):
         self.order = []
         self.model = None
         self.signals = StopSignals()
+        self.appearance = None
+        if cfg.appearance:
+            if cfg.loss != "global":
+                raise ValueError("--appearance needs --loss global (the tile loss runs inside the fused kernel)")
+            self.appearance = ColourCorrection(len(dataset.train), cfg.lr_appearance, self.backend)
 
     def _make_strategy(self):
         c = self.cfg
@@ -525,7 +534,10 @@ class Trainer(ABC):
             attrs = {"step": self.step, "adam_step": model_state["step"], "config": asdict(self.cfg),
                      "rng": self.rng.bit_generator.state, "order": [int(i) for i in self.order],
                      "train_seconds": self.train_seconds, "fingerprint": fingerprint(self.data)}
-            write_snapshot(str(path or self.out / SNAPSHOT), state_arrays(model_state, strategy_state), attrs)
+            arrays = state_arrays(model_state, strategy_state)
+            if self.appearance is not None:
+                arrays.update({f"appearance/{k}": a for k, a in self.appearance.state().items()})
+            write_snapshot(str(path or self.out / SNAPSHOT), arrays, attrs)
         self.barrier()
 
     def load_snapshot(self, path, check_data=True):
@@ -537,6 +549,9 @@ class Trainer(ABC):
             raise ValueError(f"snapshot {path} was trained on different data than {self.data.source}")
         model_state, strategy_state = states_of(arrays, attrs)
         self.start_from(model_state, strategy_state)
+        corrections = {k.split("/", 1)[1]: a for k, a in arrays.items() if k.startswith("appearance/")}
+        if self.appearance is not None and corrections:  # (none: a run that turns --appearance on starts them)
+            self.appearance.load_state(corrections)
         self.step = int(attrs["step"])
         self.rng.bit_generator.state = attrs["rng"]
         self.order = list(attrs["order"])

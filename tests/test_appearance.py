@@ -1,0 +1,103 @@
+"""engine/appearance.py: the per-image colour correction's gradients against float64 finite
+differences, its Adam, and training with it (it learns a view's exposure, resumes exactly, and
+refuses the tile loss and several ranks)."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from engine.appearance import IDENTITY, ColourCorrection
+from engine.demo import ground_truth, make_dataset
+from engine.single_gpu import SingleGPUTrainer
+from engine.trainer import SNAPSHOT
+from test_trainer import small_config
+
+
+def corrected_loss(c, image, i, weights):
+    return float((weights * c.apply(image, i)).sum())
+
+
+@pytest.mark.parametrize("transform", ["identity", "random"])
+def test_gradients_match_finite_differences(transform):
+    rng = np.random.default_rng(3)
+    c = ColourCorrection(3, lr=1e-3, backend="cpu")
+    c.params = np.tile(IDENTITY, (3, 1)).astype(np.float64)
+    if transform == "random":
+        c.params[1] += rng.normal(0, 0.3, 12)
+    image = rng.uniform(0, 1, (4, 5, 3))
+    weights = rng.normal(0, 1, (4, 5, 3))  # L = sum(weights * out): dL/dout = weights
+    d_image, row = c.gradients(weights, image, 1)
+    h = 1e-6
+    fd_image = np.zeros_like(image)
+    for idx in np.ndindex(image.shape):
+        up, down = image.copy(), image.copy()
+        up[idx] += h
+        down[idx] -= h
+        fd_image[idx] = (corrected_loss(c, up, 1, weights) - corrected_loss(c, down, 1, weights)) / (2 * h)
+    np.testing.assert_allclose(d_image, fd_image, rtol=1e-6, atol=1e-8)
+    fd_row = np.zeros(12)
+    for k in range(12):
+        keep = c.params[1, k]
+        c.params[1, k] = keep + h
+        up = corrected_loss(c, image, 1, weights)
+        c.params[1, k] = keep - h
+        down = corrected_loss(c, image, 1, weights)
+        c.params[1, k] = keep
+        fd_row[k] = (up - down) / (2 * h)
+    np.testing.assert_allclose(row, fd_row, rtol=1e-6, atol=1e-8)
+    if transform == "identity":
+        np.testing.assert_array_equal(d_image, weights)  # the identity passes the gradient through
+
+
+def test_adam_moves_only_the_rendered_image_by_its_learning_rate():
+    c = ColourCorrection(3, lr=0.01, backend="cpu")
+    image = np.full((2, 2, 3), 0.5, np.float32)
+    d_out = np.ones((2, 2, 3), np.float32)  # the loss grows with every channel: the transform must lower it
+    c.backward(d_out, image, 2)
+    np.testing.assert_array_equal(c.params[:2], np.tile(IDENTITY, (2, 1)))  # the others untouched
+    np.testing.assert_allclose(c.params[2], IDENTITY - 0.01, rtol=1e-5)  # Adam's first step: lr x sign
+    assert c.steps.tolist() == [0, 0, 1]
+
+
+def test_training_learns_an_exposure_and_resumes_exactly(tmp_path):
+    """From the true scene, held still: the corrections of the views shot 25% brighter brighten, the
+    others, which the scene renders exactly, stay the identity."""
+    data = make_dataset(size=32, n_views=8, backend="cpu")
+    for k, v in enumerate(data.train):  # the odd views shot brighter
+        if k % 2:
+            data.train[k] = replace(v, image=np.clip(v.image * 1.25, 0, 1).astype(np.float32))
+    still = dict.fromkeys(("lr_means", "lr_means_final", "lr_scales", "lr_quats", "lr_opacities", "lr_sh"), 1e-12)
+    cfg = small_config(iterations=96, appearance=True, lr_appearance=0.05, densify_from=1000, sh_increase_every=1, **still)
+
+    def trainer(folder):
+        t = SingleGPUTrainer(data, tmp_path / folder, replace(cfg), backend="cpu")
+        t.start_from({"params": ground_truth(0).arrays()})
+        return t
+    whole = trainer("a")
+    whole.train(progress=False)
+    grey = np.array([whole.appearance.apply(np.full((1, 1, 3), 0.5, np.float32), k).mean()
+                     for k in range(len(data.train))])  # what each view's correction makes of mid-grey
+    assert (grey[1::2] > 0.515).all() and (abs(grey[0::2] - 0.5) < 0.002).all(), grey
+    first = trainer("b")
+    first.train(progress=False, until=40)
+    resumed = SingleGPUTrainer(data, tmp_path / "b", replace(cfg), backend="cpu")
+    resumed.load_snapshot(tmp_path / "b" / SNAPSHOT)
+    np.testing.assert_array_equal(resumed.appearance.params, first.appearance.params)
+    resumed.train(progress=False)
+    for k in ("params", "m", "v", "steps"):
+        np.testing.assert_array_equal(resumed.appearance.state()[k], whole.appearance.state()[k], err_msg=k)
+    np.testing.assert_array_equal(resumed.model.host_arrays()["means"], whole.model.host_arrays()["means"])
+
+
+def test_appearance_refuses_the_tile_loss(tmp_path):
+    data = make_dataset(size=16, n_views=2, backend="cpu")
+    with pytest.raises(ValueError, match="--appearance needs --loss global"):
+        SingleGPUTrainer(data, tmp_path, small_config(appearance=True, loss="tile"), backend="cpu")
+
+
+def test_appearance_refuses_several_ranks(tmp_path):
+    from mpi4py import MPI
+    from engine.gaussian_exchange import GaussianExchangeTrainer
+    data = make_dataset(size=16, n_views=2, backend="cpu")
+    with pytest.raises(ValueError, match="--appearance runs in one process"):
+        GaussianExchangeTrainer(data, tmp_path, small_config(appearance=True), MPI.COMM_SELF, backend="cpu")
