@@ -106,7 +106,7 @@ class DefaultStrategy(RefineSchedule):
     reset_every: int = 3000
     prune_opacity: float = 0.005
     percent_dense: float = 0.01
-    max_screen_size: float = 20.0    # pixels, enforced after the first opacity reset
+    max_screen_size: float = 20.0    # pixels, enforced after the first opacity reset (0: never)
     max_world_size: float = 0.1      # fraction of the scene scale
     absgrad: bool = False
     reset_at_start: bool = False     # also reset opacities at refine_start (3DGS does on white backgrounds)
@@ -165,7 +165,8 @@ class DefaultStrategy(RefineSchedule):
         opacity = _sigmoid(xp, g.opacities)
         prune = opacity < self.prune_opacity
         if step > self.reset_every:
-            prune |= state["max_radius"] > self.max_screen_size
+            if self.max_screen_size > 0:
+                prune |= state["max_radius"] > self.max_screen_size
             prune |= scale_max > self.max_world_size * ctx.scene_scale
         grow = (grads >= self.grad_threshold) & (opacity >= self.prune_opacity)
         small = scale_max <= self.percent_dense * ctx.scene_scale

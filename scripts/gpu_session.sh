@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -153,7 +153,26 @@ tile)
     train warm 700 "${LEGO[@]}" --loss tile
     train lego_tile 7000 "${LEGO[@]}" --loss tile
     train fern_tile 7000 "${FERN[@]}" --loss tile ;;
-*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
+recipe)  # issue 24: the recipe's differences from the reference (gsplat 1.5.3), added one at a time, 7k, seed S:
+    # base; a: no opacity reset (gsplat 1.5.3's never fires); b: a + no screen-size prune; c: b + the means'
+    # rate decaying over the run; d: c + the distortion ignored.  The five share the GPU (quality, not time);
+    # then the reference alone (needs gsplat's wheel in .whl and .data/ref_trainer.py: scripts/stage_data.sh)
+    scene=$2; seed=${3:-0}; args=${scene^^}[@]
+    a=(--opacity-reset-every 100000); b=("${a[@]}" --max-screen-size 0); c=("${b[@]}" --lr-means-steps 7000)
+    d=("${c[@]}" --distortion ignore)
+    for v in base a b c d; do
+        extra=${v}[@]; [ $v = base ] && extra=none[@]
+        train "${scene}_${v}_s$seed" 7000 "${!args}" --seed "$seed" ${!extra+"${!extra}"} &
+    done
+    wait
+    if [ -f .data/ref_trainer.py ]; then
+        where=$(echo "${!args}" | sed -e 's/--data //' -e 's/--white-background//')
+        fmt=colmap; [ "$scene" = lego ] && fmt=blender
+        TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/torch_ext \
+            timeout 400 python3 .data/ref_trainer.py $where $fmt 7000 > "$R/${scene}_reference.txt" 2>&1
+        step "reference rc=$?"; tail -1 "$R/${scene}_reference.txt"
+    fi ;;
+*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
 esac
 step done
 (cd "$OUT" && tar czf "logs_$part.tgz" r && rm -rf r)

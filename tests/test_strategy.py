@@ -35,6 +35,19 @@ def test_default_strategy_clones_splits_and_prunes():
     assert (m[:2] == 7.0).all() and (m[2:] == 0).all()
 
 
+def test_screen_size_prune_after_the_first_reset_unless_off():
+    """A Gaussian whose radius reached max_screen_size pixels goes after the first opacity reset
+    (3DGS), never with 0 (gsplat 1.5.3's default); none goes before the reset."""
+    for limit, step, kept in ((20.0, 3100, 1), (0.0, 3100, 2), (20.0, 2900, 2)):
+        model = model_of([2.0, 2.0], [0.01, 0.01])
+        s = DefaultStrategy(max_screen_size=limit)
+        state = s.initialize_state()
+        s._fresh(state, np, 2)
+        state["max_radius"][:] = [25.0, 5.0]
+        s.after_optimizer(model, state, step, Context(scene_scale=1.0, rng=np.random.default_rng(0)))
+        assert len(model) == kept, (limit, step)
+
+
 def test_opacity_reset_and_memory_guard():
     model = model_of([3.0, 3.0, 3.0], [0.001, 0.001, 0.001])
     s = DefaultStrategy()
