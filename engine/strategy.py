@@ -110,6 +110,7 @@ class DefaultStrategy(RefineSchedule):
     max_world_size: float = 0.1      # fraction of the scene scale
     absgrad: bool = False
     reset_at_start: bool = False     # also reset opacities at refine_start (3DGS does on white backgrounds)
+    reset: bool = True               # reset opacities at all (the large-Gaussian prunes still wait for reset_every)
 
     def initialize_state(self):
         """The statistics since the last refinement, per Gaussian: the summed screen-space gradient
@@ -148,7 +149,7 @@ class DefaultStrategy(RefineSchedule):
         if self.refines_at(step, ctx):
             done = self._refine(model, state, step, ctx)
             self._fresh(state, xp, len(model))
-        if step < self.refine_stop and (ctx.crossed(step, self.reset_every)
+        if self.reset and step < self.refine_stop and (ctx.crossed(step, self.reset_every)
                                         or (self.reset_at_start and ctx.reached(step, self.refine_start))):
             op = model.group("opacities")
             xp.minimum(op, inverse_sigmoid(0.01), out=op)

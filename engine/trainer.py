@@ -72,6 +72,8 @@ class TrainConfig:
     densify_until: int = 15_000       # default strategy: no densification or opacity reset from this step
     densify_every: int = 100          # default strategy: densify and prune every this many steps
     opacity_reset_every: int = 3000   # default strategy: set every opacity to at most 0.01 every this many steps
+    opacity_reset: bool = True        # default strategy: reset the opacities at all (gsplat 1.5.3 never does;
+                                      # the prunes of large Gaussians still begin after opacity_reset_every)
     prune_opacity: float = 0.005      # default strategy: prune Gaussians less opaque than this
     max_screen_size: float = 20.0     # default strategy: after the first opacity reset, prune Gaussians whose
                                       # radius reached this many pixels (0: never, as gsplat's default)
@@ -247,7 +249,7 @@ class Trainer(ABC):
             return DefaultStrategy(grad_threshold=c.grad_threshold, refine_start=c.densify_from,
                                    refine_stop=min(c.densify_until, c.iterations), refine_every=c.densify_every,
                                    reset_every=c.opacity_reset_every, prune_opacity=c.prune_opacity,
-                                   max_screen_size=c.max_screen_size,
+                                   max_screen_size=c.max_screen_size, reset=c.opacity_reset,
                                    percent_dense=c.percent_dense, absgrad=c.absgrad,
                                    reset_at_start=tuple(c.background) == (1.0, 1.0, 1.0))
         if c.strategy == "mcmc":

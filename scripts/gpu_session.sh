@@ -158,7 +158,7 @@ recipe)  # issue 24: the recipe's differences from the reference (gsplat 1.5.3),
     # rate decaying over the run; d: c + the distortion ignored.  The five share the GPU (quality, not time);
     # then the reference alone (needs gsplat's wheel in .whl and .data/ref_trainer.py: scripts/stage_data.sh)
     scene=$2; seed=${3:-0}; args=${scene^^}[@]
-    a=(--opacity-reset-every 100000); b=("${a[@]}" --max-screen-size 0); c=("${b[@]}" --lr-means-steps 7000)
+    a=(--no-opacity-reset); b=("${a[@]}" --max-screen-size 0); c=("${b[@]}" --lr-means-steps 7000)
     d=("${c[@]}" --distortion ignore)
     for v in base a b c d; do
         extra=${v}[@]; [ $v = base ] && extra=none[@]

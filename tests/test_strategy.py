@@ -58,6 +58,12 @@ def test_opacity_reset_and_memory_guard():
     done = s.after_optimizer(model, state, 3000, Context(1.0, np.random.default_rng(0), max_gaussians=4))
     assert len(model) == 4 and done["cloned"] == 1 and done["opacity_reset"]
     assert np.allclose(1 / (1 + np.exp(-model.host_arrays()["opacities"])), 0.01, atol=1e-6)
+    still = model_of([3.0, 3.0, 3.0], [0.001, 0.001, 0.001])  # reset=False (gsplat 1.5.3): opacities stay
+    s = DefaultStrategy(reset=False)
+    state = s.initialize_state()
+    s._fresh(state, np, 3)
+    done = s.after_optimizer(still, state, 3000, Context(1.0, np.random.default_rng(0)))
+    assert "opacity_reset" not in done and (still.host_arrays()["opacities"] == 3.0).all()
 
 
 def test_mcmc_relocates_dead_and_grows_to_cap():
