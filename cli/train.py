@@ -41,13 +41,20 @@ def train_model(dataset, a, cfg, settings=None):
     from engine.pruning import train_then_prune
     from engine.trainer import SNAPSHOT, Interrupted
     comm = mpi_comm(batched=getattr(a, "batch_size", None) is not None)
+    pixel = getattr(a, "exchange", "gaussian") == "pixel"
+    if pixel and getattr(a, "batch_size", None) is not None:
+        raise ValueError("--exchange pixel trains one view a step: leave out --batch-size")
     if comm is not None:
         from engine.distributed import select_device
-        from engine.gaussian_exchange import GaussianExchangeTrainer
         select_device(comm)
-        t = GaussianExchangeTrainer(dataset, a.out, cfg, comm, batch_size=getattr(a, "batch_size", None),
-                                    grad_comm=getattr(a, "grad_comm", "sparse"),
-                                    transport=getattr(a, "transport", "auto"))
+        if pixel:
+            from engine.pixel_exchange import PixelExchangeTrainer
+            t = PixelExchangeTrainer(dataset, a.out, cfg, comm, transport=getattr(a, "transport", "auto"))
+        else:
+            from engine.gaussian_exchange import GaussianExchangeTrainer
+            t = GaussianExchangeTrainer(dataset, a.out, cfg, comm, batch_size=getattr(a, "batch_size", None),
+                                        grad_comm=getattr(a, "grad_comm", "sparse"),
+                                        transport=getattr(a, "transport", "auto"))
     else:
         from engine.single_gpu import SingleGPUTrainer
         t = SingleGPUTrainer(dataset, a.out, cfg)
@@ -96,7 +103,7 @@ def recorded_settings(settings, t, comm):
         if recorded.get(k):
             recorded[k] = str(Path(recorded[k]).resolve())
     if recorded.get("batch_size") is None and comm is not None:
-        recorded["batch_size"] = comm.Get_size()
+        recorded["batch_size"] = t.batch  # the ranks' batch (one view a step with --exchange pixel)
     recorded.update(asdict(t.cfg))
     return recorded
 
@@ -193,6 +200,10 @@ def add_train_options(p):
     p.add_argument("--batch-size", type=count(1), default=None,
                    help="views per step (default: the number of MPI ranks; given without mpirun, the batched "
                         "pipeline runs in one process)")
+    p.add_argument("--exchange", choices=["gaussian", "pixel"], default="gaussian",
+                   help="what ranks trade under MPI: Gaussians (owners send projected Gaussians to the ranks that "
+                        "render their tiles; batch of one view a rank) or pixels (Splaxel: each rank owns a box of "
+                        "space and renders it, partial images are composed in depth order; one view a step)")
     p.add_argument("--grad-comm", choices=["sparse", "dense"], default="sparse",
                    help="backward exchange under MPI: zero-eliding (ByteSplat) or dense")
     p.add_argument("--transport", choices=TRANSPORTS, default="auto",

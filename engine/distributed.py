@@ -1,10 +1,15 @@
-"""What pipelines over several MPI ranks share: one GPU per rank, the checks that ranks agree, and
-cuts of rows or tiles into contiguous ranges, one per rank."""
+"""What pipelines over several MPI ranks share: one GPU per rank, the checks that ranks agree,
+cuts of rows or tiles into contiguous ranges, one per rank, and ``RankedTrainer``, the part of a
+multi-rank ``Trainer`` that does not depend on how its step exchanges data."""
 import json
+from dataclasses import asdict
 
 import numpy as np
 
 from numbasplat import backend as _backend
+
+from .model import GaussianModel
+from .trainer import Trainer, fingerprint
 
 
 def select_device(comm):
@@ -52,3 +57,71 @@ def balanced_bounds(cost, parts):
     targets = c[-1] * np.arange(1, parts) / parts
     inner = np.searchsorted(c, targets) + 1
     return np.concatenate([[0], np.minimum(inner, len(c)), [len(c)]]).astype(np.int64)
+
+
+class RankedTrainer(Trainer):
+    """A ``Trainer`` over the ranks of ``comm``, each holding a shard of the Gaussians (``model``)
+    and of the strategy's state: the snapshot, the whole model, the stop signal and the check
+    that the ranks were given the same run, for any way of exchanging data in the step."""
+
+    def __init__(self, dataset, out_dir, cfg, comm, backend=None, log=print, transport="auto"):
+        """``transport``: how device buffers cross ranks (``comm.alltoallv``): "auto" (a CUDA-aware MPI,
+        else NCCL when every rank has its own GPU, else staged through host memory), "cuda", "nccl", "host"."""
+        from comm import Exchange
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.is_root = self.rank == 0
+        if cfg.appearance:
+            raise ValueError("--appearance runs in one process: not under mpiexec or with --batch-size")
+        super().__init__(dataset, out_dir, cfg, backend, log if self.rank == 0 else (lambda *a, **k: None))
+        self.exchange = Exchange(comm, transport if _backend.on_gpu(self.backend) else "host")
+        self.total = 0  # the whole model's Gaussians (start_from sets it)
+
+    def pipeline_fields(self):
+        """{name: value} of the pipeline's own options that every rank must share (``check_ranks_agree``)."""
+        return {}
+
+    def gather_state(self):
+        model_state = {w: self.gathered(w, root_only=True) for w in ("params", "m", "v")}
+        strategy = {k: self.comm.gather(_backend.to_host(a), root=0) for k, a in self.strategy_state.items()}
+        if self.rank != 0:
+            return None
+        model_state["step"] = self.model.adam.step_count
+        return model_state, {k: np.concatenate(parts) for k, parts in strategy.items()}
+
+    def whole_model(self):
+        """Rank 0 gathers the parameters (the moments are not needed to render)."""
+        params = self.gathered("params", root_only=True)
+        return GaussianModel(params, self.backend) if self.rank == 0 else None
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def from_root(self, value):
+        return self.comm.bcast(value, root=0)
+
+    def check_ranks_agree(self):
+        """Different options on one rank (say ``--iters``) or other files would hang a collective
+        or train silently wrong: every rank compares its configuration, its pipeline's options, the
+        step it starts from and its dataset's fingerprint with every other rank's, and raises the
+        same ``ValueError`` where they differ."""
+        fields = {**asdict(self.cfg), **self.pipeline_fields(), "backend": self.backend, "start step": self.step,
+                  "Gaussian count": self.total, "training image count": len(self.data.train),
+                  "data": str(self.data.source), "dataset fingerprint": fingerprint(self.data)[:16]}
+        problem = disagreement(self.comm, fields)
+        if problem:
+            raise ValueError(f"the {self.size} ranks were not given the same run (the same options and files "
+                             f"on every rank): {problem}")
+
+    def stop_signal(self):
+        """The largest stop signal that any rank received (0: none): every rank stops for it."""
+        return max_over_ranks(self.comm, self.signals.received)
+
+    def gathered(self, which="params", root_only=False):
+        """The whole model's host arrays on every rank (on rank 0 only, None elsewhere, with ``root_only``),
+        the shards in rank order."""
+        local = self.model.host_arrays(which)
+        if not root_only:
+            return {g: np.concatenate(self.comm.allgather(a)) for g, a in local.items()}
+        parts = {g: self.comm.gather(a, root=0) for g, a in local.items()}
+        return {g: np.concatenate(p) for g, p in parts.items()} if self.rank == 0 else None

@@ -23,7 +23,6 @@ Results do not depend on P: with the same batch, P ranks give 1 rank's parameter
 One rank (``COMM_SELF``) runs the same pipeline: batched training in one process.
 """
 import math
-from dataclasses import asdict
 
 import numpy as np
 
@@ -36,9 +35,9 @@ from numbasplat.rendering import image_from_tiles, image_tiles, rasterize_tile_l
 from numbasplat.tile_loss import s3im_permutations
 from comm.sparse import exchange_dense, exchange_sparse
 
-from .distributed import balanced_bounds, disagreement, even_bounds, max_over_ranks
+from .distributed import RankedTrainer, balanced_bounds, even_bounds
 from .model import GaussianModel
-from .trainer import PhaseClock, Trainer, fingerprint
+from .trainer import PhaseClock
 
 
 def _views_of(first, last, n_tiles):
@@ -46,29 +45,19 @@ def _views_of(first, last, n_tiles):
     return range(first // n_tiles, (last - 1) // n_tiles + 1) if last > first else range(0)
 
 
-class GaussianExchangeTrainer(Trainer):
+class GaussianExchangeTrainer(RankedTrainer):
     """``Trainer`` whose step is the batched owner/renderer pipeline above; ``model`` is this
     rank's shard, global rows ``offset .. offset + len(model)`` of ``total``."""
 
     def __init__(self, dataset, out_dir, cfg, comm, batch_size=None, grad_comm="sparse", backend=None,
                  log=print, transport="auto"):
-        """``transport``: how device buffers cross ranks (``comm.alltoallv``): "auto" (a CUDA-aware MPI,
-        else NCCL when every rank has its own GPU, else staged through host memory), "cuda", "nccl", "host"."""
-        from comm import Exchange
-        self.comm = comm
-        self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.batch = batch_size or self.size
+        self.batch = batch_size or comm.Get_size()
         if grad_comm not in ("sparse", "dense"):
             raise ValueError(f"--grad-comm must be 'sparse' or 'dense', got {grad_comm!r}")
         self.grad_comm = grad_comm
-        self.is_root = self.rank == 0
-        if cfg.strategy != "default" and self.size > 1:
+        if cfg.strategy != "default" and comm.Get_size() > 1:
             raise ValueError(f"strategy {cfg.strategy!r} is not supported across ranks yet (use default)")
-        if cfg.appearance:
-            raise ValueError("--appearance runs in one process: not under mpiexec or with --batch-size")
-        super().__init__(dataset, out_dir, cfg, backend, log if self.rank == 0 else (lambda *a, **k: None))
-        on_gpu = _backend.on_gpu(self.backend)
-        self.exchange = Exchange(comm, transport if on_gpu else "host")  # host arrays never need another
+        super().__init__(dataset, out_dir, cfg, comm, backend, log, transport)
         self.log(f"{self.size} ranks, batch {self.batch}, device buffers through: {self.exchange.transport.name}")
         self.tile_cost = None
         self.time_phases = None  # the phases synced at log steps (see _timing)
@@ -90,50 +79,8 @@ class GaussianExchangeTrainer(Trainer):
         """The backend, and Adam's betas raised to the batch size (Grendel's batched Adam)."""
         return self.backend, 0.9 ** self.batch, 0.999 ** self.batch
 
-    def gather_state(self):
-        model_state = {w: self.gathered(w, root_only=True) for w in ("params", "m", "v")}
-        strategy = {k: self.comm.gather(_backend.to_host(a), root=0) for k, a in self.strategy_state.items()}
-        if self.rank != 0:
-            return None
-        model_state["step"] = self.model.adam.step_count
-        return model_state, {k: np.concatenate(parts) for k, parts in strategy.items()}
-
-    def whole_model(self):
-        """Rank 0 gathers the parameters (the moments are not needed to render)."""
-        params = self.gathered("params", root_only=True)
-        return GaussianModel(params, self.backend) if self.rank == 0 else None
-
-    def barrier(self):
-        self.comm.Barrier()
-
-    def from_root(self, value):
-        return self.comm.bcast(value, root=0)
-
-    def check_ranks_agree(self):
-        """Different options on one rank (say ``--iters``) or other files would hang a collective
-        or train silently wrong: every rank compares its configuration, its pipeline's options, the
-        step it starts from and its dataset's fingerprint with every other rank's, and raises the
-        same ``ValueError`` where they differ."""
-        fields = {**asdict(self.cfg), "batch size": self.batch, "gradient exchange": self.grad_comm,
-                  "backend": self.backend, "start step": self.step, "Gaussian count": self.total,
-                  "training image count": len(self.data.train), "data": str(self.data.source),
-                  "dataset fingerprint": fingerprint(self.data)[:16]}
-        problem = disagreement(self.comm, fields)
-        if problem:
-            raise ValueError(f"the {self.size} ranks were not given the same run (the same options and files "
-                             f"on every rank): {problem}")
-
-    def stop_signal(self):
-        """The largest stop signal that any rank received (0: none): every rank stops for it."""
-        return max_over_ranks(self.comm, self.signals.received)
-
-    def gathered(self, which="params", root_only=False):
-        """The whole model's host arrays on every rank (on rank 0 only, None elsewhere, with ``root_only``)."""
-        local = self.model.host_arrays(which)
-        if not root_only:
-            return {g: np.concatenate(self.comm.allgather(a)) for g, a in local.items()}
-        parts = {g: self.comm.gather(a, root=0) for g, a in local.items()}
-        return {g: np.concatenate(p) for g, p in parts.items()} if self.rank == 0 else None
+    def pipeline_fields(self):
+        return {"batch size": self.batch, "gradient exchange": self.grad_comm}
 
     # ------------------------------------------------------------------ one step
     def _batch(self):

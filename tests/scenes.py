@@ -33,3 +33,34 @@ def edge_case_scene(n=24, seed=0, dtype=np.float64, degree=3):
         logits[k] = 5.0
     return ns.Gaussians(means.astype(dtype), scales.astype(dtype), quats.astype(dtype), logits.astype(dtype),
                         sh.astype(dtype))
+
+
+def slab_capture(n_slabs=4, per_slab=40, views=6, size=32, seed=0):
+    """Gaussians in ``n_slabs`` thin horizontal slabs 1.5 apart, seen from above by ``views``
+    cameras: every ray meets the slabs in height order, so a kd-tree of up to ``n_slabs`` boxes
+    over them (its cuts fall in the gaps: the longest extent is the height) is separated in
+    depth for every camera (two slabs and their gap, 1.7 deep, are wider than the slabs' 1.4, so
+    every cut is a height).  -> (a ``data.Dataset`` of renders of the true Gaussians, the
+    Gaussians' arrays to start training from: their colours perturbed).  Semi-transparent: no
+    pixel saturates, so a render skips nothing."""
+    from data import Dataset, View
+    from engine.camera_path import look_at
+    rng = np.random.default_rng(seed)
+    n = n_slabs * per_slab
+    height = np.repeat(1.5 * np.arange(n_slabs), per_slab) + rng.uniform(-0.1, 0.1, n)
+    means = np.column_stack([rng.uniform(-0.7, 0.7, (n, 2)), height])  # narrower than two slabs are deep
+    truth = ns.Gaussians(means.astype(np.float32), np.log(rng.uniform(0.06, 0.12, (n, 3))).astype(np.float32),
+                         rng.normal(size=(n, 4)).astype(np.float32), rng.uniform(-2.5, -0.5, n).astype(np.float32),
+                         rng.normal(0, 0.5, (n, 1, 3)).astype(np.float32))
+    train = []
+    for i in range(views):
+        a = 2 * np.pi * i / views
+        eye = (0.8 * np.cos(a), 0.8 * np.sin(a), 1.5 * n_slabs + 8.0)
+        cam = ns.Camera(look_at(eye, (0.0, 0.0, 0.75 * n_slabs), up=(0, 1, 0)), 0.9 * size, 0.9 * size,
+                        size / 2, size / 2, size, size)
+        image = np.clip(ns.render(truth, cam, background=np.ones(3, np.float32), backend="cpu").image, 0, 1)
+        train.append(View(f"view{i:02d}", np.ascontiguousarray(image, np.float32), cam))
+    start = {k: np.array(a) for k, a in truth.arrays().items()}
+    start["sh"][:, 0] += rng.normal(0, 0.3, (n, 3)).astype(np.float32)
+    data = Dataset(train=train, test=[], scene_scale=2.0, source="slabs", fmt="synthetic")
+    return data, start

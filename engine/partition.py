@@ -1,0 +1,133 @@
+"""Splaxel's convex spatial partition: a kd-tree that splits space into P axis-aligned boxes.
+
+Each box is owned by one rank, which holds the Gaussians whose centres lie in it (pixel-level
+distributed training, issue 25).  The tree splits at the count-balanced position of the longest
+axis of the Gaussians' extent, the lower side taking floor(ranks / 2) of the ranks, so every rank
+gets about N / P Gaussians whatever P is.  The boxes cover all of space (the outer faces are at
+infinity), so a Gaussian that moves always has an owner.
+
+For a camera, the boxes' front-to-back order is the tree's near-side-first traversal from the
+camera's centre (a BSP tree's order): it holds for every ray of that camera, so partial images
+rendered box by box compose in that order.  ``visible_region`` bounds the pixels a box can touch
+from its vertices alone, without rendering.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Node:
+    """An inner node (``axis``, ``value``, ``lower``, ``upper``: points with x[axis] < value go lower)
+    or a leaf (``rank``)."""
+    axis: int = -1
+    value: float = 0.0
+    lower: "Node" = None
+    upper: "Node" = None
+    rank: int = -1
+
+
+class SpatialPartition:
+    """P axis-aligned boxes from a kd-tree over Gaussian centres (``build``)."""
+
+    def __init__(self, root, ranks):
+        self.root = root
+        self.ranks = ranks
+        self.lo = np.full((ranks, 3), -np.inf)
+        self.hi = np.full((ranks, 3), np.inf)
+        self._bounds(root, np.full(3, -np.inf), np.full(3, np.inf))
+
+    @classmethod
+    def build(cls, means, ranks):
+        """The tree of ``ranks`` boxes balanced by the count of ``means`` (N, 3)."""
+        if ranks < 1:
+            raise ValueError(f"a partition needs at least one rank, got {ranks}")
+        means = np.asarray(means, np.float64).reshape(-1, 3)
+        next_rank = iter(range(ranks))
+
+        def split(points, k):
+            if k == 1:
+                return Node(rank=next(next_rank))
+            extent = points.max(axis=0) - points.min(axis=0) if len(points) else np.ones(3)
+            axis = int(np.argmax(extent))
+            order = np.sort(points[:, axis])
+            low = k // 2
+            cut = len(order) * low // k
+            if cut == 0:  # too few points to share: the lower side starts empty
+                value = float(order[0]) if len(order) else 0.0
+            else:  # between the cut's neighbours: the lower side holds ``cut`` points (ties aside)
+                value = float(0.5 * (order[cut - 1] + order[cut]))
+            below = points[:, axis] < value
+            return Node(axis, value, split(points[below], low), split(points[~below], k - low))
+        return cls(split(means, ranks), ranks)
+
+    def _bounds(self, node, lo, hi):
+        if node.rank >= 0:
+            self.lo[node.rank], self.hi[node.rank] = lo, hi
+            return
+        mid_hi, mid_lo = hi.copy(), lo.copy()
+        mid_hi[node.axis] = mid_lo[node.axis] = node.value
+        self._bounds(node.lower, lo, mid_hi)
+        self._bounds(node.upper, mid_lo, hi)
+
+    def owner(self, points):
+        """(N,) int32: the rank whose box holds each point (lower faces inclusive, upper exclusive)."""
+        points = np.asarray(points, np.float64).reshape(-1, 3)
+        inside = ((points[:, None, :] >= self.lo[None]) & (points[:, None, :] < self.hi[None])).all(axis=2)
+        return np.argmax(inside, axis=1).astype(np.int32)
+
+    def imbalance(self, points):
+        """The largest rank's share of ``points`` over the mean share (1.0: perfectly even)."""
+        counts = np.bincount(self.owner(points), minlength=self.ranks)
+        return float(counts.max() / max(counts.mean(), 1e-12))
+
+    def front_to_back(self, centre):
+        """The ranks in the order a camera at ``centre`` sees their boxes, nearest first."""
+        order, stack = [], [self.root]
+        centre = np.asarray(centre, np.float64)
+        while stack:
+            node = stack.pop()
+            if node.rank >= 0:
+                order.append(node.rank)
+                continue
+            near, far = (node.lower, node.upper) if centre[node.axis] < node.value else (node.upper, node.lower)
+            stack += [far, near]  # the near side is popped first
+        return order
+
+
+def box_corners(lo, hi):
+    """(8, 3) corners of the box [lo, hi] (finite), bit k of the index picking hi on axis k."""
+    idx = np.arange(8)
+    return np.where(((idx[:, None] >> np.arange(3)) & 1).astype(bool), hi, lo)
+
+
+BOX_EDGES = [(a, a | (1 << k)) for a in range(8) for k in range(3) if not a & (1 << k)]  # 12 corner pairs
+
+
+def visible_region(lo, hi, camera, grow, near=0.01):
+    """The pixel rectangle (x0, y0, x1, y1), end-exclusive, that the box [lo, hi] (finite) can
+    cover in ``camera``'s image: its part in front of the near plane, projected, bounded, grown by
+    ``grow`` pixels (the largest screen-space extent of its Gaussians, which reach past their
+    centres' box) and clipped to the image.  None when no pixel can be covered.  The box clipped
+    by the near plane is convex, with the box's corners in front and the edges' crossings of the
+    plane as its vertices; the image's edges are the frustum's side planes, so clipping the
+    rectangle to the image gives the frustum's intersection."""
+    corners = box_corners(np.asarray(lo, np.float64), np.asarray(hi, np.float64))
+    R, t = camera.viewmat[:3, :3], camera.viewmat[:3, 3]
+    cam = corners @ R.T + t
+    z = cam[:, 2]
+    vertices = [cam[z >= near]]
+    for a, b in BOX_EDGES:
+        if (z[a] - near) * (z[b] - near) < 0:
+            s = (near - z[a]) / (z[b] - z[a])
+            vertices.append((cam[a] + s * (cam[b] - cam[a]))[None])
+    v = np.concatenate(vertices)
+    if not len(v):
+        return None
+    u = camera.fx * v[:, 0] / v[:, 2] + camera.cx
+    w = camera.fy * v[:, 1] / v[:, 2] + camera.cy
+    x0, x1 = np.floor(u.min() - grow), np.ceil(u.max() + grow) + 1
+    y0, y1 = np.floor(w.min() - grow), np.ceil(w.max() + grow) + 1
+    x0, y0 = max(int(x0), 0), max(int(y0), 0)
+    x1, y1 = min(int(x1), camera.width), min(int(y1), camera.height)
+    return (x0, y0, x1, y1) if x0 < x1 and y0 < y1 else None

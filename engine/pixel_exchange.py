@@ -1,0 +1,199 @@
+"""The pixel-level exchange pipeline over MPI (Splaxel): ranks own boxes of space, and trade pixels.
+
+Space is cut into P axis-aligned boxes by a kd-tree balanced by Gaussian count
+(``partition.SpatialPartition``); each rank owns the Gaussians whose centres lie in its box
+(projection, rasterization, their backward, Adam, densification).  One step, one view, the same
+on every rank (shared seed):
+
+1. every rank renders its own Gaussians on a zero background: a partial image of premultiplied
+   colour and transmittance per pixel;
+2. the view's tiles are cut into P contiguous ranges, one per composing rank; each rank sends
+   every composer the partial tiles it needs (its range and, for the global loss's two 11x11
+   windows, the tiles within one tile row: ``gaussian_exchange.halo_ranges``);
+3. each composer composes its tiles front to back in the boxes' order for this camera (the
+   kd-tree's order from the camera centre, valid for every ray: ``compose``; the box at the back
+   renders on the background, so one rank's partial image is the single render itself),
+   computes its tiles' share of the loss and the gradients with respect to every rank's partial
+   colour and transmittance (``compose_backward``), and sends them back;
+4. every rank back-propagates through its partial render and projection, steps Adam and densifies
+   its Gaussians; those whose centres left the box migrate to its owner, and after densification
+   the tree is rebuilt when the largest rank holds over ``REBALANCE`` times the mean.
+
+Where the boxes are separated in depth along every ray, composing in box order is the single
+render's blend order, so P ranks train as one (tested); elsewhere Gaussians of two boxes
+interleave along a ray and blend in box order instead.  Traffic grows with the pixels, not the
+Gaussians in view.
+"""
+import math
+
+import numpy as np
+
+import numbasplat as ns
+from numbasplat import backend as _backend
+from numbasplat.compose import compose, compose_backward
+from numbasplat.loss import l1_ssim_loss
+from numbasplat.rendering import image_from_tiles, image_tiles, tiles_squared_error
+
+from .distributed import RankedTrainer, even_bounds
+from .gaussian_exchange import halo_ranges
+from .model import GaussianModel
+from .camera_path import centres
+from .partition import SpatialPartition
+from .trainer import PhaseClock
+
+REBALANCE = 1.1  # rebuild the tree after densification when the largest rank holds over this x the mean
+
+
+class PixelExchangeTrainer(RankedTrainer):
+    """``Trainer`` whose step is the pixel-level pipeline above; ``model`` is the Gaussians of this
+    rank's box of ``partition``."""
+
+    def __init__(self, dataset, out_dir, cfg, comm, backend=None, log=print, transport="auto"):
+        if cfg.loss != "global":
+            raise ValueError("--exchange pixel trains with --loss global for now")
+        if cfg.strategy != "default":
+            raise ValueError(f"--exchange pixel densifies with the default strategy, not {cfg.strategy!r}")
+        super().__init__(dataset, out_dir, cfg, comm, backend, log, transport)
+        self.batch = 1
+        self.partition = None
+        self.time_phases = None  # the phases synced at log steps (see _timing)
+        self._view0 = None
+        self.log(f"{self.size} ranks, pixel exchange, device buffers through: {self.exchange.transport.name}")
+
+    def pipeline_fields(self):
+        return {"exchange": "pixel"}
+
+    # ------------------------------------------------------------------ ownership
+    def start_from(self, model_state, strategy_state=None):
+        """Every rank holds the same whole state (the same seed, or the same snapshot, whatever P
+        wrote it), builds the same tree over its means and keeps the Gaussians of its box."""
+        means = model_state["params"]["means"]
+        self.partition = SpatialPartition.build(means, self.size)
+        mine = self.partition.owner(means) == self.rank
+        rows = {w: {g: a[mine] for g, a in model_state[w].items()} for w in ("params", "m", "v") if w in model_state}
+        self.model = GaussianModel.from_state({**model_state, **rows}, self.backend)
+        self.total = len(means)
+        self.strategy_state = ({k: self.xp.asarray(a[mine]) for k, a in strategy_state.items()} if strategy_state
+                               else self.strategy.initialize_state())
+
+    def _migrate(self):
+        """Send the Gaussians whose centres left this rank's box to its owner, with their Adam moments
+        and strategy statistics: one all-to-all of rows.  -> how many moved over all ranks."""
+        dest = self.partition.owner(self.model.host_arrays()["means"])
+        moving = int(self.exchange.allreduce_sum(np.array([float((dest != self.rank).sum())]))[0])
+        if moving == 0:
+            return 0
+        order = np.argsort(dest, kind="stable")  # kept rows stay in their order, arrivals follow by source
+        counts = np.bincount(dest, minlength=self.size).astype(np.int64)
+        state = self.model.state()
+        moved = {"step": state["step"]}
+        for w in ("params", "m", "v"):
+            moved[w] = {g: self._rows_to_owners(a, order, counts) for g, a in state[w].items()}
+        strategy = {k: self._rows_to_owners(_backend.to_host(a), order, counts)
+                    for k, a in self.strategy_state.items() if len(a) == len(dest)}
+        self.model = GaussianModel.from_state(moved, self.backend)
+        self.strategy_state = {k: self.xp.asarray(a) for k, a in strategy.items()}
+        return moving
+
+    def _rows_to_owners(self, a, order, counts):
+        width = int(np.prod(a.shape[1:]))  # (a rank may hold no rows: no -1 in the shape)
+        got, _ = self.exchange.alltoallv(np.ascontiguousarray(a[order].reshape(len(a), width)), counts)
+        return got.reshape((-1,) + a.shape[1:])
+
+    def _rebalance(self):
+        """After densification: migrate what left its box, and rebuild the tree (every rank the same
+        one, from every rank's means) when the largest rank holds over ``REBALANCE`` x the mean.
+        -> {"migrated": Gaussians moved, "rebuilt": whether the tree was} for the log."""
+        moved = self._migrate()
+        counts = np.array(self.comm.allgather(len(self.model)))
+        self.total = int(counts.sum())
+        rebuilt = bool(counts.max() > REBALANCE * max(counts.mean(), 1))
+        if rebuilt:
+            means = np.concatenate(self.comm.allgather(self.model.host_arrays()["means"]))
+            self.partition = SpatialPartition.build(means, self.size)
+            moved += self._migrate()
+        return {"migrated": moved, "rebuilt": rebuilt}
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self):
+        c, xp, model = self.cfg, self.xp, self.model
+        clock = PhaseClock(self.backend, self._timing())
+        i = self.next_view()
+        cam = self.data.train[i].camera
+        target = self.targets[i]
+        bg = self.step_background()
+        g = model.gaussians
+        H, W = cam.height, cam.width
+        tx, ty = cam.tiles
+        n_tiles = tx * ty
+        # 1. my partial image: premultiplied colour and transmittance; the box at the back renders on
+        # the background (and composition adds none), so one rank's partial image is the render itself
+        order = self.partition.front_to_back(centres([cam])[0])
+        none = np.zeros(3, np.float32)
+        p = ns.project(g, cam, sh_degree=self.sh_degree_now(), antialias=c.antialias, backend=self.backend,
+                       check=False)
+        clock.end("project")
+        binning = ns.bin_tiles(p, backend=self.backend)
+        r = ns.rasterize(p, binning, bg if order[-1] == self.rank else none, self.backend)
+        partial = xp.concatenate([r.image, r.trans[..., None]], axis=2)
+        clock.end("render")
+        # 2. every composer gets the partial tiles of its range and their halo from every rank
+        bounds = even_bounds(n_tiles, self.size)
+        lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
+        _, _, need_lo, need_hi = halo_ranges(bounds, tx, n_tiles)
+        send = xp.concatenate([image_tiles(partial, int(a), int(b)) for a, b in zip(need_lo, need_hi)])
+        need = int(need_hi[self.rank] - need_lo[self.rank])
+        recv, _ = self.exchange.alltoallv(send, need_hi - need_lo, np.full(self.size, need, np.int64))
+        clock.end("forward_exchange")
+        # 3. compose my tiles in the boxes' order for this camera, my share of the loss, its gradients
+        layers = [image_from_tiles(recv[s * need:(s + 1) * need], int(need_lo[self.rank]), H, W) for s in order]
+        colours = xp.stack([a[..., :3] for a in layers])
+        trans = xp.stack([a[..., 3] for a in layers])
+        image, _ = compose(colours, trans, none)
+        loss, d_image = l1_ssim_loss(image, target, c.lambda_dssim, backend=self.backend, tiles=(lo, hi), lazy=True)
+        d_colours, d_trans = compose_backward(colours, trans, none, d_image)
+        self._view0 = (image, target, lo, hi)
+        clock.end("loss")
+        # ... and send each rank the gradients of its partial image on my tiles
+        back = [None] * self.size
+        for k, s in enumerate(order):
+            back[s] = image_tiles(xp.concatenate([d_colours[k], d_trans[k][..., None]], axis=2), lo, hi)
+        got, _ = self.exchange.alltoallv(xp.concatenate(back), np.full(self.size, hi - lo, np.int64),
+                                         np.diff(bounds))
+        d_partial = image_from_tiles(got, 0, H, W)  # the composers' ranges, in order, are the whole view
+        clock.end("backward_exchange")
+        # 4. my Gaussians: raster and projection backward, statistics, Adam, densification, ownership
+        grad = ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d_partial[..., :3]),
+                                     d_alpha=-xp.ascontiguousarray(d_partial[..., 3]), backend=self.backend)
+        clock.end("backward")
+        ns.project_backward(g, p, grad, model.grad_gaussians, accumulate=False, backend=self.backend)
+        self.add_strategy_gradients()
+        self.strategy.after_backward(model, self.strategy_state, self.step, p, grad)
+        clock.end("owner")
+        lr, cols = self.learning_rates()
+        model.adam.step(model.grads.data, cols)
+        self.step += 1
+        events = self.strategy.after_optimizer(model, self.strategy_state, self.step, self.context(lr_means=lr["means"]))
+        if "cloned" in events:
+            events.update(self._rebalance(), gaussians=self.total)
+        else:
+            self._migrate()
+        clock.end("optimizer")
+        loss = float(self.exchange.allreduce_sum(np.array([float(loss)]))[0])
+        clock.end("reduce")
+        self.stats = {"pixel_bytes": int(send.nbytes + xp.concatenate(back).nbytes), **clock.stats()}
+        return loss, events
+
+    def progress_psnr(self):
+        """The last view's PSNR from the composers' summed squared errors on their tiles.  Collective."""
+        sse = 0.0
+        if self._view0 is not None:
+            image, target, lo, hi = self._view0
+            sse = float(tiles_squared_error(image, target, lo, hi))
+        sse = float(self.exchange.allreduce_sum(np.array([sse]))[0])
+        cam = self.data.train[0].camera
+        mse = sse / (3 * cam.width * cam.height)
+        return math.inf if mse == 0 else -10.0 * math.log10(mse)
+
+    def log_extra(self):
+        return {**super().log_extra(), "gaussians_total": self.total}

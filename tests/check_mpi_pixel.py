@@ -1,0 +1,45 @@
+"""Run by tests/test_pixel_exchange.py under mpiexec: K steps of the pixel-level pipeline on the
+slab capture (boxes separated in depth), no densification; the final parameters, in the order one
+rank holds them, to OUT/final.npz."""
+import sys
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from comm import abort_on_error  # noqa: E402
+from engine.pixel_exchange import PixelExchangeTrainer  # noqa: E402
+from engine.trainer import TrainConfig  # noqa: E402
+from scenes import slab_capture  # noqa: E402
+
+out = Path(sys.argv[1])
+comm = MPI.COMM_WORLD
+with abort_on_error(comm):
+    data, start = slab_capture()
+    cfg = TrainConfig(iterations=8, sh_degree=0, n_random_init=1, snapshot_every=0, log_every=4,
+                      background=(1.0, 1.0, 1.0), densify_from=10**6)
+    t = PixelExchangeTrainer(data, out, cfg, comm, backend="cpu")
+    t.start_from({"params": start})
+    if "rebalance" in sys.argv:  # every Gaussian moved into rank 0's box: they migrate, then the tree is rebuilt
+        before = t.gathered()
+        means = t.model.group("means")
+        means[:, 2] = np.remainder(means[:, 2] + 0.1, 1.5) - 0.1  # every slab dropped onto the lowest (box 0)
+        shifted = t.gathered()
+        events = t._rebalance()
+        counts = comm.allgather(len(t.model))
+        after = t.gathered()
+        if comm.Get_rank() == 0:
+            same = all(np.array_equal(np.sort(after[k], axis=0), np.sort(shifted[k], axis=0)) for k in after)
+            print("rebalance", events, "counts", counts, "same rows", same)
+        sys.exit(0)
+    order = np.argsort(t.partition.owner(start["means"]), kind="stable")  # the rows as the ranks hold them
+    t.train(progress=False)
+    params = t.gathered()
+    if comm.Get_rank() == 0:
+        back = np.empty_like(order)
+        back[order] = np.arange(len(order))
+        np.savez(out / "final.npz", **{k: a[back] for k, a in params.items()})
+        print("gaussians", len(params["means"]), "boxes", [int(x) for x in np.bincount(t.partition.owner(start["means"]))])

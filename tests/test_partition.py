@@ -1,0 +1,61 @@
+"""engine/partition.py: Splaxel's kd-tree boxes (balanced, covering space), their front-to-back
+order for a camera (checked along rays) and the visible region of a box (against sampled points)."""
+import numpy as np
+import pytest
+
+import numbasplat as ns
+from engine.partition import SpatialPartition, visible_region
+from engine.camera_path import look_at
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 5, 8])
+def test_boxes_cover_space_once_and_balance_the_count(ranks):
+    rng = np.random.default_rng(ranks)
+    points = rng.normal(size=(6000, 3)) * [4.0, 1.0, 0.5]  # one long axis: the first splits take it
+    part = SpatialPartition.build(points, ranks)
+    probe = rng.uniform(-20, 20, size=(2000, 3))
+    inside = ((probe[:, None] >= part.lo) & (probe[:, None] < part.hi)).all(axis=2)
+    assert (inside.sum(axis=1) == 1).all()  # every point of space in exactly one box
+    counts = np.bincount(part.owner(points), minlength=ranks)
+    assert counts.sum() == 6000 and part.imbalance(points) <= 1.01, counts
+    if ranks > 1:
+        assert part.root.axis == 0
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 7])
+def test_front_to_back_order_holds_along_every_ray(ranks):
+    rng = np.random.default_rng(10 + ranks)
+    part = SpatialPartition.build(rng.normal(size=(3000, 3)), ranks)
+    for _ in range(20):
+        centre = rng.normal(size=3) * 3
+        position = {r: k for k, r in enumerate(part.front_to_back(centre))}
+        assert sorted(position) == list(range(ranks))
+        for _ in range(20):
+            direction = rng.normal(size=3)
+            along = centre + np.linspace(0.01, 12, 400)[:, None] * direction / np.linalg.norm(direction)
+            seen = [position[r] for r in part.owner(along)]
+            assert seen == sorted(seen)  # a ray meets the boxes in the order given
+
+
+def test_visible_region_bounds_the_box_and_is_tight():
+    cam = ns.Camera(look_at((0.0, -6.0, 1.0), (0, 0, 0)), 60.0, 60.0, 40.0, 30.0, 80, 60)
+    rng = np.random.default_rng(0)
+    for lo, hi in (([-1, -1, -1], [1, 1, 1]), ([-3, -8, -1], [3, -2, 2]), ([0.5, -1, 0], [9, 9, 9])):
+        lo, hi = np.array(lo, float), np.array(hi, float)
+        rect = visible_region(lo, hi, cam, grow=0)
+        pts = rng.uniform(lo, hi, size=(20000, 3))
+        c = pts @ cam.viewmat[:3, :3].T + cam.viewmat[:3, 3]
+        front = c[:, 2] > 0.01
+        u = cam.fx * c[front, 0] / c[front, 2] + cam.cx
+        v = cam.fy * c[front, 1] / c[front, 2] + cam.cy
+        on = (u >= 0) & (u < cam.width) & (v >= 0) & (v < cam.height)
+        assert rect is not None and on.any()
+        x0, y0, x1, y1 = rect
+        assert (u[on] >= x0).all() and (u[on] < x1).all() and (v[on] >= y0).all() and (v[on] < y1).all()
+        # tight: the rectangle is the sampled points' own, give or take the sampling and a pixel
+        assert u[on].min() - x0 < 3 and x1 - u[on].max() < 3 and v[on].min() - y0 < 3 and y1 - v[on].max() < 3
+    grown = visible_region(np.array([-0.2, -0.2, -0.2]), np.array([0.2, 0.2, 0.2]), cam, grow=5)
+    tight = visible_region(np.array([-0.2, -0.2, -0.2]), np.array([0.2, 0.2, 0.2]), cam, grow=0)
+    assert grown[0] == tight[0] - 5 and grown[2] == tight[2] + 5
+    assert visible_region(np.array([-1, -20, -1.0]), np.array([1, -10, 1.0]), cam, grow=3) is None  # behind
+    assert visible_region(np.array([50, -1, -1.0]), np.array([60, 1, 1.0]), cam, grow=3) is None  # beside

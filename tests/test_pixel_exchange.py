@@ -1,0 +1,117 @@
+"""engine/pixel_exchange.py, Splaxel's pixel-level pipeline: one rank equals the single-process
+trainer exactly; 2 and 4 ranks (boxes separated in depth) equal one rank within 1e-5."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO_ROOT, mpiexec_path
+
+from engine.pixel_exchange import PixelExchangeTrainer
+from engine.single_gpu import SingleGPUTrainer
+from engine.trainer import TrainConfig
+from scenes import slab_capture
+
+
+def config():
+    return TrainConfig(iterations=6, sh_degree=0, snapshot_every=0, log_every=3, background=(1.0, 1.0, 1.0),
+                       densify_from=10**6)
+
+
+def test_one_rank_equals_the_single_process_trainer(tmp_path):
+    from mpi4py import MPI
+    data, start = slab_capture(n_slabs=2, per_slab=30, views=3)
+    runs = []
+    for name, make in (("single", lambda: SingleGPUTrainer(data, tmp_path / "single", config(), backend="cpu")),
+                       ("pixel", lambda: PixelExchangeTrainer(data, tmp_path / "pixel", config(), MPI.COMM_SELF,
+                                                              backend="cpu"))):
+        t = make()
+        t.start_from({"params": start})
+        t.train(progress=False)
+        runs.append(t.model.host_arrays())
+    for k, a in runs[0].items():
+        np.testing.assert_array_equal(runs[1][k], a, err_msg=k)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_ranks_of_depth_separated_boxes_train_as_one(tmp_path, ranks):
+    script = REPO_ROOT / "tests" / "check_mpi_pixel.py"
+    env = dict(os.environ, NUMBASPLAT_BACKEND="cpu", NUMBA_NUM_THREADS="1")
+    finals = []
+    for n in (1, ranks):
+        out = tmp_path / f"p{n}"
+        r = subprocess.run([mpiexec_path(), "-n", str(n), sys.executable, str(script), str(out)], capture_output=True,
+                           text=True, timeout=500, env=env, cwd=REPO_ROOT)
+        assert r.returncode == 0, r.stdout + r.stderr
+        finals.append(dict(np.load(out / "final.npz")))
+        if n > 1:  # every rank held a slab's worth
+            boxes = eval(r.stdout.split("boxes")[1])
+            assert len(boxes) == ranks and min(boxes) > 0, r.stdout
+    ref, got = finals
+    for k, a in ref.items():
+        assert got[k].shape == a.shape, k
+        assert np.linalg.norm(got[k] - a) / np.linalg.norm(a) <= 1e-5, k
+    assert not np.allclose(ref["sh"], slab_capture()[1]["sh"])  # it trained
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(600)
+def test_train_exchange_pixel_densifies_rebalances_and_resumes_on_other_ranks(tmp_path):
+    """``mpiexec -n 2 run.py train --exchange pixel`` with densification (the Gaussians migrate to
+    their boxes' owners and the tree is rebuilt when one rank holds over 1.1x the mean), a
+    snapshot and PLY of the whole model; resumed on one process it repartitions and goes on."""
+    import json
+    from engine.demo import make_dataset
+    from test_trainer import write_blender_capture
+    cap, out = tmp_path / "capture", tmp_path / "out"
+    write_blender_capture(cap, make_dataset(size=32, n_views=10, backend="cpu"))
+    args = [sys.executable, "run.py", "train", "--data", str(cap), "--white-background", "--out", str(out), "--quiet",
+            "--sh-degree", "1", "--init-points", "400", "--densify-from", "4", "--densify-every", "8",
+            "--grad-threshold", "1e-5", "--exchange", "pixel"]
+    env = dict(os.environ, NUMBASPLAT_BACKEND="cpu", NUMBA_NUM_THREADS="1")
+    r = subprocess.run([mpiexec_path(), "-n", "2", *args, "--iters", "24"], capture_output=True, text=True,
+                       timeout=500, env=env, cwd=REPO_ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    grown = [rec for rec in log if rec.get("cloned", 0) + rec.get("split", 0) > 0]
+    assert grown and grown[-1]["gaussians_total"] > 400, log
+    assert sum(rec["migrated"] for rec in grown) > 0, grown  # children and moved centres changed boxes
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["gaussians"] == log[-1]["gaussians_total"] and np.isfinite(metrics["psnr"])
+    assert json.loads((out / "cfg.json").read_text())["batch_size"] == 1
+    r = subprocess.run([*args, "--iters", "28", "--resume"], capture_output=True, text=True, timeout=500, env=env,
+                       cwd=REPO_ROOT)
+    assert r.returncode == 0 and "resumed from" in r.stdout, r.stdout + r.stderr
+    assert json.loads((out / "metrics.json").read_text())["iterations"] == 28
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_gaussians_migrate_to_their_box_and_the_tree_is_rebuilt_when_unbalanced(tmp_path):
+    """Every Gaussian moved into rank 0's box: they all migrate there, rank 0 then holds 3x the
+    mean, the tree is rebuilt over the new centres and the rows spread evenly again, none lost."""
+    env = dict(os.environ, NUMBASPLAT_BACKEND="cpu", NUMBA_NUM_THREADS="1")
+    r = subprocess.run([mpiexec_path(), "-n", "3", sys.executable, str(REPO_ROOT / "tests" / "check_mpi_pixel.py"),
+                        str(tmp_path), "rebalance"], capture_output=True, text=True, timeout=250, env=env, cwd=REPO_ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = r.stdout.split("rebalance")[1]
+    assert "'rebuilt': True" in line and "same rows True" in line, r.stdout
+    counts = eval(line.split("counts")[1].split("same")[0])
+    assert sum(counts) == 160 and max(counts) <= 1.1 * 160 / 3, counts
+    assert int(line.split("'migrated': ")[1].split("}")[0].split(",")[0]) > 160 * 2 // 3  # all but box 0's, then more
+
+
+def test_pixel_exchange_refuses_what_it_does_not_do(tmp_path):
+    from mpi4py import MPI
+    data, _ = slab_capture(n_slabs=2, per_slab=4, views=1)
+    for change, message in ((dict(loss="tile"), "--exchange pixel trains with --loss global"),
+                            (dict(strategy="mcmc"), "densifies with the default strategy")):
+        cfg = config()
+        for k, v in change.items():
+            setattr(cfg, k, v)
+        with pytest.raises(ValueError, match=message):
+            PixelExchangeTrainer(data, tmp_path, cfg, MPI.COMM_SELF, backend="cpu")
