@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from numbasplat import backend as _backend
+
 
 @dataclass
 class Node:
@@ -71,10 +73,13 @@ class SpatialPartition:
         self._bounds(node.upper, mid_lo, hi)
 
     def owner(self, points):
-        """(N,) int32: the rank whose box holds each point (lower faces inclusive, upper exclusive)."""
-        points = np.asarray(points, np.float64).reshape(-1, 3)
-        inside = ((points[:, None, :] >= self.lo[None]) & (points[:, None, :] < self.hi[None])).all(axis=2)
-        return np.argmax(inside, axis=1).astype(np.int32)
+        """(N,) int32: the rank whose box holds each point (lower faces inclusive, upper exclusive),
+        on the points' device (compared in float64 everywhere, so every caller agrees)."""
+        xp = _backend.array_module_of(points)
+        points = xp.asarray(points, np.float64).reshape(-1, 3)
+        lo, hi = xp.asarray(self.lo), xp.asarray(self.hi)
+        inside = ((points[:, None, :] >= lo[None]) & (points[:, None, :] < hi[None])).all(axis=2)
+        return xp.argmax(inside, axis=1).astype(np.int32)
 
     def imbalance(self, points):
         """The largest rank's share of ``points`` over the mean share (1.0: perfectly even)."""

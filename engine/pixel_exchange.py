@@ -137,16 +137,27 @@ class PixelExchangeTrainer(RankedTrainer):
         r = ns.rasterize(p, binning, bg if order[-1] == self.rank else none, self.backend)
         partial = xp.concatenate([r.image, r.trans[..., None]], axis=2)
         clock.end("render")
-        # 2. every composer gets the partial tiles of its range and their halo from every rank
+        # 2. every composer gets the partial tiles of its range and their halo from every rank, only
+        # those that rank's Gaussians cover (elsewhere its partial is nothing: colour 0, or the
+        # background at the back, and transmittance 1): the tiles its binning holds, known to all
+        covered = self.comm.allgather(_backend.to_host((binning.ranges[:, 1] - binning.ranges[:, 0]) > 0))
         bounds = even_bounds(n_tiles, self.size)
         lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
         _, _, need_lo, need_hi = halo_ranges(bounds, tx, n_tiles)
-        send = xp.concatenate([image_tiles(partial, int(a), int(b)) for a, b in zip(need_lo, need_hi)])
-        need = int(need_hi[self.rank] - need_lo[self.rank])
-        recv, _ = self.exchange.alltoallv(send, need_hi - need_lo, np.full(self.size, need, np.int64))
+
+        def tiles(source, first, last):  # the tiles of first..last-1 that ``source`` sends
+            return first + np.flatnonzero(covered[source][first:last])
+        mine = [tiles(self.rank, int(a), int(b)) for a, b in zip(need_lo, need_hi)]
+        theirs = [tiles(s, int(need_lo[self.rank]), int(need_hi[self.rank])) for s in range(self.size)]
+        send = xp.concatenate([image_tiles(partial, ids) for ids in mine])
+        recv, _ = self.exchange.alltoallv(send, np.array([len(t) for t in mine]), np.array([len(t) for t in theirs]))
         clock.end("forward_exchange")
         # 3. compose my tiles in the boxes' order for this camera, my share of the loss, its gradients
-        layers = [image_from_tiles(recv[s * need:(s + 1) * need], int(need_lo[self.rank]), H, W) for s in order]
+        starts = np.concatenate([[0], np.cumsum([len(t) for t in theirs])])
+        nothing = np.array([0, 0, 0, 1], np.float32)
+        layers = [image_from_tiles(recv[starts[s]:starts[s + 1]], theirs[s], H, W,
+                                   fill=np.append(bg, 1).astype(np.float32) if s == order[-1] else nothing)
+                  for s in order]
         colours = xp.stack([a[..., :3] for a in layers])
         trans = xp.stack([a[..., 3] for a in layers])
         image, _ = compose(colours, trans, none)
@@ -154,13 +165,15 @@ class PixelExchangeTrainer(RankedTrainer):
         d_colours, d_trans = compose_backward(colours, trans, none, d_image)
         self._view0 = (image, target, lo, hi)
         clock.end("loss")
-        # ... and send each rank the gradients of its partial image on my tiles
+        # ... and send each rank the gradients of its partial image on my tiles that it covers
         back = [None] * self.size
         for k, s in enumerate(order):
-            back[s] = image_tiles(xp.concatenate([d_colours[k], d_trans[k][..., None]], axis=2), lo, hi)
-        got, _ = self.exchange.alltoallv(xp.concatenate(back), np.full(self.size, hi - lo, np.int64),
-                                         np.diff(bounds))
-        d_partial = image_from_tiles(got, 0, H, W)  # the composers' ranges, in order, are the whole view
+            back[s] = image_tiles(xp.concatenate([d_colours[k], d_trans[k][..., None]], axis=2), tiles(s, lo, hi))
+        returned = [tiles(self.rank, int(bounds[d]), int(bounds[d + 1])) for d in range(self.size)]
+        back = xp.concatenate(back)
+        got, _ = self.exchange.alltoallv(back, np.array([len(tiles(s, lo, hi)) for s in range(self.size)]),
+                                         np.array([len(t) for t in returned]))
+        d_partial = image_from_tiles(got, np.concatenate(returned), H, W)  # 0 where I cover nothing
         clock.end("backward_exchange")
         # 4. my Gaussians: raster and projection backward, statistics, Adam, densification, ownership
         grad = ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d_partial[..., :3]),
@@ -181,7 +194,9 @@ class PixelExchangeTrainer(RankedTrainer):
         clock.end("optimizer")
         loss = float(self.exchange.allreduce_sum(np.array([float(loss)]))[0])
         clock.end("reduce")
-        self.stats = {"pixel_bytes": int(send.nbytes + xp.concatenate(back).nbytes), **clock.stats()}
+        full = int((need_hi - need_lo).sum())  # the tiles I would send every composer without the reduction
+        self.stats = {"pixel_bytes": int(send.nbytes + back.nbytes), "tiles_sent": int(len(send)),
+                      "tiles_full": full, **clock.stats()}
         return loss, events
 
     def progress_psnr(self):

@@ -302,13 +302,15 @@ def _tile_index(xp, H, W):
     return _TILE_INDEX[key]
 
 
-def image_tiles(image, first, last):
-    """Row-major tiles first..last-1 of an (H, W, C) image as rows of TILE*TILE*C values
-    (the pixels past the border are filler): how renderers send each other their pixels."""
+def image_tiles(image, first, last=None):
+    """Row-major tiles first..last-1 (or the tiles of the index array ``first``) of an (H, W, C)
+    image as rows of TILE*TILE*C values (the pixels past the border are filler): how renderers
+    send each other their pixels."""
     xp = _backend.array_module_of(image)
     H, W, C = image.shape
     read, _ = _tile_index(xp, H, W)
-    return image.reshape(H * W, C)[read[first:last]].reshape(last - first, -1)
+    picked = read[first:last] if last is not None else read[first]
+    return image.reshape(H * W, C)[picked].reshape(len(picked), TILE_PIXELS * C)
 
 
 def tiles_squared_error(image, target, first, last):
@@ -323,13 +325,16 @@ def tiles_squared_error(image, target, first, last):
     return (e * e).sum()
 
 
-def image_from_tiles(rows, first, H, W):
-    """An (H, W, C) image holding ``image_tiles`` rows as tiles first, first+1, ...; 0 elsewhere."""
+def image_from_tiles(rows, first, H, W, fill=0.0):
+    """An (H, W, C) image holding ``image_tiles`` rows as tiles first, first+1, ... (or as the tiles
+    of the index array ``first``); ``fill`` (a value, or one per channel) elsewhere."""
     xp = _backend.array_module_of(rows)
     C = rows.shape[1] // TILE_PIXELS
     _, write = _tile_index(xp, H, W)
-    flat = xp.zeros((H * W + 1, C), rows.dtype)  # + the spare pixel
-    flat[write[first:first + len(rows)]] = rows.reshape(len(rows), TILE_PIXELS, C)
+    flat = xp.empty((H * W + 1, C), rows.dtype)  # + the spare pixel
+    flat[...] = xp.asarray(fill, rows.dtype)
+    at = write[first:first + len(rows)] if np.ndim(first) == 0 else write[first]
+    flat[at] = rows.reshape(len(rows), TILE_PIXELS, C)
     return flat[:H * W].reshape(H, W, C)
 
 
