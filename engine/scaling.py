@@ -224,9 +224,13 @@ def _model_report(t, step, phases, peak, model_ranks, grad_comm, link_gbs, balan
         predicted[p] = predict_step(phases, step, traffic[p], grad_comm, link_gbs * 1e9)
     for line in traffic_table(traffic, balanced):
         say(line)
+    cams = [c.camera for c in train[:max(model_ranks)]]
+    pixel = {p: (*pixel_traffic(g, cams, p, t.sh_degree_now(), t.backend), len(cams)) for p in model_ranks}
+    for line in pixel_traffic_table(pixel, traffic):
+        say(line)
     for line in model_table(predicted, step, t.batch, link_gbs, grad_comm):
         say(line)
-    report.update(traffic=traffic, predicted=predicted)
+    report.update(traffic=traffic, predicted=predicted, pixel=pixel)
     return report
 
 
@@ -394,6 +398,56 @@ def step_traffic(g, cams, targets, ranks, sh_degree, background, lambda_dssim, b
                    records=records, kept=kept, halo_tiles=end - start, rows=np.diff(owners),
                    isect_received=isect_received, isect_own=own[bounds[1:]] - own[bounds[:-1]],
                    tiles=np.diff(bounds))
+
+
+PIXEL_TILE_BYTES = 4 * 4 * TILE_PIXELS  # a partial tile forward (colour and transmittance), or its gradient back
+
+
+def pixel_traffic(g, cams, ranks, sh_degree, backend=None):
+    """The bytes of the pixel-level pipeline (``engine/pixel_exchange.py``) for each view of ``cams``
+    over ``ranks`` boxes of a kd-tree over ``g``'s means, counted on this device as the pipeline
+    counts them: a rank sends each composer the partial tiles of the composer's range and halo that
+    its Gaussians cover, and gets back the gradients of those in the composer's range.  -> (P, P)
+    [source, destination] tiles forward and backward summed over the views, and the tiles that
+    would cross without the spatial reduction."""
+    from .partition import SpatialPartition
+    xp = _backend.array_module(backend)
+    means = _backend.to_host(g.means)
+    part = SpatialPartition.build(means, ranks)
+    owner = part.owner(means)
+    forward, backward = np.zeros((ranks, ranks), np.int64), np.zeros((ranks, ranks), np.int64)
+    full = np.zeros((ranks, ranks), np.int64)
+    boxes = [ns.Gaussians(*(a[xp.asarray(owner == r)] for a in g.arrays().values())) for r in range(ranks)]
+    for cam in cams:
+        tx, ty = cam.tiles
+        n_tiles = tx * ty
+        bounds = even_bounds(n_tiles, ranks)
+        _, _, need_lo, need_hi = halo_ranges(bounds, tx, n_tiles)
+        for r, box in enumerate(boxes):
+            b = ns.bin_tiles(ns.project(box, cam, sh_degree=sh_degree, backend=backend, check=False), backend)
+            covered = np.concatenate([[0], np.cumsum(_backend.to_host(b.ranges[:, 1] - b.ranges[:, 0]) > 0)])
+            forward[r] += covered[need_hi] - covered[need_lo]
+            backward[r] += covered[bounds[1:]] - covered[bounds[:-1]]
+            full[r] += need_hi - need_lo
+    return forward, backward, full
+
+
+def pixel_traffic_table(pixel, traffic):
+    """The lines comparing the pixel-level pipeline's bytes with the Gaussian-level one's, per image."""
+    mb = 1e6
+    lines = ["pixel-level exchange, MB crossing ranks per image (one view a step; the Gaussian-level "
+             "pipeline's batch of P views divided by P), and the share of the partial tiles the spatial "
+             "reduction leaves unsent:",
+             f"  {'P':>3s} {'pixel fwd':>10s} {'pixel bwd':>10s} {'gauss fwd':>10s} {'gauss bwd sparse':>17s} "
+             f"{'unsent %':>9s}"]
+    for p, (forward, backward, full, views) in pixel.items():
+        t = traffic[p]
+        fwd = off_diagonal(forward).sum() * PIXEL_TILE_BYTES / views / mb
+        bwd = off_diagonal(backward).sum() * PIXEL_TILE_BYTES / views / mb
+        unsent = 100.0 * (1 - off_diagonal(forward).sum() / max(off_diagonal(full).sum(), 1))
+        lines.append(f"  {p:3d} {fwd:10.2f} {bwd:10.2f} {off_diagonal(t.forward_bytes()).sum() / t.views / mb:10.2f} "
+                     f"{off_diagonal(t.backward_bytes('sparse')).sum() / t.views / mb:17.2f} {unsent:9.1f}")
+    return lines
 
 
 def traffic_table(traffic, balanced):

@@ -84,9 +84,10 @@ def test_prune_command_writes_a_pruned_model_that_loads_and_trains(trained, tmp_
     # the step on the pruned model and the unpruned one, with the tile loss, on the capture's views
     for model, n in ((out, stages[0]["gaussians_before"]), (pruned, stages[-1]["gaussians_after"])):
         assert cli.main(["scaling", "--model", str(model), "--views", "2", "--iters", "1", "--warmup", "0",
-                         "--loss", "tile"]) == 0
+                         "--loss", "tile", "--model-ranks", "2"]) == 0
         text = capsys.readouterr().out
         assert "the model of" in text and f"{n} Gaussians, 32x32" in text and "2 training views" in text
+        assert "pixel-level exchange, MB crossing ranks per image" in text  # beside the Gaussian-level bytes
     step = stages[-1]["step"]
     assert cli.main(["train", "--data", str(cap), "--white-background", "--out", str(pruned), "--resume",
                      "--iters", str(step + 4), "--quiet", "--sh-degree", "1"]) == 0

@@ -209,3 +209,41 @@ def test_phase_table_has_a_column_per_rank_and_a_dash_where_a_rank_lacks_a_phase
     rows = {line.split()[0]: line.split()[1:] for line in lines[2:]}
     assert rows["project"] == ["1.00", "(0.50)", "2.00", "(1.00)"] and rows["plan"] == ["-", "3.00", "(0.00)"]
     assert rows["sum"] == ["1.00", "(0.50)", "5.00", "(1.00)"]
+
+
+@pytest.mark.parametrize("P", [2, 3])
+def test_pixel_bytes_against_a_brute_force_count(P):
+    """The pixel-level pipeline's tiles per step: those of each box's partial image that are not
+    nothing (colour 0, transmittance 1), counted per composer's range with its halo (forward)
+    and without (backward)."""
+    import numbasplat as ns
+    from engine.distributed import even_bounds
+    from engine.gaussian_exchange import halo_ranges
+    from engine.partition import SpatialPartition
+    from numbasplat.rendering import image_tiles
+    from scenes import slab_capture
+    data, start = slab_capture(n_slabs=3, per_slab=20, views=2, size=40)
+    g = ns.Gaussians(**start)
+    cams = [v.camera for v in data.train]
+    forward, backward, full = scaling.pixel_traffic(g, cams, P, 0, "cpu")
+    part = SpatialPartition.build(start["means"], P)
+    owner = part.owner(start["means"])
+    want_f, want_b, want_full = (np.zeros((P, P), np.int64) for _ in range(3))
+    for cam in cams:
+        tx, ty = cam.tiles
+        n = tx * ty
+        bounds = even_bounds(n, P)
+        _, _, need_lo, need_hi = halo_ranges(bounds, tx, n)
+        for r in range(P):
+            box = ns.Gaussians(*(a[owner == r] for a in start.values()))
+            f = ns.render(box, cam, background=np.zeros(3, np.float32), backend="cpu")
+            partial = np.concatenate([f.image, f.render.trans[..., None]], axis=2)
+            something = (np.abs(image_tiles(partial, 0, n).reshape(n, -1, 4) - [0, 0, 0, 1]) > 0).any(axis=(1, 2))
+            for d in range(P):
+                want_f[r, d] += something[need_lo[d]:need_hi[d]].sum()
+                want_b[r, d] += something[bounds[d]:bounds[d + 1]].sum()
+                want_full[r, d] += need_hi[d] - need_lo[d]
+    np.testing.assert_array_equal(forward, want_f)
+    np.testing.assert_array_equal(backward, want_b)
+    np.testing.assert_array_equal(full, want_full)
+    assert (forward <= full).all() and forward.sum() > 0
