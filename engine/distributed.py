@@ -2,11 +2,13 @@
 cuts of rows or tiles into contiguous ranges, one per rank, and ``RankedTrainer``, the part of a
 multi-rank ``Trainer`` that does not depend on how its step exchanges data."""
 import json
+import math
 from dataclasses import asdict
 
 import numpy as np
 
 from numbasplat import backend as _backend
+from numbasplat.rendering import tiles_squared_error
 
 from .model import GaussianModel
 from .trainer import Trainer, fingerprint
@@ -76,6 +78,19 @@ class RankedTrainer(Trainer):
         super().__init__(dataset, out_dir, cfg, backend, log if self.rank == 0 else (lambda *a, **k: None))
         self.exchange = Exchange(comm, transport if _backend.on_gpu(self.backend) else "host")
         self.total = 0  # the whole model's Gaussians (start_from sets it)
+
+    def progress_psnr(self):
+        """The step's first view's PSNR from the ranks' summed squared errors on their tiles (no image
+        is gathered): ``_view0`` is (image, target, first tile, end tile) of a rank's share, or None.
+        Collective, like ``log_extra``: every rank logs the same steps."""
+        sse = 0.0
+        if getattr(self, "_view0", None) is not None:
+            image, target, first, last = self._view0
+            sse = float(tiles_squared_error(image, target, first, last))
+        sse = float(self.exchange.allreduce_sum(np.array([sse]))[0])
+        cam = self.data.train[0].camera
+        mse = sse / (3 * cam.width * cam.height)
+        return math.inf if mse == 0 else -10.0 * math.log10(mse)
 
     def pipeline_fields(self):
         """{name: value} of the pipeline's own options that every rank must share (``check_ranks_agree``)."""

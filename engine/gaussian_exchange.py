@@ -22,7 +22,6 @@ the same on every rank (shared seed):
 Results do not depend on P: with the same batch, P ranks give 1 rank's parameters.
 One rank (``COMM_SELF``) runs the same pipeline: batched training in one process.
 """
-import math
 
 import numpy as np
 
@@ -31,7 +30,7 @@ from numbasplat import backend as _backend
 from numbasplat.math import gaussian_ops as go
 from numbasplat.loss import l1_ssim_loss
 from numbasplat.math.tiles import TILE
-from numbasplat.rendering import image_from_tiles, image_tiles, rasterize_tile_loss, tiles_squared_error
+from numbasplat.rendering import image_from_tiles, image_tiles, rasterize_tile_loss
 from numbasplat.tile_loss import s3im_permutations
 from comm.sparse import exchange_dense, exchange_sparse
 
@@ -248,18 +247,6 @@ class GaussianExchangeTrainer(RankedTrainer):
         self.stats = {"forward_rows": int(len(send)), "forward_bytes": int(send.nbytes), **clock.stats(),
                       **comm_stats}
         return loss, events
-
-    def progress_psnr(self):
-        """View 0's PSNR from the ranks' summed squared errors on their tiles (no image is gathered).
-        Collective, like ``log_extra``: every rank logs the same steps."""
-        sse = 0.0
-        if self._view0 is not None:
-            image, target0, first, last = self._view0
-            sse = float(tiles_squared_error(image, target0, first, last))
-        sse = float(self.exchange.allreduce_sum(np.array([sse]))[0])
-        cam = self.data.train[0].camera
-        mse = sse / (3 * cam.width * cam.height)
-        return math.inf if mse == 0 else -10.0 * math.log10(mse)
 
     def _reorder_after_refine(self, events):
         """Put the Gaussians in the order one rank would have: every rank's kept ones,

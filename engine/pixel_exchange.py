@@ -24,7 +24,6 @@ render's blend order, so P ranks train as one (tested); elsewhere Gaussians of t
 interleave along a ray and blend in box order instead.  Traffic grows with the pixels, not the
 Gaussians in view.
 """
-import math
 
 import numpy as np
 
@@ -32,7 +31,7 @@ import numbasplat as ns
 from numbasplat import backend as _backend
 from numbasplat.compose import compose, compose_backward
 from numbasplat.loss import l1_ssim_loss
-from numbasplat.rendering import image_from_tiles, image_tiles, tiles_squared_error
+from numbasplat.rendering import image_from_tiles, image_tiles
 
 from .distributed import RankedTrainer, even_bounds
 from .gaussian_exchange import halo_ranges
@@ -198,17 +197,6 @@ class PixelExchangeTrainer(RankedTrainer):
         self.stats = {"pixel_bytes": int(send.nbytes + back.nbytes), "tiles_sent": int(len(send)),
                       "tiles_full": full, **clock.stats()}
         return loss, events
-
-    def progress_psnr(self):
-        """The last view's PSNR from the composers' summed squared errors on their tiles.  Collective."""
-        sse = 0.0
-        if self._view0 is not None:
-            image, target, lo, hi = self._view0
-            sse = float(tiles_squared_error(image, target, lo, hi))
-        sse = float(self.exchange.allreduce_sum(np.array([sse]))[0])
-        cam = self.data.train[0].camera
-        mse = sse / (3 * cam.width * cam.height)
-        return math.inf if mse == 0 else -10.0 * math.log10(mse)
 
     def log_extra(self):
         return {**super().log_extra(), "gaussians_total": self.total}

@@ -112,7 +112,9 @@ def _scaling(*args, timeout=600):
 
 def test_scaling_wants_a_scene_or_a_dataset_not_both(tmp_path):
     r = _scaling("--iters", "1")
-    assert r.returncode == 2 and "one of the arguments --scene --data is required" in r.stderr, r.stderr
+    assert r.returncode == 2 and "one of the arguments --scene --data --model is required" in r.stderr, r.stderr
+    r = _scaling("--model", tmp_path / "none")
+    assert r.returncode == 1 and r.stderr.strip() == f"error: --model {tmp_path / 'none'} does not exist", r.stderr
     r = _scaling("--scene", tmp_path / "s.npz", "--data", tmp_path)
     assert r.returncode == 2 and "argument --data: not allowed with argument --scene" in r.stderr, r.stderr
     r = _scaling("--data", tmp_path)
