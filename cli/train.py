@@ -49,7 +49,8 @@ def train_model(dataset, a, cfg, settings=None):
         select_device(comm)
         if pixel:
             from engine.pixel_exchange import PixelExchangeTrainer
-            t = PixelExchangeTrainer(dataset, a.out, cfg, comm, transport=getattr(a, "transport", "auto"))
+            t = PixelExchangeTrainer(dataset, a.out, cfg, comm, transport=getattr(a, "transport", "auto"),
+                                     saturation=getattr(a, "saturation", "on") == "on")
         else:
             from engine.gaussian_exchange import GaussianExchangeTrainer
             t = GaussianExchangeTrainer(dataset, a.out, cfg, comm, batch_size=getattr(a, "batch_size", None),
@@ -204,6 +205,9 @@ def add_train_options(p):
                    help="what ranks trade under MPI: Gaussians (owners send projected Gaussians to the ranks that "
                         "render their tiles; batch of one view a rank) or pixels (Splaxel: each rank owns a box of "
                         "space and renders it, partial images are composed in depth order; one view a step)")
+    p.add_argument("--saturation", choices=["on", "off"], default="on",
+                   help="with --exchange pixel: on later visits of a view, skip the tiles that the boxes in front "
+                        "of a rank's own saturate (marks made anew every 4 epochs)")
     p.add_argument("--grad-comm", choices=["sparse", "dense"], default="sparse",
                    help="backward exchange under MPI: zero-eliding (ByteSplat) or dense")
     p.add_argument("--transport", choices=TRANSPORTS, default="auto",

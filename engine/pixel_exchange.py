@@ -19,6 +19,10 @@ on every rank (shared seed):
    its Gaussians; those whose centres left the box migrate to its owner, and after densification
    the tree is rebuilt when the largest rank holds over ``REBALANCE`` times the mean.
 
+Two reductions cut the pixels sent: a rank sends only the tiles its Gaussians cover (spatial),
+and on later visits of a view it neither renders nor sends the tiles that the boxes in front of
+its own saturate (``Saturation``; ``saturation=False`` turns it off).
+
 Where the boxes are separated in depth along every ray, composing in box order is the single
 render's blend order, so P ranks train as one (tested); elsewhere Gaussians of two boxes
 interleave along a ray and blend in box order instead.  Traffic grows with the pixels, not the
@@ -31,6 +35,7 @@ import numbasplat as ns
 from numbasplat import backend as _backend
 from numbasplat.compose import compose, compose_backward
 from numbasplat.loss import l1_ssim_loss
+from numbasplat.math.geometry import T_MIN
 from numbasplat.rendering import image_from_tiles, image_tiles
 
 from .distributed import RankedTrainer, even_bounds
@@ -41,26 +46,79 @@ from .partition import SpatialPartition
 from .trainer import PhaseClock
 
 REBALANCE = 1.1  # rebuild the tree after densification when the largest rank holds over this x the mean
+SATURATION_EPOCHS = 4  # a view's saturation marks are made anew every this many epochs
+# the light under which a box behind is skipped.  Not the rasterizer's cut-off T_MIN (1e-4), as
+# Splaxel's: our rasterizer ends a pixel before its transmittance would drop under T_MIN, so a
+# partial render never leaves less than T_MIN, and a pixel that ended leaves up to
+# T_MIN / (1 - ALPHA_MAX) = 100 T_MIN.  What is skipped weighs under SATURATED of the pixel.
+SATURATED = 10 * T_MIN
+
+
+class Saturation:
+    """Saturation reduction: the tiles of a view where the boxes in front of a rank's box leave
+    less than ``SATURATED`` of the light on every pixel are marked for that rank; on
+    later visits of the view it neither renders nor sends them.  Marks go stale as the Gaussians
+    change: a view's marks are made from a full composition on its first visit and again every
+    ``every`` epochs, which also counts the marks that were wrong (a marked tile no longer
+    saturated)."""
+
+    def __init__(self, ranks, every):
+        self.ranks, self.every = ranks, every
+        self.packed = {}  # view -> np.packbits of its (ranks, tiles) marks
+        self.counts = {"saturation_marks_checked": 0, "saturation_marks_wrong": 0}
+
+    def marks(self, view, epoch, n_tiles):
+        """(ranks, tiles) bool marks to use for ``view`` in ``epoch``; None: compose it fully (and mark)."""
+        if view not in self.packed or epoch % self.every == 0:
+            return None
+        return np.unpackbits(self.packed[view], count=self.ranks * n_tiles).reshape(self.ranks, n_tiles).astype(bool)
+
+    @staticmethod
+    def saturated(trans, order, lo, hi):
+        """(ranks, hi - lo) bool: the composer's tiles lo..hi-1 that each rank's box may skip: the light
+        reaching it (the product of the transmittances in front, ``trans`` in ``order``) stays under
+        ``SATURATED`` on every pixel of the tile."""
+        xp = _backend.array_module_of(trans)
+        marks = np.zeros((len(order), hi - lo), bool)
+        reach = xp.ones(trans.shape[1:], trans.dtype)
+        for k, s in enumerate(order):
+            if k:
+                marks[s] = _backend.to_host(image_tiles(reach[..., None], lo, hi).max(axis=1) < SATURATED)
+            reach = reach * trans[k]
+        return marks
+
+    def update(self, view, marks):
+        """Keep ``view``'s new (ranks, tiles) marks, counting its old ones that were wrong."""
+        old = self.packed.get(view)
+        if old is not None:
+            old = np.unpackbits(old, count=marks.size).reshape(marks.shape).astype(bool)
+            self.counts["saturation_marks_checked"] += int(old.sum())
+            self.counts["saturation_marks_wrong"] += int((old & ~marks).sum())
+        self.packed[view] = np.packbits(marks)
 
 
 class PixelExchangeTrainer(RankedTrainer):
     """``Trainer`` whose step is the pixel-level pipeline above; ``model`` is the Gaussians of this
     rank's box of ``partition``."""
 
-    def __init__(self, dataset, out_dir, cfg, comm, backend=None, log=print, transport="auto"):
+    def __init__(self, dataset, out_dir, cfg, comm, backend=None, log=print, transport="auto", saturation=True,
+                 revalidate_every=SATURATION_EPOCHS):
+        """``saturation``: skip the tiles that a view's boxes in front saturate (see ``Saturation``);
+        their marks are made anew every ``revalidate_every`` epochs."""
         if cfg.loss != "global":
             raise ValueError("--exchange pixel trains with --loss global for now")
         if cfg.strategy != "default":
             raise ValueError(f"--exchange pixel densifies with the default strategy, not {cfg.strategy!r}")
         super().__init__(dataset, out_dir, cfg, comm, backend, log, transport)
         self.batch = 1
+        self.saturation = Saturation(self.size, revalidate_every) if saturation else None
         self.partition = None
         self.time_phases = None  # the phases synced at log steps (see _timing)
         self._view0 = None
         self.log(f"{self.size} ranks, pixel exchange, device buffers through: {self.exchange.transport.name}")
 
     def pipeline_fields(self):
-        return {"exchange": "pixel"}
+        return {"exchange": "pixel", "saturation": self.saturation is not None}
 
     # ------------------------------------------------------------------ ownership
     def start_from(self, model_state, strategy_state=None):
@@ -111,6 +169,8 @@ class PixelExchangeTrainer(RankedTrainer):
             means = np.concatenate(self.comm.allgather(self.model.host_arrays()["means"]))
             self.partition = SpatialPartition.build(means, self.size)
             moved += self._migrate()
+            if self.saturation is not None:  # marks are per box: new boxes, new marks
+                self.saturation.packed.clear()
         return {"migrated": moved, "rebuilt": rebuilt}
 
     # ------------------------------------------------------------------ one step
@@ -133,6 +193,9 @@ class PixelExchangeTrainer(RankedTrainer):
                        check=False)
         clock.end("project")
         binning = ns.bin_tiles(p, backend=self.backend)
+        marks = self.saturation.marks(i, self.step // len(self.data.train), n_tiles) if self.saturation else None
+        if marks is not None and marks[self.rank].any():  # the tiles the boxes in front saturate: not rendered
+            binning.ranges[xp.asarray(marks[self.rank])] = 0
         r = ns.rasterize(p, binning, bg if order[-1] == self.rank else none, self.backend)
         partial = xp.concatenate([r.image, r.trans[..., None]], axis=2)
         clock.end("render")
@@ -160,6 +223,9 @@ class PixelExchangeTrainer(RankedTrainer):
         colours = xp.stack([a[..., :3] for a in layers])
         trans = xp.stack([a[..., 3] for a in layers])
         image, _ = compose(colours, trans, none)
+        if self.saturation is not None and marks is None:  # a full composition: mark the saturated tiles anew
+            mine = self.saturation.saturated(trans, order, lo, hi)
+            self.saturation.update(i, np.concatenate(self.comm.allgather(mine), axis=1))
         loss, d_image = l1_ssim_loss(image, target, c.lambda_dssim, backend=self.backend, tiles=(lo, hi), lazy=True)
         d_colours, d_trans = compose_backward(colours, trans, none, d_image)
         self._view0 = (image, target, lo, hi)
@@ -195,7 +261,8 @@ class PixelExchangeTrainer(RankedTrainer):
         clock.end("reduce")
         full = int((need_hi - need_lo).sum())  # the tiles I would send every composer without the reduction
         self.stats = {"pixel_bytes": int(send.nbytes + back.nbytes), "tiles_sent": int(len(send)),
-                      "tiles_full": full, **clock.stats()}
+                      "tiles_full": full, "tiles_saturated": int(marks[self.rank].sum()) if marks is not None else 0,
+                      **(self.saturation.counts if self.saturation else {}), **clock.stats()}
         return loss, events
 
     def log_extra(self):

@@ -18,10 +18,11 @@ from scenes import slab_capture  # noqa: E402
 out = Path(sys.argv[1])
 comm = MPI.COMM_WORLD
 with abort_on_error(comm):
-    data, start = slab_capture()
-    cfg = TrainConfig(iterations=8, sh_degree=0, n_random_init=1, snapshot_every=0, log_every=4,
+    opaque = "opaque" in sys.argv  # a hiding top slab, 3 epochs of 4 views: saturation reduction at work
+    data, start = slab_capture(n_slabs=2, per_slab=150, views=4, size=48, opaque_top=True, distance=0.5) if opaque else slab_capture()
+    cfg = TrainConfig(iterations=12 if opaque else 8, sh_degree=0, n_random_init=1, snapshot_every=0, log_every=4,
                       background=(1.0, 1.0, 1.0), densify_from=10**6)
-    t = PixelExchangeTrainer(data, out, cfg, comm, backend="cpu")
+    t = PixelExchangeTrainer(data, out, cfg, comm, backend="cpu", saturation="saturation-off" not in sys.argv)
     t.start_from({"params": start})
     if "rebalance" in sys.argv:  # every Gaussian moved into rank 0's box: they migrate, then the tree is rebuilt
         before = t.gathered()
@@ -36,10 +37,17 @@ with abort_on_error(comm):
             print("rebalance", events, "counts", counts, "same rows", same)
         sys.exit(0)
     order = np.argsort(t.partition.owner(start["means"]), kind="stable")  # the rows as the ranks hold them
-    t.train(progress=False)
+    losses = []
+    while t.step < cfg.iterations:
+        loss, _ = t.train_step()
+        losses.append(float(loss))
+        if comm.Get_rank() == 0 and opaque:
+            print("step", t.step, "saturated", comm.allgather(t.stats["tiles_saturated"]), "loss", losses[-1])
+        elif opaque:
+            comm.allgather(t.stats["tiles_saturated"])
     params = t.gathered()
     if comm.Get_rank() == 0:
         back = np.empty_like(order)
         back[order] = np.arange(len(order))
-        np.savez(out / "final.npz", **{k: a[back] for k, a in params.items()})
+        np.savez(out / "final.npz", losses=np.array(losses), **{k: a[back] for k, a in params.items()})
         print("gaussians", len(params["means"]), "boxes", [int(x) for x in np.bincount(t.partition.owner(start["means"]))])

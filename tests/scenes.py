@@ -35,14 +35,15 @@ def edge_case_scene(n=24, seed=0, dtype=np.float64, degree=3):
                         sh.astype(dtype))
 
 
-def slab_capture(n_slabs=4, per_slab=40, views=6, size=32, seed=0):
+def slab_capture(n_slabs=4, per_slab=40, views=6, size=32, seed=0, opaque_top=False, distance=8.0):
     """Gaussians in ``n_slabs`` thin horizontal slabs 1.5 apart, seen from above by ``views``
     cameras: every ray meets the slabs in height order, so a kd-tree of up to ``n_slabs`` boxes
     over them (its cuts fall in the gaps: the longest extent is the height) is separated in
     depth for every camera (two slabs and their gap, 1.7 deep, are wider than the slabs' 1.4, so
     every cut is a height).  -> (a ``data.Dataset`` of renders of the true Gaussians, the
     Gaussians' arrays to start training from: their colours perturbed).  Semi-transparent: no
-    pixel saturates, so a render skips nothing."""
+    pixel saturates, so a render skips nothing; unless ``opaque_top``: the top slab then holds
+    large opaque Gaussians that hide most of what is below."""
     from data import Dataset, View
     from engine.camera_path import look_at
     rng = np.random.default_rng(seed)
@@ -52,10 +53,14 @@ def slab_capture(n_slabs=4, per_slab=40, views=6, size=32, seed=0):
     truth = ns.Gaussians(means.astype(np.float32), np.log(rng.uniform(0.06, 0.12, (n, 3))).astype(np.float32),
                          rng.normal(size=(n, 4)).astype(np.float32), rng.uniform(-2.5, -0.5, n).astype(np.float32),
                          rng.normal(0, 0.5, (n, 1, 3)).astype(np.float32))
+    if opaque_top:
+        top = height > 1.5 * (n_slabs - 1) - 0.5
+        truth.scales[top] = np.log(0.4)
+        truth.opacities[top] = 6.0
     train = []
     for i in range(views):
         a = 2 * np.pi * i / views
-        eye = (0.8 * np.cos(a), 0.8 * np.sin(a), 1.5 * n_slabs + 8.0)
+        eye = (0.8 * np.cos(a), 0.8 * np.sin(a), 1.5 * n_slabs + distance)  # ``distance`` above the top
         cam = ns.Camera(look_at(eye, (0.0, 0.0, 0.75 * n_slabs), up=(0, 1, 0)), 0.9 * size, 0.9 * size,
                         size / 2, size / 2, size, size)
         image = np.clip(ns.render(truth, cam, background=np.ones(3, np.float32), backend="cpu").image, 0, 1)
