@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|pixel P|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -172,7 +172,24 @@ recipe)  # issue 24: the recipe's differences from the reference (gsplat 1.5.3),
             timeout 400 python3 .data/ref_trainer.py $where $fmt 7000 > "$R/${scene}_reference.txt" 2>&1
         step "reference rc=$?"; tail -1 "$R/${scene}_reference.txt"
     fi ;;
-*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
+pixel)  # issue 25: pixel- against Gaussian-level exchange.  Bytes per image at P = 2, 4, 8 from one rank
+    # (run.py scaling --model-ranks, on lego and fern 7k models and the generated city), then 7k at P ranks
+    # sharing the GPU in both modes (quality and images/s; ranks share one GPU, so time is not a speed-up)
+    p=${2:-2}
+    train lego7k 7000 "${LEGO[@]}"; train fern7k 7000 "${FERN[@]}"
+    for m in lego7k fern7k; do
+        step "bytes $m"; timeout 120 python3 run.py scaling --model "$R/$m" --pipeline single --views 8 --iters 10 \
+            --model-ranks 2,4,8 > "$R/bytes_$m.txt" 2>&1; grep -A6 "pixel-level" "$R/bytes_$m.txt"
+    done
+    for mode in gaussian pixel; do
+        for scene in fern lego; do
+            name=${scene}_${mode}_p$p; args=FERN[@]; [ $scene = lego ] && args=LEGO[@]
+            step "$name"; mpi "$p" --out "$R/$name" --iters 7000 --eval --quiet "${!args}" --exchange "$mode" \
+                > "$R/$name.txt" 2>&1
+            grep -v Warn "$R/$name.txt" | tail -1; rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders"
+        done
+    done ;;
+*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|pixel P|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
 esac
 step done
 (cd "$OUT" && tar czf "logs_$part.tgz" r && rm -rf r)
