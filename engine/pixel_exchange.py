@@ -129,7 +129,8 @@ class PixelExchangeTrainer(RankedTrainer):
         mine = self.partition.owner(means) == self.rank
         rows = {w: {g: a[mine] for g, a in model_state[w].items()} for w in ("params", "m", "v") if w in model_state}
         self.model = GaussianModel.from_state({**model_state, **rows}, self.backend)
-        self.total = len(means)
+        counts = np.bincount(self.partition.owner(means), minlength=self.size)
+        self.offset, self.total = int(counts[:self.rank].sum()), len(means)
         self.strategy_state = ({k: self.xp.asarray(a[mine]) for k, a in strategy_state.items()} if strategy_state
                                else self.strategy.initialize_state())
 
@@ -150,7 +151,16 @@ class PixelExchangeTrainer(RankedTrainer):
                     for k, a in self.strategy_state.items() if len(a) == len(dest)}
         self.model = GaussianModel.from_state(moved, self.backend)
         self.strategy_state = {k: self.xp.asarray(a) for k, a in strategy.items()}
+        self._count()
         return moving
+
+    def _count(self):
+        """``total`` and this rank's ``offset`` (the Gaussians of lower ranks): the strategy draws its
+        random numbers for all ``total`` rows on every rank and takes its own, so the ranks' shared
+        RNG (the views' order) stays the same on all.  Collective."""
+        counts = np.array(self.comm.allgather(len(self.model)))
+        self.offset, self.total = int(counts[:self.rank].sum()), int(counts.sum())
+        return counts
 
     def _rows_to_owners(self, a, order, counts):
         width = int(np.prod(a.shape[1:]))  # (a rank may hold no rows: no -1 in the shape)
@@ -162,8 +172,7 @@ class PixelExchangeTrainer(RankedTrainer):
         one, from every rank's means) when the largest rank holds over ``REBALANCE`` x the mean.
         -> {"migrated": Gaussians moved, "rebuilt": whether the tree was} for the log."""
         moved = self._migrate()
-        counts = np.array(self.comm.allgather(len(self.model)))
-        self.total = int(counts.sum())
+        counts = self._count()
         rebuilt = bool(counts.max() > REBALANCE * max(counts.mean(), 1))
         if rebuilt:
             means = np.concatenate(self.comm.allgather(self.model.host_arrays()["means"]))
@@ -251,7 +260,9 @@ class PixelExchangeTrainer(RankedTrainer):
         lr, cols = self.learning_rates()
         model.adam.step(model.grads.data, cols)
         self.step += 1
-        events = self.strategy.after_optimizer(model, self.strategy_state, self.step, self.context(lr_means=lr["means"]))
+        events = self.strategy.after_optimizer(model, self.strategy_state, self.step,
+                                               self.context(lr_means=lr["means"], offset=self.offset, total=self.total))
+        self._last_view = i
         if "cloned" in events:
             events.update(self._rebalance(), gaussians=self.total)
         else:
@@ -266,4 +277,9 @@ class PixelExchangeTrainer(RankedTrainer):
         return loss, events
 
     def log_extra(self):
+        """The whole model's count; and a check that every rank trained the same view (they share the
+        RNG that orders the views: a rank that drew more would compose other cameras' pixels)."""
+        views = self.comm.allgather(getattr(self, "_last_view", None))
+        if len(set(views)) > 1:
+            raise RuntimeError(f"the ranks trained different views at step {self.step}: {views}")
         return {**super().log_extra(), "gaussians_total": self.total}
