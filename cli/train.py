@@ -50,7 +50,8 @@ def train_model(dataset, a, cfg, settings=None):
         if pixel:
             from engine.pixel_exchange import PixelExchangeTrainer
             t = PixelExchangeTrainer(dataset, a.out, cfg, comm, transport=getattr(a, "transport", "auto"),
-                                     saturation=getattr(a, "saturation", "on") == "on")
+                                     saturation=getattr(a, "saturation", "on") == "on",
+                                     consolidation=getattr(a, "consolidation", "on") == "on")
         else:
             from engine.gaussian_exchange import GaussianExchangeTrainer
             t = GaussianExchangeTrainer(dataset, a.out, cfg, comm, batch_size=getattr(a, "batch_size", None),
@@ -208,6 +209,9 @@ def add_train_options(p):
     p.add_argument("--saturation", choices=["on", "off"], default="on",
                    help="with --exchange pixel: on later visits of a view, skip the tiles that the boxes in front "
                         "of a rank's own saturate (marks made anew every 4 epochs)")
+    p.add_argument("--consolidation", choices=["on", "off"], default="on",
+                   help="with --exchange pixel: train the views whose ranks are disjoint (each sees other boxes) "
+                        "side by side in one step, planned each epoch; off: one view a step")
     p.add_argument("--grad-comm", choices=["sparse", "dense"], default="sparse",
                    help="backward exchange under MPI: zero-eliding (ByteSplat) or dense")
     p.add_argument("--transport", choices=TRANSPORTS, default="auto",

@@ -2,8 +2,8 @@
 
 Space is cut into P axis-aligned boxes by a kd-tree balanced by Gaussian count
 (``partition.SpatialPartition``); each rank owns the Gaussians whose centres lie in its box
-(projection, rasterization, their backward, Adam, densification).  One step, one view, the same
-on every rank (shared seed):
+(projection, rasterization, their backward, Adam, densification).  A step of one view, the same
+on every rank (shared seed), as every rank takes part in it:
 
 1. every rank renders its own Gaussians on a zero background: a partial image of premultiplied
    colour and transmittance per pixel;
@@ -23,6 +23,13 @@ Two reductions cut the pixels sent: a rank sends only the tiles its Gaussians co
 and on later visits of a view it neither renders nor sends the tiles that the boxes in front of
 its own saturate (``Saturation``; ``saturation=False`` turns it off).
 
+A view's participants are the ranks whose Gaussians can show in it (their bounds' projection,
+``partition.visible_region``, without rendering); only they render, compose and trade its
+pixels.  With ``consolidation`` each epoch's views are bucketed so that the views of a bucket
+have disjoint participants (``consolidate``), and a step trains a bucket: each rank takes part in
+at most one of its views, a rank in none moves none of its Gaussians, and the step counts the
+bucket's views.  Utilisation (active ranks / P) before and after goes to the log.
+
 Where the boxes are separated in depth along every ray, composing in box order is the single
 render's blend order, so P ranks train as one (tested); elsewhere Gaussians of two boxes
 interleave along a ray and blend in box order instead.  Traffic grows with the pixels, not the
@@ -36,22 +43,74 @@ from numbasplat import backend as _backend
 from numbasplat.compose import compose, compose_backward
 from numbasplat.loss import l1_ssim_loss
 from numbasplat.math.geometry import T_MIN
+from numbasplat.math.tiles import TILE_PIXELS
 from numbasplat.rendering import image_from_tiles, image_tiles
 
 from .distributed import RankedTrainer, even_bounds
 from .gaussian_exchange import halo_ranges
 from .model import GaussianModel
 from .camera_path import centres
-from .partition import SpatialPartition
+from .partition import SpatialPartition, visible_region
 from .trainer import PhaseClock
 
 REBALANCE = 1.1  # rebuild the tree after densification when the largest rank holds over this x the mean
+REACH = 4.0      # a rank's Gaussians reach this many of their largest scale past their centres' bounds
+GROW_PX = 16     # and this many pixels more (the screen-space blur, the projection's linearisation)
 SATURATION_EPOCHS = 4  # a view's saturation marks are made anew every this many epochs
 # the light under which a box behind is skipped.  Not the rasterizer's cut-off T_MIN (1e-4), as
 # Splaxel's: our rasterizer ends a pixel before its transmittance would drop under T_MIN, so a
 # partial render never leaves less than T_MIN, and a pixel that ended leaves up to
 # T_MIN / (1 - ALPHA_MAX) = 100 T_MIN.  What is skipped weighs under SATURATED of the pixel.
 SATURATED = 10 * T_MIN
+
+
+class ViewPlan:
+    """One view of a step: its camera, its participants front to back (``order``: the partition's
+    order for the camera, the ranks outside the view left out) and its composers (the
+    participants in rank order), each composing a contiguous range of the view's tiles."""
+
+    def __init__(self, cam, participants, partition):
+        self.cam = cam
+        self.order = [r for r in partition.front_to_back(centres([cam])[0]) if r in participants]
+        self.composers = sorted(participants)
+        tx, ty = cam.tiles
+        self.n_tiles = tx * ty
+        self.bounds = even_bounds(self.n_tiles, len(self.composers))
+        _, _, self.need_lo, self.need_hi = halo_ranges(self.bounds, tx, self.n_tiles)
+
+    def range(self, j):
+        """The tiles composer j composes (first, end)."""
+        return int(self.bounds[j]), int(self.bounds[j + 1])
+
+    def need(self, j):
+        """The tiles composer j needs: its range and the SSIM windows' halo (first, end)."""
+        return int(self.need_lo[j]), int(self.need_hi[j])
+
+
+def consolidate(participants):
+    """Splaxel's conflict-free view consolidation: in order, each view joins the first bucket whose
+    ranks are disjoint from its participants, else opens a new one.  -> the buckets, as lists of
+    the views' positions."""
+    buckets, used = [], []
+    for k, ranks in enumerate(participants):
+        for b, taken in enumerate(used):
+            if not taken & ranks:
+                buckets[b].append(k)
+                used[b] = taken | ranks
+                break
+        else:
+            buckets.append([k])
+            used.append(set(ranks))
+    return buckets
+
+
+def utilisation(participants, buckets, ranks):
+    """{"utilisation_before", "utilisation_after"}: the mean share of the ranks at work in a step,
+    a view a step against the buckets' (U = active ranks / P)."""
+    before = float(np.mean([len(s) for s in participants])) / ranks if participants else 0.0
+    after = float(np.mean([len(set().union(*(participants[k] for k in b))) for b in buckets])) / ranks \
+        if buckets else 0.0
+    return {"utilisation_before": before, "utilisation_after": after}
 
 
 class Saturation:
@@ -74,12 +133,12 @@ class Saturation:
         return np.unpackbits(self.packed[view], count=self.ranks * n_tiles).reshape(self.ranks, n_tiles).astype(bool)
 
     @staticmethod
-    def saturated(trans, order, lo, hi):
+    def saturated(trans, order, lo, hi, ranks):
         """(ranks, hi - lo) bool: the composer's tiles lo..hi-1 that each rank's box may skip: the light
         reaching it (the product of the transmittances in front, ``trans`` in ``order``) stays under
         ``SATURATED`` on every pixel of the tile."""
         xp = _backend.array_module_of(trans)
-        marks = np.zeros((len(order), hi - lo), bool)
+        marks = np.zeros((ranks, hi - lo), bool)
         reach = xp.ones(trans.shape[1:], trans.dtype)
         for k, s in enumerate(order):
             if k:
@@ -102,9 +161,10 @@ class PixelExchangeTrainer(RankedTrainer):
     rank's box of ``partition``."""
 
     def __init__(self, dataset, out_dir, cfg, comm, backend=None, log=print, transport="auto", saturation=True,
-                 revalidate_every=SATURATION_EPOCHS):
+                 revalidate_every=SATURATION_EPOCHS, consolidation=True):
         """``saturation``: skip the tiles that a view's boxes in front saturate (see ``Saturation``);
-        their marks are made anew every ``revalidate_every`` epochs."""
+        their marks are made anew every ``revalidate_every`` epochs.  ``consolidation``: train views
+        whose participants are disjoint in the same step (``consolidate``); else one view a step."""
         if cfg.loss != "global":
             raise ValueError("--exchange pixel trains with --loss global for now")
         if cfg.strategy != "default":
@@ -112,13 +172,15 @@ class PixelExchangeTrainer(RankedTrainer):
         super().__init__(dataset, out_dir, cfg, comm, backend, log, transport)
         self.batch = 1
         self.saturation = Saturation(self.size, revalidate_every) if saturation else None
+        self.consolidation = consolidation
+        self._buckets, self.utilisation = [], {}
         self.partition = None
         self.time_phases = None  # the phases synced at log steps (see _timing)
         self._view0 = None
         self.log(f"{self.size} ranks, pixel exchange, device buffers through: {self.exchange.transport.name}")
 
     def pipeline_fields(self):
-        return {"exchange": "pixel", "saturation": self.saturation is not None}
+        return {"exchange": "pixel", "saturation": self.saturation is not None, "consolidation": self.consolidation}
 
     # ------------------------------------------------------------------ ownership
     def start_from(self, model_state, strategy_state=None):
@@ -182,99 +244,191 @@ class PixelExchangeTrainer(RankedTrainer):
                 self.saturation.packed.clear()
         return {"migrated": moved, "rebuilt": rebuilt}
 
+    # ------------------------------------------------------------------ which views a step trains
+    def _extents(self):
+        """Every rank's Gaussians' bounds: (P, 7) rows of min xyz, max xyz and the largest scale
+        (NaN for a rank without Gaussians).  Collective: one small allgather."""
+        g = self.model.gaussians
+        mine = np.full(7, np.nan)
+        if len(g):
+            mine = np.concatenate([_backend.to_host(g.means.min(axis=0)), _backend.to_host(g.means.max(axis=0)),
+                                   [float(_backend.to_host(self.xp.exp(g.scales.max())))]])
+        return np.array(self.comm.allgather(mine))
+
+    def _participants(self, views):
+        """For each view, the ranks whose Gaussians can show in it (frozenset): those whose bounds,
+        grown by ``REACH`` of their largest scale, project into the image (``visible_region``);
+        every rank where none does.  The same on every rank."""
+        extents = self._extents()
+        out = []
+        for v in views:
+            cam = self.data.train[v].camera
+            seen = frozenset(r for r, e in enumerate(extents) if not np.isnan(e[0]) and visible_region(
+                e[:3] - REACH * e[6], e[3:6] + REACH * e[6], cam, grow=GROW_PX) is not None)
+            out.append(seen or frozenset(range(self.size)))
+        return out
+
+    def _next_views(self):
+        """The step's views and their participants: with consolidation the next bucket of the epoch
+        (``consolidate``: views whose participants are disjoint, trained side by side), else one
+        view that every rank takes part in.  ``order`` keeps the views of the epoch still to train,
+        so a snapshot resumes the epoch."""
+        if not self.consolidation:
+            return [self.next_view()], [frozenset(range(self.size))]
+        if not self._buckets:
+            if not self.order:
+                self.order = list(self.rng.permutation(len(self.data.train)))
+            views = self.order[::-1]  # next_view's order: the list is popped from its end
+            parts = self._participants(views)
+            self._buckets = [[(views[k], parts[k]) for k in bucket] for bucket in consolidate(parts)]
+            self.utilisation = utilisation(parts, consolidate(parts), self.size)
+        bucket = self._buckets.pop(0)
+        taken = {v for v, _ in bucket}
+        self.order = [v for v in self.order if v not in taken]
+        return [v for v, _ in bucket], [s for _, s in bucket]
+
     # ------------------------------------------------------------------ one step
     def train_step(self):
-        c, xp, model = self.cfg, self.xp, self.model
+        c, xp, model, me = self.cfg, self.xp, self.model, self.rank
         clock = PhaseClock(self.backend, self._timing())
-        i = self.next_view()
-        cam = self.data.train[i].camera
-        target = self.targets[i]
+        views, parts = self._next_views()
         bg = self.step_background()
-        g = model.gaussians
-        H, W = cam.height, cam.width
-        tx, ty = cam.tiles
-        n_tiles = tx * ty
-        # 1. my partial image: premultiplied colour and transmittance; the box at the back renders on
-        # the background (and composition adds none), so one rank's partial image is the render itself
-        order = self.partition.front_to_back(centres([cam])[0])
         none = np.zeros(3, np.float32)
-        p = ns.project(g, cam, sh_degree=self.sh_degree_now(), antialias=c.antialias, backend=self.backend,
-                       check=False)
-        clock.end("project")
-        binning = ns.bin_tiles(p, backend=self.backend)
-        marks = self.saturation.marks(i, self.step // len(self.data.train), n_tiles) if self.saturation else None
-        if marks is not None and marks[self.rank].any():  # the tiles the boxes in front saturate: not rendered
-            binning.ranges[xp.asarray(marks[self.rank])] = 0
-        r = ns.rasterize(p, binning, bg if order[-1] == self.rank else none, self.backend)
-        partial = xp.concatenate([r.image, r.trans[..., None]], axis=2)
+        epoch = self.step // len(self.data.train)
+        plans = [ViewPlan(self.data.train[v].camera, parts[k], self.partition) for k, v in enumerate(views)]
+        k_me = next((k for k, s in enumerate(parts) if me in s), None)  # the view I take part in, if any
+        # 1. my partial image of my view: premultiplied colour and transmittance; the participant at
+        # the back renders on the background (and composition adds none), so one rank's partial
+        # image is the render itself
+        covered_mine, marks = None, {}
+        if k_me is not None:
+            plan, view = plans[k_me], views[k_me]
+            p = ns.project(model.gaussians, plan.cam, sh_degree=self.sh_degree_now(), antialias=c.antialias,
+                           backend=self.backend, check=False)
+            clock.end("project")
+            binning = ns.bin_tiles(p, backend=self.backend)
+            if self.saturation is not None:
+                marks[k_me] = self.saturation.marks(view, epoch, plan.n_tiles)
+                if marks[k_me] is not None and marks[k_me][me].any():  # saturated by the boxes in front: skipped
+                    binning.ranges[xp.asarray(marks[k_me][me])] = 0
+            r = ns.rasterize(p, binning, bg if plan.order[-1] == me else none, self.backend)
+            partial = xp.concatenate([r.image, r.trans[..., None]], axis=2)
+            covered_mine = _backend.to_host((binning.ranges[:, 1] - binning.ranges[:, 0]) > 0)
         clock.end("render")
-        # 2. every composer gets the partial tiles of its range and their halo from every rank, only
-        # those that rank's Gaussians cover (elsewhere its partial is nothing: colour 0, or the
-        # background at the back, and transmittance 1): the tiles its binning holds, known to all
-        covered = self.comm.allgather(_backend.to_host((binning.ranges[:, 1] - binning.ranges[:, 0]) > 0))
-        bounds = even_bounds(n_tiles, self.size)
-        lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
-        _, _, need_lo, need_hi = halo_ranges(bounds, tx, n_tiles)
+        # 2. every composer of a view gets the partial tiles of its range and their halo from each of
+        # the view's participants, only those the participant covers (elsewhere its partial is
+        # nothing: colour 0, or the background at the back, and transmittance 1)
+        covered = self.comm.allgather(covered_mine)
 
         def tiles(source, first, last):  # the tiles of first..last-1 that ``source`` sends
             return first + np.flatnonzero(covered[source][first:last])
-        mine = [tiles(self.rank, int(a), int(b)) for a, b in zip(need_lo, need_hi)]
-        theirs = [tiles(s, int(need_lo[self.rank]), int(need_hi[self.rank])) for s in range(self.size)]
-        send = xp.concatenate([image_tiles(partial, ids) for ids in mine])
-        recv, _ = self.exchange.alltoallv(send, np.array([len(t) for t in mine]), np.array([len(t) for t in theirs]))
+        empty = np.zeros(0, np.int64)
+        send_ids = [empty] * self.size
+        if k_me is not None:
+            plan = plans[k_me]
+            for j, d in enumerate(plan.composers):
+                send_ids[d] = tiles(me, *plan.need(j))
+        composing = k_me is not None and me in plans[k_me].composers
+        recv_ids = [empty] * self.size
+        if composing:
+            plan = plans[k_me]
+            j = plan.composers.index(me)
+            for s in plan.composers:
+                recv_ids[s] = tiles(s, *plan.need(j))
+        width = 4 * TILE_PIXELS
+        send = (xp.concatenate([image_tiles(partial, ids) for ids in send_ids]) if k_me is not None
+                else xp.zeros((0, width), np.float32))
+        recv, _ = self.exchange.alltoallv(send, np.array([len(t) for t in send_ids]),
+                                          np.array([len(t) for t in recv_ids]))
         clock.end("forward_exchange")
-        # 3. compose my tiles in the boxes' order for this camera, my share of the loss, its gradients
-        starts = np.concatenate([[0], np.cumsum([len(t) for t in theirs])])
-        nothing = np.array([0, 0, 0, 1], np.float32)
-        layers = [image_from_tiles(recv[starts[s]:starts[s + 1]], theirs[s], H, W,
-                                   fill=np.append(bg, 1).astype(np.float32) if s == order[-1] else nothing)
-                  for s in order]
-        colours = xp.stack([a[..., :3] for a in layers])
-        trans = xp.stack([a[..., 3] for a in layers])
-        image, _ = compose(colours, trans, none)
-        if self.saturation is not None and marks is None:  # a full composition: mark the saturated tiles anew
-            mine = self.saturation.saturated(trans, order, lo, hi)
-            self.saturation.update(i, np.concatenate(self.comm.allgather(mine), axis=1))
-        loss, d_image = l1_ssim_loss(image, target, c.lambda_dssim, backend=self.backend, tiles=(lo, hi), lazy=True)
-        d_colours, d_trans = compose_backward(colours, trans, none, d_image)
-        self._view0 = (image, target, lo, hi)
+        # 3. compose my tiles of my view in its participants' order, my share of its loss, its gradients
+        loss, back_ids, back, mine = 0.0, [empty] * self.size, xp.zeros((0, width), np.float32), None
+        self._view0 = None
+        if composing:
+            plan, view = plans[k_me], views[k_me]
+            lo, hi = plan.range(plan.composers.index(me))
+            starts = np.concatenate([[0], np.cumsum([len(t) for t in recv_ids])])
+            H, W = plan.cam.height, plan.cam.width
+            nothing = np.array([0, 0, 0, 1], np.float32)
+            layers = [image_from_tiles(recv[starts[s]:starts[s + 1]], recv_ids[s], H, W,
+                                       fill=np.append(bg, 1).astype(np.float32) if s == plan.order[-1] else nothing)
+                      for s in plan.order]
+            colours = xp.stack([a[..., :3] for a in layers])
+            trans = xp.stack([a[..., 3] for a in layers])
+            image, _ = compose(colours, trans, none)
+            if self.saturation is not None and marks.get(k_me) is None:  # a full composition: mark anew
+                mine = (k_me, lo, hi, Saturation.saturated(trans, plan.order, lo, hi, self.size))
+            target = self.targets[view]
+            loss, d_image = l1_ssim_loss(image, target, c.lambda_dssim, backend=self.backend, tiles=(lo, hi),
+                                         lazy=True)
+            d_colours, d_trans = compose_backward(colours, trans, none, d_image)
+            if k_me == 0:
+                self._view0 = (image, target, lo, hi)
+            # ... and send each participant the gradients of its partial image on my tiles that it covers
+            parts_back = [None] * self.size
+            for k, s in enumerate(plan.order):
+                back_ids[s] = tiles(s, lo, hi)
+                parts_back[s] = image_tiles(xp.concatenate([d_colours[k], d_trans[k][..., None]], axis=2), back_ids[s])
+            back = xp.concatenate([parts_back[s] if parts_back[s] is not None else xp.zeros((0, width), np.float32)
+                                   for s in range(self.size)])
+        if self.saturation is not None:
+            self._update_marks(views, plans, self.comm.allgather(mine))
         clock.end("loss")
-        # ... and send each rank the gradients of its partial image on my tiles that it covers
-        back = [None] * self.size
-        for k, s in enumerate(order):
-            back[s] = image_tiles(xp.concatenate([d_colours[k], d_trans[k][..., None]], axis=2), tiles(s, lo, hi))
-        returned = [tiles(self.rank, int(bounds[d]), int(bounds[d + 1])) for d in range(self.size)]
-        back = xp.concatenate(back)
-        got, _ = self.exchange.alltoallv(back, np.array([len(tiles(s, lo, hi)) for s in range(self.size)]),
+        returned = [empty] * self.size
+        if k_me is not None:
+            plan = plans[k_me]
+            for j, d in enumerate(plan.composers):
+                returned[d] = tiles(me, *plan.range(j))
+        got, _ = self.exchange.alltoallv(back, np.array([len(t) for t in back_ids]),
                                          np.array([len(t) for t in returned]))
-        d_partial = image_from_tiles(got, np.concatenate(returned), H, W)  # 0 where I cover nothing
         clock.end("backward_exchange")
-        # 4. my Gaussians: raster and projection backward, statistics, Adam, densification, ownership
-        grad = ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d_partial[..., :3]),
-                                     d_alpha=-xp.ascontiguousarray(d_partial[..., 3]), backend=self.backend)
-        clock.end("backward")
-        ns.project_backward(g, p, grad, model.grad_gaussians, accumulate=False, backend=self.backend)
-        self.add_strategy_gradients()
-        self.strategy.after_backward(model, self.strategy_state, self.step, p, grad)
-        clock.end("owner")
+        # 4. my Gaussians: raster and projection backward, statistics, Adam (a rank in no view of the
+        # bucket moves none of its Gaussians), densification, ownership
         lr, cols = self.learning_rates()
-        model.adam.step(model.grads.data, cols)
-        self.step += 1
-        events = self.strategy.after_optimizer(model, self.strategy_state, self.step,
-                                               self.context(lr_means=lr["means"], offset=self.offset, total=self.total))
-        self._last_view = i
+        if k_me is not None:
+            plan = plans[k_me]
+            d_partial = image_from_tiles(got, np.concatenate(returned), plan.cam.height, plan.cam.width)
+            grad = ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d_partial[..., :3]),
+                                         d_alpha=-xp.ascontiguousarray(d_partial[..., 3]), backend=self.backend)
+            clock.end("backward")
+            ns.project_backward(model.gaussians, p, grad, model.grad_gaussians, accumulate=False, backend=self.backend)
+            self.add_strategy_gradients()
+            self.strategy.after_backward(model, self.strategy_state, self.step, p, grad)
+            clock.end("owner")
+            model.adam.step(model.grads.data, cols, p.counts > 0 if c.visible_adam else None)
+        else:
+            model.adam.step(model.grads.data, cols, xp.zeros(len(model), bool))  # (keeps Adam's step count)
+        prev = self.step
+        self.step += len(views)
+        ctx = self.context(lr_means=lr["means"], prev_step=prev, offset=self.offset, total=self.total)
+        events = self.strategy.after_optimizer(model, self.strategy_state, self.step, ctx)
         if "cloned" in events:
             events.update(self._rebalance(), gaussians=self.total)
+            self._buckets = []  # boxes and Gaussians changed: plan the rest of the epoch anew
         else:
             self._migrate()
+        self._last_view = tuple(views)
         clock.end("optimizer")
-        loss = float(self.exchange.allreduce_sum(np.array([float(loss)]))[0])
+        loss = float(self.exchange.allreduce_sum(np.array([float(loss)]))[0]) / len(views)
         clock.end("reduce")
-        full = int((need_hi - need_lo).sum())  # the tiles I would send every composer without the reduction
-        self.stats = {"pixel_bytes": int(send.nbytes + back.nbytes), "tiles_sent": int(len(send)),
-                      "tiles_full": full, "tiles_saturated": int(marks[self.rank].sum()) if marks is not None else 0,
-                      **(self.saturation.counts if self.saturation else {}), **clock.stats()}
+        full = 0 if k_me is None else sum(b - a for a, b in map(plans[k_me].need, range(len(plans[k_me].composers))))
+        self.stats = {"views": len(views), "pixel_bytes": int(send.nbytes + back.nbytes), "tiles_sent": int(len(send)),
+                      "tiles_full": full,
+                      "tiles_saturated": int(marks[k_me][me].sum()) if marks.get(k_me) is not None else 0,
+                      **(self.saturation.counts if self.saturation else {}), **self.utilisation, **clock.stats()}
         return loss, events
+
+    def _update_marks(self, views, plans, blocks):
+        """Put the composers' new saturation marks (``blocks``: (view in the bucket, lo, hi, (P, hi - lo))
+        or None, from every rank) together, view by view."""
+        fresh = {}
+        for block in blocks:
+            if block is None:
+                continue
+            k, lo, hi, marks = block
+            fresh.setdefault(k, np.zeros((self.size, plans[k].n_tiles), bool))[:, lo:hi] = marks
+        for k, marks in fresh.items():
+            self.saturation.update(views[k], marks)
 
     def log_extra(self):
         """The whole model's count; and a check that every rank trained the same view (they share the

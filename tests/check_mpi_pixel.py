@@ -13,16 +13,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from comm import abort_on_error  # noqa: E402
 from engine.pixel_exchange import PixelExchangeTrainer  # noqa: E402
 from engine.trainer import TrainConfig  # noqa: E402
-from scenes import slab_capture  # noqa: E402
+from scenes import cluster_capture, slab_capture  # noqa: E402
 
 out = Path(sys.argv[1])
 comm = MPI.COMM_WORLD
 with abort_on_error(comm):
     opaque = "opaque" in sys.argv  # a hiding top slab, 3 epochs of 4 views: saturation reduction at work
-    data, start = slab_capture(n_slabs=2, per_slab=150, views=4, size=48, opaque_top=True, distance=0.5) if opaque else slab_capture()
-    cfg = TrainConfig(iterations=12 if opaque else 8, sh_degree=0, n_random_init=1, snapshot_every=0, log_every=4,
-                      background=(1.0, 1.0, 1.0), densify_from=10**6)
-    t = PixelExchangeTrainer(data, out, cfg, comm, backend="cpu", saturation="saturation-off" not in sys.argv)
+    clusters = "clusters" in sys.argv  # two clusters, each view sees one: consolidation at work
+    if opaque:
+        data, start = slab_capture(n_slabs=2, per_slab=150, views=4, size=48, opaque_top=True, distance=0.5)
+    else:
+        data, start = cluster_capture() if clusters else slab_capture()
+    cfg = TrainConfig(iterations=12 if opaque or clusters else 8, sh_degree=0, n_random_init=1, snapshot_every=0,
+                      log_every=4, background=(1.0, 1.0, 1.0), densify_from=10**6, visible_adam=clusters)
+    t = PixelExchangeTrainer(data, out, cfg, comm, backend="cpu", saturation="saturation-off" not in sys.argv,
+                             consolidation="consolidation-off" not in sys.argv)
     t.start_from({"params": start})
     if "rebalance" in sys.argv:  # every Gaussian moved into rank 0's box: they migrate, then the tree is rebuilt
         before = t.gathered()
@@ -41,10 +46,12 @@ with abort_on_error(comm):
     while t.step < cfg.iterations:
         loss, _ = t.train_step()
         losses.append(float(loss))
-        if comm.Get_rank() == 0 and opaque:
-            print("step", t.step, "saturated", comm.allgather(t.stats["tiles_saturated"]), "loss", losses[-1])
-        elif opaque:
-            comm.allgather(t.stats["tiles_saturated"])
+        if opaque:
+            skipped = comm.allgather(t.stats["tiles_saturated"])
+            if comm.Get_rank() == 0:
+                print("step", t.step, "saturated", skipped, "loss", losses[-1])
+    if comm.Get_rank() == 0 and clusters:
+        print("steps", len(losses), "utilisation", {k: v for k, v in t.stats.items() if k.startswith("utilisation")})
     params = t.gathered()
     if comm.Get_rank() == 0:
         back = np.empty_like(order)

@@ -69,3 +69,28 @@ def slab_capture(n_slabs=4, per_slab=40, views=6, size=32, seed=0, opaque_top=Fa
     start["sh"][:, 0] += rng.normal(0, 0.3, (n, 3)).astype(np.float32)
     data = Dataset(train=train, test=[], scene_scale=2.0, source="slabs", fmt="synthetic")
     return data, start
+
+
+def cluster_capture(per_cluster=40, views=6, size=32, seed=0):
+    """Two clusters of Gaussians 10 apart along x, each seen alone from above by every other view:
+    a kd-tree of two boxes puts one cluster in each, and each view has one box in it (the views
+    of the two clusters can train side by side).  -> (a ``data.Dataset``, the start's arrays)."""
+    from data import Dataset, View
+    from engine.camera_path import look_at
+    rng = np.random.default_rng(seed)
+    n = 2 * per_cluster
+    side = np.repeat([-5.0, 5.0], per_cluster)
+    means = np.column_stack([side + rng.uniform(-0.7, 0.7, n), rng.uniform(-0.7, 0.7, n), rng.uniform(-0.2, 0.2, n)])
+    truth = ns.Gaussians(means.astype(np.float32), np.log(rng.uniform(0.06, 0.12, (n, 3))).astype(np.float32),
+                         rng.normal(size=(n, 4)).astype(np.float32), rng.uniform(-1.5, 0.5, n).astype(np.float32),
+                         rng.normal(0, 0.5, (n, 1, 3)).astype(np.float32))
+    train = []
+    for i in range(views):
+        x = -5.0 if i % 2 else 5.0
+        cam = ns.Camera(look_at((x + 0.2 * np.cos(i), 0.2 * np.sin(i), 3.0), (x, 0.0, 0.0), up=(0, 1, 0)),
+                        0.9 * size, 0.9 * size, size / 2, size / 2, size, size)
+        image = np.clip(ns.render(truth, cam, background=np.ones(3, np.float32), backend="cpu").image, 0, 1)
+        train.append(View(f"view{i:02d}", np.ascontiguousarray(image, np.float32), cam))
+    start = {k: np.array(a) for k, a in truth.arrays().items()}
+    start["sh"][:, 0] += rng.normal(0, 0.3, (n, 3)).astype(np.float32)
+    return Dataset(train=train, test=[], scene_scale=2.0, source="clusters", fmt="synthetic"), start

@@ -130,6 +130,39 @@ def test_saturated_tiles_are_skipped_on_later_visits_at_the_loss_of_at_most_thei
     assert np.abs(losses - full).max() < 1e-3 * full.max(), (losses, full)
 
 
+def test_consolidation_buckets_views_of_disjoint_ranks_in_order():
+    from engine.pixel_exchange import consolidate, utilisation
+    parts = [frozenset(s) for s in ({0}, {1}, {0, 1}, {2}, {1, 2}, {0}, {3})]
+    buckets = consolidate(parts)
+    assert buckets == [[0, 1, 3, 6], [2], [4, 5]]  # first fit, in the views' order ({1, 2} meets both)
+    for b in buckets:
+        ranks = [r for k in b for r in parts[k]]
+        assert len(ranks) == len(set(ranks))     # no rank twice in a bucket
+    u = utilisation(parts, buckets, 4)
+    assert u["utilisation_before"] == pytest.approx(9 / 7 / 4)
+    assert u["utilisation_after"] == pytest.approx((4 + 2 + 3) / 3 / 4)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(600)
+def test_views_of_disjoint_boxes_train_side_by_side(tmp_path):
+    """Two clusters, each view sees one: consolidation trains two views a step (utilisation 0.5 ->
+    1.0, half the steps) and fits as well as one view a step."""
+    env = dict(os.environ, NUMBASPLAT_BACKEND="cpu", NUMBA_NUM_THREADS="1")
+    runs = {}
+    for flags in (("clusters",), ("clusters", "consolidation-off")):
+        out = tmp_path / "-".join(flags)
+        r = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, str(REPO_ROOT / "tests" / "check_mpi_pixel.py"),
+                            str(out), *flags], capture_output=True, text=True, timeout=500, env=env, cwd=REPO_ROOT)
+        assert r.returncode == 0, r.stdout + r.stderr
+        runs[flags] = (r.stdout, np.load(out / "final.npz")["losses"])
+    text, together = runs[("clusters",)]
+    _, alone = runs[("clusters", "consolidation-off")]
+    assert "steps 6 utilisation {'utilisation_before': 0.5, 'utilisation_after': 1.0}" in text, text
+    assert len(alone) == 12 and len(together) == 6
+    assert together[-2:].mean() < 1.25 * alone[-4:].mean() and together[-1] < together[0]
+
+
 def test_pixel_exchange_refuses_what_it_does_not_do(tmp_path):
     from mpi4py import MPI
     data, _ = slab_capture(n_slabs=2, per_slab=4, views=1)
