@@ -15,6 +15,16 @@ from engine.trainer import TrainConfig
 from scenes import slab_capture
 
 
+def check(ranks, out, *flags, timeout=500):
+    """tests/check_mpi_pixel.py on ``ranks`` CPU ranks -> (its output, its OUT/final.npz arrays or None)."""
+    env = dict(os.environ, NUMBASPLAT_BACKEND="cpu", NUMBA_NUM_THREADS="1")
+    r = subprocess.run([mpiexec_path(), "-n", str(ranks), sys.executable, str(REPO_ROOT / "tests" / "check_mpi_pixel.py"),
+                        str(out), *flags], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO_ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    final = out / "final.npz"
+    return r.stdout, dict(np.load(final)) if final.is_file() else None
+
+
 def config():
     return TrainConfig(iterations=6, sh_degree=0, snapshot_every=0, log_every=3, background=(1.0, 1.0, 1.0),
                        densify_from=10**6)
@@ -39,18 +49,13 @@ def test_one_rank_equals_the_single_process_trainer(tmp_path):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_ranks_of_depth_separated_boxes_train_as_one(tmp_path, ranks):
-    script = REPO_ROOT / "tests" / "check_mpi_pixel.py"
-    env = dict(os.environ, NUMBASPLAT_BACKEND="cpu", NUMBA_NUM_THREADS="1")
     finals = []
     for n in (1, ranks):
-        out = tmp_path / f"p{n}"
-        r = subprocess.run([mpiexec_path(), "-n", str(n), sys.executable, str(script), str(out)], capture_output=True,
-                           text=True, timeout=500, env=env, cwd=REPO_ROOT)
-        assert r.returncode == 0, r.stdout + r.stderr
-        finals.append(dict(np.load(out / "final.npz")))
+        text, final = check(n, tmp_path / f"p{n}")
+        finals.append(final)
         if n > 1:  # every rank held a slab's worth
-            boxes = eval(r.stdout.split("boxes")[1])
-            assert len(boxes) == ranks and min(boxes) > 0, r.stdout
+            boxes = eval(text.split("boxes")[1])
+            assert len(boxes) == ranks and min(boxes) > 0, text
     ref, got = finals
     np.testing.assert_allclose(got.pop("losses"), ref.pop("losses"), rtol=1e-4)  # (float32 shares, summed)
     for k, a in ref.items():
@@ -95,12 +100,9 @@ def test_train_exchange_pixel_densifies_rebalances_and_resumes_on_other_ranks(tm
 def test_gaussians_migrate_to_their_box_and_the_tree_is_rebuilt_when_unbalanced(tmp_path):
     """Every Gaussian moved into rank 0's box: they all migrate there, rank 0 then holds 3x the
     mean, the tree is rebuilt over the new centres and the rows spread evenly again, none lost."""
-    env = dict(os.environ, NUMBASPLAT_BACKEND="cpu", NUMBA_NUM_THREADS="1")
-    r = subprocess.run([mpiexec_path(), "-n", "3", sys.executable, str(REPO_ROOT / "tests" / "check_mpi_pixel.py"),
-                        str(tmp_path), "rebalance"], capture_output=True, text=True, timeout=250, env=env, cwd=REPO_ROOT)
-    assert r.returncode == 0, r.stdout + r.stderr
-    line = r.stdout.split("rebalance")[1]
-    assert "'rebuilt': True" in line and "same rows True" in line, r.stdout
+    text, _ = check(3, tmp_path, "rebalance", timeout=250)
+    line = text.split("rebalance")[1]
+    assert "'rebuilt': True" in line and "same rows True" in line, text
     counts = eval(line.split("counts")[1].split("same")[0])
     assert sum(counts) == 160 and max(counts) <= 1.1 * 160 / 3, counts
     assert int(line.split("'migrated': ")[1].split("}")[0].split(",")[0]) > 160 * 2 // 3  # all but box 0's, then more
@@ -112,15 +114,11 @@ def test_saturated_tiles_are_skipped_on_later_visits_at_the_loss_of_at_most_thei
     """An opaque top slab hides part of the bottom one: from the second epoch on, the back rank
     neither renders nor sends the tiles the front saturates; the losses stay those of the full
     composition to within the light skipped (SATURATED), and ``saturation=False`` skips none."""
-    env = dict(os.environ, NUMBASPLAT_BACKEND="cpu", NUMBA_NUM_THREADS="1")
     runs = {}
     for flags in (("opaque",), ("opaque", "saturation-off")):
-        out = tmp_path / "-".join(flags)
-        r = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, str(REPO_ROOT / "tests" / "check_mpi_pixel.py"),
-                            str(out), *flags], capture_output=True, text=True, timeout=500, env=env, cwd=REPO_ROOT)
-        assert r.returncode == 0, r.stdout + r.stderr
-        steps = [line.split() for line in r.stdout.splitlines() if line.startswith("step ")]
-        runs[flags] = ([eval(" ".join(s[3:-2])) for s in steps], np.load(out / "final.npz")["losses"])
+        text, final = check(2, tmp_path / "-".join(flags), *flags)
+        steps = [line.split() for line in text.splitlines() if line.startswith("step ")]
+        runs[flags] = ([eval(" ".join(s[3:-2])) for s in steps], final["losses"])
     skipped, losses = runs[("opaque",)]
     none, full = runs[("opaque", "saturation-off")]
     assert all(sum(k) == 0 for k in skipped[:4])                    # the first epoch composes fully
@@ -148,14 +146,10 @@ def test_consolidation_buckets_views_of_disjoint_ranks_in_order():
 def test_views_of_disjoint_boxes_train_side_by_side(tmp_path):
     """Two clusters, each view sees one: consolidation trains two views a step (utilisation 0.5 ->
     1.0, half the steps) and fits as well as one view a step."""
-    env = dict(os.environ, NUMBASPLAT_BACKEND="cpu", NUMBA_NUM_THREADS="1")
     runs = {}
     for flags in (("clusters",), ("clusters", "consolidation-off")):
-        out = tmp_path / "-".join(flags)
-        r = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, str(REPO_ROOT / "tests" / "check_mpi_pixel.py"),
-                            str(out), *flags], capture_output=True, text=True, timeout=500, env=env, cwd=REPO_ROOT)
-        assert r.returncode == 0, r.stdout + r.stderr
-        runs[flags] = (r.stdout, np.load(out / "final.npz")["losses"])
+        text, final = check(2, tmp_path / "-".join(flags), *flags)
+        runs[flags] = (text, final["losses"])
     text, together = runs[("clusters",)]
     _, alone = runs[("clusters", "consolidation-off")]
     assert "steps 6 utilisation {'utilisation_before': 0.5, 'utilisation_after': 1.0}" in text, text
