@@ -199,10 +199,11 @@ class PixelExchangeTrainer(RankedTrainer):
     def _migrate(self):
         """Send the Gaussians whose centres left this rank's box to its owner, with their Adam moments
         and strategy statistics: one all-to-all of rows.  -> how many moved over all ranks."""
-        dest = self.partition.owner(self.model.host_arrays()["means"])
+        dest = self.partition.owner(self.model.group("means"))  # on the device: only a count comes back
         moving = int(self.exchange.allreduce_sum(np.array([float((dest != self.rank).sum())]))[0])
         if moving == 0:
             return 0
+        dest = _backend.to_host(dest)
         order = np.argsort(dest, kind="stable")  # kept rows stay in their order, arrivals follow by source
         counts = np.bincount(dest, minlength=self.size).astype(np.int64)
         state = self.model.state()
