@@ -35,31 +35,42 @@ class StoppedTogether(SystemExit):
     orderly exit with the signal's code, not a failure for ``abort_on_error`` to spread."""
 
 
+def make_trainer(dataset, a, cfg, comm):
+    """The pipeline the options and the ranks ask for: one process (in GPU memory, or ``--offload
+    host``), or over MPI ranks, trading Gaussians or pixels (``--exchange``)."""
+    pixel = getattr(a, "exchange", "gaussian") == "pixel"
+    if pixel and getattr(a, "batch_size", None) is not None:
+        raise ValueError("--exchange pixel trains one view a step: leave out --batch-size")
+    if getattr(a, "offload", "none") == "host":
+        if comm is not None:
+            raise ValueError("--offload host trains in one process for now: not under mpiexec or with --batch-size")
+        from engine.offload import OffloadTrainer
+        if not cfg.visible_adam:
+            print("--offload host: Adam updates each step's working set only (--visible-adam)")
+            cfg.visible_adam = True
+        return OffloadTrainer(dataset, a.out, cfg)
+    if comm is None:
+        from engine.single_gpu import SingleGPUTrainer
+        return SingleGPUTrainer(dataset, a.out, cfg)
+    from engine.distributed import select_device
+    select_device(comm)
+    if pixel:
+        from engine.pixel_exchange import PixelExchangeTrainer
+        return PixelExchangeTrainer(dataset, a.out, cfg, comm, transport=getattr(a, "transport", "auto"),
+                                    saturation=getattr(a, "saturation", "on") == "on",
+                                    consolidation=getattr(a, "consolidation", "on") == "on")
+    from engine.gaussian_exchange import GaussianExchangeTrainer
+    return GaussianExchangeTrainer(dataset, a.out, cfg, comm, batch_size=getattr(a, "batch_size", None),
+                                   grad_comm=getattr(a, "grad_comm", "sparse"), transport=getattr(a, "transport", "auto"))
+
+
 def train_model(dataset, a, cfg, settings=None):
     """Train on ``dataset`` with the pipeline for the ranks at hand; ``settings`` (the command's
     options) are written with the trainer's config to ``OUT/cfg.json`` before the first step."""
     from engine.pruning import train_then_prune
     from engine.trainer import SNAPSHOT, Interrupted
     comm = mpi_comm(batched=getattr(a, "batch_size", None) is not None)
-    pixel = getattr(a, "exchange", "gaussian") == "pixel"
-    if pixel and getattr(a, "batch_size", None) is not None:
-        raise ValueError("--exchange pixel trains one view a step: leave out --batch-size")
-    if comm is not None:
-        from engine.distributed import select_device
-        select_device(comm)
-        if pixel:
-            from engine.pixel_exchange import PixelExchangeTrainer
-            t = PixelExchangeTrainer(dataset, a.out, cfg, comm, transport=getattr(a, "transport", "auto"),
-                                     saturation=getattr(a, "saturation", "on") == "on",
-                                     consolidation=getattr(a, "consolidation", "on") == "on")
-        else:
-            from engine.gaussian_exchange import GaussianExchangeTrainer
-            t = GaussianExchangeTrainer(dataset, a.out, cfg, comm, batch_size=getattr(a, "batch_size", None),
-                                        grad_comm=getattr(a, "grad_comm", "sparse"),
-                                        transport=getattr(a, "transport", "auto"))
-    else:
-        from engine.single_gpu import SingleGPUTrainer
-        t = SingleGPUTrainer(dataset, a.out, cfg)
+    t = make_trainer(dataset, a, cfg, comm)
     if getattr(a, "init_ply", None):
         from data.ply import load_ply
         t.start_from({"params": load_ply(a.init_ply)})
@@ -202,6 +213,10 @@ def add_train_options(p):
     p.add_argument("--batch-size", type=count(1), default=None,
                    help="views per step (default: the number of MPI ranks; given without mpirun, the batched "
                         "pipeline runs in one process)")
+    p.add_argument("--offload", choices=["none", "host"], default="none",
+                   help="host: keep the model, its Adam moments and statistics in host memory and move only "
+                        "each view's working set to the GPU (scenes larger than GPU memory; implies "
+                        "--visible-adam; one process)")
     p.add_argument("--exchange", choices=["gaussian", "pixel"], default="gaussian",
                    help="what ranks trade under MPI: Gaussians (owners send projected Gaussians to the ranks that "
                         "render their tiles; batch of one view a rank) or pixels (Splaxel: each rank owns a box of "

@@ -461,12 +461,14 @@ class Trainer(ABC):
             free = free_dev + cupy.get_default_memory_pool().free_bytes()
         return Context(self.data.scene_scale, self.rng, self.cfg.max_gaussians, free, **step)
 
-    def add_strategy_gradients(self):
-        """Add the strategy's regularisers' gradients to the model's gradient buffers (before Adam)."""
-        extra = self.strategy.loss_gradients(self.model, self.strategy_state)
+    def add_strategy_gradients(self, model=None, state=None):
+        """Add the strategy's regularisers' gradients to the gradient buffers of ``model`` (default: the
+        trainer's; ``state`` its strategy state) before Adam."""
+        model = self.model if model is None else model
+        extra = self.strategy.loss_gradients(model, self.strategy_state if state is None else state)
         if extra:
             for k, v in extra.items():
-                getattr(self.model.grad_gaussians, k)[...] += v
+                getattr(model.grad_gaussians, k)[...] += v
 
     def _check_finite(self, loss=None):
         """Stop with a clear message if training diverged (rendering skips this per-step sync),
@@ -497,8 +499,7 @@ class Trainer(ABC):
         perceptual = lpips_metric(self.log) if lpips and views else None
         per_view = []
         for i, v in enumerate(views):
-            img = render_image(model.gaussians, v.camera, self.cfg.sh_degree, self.cfg.background,
-                               self.cfg.antialias, self.backend)
+            img = self.view_image(model.gaussians, v.camera)
             gt = self.xp.asarray(v.image)
             rec = {"name": v.name, "psnr": psnr(img, gt), "ssim": ssim(img, gt, backend=self.backend)}
             if perceptual is not None:
@@ -515,6 +516,11 @@ class Trainer(ABC):
                    "views": per_view, "gaussians": len(model), "train_seconds": self.train_seconds,
                    "iterations": self.step, "peak_device_bytes": self._device_memory_peak()}
         return summary
+
+    def view_image(self, gaussians, camera):
+        """``gaussians`` (the whole model's) rendered from ``camera`` for evaluation, clipped to [0, 1]."""
+        return render_image(gaussians, camera, self.cfg.sh_degree, self.cfg.background, self.cfg.antialias,
+                            self.backend)
 
     def _device_memory_peak(self, release_cache=False):
         """The most device memory CuPy's pool has held so far.  After a refinement every buffer
