@@ -49,9 +49,10 @@ class PruneConfig:
 def train_then_prune(trainer, progress=True, log=print):
     """``trainer.train`` with the pruning its config asks for (``cfg.prune``): stage 1 to
     ``densify_until``, stages 2 (and 3) with their fine-tuning, then on to ``cfg.iterations``
-    with densification off.  -> the pruning's report, or None where this run did not prune (no
-    pruning asked for, or a resume from past it: a run stopped during the pruning's fine-tuning
-    goes on without its remaining rounds)."""
+    with densification off.  The fine-tuning counts in the iterations: where fewer are left than
+    I_M and the rounds' I_o ask, they are shortened to fit (I_M first).  -> the pruning's report,
+    or None where this run did not prune (no pruning asked for, or a resume from past it: a run
+    stopped during the pruning's fine-tuning goes on without its remaining rounds)."""
     c = trainer.cfg
     if c.prune == "none":
         trainer.train(progress=progress)
@@ -60,7 +61,17 @@ def train_then_prune(trainer, progress=True, log=print):
     report = None
     if trainer.step <= at:
         trainer.train(progress=progress, until=at)
-        report = prune_model(trainer, PruneConfig.of(c), log=log if trainer.is_root else (lambda *a: None))
+        left = total - trainer.step
+        fine_tune = min(c.prune_fine_tune, left)
+        rounds = c.prune_rounds if c.prune == "hardware" else 0
+        round_fine_tune = min(c.prune_round_fine_tune, (left - fine_tune) // rounds) if rounds else 0
+        say = log if trainer.is_root else (lambda *a: None)
+        if (fine_tune, round_fine_tune) != (c.prune_fine_tune, c.prune_round_fine_tune if rounds else 0):
+            say(f"pruning at step {trainer.step} with {left} of --iters {total} left: fine-tuning {fine_tune} "
+                f"images after contribution pruning (I_M {c.prune_fine_tune}) and {round_fine_tune} after each "
+                f"round (I_o {c.prune_round_fine_tune}); an earlier --densify-until leaves more")
+        report = prune_model(trainer, PruneConfig.of(c, fine_tune=fine_tune, round_fine_tune=round_fine_tune),
+                             log=say)
     c.iterations = max(total, trainer.step)
     trainer.train(progress=progress)
     return report

@@ -122,6 +122,13 @@ def test_train_with_prune_runs_the_stages_within_the_iterations(trained, tmp_pat
     assert cli.main([*args, "--iters", "44", "--resume"]) == 0
     again = json.loads((out / "metrics.json").read_text())
     assert again["iterations"] == 44 and "pruning" not in again and again["gaussians"] == metrics["gaussians"]
+    # too few iterations left after densification for I_M and the rounds' I_o: shortened to end at --iters
+    short = tmp_path / "short"
+    args[args.index(str(out))] = str(short)
+    args[args.index("--prune-fine-tune") + 1], args[args.index("--prune-round-fine-tune") + 1] = "30", "30"
+    assert cli.main([*args, "--iters", "24"]) == 0
+    metrics = json.loads((short / "metrics.json").read_text())
+    assert metrics["iterations"] == 24 and metrics["pruning"]["stages"][0]["step"] == 16 + 8
 
 
 @pytest.mark.mpi
