@@ -25,12 +25,10 @@ from numbasplat import backend as _backend
 from numbasplat.loss import l1_ssim_loss
 
 from .model import GaussianModel
-from .partition import visible_region
+from .partition import GROW_PX, REACH, visible_region
 from .trainer import PhaseClock, Trainer
 
 BLOCK_ROWS = 4096  # Gaussians a block holds, about: spatially close ones, culled together
-REACH = 4.0        # a Gaussian reaches this many of its largest scale past its centre (in the blocks' boxes)
-GROW_PX = 16       # and this many pixels more on screen (the screen-space blur, the projection's linearisation)
 
 
 def morton_codes(points, bits=10):

@@ -100,6 +100,10 @@ class SpatialPartition:
         return order
 
 
+REACH = 4.0   # a Gaussian reaches this many of its largest scale past its centre (the boxes a view may see)
+GROW_PX = 16  # and this many pixels more on screen (the screen-space blur, the projection's linearisation)
+
+
 def box_corners(lo, hi):
     """(8, 3) corners of the box [lo, hi] (finite), bit k of the index picking hi on axis k."""
     idx = np.arange(8)

@@ -50,12 +50,10 @@ from .distributed import RankedTrainer, even_bounds
 from .gaussian_exchange import halo_ranges
 from .model import GaussianModel
 from .camera_path import centres
-from .partition import SpatialPartition, visible_region
+from .partition import GROW_PX, REACH, SpatialPartition, visible_region
 from .trainer import PhaseClock
 
 REBALANCE = 1.1  # rebuild the tree after densification when the largest rank holds over this x the mean
-REACH = 4.0      # a rank's Gaussians reach this many of their largest scale past their centres' bounds
-GROW_PX = 16     # and this many pixels more (the screen-space blur, the projection's linearisation)
 SATURATION_EPOCHS = 4  # a view's saturation marks are made anew every this many epochs
 # the light under which a box behind is skipped.  Not the rasterizer's cut-off T_MIN (1e-4), as
 # Splaxel's: our rasterizer ends a pixel before its transmittance would drop under T_MIN, so a
