@@ -25,7 +25,7 @@ from numbasplat import backend as _backend
 from numbasplat.loss import l1_ssim_loss
 
 from .model import GaussianModel
-from .partition import GROW_PX, REACH, visible_region
+from .partition import GROW_PX, REACH, visible_regions
 from .trainer import PhaseClock, Trainer
 
 BLOCK_ROWS = 4096  # Gaussians a block holds, about: spatially close ones, culled together
@@ -71,8 +71,7 @@ class BlockIndex:
 
     def visible(self, camera):
         """The blocks whose box ``camera`` can see."""
-        return np.array([b for b in range(self.blocks)
-                         if visible_region(self.lo[b], self.hi[b], camera, grow=GROW_PX) is not None], np.int64)
+        return np.flatnonzero(visible_regions(self.lo, self.hi, camera, grow=GROW_PX)[1])
 
     def rows(self, blocks):
         """The Gaussians of ``blocks``, in model order."""

@@ -105,38 +105,45 @@ GROW_PX = 16  # and this many pixels more on screen (the screen-space blur, the 
 
 
 def box_corners(lo, hi):
-    """(8, 3) corners of the box [lo, hi] (finite), bit k of the index picking hi on axis k."""
-    idx = np.arange(8)
-    return np.where(((idx[:, None] >> np.arange(3)) & 1).astype(bool), hi, lo)
+    """(..., 8, 3) corners of the boxes [lo, hi] (..., 3) (finite), bit k of the index picking hi on axis k."""
+    pick = ((np.arange(8)[:, None] >> np.arange(3)) & 1).astype(bool)
+    return np.where(pick, np.asarray(hi)[..., None, :], np.asarray(lo)[..., None, :])
 
 
-BOX_EDGES = [(a, a | (1 << k)) for a in range(8) for k in range(3) if not a & (1 << k)]  # 12 corner pairs
+BOX_EDGES = np.array([(a, a | (1 << k)) for a in range(8) for k in range(3) if not a & (1 << k)])  # 12 corner pairs
+
+
+def visible_regions(lo, hi, camera, grow, near=0.01):
+    """The pixel rectangles (B, 4) of x0, y0, x1, y1 (end-exclusive) that the boxes [lo, hi] (B, 3,
+    finite) can cover in ``camera``'s image, and (B,) whether they cover any pixel: each box's
+    part in front of the near plane, projected, bounded, grown by ``grow`` pixels (the largest
+    screen-space extent of its Gaussians, which reach past their centres' box) and clipped to the
+    image.  A box clipped by the near plane is convex, with the box's corners in front and its
+    edges' crossings of the plane as vertices; the image's edges are the frustum's side planes,
+    so clipping the rectangle to the image gives the frustum's intersection.  All boxes at once:
+    the vertices that do not exist are left out of the bounds."""
+    corners = box_corners(np.asarray(lo, np.float64), np.asarray(hi, np.float64))    # (B, 8, 3)
+    cam = corners @ camera.viewmat[:3, :3].T + camera.viewmat[:3, 3]
+    a, b = cam[:, BOX_EDGES[:, 0]], cam[:, BOX_EDGES[:, 1]]                          # (B, 12, 3)
+    za, zb = a[..., 2], b[..., 2]
+    crosses = (za - near) * (zb - near) < 0
+    s = np.where(crosses, (near - za) / np.where(crosses, zb - za, 1.0), 0.0)
+    vertices = np.concatenate([cam, a + s[..., None] * (b - a)], axis=1)              # (B, 20, 3)
+    real = np.concatenate([cam[..., 2] >= near, crosses], axis=1)
+    z = np.where(real, vertices[..., 2], 1.0)
+    u = camera.fx * vertices[..., 0] / z + camera.cx
+    v = camera.fy * vertices[..., 1] / z + camera.cy
+    x0 = np.floor(np.where(real, u, np.inf).min(axis=1) - grow)
+    x1 = np.ceil(np.where(real, u, -np.inf).max(axis=1) + grow) + 1
+    y0 = np.floor(np.where(real, v, np.inf).min(axis=1) - grow)
+    y1 = np.ceil(np.where(real, v, -np.inf).max(axis=1) + grow) + 1
+    rects = np.stack([np.maximum(x0, 0), np.maximum(y0, 0), np.minimum(x1, camera.width),
+                      np.minimum(y1, camera.height)], axis=1)
+    seen = real.any(axis=1) & (rects[:, 0] < rects[:, 2]) & (rects[:, 1] < rects[:, 3])
+    return np.where(seen[:, None], rects, 0).astype(np.int64), seen
 
 
 def visible_region(lo, hi, camera, grow, near=0.01):
-    """The pixel rectangle (x0, y0, x1, y1), end-exclusive, that the box [lo, hi] (finite) can
-    cover in ``camera``'s image: its part in front of the near plane, projected, bounded, grown by
-    ``grow`` pixels (the largest screen-space extent of its Gaussians, which reach past their
-    centres' box) and clipped to the image.  None when no pixel can be covered.  The box clipped
-    by the near plane is convex, with the box's corners in front and the edges' crossings of the
-    plane as its vertices; the image's edges are the frustum's side planes, so clipping the
-    rectangle to the image gives the frustum's intersection."""
-    corners = box_corners(np.asarray(lo, np.float64), np.asarray(hi, np.float64))
-    R, t = camera.viewmat[:3, :3], camera.viewmat[:3, 3]
-    cam = corners @ R.T + t
-    z = cam[:, 2]
-    vertices = [cam[z >= near]]
-    for a, b in BOX_EDGES:
-        if (z[a] - near) * (z[b] - near) < 0:
-            s = (near - z[a]) / (z[b] - z[a])
-            vertices.append((cam[a] + s * (cam[b] - cam[a]))[None])
-    v = np.concatenate(vertices)
-    if not len(v):
-        return None
-    u = camera.fx * v[:, 0] / v[:, 2] + camera.cx
-    w = camera.fy * v[:, 1] / v[:, 2] + camera.cy
-    x0, x1 = np.floor(u.min() - grow), np.ceil(u.max() + grow) + 1
-    y0, y1 = np.floor(w.min() - grow), np.ceil(w.max() + grow) + 1
-    x0, y0 = max(int(x0), 0), max(int(y0), 0)
-    x1, y1 = min(int(x1), camera.width), min(int(y1), camera.height)
-    return (x0, y0, x1, y1) if x0 < x1 and y0 < y1 else None
+    """``visible_regions`` of the one box [lo, hi]: its rectangle (x0, y0, x1, y1), or None."""
+    rects, seen = visible_regions(np.asarray(lo)[None], np.asarray(hi)[None], camera, grow, near)
+    return tuple(int(x) for x in rects[0]) if seen[0] else None

@@ -50,7 +50,7 @@ from .distributed import RankedTrainer, even_bounds
 from .gaussian_exchange import halo_ranges
 from .model import GaussianModel
 from .camera_path import centres
-from .partition import GROW_PX, REACH, SpatialPartition, visible_region
+from .partition import GROW_PX, REACH, SpatialPartition, visible_regions
 from .trainer import PhaseClock
 
 REBALANCE = 1.1  # rebuild the tree after densification when the largest rank holds over this x the mean
@@ -259,12 +259,13 @@ class PixelExchangeTrainer(RankedTrainer):
         grown by ``REACH`` of their largest scale, project into the image (``visible_region``);
         every rank where none does.  The same on every rank."""
         extents = self._extents()
+        held = ~np.isnan(extents[:, 0])  # (a rank without Gaussians: a box at 0 that no view counts)
+        e = np.nan_to_num(extents)
+        lo, hi = e[:, :3] - REACH * e[:, 6:], e[:, 3:6] + REACH * e[:, 6:]
         out = []
         for v in views:
-            cam = self.data.train[v].camera
-            seen = frozenset(r for r, e in enumerate(extents) if not np.isnan(e[0]) and visible_region(
-                e[:3] - REACH * e[6], e[3:6] + REACH * e[6], cam, grow=GROW_PX) is not None)
-            out.append(seen or frozenset(range(self.size)))
+            seen = visible_regions(lo, hi, self.data.train[v].camera, grow=GROW_PX)[1] & held
+            out.append(frozenset(np.flatnonzero(seen).tolist()) or frozenset(range(self.size)))
         return out
 
     def _next_views(self):

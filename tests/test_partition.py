@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import numbasplat as ns
-from engine.partition import SpatialPartition, visible_region
+from engine.partition import SpatialPartition, visible_region, visible_regions
 from engine.camera_path import look_at
 
 
@@ -54,6 +54,12 @@ def test_visible_region_bounds_the_box_and_is_tight():
         assert (u[on] >= x0).all() and (u[on] < x1).all() and (v[on] >= y0).all() and (v[on] < y1).all()
         # tight: the rectangle is the sampled points' own, give or take the sampling and a pixel
         assert u[on].min() - x0 < 3 and x1 - u[on].max() < 3 and v[on].min() - y0 < 3 and y1 - v[on].max() < 3
+    boxes = np.array([[[-1, -1, -1], [1, 1, 1]], [[-3, -8, -1], [3, -2, 2]], [[-1, -20, -1], [1, -10, 1]]], float)
+    rects, seen = visible_regions(boxes[:, 0], boxes[:, 1], cam, grow=2)  # many boxes at once: each as alone
+    for (lo, hi), rect, s in zip(boxes, rects, seen):
+        alone = visible_region(lo, hi, cam, grow=2)
+        assert (alone is None) == (not s) and (alone is None or alone == tuple(rect))
+    assert seen.tolist() == [True, True, False]
     grown = visible_region(np.array([-0.2, -0.2, -0.2]), np.array([0.2, 0.2, 0.2]), cam, grow=5)
     tight = visible_region(np.array([-0.2, -0.2, -0.2]), np.array([0.2, 0.2, 0.2]), cam, grow=0)
     assert grown[0] == tight[0] - 5 and grown[2] == tight[2] + 5
