@@ -57,17 +57,18 @@ class BlockIndex:
         self.blocks = int(self.block.max()) + 1 if len(means) else 0
         self.lo = np.zeros((self.blocks, 3))
         self.hi = np.zeros((self.blocks, 3))
-        self.grow(np.arange(self.blocks), means, log_scales)
+        self.grow(np.arange(len(means)), means, log_scales)
 
-    def grow(self, blocks, means, log_scales):
-        """Set the boxes of ``blocks`` from their members' centres and scales (host arrays of the
-        whole model)."""
-        reach = REACH * np.exp(np.asarray(log_scales, np.float64).max(axis=1))
-        means = np.asarray(means, np.float64)
-        for b in blocks:
-            rows = np.flatnonzero(self.block == b)
-            self.lo[b] = (means[rows] - reach[rows, None]).min(axis=0)
-            self.hi[b] = (means[rows] + reach[rows, None]).max(axis=0)
+    def grow(self, rows, means, log_scales):
+        """Set the boxes of the blocks of ``rows`` (every member of those blocks) from the rows'
+        centres and scales (host arrays of the whole model): one pass over the rows."""
+        block = self.block[rows]
+        reach = REACH * np.exp(np.asarray(log_scales[rows], np.float64).max(axis=1))[:, None]
+        centres = np.asarray(means[rows], np.float64)
+        self.lo[block] = np.inf
+        self.hi[block] = -np.inf
+        np.minimum.at(self.lo, block, centres - reach)
+        np.maximum.at(self.hi, block, centres + reach)
 
     def visible(self, camera):
         """The blocks whose box ``camera`` can see."""
@@ -162,7 +163,7 @@ class OffloadTrainer(Trainer):
         if len(host) != len(self.blocks.block) or "cloned" in events:
             self._index()  # new Gaussians, new rows: blocks anew
         else:
-            self.blocks.grow(np.unique(self.blocks.block[rows]), g_host.means, g_host.scales)
+            self.blocks.grow(rows, g_host.means, g_host.scales)  # the working set: whole blocks
         self.stats = {"resident_gaussians": len(rows), "moved_bytes": self.moved_bytes, **clock.stats()}
         return loss, events
 
