@@ -43,7 +43,7 @@ from numbasplat import backend as _backend
 from numbasplat.compose import compose, compose_backward
 from numbasplat.loss import l1_ssim_loss
 from numbasplat.math.geometry import T_MIN
-from numbasplat.math.tiles import TILE_PIXELS
+from numbasplat.math.tiles import TILE, TILE_PIXELS
 from numbasplat.rendering import image_from_tiles, image_tiles
 
 from .distributed import RankedTrainer, even_bounds
@@ -83,6 +83,14 @@ class ViewPlan:
     def need(self, j):
         """The tiles composer j needs: its range and the SSIM windows' halo (first, end)."""
         return int(self.need_lo[j]), int(self.need_hi[j])
+
+    def band(self, j):
+        """The rows of pixels holding the tiles composer j needs, (y0, y1), and the first tile of
+        that band: composer j works on this band alone (tile t of the view is tile t - first of
+        the band, whose tile columns are the view's)."""
+        tx = self.cam.tiles[0]
+        top, bottom = int(self.need_lo[j]) // tx, -(-int(self.need_hi[j]) // tx)
+        return top * TILE, min(bottom * TILE, self.cam.height), top * tx
 
 
 def consolidate(participants):
@@ -344,33 +352,36 @@ class PixelExchangeTrainer(RankedTrainer):
         # 3. compose my tiles of my view in its participants' order, my share of its loss, its gradients
         loss, back_ids, back, mine = 0.0, [empty] * self.size, xp.zeros((0, width), np.float32), None
         self._view0 = None
-        if composing:
+        if composing:  # on the band of rows that holds the tiles I need: the rest of the view is not mine
             plan, view = plans[k_me], views[k_me]
-            lo, hi = plan.range(plan.composers.index(me))
+            j = plan.composers.index(me)
+            lo, hi = plan.range(j)
+            y0, y1, first = plan.band(j)
             starts = np.concatenate([[0], np.cumsum([len(t) for t in recv_ids])])
-            H, W = plan.cam.height, plan.cam.width
             nothing = np.array([0, 0, 0, 1], np.float32)
-            layers = [image_from_tiles(recv[starts[s]:starts[s + 1]], recv_ids[s], H, W,
+            layers = [image_from_tiles(recv[starts[s]:starts[s + 1]], recv_ids[s] - first, y1 - y0, plan.cam.width,
                                        fill=np.append(bg, 1).astype(np.float32) if s == plan.order[-1] else nothing)
                       for s in plan.order]
             colours = xp.stack([a[..., :3] for a in layers])
             trans = xp.stack([a[..., 3] for a in layers])
-            image, _ = compose(colours, trans, none)
+            band, _ = compose(colours, trans, none)
             if self.saturation is not None and marks.get(k_me) is None:  # a full composition: mark anew
-                mine = (k_me, lo, hi, Saturation.saturated(trans, plan.order, lo, hi, self.size))
+                mine = (k_me, lo, hi, Saturation.saturated(trans, plan.order, lo - first, hi - first, self.size))
+            image = xp.zeros((plan.cam.height, plan.cam.width, 3), band.dtype)  # the loss normalises by the view
+            image[y0:y1] = band
             target = self.targets[view]
             loss, d_image = l1_ssim_loss(image, target, c.lambda_dssim, backend=self.backend, tiles=(lo, hi),
                                          lazy=True)
-            d_colours, d_trans = compose_backward(colours, trans, none, d_image)
+            d_colours, d_trans = compose_backward(colours, trans, none, d_image[y0:y1])
             if k_me == 0:
                 self._view0 = (image, target, lo, hi)
             # ... and send each participant the gradients of its partial image on my tiles that it covers
-            parts_back = [None] * self.size
+            grads = [None] * self.size
             for k, s in enumerate(plan.order):
                 back_ids[s] = tiles(s, lo, hi)
-                parts_back[s] = image_tiles(xp.concatenate([d_colours[k], d_trans[k][..., None]], axis=2), back_ids[s])
-            back = xp.concatenate([parts_back[s] if parts_back[s] is not None else xp.zeros((0, width), np.float32)
-                                   for s in range(self.size)])
+                grads[s] = image_tiles(xp.concatenate([d_colours[k], d_trans[k][..., None]], axis=2),
+                                       back_ids[s] - first)
+            back = xp.concatenate([g if g is not None else xp.zeros((0, width), np.float32) for g in grads])
         if self.saturation is not None:
             self._update_marks(views, plans, self.comm.allgather(mine))
         clock.end("loss")
