@@ -3,9 +3,10 @@
 As the paper applies it after convergence: the model of ``--model`` (its snapshot) is pruned by
 contribution, fine-tuned, then pruned in rounds to the fused kernel's shared-memory budget, each
 round fine-tuned with the settings the model trained with (its cfg.json); the result goes to
-``--out`` as a training folder (cfg.json, snapshot, PLY, cameras.json, log.jsonl) with the test views' renders and metrics.json, which holds the pruning's report (the
-budget and how it was derived, the Gaussians and the tiles within the budget at each stage, and
-PSNR/SSIM before and after).  One process: the pruned model then trains under mpiexec as any.
+``--out`` as a training folder (cfg.json, snapshot, PLY, cameras.json, log.jsonl) with the test
+views' renders and metrics.json, which holds the pruning's report (the budget and how it was
+derived, the Gaussians and the tiles within the budget at each stage, and PSNR/SSIM before and
+after).  One process: the pruned model then trains under mpiexec as any.
 """
 from dataclasses import asdict, fields
 from pathlib import Path

@@ -78,13 +78,13 @@ class RankedTrainer(Trainer):
         super().__init__(dataset, out_dir, cfg, backend, log if self.rank == 0 else (lambda *a, **k: None))
         self.exchange = Exchange(comm, transport if _backend.on_gpu(self.backend) else "host")
         self.total = 0  # the whole model's Gaussians (start_from sets it)
+        self._view0 = None  # (image, target, first tile, end tile) of this rank's share of the step's first view
 
     def progress_psnr(self):
         """The step's first view's PSNR from the ranks' summed squared errors on their tiles (no image
-        is gathered): ``_view0`` is (image, target, first tile, end tile) of a rank's share, or None.
-        Collective, like ``log_extra``: every rank logs the same steps."""
+        is gathered, ``_view0``).  Collective, like ``log_extra``: every rank logs the same steps."""
         sse = 0.0
-        if getattr(self, "_view0", None) is not None:
+        if self._view0 is not None:
             image, target, first, last = self._view0
             sse = float(tiles_squared_error(image, target, first, last))
         sse = float(self.exchange.allreduce_sum(np.array([sse]))[0])

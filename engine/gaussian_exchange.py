@@ -60,7 +60,6 @@ class GaussianExchangeTrainer(RankedTrainer):
         self.log(f"{self.size} ranks, batch {self.batch}, device buffers through: {self.exchange.transport.name}")
         self.tile_cost = None
         self.time_phases = None  # the phases synced at log steps (see _timing)
-        self._view0 = None
 
     # ------------------------------------------------------------------ sharding
     def start_from(self, model_state, strategy_state=None):

@@ -124,8 +124,8 @@ class OffloadTrainer(Trainer):
         view = self.data.train[i]
         rows = self.blocks.rows(self.blocks.visible(view.camera))
         state = host.state()
-        working = GaussianModel.from_state({**{w: {g: a[rows] for g, a in state[w].items()} for w in ("params", "m", "v")},
-                                            "step": state["step"]}, self.backend)
+        rows_state = {w: {g: a[rows] for g, a in state[w].items()} for w in ("params", "m", "v")}
+        working = GaussianModel.from_state({**rows_state, "step": state["step"]}, self.backend)
         stats = {k: self.xp.asarray(a[rows]) for k, a in self.strategy_state.items() if len(a) == len(host)}
         self.moved_bytes = 2 * working.nbytes()
         clock.end("owner")

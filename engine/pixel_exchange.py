@@ -182,7 +182,6 @@ class PixelExchangeTrainer(RankedTrainer):
         self._buckets, self.utilisation = [], {}
         self.partition = None
         self.time_phases = None  # the phases synced at log steps (see _timing)
-        self._view0 = None
         self.log(f"{self.size} ranks, pixel exchange, device buffers through: {self.exchange.transport.name}")
 
     def pipeline_fields(self):
@@ -194,10 +193,11 @@ class PixelExchangeTrainer(RankedTrainer):
         wrote it), builds the same tree over its means and keeps the Gaussians of its box."""
         means = model_state["params"]["means"]
         self.partition = SpatialPartition.build(means, self.size)
-        mine = self.partition.owner(means) == self.rank
+        owner = self.partition.owner(means)
+        mine = owner == self.rank
         rows = {w: {g: a[mine] for g, a in model_state[w].items()} for w in ("params", "m", "v") if w in model_state}
         self.model = GaussianModel.from_state({**model_state, **rows}, self.backend)
-        counts = np.bincount(self.partition.owner(means), minlength=self.size)
+        counts = np.bincount(owner, minlength=self.size)
         self.offset, self.total = int(counts[:self.rank].sum()), len(means)
         self.strategy_state = ({k: self.xp.asarray(a[mine]) for k, a in strategy_state.items()} if strategy_state
                                else self.strategy.initialize_state())
@@ -288,8 +288,9 @@ class PixelExchangeTrainer(RankedTrainer):
                 self.order = list(self.rng.permutation(len(self.data.train)))
             views = self.order[::-1]  # next_view's order: the list is popped from its end
             parts = self._participants(views)
-            self._buckets = [[(views[k], parts[k]) for k in bucket] for bucket in consolidate(parts)]
-            self.utilisation = utilisation(parts, consolidate(parts), self.size)
+            buckets = consolidate(parts)
+            self._buckets = [[(views[k], parts[k]) for k in bucket] for bucket in buckets]
+            self.utilisation = utilisation(parts, buckets, self.size)
         bucket = self._buckets.pop(0)
         taken = {v for v, _ in bucket}
         self.order = [v for v in self.order if v not in taken]
@@ -305,20 +306,21 @@ class PixelExchangeTrainer(RankedTrainer):
         epoch = self.step // len(self.data.train)
         plans = [ViewPlan(self.data.train[v].camera, parts[k], self.partition) for k, v in enumerate(views)]
         k_me = next((k for k, s in enumerate(parts) if me in s), None)  # the view I take part in, if any
+        plan = plans[k_me] if k_me is not None else None  # (its participants are its composers)
         # 1. my partial image of my view: premultiplied colour and transmittance; the participant at
         # the back renders on the background (and composition adds none), so one rank's partial
         # image is the render itself
-        covered_mine, marks = None, {}
-        if k_me is not None:
-            plan, view = plans[k_me], views[k_me]
+        covered_mine = marks = None
+        if plan is not None:
+            view = views[k_me]
             p = ns.project(model.gaussians, plan.cam, sh_degree=self.sh_degree_now(), antialias=c.antialias,
                            backend=self.backend, check=False)
             clock.end("project")
             binning = ns.bin_tiles(p, backend=self.backend)
             if self.saturation is not None:
-                marks[k_me] = self.saturation.marks(view, epoch, plan.n_tiles)
-                if marks[k_me] is not None and marks[k_me][me].any():  # saturated by the boxes in front: skipped
-                    binning.ranges[xp.asarray(marks[k_me][me])] = 0
+                marks = self.saturation.marks(view, epoch, plan.n_tiles)
+                if marks is not None and marks[me].any():  # saturated by the boxes in front: skipped
+                    binning.ranges[xp.asarray(marks[me])] = 0
             r = ns.rasterize(p, binning, bg if plan.order[-1] == me else none, self.backend)
             partial = xp.concatenate([r.image, r.trans[..., None]], axis=2)
             covered_mine = _backend.to_host((binning.ranges[:, 1] - binning.ranges[:, 0]) > 0)
@@ -331,20 +333,14 @@ class PixelExchangeTrainer(RankedTrainer):
         def tiles(source, first, last):  # the tiles of first..last-1 that ``source`` sends
             return first + np.flatnonzero(covered[source][first:last])
         empty = np.zeros(0, np.int64)
-        send_ids = [empty] * self.size
-        if k_me is not None:
-            plan = plans[k_me]
+        send_ids, recv_ids = [empty] * self.size, [empty] * self.size
+        if plan is not None:
+            mine_j = plan.composers.index(me)
             for j, d in enumerate(plan.composers):
                 send_ids[d] = tiles(me, *plan.need(j))
-        composing = k_me is not None and me in plans[k_me].composers
-        recv_ids = [empty] * self.size
-        if composing:
-            plan = plans[k_me]
-            j = plan.composers.index(me)
-            for s in plan.composers:
-                recv_ids[s] = tiles(s, *plan.need(j))
+                recv_ids[d] = tiles(d, *plan.need(mine_j))
         width = 4 * TILE_PIXELS
-        send = (xp.concatenate([image_tiles(partial, ids) for ids in send_ids]) if k_me is not None
+        send = (xp.concatenate([image_tiles(partial, ids) for ids in send_ids]) if plan is not None
                 else xp.zeros((0, width), np.float32))
         recv, _ = self.exchange.alltoallv(send, np.array([len(t) for t in send_ids]),
                                           np.array([len(t) for t in recv_ids]))
@@ -352,11 +348,9 @@ class PixelExchangeTrainer(RankedTrainer):
         # 3. compose my tiles of my view in its participants' order, my share of its loss, its gradients
         loss, back_ids, back, mine = 0.0, [empty] * self.size, xp.zeros((0, width), np.float32), None
         self._view0 = None
-        if composing:  # on the band of rows that holds the tiles I need: the rest of the view is not mine
-            plan, view = plans[k_me], views[k_me]
-            j = plan.composers.index(me)
-            lo, hi = plan.range(j)
-            y0, y1, first = plan.band(j)
+        if plan is not None:  # on the band of rows that holds the tiles I need: the rest of the view is not mine
+            lo, hi = plan.range(mine_j)
+            y0, y1, first = plan.band(mine_j)
             starts = np.concatenate([[0], np.cumsum([len(t) for t in recv_ids])])
             nothing = np.array([0, 0, 0, 1], np.float32)
             layers = [image_from_tiles(recv[starts[s]:starts[s + 1]], recv_ids[s] - first, y1 - y0, plan.cam.width,
@@ -365,7 +359,7 @@ class PixelExchangeTrainer(RankedTrainer):
             colours = xp.stack([a[..., :3] for a in layers])
             trans = xp.stack([a[..., 3] for a in layers])
             band, _ = compose(colours, trans, none)
-            if self.saturation is not None and marks.get(k_me) is None:  # a full composition: mark anew
+            if self.saturation is not None and marks is None:  # a full composition: mark anew
                 mine = (k_me, lo, hi, Saturation.saturated(trans, plan.order, lo - first, hi - first, self.size))
             image = xp.zeros((plan.cam.height, plan.cam.width, 3), band.dtype)  # the loss normalises by the view
             image[y0:y1] = band
@@ -386,8 +380,7 @@ class PixelExchangeTrainer(RankedTrainer):
             self._update_marks(views, plans, self.comm.allgather(mine))
         clock.end("loss")
         returned = [empty] * self.size
-        if k_me is not None:
-            plan = plans[k_me]
+        if plan is not None:
             for j, d in enumerate(plan.composers):
                 returned[d] = tiles(me, *plan.range(j))
         got, _ = self.exchange.alltoallv(back, np.array([len(t) for t in back_ids]),
@@ -396,8 +389,7 @@ class PixelExchangeTrainer(RankedTrainer):
         # 4. my Gaussians: raster and projection backward, statistics, Adam (a rank in no view of the
         # bucket moves none of its Gaussians), densification, ownership
         lr, cols = self.learning_rates()
-        if k_me is not None:
-            plan = plans[k_me]
+        if plan is not None:
             d_partial = image_from_tiles(got, np.concatenate(returned), plan.cam.height, plan.cam.width)
             grad = ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d_partial[..., :3]),
                                          d_alpha=-xp.ascontiguousarray(d_partial[..., 3]), backend=self.backend)
@@ -422,10 +414,10 @@ class PixelExchangeTrainer(RankedTrainer):
         clock.end("optimizer")
         loss = float(self.exchange.allreduce_sum(np.array([float(loss)]))[0]) / len(views)
         clock.end("reduce")
-        full = 0 if k_me is None else sum(b - a for a, b in map(plans[k_me].need, range(len(plans[k_me].composers))))
+        full = 0 if plan is None else sum(b - a for a, b in map(plan.need, range(len(plan.composers))))
         self.stats = {"views": len(views), "pixel_bytes": int(send.nbytes + back.nbytes), "tiles_sent": int(len(send)),
                       "tiles_full": full,
-                      "tiles_saturated": int(marks[k_me][me].sum()) if marks.get(k_me) is not None else 0,
+                      "tiles_saturated": int(marks[me].sum()) if marks is not None else 0,
                       **(self.saturation.counts if self.saturation else {}), **self.utilisation, **clock.stats()}
         return loss, events
 

@@ -20,7 +20,7 @@ table needs.
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -118,7 +118,6 @@ def data_workload(folder, views=None):
 def model_workload(trainer, views=None):
     """A trained model as it stands (``trainer``'s, after ``cli.evaluate.trained_model``) on its
     capture's first ``views`` training views (None: all): how fast its steps are, pruned or not."""
-    from dataclasses import replace
     d = trainer.data
     data = replace(d, train=d.train[:views] if views else d.train, test=[])
     g = trainer.model.gaussians
@@ -411,6 +410,7 @@ def pixel_traffic(g, cams, ranks, sh_degree, backend=None):
     [source, destination] tiles forward and backward summed over the views, and the tiles that
     would cross without the spatial reduction."""
     from .partition import SpatialPartition
+    from .pixel_exchange import ViewPlan
     xp = _backend.array_module(backend)
     means = _backend.to_host(g.means)
     part = SpatialPartition.build(means, ranks)
@@ -419,10 +419,8 @@ def pixel_traffic(g, cams, ranks, sh_degree, backend=None):
     full = np.zeros((ranks, ranks), np.int64)
     boxes = [ns.Gaussians(*(a[xp.asarray(owner == r)] for a in g.arrays().values())) for r in range(ranks)]
     for cam in cams:
-        tx, ty = cam.tiles
-        n_tiles = tx * ty
-        bounds = even_bounds(n_tiles, ranks)
-        _, _, need_lo, need_hi = halo_ranges(bounds, tx, n_tiles)
+        plan = ViewPlan(cam, range(ranks), part)  # every rank takes part (the view a step, unconsolidated)
+        bounds, need_lo, need_hi = plan.bounds, plan.need_lo, plan.need_hi
         for r, box in enumerate(boxes):
             b = ns.bin_tiles(ns.project(box, cam, sh_degree=sh_degree, backend=backend, check=False), backend)
             covered = np.concatenate([[0], np.cumsum(_backend.to_host(b.ranges[:, 1] - b.ranges[:, 0]) > 0)])

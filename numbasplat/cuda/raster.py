@@ -5,7 +5,8 @@ Gaussian (projection, binning, routing, and the projection's backward in two ker
 gradients with coalesced row access, then the geometry).  The raster kernels run one 16x16
 thread block per tile and stream the tile's depth-sorted Gaussians through shared memory in
 batches of ``BLOCK``, built on the per-tile device functions of ``tile`` (shared with the
-fused kernel); so does the contributions kernel (each pixel's dominant Gaussian, for pruning).  The entry points below take the same arguments as ``numbasplat.cpu``'s.
+fused kernel); so does the contributions kernel (each pixel's dominant Gaussian, for pruning).
+The entry points below take the same arguments as ``numbasplat.cpu``'s.
 """
 import numpy as np
 from numba import cuda, float32, int32
@@ -297,8 +298,9 @@ def _contributions_kernel(proj, ids, ranges, W, H, tiles_x, dominant, total):
     As the forward kernel: the tile's records stream through shared memory a batch at a time,
     front to back, until every pixel is done.  A thread walks every record of a batch (the
     forward's warp culling only saves work, on records under the alpha threshold at all of the
-    warp's pixels: this pass runs once a view for pruning, not every step).  The batch's contributions are summed per record by
-    shared-memory atomics, then each record's sum is added into ``total`` by one global atomic."""
+    warp's pixels: this pass runs once a view for pruning, not every step).  The batch's
+    contributions are summed per record by shared-memory atomics, then each record's sum is added
+    into ``total`` by one global atomic."""
     rec = cuda.shared.array(BATCH_WORDS, float32)
     rid = cuda.shared.array(BLOCK, int32)
     acc = cuda.shared.array(BLOCK, float32)  # per record of the batch: its contributions over the tile
@@ -338,7 +340,6 @@ def raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, dep
 def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad):
     _raster_backward_kernel[tile_grid(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, trans, last,
                                                             d_image, d_alpha, d_depth, flat_records(grad))
-
 
 
 def contributions(proj, ids, ranges, W, H, tile, tiles_x, dominant, total):
