@@ -17,8 +17,8 @@ bench() { local name=$1; shift; timeout 120 python3 run.py bench "$@" > "$R/benc
 train() {  # name iters args...: a 7k/30k run with test metrics, no renders or snapshot kept
     local name=$1 iters=$2; shift 2
     python3 run.py train --out "$R/$name" --iters "$iters" --eval --quiet "$@" > "$R/$name.txt" 2>&1
-    grep -v Warn "$R/$name.txt" | tail -1
-    rm -rf "$R/$name/snapshot.h5" "$R/$name"/test_renders
+    echo "$name: $(grep -v Warn "$R/$name.txt" | tail -1)"
+    rm -rf "$R/$name/snapshot.h5" "$R/$name"/test_renders "$R/$name"/*.ply
 }
 mpi_run() { local p=$1; shift; mpiexec --allow-run-as-root --oversubscribe -n "$p" python3 "$@"; }
 mpi() { local p=$1; shift; mpi_run "$p" run.py train "$@"; }
@@ -153,25 +153,28 @@ tile)
     train warm 700 "${LEGO[@]}" --loss tile
     train lego_tile 7000 "${LEGO[@]}" --loss tile
     train fern_tile 7000 "${FERN[@]}" --loss tile ;;
-recipe)  # issue 24: the recipe's differences from the reference (gsplat 1.5.3), added one at a time, 7k, seed S:
-    # base; a: no opacity reset (gsplat 1.5.3's never fires); b: a + no screen-size prune; c: b + the means'
-    # rate decaying over the run; d: c + the distortion ignored.  The five share the GPU (quality, not time);
-    # then the reference alone (needs gsplat's wheel in .whl and .data/ref_trainer.py: scripts/stage_data.sh)
-    scene=$2; seed=${3:-0}; args=${scene^^}[@]
-    a=(--no-opacity-reset); b=("${a[@]}" --max-screen-size 0); c=("${b[@]}" --lr-means-steps 7000)
-    d=("${c[@]}" --distortion ignore)
-    for v in base a b c d; do
-        extra=${v}[@]; [ $v = base ] && extra=none[@]
-        train "${scene}_${v}_s$seed" 7000 "${!args}" --seed "$seed" ${!extra+"${!extra}"} &
-    done
-    wait
-    if [ -f .data/ref_trainer.py ]; then
-        where=$(echo "${!args}" | sed -e 's/--data //' -e 's/--white-background//')
-        fmt=colmap; [ "$scene" = lego ] && fmt=blender
-        TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/torch_ext \
-            timeout 400 python3 .data/ref_trainer.py $where $fmt 7000 > "$R/${scene}_reference.txt" 2>&1
+recipe)  # issue 24: the reference (gsplat 1.5.3) alone, timed; then the recipe's differences from it, added one at a
+    # time, 7k, seed S, sharing the GPU (quality, not time): base; a: no opacity reset (gsplat 1.5.3's never fires);
+    # b: a + no screen-size prune; c: b + the means' rate decaying over the run; d: c + the distortion ignored
+    # (COLMAP only); e: c + the per-image colour correction.  The reference needs gsplat's wheel in .whl and
+    # .data/ref_trainer.py (scripts/stage_data.sh; ../shared/device/wheels.sh gsplat==1.5.3 jaxtyping wadler_lindig)
+    scene=$2; seed=${3:-0}; iters=${4:-7000}; args=${scene^^}[@]
+    if [ -f .data/ref_trainer.py ] && [ -z "${NO_REFERENCE:-}" ]; then  # NO_REFERENCE=1: ours only
+        where=(.data/lego blender); opts=(); [ "$scene" != lego ] && where=(.data/fern colmap) opts=(--images images_8)
+        [ "$scene" = fern4 ] && opts=(--images images_4)
+        export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/torch_ext
+        timeout 300 python3 .data/ref_trainer.py "${where[@]}" 2 "${opts[@]}" > /dev/null 2>&1  # compiles gsplat
+        timeout 400 python3 .data/ref_trainer.py "${where[@]}" "$iters" "${opts[@]}" > "$R/${scene}_reference.txt" 2>&1
         step "reference rc=$?"; tail -1 "$R/${scene}_reference.txt"
-    fi ;;
+    fi
+    a=(--no-opacity-reset); b=("${a[@]}" --max-screen-size 0); c=("${b[@]}" --lr-means-steps "$iters")
+    d=("${c[@]}" --distortion ignore); e=("${c[@]}" --appearance)
+    variants="base a b c e"; [ "$scene" != lego ] && variants="base a b c d e"
+    for v in $variants; do
+        extra=${v}[@]; [ $v = base ] && extra=none[@]
+        train "${scene}_${v}_s$seed" "$iters" "${!args}" --seed "$seed" ${!extra+"${!extra}"} &
+    done
+    wait ;;
 pixel)  # issue 25: pixel- against Gaussian-level exchange.  Bytes per image at P = 2, 4, 8 from one rank
     # (run.py scaling --model-ranks, on lego and fern 7k models and the generated city), then 7k at P ranks
     # sharing the GPU in both modes (quality and images/s; ranks share one GPU, so time is not a speed-up)

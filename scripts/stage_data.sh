@@ -8,5 +8,5 @@ mkdir -p .data/fern
 cp -r "$src/lego" .data/
 cp -r "$src/fern/images_8" "$src/fern/images_4" "$src/fern/sparse" .data/fern/
 cp "$src/../bench/scene_gen.py" .data/ 2>/dev/null || true
-cp "$src/../peer/ref_trainer.py" .data/ 2>/dev/null || true  # the reference, run beside ours (never imported)
+cp "$src/../peer/ref_trainer.py" "$src/../peer/colmap_read.py" .data/ 2>/dev/null || true  # the reference, run beside ours (never imported)
 du -sh .data
