@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|pixel P|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|pixel P|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -18,13 +18,14 @@ train() {  # name iters args...: a 7k/30k run with test metrics, no renders or s
     local name=$1 iters=$2; shift 2
     python3 run.py train --out "$R/$name" --iters "$iters" --eval --quiet "$@" > "$R/$name.txt" 2>&1
     echo "$name: $(grep -v Warn "$R/$name.txt" | tail -1)"
-    rm -rf "$R/$name/snapshot.h5" "$R/$name"/test_renders "$R/$name"/*.ply
+    rm -rf "$R/$name/snapshot.h5" "$R/$name"/test_renders "$R/$name"/point_cloud
 }
 mpi_run() { local p=$1; shift; mpiexec --allow-run-as-root --oversubscribe -n "$p" python3 "$@"; }
 mpi() { local p=$1; shift; mpi_run "$p" run.py train "$@"; }
 LEGO=(--data .data/lego --white-background)
 FERN=(--data .data/fern --images images_8)
 FERN4=(--data .data/fern --images images_4)
+CITY=(--data .data/city)  # the generator's small preset (made on the machine: ablate makes it when asked for)
 
 case "$part" in
 checks) OUT=$R bash scripts/gpu_check.sh .data/scene_gen.py 2>&1 | grep -E "passed|FAIL|ok|step_ms" ;;
@@ -175,6 +176,19 @@ recipe)  # issue 24: the reference (gsplat 1.5.3) alone, timed; then the recipe'
         train "${scene}_${v}_s$seed" "$iters" "${!args}" --seed "$seed" ${!extra+"${!extra}"} &
     done
     wait ;;
+ablate)  # 7k runs sharing the GPU (quality, not time): every scene x seed x variant, e.g.
+    # ablate "lego fern city:0" "0 1" "base f" ITERS (SCENE:SEEDS overrides the seeds, comma-separated);
+    # variants as in recipe, plus f: no screen-size prune alone
+    scenes=$2; variants=$4; iters=${5:-7000}
+    [[ " $scenes " == *" city"* ]] && [ ! -d .data/city ] && python3 run.py synth --out .data/city --preset small > /dev/null
+    a=(--no-opacity-reset); b=("${a[@]}" --max-screen-size 0); c=("${b[@]}" --lr-means-steps "$iters")
+    d=("${c[@]}" --distortion ignore); e=("${c[@]}" --appearance); f=(--max-screen-size 0)
+    for item in $scenes; do scene=${item%%:*}; seeds=$3; [[ $item == *:* ]] && seeds=${item#*:} && seeds=${seeds//,/ }
+    for seed in $seeds; do for v in $variants; do
+        args=${scene^^}[@]; extra=${v}[@]; [ $v = base ] && extra=none[@]
+        train "${scene}_${v}_s$seed" "$iters" "${!args}" --seed "$seed" ${!extra+"${!extra}"} &
+    done; done; done
+    wait ;;
 pixel)  # issue 25: pixel- against Gaussian-level exchange.  Bytes per image at P = 2, 4, 8 from one rank
     # (run.py scaling --model-ranks, on lego and fern 7k models and the generated city), then 7k at P ranks
     # sharing the GPU in both modes (quality and images/s; ranks share one GPU, so time is not a speed-up)
@@ -192,7 +206,7 @@ pixel)  # issue 25: pixel- against Gaussian-level exchange.  Bytes per image at 
             grep -v Warn "$R/$name.txt" | tail -1; rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders"
         done
     done ;;
-*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|pixel P|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
+*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|pixel P|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
 esac
 step done
-(cd "$OUT" && tar czf "logs_$part.tgz" r && rm -rf r)
+(cd "$OUT" && tar czf "logs_$part.tgz" --exclude="*.h5" --exclude="*.ply" --exclude="*.png" --exclude="*.prof*" r && rm -rf r)
