@@ -106,7 +106,7 @@ class DefaultStrategy(RefineSchedule):
     reset_every: int = 3000
     prune_opacity: float = 0.005
     percent_dense: float = 0.01
-    max_screen_size: float = 20.0    # pixels, enforced after the first opacity reset (0: never)
+    max_screen_size: float = 0.0     # pixels, enforced after the first opacity reset (0: never)
     max_world_size: float = 0.1      # fraction of the scene scale
     absgrad: bool = False
     reset_at_start: bool = False     # also reset opacities at refine_start (3DGS does on white backgrounds)

@@ -75,8 +75,9 @@ class TrainConfig:
     opacity_reset: bool = True        # default strategy: reset the opacities at all (gsplat 1.5.3 never does;
                                       # the prunes of large Gaussians still begin after opacity_reset_every)
     prune_opacity: float = 0.005      # default strategy: prune Gaussians less opaque than this
-    max_screen_size: float = 20.0     # default strategy: after the first opacity reset, prune Gaussians whose
-                                      # radius reached this many pixels (0: never, as gsplat's default)
+    max_screen_size: float = 0.0      # default strategy: after the first opacity reset, prune Gaussians whose
+                                      # radius reached this many pixels (0: never, as gsplat's default and, in
+                                      # effect, Inria's; 3DGS's paper says 20: measured in BENCHMARKS.md)
     percent_dense: float = 0.01       # default strategy: Gaussians larger than this (x scene scale) split,
                                       # smaller ones clone
     prune: str = "none"               # ByteSplat's pruning at densify_until (engine/pruning.py): none, contribution,

@@ -198,14 +198,14 @@ pixel)  # issue 25: pixel- against Gaussian-level exchange.  Bytes per image at 
         step "bytes $m"; timeout 120 python3 run.py scaling --model "$R/$m" --pipeline single --views 8 --iters 10 \
             --model-ranks 2,4,8 > "$R/bytes_$m.txt" 2>&1; grep -A6 "pixel-level" "$R/bytes_$m.txt"
     done
-    for mode in gaussian pixel; do
+    for mode in gaussian pixel; do  # the four runs at once (quality and exchange bytes; the GPU is shared)
         for scene in fern lego; do
             name=${scene}_${mode}_p$p; args=FERN[@]; [ $scene = lego ] && args=LEGO[@]
-            step "$name"; mpi "$p" --out "$R/$name" --iters 7000 --eval --quiet "${!args}" --exchange "$mode" \
-                > "$R/$name.txt" 2>&1
-            grep -v Warn "$R/$name.txt" | tail -1; rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders"
+            (mpi "$p" --out "$R/$name" --iters 7000 --eval --quiet "${!args}" --exchange "$mode" > "$R/$name.txt" 2>&1
+             echo "$name: $(grep -v Warn "$R/$name.txt" | tail -1)"; rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders") &
         done
-    done ;;
+    done
+    wait ;;
 *) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|pixel P|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
 esac
 step done
