@@ -5,7 +5,8 @@ import os
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from .args import TRANSPORTS, add_data_options, byte_size, count, load_data, mpi_comm, output_folder, switch, write_metrics
+from .args import (TRANSPORTS, add_data_options, byte_size, count, load_data, mpi_comm, output_folder, switch,
+                   write_metrics)
 from .config import NOT_RECORDED, ConfigError, add_config_options, resolve, write_settings
 
 HOLD_OUT_EVERY = 8  # with --eval, every 8th image (sorted by name) is a test view, as Inria's llffhold

@@ -32,6 +32,7 @@ consecutive working sets overlap and few blocks move.
 """
 import errno
 import os
+import resource
 import shutil
 import tempfile
 import threading
@@ -511,9 +512,10 @@ class OffloadTrainer(Trainer):
         self.index = index = BlockIndex(g.means, g.scales, self.block_rows)
         table = self.layout.table(model, statistics, np)
         self.host.reset({b: table[index.members(b)] for b in range(index.blocks)})
-        old, self.cache = self.cache, DeviceCache(self.xp, self.layout, self.block_rows, self._slots(), index.blocks)
-        if old is not None:  # (the traffic counts on)
-            self.cache.moved_bytes, self.cache.hits, self.cache.misses = old.moved_bytes, old.hits, old.misses
+        counts = (self.cache.moved_bytes, self.cache.hits, self.cache.misses) if self.cache else (0, 0, 0)
+        self.cache = None  # (the old pool freed before the new one is made)
+        self.cache = DeviceCache(self.xp, self.layout, self.block_rows, self._slots(), index.blocks)
+        self.cache.moved_bytes, self.cache.hits, self.cache.misses = counts  # (the traffic counts on)
         self._whole = (model, statistics)
 
     def _slot_bytes(self):
@@ -562,15 +564,14 @@ class OffloadTrainer(Trainer):
     # ------------------------------------------------------------------ one step
     def _working_set(self, view_index):
         """The view's blocks resident (the missing ones moved in); -> (rows in model order, their pool rows)."""
-        camera = self.data.train[view_index].camera
-        blocks = self.index.visible(camera)
+        view = self.data.train[view_index]
+        blocks = self.index.visible(view.camera)
         if len(blocks) > self.cache.slots:
             need = len(blocks) * self._slot_bytes()
             have = self.gpu_memory or self.cache.slots * self._slot_bytes()
-            raise ValueError(f"--gpu-memory {format_bytes(have)} is too small for view "
-                             f"{self.data.train[view_index].name}: its working set ({int(self.index.sizes[blocks].sum()):,} "
-                             f"Gaussians in {len(blocks)} blocks) needs {format_bytes(need)}; give --gpu-memory "
-                             f"{format_bytes(need)} or more")
+            raise ValueError(f"--gpu-memory {format_bytes(have)} is too small for view {view.name}: its working set "
+                             f"({int(self.index.sizes[blocks].sum()):,} Gaussians in {len(blocks)} blocks) needs "
+                             f"{format_bytes(need)}; give --gpu-memory {format_bytes(need)} or more")
         self.cache.fetch(blocks, self.index, self.host)
         visible = np.full(self.index.blocks, -1, np.int64)
         visible[blocks] = self.cache.slot[blocks]
@@ -653,7 +654,8 @@ class OffloadTrainer(Trainer):
                 "cached_gaussians": int(self.index.sizes[self.cache.slot >= 0].sum()),
                 "moved_bytes": d["moved_bytes"] / steps, "cache_hit_rate": d["hits"] / lookups if lookups else 1.0,
                 "wait_s": d["wait_s"] / steps, "disk_read_bytes": d["disk_read_bytes"] / steps,
-                "disk_written_bytes": d["disk_written_bytes"] / steps}
+                "disk_written_bytes": d["disk_written_bytes"] / steps, "peak_device_bytes": self._device_memory_peak(),
+                "peak_host_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
     def progress_extra(self, record):
         return (f"resident {record['resident_gaussians']:,} moved {record['moved_bytes'] / 2**20:.1f} MiB/step "

@@ -150,8 +150,8 @@ class DefaultStrategy(RefineSchedule):
 
     def resets_at(self, step, ctx):
         """Whether ``after_optimizer`` resets the opacities at ``step``."""
-        return self.reset and step < self.refine_stop and (ctx.crossed(step, self.reset_every)
-                                                           or (self.reset_at_start and ctx.reached(step, self.refine_start)))
+        at_start = self.reset_at_start and ctx.reached(step, self.refine_start)
+        return self.reset and step < self.refine_stop and (ctx.crossed(step, self.reset_every) or at_start)
 
     def acts_at(self, step, ctx):
         """Whether ``after_optimizer`` changes the model at ``step`` (refines or resets; at other steps it
