@@ -68,6 +68,21 @@ def hold_out(text):
     return value
 
 
+BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+              "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def byte_size(text):
+    """argparse type: a size in bytes, a number with an optional unit (``24GiB``, ``512MiB``, ``1.5GB``,
+    ``1000000``; KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB of 1024)."""
+    import re
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in ("", *BYTE_UNITS):
+        raise argparse.ArgumentTypeError(f"expected a size in bytes such as 24GiB, 512MiB or 1000000, got {text!r}")
+    return int(float(m.group(1)) * BYTE_UNITS.get(unit, 1))
+
+
 def switch(p, *flags, help):
     """A ``--x/--no-x`` option, off by default (``--no-x`` turns off what a config file turned on)."""
     action = p.add_argument(*flags, action=argparse.BooleanOptionalAction, default=False)

@@ -39,6 +39,7 @@ FLAGS = {
     "sh_increase_every": dict(type=count(1)),
     "lambda_dssim": dict(type=fraction),
     "loss": dict(choices=["global", "tile"]),
+    "view_order": dict(choices=["auto", "random", "trajectory"]),
     "s3im_repeats": dict(type=count(1),
                          help="with --loss tile: arrangements of each tile's pixels into S3IM windows, the first "
                               "spatial and the others random (as published)"),

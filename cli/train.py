@@ -5,7 +5,8 @@ import os
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from .args import TRANSPORTS, add_data_options, count, load_data, mpi_comm, output_folder, switch, write_metrics
+from .args import (TRANSPORTS, add_data_options, byte_size, count, load_data, mpi_comm, output_folder, switch,
+                   write_metrics)
 from .config import NOT_RECORDED, ConfigError, add_config_options, resolve, write_settings
 
 HOLD_OUT_EVERY = 8  # with --eval, every 8th image (sorted by name) is a test view, as Inria's llffhold
@@ -41,14 +42,21 @@ def make_trainer(dataset, a, cfg, comm):
     pixel = getattr(a, "exchange", "gaussian") == "pixel"
     if pixel and getattr(a, "batch_size", None) is not None:
         raise ValueError("--exchange pixel trains one view a step: leave out --batch-size")
-    if getattr(a, "offload", "none") == "host":
+    offload = getattr(a, "offload", "none") or "none"
+    if offload == "none" and (getattr(a, "offload_dir", None) or getattr(a, "host_memory", None)
+                              or getattr(a, "gpu_memory", None)):
+        raise ValueError("--offload-dir, --host-memory and --gpu-memory are for --offload host or disk")
+    if offload != "none":
         if comm is not None:
-            raise ValueError("--offload host trains in one process for now: not under mpiexec or with --batch-size")
+            raise ValueError(f"--offload {offload} trains in one process for now: not under mpiexec or with "
+                             "--batch-size")
         from engine.offload import OffloadTrainer
         if not cfg.visible_adam:
-            print("--offload host: Adam updates each step's working set only (--visible-adam)")
+            print(f"--offload {offload}: Adam updates each step's working set only (--visible-adam)")
             cfg.visible_adam = True
-        return OffloadTrainer(dataset, a.out, cfg)
+        return OffloadTrainer(dataset, a.out, cfg, mode=offload, offload_dir=getattr(a, "offload_dir", None),
+                              host_memory=getattr(a, "host_memory", None) or 0,
+                              gpu_memory=getattr(a, "gpu_memory", None) or 0)
     if comm is None:
         from engine.single_gpu import SingleGPUTrainer
         return SingleGPUTrainer(dataset, a.out, cfg)
@@ -213,10 +221,19 @@ def add_train_options(p):
     p.add_argument("--batch-size", type=count(1), default=None,
                    help="views per step (default: the number of MPI ranks; given without mpirun, the batched "
                         "pipeline runs in one process)")
-    p.add_argument("--offload", choices=["none", "host"], default="none",
+    p.add_argument("--offload", choices=["none", "host", "disk"], default="none",
                    help="host: keep the model, its Adam moments and statistics in host memory and move only "
                         "each view's working set to the GPU (scenes larger than GPU memory; implies "
-                        "--visible-adam; one process)")
+                        "--visible-adam; one process); disk: in files in --offload-dir, host memory a cache of "
+                        "at most --host-memory")
+    p.add_argument("--offload-dir", default=None,
+                   help="with --offload disk: the folder for the blocks' files (a fresh subfolder, removed at the "
+                        "end; the snapshot stays in OUT)")
+    p.add_argument("--host-memory", type=byte_size, default=None,
+                   help="with --offload disk: host memory for the cache of blocks, e.g. 64GiB (required)")
+    p.add_argument("--gpu-memory", type=byte_size, default=None,
+                   help="with --offload: device memory for the cache of blocks and the working sets, e.g. 24GiB "
+                        "(default: 80%% of the free memory at the start)")
     p.add_argument("--exchange", choices=["gaussian", "pixel"], default="gaussian",
                    help="what ranks trade under MPI: Gaussians (owners send projected Gaussians to the ranks that "
                         "render their tiles; batch of one view a rank) or pixels (Splaxel: each rank owns a box of "

@@ -127,6 +127,11 @@ class GaussianModel:
     def __len__(self):
         return self.params.n
 
+    @property
+    def sh_bases(self):
+        """SH coefficients per colour channel: (degree + 1) ** 2."""
+        return self.params.sh_bases
+
     def nbytes(self):
         """Bytes of the parameters, their gradients and both Adam moments."""
         return sum(int(a.nbytes) for a in (self.params.data, self.grads.data, self.adam.m, self.adam.v))

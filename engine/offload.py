@@ -1,34 +1,71 @@
-"""Out-of-core training (``--offload host``): the model in host memory, the GPU holding a view's working set.
+"""Out-of-core training (``--offload host|disk``): the model out of the device, which holds a view's working set.
 
-All parameters, Adam moments and densification statistics live in host memory (a ``GaussianModel``
-on the CPU backend).  The Gaussians are grouped into spatially coherent blocks (``BlockIndex``: the
-Morton order of their centres, cut into blocks of about ``BLOCK_ROWS``), each with a box that holds
-its centres grown by its Gaussians' reach.  One step, one view:
+All parameters, Adam moments and densification statistics live out of the device, a Gaussian's
+values one row of a table (``RowLayout``).  The Gaussians are grouped into spatially coherent
+blocks (``BlockIndex``: the Morton order of their centres, cut into blocks of about
+``BLOCK_ROWS``), each with a box that holds its centres grown by its Gaussians' reach.  Three
+levels hold the blocks' tables:
 
-1. the view's working set: the rows of the blocks whose grown box the view can see, culled on the
-   host from the boxes alone (``partition.visible_region``), in model order;
-2. those rows' parameters and Adam moments go to the device as a model of their own, which renders,
-   computes the loss and back-propagates as the single-GPU pipeline does, and steps Adam on the
-   Gaussians the view saw (visible-only Adam: ``cfg.visible_adam`` must be on) with the whole
-   model's step count;
-3. the rows' parameters, moments and densification statistics come back to the host, where the
-   strategy densifies the whole model; the boxes of the blocks that moved are grown anew.
+* the disk (``--offload disk``): a file per block in ``--offload-dir`` (``DiskBlocks``), with host
+  memory a cache of them capped by ``--host-memory`` (least recently used out first, written back
+  if changed; a thread reads the next view's blocks ahead);
+* host memory (``--offload host``: every block, ``HostBlocks``);
+* the device: a pool of block slots (``DeviceCache``), capped by ``--gpu-memory``, holding the
+  blocks the recent views saw (least recently used out first, written back to the host).
+
+One step, one view:
+
+1. the view's blocks: those whose grown box the view can see, culled on the host from the boxes
+   alone (``partition.visible_regions``); those the device lacks come in (the only transfers);
+2. the working set, those blocks' rows in model order, is gathered from the pool into a model of its
+   own, which renders, computes the loss and back-propagates as the single-GPU pipeline does, and
+   steps Adam on the Gaussians the view saw (visible-only Adam: ``cfg.visible_adam`` must be on)
+   with the whole model's step count; its rows go back to the pool and the blocks' boxes grow;
+3. where the strategy densifies or resets (``DefaultStrategy.acts_at``), the whole model is
+   gathered in host memory, changed, and cut into blocks anew; snapshots gather it likewise.
 
 Rows keep the in-memory model's order, so the working set binned and sorted on the device ties as
 the whole model would, and the strategy's random draws fall on the same Gaussians: offloaded
-training equals in-memory training with visible-only Adam (tested).
+training equals in-memory training with visible-only Adam and the same view order (tested).  By
+default the views follow a tour along the cameras (``--view-order trajectory``), so that
+consecutive working sets overlap and few blocks move.
 """
+import errno
+import os
+import resource
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
+from numba import njit
 
 import numbasplat as ns
 from numbasplat import backend as _backend
-from numbasplat.loss import l1_ssim_loss
+from numbasplat.loss import l1_ssim_loss, psnr
+from numbasplat.optim import GROUPS, group_widths
 
 from .model import GaussianModel
 from .partition import GROW_PX, REACH, visible_regions
+from .strategy import BYTES_PER_GAUSSIAN, Context
 from .trainer import PhaseClock, Trainer
 
 BLOCK_ROWS = 4096  # Gaussians a block holds, about: spatially close ones, culled together
+OFFLOAD_MODES = ("none", "host", "disk")
+GPU_SHARE = 0.8  # --gpu-memory 0: this share of the device memory free at the start
+
+
+def format_bytes(n):
+    """``n`` bytes for a message: in the largest binary unit that keeps it at 1 or more."""
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        size = 1 << {"TiB": 40, "GiB": 30, "MiB": 20, "KiB": 10}[unit]
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
 
 
 def morton_codes(points, bits=10):
@@ -47,24 +84,37 @@ def morton_codes(points, bits=10):
 
 class BlockIndex:
     """The model's Gaussians in spatially coherent blocks with growing boxes: ``block`` (N,) each
-    Gaussian's block, ``lo``/``hi`` (B, 3) each block's box (centres grown by ``REACH`` of its
-    members' largest scale)."""
+    Gaussian's block, ``position`` (N,) its place among its block's rows (in model order),
+    ``lo``/``hi`` (B, 3) each block's box (centres grown by ``REACH`` of its members' largest scale)."""
 
     def __init__(self, means, log_scales, block_rows=BLOCK_ROWS):
+        n = len(means)
         order = np.argsort(morton_codes(means), kind="stable")
-        self.block = np.empty(len(means), np.int64)
-        self.block[order] = np.arange(len(means)) // block_rows
-        self.blocks = int(self.block.max()) + 1 if len(means) else 0
+        self.block = np.empty(n, np.int64)
+        self.block[order] = np.arange(n) // block_rows
+        self.blocks = int(self.block.max()) + 1 if n else 0
+        self.by_block = np.argsort(self.block, kind="stable")  # rows block by block, each block's in model order
+        self.sizes = np.bincount(self.block, minlength=self.blocks)
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+        self.position = np.empty(n, np.int64)
+        self.position[self.by_block] = np.arange(n) - np.repeat(self.starts, self.sizes)
         self.lo = np.zeros((self.blocks, 3))
         self.hi = np.zeros((self.blocks, 3))
-        self.grow(np.arange(len(means)), means, log_scales)
+        self.grow(np.arange(n), means, log_scales)
+
+    def __len__(self):
+        return len(self.block)
+
+    def members(self, b):
+        """The rows of block ``b``, in model order."""
+        return self.by_block[self.starts[b]:self.starts[b] + self.sizes[b]]
 
     def grow(self, rows, means, log_scales):
-        """Set the boxes of the blocks of ``rows`` (every member of those blocks) from the rows'
-        centres and scales (host arrays of the whole model): one pass over the rows."""
+        """Set the boxes of the blocks of ``rows`` (every member of those blocks) from those rows'
+        centres and log-scales (host arrays, one row each): one pass over the rows."""
         block = self.block[rows]
-        reach = REACH * np.exp(np.asarray(log_scales[rows], np.float64).max(axis=1))[:, None]
-        centres = np.asarray(means[rows], np.float64)
+        reach = REACH * np.exp(np.asarray(log_scales, np.float64).max(axis=1))[:, None]
+        centres = np.asarray(means, np.float64)
         self.lo[block] = np.inf
         self.hi[block] = -np.inf
         np.minimum.at(self.lo, block, centres - reach)
@@ -79,55 +129,469 @@ class BlockIndex:
         return np.flatnonzero(np.isin(self.block, blocks))
 
 
+@njit(cache=True)
+def _working_rows(block, position, slot, block_rows):
+    """The rows whose block has a slot (``slot`` >= 0), in model order, and their rows in the pool."""
+    n = 0
+    for r in range(block.shape[0]):
+        if slot[block[r]] >= 0:
+            n += 1
+    rows = np.empty(n, np.int64)
+    where = np.empty(n, np.int64)
+    k = 0
+    for r in range(block.shape[0]):
+        s = slot[block[r]]
+        if s >= 0:
+            rows[k] = r
+            where[k] = s * block_rows + position[r]
+            k += 1
+    return rows, where
+
+
+class RowLayout:
+    """A Gaussian's row of the out-of-core tables, float32: its parameters, both Adam moments (each in
+    ``GROUPS`` order, ``width`` columns) and the strategy's statistics (counts exact up to 2**24)."""
+
+    def __init__(self, sh_bases, statistics):
+        self.sh_bases = sh_bases
+        widths = group_widths(sh_bases)
+        self.width = sum(widths.values())
+        starts = np.cumsum([0] + [widths[g] for g in GROUPS])
+        self.columns = {g: (int(starts[i]), int(starts[i + 1])) for i, g in enumerate(GROUPS)}
+        self.statistics = {k: np.dtype(a.dtype) for k, a in statistics.items()}  # name: dtype
+        self.columns_total = 3 * self.width + len(self.statistics)
+        self.row_bytes = 4 * self.columns_total
+
+    def table(self, model, statistics, xp=None):
+        """The (N, columns) table of ``model`` (a ``GaussianModel``) and ``statistics`` (its rows'; missing:
+        zeros), on the model's device."""
+        xp = model.xp if xp is None else xp
+        n = len(model)
+        out = xp.empty((n, self.columns_total), np.float32)
+        for i, which in enumerate(("params", "m", "v")):
+            for g, (a, b) in self.columns.items():
+                out[:, i * self.width + a:i * self.width + b] = xp.asarray(model.group(g, which)).reshape(n, b - a)
+        for j, k in enumerate(self.statistics):
+            out[:, 3 * self.width + j] = xp.asarray(statistics[k]) if k in statistics else 0
+        return out
+
+    def model(self, table, step, backend):
+        """-> (``GaussianModel`` on ``backend`` with Adam at ``step``, statistics) of a table's rows."""
+        xp = _backend.array_module(backend)
+        table = xp.asarray(table)
+        n = len(table)
+        shapes = {"opacities": (n,), "sh": (n, self.sh_bases, 3)}
+        state = {"step": step}
+        for i, which in enumerate(("params", "m", "v")):
+            state[which] = {g: table[:, i * self.width + a:i * self.width + b].reshape(shapes.get(g, (n, b - a)))
+                            for g, (a, b) in self.columns.items()}
+        stats = {k: table[:, 3 * self.width + j].astype(dtype) for j, (k, dtype) in enumerate(self.statistics.items())}
+        return GaussianModel.from_state(state, backend), stats
+
+
+class HostBlocks:
+    """Every block's table in host memory (``--offload host``); ``read_bytes``/``written_bytes``
+    count the disk's traffic (none here)."""
+
+    def __init__(self):
+        self.tables = {}
+        self.read_bytes = self.written_bytes = 0
+
+    def reset(self, tables):
+        """Hold ``tables`` ({block: its rows' table}) instead of what was held."""
+        self.tables = dict(tables)
+
+    def get(self, b):
+        return self.tables[b]
+
+    def put(self, b, table):
+        self.tables[b] = table
+
+    def prefetch(self, blocks):
+        """Read ``blocks`` ahead if they are not at hand (here they always are)."""
+
+    def close(self):
+        self.tables = {}
+
+
+class DiskBlocks(HostBlocks):
+    """Every block's table in a file of its own in a fresh folder in ``folder`` (``--offload-dir``,
+    removed at the end), host memory a cache of at most ``capacity`` bytes (``--host-memory``): the
+    least recently used blocks leave it first, written back if they changed.  The files are a
+    working copy, rewritten from the model at each resume: the snapshot (HDF5, written atomically
+    by the trainer) is what a crash leaves.  With ``prefetch``, a thread reads ``prefetch``'s blocks
+    ahead into a staging area of a quarter of ``capacity``."""
+
+    def __init__(self, folder, capacity, prefetch=True):
+        super().__init__()
+        self.folder_arg = folder
+        try:
+            os.makedirs(folder, exist_ok=True)
+            self.folder = tempfile.mkdtemp(prefix="numbasplat-blocks-", dir=folder)
+        except OSError as e:
+            raise OSError(e.errno, f"--offload-dir {folder} is not a writable folder: "
+                                   f"{e.strerror or e}") from None
+        self._finalizer = weakref.finalize(self, shutil.rmtree, self.folder, True)
+        self.capacity = int(capacity)
+        self.staging_capacity = self.capacity // 4 if prefetch else 0
+        self.cache = OrderedDict()  # block: table, the most recently used last
+        self.dirty = set()
+        self.cached_bytes = 0
+        self.shapes = {}
+        self.generation = 0
+        self.version = {}  # block: puts so far (a read ahead of an older version is dropped)
+        self.staged = {}
+        self.staged_bytes = 0
+        self.lock = threading.Lock()
+        self.reader = ThreadPoolExecutor(1, thread_name_prefix="offload-prefetch") if prefetch else None
+        self.pending = None
+        self.prefetched_bytes = 0
+
+    def _path(self, b, generation=None):
+        return os.path.join(self.folder, f"g{self.generation if generation is None else generation}-b{b}.f32")
+
+    def reset(self, tables):
+        self._wait()
+        largest = max((t.nbytes for t in tables.values()), default=0)
+        if largest > self.capacity - self.staging_capacity:
+            raise ValueError(f"--host-memory {format_bytes(self.capacity)} is too small: a block of the model "
+                             f"takes {format_bytes(largest)} (and the read-ahead a quarter of the cap); give "
+                             f"--host-memory {format_bytes(int(np.ceil(largest * 4 / 3)))} or more")
+        old = self.generation
+        with self.lock:
+            self.generation += 1
+            self.cache.clear()
+            self.staged.clear()
+            self.dirty.clear()
+            self.cached_bytes = self.staged_bytes = 0
+            self.shapes = {b: t.shape for b, t in tables.items()}
+            self.version = dict.fromkeys(tables, 0)
+        for b, t in tables.items():
+            self.put(b, t)
+        for name in os.listdir(self.folder):  # the blocks before
+            if name.startswith(f"g{old}-"):
+                os.unlink(os.path.join(self.folder, name))
+
+    def get(self, b):
+        with self.lock:
+            if b in self.cache:
+                self.cache.move_to_end(b)
+                return self.cache[b]
+            table = self.staged.pop(b, None)
+            if table is not None:
+                self.staged_bytes -= table.nbytes
+        if table is None:
+            table = self._read(b)
+        self._insert(b, table, dirty=False)
+        return table
+
+    def put(self, b, table):
+        with self.lock:
+            self.version[b] = self.version.get(b, 0) + 1
+            old = self.staged.pop(b, None)
+            if old is not None:
+                self.staged_bytes -= old.nbytes
+        self._insert(b, table, dirty=True)
+
+    def _insert(self, b, table, dirty):
+        with self.lock:
+            old = self.cache.pop(b, None)
+            self.cached_bytes += table.nbytes - (0 if old is None else old.nbytes)
+            self.cache[b] = table
+            if dirty:
+                self.dirty.add(b)
+            evicted = []
+            while self.cached_bytes > self.capacity - self.staging_capacity and len(self.cache) > 1:
+                e, t = self.cache.popitem(last=False)
+                self.cached_bytes -= t.nbytes
+                if e in self.dirty:
+                    self.dirty.discard(e)
+                    evicted.append((e, t))
+        for e, t in evicted:  # (the main thread writes; the reader thread only reads files of blocks not cached)
+            self._write(e, t)
+
+    def _read(self, b):
+        table = np.fromfile(self._path(b), np.float32).reshape(self.shapes[b])
+        with self.lock:
+            self.read_bytes += table.nbytes
+        return table
+
+    def _write(self, b, table):
+        """Write block ``b``'s file; a failure (a full disk) stops training with one message."""
+        path = self._path(b)
+        data = memoryview(np.ascontiguousarray(table)).cast("B")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                done = 0
+                while done < len(data):
+                    done += os.write(fd, data[done:])
+            finally:
+                os.close(fd)
+        except OSError as e:
+            why = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+            raise OSError(e.errno, f"--offload-dir {self.folder_arg}: cannot write a block of the model "
+                                   f"({why}); training stopped, the last snapshot is kept") from None
+        self.written_bytes += len(data)
+
+    # ------------------------------------------------------------------ reading ahead
+    def prefetch(self, blocks):
+        """Read ahead, on the reader thread, those of ``blocks`` that are neither cached nor staged
+        (as many as the staging area holds)."""
+        if self.reader is None or (self.pending is not None and not self.pending.done()):
+            return
+        self._wait()
+        with self.lock:
+            wanted = [(int(b), self.version.get(int(b), 0)) for b in blocks
+                      if b not in self.cache and b not in self.staged]
+            generation = self.generation
+        if wanted:
+            self.pending = self.reader.submit(self._read_ahead, wanted, generation)
+
+    def _read_ahead(self, wanted, generation):
+        for b, version in wanted:
+            with self.lock:
+                room = self.staging_capacity - self.staged_bytes
+                if generation != self.generation or 4 * int(np.prod(self.shapes[b])) > room:
+                    return
+            table = np.fromfile(self._path(b, generation), np.float32).reshape(self.shapes[b])
+            with self.lock:  # kept only if nothing changed the block meanwhile
+                if (generation == self.generation and self.version.get(b) == version and b not in self.cache
+                        and b not in self.staged):
+                    self.staged[b] = table
+                    self.staged_bytes += table.nbytes
+                    self.prefetched_bytes += table.nbytes
+                    self.read_bytes += table.nbytes
+
+    def _wait(self):
+        """Wait for the read ahead in flight (its errors are not the step's: a read repeats it)."""
+        if self.pending is not None:
+            try:
+                self.pending.result()
+            except OSError:
+                pass
+            self.pending = None
+
+    def close(self):
+        self._wait()
+        if self.reader is not None:
+            self.reader.shutdown()
+        self.cache.clear()
+        self.staged.clear()
+        self._finalizer()
+
+
+class DeviceCache:
+    """The blocks resident on the device: one pool of ``slots`` slots of ``block_rows`` rows
+    (a block's table in a slot), the least recently used block out first (back to ``host`` if a
+    step changed it).  ``moved_bytes``, ``hits``, ``misses``: the traffic so far."""
+
+    def __init__(self, xp, layout, block_rows, slots, blocks):
+        self.xp, self.block_rows = xp, block_rows
+        self.slots = int(min(slots, blocks))
+        self.pool = xp.empty((self.slots * block_rows, layout.columns_total), np.float32)
+        self.slot = np.full(blocks, -1, np.int64)  # each block's slot (-1: not resident)
+        self.free = list(range(self.slots))[::-1]
+        self.lru = OrderedDict()  # resident blocks, the most recently used last
+        self.dirty = set()
+        self.moved_bytes = self.hits = self.misses = 0
+
+    def fetch(self, blocks, index, host):
+        """Make ``blocks`` resident (their tables from ``host``), the least recently used others out."""
+        need = set(int(b) for b in blocks)
+        for b in blocks:
+            b = int(b)
+            if self.slot[b] >= 0:
+                self.hits += 1
+                self.lru.move_to_end(b)
+                continue
+            self.misses += 1
+            if not self.free:
+                out = next(o for o in self.lru if o not in need)  # (enough slots: checked by the trainer)
+                self.evict(out, index, host)
+            s = self.free.pop()
+            table = host.get(b)
+            self.pool[s * self.block_rows:s * self.block_rows + len(table)] = self.xp.asarray(table)
+            self.moved_bytes += table.nbytes
+            self.slot[b] = s
+            self.lru[b] = None
+
+    def evict(self, b, index, host):
+        """Block ``b`` out of the pool, back to ``host`` if changed."""
+        s = int(self.slot[b])
+        if b in self.dirty:
+            table = _backend.to_host(self.pool[s * self.block_rows:s * self.block_rows + index.sizes[b]])
+            host.put(b, np.array(table, copy=True))
+            self.moved_bytes += table.nbytes
+            self.dirty.discard(b)
+        self.slot[b] = -1
+        del self.lru[b]
+        self.free.append(s)
+
+    def flush(self, index, host):
+        """Every changed resident block back to ``host`` (they stay resident)."""
+        for b in sorted(self.dirty):
+            s = int(self.slot[b])
+            table = _backend.to_host(self.pool[s * self.block_rows:s * self.block_rows + index.sizes[b]])
+            host.put(b, np.array(table, copy=True))
+            self.moved_bytes += table.nbytes
+        self.dirty.clear()
+
+
+class OutOfCoreModel:
+    """What the trainer asks of its ``model`` when the model is out of core: its size, SH bases, and
+    its parameters (gathered in host memory)."""
+
+    def __init__(self, trainer):
+        self._trainer = trainer
+
+    def __len__(self):
+        return len(self._trainer.index)
+
+    @property
+    def sh_bases(self):
+        return self._trainer.layout.sh_bases
+
+    @property
+    def gaussians(self):
+        return self._trainer.whole_model().gaussians
+
+
 class OffloadTrainer(Trainer):
-    """``Trainer`` with the model in host memory and a view's working set on the device (see above)."""
+    """``Trainer`` with the model out of the device and a view's working set on it (see above).
 
-    def __init__(self, dataset, out_dir, cfg, backend=None, log=print, block_rows=BLOCK_ROWS):
+    ``mode``: host or disk; ``offload_dir``, ``host_memory`` (bytes): disk mode's folder and host cache;
+    ``gpu_memory`` (bytes, 0: ``GPU_SHARE`` of the device's free memory, no cap on the CPU backend): the
+    device's pool of blocks and the working sets built from them; ``prefetch``: disk mode reads the next
+    view's blocks ahead on a thread."""
+
+    default_view_order = "trajectory"
+
+    def __init__(self, dataset, out_dir, cfg, backend=None, log=print, block_rows=BLOCK_ROWS, mode="host",
+                 offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True):
+        if mode not in ("host", "disk"):
+            raise ValueError(f"--offload {mode}: unknown (host or disk)")
         if not cfg.visible_adam:
-            raise ValueError("--offload host updates the working set only: it needs --visible-adam")
+            raise ValueError(f"--offload {mode} updates the working set only: it needs --visible-adam")
         if cfg.strategy != "default":  # (MCMC moves every Gaussian every step: every block, every step)
-            raise ValueError("--offload host densifies with the default strategy, for now")
+            raise ValueError(f"--offload {mode} densifies with the default strategy, for now")
         if cfg.loss != "global" or cfg.appearance or cfg.prune != "none":
-            raise ValueError("--offload host trains with --loss global, without --appearance or --prune, for now")
+            raise ValueError(f"--offload {mode} trains with --loss global, without --appearance or --prune, for now")
+        if mode == "disk" and not offload_dir:
+            raise ValueError("--offload disk needs --offload-dir PATH (where the blocks' files go)")
+        if mode == "disk" and not host_memory:
+            raise ValueError("--offload disk needs --host-memory BYTES (the host memory its cache of blocks may use)")
+        if mode == "host" and (offload_dir or host_memory):
+            raise ValueError("--offload-dir and --host-memory are for --offload disk")
+        if gpu_memory < 0 or host_memory < 0:
+            raise ValueError("--gpu-memory and --host-memory must not be negative")
         super().__init__(dataset, out_dir, cfg, backend, log)
-        self.block_rows = block_rows
-        self.blocks = None
-        self.moved_bytes = 0
+        self.mode, self.block_rows, self.gpu_memory = mode, block_rows, int(gpu_memory)
+        self.host = DiskBlocks(offload_dir, host_memory, prefetch) if mode == "disk" else HostBlocks()
+        self.index = self.layout = self.cache = None
+        self._whole = None  # the whole model gathered in host memory, until a step changes it
+        self._working = None
+        self.model = None
+        self.wait_s = 0.0
+        self._since_log = self._counters()
 
-    # ------------------------------------------------------------------ the host model
+    # ------------------------------------------------------------------ the model out of core
     def start_from(self, model_state, strategy_state=None):
-        self.model = GaussianModel.from_state(model_state, "cpu")  # the whole model, in host memory
-        self.strategy_state = dict(strategy_state) if strategy_state else self.strategy.initialize_state()
-        self._index()
+        model = GaussianModel.from_state(model_state, "cpu")
+        statistics = self.strategy.fresh_statistics(np, len(model))
+        statistics.update({k: np.asarray(a) for k, a in (strategy_state or {}).items() if len(a) == len(model)})
+        self.layout = RowLayout(model.sh_bases, self.strategy.fresh_statistics(np, 0))
+        self._adam_steps = model.adam.step_count
+        self._install(model, statistics)
+        self.model = OutOfCoreModel(self)
 
-    def _index(self):
-        g = self.model.gaussians
-        self.blocks = BlockIndex(g.means, g.scales, self.block_rows)
+    def _install(self, model, statistics):
+        """Cut ``model`` (host) and its ``statistics`` into blocks anew: the index, the host's tables,
+        an empty device pool."""
+        g = model.gaussians
+        self.index = index = BlockIndex(g.means, g.scales, self.block_rows)
+        table = self.layout.table(model, statistics, np)
+        self.host.reset({b: table[index.members(b)] for b in range(index.blocks)})
+        counts = (self.cache.moved_bytes, self.cache.hits, self.cache.misses) if self.cache else (0, 0, 0)
+        self.cache = None  # (the old pool freed before the new one is made)
+        self.cache = DeviceCache(self.xp, self.layout, self.block_rows, self._slots(), index.blocks)
+        self.cache.moved_bytes, self.cache.hits, self.cache.misses = counts  # (the traffic counts on)
+        self._whole = (model, statistics)
+
+    def _slot_bytes(self):
+        """Device bytes a block slot takes: its rows' table, and room for them in a step's working set
+        (the strategy's estimate of a Gaussian's parameters, gradients, moments and per-step buffers)."""
+        return self.block_rows * (self.layout.row_bytes + BYTES_PER_GAUSSIAN)
+
+    def _slots(self):
+        budget = self.gpu_memory
+        if not budget:
+            if not _backend.on_gpu(self.backend):
+                return 1 << 62  # no cap: every block may stay
+            import cupy
+            free, _ = cupy.cuda.runtime.memGetInfo()
+            budget = int(GPU_SHARE * (free + cupy.get_default_memory_pool().free_bytes()))
+        return budget // self._slot_bytes()
+
+    def _gather_whole(self):
+        """-> (the whole model on the host, its statistics): the device's changed blocks written back
+        first."""
+        if self._whole is None:
+            self.cache.flush(self.index, self.host)
+            table = np.empty((len(self.index), self.layout.columns_total), np.float32)
+            for b in range(self.index.blocks):
+                table[self.index.members(b)] = self.host.get(b)
+            self._whole = self.layout.model(table, self._adam_steps, "cpu")
+        return self._whole
 
     def gather_state(self):
-        return self.model.state(), {k: np.array(a) for k, a in self.strategy_state.items()}
+        model, statistics = self._gather_whole()
+        return model.state(), {k: np.array(a) for k, a in statistics.items()}
 
     def whole_model(self):
-        return self.model
+        return self._gather_whole()[0]
 
     def view_image(self, gaussians, camera):
         """A view rendered from its working set on the device (the whole model need not fit there)."""
-        rows = self.blocks.rows(self.blocks.visible(camera))
+        rows = self.index.rows(self.index.visible(camera))
         return super().view_image(ns.Gaussians(*(self.xp.asarray(a[rows]) for a in gaussians.arrays().values())),
                                   camera)
 
+    def context(self, **step):
+        """The strategy's context without the device's free memory: the model is not on the device."""
+        return Context(self.data.scene_scale, self.rng, self.cfg.max_gaussians, 0, **step)
+
     # ------------------------------------------------------------------ one step
+    def _working_set(self, view_index):
+        """The view's blocks resident (the missing ones moved in); -> (rows in model order, their pool rows)."""
+        view = self.data.train[view_index]
+        blocks = self.index.visible(view.camera)
+        if len(blocks) > self.cache.slots:
+            need = len(blocks) * self._slot_bytes()
+            have = self.gpu_memory or self.cache.slots * self._slot_bytes()
+            raise ValueError(f"--gpu-memory {format_bytes(have)} is too small for view {view.name}: its working set "
+                             f"({int(self.index.sizes[blocks].sum()):,} Gaussians in {len(blocks)} blocks) needs "
+                             f"{format_bytes(need)}; give --gpu-memory {format_bytes(need)} or more")
+        self.cache.fetch(blocks, self.index, self.host)
+        visible = np.full(self.index.blocks, -1, np.int64)
+        visible[blocks] = self.cache.slot[blocks]
+        rows, where = _working_rows(self.index.block, self.index.position, visible, self.block_rows)
+        return blocks, rows, where
+
     def train_step(self):
-        c, host = self.cfg, self.model
+        c = self.cfg
         clock = PhaseClock(self.backend, self._timing())
+        before = self._counters()
         i = self.next_view()
         view = self.data.train[i]
-        rows = self.blocks.rows(self.blocks.visible(view.camera))
-        state = host.state()
-        rows_state = {w: {g: a[rows] for g, a in state[w].items()} for w in ("params", "m", "v")}
-        working = GaussianModel.from_state({**rows_state, "step": state["step"]}, self.backend)
-        stats = {k: self.xp.asarray(a[rows]) for k, a in self.strategy_state.items() if len(a) == len(host)}
-        self.moved_bytes = 2 * working.nbytes()
+        t0 = time.perf_counter()
+        blocks, rows, where = self._working_set(i)
+        where_d = self.xp.asarray(where)
+        if self.order:  # the next view's blocks, read ahead while this one trains (disk mode)
+            self.host.prefetch(self.index.visible(self.data.train[self.order[-1]].camera))
+        self.wait_s += time.perf_counter() - t0
+        working, stats = self.layout.model(self.cache.pool[where_d], self._adam_steps, self.backend)
+        self._working = working
         clock.end("owner")
         g = working.gaussians
         p = ns.project(g, view.camera, sh_degree=self.sh_degree_now(), antialias=c.antialias, backend=self.backend,
@@ -147,31 +611,56 @@ class OffloadTrainer(Trainer):
         lr, cols = self.learning_rates()
         working.adam.step(working.grads.data, cols, p.counts > 0)
         self.step += 1
-        # back to the host: the rows' parameters, moments and statistics, and the boxes they grew
-        back = working.state()
-        for w in ("params", "m", "v"):
-            for name, a in back[w].items():
-                host.group(name, w)[rows] = a.reshape(host.group(name, w)[rows].shape)
-        host.adam.step_count = back["step"]
-        for k, a in stats.items():
-            if k not in self.strategy_state:  # the statistics' first step: made for the whole model
-                self.strategy_state[k] = np.zeros((len(host),) + a.shape[1:], a.dtype)
-            self.strategy_state[k][rows] = _backend.to_host(a)
+        self._adam_steps = working.adam.step_count
+        # back to the pool: the rows' parameters, moments and statistics; the boxes they grew
+        self.cache.pool[where_d] = self.layout.table(working, stats)
+        self.cache.dirty.update(int(b) for b in blocks)
+        self._whole = None
+        self.index.grow(rows, _backend.to_host(working.group("means")), _backend.to_host(working.group("scales")))
+        self.cache.moved_bytes += where.nbytes + 24 * len(rows)  # the pool rows' index in, the boxes' rows out
         clock.end("optimizer")
-        events = self.strategy.after_optimizer(host, self.strategy_state, self.step, self.context(lr_means=lr["means"]))
-        g_host = host.gaussians
-        if len(host) != len(self.blocks.block) or "cloned" in events:
-            self._index()  # new Gaussians, new rows: blocks anew
-        else:
-            self.blocks.grow(rows, g_host.means, g_host.scales)  # the working set: whole blocks
-        self.stats = {"resident_gaussians": len(rows), "moved_bytes": self.moved_bytes, **clock.stats()}
+        ctx = self.context(lr_means=lr["means"])
+        events = {}
+        if self.strategy.acts_at(self.step, ctx):  # densify or reset: on the whole model, in host memory
+            model, statistics = self._gather_whole()
+            events = self.strategy.after_optimizer(model, statistics, self.step, ctx)
+            self._install(model, statistics)
+        after = self._counters()
+        self.stats = {"resident_gaussians": len(rows), **{k: after[k] - before[k] for k in after}, **clock.stats()}
         return loss, events
 
+    def _counters(self):
+        """The traffic so far (the device's pool, the disk) and the time waited for it."""
+        cache = self.cache
+        return {"moved_bytes": cache.moved_bytes if cache else 0, "hits": cache.hits if cache else 0,
+                "misses": cache.misses if cache else 0, "disk_read_bytes": self.host.read_bytes,
+                "disk_written_bytes": self.host.written_bytes, "wait_s": self.wait_s}
+
     def progress_psnr(self):
-        from numbasplat.loss import psnr
         image, target = self._progress_view
         return psnr(image, target)
 
+    def _check_finite(self, loss=None, model=None):
+        super()._check_finite(loss, self._working if model is None else model)  # the last working set
+
     def log_extra(self):
+        """The working set, the device's pool and the traffic per step since the last log line."""
+        now = self._counters()
+        steps = max(1, self.step - self._since_log.get("step", 0))
+        d = {k: now[k] - self._since_log[k] for k in now}
+        self._since_log = {**now, "step": self.step}
+        lookups = d["hits"] + d["misses"]
         return {**super().log_extra(), "resident_gaussians": self.stats.get("resident_gaussians", 0),
-                "moved_bytes": self.stats.get("moved_bytes", 0)}
+                "cached_gaussians": int(self.index.sizes[self.cache.slot >= 0].sum()),
+                "moved_bytes": d["moved_bytes"] / steps, "cache_hit_rate": d["hits"] / lookups if lookups else 1.0,
+                "wait_s": d["wait_s"] / steps, "disk_read_bytes": d["disk_read_bytes"] / steps,
+                "disk_written_bytes": d["disk_written_bytes"] / steps, "peak_device_bytes": self._device_memory_peak(),
+                "peak_host_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+    def progress_extra(self, record):
+        return (f"resident {record['resident_gaussians']:,} moved {record['moved_bytes'] / 2**20:.1f} MiB/step "
+                f"hit {record['cache_hit_rate']:.0%} wait {1e3 * record['wait_s']:.1f} ms")
+
+    def close(self):
+        """Remove disk mode's files (they hold nothing the snapshot lacks)."""
+        self.host.close()

@@ -119,8 +119,13 @@ class DefaultStrategy(RefineSchedule):
         return {}
 
     @staticmethod
-    def _fresh(state, xp, n):
-        state.update(grad=xp.zeros(n, np.float32), count=xp.zeros(n, np.int32), max_radius=xp.zeros(n, np.float32))
+    def fresh_statistics(xp, n):
+        """The statistics of ``n`` Gaussians that no view saw yet (zeros)."""
+        return dict(grad=xp.zeros(n, np.float32), count=xp.zeros(n, np.int32), max_radius=xp.zeros(n, np.float32))
+
+    @classmethod
+    def _fresh(cls, state, xp, n):
+        state.update(cls.fresh_statistics(xp, n))
 
     def loss_gradients(self, model, state):
         return None
@@ -143,14 +148,24 @@ class DefaultStrategy(RefineSchedule):
         radius = projection.radii.max(axis=1).astype(np.float32)
         xp.maximum(state["max_radius"], radius, out=state["max_radius"])
 
+    def resets_at(self, step, ctx):
+        """Whether ``after_optimizer`` resets the opacities at ``step``."""
+        at_start = self.reset_at_start and ctx.reached(step, self.refine_start)
+        return self.reset and step < self.refine_stop and (ctx.crossed(step, self.reset_every) or at_start)
+
+    def acts_at(self, step, ctx):
+        """Whether ``after_optimizer`` changes the model at ``step`` (refines or resets; at other steps it
+        leaves model and state as they are, so that a pipeline holding the model out of core gathers it
+        only then)."""
+        return self.refines_at(step, ctx) or self.resets_at(step, ctx)
+
     def after_optimizer(self, model, state, step, ctx):
         xp = model.xp
         done = {}
         if self.refines_at(step, ctx):
             done = self._refine(model, state, step, ctx)
             self._fresh(state, xp, len(model))
-        if self.reset and step < self.refine_stop and (ctx.crossed(step, self.reset_every)
-                                        or (self.reset_at_start and ctx.reached(step, self.refine_start))):
+        if self.resets_at(step, ctx):
             op = model.group("opacities")
             xp.minimum(op, inverse_sigmoid(0.01), out=op)
             model.reset_moments("opacities")

@@ -35,6 +35,7 @@ from .appearance import ColourCorrection
 from .model import init_from_points
 from .outputs import TensorBoardLog, lpips_metric, render_image, save_png, write_model_outputs
 from .strategy import Context, DefaultStrategy, MCMCStrategy
+from .view_order import VIEW_ORDERS, epoch_order
 
 SNAPSHOT = "snapshot.h5"
 
@@ -100,6 +101,9 @@ class TrainConfig:
     snapshot_every: int = 5000        # write OUT/snapshot.h5 every this many steps (0: at the end only)
     log_every: int = 100              # a line of OUT/log.jsonl every this many steps
     tensorboard: bool = False         # the log's scalars as TensorBoard events in OUT too (tensorboardX)
+    view_order: str = "auto"          # each epoch's order of the views: random (3DGS), trajectory (a tour along the
+                                      # cameras: consecutive views see much the same), auto: trajectory when
+                                      # offloading (engine/view_order.py), else random
     seed: int = 0                     # the random seed (the views' order, random points, densification)
     n_random_init: int = 100_000      # random points to start from when the capture has no SfM points
 
@@ -214,11 +218,16 @@ class Trainer(ABC):
 
     is_root = True  # writes the logs and outputs (rank 0 under MPI)
     batch = 1  # views per step (a batched pipeline sets its batch size)
+    default_view_order = "random"  # what cfg.view_order "auto" is for this pipeline
     time_phases = False  # sync at the phase boundaries (PhaseClock): True every step, False never, None at log steps
 
     def __init__(self, dataset, out_dir, cfg: TrainConfig, backend=None, log=print):
         if cfg.lambda_s3im is None:
             cfg = replace(cfg, lambda_s3im=s3im_weight(dataset))
+        if cfg.view_order == "auto":
+            cfg = replace(cfg, view_order=self.default_view_order)
+        if cfg.view_order not in VIEW_ORDERS:
+            raise ValueError(f"--view-order {cfg.view_order}: unknown (one of {', '.join(VIEW_ORDERS)})")
         self.data = dataset
         self.cfg = cfg
         self.out = Path(out_dir)
@@ -299,7 +308,7 @@ class Trainer(ABC):
                         logf.flush()
                     if tensorboard:
                         tensorboard.write(rec)
-                    bar.show(loss, p, rec.get("gaussians_total", len(self.model)))
+                    bar.show(loss, p, rec.get("gaussians_total", len(self.model)), self.progress_extra(rec))
                 signum = self.stop_signal()
                 if (crossed(c.snapshot_every) and self.step < c.iterations) or signum:
                     self.train_seconds += time.perf_counter() - t0
@@ -401,6 +410,10 @@ class Trainer(ABC):
         (a multi-rank pipeline adds its exchange statistics).  Collective."""
         return dict(getattr(self, "tile_stats", {}))
 
+    def progress_extra(self, record):
+        """More for the progress line, from the log step's ``record`` ("": nothing)."""
+        return ""
+
     def barrier(self):
         """Wait for every rank (a pipeline of one process has none to wait for)."""
 
@@ -429,9 +442,12 @@ class Trainer(ABC):
 
     # ------------------------------------------------------------------ the step's schedules
     def next_view(self):
-        """The next training view: every view once per epoch, in an order drawn from the RNG."""
+        """The next training view: every view once per epoch, in an order drawn from the RNG
+        (``cfg.view_order``: a permutation, or a tour along the cameras)."""
         if not self.order:
-            self.order = list(self.rng.permutation(len(self.data.train)))
+            order = epoch_order(self.cfg.view_order, [v.camera for v in self.data.train], self.rng,
+                                self.data.scene_scale)
+            self.order = order if self.cfg.view_order == "random" else order[::-1]  # popped from its end
         return int(self.order.pop())
 
     def step_background(self):
@@ -450,7 +466,7 @@ class Trainer(ABC):
                              self.step, c.lr_means_steps)
         lr = {"means": lr_means, "scales": c.lr_scales, "quats": c.lr_quats, "opacities": c.lr_opacities,
               "sh": c.lr_sh}
-        return lr, column_lrs(lr, self.model.params.sh_bases)
+        return lr, column_lrs(lr, self.model.sh_bases)
 
     def context(self, **step):
         """The strategy's ``Context``: the scene scale, the RNG, the memory guard's limits, and a
@@ -471,12 +487,14 @@ class Trainer(ABC):
             for k, v in extra.items():
                 getattr(model.grad_gaussians, k)[...] += v
 
-    def _check_finite(self, loss=None):
+    def _check_finite(self, loss=None, model=None):
         """Stop with a clear message if training diverged (rendering skips this per-step sync),
-        naming which attributes of how many Gaussians went non-finite and the step's loss."""
-        if bool(self.xp.isfinite(self.model.params.data).all()):
+        naming which attributes of how many Gaussians went non-finite and the step's loss
+        (``model``: the Gaussians to check, default the trainer's)."""
+        model = self.model if model is None else model
+        if bool(self.xp.isfinite(model.params.data).all()):
             return
-        g = self.model.gaussians
+        g = model.gaussians
         bad = []
         for name, a in g.arrays().items():
             n = int((~self.xp.isfinite(a.reshape(len(a), -1)).all(axis=1)).sum())
@@ -632,11 +650,11 @@ class Progress:
         if self.bar is None and self.tty and time.perf_counter() - self.last_draw >= self.min_interval:
             self._draw("\r")
 
-    def show(self, loss, psnr, gaussians):
-        """The last log step's loss, PSNR and Gaussian count, shown until the next one."""
+    def show(self, loss, psnr, gaussians, extra=""):
+        """The last log step's loss, PSNR, Gaussian count and a pipeline's ``extra``, shown until the next one."""
         if not self.enabled:
             return
-        self.stats = f"loss {loss:.4f} psnr {psnr:5.2f} gaussians {gaussians:,}"
+        self.stats = f"loss {loss:.4f} psnr {psnr:5.2f} gaussians {gaussians:,}" + (f" {extra}" if extra else "")
         if self.bar is not None:
             self.bar.set_postfix_str(self.stats, refresh=False)
         elif not self.tty and (time.perf_counter() - self.last_draw >= self.line_interval

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|pixel P|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|pixel P|offload [G]|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -206,7 +206,44 @@ pixel)  # issue 25: pixel- against Gaussian-level exchange.  Bytes per image at 
         done
     done
     wait ;;
-*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|pixel P|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
+offload)  # issue 26: lego and fern, 2000 images, in memory with --visible-adam against --offload host and --offload
+    # disk (host memory 64 MiB: below the models' size); images/s from metrics.json (target >= 0.7x in memory's).
+    # Then the scale run: a procedural city of G ground-truth Gaussians (default 8M; 48 views at 960x540), trained
+    # from its ground truth 200 images with --offload host --gpu-memory 24GiB: images/s, bytes moved per step, cache
+    # hit rate, wait, peak device and host memory (log.jsonl's last line)
+    g=${2:-8000000}
+    summary() { python3 - "$1" <<'PY'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+m = json.loads((out / "metrics.json").read_text()) if (out / "metrics.json").exists() else {}
+log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+last, n = log[-1], max(r["step"] for r in log)
+secs = m.get("train_seconds") or last["time"]
+keys = ("moved_bytes", "cache_hit_rate", "wait_s", "resident_gaussians", "cached_gaussians", "disk_read_bytes",
+        "peak_device_bytes", "peak_host_bytes")
+print(f"{out.name}: {n / secs:.1f} images/s, psnr {m.get('psnr')}, gaussians {last['gaussians']}, "
+      + ", ".join(f"{k} {last[k]:.4g}" for k in keys if k in last))
+PY
+    }
+    train warm 300 "${LEGO[@]}" --visible-adam; train warm 100 "${LEGO[@]}" --offload host
+    for scene in lego fern; do
+        args=FERN[@]; [ $scene = lego ] && args=LEGO[@]
+        for mode in memory host disk; do
+            extra=(--visible-adam); [ $mode = host ] && extra=(--offload host)
+            [ $mode = disk ] && extra=(--offload disk --offload-dir /tmp/offload_blocks --host-memory 64MiB)
+            step "${scene}_$mode"; train "${scene}_$mode" 2000 "${!args}" "${extra[@]}"; summary "$R/${scene}_$mode"
+        done
+    done
+    step "city of $g Gaussians"
+    timeout 240 python3 run.py synth --out /tmp/city_offload --gaussians "$g" --views 48 --res 960x540 --quiet --force \
+        > "$R/city_synth.txt" 2>&1; tail -1 "$R/city_synth.txt"
+    step "city offloaded"
+    timeout 300 python3 run.py train --data /tmp/city_offload --init-ply /tmp/city_offload/ground_truth.ply \
+        --out "$R/city" --iters 200 --log-every 50 --quiet --offload host --gpu-memory 24GiB > "$R/city.txt" 2>&1
+    grep -a "error" "$R/city.txt"; summary "$R/city"  # (peak host memory: the process's largest RSS)
+    rm -rf "$R/city/snapshot.h5" "$R/city"/*.ply "$R/city/point_cloud" /tmp/city_offload ;;
+*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|pixel P|offload [G]|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
 esac
 step done
 (cd "$OUT" && tar czf "logs_$part.tgz" --exclude="*.h5" --exclude="*.ply" --exclude="*.png" --exclude="*.prof*" r && rm -rf r)

@@ -1,14 +1,19 @@
-"""engine/offload.py: out-of-core training with the model in host memory equals in-memory training
-with visible-only Adam (across densification and a snapshot/resume), and its blocks cull views
-conservatively."""
+"""engine/offload.py: out-of-core training with the model in host memory or on disk equals in-memory
+training with visible-only Adam and the same view order (across densification and a snapshot/resume,
+with the device's cache and the host's capped so that blocks move), its blocks cull views
+conservatively, its caches move only what is missing, and bad input stops it with one message."""
+import errno
+import json
+import os
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from engine.demo import make_dataset
-from engine.offload import BlockIndex, OffloadTrainer, morton_codes
+from engine.offload import BlockIndex, DeviceCache, DiskBlocks, HostBlocks, OffloadTrainer, RowLayout, morton_codes
 from engine.single_gpu import SingleGPUTrainer
+from engine.strategy import DefaultStrategy
 from engine.trainer import SNAPSHOT
 from numbasplat.optim import GROUPS
 from test_trainer import fast_refine, small_config
@@ -39,36 +44,55 @@ def test_morton_blocks_are_compact_and_their_boxes_cull_conservatively(dataset):
         assert set(np.flatnonzero(p.counts > 0)) <= set(kept.tolist())
 
 
-@pytest.mark.parametrize("scene", ["demo", "clusters"])
-def test_offloaded_training_equals_in_memory_training_with_visible_adam(dataset, tmp_path, scene):
+def offload_config(**kw):
+    """The tests' run: visible-only Adam and the tour along the cameras (what offloading defaults to),
+    in memory as offloaded."""
+    return small_config(visible_adam=True, view_order="trajectory", **kw)
+
+
+@pytest.mark.parametrize("scene,mode", [("demo", "host"), ("clusters", "host"), ("clusters", "disk")])
+def test_offloaded_training_equals_in_memory_training_with_visible_adam(dataset, tmp_path, scene, mode):
     """The demo (every view sees everything; densification from random points) and two clusters
     that the views see one at a time (the working set is half the model): equal parameters and
-    moments after 40 steps with densification, the offloaded run stopped at 23 and resumed."""
+    moments after 40 steps with densification, the offloaded run stopped at 23 and resumed.  On the
+    clusters the device holds 24 of the blocks (8, 39 at the end), and in disk mode host memory
+    a quarter of the model: blocks leave both and come back."""
     from scenes import cluster_capture
     data, start = (dataset, None) if scene == "demo" else cluster_capture(per_cluster=60, views=8)
-    cfg = lambda: small_config(iterations=40, visible_adam=True, sh_degree=0)  # noqa: E731
+    cfg = lambda: offload_config(iterations=40, sh_degree=0)  # noqa: E731
+    caps = {} if scene == "demo" else {"gpu_memory": 24 * 16 * (45 * 4 + 1500)}  # 24 slots of 16 rows, sh degree 0
+    if mode == "disk":
+        caps.update(offload_dir=tmp_path / "blocks", host_memory=120 * 45 * 4 // 4)
 
     def trainer(kind, folder):
         t = fast_refine(SingleGPUTrainer(data, tmp_path / folder, cfg(), backend="cpu") if kind == "memory" else
-                        OffloadTrainer(data, tmp_path / folder, cfg(), backend="cpu", block_rows=16))
+                        OffloadTrainer(data, tmp_path / folder, cfg(), backend="cpu", block_rows=16, mode=mode,
+                                       **caps))
         if start is not None:
             t.start_from({"params": start})
         return t
     memory = trainer("memory", "memory")
     memory.train(progress=False)
-    first = trainer("host", "host")
+    first = trainer("offload", "offload")
     first.train(progress=False, until=23)
-    resumed = trainer("host", "host")
-    resumed.load_snapshot(tmp_path / "host" / SNAPSHOT)
+    resumed = trainer("offload", "offload")
+    resumed.load_snapshot(tmp_path / "offload" / SNAPSHOT)
     resumed.train(progress=False)
-    a, b = memory.model.host_arrays(), resumed.model.host_arrays()
+    model = resumed.whole_model()
+    a, b = memory.model.host_arrays(), model.host_arrays()
     assert len(memory.model) != (400 if start is None else 120), "densification did not run"
     if scene == "clusters":
-        assert resumed.stats["resident_gaussians"] < 0.8 * len(resumed.model)  # the working set: about one cluster
+        assert resumed.stats["resident_gaussians"] < 0.8 * len(model)  # the working set: about one cluster
+        assert resumed.cache.misses > resumed.index.blocks  # blocks left the device and came back
+    if mode == "disk":
+        assert first.host.read_bytes > 0 and resumed.host.read_bytes > 0  # blocks came back from the disk
     for g in GROUPS:
         np.testing.assert_allclose(b[g], a[g], rtol=1e-6, atol=1e-7, err_msg=g)
-    np.testing.assert_allclose(resumed.model.host_arrays("v")["means"], memory.model.host_arrays("v")["means"],
+    np.testing.assert_allclose(model.host_arrays("v")["means"], memory.model.host_arrays("v")["means"],
                                rtol=1e-6, atol=1e-12)
+    log = [json.loads(line) for line in (tmp_path / "offload" / "log.jsonl").read_text().splitlines()]
+    assert {"resident_gaussians", "cached_gaussians", "moved_bytes", "cache_hit_rate", "wait_s"} <= set(log[-1])
+    assert 0 <= log[-1]["cache_hit_rate"] <= 1 and log[-1]["moved_bytes"] > 0
 
 
 def test_offload_refuses_what_it_cannot_do(dataset, tmp_path):
@@ -77,31 +101,102 @@ def test_offload_refuses_what_it_cannot_do(dataset, tmp_path):
                             (dict(visible_adam=True, loss="tile"), "--loss global")):
         with pytest.raises(ValueError, match=message):
             OffloadTrainer(dataset, tmp_path, small_config(**change), backend="cpu")
+    cfg = small_config(visible_adam=True)
+    for kw, message in ((dict(mode="disk", host_memory=10**6), "needs --offload-dir"),
+                        (dict(mode="disk", offload_dir=tmp_path), "needs --host-memory"),
+                        (dict(mode="host", host_memory=10**6), "are for --offload disk")):
+        with pytest.raises(ValueError, match=message):
+            OffloadTrainer(dataset, tmp_path, cfg, backend="cpu", **kw)
 
 
-def test_train_offload_host_writes_a_model_that_resumes_in_memory(tmp_path):
-    """``train --offload host`` turns on visible-only Adam, writes the usual outputs (snapshot, PLY,
-    metrics from views rendered from their working sets), and its snapshot resumes in memory."""
-    import json
-    import cli
-    from test_trainer import write_blender_capture
-    cap, out = tmp_path / "capture", tmp_path / "out"
-    write_blender_capture(cap, make_dataset(size=32, n_views=10, backend="cpu"))
-    args = ["train", "--data", str(cap), "--white-background", "--out", str(out), "--quiet", "--sh-degree", "1",
-            "--init-points", "300", "--eval"]
-    assert cli.main([*args, "--iters", "12", "--offload", "host"]) == 0
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["iterations"] == 12 and np.isfinite(metrics["psnr"]) and metrics["gaussians"] == 300
-    recorded = json.loads((out / "cfg.json").read_text())
-    assert recorded["visible_adam"] is True and recorded["offload"] == "host"
-    assert cli.main([*args, "--iters", "16", "--resume"]) == 0  # in memory now
-    assert json.loads((out / "metrics.json").read_text())["iterations"] == 16
+def test_byte_sizes_parse_with_units():
+    import argparse
+    from cli.args import byte_size
+    assert byte_size("24GiB") == 24 * 2**30 and byte_size("512MiB") == 512 * 2**20
+    assert byte_size("1.5GB") == 1_500_000_000 and byte_size("1000") == 1000 and byte_size("64 kib") == 65536
+    for bad in ("", "12XB", "GiB", "-1GiB", "1e9"):
+        with pytest.raises(argparse.ArgumentTypeError, match="size in bytes"):
+            byte_size(bad)
+
+
+def test_trajectory_order_tours_the_cameras_deterministically(dataset):
+    """Each epoch visits every view once, consecutive views nearer than in a random order, the same
+    for a seed and varied between epochs."""
+    from engine.view_order import camera_poses, epoch_order
+    cameras = [v.camera for v in dataset.train]
+    positions, _ = camera_poses(cameras)
+    tours = [epoch_order("trajectory", cameras, np.random.default_rng(7)) for _ in range(2)]
+    assert tours[0] == tours[1]
+    rng = np.random.default_rng(7)
+    epochs = [epoch_order("trajectory", cameras, rng) for _ in range(6)]
+    assert all(sorted(e) == list(range(len(cameras))) for e in epochs)
+    assert len({tuple(e) for e in epochs}) > 1  # nearby tours, not one
+
+    def hop(order):
+        return np.mean(np.linalg.norm(np.diff(positions[order], axis=0), axis=1))
+    random_hops = np.mean([hop(np.random.default_rng(s).permutation(len(cameras))) for s in range(20)])
+    assert max(hop(e) for e in epochs) < 0.8 * random_hops
+    t = SingleGPUTrainer(dataset, "/tmp/unused-order", small_config(view_order="trajectory"), backend="cpu")
+    visited = [t.next_view() for _ in range(len(cameras))]
+    assert visited == epoch_order("trajectory", cameras, np.random.default_rng(0))  # the tour in its order
+    with pytest.raises(ValueError, match="--view-order"):
+        SingleGPUTrainer(dataset, "/tmp/unused-order", small_config(view_order="spiral"), backend="cpu")
+
+
+def test_device_cache_moves_only_missing_blocks_least_recently_used_out_first():
+    means = np.random.default_rng(0).uniform(-1, 1, (64, 3))
+    index = BlockIndex(means, np.full((64, 3), -3.0), block_rows=16)
+    layout = RowLayout(1, {"count": np.zeros(0, np.int32)})
+    host = HostBlocks()
+    host.reset({b: np.full((16, layout.columns_total), b, np.float32) for b in range(4)})
+    cache = DeviceCache(np, layout, 16, 2, 4)
+    block_bytes = 16 * layout.row_bytes
+    cache.fetch([0, 1], index, host)
+    assert (cache.misses, cache.hits, cache.moved_bytes) == (2, 0, 2 * block_bytes)
+    cache.fetch([1], index, host)
+    assert (cache.misses, cache.hits, cache.moved_bytes) == (2, 1, 2 * block_bytes)  # resident: nothing moves
+    cache.pool[cache.slot[1] * 16:(cache.slot[1] + 1) * 16] = 7.0
+    cache.dirty.add(1)
+    cache.fetch([2], index, host)  # 0 is the least recently used: out, unchanged, so not written back
+    assert cache.slot[0] == -1 and cache.slot[1] >= 0 and cache.moved_bytes == 3 * block_bytes
+    cache.fetch([3, 0], index, host)  # 1 (changed) and 2 out: 1 written back
+    assert cache.slot[1] == -1 and (host.get(1) == 7.0).all() and cache.moved_bytes == 6 * block_bytes
+    assert (cache.pool[cache.slot[0] * 16] == 0).all() and (cache.pool[cache.slot[3] * 16] == 3).all()
+
+
+def test_disk_blocks_cache_within_the_cap_and_read_ahead(tmp_path):
+    """Host memory holds at most the cap (three quarters the cache, a quarter the read-ahead); a block
+    read ahead serves the next read; one changed since it was read ahead is not served stale."""
+    tables = {b: np.full((10, 5), b, np.float32) for b in range(6)}  # 200 bytes each
+    store = DiskBlocks(tmp_path / "d", capacity=4 * 200 + 100)  # cache 675 bytes: 3 blocks
+    store.reset(tables)
+    assert store.cached_bytes <= 675 and store.written_bytes >= 3 * 200  # the others went to disk
+    for b in range(6):
+        assert (store.get(b) == b).all()
+        assert store.cached_bytes <= 675
+    store.put(0, np.full((10, 5), 9, np.float32))
+    for b in (3, 4, 5, 1):
+        store.get(b)  # 0 out: written back
+    assert 0 not in store.cache
+    reads = store.read_bytes
+    store.prefetch([0])
+    store._wait()
+    assert store.staged and store.read_bytes == reads + 200
+    assert (store.get(0) == 9).all() and store.read_bytes == reads + 200  # served from the read-ahead
+    store.prefetch([2])
+    store._wait()
+    store.put(2, np.full((10, 5), 5, np.float32))  # changed after it was read ahead
+    assert (store.get(2) == 5).all()
+    folder = store.folder
+    store.close()
+    assert not os.path.exists(folder)
 
 
 @pytest.mark.parametrize("scene", ["lego", "fern"])
 def test_offload_equals_in_memory_on_the_captures(scene, tmp_path):
     """200 steps of lego and fern (at 1/16 and 1/64 of their sizes, fern from an eighth of its points:
-    for the CPU), densifying every 50: offloaded and
+    for the CPU), densifying every 50: offloaded to host memory, offloaded to disk (host memory two
+    blocks of 256 rows and the read-ahead, the model many; stopped at step 120 and resumed) and
     in-memory training with visible-only Adam end equal within 1e-6."""
     from conftest import shared_dir
     from data import load_dataset
@@ -111,14 +206,104 @@ def test_offload_equals_in_memory_on_the_captures(scene, tmp_path):
     else:  # every 8th of its SfM points to start from
         data = load_dataset(root, images="images_8", resolution=8, test_every=0)
         data = replace(data, points=data.points[::8], colors=data.colors[::8])
-    cfg = lambda: small_config(iterations=200, visible_adam=True, sh_degree=1, n_random_init=1000,  # noqa: E731
-                               densify_from=50, densify_every=50, log_every=100,
-                               background=(1.0, 1.0, 1.0) if scene == "lego" else (0.0, 0.0, 0.0))
+    cfg = lambda: offload_config(iterations=200, sh_degree=1, n_random_init=1000,  # noqa: E731
+                                 densify_from=50, densify_every=50, log_every=100, snapshot_every=120,
+                                 background=(1.0, 1.0, 1.0) if scene == "lego" else (0.0, 0.0, 0.0))
     memory = SingleGPUTrainer(data, tmp_path / "memory", cfg(), backend="cpu")
     memory.train(progress=False)
     host = OffloadTrainer(data, tmp_path / "host", cfg(), backend="cpu", block_rows=256)
     host.train(progress=False)
-    a, b = memory.model.host_arrays(), host.model.host_arrays()
-    assert len(a["means"]) != (1000 if scene == "lego" else len(data.points)), "densification did not run"
+    row_bytes = RowLayout(4, DefaultStrategy.fresh_statistics(np, 0)).row_bytes
+    start_rows = 1000 if scene == "lego" else len(data.points)
+    disk = dict(mode="disk", offload_dir=tmp_path / "blocks", host_memory=2 * 256 * row_bytes * 4 // 3)  # 2 blocks
+    first = OffloadTrainer(data, tmp_path / "disk", cfg(), backend="cpu", block_rows=256, **disk)
+    first.train(progress=False, until=120)
+    resumed = OffloadTrainer(data, tmp_path / "disk", cfg(), backend="cpu", block_rows=256, **disk)
+    resumed.load_snapshot(tmp_path / "disk" / SNAPSHOT)
+    resumed.train(progress=False)
+    a, b, c = memory.model.host_arrays(), host.whole_model().host_arrays(), resumed.whole_model().host_arrays()
+    assert len(a["means"]) != start_rows, "densification did not run"
+    assert first.host.read_bytes > 0 and resumed.host.read_bytes > 0  # blocks came back from the disk
+    assert len(a["means"]) * row_bytes > resumed.host.capacity  # the model does not fit the cap
     for g in GROUPS:
         np.testing.assert_allclose(b[g], a[g], rtol=1e-6, atol=1e-7, err_msg=g)
+        np.testing.assert_allclose(c[g], b[g], rtol=1e-6, atol=1e-7, err_msg=g)
+
+
+def snapshot_bytes(folder):
+    return (folder / SNAPSHOT).read_bytes()
+
+
+def trained_until(data, out, step, **kw):
+    """An offloaded run stopped at ``step`` with its snapshot, and a trainer resumed from it (``kw``)."""
+    OffloadTrainer(data, out, offload_config(iterations=40), backend="cpu", block_rows=16).train(
+        progress=False, until=step)
+    t = OffloadTrainer(data, out, offload_config(iterations=40), backend="cpu", block_rows=16, **kw)
+    t.load_snapshot(out / SNAPSHOT)
+    return t
+
+
+def test_a_device_cap_too_small_for_a_view_stops_with_the_size_it_needs(dataset, tmp_path):
+    t = trained_until(dataset, tmp_path / "out", 10, gpu_memory=2 * 16 * (72 * 4 + 1500))  # 2 slots
+    before = snapshot_bytes(tmp_path / "out")
+    with pytest.raises(ValueError, match=r"--gpu-memory 55\.9 KiB is too small for view view[0-9]+\.png: its "
+                                         r"working set \(400 Gaussians in 25 blocks\) needs 698\.4 KiB; give "
+                                         r"--gpu-memory 698\.4 KiB or more"):
+        t.train(progress=False)
+    assert snapshot_bytes(tmp_path / "out") == before
+
+
+def test_a_host_cap_too_small_for_a_block_stops_with_the_size_it_needs(dataset, tmp_path):
+    with pytest.raises(ValueError, match=r"--host-memory 1\.0 KiB is too small: a block of the model takes "
+                                         r"4\.5 KiB.*give --host-memory 6\.0 KiB or more"):
+        trained_until(dataset, tmp_path / "out", 10, mode="disk", offload_dir=tmp_path / "d", host_memory=1024)
+
+
+def test_an_unwritable_offload_dir_is_named(dataset, tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(OSError, match="--offload-dir .*file/blocks is not a writable folder"):
+        OffloadTrainer(dataset, tmp_path / "out", offload_config(), backend="cpu", mode="disk",
+                       offload_dir=tmp_path / "file" / "blocks", host_memory=10**6)
+
+
+def test_a_full_disk_stops_training_with_the_last_snapshot_intact(dataset, tmp_path, monkeypatch):
+    t = trained_until(dataset, tmp_path / "out", 10, mode="disk", offload_dir=tmp_path / "d",
+                      host_memory=3 * 16 * 72 * 4)  # two blocks cached
+    before = snapshot_bytes(tmp_path / "out")
+    real_write = os.write
+
+    def full(fd, data):
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(tmp_path / "d")):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(OSError, match=r"--offload-dir .*/d: cannot write a block of the model \(the disk is full\); "
+                                      "training stopped, the last snapshot is kept"):
+        t.train(progress=False)
+    monkeypatch.undo()
+    assert snapshot_bytes(tmp_path / "out") == before
+    again = OffloadTrainer(dataset, tmp_path / "out", offload_config(iterations=40), backend="cpu", block_rows=16)
+    assert again.load_snapshot(tmp_path / "out" / SNAPSHOT)["step"] == 10
+
+
+@pytest.mark.parametrize("mode", ["host", "disk"])
+def test_train_offload_writes_a_model_that_resumes_in_memory(tmp_path, mode):
+    """``train --offload host|disk`` turns on visible-only Adam, writes the usual outputs (snapshot, PLY,
+    metrics from views rendered from their working sets), and its snapshot resumes in memory."""
+    import cli
+    from test_trainer import write_blender_capture
+    cap, out = tmp_path / "capture", tmp_path / "out"
+    write_blender_capture(cap, make_dataset(size=32, n_views=10, backend="cpu"))
+    args = ["train", "--data", str(cap), "--white-background", "--out", str(out), "--quiet", "--sh-degree", "1",
+            "--init-points", "300", "--eval"]
+    extra = ["--offload-dir", str(tmp_path / "blocks"), "--host-memory", "0.2MiB"] if mode == "disk" else []
+    assert cli.main([*args, "--iters", "12", "--offload", mode, "--gpu-memory", "1GiB", *extra]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["iterations"] == 12 and np.isfinite(metrics["psnr"]) and metrics["gaussians"] == 300
+    recorded = json.loads((out / "cfg.json").read_text())
+    assert recorded["visible_adam"] is True and recorded["offload"] == mode
+    assert recorded["view_order"] == "trajectory" and recorded["gpu_memory"] == 2**30
+    assert cli.main([*args, "--iters", "16", "--resume", "--offload", "none"]) == 0  # in memory now
+    assert json.loads((out / "metrics.json").read_text())["iterations"] == 16
+    if mode == "disk":
+        assert os.listdir(tmp_path / "blocks") == []  # the blocks' files are gone with the run

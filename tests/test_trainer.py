@@ -309,7 +309,7 @@ def test_train_moves_the_bar_every_step(dataset, tmp_path, monkeypatch):
         def update(self, step):
             calls.append(("update", step))
 
-        def show(self, loss, psnr, gaussians):
+        def show(self, loss, psnr, gaussians, extra=""):
             calls.append(("show", gaussians))
 
     monkeypatch.setattr(engine.trainer, "Progress", Recorder)
