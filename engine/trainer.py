@@ -299,7 +299,7 @@ class Trainer(ABC):
             while self.step < until:
                 prev = self.step
                 loss, events = self.train_step()
-                if self.workload.scores_after(prev, self.step):
+                if self.workload.scores_after(prev, self.step, self.strategy):
                     events = {**events, **self.workload.score(self)}
                 bar.update(self.step)
                 if events:

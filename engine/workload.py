@@ -49,17 +49,34 @@ from .strategy import IMPORTANCE_WEIGHT, STATISTICS, VIEW_SKIP
 LOD_SIGMAS = 3.0  # the LOD gate's footprint: this many standard deviations of the largest axis
 
 
-def scoring_steps(iterations, every):
+RESET_RECOVERY = 500  # steps after an opacity reset before a pass: the opacities relearn (0.01 scores nothing)
+
+
+def scoring_steps(iterations, every, resets=()):
     """The steps after which the importance pass runs: every multiple of ``every`` below
     ``iterations``, and once more at 90% of the run (rounded down) unless one of those falls in
-    its last 15%, so that the final stretch trains on fresh masks.  ``every`` 0: none."""
+    its last 15%, so that the final stretch trains on fresh masks.  A pass due within
+    ``RESET_RECOVERY`` steps after one of the opacity resets at ``resets`` waits until then (right
+    after a reset every Gaussian is nearly transparent: the pass would prune and mask them all);
+    passes so moved past the end are dropped.  ``every`` 0: none."""
     if every <= 0 or iterations <= 1:
         return []
     steps = list(range(every, iterations, every))
     final = (9 * iterations) // 10
     if final > 0 and not any(final - iterations * 0.05 <= s for s in steps):
         steps.append(final)
-    return sorted(set(steps))
+    for r in sorted(resets):
+        steps = [r + RESET_RECOVERY if r <= s < r + RESET_RECOVERY else s for s in steps]
+    return sorted({s for s in steps if s < iterations})
+
+
+def opacity_resets(strategy, iterations):
+    """The steps at which ``strategy`` resets the opacities (the default strategy's rule), up to ``iterations``."""
+    if not getattr(strategy, "reset", False):
+        return []
+    stop = min(strategy.refine_stop, iterations)
+    steps = list(range(strategy.reset_every, stop, strategy.reset_every))
+    return steps + ([strategy.refine_start] if strategy.reset_at_start else [])
 
 
 def view_bit(packed, view, xp):
@@ -202,10 +219,14 @@ class Workload:
         """Whether views may skip Gaussians (view masks or the LOD gate)."""
         return self.masks or self.lod_px > 0
 
-    def scores_after(self, prev, step):
+    def scores_after(self, prev, step, strategy=None):
         """Whether a pass is due after a step that went from ``prev`` to ``step`` (a batch crosses
-        several images at once)."""
-        return bool(self.every) and any(prev < s <= step for s in scoring_steps(self.cfg.iterations, self.every))
+        several images at once), where ``strategy`` resets the opacities."""
+        if not self.every:
+            return False
+        iterations = self.cfg.iterations
+        steps = scoring_steps(iterations, self.every, opacity_resets(strategy, iterations))
+        return any(prev < s <= step for s in steps)
 
     # ------------------------------------------------------------------ the view level
     def select(self, g, state, view, camera, xp):
@@ -289,5 +310,5 @@ def imbalance(per_rank):
     return float(counts.max() / mean) if mean > 0 else math.nan
 
 
-__all__ = ["LOD_SIGMAS", "ViewRows", "Workload", "densify_weights", "importance_scores", "imbalance",
+__all__ = ["LOD_SIGMAS", "RESET_RECOVERY", "ViewRows", "opacity_resets", "Workload", "densify_weights", "importance_scores", "imbalance",
            "lod_footprint", "pad_projection", "scoring_steps", "set_view_bit", "take", "view_bit"]
