@@ -49,34 +49,40 @@ from .strategy import IMPORTANCE_WEIGHT, STATISTICS, VIEW_SKIP
 LOD_SIGMAS = 3.0  # the LOD gate's footprint: this many standard deviations of the largest axis
 
 
-RESET_RECOVERY = 500  # steps after an opacity reset before a pass: the opacities relearn (0.01 scores nothing)
-
-
-def scoring_steps(iterations, every, resets=()):
+def scoring_steps(iterations, every, waits=()):
     """The steps after which the importance pass runs: every multiple of ``every`` below
-    ``iterations``, and once more at 90% of the run (rounded down) unless one of those falls in
-    its last 15%, so that the final stretch trains on fresh masks.  A pass due within
-    ``RESET_RECOVERY`` steps after one of the opacity resets at ``resets`` waits until then (right
-    after a reset every Gaussian is nearly transparent: the pass would prune and mask them all);
-    passes so moved past the end are dropped.  ``every`` 0: none."""
+    ``iterations``, and once more at 90% of the run (rounded down) unless one of them falls in
+    its last 15%, so that the final stretch trains on fresh masks.  A pass due within one of the
+    windows ``waits`` ((first, end) steps: after an opacity reset, ``opacity_resets``) waits until
+    its end: right after a reset every Gaussian is nearly transparent, and the pass would prune
+    and mask them all.  Passes moved past the end are dropped.  ``every`` 0: none."""
     if every <= 0 or iterations <= 1:
         return []
-    steps = list(range(every, iterations, every))
-    final = (9 * iterations) // 10
-    if final > 0 and not any(final - iterations * 0.05 <= s for s in steps):
+
+    def waited(s):
+        for first, end in waits:
+            if first <= s < end:
+                s = end
+        return s
+    steps = [s for s in map(waited, range(every, iterations, every)) if s < iterations]
+    final = waited((9 * iterations) // 10)
+    if 0 < final < iterations and not any((85 * iterations) // 100 <= s for s in steps):
         steps.append(final)
-    for r in sorted(resets):
-        steps = [r + RESET_RECOVERY if r <= s < r + RESET_RECOVERY else s for s in steps]
-    return sorted({s for s in steps if s < iterations})
+    return sorted(set(steps))
+
+
+RECOVERY_SHARE = 6  # a pass waits a sixth of the reset period after a reset (500 of 3DGS's 3000 steps)
 
 
 def opacity_resets(strategy, iterations):
-    """The steps at which ``strategy`` resets the opacities (the default strategy's rule), up to ``iterations``."""
+    """The windows (reset, reset + reset_every // RECOVERY_SHARE) after the opacity resets of
+    ``strategy`` (the default strategy's rule) up to ``iterations``: the opacities relearn in them."""
     if not getattr(strategy, "reset", False):
         return []
     stop = min(strategy.refine_stop, iterations)
-    steps = list(range(strategy.reset_every, stop, strategy.reset_every))
-    return steps + ([strategy.refine_start] if strategy.reset_at_start else [])
+    resets = list(range(strategy.reset_every, stop, strategy.reset_every))
+    resets += [strategy.refine_start] if strategy.reset_at_start else []
+    return [(r, r + strategy.reset_every // RECOVERY_SHARE) for r in sorted(resets)]
 
 
 def view_bit(packed, view, xp):
@@ -310,5 +316,5 @@ def imbalance(per_rank):
     return float(counts.max() / mean) if mean > 0 else math.nan
 
 
-__all__ = ["LOD_SIGMAS", "RESET_RECOVERY", "ViewRows", "opacity_resets", "Workload", "densify_weights", "importance_scores", "imbalance",
+__all__ = ["LOD_SIGMAS", "RECOVERY_SHARE", "ViewRows", "opacity_resets", "Workload", "densify_weights", "importance_scores", "imbalance",
            "lod_footprint", "pad_projection", "scoring_steps", "set_view_bit", "take", "view_bit"]

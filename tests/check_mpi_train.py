@@ -48,7 +48,7 @@ with abort_on_error(comm):
     if "prune" in sys.argv:  # ByteSplat's pruning at step 16 (one ranking on the root), fine-tuned within the 32
         cfg.densify_until, cfg.prune, cfg.smem_budget = 16, "hardware", 9268 + 36 * 5  # 5 Gaussians a tile
         cfg.prune_fine_tune, cfg.prune_round_fine_tune, cfg.prune_rounds = 4, 4, 2
-    if "blitz" in sys.argv:  # passes at steps 12 and 24 (pruning, weights, masks); a LOD gate of 0.8 pixels
+    if "blitz" in sys.argv:  # passes at steps 12 and 28 (pruning, weights, masks); a LOD gate of 0.8 pixels
         cfg.importance_every, cfg.importance_prune, cfg.view_masks, cfg.lod_min_px = 12, 0.02, "on", 0.8
         cfg.view_mask_below = 0.5
     small = "small" in sys.argv  # one batch of two views, 100 Gaussians: what the simulator can afford
