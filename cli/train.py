@@ -61,8 +61,8 @@ def make_trainer(dataset, a, cfg, comm):
                                     consolidation=getattr(a, "consolidation", "on") == "on")
     from engine.gaussian_exchange import GaussianExchangeTrainer
     return GaussianExchangeTrainer(dataset, a.out, cfg, comm, batch_size=getattr(a, "batch_size", None),
-                                   grad_comm=getattr(a, "grad_comm", "sparse"), transport=getattr(a, "transport", "auto"),
-                                   shard=getattr(a, "shard", "contiguous"))
+                                   grad_comm=getattr(a, "grad_comm", "sparse"),
+                                   transport=getattr(a, "transport", "auto"), shard=getattr(a, "shard", "contiguous"))
 
 
 def train_model(dataset, a, cfg, settings=None):

@@ -353,7 +353,8 @@ class GaussianExchangeTrainer(RankedTrainer):
         state = self.model.state()
         send = {w: {g: a[order] for g, a in state[w].items()} for w in ("params", "m", "v")}
         # what outlives a refinement (the workload's weights and masks) moves with the rows
-        send["strategy"] = {k: _backend.to_host(a)[order] for k, a in self.strategy_state.items() if k not in STATISTICS}
+        send["strategy"] = {k: _backend.to_host(a)[order] for k, a in self.strategy_state.items()
+                            if k not in STATISTICS}
         recv_index, _ = self.exchange.alltoallv(new_index[order], counts)
         place = np.argsort(recv_index, kind="stable")
         moved = {}

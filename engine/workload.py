@@ -205,7 +205,8 @@ class Workload:
         if cfg.view_masks not in ("on", "off"):
             raise ValueError(f"--view-masks must be on or off, got {cfg.view_masks!r}")
         if self.masks and not self.every:
-            raise ValueError("--view-masks on needs the importance pass that makes the masks: give --importance-every N")
+            raise ValueError("--view-masks on needs the importance pass that makes the masks: "
+                             "give --importance-every N")
         if self.every and cfg.strategy != "default":
             raise ValueError("--importance-every needs --strategy default (its weights and masks follow the "
                              "default strategy's refinements)")
@@ -316,5 +317,5 @@ def imbalance(per_rank):
     return float(counts.max() / mean) if mean > 0 else math.nan
 
 
-__all__ = ["LOD_SIGMAS", "RECOVERY_SHARE", "ViewRows", "opacity_resets", "Workload", "densify_weights", "importance_scores", "imbalance",
-           "lod_footprint", "pad_projection", "scoring_steps", "set_view_bit", "take", "view_bit"]
+__all__ = ["LOD_SIGMAS", "RECOVERY_SHARE", "ViewRows", "Workload", "densify_weights", "imbalance", "importance_scores",
+           "lod_footprint", "opacity_resets", "pad_projection", "scoring_steps", "set_view_bit", "take", "view_bit"]

@@ -20,8 +20,9 @@ def summary(out):
     passes = metrics.get("importance_seconds", sum(r["importance_pass"]["seconds"] for r in records
                                                    if "importance_pass" in r))
     steps = records[-1]["step"] if records else 0
+    share = 100 * passes / max(train, 1e-9)
     line = (f"{out.name}: PSNR {metrics.get('psnr', float('nan')):.2f} dB, {train:.1f} s training "
-            f"({1e3 * train / max(steps, 1):.2f} ms a step), passes {passes:.1f} s ({100 * passes / max(train, 1e-9):.1f}%), "
+            f"({1e3 * train / max(steps, 1):.2f} ms a step), passes {passes:.1f} s ({share:.1f}%), "
             f"active per view {sum(active) / max(len(active), 1):,.0f}, final {metrics.get('gaussians', '?')} Gaussians")
     if imbalance:
         line += f", projected imbalance {sum(imbalance) / len(imbalance):.3f}"

@@ -241,3 +241,20 @@ def test_every_switch_trains_logs_and_resumes_as_if_never_stopped(dataset, tmp_p
     a, b = whole.model.host_arrays(), resumed.model.host_arrays()
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_cli_flags_and_their_defaults():
+    import argparse
+    from cli.train import config_from_args, train_parser
+    p = train_parser()
+    a = p.parse_args(["--importance-every", "3000", "--importance-prune", "1e-4", "--view-masks", "on",
+                      "--lod-min-px", "0.5", "--shard", "parity"])
+    cfg = config_from_args(a)
+    assert (cfg.importance_every, cfg.importance_prune, cfg.view_masks, cfg.lod_min_px) == (3000, 1e-4, "on", 0.5)
+    assert a.shard == "parity"
+    d = config_from_args(p.parse_args([]))
+    assert (d.importance_every, d.importance_prune, d.view_masks, d.lod_min_px) == (0, 0.0, "off", 0.0)
+    assert p.parse_args([]).shard == "contiguous"
+    for bad in (["--view-masks", "yes"], ["--shard", "odd"], ["--importance-prune", "2"], ["--lod-min-px", "-1"]):
+        with pytest.raises(argparse.ArgumentError):
+            p.parse_args(bad)
