@@ -62,6 +62,10 @@ FLAGS = {
     "prune": dict(choices=["none", "contribution", "hardware"]),
     "prune_beta": dict(type=percent, metavar="PCT"),
     "smem_budget": dict(metavar="BYTES"),
+    "importance_prune": dict(type=fraction, metavar="T"),
+    "view_masks": dict(choices=["on", "off"]),
+    "view_mask_below": dict(type=positive),
+    "lod_min_px": dict(metavar="R"),
 }
 
 

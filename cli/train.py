@@ -69,7 +69,8 @@ def make_trainer(dataset, a, cfg, comm):
                                     consolidation=getattr(a, "consolidation", "on") == "on")
     from engine.gaussian_exchange import GaussianExchangeTrainer
     return GaussianExchangeTrainer(dataset, a.out, cfg, comm, batch_size=getattr(a, "batch_size", None),
-                                   grad_comm=getattr(a, "grad_comm", "sparse"), transport=getattr(a, "transport", "auto"))
+                                   grad_comm=getattr(a, "grad_comm", "sparse"),
+                                   transport=getattr(a, "transport", "auto"), shard=getattr(a, "shard", "contiguous"))
 
 
 def train_model(dataset, a, cfg, settings=None):
@@ -244,6 +245,9 @@ def add_train_options(p):
     p.add_argument("--consolidation", choices=["on", "off"], default="on",
                    help="with --exchange pixel: train the views whose ranks are disjoint (each sees other boxes) "
                         "side by side in one step, planned each epoch; off: one view a step")
+    p.add_argument("--shard", choices=["contiguous", "parity"], default="contiguous",
+                   help="which Gaussians each rank owns under MPI with --exchange gaussian: contiguous ranges of "
+                        "rows, or (BlitzGS) those whose row is congruent to the rank modulo the rank count")
     p.add_argument("--grad-comm", choices=["sparse", "dense"], default="sparse",
                    help="backward exchange under MPI: zero-eliding (ByteSplat) or dense")
     p.add_argument("--transport", choices=TRANSPORTS, default="auto",

@@ -102,7 +102,7 @@ class RankedTrainer(Trainer):
         if self.rank != 0:
             return None
         model_state["step"] = self.model.adam.step_count
-        return model_state, {k: np.concatenate(parts) for k, parts in strategy.items()}
+        return model_state, {k: self.whole_rows(parts) for k, parts in strategy.items()}
 
     def whole_model(self):
         """Rank 0 gathers the parameters (the moments are not needed to render)."""
@@ -137,6 +137,10 @@ class RankedTrainer(Trainer):
         the shards in rank order."""
         local = self.model.host_arrays(which)
         if not root_only:
-            return {g: np.concatenate(self.comm.allgather(a)) for g, a in local.items()}
+            return {g: self.whole_rows(self.comm.allgather(a)) for g, a in local.items()}
         parts = {g: self.comm.gather(a, root=0) for g, a in local.items()}
-        return {g: np.concatenate(p) for g, p in parts.items()} if self.rank == 0 else None
+        return {g: self.whole_rows(p) for g, p in parts.items()} if self.rank == 0 else None
+
+    def whole_rows(self, parts):
+        """The whole model's array of the ranks' ``parts`` (in rank order): here one after another."""
+        return np.concatenate(parts)

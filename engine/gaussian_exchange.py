@@ -21,6 +21,14 @@ the same on every rank (shared seed):
    sqrt(B), betas ^ B, as Grendel does) and densify.
 Results do not depend on P: with the same batch, P ranks give 1 rank's parameters.
 One rank (``COMM_SELF``) runs the same pipeline: batched training in one process.
+
+The shards are contiguous ranges of rows (``--shard contiguous``), or BlitzGS's index-parity
+shards (``--shard parity``): rank r owns the global rows congruent to r modulo P, so that
+Gaussians made at one time and place (a refinement's clones, a region of the SfM points) spread
+over every rank.  Renderers see the records of each view in global row order either way (with
+parity shards they sort them by a global index sent alongside), so that depth ties break as on
+one rank.  With the workload switches (engine/workload.py) each owner projects only each view's
+active rows of its shard, padded to the batch's largest count for the plan.
 """
 
 import numpy as np
@@ -36,7 +44,12 @@ from comm.sparse import exchange_dense, exchange_sparse
 
 from .distributed import RankedTrainer, balanced_bounds, even_bounds
 from .model import GaussianModel
+from .strategy import STATISTICS
 from .trainer import PhaseClock
+from .workload import imbalance, pad_projection
+
+SHARDS = ("contiguous", "parity")
+GLOBAL_ROW = "global_row"  # parity shards, over a refinement: each row's (its parent's) global row before it
 
 
 def _views_of(first, last, n_tiles):
@@ -46,14 +59,17 @@ def _views_of(first, last, n_tiles):
 
 class GaussianExchangeTrainer(RankedTrainer):
     """``Trainer`` whose step is the batched owner/renderer pipeline above; ``model`` is this
-    rank's shard, global rows ``offset .. offset + len(model)`` of ``total``."""
+    rank's shard, global rows ``offset + stride * (0 .. len(model) - 1)`` of ``total``."""
+    culls_views = True
 
     def __init__(self, dataset, out_dir, cfg, comm, batch_size=None, grad_comm="sparse", backend=None,
-                 log=print, transport="auto"):
+                 log=print, transport="auto", shard="contiguous"):
         self.batch = batch_size or comm.Get_size()
         if grad_comm not in ("sparse", "dense"):
             raise ValueError(f"--grad-comm must be 'sparse' or 'dense', got {grad_comm!r}")
-        self.grad_comm = grad_comm
+        if shard not in SHARDS:
+            raise ValueError(f"--shard must be contiguous or parity, got {shard!r}")
+        self.grad_comm, self.shard = grad_comm, shard
         if cfg.strategy != "default" and comm.Get_size() > 1:
             raise ValueError(f"strategy {cfg.strategy!r} is not supported across ranks yet (use default)")
         super().__init__(dataset, out_dir, cfg, comm, backend, log, transport)
@@ -64,21 +80,50 @@ class GaussianExchangeTrainer(RankedTrainer):
     # ------------------------------------------------------------------ sharding
     def start_from(self, model_state, strategy_state=None):
         """Every rank holds the same whole state (the same seed, or the same snapshot) and keeps
-        its even shard of the rows."""
+        its shard of the rows (an even range, or every P-th row)."""
         total = len(model_state["params"]["means"])
-        lo, hi = (int(b) for b in even_bounds(total, self.size)[self.rank:self.rank + 2])
-        rows = {w: {g: a[lo:hi] for g, a in model_state[w].items()} for w in ("params", "m", "v") if w in model_state}
+        mine = self._shard_rows(total)
+        rows = {w: {g: a[mine] for g, a in model_state[w].items()} for w in ("params", "m", "v") if w in model_state}
         self.model = GaussianModel.from_state({**model_state, **rows}, *self._model_options())
-        self.offset, self.total = lo, total
-        self.strategy_state = ({k: self.xp.asarray(a[lo:hi]) for k, a in strategy_state.items()} if strategy_state
+        self.total = total
+        self.strategy_state = ({k: self.xp.asarray(a[mine]) for k, a in strategy_state.items()} if strategy_state
                                else self.strategy.initialize_state())
+
+    @property
+    def stride(self):
+        """Global rows between two local ones: P with parity shards, else 1."""
+        return self.size if self.shard == "parity" else 1
+
+    def _shard_rows(self, total):
+        """This rank's rows of a model of ``total`` rows: a slice (sets ``offset``)."""
+        if self.shard == "parity":
+            self.offset = self.rank
+            return slice(self.rank, total, self.size)
+        lo, hi = (int(b) for b in even_bounds(total, self.size)[self.rank:self.rank + 2])
+        self.offset = lo
+        return slice(lo, hi)
+
+    def _owners(self, index, total):
+        """The rank owning each global row ``index`` of a model of ``total`` rows."""
+        if self.shard == "parity":
+            return index % self.size
+        return np.searchsorted(even_bounds(total, self.size), index, side="right") - 1
+
+    def whole_rows(self, parts):
+        """The ranks' shards in global row order: every P-th row from each with parity shards."""
+        if self.shard != "parity":
+            return np.concatenate(parts)
+        whole = np.empty((sum(len(a) for a in parts),) + parts[0].shape[1:], parts[0].dtype)
+        for r, a in enumerate(parts):
+            whole[r::self.size] = a
+        return whole
 
     def _model_options(self):
         """The backend, and Adam's betas raised to the batch size (Grendel's batched Adam)."""
         return self.backend, 0.9 ** self.batch, 0.999 ** self.batch
 
     def pipeline_fields(self):
-        return {"batch size": self.batch, "gradient exchange": self.grad_comm}
+        return {"batch size": self.batch, "gradient exchange": self.grad_comm, "shard": self.shard}
 
     # ------------------------------------------------------------------ one step
     def _batch(self):
@@ -150,17 +195,24 @@ class GaussianExchangeTrainer(RankedTrainer):
                   else balanced_bounds(self.tile_cost, self.size))
         lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
         device_bounds = xp.asarray(bounds)
-        # 1. project the shard for every camera
-        projs = [ns.project(g, cam, sh_degree=degree, antialias=c.antialias, backend=self.backend, check=False)
-                 for cam in cams]
+        # 1. project the shard for every camera: each view's active rows (all, without the workload switches)
+        active = [self.workload.select(g, self.strategy_state, i, cam, xp) for i, cam in zip(views, cams)]
+        projs = [ns.project(a.gaussians, cam, sh_degree=degree, antialias=c.antialias, backend=self.backend,
+                            check=False) for a, cam in zip(active, cams)]
+        width = max(len(a) for a in active)  # the plan's rows per view (route b * width + n)
         clock.end("project")
         # 3. forward exchange: records + tile count; the (source, view) row counts go first
-        send, table, route = self._send_plan(projs, n_tiles, device_bounds)
+        send, table, route = self._send_plan([pad_projection(p, width) for p in projs], n_tiles, device_bounds)
         recv_table = self.exchange.alltoall_ints(table)           # (P sources, 2B): rows, intersections per view
         recv_views, recv_isect = recv_table[:, :self.batch], recv_table[:, self.batch:]
         clock.end("plan")
         send_counts = table[:, :self.batch].sum(1)
         recv, recv_counts = self.exchange.alltoallv(send, send_counts, recv_views.sum(1))
+        view_of = _view_of(xp, recv_views)
+        order = None  # parity shards: the received rows of each view in global row order
+        if self.shard == "parity" and self.size > 1:
+            order = self._global_order(active, route, width, send_counts, recv_counts, view_of)
+            recv, view_of = recv[order], view_of[order]
         clock.end("forward_exchange")
         # 4. render my tiles of each view, 5. the loss share of my tiles and the raster backward
         tile_loss = c.loss == "tile"
@@ -173,7 +225,7 @@ class GaussianExchangeTrainer(RankedTrainer):
         # views are binned at once: view b's tile t is tile b * n_tiles + t of the batch
         counts = recv[:, go.PROJ_FIELDS].astype(np.int32)
         binning = ns.bin_tiles(ns.Projection(cams[0], None, recv, None, counts, degree, c.antialias), self.backend,
-                               total=int(recv_isect.sum()), view_of=_view_of(xp, recv_views), n_views=self.batch)
+                               total=int(recv_isect.sum()), view_of=view_of, n_views=self.batch)
         binning.ranges[:lo] = 0
         binning.ranges[hi:] = 0
         cost[lo:hi] = binning.ranges[lo:hi, 1] - binning.ranges[lo:hi, 0]
@@ -208,20 +260,26 @@ class GaussianExchangeTrainer(RankedTrainer):
             ns.rasterize_backward(p, view, r, d, grad=G, backend=self.backend)
         if self.batch > 1:
             G *= np.float32(1.0 / self.batch)  # each view's 1/B share of the batch loss
+        if order is not None:  # back in the order the rows came
+            G_received = xp.empty_like(G)
+            G_received[order] = G
+            G = G_received
         clock.end("backward")
-        n_local = len(model)
-        out = xp.zeros((self.batch * n_local, go.GRAD_FIELDS), np.float32)
+        out = xp.zeros((self.batch * width, go.GRAD_FIELDS), np.float32)
         if self.grad_comm == "sparse":
             comm_stats = exchange_sparse(self.exchange, G, recv_counts, route, out, self.backend, timed)
         else:  # the rows coming back are the rows this rank sent forward
             comm_stats = exchange_dense(self.exchange, G, recv_counts, route, out, self.backend, timed, send_counts)
         clock.end("backward_exchange")
         # 6. owners: projection backward, strategy statistics, Adam, densification
-        for b, p in enumerate(projs):
-            grad_b = out[b * n_local:(b + 1) * n_local]
-            ns.project_backward(g, p, grad_b, model.grad_gaussians, accumulate=b > 0, backend=self.backend)
+        projected = []  # per view, the shard's Gaussians it saw (at timed steps: a sync each)
+        for b, (a, p) in enumerate(zip(active, projs)):
+            grad_b = out[b * width:b * width + len(a)]
+            a.project_backward(p, grad_b, model.grad_gaussians, accumulate=b > 0, backend=self.backend)
+            if timed:
+                projected.append(int((p.counts > 0).sum()))
             # densification sees each view's own screen gradient, not its 1/B share of the batch loss
-            self.strategy.after_backward(model, self.strategy_state, self.step, p, grad_b, self.batch)
+            self.strategy.after_backward(model, self.strategy_state, self.step, *a.full(p, grad_b), self.batch)
         self.add_strategy_gradients()
         clock.end("owner")
         lr, cols = self.learning_rates()
@@ -230,12 +288,18 @@ class GaussianExchangeTrainer(RankedTrainer):
         prev = self.step
         self.step += self.batch
         # shards change only in start_from and _reorder_after_refine, which set offset and total
-        ctx = self.context(lr_means=lr["means"] * lr_scale, prev_step=prev, offset=self.offset, total=self.total)
-        if ctx.max_gaussians:  # --max-gaussians caps the whole model: each owner grows to its even share
-            ctx.max_gaussians = int(np.diff(even_bounds(ctx.max_gaussians, self.size))[self.rank])
-        events = self.strategy.after_optimizer(model, self.strategy_state, self.step, ctx)
+        ctx = self.context(lr_means=lr["means"] * lr_scale, prev_step=prev, offset=self.offset, total=self.total,
+                           stride=self.stride)
+        if ctx.max_gaussians:  # --max-gaussians caps the whole model: each owner grows to its share
+            ctx.max_gaussians = int(np.bincount(self._owners(np.arange(ctx.max_gaussians), ctx.max_gaussians),
+                                                minlength=self.size)[self.rank])
+        tracked = self.stride > 1 and self.strategy.refines_at(self.step, ctx)
+        if tracked:  # the refinement carries it to the new rows (strategy.carry_rows): where each came from
+            self.strategy_state[GLOBAL_ROW] = self.offset + self.stride * xp.arange(len(model), dtype=np.int64)
+        events = self.strategy.after_optimizer(self.model, self.strategy_state, self.step, ctx)
+        parents = _backend.to_host(self.strategy_state.pop(GLOBAL_ROW)) if tracked else None
         if "cloned" in events:
-            self._reorder_after_refine(events)
+            self._reorder_after_refine(events, parents)
             events["gaussians"] = self.total
         clock.end("optimizer")
         # the loss and the tile costs (the next bounds) last: by now the device is done with them
@@ -245,16 +309,32 @@ class GaussianExchangeTrainer(RankedTrainer):
         clock.end("reduce")
         self.stats = {"forward_rows": int(len(send)), "forward_bytes": int(send.nbytes), **clock.stats(),
                       **comm_stats}
+        if timed:
+            self.stats["projected"] = sum(projected)
         return loss, events
 
-    def _reorder_after_refine(self, events):
+    def _global_order(self, active, route, width, send_counts, recv_counts, view_of):
+        """The permutation that puts the received rows of each view in global row order (parity
+        shards; the rows arrive by source rank): each sent row's global index goes alongside it."""
+        xp = self.xp
+        local = xp.full(self.batch * width, -1, np.int64)  # the shard row of each plan slot
+        for b, a in enumerate(active):
+            local[b * width:b * width + len(a)] = xp.arange(len(a)) if a.rows is None else a.rows
+        index = local[route] * self.size + self.rank
+        got, _ = self.exchange.alltoallv(index, send_counts, recv_counts)
+        key = view_of.astype(np.int64) * (self.total + 1) + got.reshape(-1)
+        return xp.argsort(key)
+
+    def _reorder_after_refine(self, events, parents=None):
         """Put the Gaussians in the order one rank would have: every rank's kept ones,
         then every rank's clones, then every rank's split children; then even shards.
 
         The global order decides the random draws of later splits and breaks depth
         ties, so this keeps P ranks equal to one; evening the shards out also
         rebalances the owners.  Rows move by one all-to-all (parameters and both
-        Adam moments together) and are put in order where they land."""
+        Adam moments together) and are put in order where they land.  With parity shards a
+        rank's rows interleave with the others' in each part: ``parents`` (each row's, or its
+        parent's, global row before the refinement) orders them, by one gather of those keys."""
         n_new = events["cloned"] + 2 * events["split"]
         parts = np.array(self.comm.allgather((len(self.model) - n_new, events["cloned"], 2 * events["split"])))
         before = np.cumsum(parts, axis=0) - parts            # each segment's rows on lower ranks
@@ -262,13 +342,19 @@ class GaussianExchangeTrainer(RankedTrainer):
         kind = np.repeat(np.arange(3), parts[self.rank])    # 0 kept, 1 clone, 2 child, per local row
         within = np.arange(len(kind)) - np.concatenate([[0], np.cumsum(parts[self.rank])[:-1]])[kind]
         new_index = seg_start[kind] + before[self.rank, kind] + within
+        if parents is not None:  # one rank's order: by part, then parent, then which of the two children
+            old_total = self.total
+            key = (kind * 2 * old_total + 2 * parents + np.where(kind == 2, within % 2, 0)).astype(np.int64)
+            new_index = np.searchsorted(np.sort(np.concatenate(self.comm.allgather(key))), key)
         total = int(parts.sum())
-        bounds = even_bounds(total, self.size)
-        dest = np.searchsorted(bounds, new_index, side="right") - 1
+        dest = self._owners(new_index, total)
         order = np.argsort(dest, kind="stable")
         counts = np.bincount(dest, minlength=self.size).astype(np.int64)
         state = self.model.state()
         send = {w: {g: a[order] for g, a in state[w].items()} for w in ("params", "m", "v")}
+        # what outlives a refinement (the workload's weights and masks) moves with the rows
+        send["strategy"] = {k: _backend.to_host(a)[order] for k, a in self.strategy_state.items()
+                            if k not in STATISTICS}
         recv_index, _ = self.exchange.alltoallv(new_index[order], counts)
         place = np.argsort(recv_index, kind="stable")
         moved = {}
@@ -278,13 +364,20 @@ class GaussianExchangeTrainer(RankedTrainer):
                 got, _ = self.exchange.alltoallv(a.reshape(len(a), -1), counts)
                 moved[w][g] = got[place].reshape((-1,) + a.shape[1:])
         moved["step"] = state["step"]
+        carried = moved.pop("strategy")
         self.model = GaussianModel.from_state(moved, *self._model_options())
-        self.offset, self.total = int(bounds[self.rank]), total
-        self.strategy_state = self.strategy.initialize_state()  # fresh after a refinement anyway
+        self._shard_rows(total)
+        self.total = total
+        self.strategy_state = self.strategy.initialize_state()  # fresh statistics after a refinement anyway
+        self.strategy_state.update({k: self.xp.asarray(a) for k, a in carried.items()})
 
     def log_extra(self):
         """This rank's exchange statistics, and every rank's, gathered (per phase and per rank)."""
-        return {**super().log_extra(), "rank_stats": self.comm.allgather(self.stats), "gaussians_total": self.total}
+        every = self.comm.allgather(self.stats)
+        extra = {**super().log_extra(), "rank_stats": every, "gaussians_total": self.total}
+        if all("projected" in s for s in every):  # BlitzGS: max / mean of the Gaussians the ranks' views saw
+            extra["projected_imbalance"] = imbalance([s["projected"] for s in every])
+        return extra
 
 
 def halo_ranges(bounds, tiles_x, n_tiles):

@@ -47,7 +47,8 @@ class Context:
     Steps count images.  A batch advances them by B, so schedules fire when a
     multiple is crossed (``prev_step`` < k * every <= ``step``).  With the
     Gaussians sharded over ranks, this rank's rows are global rows
-    ``offset .. offset + len(model)`` of ``total``; random draws are made for
+    ``offset + stride * (0 .. len(model) - 1)`` of ``total`` (contiguous shards: stride 1;
+    index-parity shards: offset the rank, stride the rank count); random draws are made for
     all ``total`` rows on every rank so results do not depend on the sharding.
     """
     scene_scale: float
@@ -58,6 +59,7 @@ class Context:
     offset: int = 0
     total: int = 0             # default: len(model)
     lr_means: float = 0.0      # the means' learning rate of the Adam step just taken (MCMC's noise scales with it)
+    stride: int = 1            # global row of local row j: offset + stride * j
 
     def crossed(self, step, every):
         prev = step - 1 if self.prev_step is None else self.prev_step
@@ -72,7 +74,20 @@ class Context:
         """Standard normal draws for local ``rows``, identical whatever the sharding."""
         total = self.total or len(model)
         draws = self.rng.standard_normal((total,) + shape).astype(np.float32)
-        return model.xp.asarray(draws[self.offset + to_host(rows)])
+        return model.xp.asarray(draws[self.offset + self.stride * to_host(rows)])
+
+
+STATISTICS = ("grad", "count", "max_radius")  # the default strategy's statistics since its last refinement
+IMPORTANCE_WEIGHT = "importance_weight"  # (N,) float32: BlitzGS's densification weight (engine/workload.py)
+VIEW_SKIP = "view_skip"  # (N, ceil(views / 8)) uint8: bit v (np.packbits' order) set: view v skips the Gaussian
+
+
+def carry_rows(state, rows):
+    """A state's arrays that outlive a refinement (all but ``STATISTICS``: the workload's weights
+    and view masks), made to follow the model's new rows: new row k takes old row ``rows[k]``
+    (a clone or a split child its parent's)."""
+    for k in [k for k in state if k not in STATISTICS]:
+        state[k] = state[k][rows]
 
 
 BYTES_PER_GAUSSIAN = 1500     # parameters, gradients, Adam moments and per-step buffers
@@ -115,7 +130,8 @@ class DefaultStrategy(RefineSchedule):
     def initialize_state(self):
         """The statistics since the last refinement, per Gaussian: the summed screen-space gradient
         norm ("grad"), the views that saw it ("count") and its largest radius in pixels ("max_radius");
-        made (zero) at the first ``after_backward``, when the model's size is known."""
+        made (zero) at the first ``after_backward``, when the model's size is known.  The importance
+        pass (engine/workload.py) adds ``IMPORTANCE_WEIGHT`` and ``VIEW_SKIP``, which refinements carry."""
         return {}
 
     @staticmethod
@@ -177,6 +193,8 @@ class DefaultStrategy(RefineSchedule):
         g = model.gaussians
         n = len(model)
         grads = state["grad"] / xp.maximum(state["count"], 1)
+        if IMPORTANCE_WEIGHT in state:  # BlitzGS: the mean gradient x the last importance pass's weight
+            grads = grads * state[IMPORTANCE_WEIGHT]
         scale_max = xp.exp(g.scales.max(axis=1))
         opacity = _sigmoid(xp, g.opacities)
         prune = opacity < self.prune_opacity
@@ -205,7 +223,9 @@ class DefaultStrategy(RefineSchedule):
             child["scales"] = g.scales[parent] - math.log(1.6)
             new = {k: xp.concatenate([new[k], child[k]]) for k in new}
             prune[split] = True
-        model.gather(xp.flatnonzero(~prune), new)
+        kept = xp.flatnonzero(~prune)
+        model.gather(kept, new)
+        carry_rows(state, xp.concatenate([kept, clone, xp.repeat(split, 2)]))
         return {"cloned": int(len(clone)), "split": int(len(split)), "pruned": int(prune.sum()) - int(len(split)),
                 "gaussians": len(model)}
 

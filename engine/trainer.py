@@ -36,6 +36,7 @@ from .model import init_from_points
 from .outputs import TensorBoardLog, lpips_metric, render_image, save_png, write_model_outputs
 from .strategy import Context, DefaultStrategy, MCMCStrategy
 from .view_order import VIEW_ORDERS, epoch_order
+from .workload import Workload
 
 SNAPSHOT = "snapshot.h5"
 
@@ -95,6 +96,16 @@ class TrainConfig:
     background: tuple = (0.0, 0.0, 0.0)  # the background colour, RGB in [0, 1]
     antialias: bool = False           # Mip-Splatting's 2D filter, compensating the opacity
     visible_adam: bool = False        # Adam updates only the Gaussians the step saw
+    importance_every: int = 0         # BlitzGS (engine/workload.py): score every Gaussian's T * alpha over the
+                                      # training views every N steps and at 90% of the run (0: never)
+    importance_prune: float = 0.0     # BlitzGS: the importance pass prunes Gaussians whose importance over the
+                                      # largest is below this (0: none)
+    view_masks: str = "off"           # BlitzGS: on: until the next importance pass each view skips the
+                                      # Gaussians that contributed under view_mask_below to it
+    view_mask_below: float = 1 / 255  # BlitzGS: a view's mask holds the Gaussians whose T * alpha sum in it
+                                      # is below this
+    lod_min_px: float = 0.0           # BlitzGS: a training view skips Gaussians whose 3-sigma footprint is
+                                      # under this many pixels (0: none; evaluation renders all)
     appearance: bool = False          # a per-image affine colour correction that the loss sees, for captures
                                       # whose exposure varies (engine/appearance.py; not for held-out views)
     lr_appearance: float = 1e-3       # the learning rate of the colour corrections
@@ -220,6 +231,7 @@ class Trainer(ABC):
     batch = 1  # views per step (a batched pipeline sets its batch size)
     default_view_order = "random"  # what cfg.view_order "auto" is for this pipeline
     time_phases = False  # sync at the phase boundaries (PhaseClock): True every step, False never, None at log steps
+    culls_views = False  # runs the workload switches (engine/workload.py): its step renders ``workload.select``'s rows
 
     def __init__(self, dataset, out_dir, cfg: TrainConfig, backend=None, log=print):
         if cfg.lambda_s3im is None:
@@ -251,6 +263,10 @@ class Trainer(ABC):
             if cfg.loss != "global":
                 raise ValueError("--appearance needs --loss global (the tile loss runs inside the fused kernel)")
             self.appearance = ColourCorrection(len(dataset.train), cfg.lr_appearance, self.backend)
+        self.workload = Workload(cfg, len(dataset.train))
+        if self.workload.on and not self.culls_views:
+            raise ValueError(f"--importance-every, --view-masks and --lod-min-px are not supported by "
+                             f"{type(self).__name__} yet: train in one process or with --exchange gaussian")
 
     def _make_strategy(self):
         c = self.cfg
@@ -293,6 +309,8 @@ class Trainer(ABC):
             while self.step < until:
                 prev = self.step
                 loss, events = self.train_step()
+                if self.workload.scores_after(prev, self.step, self.strategy):
+                    events = {**events, **self.workload.score(self)}
                 bar.update(self.step)
                 if events:
                     self._device_memory_peak(release_cache=True)
@@ -408,7 +426,7 @@ class Trainer(ABC):
     def log_extra(self):
         """More fields for the JSON-lines log: the fused-tile fractions with ``--loss tile``
         (a multi-rank pipeline adds its exchange statistics).  Collective."""
-        return dict(getattr(self, "tile_stats", {}))
+        return {**getattr(self, "tile_stats", {}), **self.workload.log_fields()}
 
     def progress_extra(self, record):
         """More for the progress line, from the log step's ``record`` ("": nothing)."""
@@ -534,6 +552,8 @@ class Trainer(ABC):
         summary = {"psnr": mean("psnr"), "ssim": mean("ssim"), "lpips": mean("lpips"),
                    "views": per_view, "gaussians": len(model), "train_seconds": self.train_seconds,
                    "iterations": self.step, "peak_device_bytes": self._device_memory_peak()}
+        if self.workload.passes:
+            summary["importance_seconds"] = self.workload.seconds
         return summary
 
     def view_image(self, gaussians, camera):

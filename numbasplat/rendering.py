@@ -233,17 +233,23 @@ def rasterize(p: Projection, b: Binning, background=None, backend=None):
     return Render(image, trans, depth, last, bg)
 
 
-def contributions(p: Projection, b: Binning, backend=None):
+def contributions(p: Projection, b: Binning, backend=None, colour=True):
     """Each pixel's dominant Gaussian and each Gaussian's total contribution over the view
     (issue 23's contribution pruning keeps the Gaussians that dominate some pixel).
 
     Gaussian i contributes ``T_i alpha_i |c_i|`` to a pixel, |c_i| the L2 norm of its RGB colour
     in this view (``blend.dominant_step`` says why), composited as ``rasterize`` does: front to
-    back, with its alpha threshold and early stop.  Returns (dominant, total) on the backend's
-    arrays: (H, W) int32, the row of ``p.proj`` of each pixel's largest contributor (the first
-    in front-to-back order on a tie), -1 where none contributes; (N,) float32, the sum of each
-    Gaussian's contributions over the pixels."""
+    back, with its alpha threshold and early stop.  ``colour=False``: ``T_i alpha_i`` alone, its
+    blending weight (BlitzGS's importance, issue 27), by the same kernel on a copy of the records
+    whose colours are of length 1.  Returns (dominant, total) on the backend's arrays: (H, W)
+    int32, the row of ``p.proj`` of each pixel's largest contributor (the first in front-to-back
+    order on a tie), -1 where none contributes; (N,) float32, the sum of each Gaussian's
+    contributions over the pixels."""
     kernels, xp = _dispatch(backend)
+    if not colour:
+        unit = p.proj[:, :go.PROJ_FIELDS].copy()
+        unit[:, go.RED], unit[:, go.GREEN], unit[:, go.BLUE] = 1.0, 0.0, 0.0
+        p = Projection(p.camera, p.cam, unit, p.radii, p.counts, p.sh_degree, p.antialias)
     W, H = p.camera.width, p.camera.height
     total = xp.zeros(p.proj.shape[0], np.float32)
     if not b.n_isect:

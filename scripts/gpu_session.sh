@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|pixel P|offload [G]|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|pixel P|offload [G]|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -189,6 +189,48 @@ ablate)  # 7k runs sharing the GPU (quality, not time): every scene x seed x var
         train "${scene}_${v}_s$seed" "$iters" "${!args}" --seed "$seed" ${!extra+"${!extra}"} &
     done; done; done
     wait ;;
+blitz)  # issue 27: BlitzGS's switches on lego and fern 7k, seed S: base (today's defaults); imp: importance passes
+    # (every 3000, pruning under IMP_T of the largest importance, densification weights); masks: the passes' view
+    # masks (no pruning); lod: the LOD gate at LOD_PX pixels; all: every one.  The 10 runs share the GPU (quality;
+    # their times are shared too); with "serial" one at a time, for clean step and training times (about 6 min)
+    seed=${2:-0}; imp_t=${IMP_T:-0.0001}; lod_px=${LOD_PX:-0.5}
+    imp=(--importance-every 3000 --importance-prune "$imp_t"); masks=(--importance-every 3000 --view-masks on)
+    lod=(--lod-min-px "$lod_px"); all=("${imp[@]}" --view-masks on "${lod[@]}")
+    train warm 300 "${LEGO[@]}" "${all[@]}"  # compiles the kernels (the pass's too) before any timed run
+    for scene in lego fern; do
+        args=${scene^^}[@]
+        for v in base imp masks lod all; do
+            extra=${v}[@]; [ $v = base ] && extra=none[@]
+            if [ "${3:-}" = serial ]; then
+                train "${scene}_${v}_s$seed" 7000 "${!args}" --seed "$seed" ${!extra+"${!extra}"}
+            else
+                train "${scene}_${v}_s$seed" 7000 "${!args}" --seed "$seed" ${!extra+"${!extra}"} &
+            fi
+        done
+        wait
+    done
+    python3 scripts/workload_summary.py "$R"/{lego,fern}_*_s"$seed" ;;
+blitzcity)  # issue 27: the generated city (small preset), 7k: today's defaults, each switch alone, all together (serial)
+    [ -d .data/city ] || python3 run.py synth --out .data/city --preset small > "$R/synth.txt" 2>&1
+    imp_t=${IMP_T:-0.0001}; lod_px=${LOD_PX:-0.5}
+    imp=(--importance-every 3000 --importance-prune "$imp_t"); masks=(--importance-every 3000 --view-masks on)
+    lod=(--lod-min-px "$lod_px"); all=("${imp[@]}" --view-masks on "${lod[@]}")
+    for v in base imp masks lod all; do
+        extra=${v}[@]; [ $v = base ] && extra=none[@]
+        step "city $v"; train "city_$v" 7000 --data .data/city ${!extra+"${!extra}"}
+    done
+    python3 scripts/workload_summary.py "$R"/city_* ;;
+blitzmpi)  # issue 27: load imbalance of contiguous against parity shards, P ranks (fern, 2000 images, then the city)
+    p=${2:-2}
+    [ -d .data/city ] || python3 run.py synth --out .data/city --preset small > "$R/synth.txt" 2>&1
+    for scene in fern city; do
+        args=(--data .data/city); [ $scene = fern ] && args=("${FERN[@]}")
+        for shard in contiguous parity; do
+            name=${scene}_${shard}_p$p; step "$name"
+            mpi "$p" --out "$R/$name" --iters 2000 --eval --quiet "${args[@]}" --shard $shard > "$R/$name.txt" 2>&1
+            python3 scripts/workload_summary.py "$R/$name"; rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders"
+        done
+    done ;;
 pixel)  # issue 25: pixel- against Gaussian-level exchange.  Bytes per image at P = 2, 4, 8 from one rank
     # (run.py scaling --model-ranks, on lego and fern 7k models and the generated city), then 7k at P ranks
     # sharing the GPU in both modes (quality and images/s; ranks share one GPU, so time is not a speed-up)
@@ -243,7 +285,7 @@ PY
         --out "$R/city" --iters 200 --log-every 50 --quiet --offload host --gpu-memory 24GiB > "$R/city.txt" 2>&1
     grep -a "error" "$R/city.txt"; summary "$R/city"  # (peak host memory: the process's largest RSS)
     rm -rf "$R/city/snapshot.h5" "$R/city"/*.ply "$R/city/point_cloud" /tmp/city_offload ;;
-*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|pixel P|offload [G]|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
+*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|pixel P|offload [G]|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
 esac
 step done
 (cd "$OUT" && tar czf "logs_$part.tgz" --exclude="*.h5" --exclude="*.ply" --exclude="*.png" --exclude="*.prof*" r && rm -rf r)

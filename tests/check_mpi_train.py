@@ -1,5 +1,6 @@
 """Run by tests/test_gaussian_exchange.py under mpiexec: a few batched steps, final parameters to OUT/final.npz
-(other-iters, other-data: rank 1 is given another iteration count, or sees one view fewer)."""
+(other-iters, other-data: rank 1 is given another iteration count, or sees one view fewer; parity: index-parity
+shards; blitz: BlitzGS's importance passes, view masks and LOD gate)."""
 import sys
 from pathlib import Path
 
@@ -47,11 +48,15 @@ with abort_on_error(comm):
     if "prune" in sys.argv:  # ByteSplat's pruning at step 16 (one ranking on the root), fine-tuned within the 32
         cfg.densify_until, cfg.prune, cfg.smem_budget = 16, "hardware", 9268 + 36 * 5  # 5 Gaussians a tile
         cfg.prune_fine_tune, cfg.prune_round_fine_tune, cfg.prune_rounds = 4, 4, 2
+    if "blitz" in sys.argv:  # passes at steps 12 and 28 (pruning, weights, masks); a LOD gate of 0.8 pixels
+        cfg.importance_every, cfg.importance_prune, cfg.view_masks, cfg.lod_min_px = 12, 0.02, "on", 0.8
+        cfg.view_mask_below = 0.5
     small = "small" in sys.argv  # one batch of two views, 100 Gaussians: what the simulator can afford
     if small:
         cfg.iterations, cfg.n_random_init = 2, 100
     batch = 1 if "b1" in sys.argv else 2 if small else 4  # b1: every view split across the ranks
-    t = GaussianExchangeTrainer(ds, out, cfg, comm, batch_size=batch, grad_comm=grad_comm, backend=backend)
+    t = GaussianExchangeTrainer(ds, out, cfg, comm, batch_size=batch, grad_comm=grad_comm, backend=backend,
+                                shard="parity" if "parity" in sys.argv else "contiguous")
     s = t.strategy
     s.refine_start, s.refine_every, s.reset_every, s.grad_threshold = 4, 8, 24, 1e-5
     s.reset_at_start = False  # a reset right after the first steps leaves rounding-level SH gradients to Adam

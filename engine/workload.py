@@ -1,0 +1,321 @@
+"""BlitzGS's management of the active workload (issue 27): fewer Gaussians per step.
+
+Three switches, each off by default (``TrainConfig``), each measurable alone and together:
+
+* **Scheduled importance scoring** (``--importance-every N``, model level).  At the steps of
+  ``scoring_steps`` a pass renders every training view with the forward kernels only (no
+  gradients) and sums each Gaussian's blending weights ``T_i alpha_i`` over the pixels it
+  reaches, per view (``numbasplat.rendering.contributions`` with ``colour=False``: the kernel of
+  the hardware-aware pruning, on records of unit colour).  Its importance is the sum over the
+  views, normalised by the largest.  The pass then
+
+  - prunes the Gaussians whose normalised importance is below ``--importance-prune T`` (0: none);
+  - stores each Gaussian's densification weight ``w_i = min(1, I_i / median(I_j > 0))`` (``I``
+    the unnormalised importance; 0 for a Gaussian that contributes nowhere).  The default
+    strategy densifies on its mean screen-space gradient times ``w_i``
+    (``strategy.IMPORTANCE_WEIGHT``): Gaussians that contribute at least as much as the median
+    one densify as before, the others as if their gradient were smaller in proportion, so new
+    Gaussians go where the image is made.  Clones and split children inherit their parent's
+    weight, until the next pass;
+  - stores each view's mask (``strategy.VIEW_SKIP``): the Gaussians whose weights in that view
+    sum to under ``view_mask_below`` (1/255 by default: removing such a Gaussian changes no pixel
+    by more than about one level of an 8-bit image), those outside the view or hidden behind others
+    included.  Refinements carry the masks as the weights; new Gaussians take their parent's.
+* **Per-view culling** (``--view-masks on``, view level, needs the scoring): until the next pass a
+  view gathers only its unmasked rows before projection (``ViewRows``): the others cost neither
+  projection, binning nor rasterization, and their gradients are zero for the step (with
+  ``--visible-adam`` Adam leaves them alone, as any Gaussian the view does not see).
+* **Distance-based LOD gate** (``--lod-min-px R``, view level): a view skips the Gaussians too fine
+  for it: those whose footprint ``3 max(exp(scales)) max(fx, fy) / d`` (the 3-sigma radius in
+  pixels of its largest axis at distance ``d`` from the camera centre; on the optical axis the
+  projection's 3-sigma radius, before its 0.3-pixel blur) is under R.  From the parameters alone,
+  before projection.  Evaluation renders never skip (``Trainer.view_image`` renders everything).
+
+The pass runs on the root rank for the whole model (``Trainer.gather_state``), which then starts
+every rank from the pruned model with its weights and masks (``Trainer.start_from``): the same
+under any pipeline that supports the switches (``Trainer.culls_views``) and any rank count.  Its
+time is logged (``importance_pass`` records of OUT/log.jsonl) and summed (``seconds``).
+"""
+import math
+import time
+
+import numpy as np
+
+import numbasplat as ns
+from numbasplat import backend as _backend
+
+from .strategy import IMPORTANCE_WEIGHT, STATISTICS, VIEW_SKIP
+
+LOD_SIGMAS = 3.0  # the LOD gate's footprint: this many standard deviations of the largest axis
+
+
+def scoring_steps(iterations, every, waits=()):
+    """The steps after which the importance pass runs: every multiple of ``every`` below
+    ``iterations``, and once more at 90% of the run (rounded down) unless one of them falls in
+    its last 15%, so that the final stretch trains on fresh masks.  A pass due within one of the
+    windows ``waits`` ((first, end) steps: after an opacity reset, ``opacity_resets``) waits until
+    its end: right after a reset every Gaussian is nearly transparent, and the pass would prune
+    and mask them all.  Passes moved past the end are dropped.  ``every`` 0: none."""
+    if every <= 0 or iterations <= 1:
+        return []
+
+    def waited(s):
+        for first, end in waits:
+            if first <= s < end:
+                s = end
+        return s
+    steps = [s for s in map(waited, range(every, iterations, every)) if s < iterations]
+    final = waited((9 * iterations) // 10)
+    if 0 < final < iterations and not any((85 * iterations) // 100 <= s for s in steps):
+        steps.append(final)
+    return sorted(set(steps))
+
+
+RECOVERY_SHARE = 6  # a pass waits a sixth of the reset period after a reset (500 of 3DGS's 3000 steps)
+
+
+def opacity_resets(strategy, iterations):
+    """The windows (reset, reset + reset_every // RECOVERY_SHARE) after the opacity resets of
+    ``strategy`` (the default strategy's rule) up to ``iterations``: the opacities relearn in them."""
+    if not getattr(strategy, "reset", False):
+        return []
+    stop = min(strategy.refine_stop, iterations)
+    resets = list(range(strategy.reset_every, stop, strategy.reset_every))
+    resets += [strategy.refine_start] if strategy.reset_at_start else []
+    return [(r, r + strategy.reset_every // RECOVERY_SHARE) for r in sorted(resets)]
+
+
+def view_bit(packed, view, xp):
+    """(N,) bool: bit ``view`` of each row of ``packed`` (N, bytes) uint8, in np.packbits' order."""
+    return ((packed[:, view // 8] >> np.uint8(7 - view % 8)) & np.uint8(1)).astype(bool)
+
+
+def set_view_bit(packed, view, rows_set, xp):
+    """Set bit ``view`` of the rows where ``rows_set`` (N,) is true (np.packbits' order)."""
+    packed[:, view // 8] |= rows_set.astype(np.uint8) << np.uint8(7 - view % 8)
+
+
+def lod_footprint(g, camera, xp):
+    """(N,) the LOD gate's footprint of each Gaussian of ``g`` in ``camera``, in pixels: 3 sigma of
+    its largest axis times the larger focal length over its distance to the camera centre."""
+    centre = xp.asarray(camera.packed()[-3:].astype(np.float32))
+    distance = xp.sqrt(((g.means - centre) ** 2).sum(axis=1))
+    sigma = xp.exp(g.scales.max(axis=1))
+    focal = np.float32(max(camera.fx, camera.fy))
+    return (np.float32(LOD_SIGMAS) * focal) * sigma / xp.maximum(distance, np.float32(1e-12))
+
+
+def take(g, rows):
+    """The Gaussians of rows ``rows`` of ``g`` (copies)."""
+    return ns.Gaussians(**{k: a[rows] for k, a in g.arrays().items()})
+
+
+class ViewRows:
+    """The rows of a model that one view renders: all of them (``rows`` None: nothing is gathered
+    or copied, the step runs as without culling), or the gathered ``rows`` (ascending, so that
+    depth ties keep the model's order).  Its methods take the view's projection and gradients,
+    of its rows, back to the model's."""
+
+    def __init__(self, g, rows=None, xp=np):
+        self.n, self.rows, self.xp = len(g), rows, xp
+        self.gaussians = g if rows is None else take(g, rows)
+
+    def __len__(self):
+        return len(self.gaussians)
+
+    def project_backward(self, p, grad, out, accumulate, backend):
+        """``ns.project_backward`` of the view's rows into the model's gradients ``out``: written
+        over (the skipped rows zeroed) or, with ``accumulate``, added."""
+        if self.rows is None:
+            return ns.project_backward(self.gaussians, p, grad, out, accumulate=accumulate, backend=backend)
+        mine = ns.project_backward(self.gaussians, p, grad, backend=backend)
+        for name, a in out.arrays().items():
+            if not accumulate:
+                a[...] = 0
+            a[self.rows] += getattr(mine, name)
+        return out
+
+    def full(self, p, grad):
+        """(projection, screen-space gradients) of every row of the model, as the strategy reads
+        them: the skipped rows not visible (no tiles, radius 0), their gradients 0."""
+        if self.rows is None:
+            return p, grad
+        xp = self.xp
+        counts = xp.zeros(self.n, np.int32)
+        counts[self.rows] = p.counts
+        radii = xp.zeros((self.n, 2), np.int32)
+        radii[self.rows] = p.radii
+        full_grad = xp.zeros((self.n, grad.shape[1]), grad.dtype)
+        full_grad[self.rows] = grad
+        return ns.Projection(p.camera, p.cam, None, radii, counts, p.sh_degree, p.antialias), full_grad
+
+
+def pad_projection(p, rows):
+    """``p`` with ``rows`` rows in all, those past its own not visible (no tiles): views of one
+    batch whose active sets differ, laid out alike for the exchange's plan."""
+    n = len(p.counts)
+    if n == rows:
+        return p
+    xp = _backend.array_module_of(p.counts)
+    proj = xp.zeros((rows, p.proj.shape[1]), p.proj.dtype)
+    proj[:n] = p.proj
+    counts = xp.zeros(rows, np.int32)
+    counts[:n] = p.counts
+    radii = xp.zeros((rows, 2), np.int32)
+    radii[:n] = p.radii
+    return ns.Projection(p.camera, p.cam, proj, radii, counts, p.sh_degree, p.antialias)
+
+
+def importance_scores(g, cameras, sh_degree, antialias, mask_below, backend=None):
+    """-> (importance (N,) float64: each Gaussian's sum of ``T alpha`` over the pixels of every
+    view, skip (N, ceil(V / 8)) uint8: bit v set where its sum in view v is under ``mask_below``),
+    on the backend's arrays: every view projected, binned and composited by the contributions
+    kernel on unit colours (forward only)."""
+    xp = _backend.array_module(backend)
+    n = len(g)
+    total = xp.zeros(n, np.float64)
+    skip = xp.zeros((n, (len(cameras) + 7) // 8), np.uint8)
+    for v, cam in enumerate(cameras):
+        p = ns.project(g, cam, sh_degree=sh_degree, antialias=antialias, backend=backend, check=False)
+        b = ns.bin_tiles(p, backend=backend)
+        _, weight = ns.contributions(p, b, backend=backend, colour=False)
+        total += weight
+        set_view_bit(skip, v, weight < mask_below, xp)
+    return total, skip
+
+
+def densify_weights(importance, xp):
+    """``min(1, I / median(I > 0))``: 1 for the Gaussians contributing at least as much as the
+    median contributing one, in proportion below it, 0 where none (all 1 if none contributes)."""
+    positive = importance[importance > 0]
+    if len(positive) == 0:
+        return xp.ones(len(importance), np.float32)
+    median = float(xp.median(positive))
+    return xp.minimum(importance / median, 1.0).astype(np.float32)
+
+
+class Workload:
+    """The switches of one run (a ``TrainConfig``'s) and what they keep between passes: the
+    pass's schedule and total time, and the active Gaussians per view since the last log."""
+
+    def __init__(self, cfg, n_views):
+        self.every, self.prune, self.masks = cfg.importance_every, cfg.importance_prune, cfg.view_masks == "on"
+        self.mask_below, self.lod_px, self.n_views = cfg.view_mask_below, cfg.lod_min_px, n_views
+        self.cfg = cfg  # (its iterations as they are when asked: a resume may change them)
+        if cfg.view_masks not in ("on", "off"):
+            raise ValueError(f"--view-masks must be on or off, got {cfg.view_masks!r}")
+        if self.masks and not self.every:
+            raise ValueError("--view-masks on needs the importance pass that makes the masks: "
+                             "give --importance-every N")
+        if self.every and cfg.strategy != "default":
+            raise ValueError("--importance-every needs --strategy default (its weights and masks follow the "
+                             "default strategy's refinements)")
+        if self.prune and not self.every:
+            raise ValueError("--importance-prune needs --importance-every N (the pass that prunes)")
+        self.seconds = 0.0     # the passes' time, all together
+        self.passes = 0
+        self._active = [0, 0]  # Gaussians projected, views, since the last log
+
+    @property
+    def on(self):
+        """Whether any switch is on."""
+        return bool(self.every or self.lod_px > 0)
+
+    @property
+    def culls(self):
+        """Whether views may skip Gaussians (view masks or the LOD gate)."""
+        return self.masks or self.lod_px > 0
+
+    def scores_after(self, prev, step, strategy=None):
+        """Whether a pass is due after a step that went from ``prev`` to ``step`` (a batch crosses
+        several images at once), where ``strategy`` resets the opacities."""
+        if not self.every:
+            return False
+        iterations = self.cfg.iterations
+        steps = scoring_steps(iterations, self.every, opacity_resets(strategy, iterations))
+        return any(prev < s <= step for s in steps)
+
+    # ------------------------------------------------------------------ the view level
+    def select(self, g, state, view, camera, xp):
+        """The ``ViewRows`` of training view ``view`` (seen from ``camera``) of the Gaussians ``g``
+        (a model or a shard, ``state`` its strategy state): those that neither its mask nor the LOD
+        gate skips (all rows, ungathered, where neither skips any)."""
+        keep = None
+        skip = state.get(VIEW_SKIP) if self.masks else None
+        if skip is not None and len(skip) == len(g):
+            keep = ~view_bit(skip, view, xp)
+        if self.lod_px > 0:
+            fine_enough = lod_footprint(g, camera, xp) >= np.float32(self.lod_px)
+            keep = fine_enough if keep is None else keep & fine_enough
+        rows = None
+        if keep is not None:
+            rows = xp.flatnonzero(keep)
+            if len(rows) == len(g):
+                rows = None
+        chosen = ViewRows(g, rows, xp)
+        self._active[0] += len(chosen)
+        self._active[1] += 1
+        return chosen
+
+    def log_fields(self):
+        """{"active_per_view": the mean Gaussians projected per view since the last call} with a
+        switch on (none where no view was rendered), then start counting again."""
+        if not self.on:
+            return {}
+        projected, views = self._active
+        self._active = [0, 0]
+        return {"active_per_view": projected / views} if views else {}
+
+    # ------------------------------------------------------------------ the model level
+    def score(self, trainer):
+        """The importance pass on ``trainer``'s whole model (collective): prune, weigh, mask, and
+        start every rank from the result.  -> the events to log."""
+        t0 = time.perf_counter()
+        gathered = trainer.gather_state()
+        result = None
+        if gathered is not None:
+            result = self._score_whole(trainer, *gathered)
+        model_state, strategy_state, report = trainer.from_root(result)
+        trainer.start_from(model_state, strategy_state)
+        trainer.barrier()
+        seconds = time.perf_counter() - t0
+        self.seconds += seconds
+        self.passes += 1
+        return {"importance_pass": {**report, "seconds": seconds}, "gaussians": report["gaussians"]}
+
+    def _score_whole(self, trainer, model_state, strategy_state):
+        """The pass on the root: host states in, host states out, and the pass's report."""
+        xp, backend = trainer.xp, trainer.backend
+        params = model_state["params"]
+        g = ns.Gaussians(**{k: xp.asarray(a) for k, a in params.items()})
+        cameras = [v.camera for v in trainer.data.train]
+        importance, skip = importance_scores(g, cameras, trainer.sh_degree_now(), trainer.cfg.antialias,
+                                             self.mask_below, backend)
+        top = float(importance.max()) if len(importance) else 0.0
+        normalised = importance / top if top > 0 else importance
+        keep = normalised >= self.prune if self.prune > 0 else xp.ones(len(g), bool)
+        if not bool(keep.any()):  # never the whole model
+            keep = xp.ones(len(g), bool)
+        weights = densify_weights(importance, xp)
+        rows = _backend.to_host(xp.flatnonzero(keep))
+        model_state = {**{w: {k: a[rows] for k, a in model_state[w].items()} for w in ("params", "m", "v")},
+                       "step": model_state["step"]}
+        kept = {k: a[rows] for k, a in strategy_state.items() if k in STATISTICS and len(a) == len(keep)}
+        kept[IMPORTANCE_WEIGHT] = _backend.to_host(weights)[rows]
+        kept[VIEW_SKIP] = _backend.to_host(skip)[rows]
+        masked = float(np.unpackbits(kept[VIEW_SKIP], axis=1, count=len(cameras)).mean()) if len(rows) else 0.0
+        report = {"gaussians_before": len(keep), "gaussians": len(rows), "pruned": len(keep) - len(rows),
+                  "masked_fraction": masked, "weight_below_one": float((kept[IMPORTANCE_WEIGHT] < 1).mean())
+                  if len(rows) else 0.0}
+        return model_state, kept, report
+
+
+def imbalance(per_rank):
+    """max / mean of the ranks' counts (1.0: even; nan where all are 0)."""
+    counts = np.asarray(per_rank, np.float64)
+    mean = counts.mean() if len(counts) else 0.0
+    return float(counts.max() / mean) if mean > 0 else math.nan
+
+
+__all__ = ["LOD_SIGMAS", "RECOVERY_SHARE", "ViewRows", "Workload", "densify_weights", "imbalance", "importance_scores",
+           "lod_footprint", "opacity_resets", "pad_projection", "scoring_steps", "set_view_bit", "take", "view_bit"]

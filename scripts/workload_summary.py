@@ -1,0 +1,37 @@
+"""One line per training run of the BlitzGS ablation (scripts/gpu_session.sh blitz): test PSNR,
+training seconds, the importance passes' seconds and share, the mean Gaussians projected per view
+(the log's ``active_per_view`` where a switch was on, else its Gaussian count), the final count
+and, under MPI, the mean ``projected_imbalance``.
+
+    python scripts/workload_summary.py OUT_DIR [OUT_DIR ...]
+"""
+import json
+import sys
+from pathlib import Path
+
+
+def summary(out):
+    out = Path(out)
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if line.endswith("}")]
+    metrics = json.loads((out / "metrics.json").read_text()) if (out / "metrics.json").exists() else {}
+    active = [r.get("active_per_view", r.get("gaussians_total", r["gaussians"])) for r in records]
+    imbalance = [r["projected_imbalance"] for r in records if "projected_imbalance" in r]
+    train = metrics.get("train_seconds", records[-1]["time"] if records else 0.0)
+    passes = metrics.get("importance_seconds", sum(r["importance_pass"]["seconds"] for r in records
+                                                   if "importance_pass" in r))
+    steps = records[-1]["step"] if records else 0
+    share = 100 * passes / max(train, 1e-9)
+    line = (f"{out.name}: PSNR {metrics.get('psnr', float('nan')):.2f} dB, {train:.1f} s training "
+            f"({1e3 * train / max(steps, 1):.2f} ms a step), passes {passes:.1f} s ({share:.1f}%), "
+            f"active per view {sum(active) / max(len(active), 1):,.0f}, final {metrics.get('gaussians', '?')} Gaussians")
+    if imbalance:
+        line += f", projected imbalance {sum(imbalance) / len(imbalance):.3f}"
+    return line
+
+
+if __name__ == "__main__":
+    for d in sys.argv[1:]:
+        try:
+            print(summary(d))
+        except (OSError, ValueError, KeyError, IndexError) as e:
+            print(f"{d}: no summary ({type(e).__name__}: {e})")

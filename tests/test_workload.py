@@ -1,0 +1,260 @@
+"""BlitzGS's workload switches (engine/workload.py, issue 27) on the CPU backend: the importance pass
+against a brute-force float64 compositing, culled and LOD-gated views against the full render,
+the densification weights and view masks through refinements, the schedule, a run with every
+switch on that resumes as if never stopped, and the switches' checks."""
+import json
+
+import numpy as np
+import pytest
+
+import numbasplat as ns
+from engine.model import GaussianModel
+from engine.single_gpu import SingleGPUTrainer
+from engine.strategy import IMPORTANCE_WEIGHT, VIEW_SKIP, Context, DefaultStrategy
+from engine.trainer import SNAPSHOT, TrainConfig
+from engine.workload import (ViewRows, Workload, densify_weights, importance_scores, lod_footprint,
+                             opacity_resets, scoring_steps, set_view_bit, view_bit)
+from tests.scenes import edge_case_scene, look_at_camera
+from tests.test_contributions import reference_contributions
+from test_trainer import fast_refine, small_config
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    from engine.demo import make_dataset
+    return make_dataset(size=32, n_views=12, backend="cpu")
+
+
+def shifted_camera(dx, W=40, H=30):
+    """``look_at_camera`` moved sideways by ``dx``: another view of the same scene."""
+    cam = look_at_camera(W=W, H=H)
+    cam.viewmat[0, 3] = -dx
+    return cam
+
+
+def unit_colour(p):
+    """The projection's records with colour (1, 0, 0): the reference's contribution is then T alpha."""
+    proj = p.proj.copy()
+    proj[:, ns.rendering.go.RED:ns.rendering.go.BLUE + 1] = (1.0, 0.0, 0.0)
+    return ns.Projection(p.camera, p.cam, proj, p.radii, p.counts, p.sh_degree, p.antialias)
+
+
+def test_importance_pass_matches_brute_force_compositing():
+    """Each Gaussian's sum of T alpha over the pixels of each view, from every pixel composited in
+    float64 (tests/test_contributions.py's reference), and the views' masks from those sums."""
+    g = edge_case_scene(n=30, seed=4, dtype=np.float32)
+    cams = [shifted_camera(dx) for dx in (0.0, 0.6, -1.2)]
+    below = 0.05
+    total, skip = importance_scores(g, cams, sh_degree=3, antialias=False, mask_below=below, backend="cpu")
+    expected = np.zeros(len(g))
+    for v, cam in enumerate(cams):
+        _, per_view = reference_contributions(unit_colour(ns.project(g, cam, backend="cpu")))
+        expected += per_view
+        np.testing.assert_array_equal(view_bit(skip, v, np), per_view < below - 1e-6 * np.maximum(per_view, 1))
+    np.testing.assert_allclose(total, expected, rtol=1e-5, atol=1e-7)
+    assert total.dtype == np.float64 and skip.shape == (len(g), 1) and skip.dtype == np.uint8
+    assert total[0] == 0 and total[3] == 0  # behind the camera; under the alpha threshold
+    assert (total > 1.0).sum() > 10         # most of them cover pixels
+    # the colour-weighted pass (pruning's) differs: the colour is left out
+    p = ns.project(g, cams[0], backend="cpu")
+    weighted = ns.contributions(p, ns.bin_tiles(p, backend="cpu"), backend="cpu")[1]
+    unweighted = ns.contributions(p, ns.bin_tiles(p, backend="cpu"), backend="cpu", colour=False)[1]
+    assert not np.allclose(weighted, unweighted)
+
+
+def test_view_bits_follow_packbits_order():
+    rng = np.random.default_rng(0)
+    bits = rng.random((13, 19)) < 0.4
+    packed = np.zeros((13, 3), np.uint8)
+    for v in range(19):
+        set_view_bit(packed, v, bits[:, v], np)
+    np.testing.assert_array_equal(packed, np.packbits(bits, axis=1))
+    for v in range(19):
+        np.testing.assert_array_equal(view_bit(packed, v, np), bits[:, v])
+
+
+def masked_workload(**switches):
+    cfg = TrainConfig(**{"importance_every": 100, "view_masks": "on", **switches})
+    return Workload(cfg, n_views=3)
+
+
+def render_rows(g, cam, rows):
+    return ns.render(rows.gaussians, cam, background=np.ones(3, np.float32), backend="cpu").image
+
+
+def test_a_view_that_skips_nothing_renders_and_differentiates_exactly_as_the_full_model():
+    g = edge_case_scene(n=30, seed=1, dtype=np.float32)
+    cam = look_at_camera()
+    full = ns.render(g, cam, background=np.ones(3, np.float32), backend="cpu").image
+    # no mask bit set, no LOD gate: the model's own arrays, ungathered
+    state = {VIEW_SKIP: np.zeros((len(g), 1), np.uint8)}
+    rows = masked_workload().select(g, state, 0, cam, np)
+    assert rows.rows is None and rows.gaussians is g
+    # every row gathered explicitly: the same image and gradients, bit for bit
+    every = ViewRows(g, np.arange(len(g)), np)
+    np.testing.assert_array_equal(render_rows(g, cam, every), full)
+    p_all, p_rows = ns.project(g, cam, backend="cpu"), ns.project(every.gaussians, cam, backend="cpu")
+    grad = np.random.default_rng(0).normal(size=(len(g), ns.rendering.go.GRAD_FIELDS)).astype(np.float32)
+    direct = ns.project_backward(g, p_all, grad, backend="cpu")
+    out = ns.Gaussians(**{k: np.full_like(a, 7.0) for k, a in g.arrays().items()})
+    every.project_backward(p_rows, grad, out, accumulate=False, backend="cpu")
+    for k in g.FIELDS:
+        np.testing.assert_array_equal(getattr(out, k), getattr(direct, k), err_msg=k)
+
+
+def test_a_masked_view_renders_within_tolerance_and_its_skipped_rows_get_no_gradient():
+    """The view's mask from an importance pass: what it skips adds under ``below`` to the view, so
+    the render moves by little; the skipped rows' gradients are zero and they are not visible."""
+    g = edge_case_scene(n=40, seed=3, dtype=np.float32)
+    cam = look_at_camera()
+    below = 0.5
+    _, skip = importance_scores(g, [cam], sh_degree=3, antialias=False, mask_below=below, backend="cpu")
+    rows = masked_workload(view_mask_below=below).select(g, {VIEW_SKIP: skip}, 0, cam, np)
+    skipped = np.setdiff1d(np.arange(len(g)), rows.rows)
+    assert len(skipped) >= 5 and 0 in skipped and 3 in skipped, skipped  # behind, transparent, and faint ones
+    full = ns.render(g, cam, background=np.ones(3, np.float32), backend="cpu").image
+    culled = render_rows(g, cam, rows)
+    diff = np.abs(culled - full).max()
+    assert 0 < diff <= 2 * below, diff  # removing one changes a pixel by at most 2 x its weight there
+    p = ns.project(rows.gaussians, cam, backend="cpu")
+    grad = np.ones((len(rows), ns.rendering.go.GRAD_FIELDS), np.float32)
+    out = ns.Gaussians(**{k: np.full_like(a, 7.0) for k, a in g.arrays().items()})
+    rows.project_backward(p, grad, out, accumulate=False, backend="cpu")
+    for k in g.FIELDS:
+        assert not getattr(out, k)[skipped].any(), k
+        assert getattr(out, k)[rows.rows].any(), k
+    whole_p, whole_grad = rows.full(p, grad)
+    assert len(whole_p.counts) == len(g) and not whole_p.counts[skipped].any()
+    assert not whole_grad[skipped].any() and (whole_p.counts[rows.rows] == p.counts).all()
+
+
+def test_lod_gate_skips_the_fine_gaussians_and_the_render_moves_by_their_share():
+    """Tiny faint Gaussians far away: their footprint is under a pixel, the gate skips exactly
+    them, and the render differs by at most their opacity."""
+    g = edge_case_scene(n=30, seed=5, dtype=np.float32)
+    tiny = np.arange(20, 30)
+    g.scales[tiny] = np.log(0.002)
+    g.opacities[tiny] = np.log(0.04 / 0.96)
+    cam = look_at_camera()
+    foot = lod_footprint(g, cam, np)
+    z = np.linalg.norm(g.means, axis=1)
+    np.testing.assert_allclose(foot, 3 * np.exp(g.scales.max(1)) * max(cam.fx, cam.fy) / z, rtol=1e-5)
+    cfg = TrainConfig(lod_min_px=0.5)
+    rows = Workload(cfg, 1).select(g, {}, 0, cam, np)
+    np.testing.assert_array_equal(np.setdiff1d(np.arange(len(g)), rows.rows), tiny)
+    full = ns.render(g, cam, background=np.ones(3, np.float32), backend="cpu").image
+    diff = np.abs(render_rows(g, cam, rows) - full).max()
+    assert 0 < diff <= 2 * 0.04, diff
+    # a gate under every footprint skips nothing
+    assert Workload(TrainConfig(lod_min_px=float(foot.min()) * 0.99), 1).select(g, {}, 0, cam, np).rows is None
+
+
+def test_densify_weights_rule():
+    w = densify_weights(np.array([0.0, 1.0, 2.0, 4.0, 8.0, 16.0]), np)
+    np.testing.assert_allclose(w, [0.0, 0.25, 0.5, 1.0, 1.0, 1.0])  # the median of the positive ones: 4
+    np.testing.assert_array_equal(densify_weights(np.zeros(3), np), np.ones(3))
+
+
+def test_weights_bias_densification_and_refinements_carry_weights_and_masks():
+    """Four Gaussians over the gradient threshold: one small (clones), one large (splits), one
+    small of weight 0.1 (its weighted gradient falls under the threshold: kept, not cloned), one
+    transparent (pruned).  New rows take their parent's weight and mask."""
+    n = 4
+    arrays = {"means": np.zeros((n, 3), np.float32), "scales": np.log(np.full((n, 3), 0.001, np.float32)),
+              "quats": np.tile(np.float32([1, 0, 0, 0]), (n, 1)), "opacities": np.full(n, 2.0, np.float32),
+              "sh": np.zeros((n, 1, 3), np.float32)}
+    arrays["scales"][1] = np.log(0.5)
+    arrays["opacities"][3] = -10.0
+    model = GaussianModel(arrays, "cpu")
+    s = DefaultStrategy(grad_threshold=1.0, refine_start=0, refine_every=1, reset=False)
+    state = {"grad": np.full(n, 2.0, np.float32), "count": np.ones(n, np.int32),
+             "max_radius": np.zeros(n, np.float32), IMPORTANCE_WEIGHT: np.float32([1.0, 0.9, 0.1, 1.0]),
+             VIEW_SKIP: np.uint8([[1], [2], [4], [8]])}
+    done = s.after_optimizer(model, state, 1, Context(1.0, np.random.default_rng(0)))
+    assert (done["cloned"], done["split"], done["pruned"]) == (1, 1, 1), done
+    # kept 0 and 2, then 0's clone, then 1's two children
+    np.testing.assert_allclose(state[IMPORTANCE_WEIGHT], [1.0, 0.1, 1.0, 0.9, 0.9])
+    np.testing.assert_array_equal(state[VIEW_SKIP][:, 0], [1, 4, 1, 2, 2])
+    assert len(model) == 5 and len(state["grad"]) == 5
+
+
+def test_scoring_steps():
+    assert scoring_steps(30_000, 3000) == list(range(3000, 30_000, 3000))
+    assert scoring_steps(7000, 3000) == [3000, 6000]
+    assert scoring_steps(7000, 5000) == [5000, 6300]   # and once at 90%: no pass in the last 15%
+    assert scoring_steps(100, 0) == []
+    # a pass right after an opacity reset waits for the opacities to come back
+    waits = [(3000, 3500), (6000, 6500)]
+    assert scoring_steps(7000, 3000, waits) == [3500, 6500]
+    assert scoring_steps(6200, 3000, waits) == [3500, 5580]  # 6000's moved past the end: the 90% pass instead
+    s = DefaultStrategy(refine_start=500, refine_stop=15_000, reset_every=3000)
+    assert opacity_resets(s, 30_000) == [(r, r + 500) for r in (3000, 6000, 9000, 12000)]
+    assert opacity_resets(s, 7000) == [(3000, 3500), (6000, 6500)]
+    s.reset_at_start = True
+    assert opacity_resets(s, 3000) == [(500, 1000)]
+    assert opacity_resets(DefaultStrategy(reset=False), 7000) == []
+
+
+def test_workload_switches_are_checked():
+    with pytest.raises(ValueError, match="--view-masks on needs"):
+        Workload(TrainConfig(view_masks="on"), 3)
+    with pytest.raises(ValueError, match="--importance-prune needs"):
+        Workload(TrainConfig(importance_prune=0.1), 3)
+    with pytest.raises(ValueError, match="--strategy default"):
+        Workload(TrainConfig(importance_every=10, strategy="mcmc"), 3)
+    with pytest.raises(ValueError, match="--view-masks must be"):
+        Workload(TrainConfig(view_masks="yes"), 3)
+    assert not Workload(TrainConfig(), 3).on
+
+
+def test_pipelines_without_culling_refuse_the_switches(dataset, tmp_path):
+    from engine.offload import OffloadTrainer
+    with pytest.raises(ValueError, match="not supported by OffloadTrainer"):
+        OffloadTrainer(dataset, tmp_path, small_config(lod_min_px=1.0, visible_adam=True), backend="cpu")
+
+
+BLITZ = dict(importance_every=12, importance_prune=0.01, view_masks="on", lod_min_px=0.6, view_mask_below=0.3)
+
+
+def test_every_switch_trains_logs_and_resumes_as_if_never_stopped(dataset, tmp_path):
+    """Passes at 12, 24 and 36 of 40 (pruning, weights, masks), the LOD gate every step; a run
+    stopped at 30 and resumed from its snapshot (masks and weights in it) ends as the whole run."""
+    cfg = lambda: small_config(**BLITZ)  # noqa: E731
+    whole = fast_refine(SingleGPUTrainer(dataset, tmp_path / "a", cfg(), backend="cpu")).train(progress=False)
+    records = [json.loads(line) for line in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
+    passes = [r for r in records if "importance_pass" in r]
+    assert [r["step"] for r in passes] == [12, 24, 36], passes  # (the resets at 5 and 25 wait 4 steps)
+    assert all(r["importance_pass"]["seconds"] > 0 for r in passes)
+    assert any(r["importance_pass"]["pruned"] > 0 for r in passes)
+    assert passes[-1]["gaussians"] == passes[-1]["importance_pass"]["gaussians"]
+    active = [r["active_per_view"] for r in records if r["step"] > 12 and "active_per_view" in r]
+    assert active and all(a < r["gaussians"] or r.get("importance_pass") for a, r in
+                          zip(active, [r for r in records if r["step"] > 12]))
+    assert whole.evaluate(views=dataset.train[:2], lpips=False)["importance_seconds"] > 0
+    first = fast_refine(SingleGPUTrainer(dataset, tmp_path / "b", cfg(), backend="cpu"))
+    first.train(progress=False, until=33)
+    assert VIEW_SKIP in first.strategy_state
+    resumed = fast_refine(SingleGPUTrainer(dataset, tmp_path / "b", cfg(), backend="cpu"))
+    resumed.load_snapshot(tmp_path / "b" / SNAPSHOT)
+    np.testing.assert_array_equal(resumed.strategy_state[VIEW_SKIP], first.strategy_state[VIEW_SKIP])
+    resumed.train(progress=False)
+    a, b = whole.model.host_arrays(), resumed.model.host_arrays()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_cli_flags_and_their_defaults():
+    import argparse
+    from cli.train import config_from_args, train_parser
+    p = train_parser()
+    a = p.parse_args(["--importance-every", "3000", "--importance-prune", "1e-4", "--view-masks", "on",
+                      "--lod-min-px", "0.5", "--shard", "parity"])
+    cfg = config_from_args(a)
+    assert (cfg.importance_every, cfg.importance_prune, cfg.view_masks, cfg.lod_min_px) == (3000, 1e-4, "on", 0.5)
+    assert a.shard == "parity"
+    d = config_from_args(p.parse_args([]))
+    assert (d.importance_every, d.importance_prune, d.view_masks, d.lod_min_px) == (0, 0.0, "off", 0.0)
+    assert p.parse_args([]).shard == "contiguous"
+    for bad in (["--view-masks", "yes"], ["--shard", "odd"], ["--importance-prune", "2"], ["--lod-min-px", "-1"]):
+        with pytest.raises(argparse.ArgumentError):
+            p.parse_args(bad)
