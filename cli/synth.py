@@ -6,7 +6,7 @@ def cmd_synth(a):
     """Write the procedural city dataset (data/synthetic_city.py) and say what it holds."""
     from data.synthetic_city import generate
     s = generate(a.out, preset=a.preset, gaussians=a.gaussians, views=a.views, resolution=a.res, seed=a.seed,
-                 force=a.force, progress=not a.quiet)
+                 force=a.force, progress=not a.quiet, exposure=a.exposure)
     print(f"wrote {a.out}: {s['gaussians']} ground-truth Gaussians, {s['views']} views at {s['width']}x{s['height']} "
           f"({s['street_views']} street, {s['aerial_views']} aerial, {s['test_views']} held out), "
           f"{s['initial_points']} initial points; {sum(s['seconds'].values()):.1f} s")
@@ -22,6 +22,9 @@ def add_commands(sub):
     y.add_argument("--views", type=count(1), default=None, help="views, every 8th held out (default: the preset's)")
     y.add_argument("--res", default=None, help="image size WxH (default: the preset's)")
     y.add_argument("--seed", type=count(0), default=0)
+    y.add_argument("--exposure", type=float, default=0.0, metavar="SIGMA",
+                   help="vary the training images' exposure and white balance: per-channel gains exp(SIGMA z), "
+                        "z standard normal (0: none; 0.2 is a real capture's spread); held-out views keep theirs")
     y.add_argument("--force", action="store_true", help="overwrite an earlier generation in --out")
     y.add_argument("--quiet", action="store_true", help="no progress bar")
     y.set_defaults(fn=cmd_synth)

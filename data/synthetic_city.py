@@ -940,10 +940,20 @@ def _save_png(path, pixels):
     Image.fromarray(pixels).save(path)
 
 
-def render_views(gaussians, views, folder, progress=True, backend=None):
+def exposure_gains(n_views, sigma, seed):
+    """(n_views, 3) per-channel gains exp(sigma * z), z standard normal from the seed: a capture's
+    exposure and white balance varying from photo to photo.  Held-out views (every 8th) keep 1,
+    so their images stay the scene's own colours, which a per-image colour correction learned on
+    the training views (``--appearance``) cannot reach.  ``sigma`` 0: all ones."""
+    gains = np.exp(sigma * np.random.default_rng([int(seed), 2]).standard_normal((n_views, 3)))
+    gains[::8] = 1.0
+    return gains
+
+
+def render_views(gaussians, views, folder, progress=True, backend=None, gains=None):
     """Render every view (float32, no antialiasing, on the backend's device: ``backend`` None is
-    the process default) and write it as an 8-bit PNG in ``folder``; a thread pool encodes
-    while the next view renders."""
+    the process default), times its ``gains`` row where given (exposure_gains), and write it as an
+    8-bit PNG in ``folder``; a thread pool encodes while the next view renders."""
     xp = _backend.array_module(backend)
     dev = ns.Gaussians(**{k: xp.asarray(a) for k, a in gaussians.arrays().items()})
     dev.validate(xp)   # finite, once: the renders skip the check (a device sync each)
@@ -955,7 +965,10 @@ def render_views(gaussians, views, folder, progress=True, backend=None):
             for k, view in enumerate(views):
                 frame = ns.render(dev, view.camera, background=BACKGROUND, antialias=False, backend=backend,
                                   check=False)
-                pending.append(pool.submit(_save_png, Path(folder) / view.name, to_8bit(_backend.to_host(frame.image))))
+                image = _backend.to_host(frame.image)
+                if gains is not None:
+                    image = image * gains[k].astype(image.dtype)
+                pending.append(pool.submit(_save_png, Path(folder) / view.name, to_8bit(image)))
                 while len(pending) > 2 * workers:   # bound the images waiting in memory
                     pending.pop(0).result()
                 bar.update(k + 1)
@@ -989,11 +1002,12 @@ def _prepare(out, force):
 
 
 def generate(out, preset="small", gaussians=None, views=None, resolution=None, seed=0, force=False, progress=True,
-             backend=None):
+             backend=None, exposure=0.0):
     """Write the city dataset of ``preset`` to the folder ``out`` (see the module docstring).
 
     ``gaussians``, ``views`` and ``resolution`` ('WxH' or (W, H)) override the preset's;
-    the city's size stays the preset's.  ``backend`` renders ('cpu' or 'cuda'; None: the
+    the city's size stays the preset's.  ``exposure`` > 0 varies the training images' exposure
+    (exposure_gains; the gains go to synth.json).  ``backend`` renders ('cpu' or 'cuda'; None: the
     process default).  Bad values raise ValueError naming the command-line option.
     Returns a summary (the contents of synth.json, plus seconds)."""
     p = _preset(preset)
@@ -1002,6 +1016,8 @@ def generate(out, preset="small", gaussians=None, views=None, resolution=None, s
     width, height = parse_resolution(resolution) or (p.width, p.height)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"--seed must be a non-negative integer, got {seed!r}")
+    if not (isinstance(exposure, (int, float)) and 0 <= exposure < 2):
+        raise ValueError(f"--exposure must be a number in [0, 2), got {exposure!r}")
     seconds = {}
     t0 = time.perf_counter()
     layout = plan_city(p.blocks, seed)
@@ -1021,10 +1037,14 @@ def generate(out, preset="small", gaussians=None, views=None, resolution=None, s
         "tallest_m": layout.tallest, "width": width, "height": height, "views": n_views,
         "street_views": sum(v.kind == "street" for v in city), "aerial_views": sum(v.kind == "aerial" for v in city),
         "test_views": len(city[::8]), "initial_points": len(xyz), "background": list(BACKGROUND),
+        "exposure": float(exposure),
     }
+    gains = exposure_gains(n_views, exposure, seed) if exposure > 0 else None
+    if gains is not None:
+        summary["exposure_gains"] = gains.round(6).tolist()
     _text(out / "synth.json", json.dumps(summary, indent=1) + "\n")
     seconds["write"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    render_views(model.gaussians, city, out / "images", progress, backend)
+    render_views(model.gaussians, city, out / "images", progress, backend, gains)
     seconds["render"] = time.perf_counter() - t0
     return dict(summary, seconds=seconds)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|pixel P|offload [G]|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|smoke [ITERS]|pixel P|offload [G]|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -16,9 +16,10 @@ step() { echo "[$(( $(date +%s) - S ))s] $*"; }
 bench() { local name=$1; shift; timeout 120 python3 run.py bench "$@" > "$R/bench_$name.txt" 2>&1; tail -14 "$R/bench_$name.txt"; }
 train() {  # name iters args...: a 7k/30k run with test metrics, no renders or snapshot kept
     local name=$1 iters=$2; shift 2
-    python3 run.py train --out "$R/$name" --iters "$iters" --eval --quiet "$@" > "$R/$name.txt" 2>&1
-    echo "$name: $(grep -v Warn "$R/$name.txt" | tail -1)"
-    rm -rf "$R/$name/snapshot.h5" "$R/$name"/test_renders "$R/$name"/point_cloud
+    timeout "${TRAIN_TIMEOUT:-3600}" python3 run.py train --out "$R/$name" --iters "$iters" --eval --quiet "$@" \
+        > "$R/$name.txt" 2>&1
+    echo "$name: $(grep -av Warn "$R/$name.txt" | tail -1)"
+    [ -n "${KEEP:-}" ] || rm -rf "$R/$name/snapshot.h5" "$R/$name"/test_renders "$R/$name"/point_cloud
 }
 mpi_run() { local p=$1; shift; mpiexec --allow-run-as-root --oversubscribe -n "$p" python3 "$@"; }
 mpi() { local p=$1; shift; mpi_run "$p" run.py train "$@"; }
@@ -231,11 +232,28 @@ blitzmpi)  # issue 27: load imbalance of contiguous against parity shards, P ran
             python3 scripts/workload_summary.py "$R/$name"; rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders"
         done
     done ;;
+smoke)  # the new GPU paths once each, lego, one at a time (timed): in memory (default; --visible-adam), offloaded
+    # to host memory (issue 26), every BlitzGS switch (issue 27), then 2 ranks sharing the GPU, Gaussian- and
+    # pixel-level exchange (issue 25).  ITERS images each (default 3000)
+    iters=${2:-3000}; export TRAIN_TIMEOUT=${TRAIN_TIMEOUT:-90}
+    blitz=(--importance-every 1000 --importance-prune 0.0001 --view-masks on --lod-min-px 0.5)
+    train warm 300 "${LEGO[@]}" "${blitz[@]}"
+    train lego_base "$iters" "${LEGO[@]}"; train lego_visible "$iters" "${LEGO[@]}" --visible-adam
+    train lego_host "$iters" "${LEGO[@]}" --offload host; train lego_blitz "$iters" "${LEGO[@]}" "${blitz[@]}"
+    python3 scripts/workload_summary.py "$R"/lego_{base,visible,host,blitz} 2>&1
+    grep -ah "hit_rate" "$R/lego_host/log.jsonl" | tail -1 | cut -c1-400
+    for mode in gaussian pixel; do
+        name=lego_${mode}_p2; step "$name"
+        timeout 100 mpiexec --allow-run-as-root --oversubscribe -n 2 python3 run.py train --out "$R/$name" \
+            --iters "$iters" --eval --quiet "${LEGO[@]}" --exchange "$mode" > "$R/$name.txt" 2>&1
+        echo "$name rc=$?: $(grep -av Warn "$R/$name.txt" | tail -2 | tr '\n' ' ' | cut -c1-400)"
+        rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders" "$R/$name/point_cloud"
+    done ;;
 pixel)  # issue 25: pixel- against Gaussian-level exchange.  Bytes per image at P = 2, 4, 8 from one rank
     # (run.py scaling --model-ranks, on lego and fern 7k models and the generated city), then 7k at P ranks
     # sharing the GPU in both modes (quality and images/s; ranks share one GPU, so time is not a speed-up)
     p=${2:-2}
-    train lego7k 7000 "${LEGO[@]}"; train fern7k 7000 "${FERN[@]}"
+    KEEP=1 train lego7k 7000 "${LEGO[@]}"; KEEP=1 train fern7k 7000 "${FERN[@]}"  # their snapshots: bytes
     for m in lego7k fern7k; do
         step "bytes $m"; timeout 120 python3 run.py scaling --model "$R/$m" --pipeline single --views 8 --iters 10 \
             --model-ranks 2,4,8 > "$R/bytes_$m.txt" 2>&1; grep -A6 "pixel-level" "$R/bytes_$m.txt"
@@ -285,7 +303,7 @@ PY
         --out "$R/city" --iters 200 --log-every 50 --quiet --offload host --gpu-memory 24GiB > "$R/city.txt" 2>&1
     grep -a "error" "$R/city.txt"; summary "$R/city"  # (peak host memory: the process's largest RSS)
     rm -rf "$R/city/snapshot.h5" "$R/city"/*.ply "$R/city/point_cloud" /tmp/city_offload ;;
-*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|pixel P|offload [G]|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
+*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|smoke [ITERS]|pixel P|offload [G]|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
 esac
 step done
 (cd "$OUT" && tar czf "logs_$part.tgz" --exclude="*.h5" --exclude="*.ply" --exclude="*.png" --exclude="*.prof*" r && rm -rf r)

@@ -4,6 +4,7 @@ disjoint parts), the exact Gaussian budget, the dataset it writes (loaded by
 data.load_dataset: views, split, intrinsics, poses, and images the ground-truth
 PLY renders back), determinism, bad input, and a CPU smoke test of
 ``run.py synth`` followed by ``run.py train``."""
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 import numbasplat as ns
 import cli
@@ -239,6 +241,24 @@ def test_generation_is_deterministic_in_the_seed(tiny, tmp_path):
         assert (out / f).read_bytes() != (other / f).read_bytes(), f
 
 
+def test_exposure_scales_the_training_images_and_leaves_the_held_out_ones(tiny, tmp_path):
+    out, _ = tiny
+    varied = tmp_path / "varied"
+    sc.generate(varied, seed=3, progress=False, backend="cpu", exposure=0.3, **TINY)
+    gains = np.array(json.loads((varied / "synth.json").read_text())["exposure_gains"])
+    assert gains.shape == (17, 3) and (gains[::8] == 1).all() and np.ptp(gains[1:8]) > 0.2
+    for k, name in enumerate(sorted(p.name for p in (out / "images").iterdir())):
+        plain = np.asarray(Image.open(out / "images" / name), np.float64)
+        image = np.asarray(Image.open(varied / "images" / name), np.float64)
+        if k % 8 == 0:
+            assert (image == plain).all(), name
+            continue
+        expected = np.clip(plain * gains[k], 0, 255)
+        unclipped = (plain * gains[k] < 254).all(2)
+        assert np.abs(image - expected)[unclipped].max() <= 0.5 * gains[k].max() + 0.51, name
+        assert np.abs(image - plain).max() > 5, name
+
+
 @pytest.mark.parametrize("args, message", [
     (["--preset", "huge"], "--preset must be one of small, large; got 'huge'"),
     (["--res", "0x36"], "--res must have a positive width and height"),
@@ -246,6 +266,7 @@ def test_generation_is_deterministic_in_the_seed(tiny, tmp_path):
     (["--gaussians", "0"], "argument --gaussians: must be at least 1, got 0"),
     (["--views", "-3"], "argument --views: must be at least 1, got -3"),
     (["--seed", "x"], "argument --seed: expected an integer, got 'x'"),
+    (["--exposure", "-1"], "--exposure must be a number in [0, 2), got -1.0"),
 ])
 def test_bad_arguments_give_one_error_naming_the_option(tmp_path, capsys, args, message):
     argv = ["synth", "--out", str(tmp_path / "o"), "--views", "2", "--res", "32x18", "--quiet"] + args
