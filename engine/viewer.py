@@ -444,7 +444,7 @@ class Viewer:
         wxyz, position, fov, width, height = view.pose()
         now = time.monotonic() if now is None else now
         moving = now - view.moved_at < IDLE_SECONDS
-        side = self.max_side * (view.scale if moving else 1.0)
+        side = min(self.max_side, max(width, height)) * (view.scale if moving else 1.0)   # (no more than the canvas)
         w, h = frame_size(width / height, side)
         return camera_from_pose(wxyz, position, fov, w, h), moving
 
@@ -502,6 +502,8 @@ class Viewer:
             check_port(host, port)
             raise ValueError(f"--port {port}: taken by another program; try --port {free_port(host, port + 1)}")
         self.server = server
+        server.gui.configure_theme(show_share_button=False)   # (sharing goes through viser's tunnel server)
+        server.gui.main_panel.dock_right()   # the panel beside the frames, not over them
         if self.up is not None:
             server.scene.set_up_direction(tuple(self.up))
         self._panel(server)

@@ -1,0 +1,299 @@
+"""engine/viewer.py and cli/view.py: the browser viewer (issue 28).
+
+Without a browser: the camera conversion (viser's pose -> our Camera) against our render of the
+dataset's camera, the render modes, the frame size while moving and at rest, the port-in-use and
+bad-model errors, the missing extra, and ``train --viewer``'s hook (frames, panel, pause and
+resume) through viser's Python API in-process.  With one: tests/test_viewer_browser.py.
+"""
+import socket
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import cli
+import numbasplat as ns
+from engine import viewer as V
+from engine.demo import ground_truth, make_dataset
+from engine.trainer import TrainConfig
+
+
+@pytest.fixture(scope="module")
+def demo():
+    """(the demo's ground-truth Gaussians, a dataset of 32x32 views of them)."""
+    return ground_truth(), make_dataset(size=32, n_views=12, backend="cpu")
+
+
+def random_rotation(rng):
+    q, r = np.linalg.qr(rng.normal(size=(3, 3)))
+    q *= np.sign(np.diag(r))
+    return q if np.linalg.det(q) > 0 else -q
+
+
+def test_quaternions_round_trip_and_agree_with_viser():
+    rng = np.random.default_rng(0)
+    half_turns = [np.diag(d) for d in ((1, -1, -1), (-1, 1, -1), (-1, -1, 1))]  # w = 0: Shepperd's other branches
+    for r in [random_rotation(rng) for _ in range(50)] + half_turns + [np.eye(3)]:
+        q = V.wxyz_from_rotation(r)
+        assert abs(np.linalg.norm(q) - 1) < 1e-12 and q[0] >= 0
+        assert np.allclose(V.rotation_from_wxyz(q), r, atol=1e-12)
+    viser = pytest.importorskip("viser")
+    for _ in range(10):
+        q = rng.normal(size=4)
+        assert np.allclose(V.rotation_from_wxyz(q), viser.transforms.SO3(q / np.linalg.norm(q)).as_matrix())
+
+
+def test_pose_conversion_inverts_and_follows_viser_axes(demo):
+    _, data = demo
+    for v in data.views:
+        wxyz, position, fov, aspect = V.pose_of_camera(v.camera)
+        back = V.camera_from_pose(wxyz, position, fov, v.width, v.height)
+        assert np.allclose(back.viewmat, v.camera.viewmat, atol=1e-12)
+        assert np.allclose([back.fx, back.fy, back.cx, back.cy], [v.camera.fx, v.camera.fy, v.camera.cx, v.camera.cy])
+        assert aspect == v.width / v.height
+    # viser: wxyz is R_world_camera, OpenCV axes: the camera looks along its +Z column, up is -Y
+    r = random_rotation(np.random.default_rng(1))
+    position = np.array([0.3, -1.0, 2.0])
+    cam = V.camera_from_pose(V.wxyz_from_rotation(r), position, np.radians(60), 200, 100)
+    def pixel(world):
+        p = cam.viewmat[:3, :3] @ world + cam.viewmat[:3, 3]
+        return cam.fx * p[0] / p[2] + cam.cx, cam.fy * p[1] / p[2] + cam.cy
+    assert np.allclose(pixel(position + 2 * r[:, 2]), (100, 50))
+    u, v = pixel(position + 2 * r[:, 2] - 0.5 * r[:, 1])   # up in the world: above the centre
+    assert abs(u - 100) < 1e-9 and v < 50
+    u, v = pixel(position + 2 * r[:, 2] + 0.5 * r[:, 0])   # right
+    assert u > 100 and abs(v - 50) < 1e-9
+    top = pixel(position + r[:, 2] - np.tan(np.radians(30)) * r[:, 1])   # the vertical fov's edge: the top row
+    assert np.isclose(top[1], 0.0)
+
+
+def test_a_dataset_camera_set_in_the_viewer_renders_our_render(demo):
+    g, data = demo
+    viewer = V.Viewer(g, V.dataset_cameras(data), background=(1.0, 1.0, 1.0))
+    for v in data.test[:3]:
+        wxyz, position, fov, _ = V.pose_of_camera(v.camera)
+        view = viewer.add_client(v.name, V.VirtualView(wxyz, position, fov, v.width, v.height))
+        assert viewer.render_pending() >= 1
+        ours = ns.render(g, v.camera, background=(1.0, 1.0, 1.0)).image
+        assert view.frames[-1].shape == (v.height, v.width, 3)
+        assert np.abs(view.frames[-1].astype(int) - V.to_8bit(ours).astype(int)).max() <= 1
+        assert view.frames[-1].std() > 10   # the scene, not a blank frame
+        viewer.remove_client(v.name)
+
+
+def test_render_modes():
+    """alpha is 1 - T; depth colours the nearer of two Gaussians red and the farther blue, and the
+    empty pixels the background; centres draws each centre's dot, the nearest in front."""
+    from numbasplat.math.sh import C0
+    means = np.array([[-0.5, 0.0, 3.0], [0.5, 0.0, 6.0], [0.5 * 5 / 6, 0.0, 5.0]], np.float32)  # the 3rd: before the 2nd
+    rgb = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    g = ns.Gaussians(means, np.log(np.full((3, 3), 0.15, np.float32)), np.tile([1.0, 0, 0, 0], (3, 1)).astype(np.float32),
+                     np.array([4.0, 4.0, -30.0], np.float32), ((rgb - 0.5) / C0).astype(np.float32)[:, None, :])
+    cam = ns.Camera(np.eye(4), 60.0, 60.0, 32.0, 16.0, 64, 32)
+    bg = (0.2, 0.3, 0.4)
+    frame = ns.render(g, cam, background=bg)
+    alpha = V.render_frame(g, cam, "alpha", background=bg)
+    assert np.allclose(alpha[..., 0], 1.0 - frame.render.trans, atol=1e-6) and np.allclose(alpha[..., 0], alpha[..., 2])
+    depth = V.render_frame(g, cam, "depth", background=bg)
+    a = 1.0 - frame.render.trans
+    assert np.allclose(depth, V.depth_image(frame.render.depth, a, bg))
+    near, far = (16, 32 + int(60 * -0.5 / 3.0)), (16, 32 + int(60 * 0.5 / 6.0))
+    assert np.isclose(frame.render.depth[near] / a[near], 3.0, rtol=0.02)   # the sum of w z over alpha: depth
+    assert np.isclose(frame.render.depth[far] / a[far], 6.0, rtol=0.02)
+    assert np.allclose(depth[0, 0], bg) and not np.allclose(depth[near], depth[far], atol=0.1)
+    centres = V.render_frame(g, cam, "centres", background=bg)
+    u, v = 32 + 60 * 0.5 / 6.0, 16.0                   # both right-hand centres land here; the nearer (blue) wins
+    assert np.allclose(centres[int(v), int(u)], rgb[2])
+    assert np.allclose(centres[16, 32 - 10], rgb[0])
+    assert (np.abs(centres - bg).max(axis=2) > 0).sum() == 2 * V.CENTRE_DOT ** 2
+    with pytest.raises(ValueError, match="render mode"):
+        V.render_frame(g, cam, "normals")
+
+
+def test_depth_image_maps_near_to_red_far_to_blue_and_shows_the_background():
+    d = np.linspace(1.0, 2.0, 200).reshape(10, 20)
+    alpha = np.ones_like(d)
+    alpha[0, :5] = 0.5 * V.DEPTH_ALPHA_FLOOR
+    bg = (0.2, 0.3, 0.4)
+    img = V.depth_image(d * alpha, alpha, bg)
+    assert np.allclose(img[0, :5], bg)
+    assert np.allclose(img[-1, -1], V.turbo(0.0)) and np.allclose(img[0, 5], V.turbo(1.0), atol=0.02)
+    assert V.turbo(1.0)[0] > 0.4 > V.turbo(1.0)[2] and V.turbo(0.2)[2] > 0.8 > V.turbo(0.2)[0]   # red near, blue far
+    img = V.depth_image(d * 0.5, np.full_like(d, 0.5), bg)   # half opaque: half the background
+    assert np.allclose(img[-1, -1], 0.5 * V.turbo(0.0) + 0.5 * np.array(bg))
+
+
+def test_frames_shrink_while_the_camera_moves_and_are_full_size_at_rest(demo, monkeypatch):
+    g, data = demo
+    viewer = V.Viewer(g, max_side=128)
+    wxyz, position, fov, _ = V.pose_of_camera(data.train[0].camera)
+    view = viewer.add_client("c", V.VirtualView(wxyz, position, fov, 400, 200))
+    monkeypatch.setitem(V.TARGET_SECONDS, "cpu", 1e-9)   # every frame too slow: the moving ones shrink
+    sizes = []
+    for _ in range(4):
+        view.move(position=view.pose()[1] * 1.01)
+        viewer.render_pending()
+        sizes.append(view.frames[-1].shape[:2])
+    assert sizes[0] == (64, 128) and sizes[-1][1] < 128 and sizes[-1][1] >= 128 * V.MIN_SCALE
+    assert not view.due(time.monotonic())
+    view.moved_at -= V.IDLE_SECONDS   # at rest: one full-size frame
+    assert view.due(time.monotonic()) and viewer.render_pending() == 1
+    assert view.frames[-1].shape[:2] == (64, 128) and not view.due(time.monotonic())
+    viewer.set(max_side=1000)   # never beyond the canvas
+    viewer.render_pending()
+    assert view.frames[-1].shape[:2] == (200, 400)
+
+
+def busy_port():
+    """A socket listening on a free port of 127.0.0.1: (socket, port)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    return s, s.getsockname()[1]
+
+
+def test_a_port_in_use_is_named_with_a_free_one():
+    s, port = busy_port()
+    with s, pytest.raises(ValueError, match=rf"--port {port}: .* try --port \d+") as e:
+        V.check_port("127.0.0.1", port)
+    other = int(str(e.value).rsplit(" ", 1)[1])
+    assert other != port
+    V.check_port("127.0.0.1", other)
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory, demo):
+    """A training folder as ``train`` leaves it, of the demo's ground truth: a PLY in
+    point_cloud/iteration_1 and cameras.json."""
+    from types import SimpleNamespace
+    from data.ply import save_ply
+    from engine.outputs import point_cloud_path, write_cameras_json
+    g, data = demo
+    out = tmp_path_factory.mktemp("model")
+    save_ply(point_cloud_path(out, 1), SimpleNamespace(**g.arrays()))
+    write_cameras_json(out, data)
+    return out
+
+
+@pytest.mark.parametrize("content, why", [(b"hello, not a model\n", "neither a PLY file nor an HDF5 snapshot"),
+                                          (b"ply\nformat ascii 1.0\n", "truncated PLY header"),
+                                          (None, "not a NumbaSplat snapshot (no numbasplat_meta")])
+@pytest.mark.parametrize("name", ["model.ply", "model.h5", "model.bin"])
+def test_a_model_that_is_no_snapshot_or_ply_is_one_clear_error(tmp_path, content, why, name):
+    pytest.importorskip("viser")
+    path = tmp_path / name
+    if content is None:   # an HDF5 file that is not a snapshot
+        import h5py
+        with h5py.File(path, "w") as f:
+            f["x"] = np.zeros(3)
+    else:
+        path.write_bytes(content)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["view", "--model", str(path)])
+    message = str(e.value.code)
+    assert message.startswith(f"error: --model {path} is not a NumbaSplat snapshot (.h5) or a 3DGS PLY (.ply)")
+    assert why in message and "\n" not in message
+
+
+def test_view_without_viser_names_the_extra(model_folder, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "viser", None)   # (import viser raises ImportError)
+    assert cli.main(["view", "--model", str(model_folder)]) == 1
+    err = capsys.readouterr().err
+    assert "pip install 'numbasplat[viewer]'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_view_on_a_port_in_use_names_it(model_folder, capsys):
+    pytest.importorskip("viser")
+    s, port = busy_port()
+    with s:
+        assert cli.main(["view", "--model", str(model_folder), "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert f"--port {port}" in err and "try --port" in err
+
+
+def test_view_serves_the_model_with_the_capture_cameras(model_folder, demo, monkeypatch, capsys):
+    """``run.py view`` starts the server with cameras.json's cameras as frustums; a browser (here
+    viser's Python side of one) starts at the first of them."""
+    pytest.importorskip("viser")
+    started = {}
+
+    def serve(self, stop=None, until=None):   # (instead of serving until Ctrl-C)
+        started["viewer"] = self
+    monkeypatch.setattr(V.Viewer, "serve", serve)
+    port = V.free_port("127.0.0.1", 8700)
+    assert cli.main(["view", "--model", str(model_folder), "--port", str(port)]) == 0
+    out = capsys.readouterr().out
+    viewer = started["viewer"]
+    assert f"viewer: http://localhost:{port}" in out and "500 Gaussians" in out
+    g, data = demo
+    assert len(viewer.gui["frustums"]) == len(data.views) and viewer.server is None   # (closed after serve)
+    names = sorted(v.name.rsplit(".", 1)[0] for v in data.views)
+    assert [n for n, _ in viewer.cameras] == names
+    assert np.allclose(viewer.home.viewmat, next(v.camera.viewmat for v in data.views
+                                                 if v.name.startswith(names[0])))
+
+
+def small_trainer(tmp_path, demo, iterations=30):
+    from engine.single_gpu import SingleGPUTrainer
+    _, data = demo
+    cfg = TrainConfig(iterations=iterations, sh_degree=1, n_random_init=300, log_every=10, snapshot_every=0,
+                      background=(1.0, 1.0, 1.0))
+    return SingleGPUTrainer(data, tmp_path, cfg, backend="cpu", log=lambda *a: None)
+
+
+def test_train_viewer_hook_shows_frames_and_progress(tmp_path, demo):
+    pytest.importorskip("viser")
+    t = small_trainer(tmp_path, demo)
+    hook = V.live_viewer(t, V.free_port("127.0.0.1", 8750), log=lambda *a: None)
+    viewer = hook.viewer
+    try:
+        hook.budget = 1.0   # (the CPU renders as slowly as it trains: let every step render here)
+        _, data = demo
+        wxyz, position, fov, _ = V.pose_of_camera(data.test[0].camera)
+        view = viewer.add_client("virtual", V.VirtualView(wxyz, position, fov, 32, 32))
+        assert len(viewer.gui["frustums"]) == len(data.views)
+        t.train(progress=False)
+        assert hook.frames >= 1 and view.frames
+        stats = viewer.gui["stats"].content
+        assert "step 30 / 30" in stats and "loss" in stats and "PSNR" in stats and f"{len(t.model):,} Gaussians" in stats
+        # the last frame is the live model's image from the browser's camera
+        ours = V.to_8bit(ns.render(t.model.gaussians, data.test[0].camera, background=(1.0, 1.0, 1.0)).image)
+        view.move()
+        viewer.render_pending()
+        assert np.abs(view.frames[-1].astype(int) - ours.astype(int)).max() <= 1
+    finally:
+        viewer.close()
+
+
+def test_pause_holds_training_and_resume_continues(tmp_path, demo):
+    """The panel's Pause button stops the loop after the step it is in (frames still render),
+    Resume lets it go on; the time paused is not training time."""
+    pytest.importorskip("viser")
+    t = small_trainer(tmp_path, demo, iterations=12)
+    hook = V.live_viewer(t, V.free_port("127.0.0.1", 8800), log=lambda *a: None)
+    viewer = hook.viewer
+    try:
+        _, data = demo
+        wxyz, position, fov, _ = V.pose_of_camera(data.train[0].camera)
+        view = viewer.add_client("virtual", V.VirtualView(wxyz, position, fov, 32, 32))
+        viewer.gui["pause"].value = True   # a click, through viser's handle
+        assert viewer.paused and not viewer.gui["pause"].visible and viewer.gui["resume"].visible
+        runner = threading.Thread(target=t.train, kwargs={"progress": False})
+        start = time.perf_counter()
+        runner.start()
+        time.sleep(3.0)
+        assert t.step == 1 and runner.is_alive()
+        assert "(paused)" in viewer.gui["stats"].content
+        view.move(position=position * 1.2)   # the camera moves while paused: a frame follows
+        deadline = time.monotonic() + 30
+        while view.shown != view.version and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert view.shown == view.version
+        viewer.gui["resume"].value = True
+        runner.join(timeout=120)
+        assert not runner.is_alive() and t.step == 12 and not viewer.paused
+        assert t.train_seconds < time.perf_counter() - start - 2.9   # the 3 s and more paused are not counted
+    finally:
+        viewer.close()
