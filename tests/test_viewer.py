@@ -297,3 +297,104 @@ def test_pause_holds_training_and_resume_continues(tmp_path, demo):
         assert t.train_seconds < time.perf_counter() - start - 2.9   # the 3 s and more paused are not counted
     finally:
         viewer.close()
+
+
+# ------------------------------------------------------------------ in a browser
+CHROMIUM_ARGS = ["--no-sandbox", "--use-gl=swiftshader", "--enable-unsafe-swiftshader", "--ignore-gpu-blocklist"]
+
+
+def chromium_path():
+    """A headless-capable Chromium: $NUMBASPLAT_CHROMIUM, Playwright's own download, or the system's; None."""
+    import os
+    import shutil
+    env = os.environ.get("NUMBASPLAT_CHROMIUM")
+    if env:
+        return env
+    try:
+        from playwright.sync_api import sync_playwright
+        with sync_playwright() as p:
+            own = p.chromium.executable_path
+        if own and os.path.exists(own):
+            return None   # (Playwright finds its own)
+    except Exception:   # noqa: BLE001 -- no Playwright driver: no browser test
+        pass
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return False
+
+
+def canvas_image(page):
+    import io
+    from PIL import Image
+    return np.asarray(Image.open(io.BytesIO(page.locator("canvas").first.screenshot())).convert("RGB")) / 255.0
+
+
+def wait_for(condition, seconds=60.0):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_in_headless_chromium(demo):
+    """The page shows the model from the first dataset camera, close to our render of that camera;
+    an orbit drag in the page moves the camera, and the image follows."""
+    pytest.importorskip("viser")
+    playwright = pytest.importorskip("playwright.sync_api", reason="no Playwright: pip install playwright")
+    executable = chromium_path()
+    if executable is False:
+        pytest.skip("no Chromium: `playwright install chromium` or the system's chromium package")
+    g, data = demo
+    cameras = V.dataset_cameras(data)
+    viewer = V.Viewer(g, cameras, background=(1.0, 1.0, 1.0), up=V.cameras_up(cameras), max_side=1024)
+    url = viewer.serve_on(V.free_port("127.0.0.1", 8900))
+    stop = threading.Event()
+    renderer = threading.Thread(target=viewer.serve, args=(stop,), daemon=True)
+    renderer.start()
+    try:
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=executable or None, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 900, "height": 500})
+            page.goto(url)
+            assert wait_for(lambda: any(c.shown for c in viewer.clients.values())), "no frame reached the page"
+            view = next(iter(viewer.clients.values()))
+            viewer.gui["show_cameras"].value = False   # (the frustums would be drawn over the frames)
+            time.sleep(2.0)
+            first = canvas_image(page)
+            # the browser's camera is the dataset camera's, and the page shows our render of it
+            wxyz, position, fov, width, height = view.pose()
+            home = cameras[0][1]
+            w0, p0, f0, _ = V.pose_of_camera(home)
+            assert min(np.abs(wxyz - w0).max(), np.abs(wxyz + w0).max()) < 1e-4
+            assert np.allclose(position, p0, atol=1e-4) and np.isclose(fov, f0, atol=1e-4)
+            ours = V.render_frame(g, V.camera_from_pose(w0, p0, f0, first.shape[1], first.shape[0]),
+                                  background=(1.0, 1.0, 1.0))
+            close = np.abs(first - ours).max(axis=2) < 0.1
+            assert first.std() > 0.05 and (np.abs(first - 1.0).max(axis=2) > 0.1).mean() > 0.05   # not blank
+            assert close.mean() > 0.9, f"only {close.mean():.2f} of the pixels match our render"
+            # orbit: a drag across the canvas
+            shown = view.shown
+            box = page.locator("canvas").first.bounding_box()
+            x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+            page.mouse.move(x, y)
+            page.mouse.down()
+            for k in range(1, 11):
+                page.mouse.move(x + 15 * k, y + 3 * k)
+                time.sleep(0.03)
+            page.mouse.up()
+            assert wait_for(lambda: view.shown > shown and view.full), "no new frame after the drag"
+            time.sleep(2.0)
+            moved = canvas_image(page)
+            wxyz2, position2, fov2, _, _ = view.pose()
+            assert np.abs(position2 - position).max() > 1e-3
+            assert np.abs(moved - first).mean() > 0.01
+            ours = V.render_frame(g, V.camera_from_pose(wxyz2, position2, fov2, moved.shape[1], moved.shape[0]),
+                                  background=(1.0, 1.0, 1.0))
+            assert (np.abs(moved - ours).max(axis=2) < 0.1).mean() > 0.9
+            browser.close()
+    finally:
+        stop.set()
+        viewer.close()
