@@ -164,32 +164,38 @@ def frame_size(aspect, side):
 
 
 # ------------------------------------------------------------------ frames
-def turbo(t):
-    """Google's Turbo colour map (its polynomial fit) of ``t`` in [0, 1] -> (..., 3)."""
-    t = np.clip(t, 0.0, 1.0)[..., None]
-    coeffs = np.array([[0.13572138, 4.61539260, -42.66032258, 132.13108234, -152.94239396, 59.28637943],
-                       [0.09140261, 2.19418839, 4.84296658, -14.18503333, 4.27729857, 2.82956604],
-                       [0.10667330, 12.64194608, -60.58204836, 110.36276771, -89.90310912, 27.34824973]])
-    out = np.zeros(t.shape[:-1] + (3,))
+def turbo(t, xp=np):
+    """Google's Turbo colour map (its polynomial fit) of ``t`` in [0, 1] -> (..., 3), on ``xp``'s arrays."""
+    t = xp.clip(t, 0.0, 1.0)[..., None]
+    out = xp.zeros(t.shape[:-1] + (3,), t.dtype)
     for k in range(5, -1, -1):   # Horner
-        out = out * t + coeffs[:, k]
-    return np.clip(out, 0.0, 1.0)
+        out = out * t + xp.asarray(TURBO[:, k], t.dtype)
+    return xp.clip(out, 0.0, 1.0)
 
 
-def depth_image(depth_sum, alpha, background):
+TURBO = np.array([[0.13572138, 4.61539260, -42.66032258, 132.13108234, -152.94239396, 59.28637943],
+                  [0.09140261, 2.19418839, 4.84296658, -14.18503333, 4.27729857, 2.82956604],
+                  [0.10667330, 12.64194608, -60.58204836, 110.36276771, -89.90310912, 27.34824973]])
+DEPTH_SAMPLES = 65536   # depth mode: its near and far percentiles are of at most this many opaque pixels
+
+
+def depth_image(depth_sum, alpha, background, xp=np):
     """Expected depth (the rasterizer's sum of w z over its alpha) in Turbo colours, near red to far
-    blue between the 1st and 99th percentile of the opaque pixels' depths, blended on the background
-    by alpha; pixels less opaque than ``DEPTH_ALPHA_FLOOR`` show the background."""
-    alpha = np.clip(np.asarray(alpha, np.float64), 0.0, 1.0)
+    blue between the 1st and 99th percentile of the opaque pixels' depths (of at most
+    ``DEPTH_SAMPLES`` of them, evenly spread), blended on the background by alpha; pixels less
+    opaque than ``DEPTH_ALPHA_FLOOR`` show the background.  On ``xp``'s arrays (the device's)."""
+    alpha = xp.clip(xp.asarray(alpha), 0.0, 1.0)
     opaque = alpha > DEPTH_ALPHA_FLOOR
-    depth = np.where(opaque, np.asarray(depth_sum, np.float64) / np.maximum(alpha, 1e-12), 0.0)
-    t = np.zeros_like(depth)
-    if opaque.any():
-        near, far = np.percentile(depth[opaque], [1.0, 99.0])
+    depth = xp.where(opaque, xp.asarray(depth_sum) / xp.maximum(alpha, 1e-12), 0.0)
+    t = xp.zeros_like(depth)
+    values = depth[opaque]
+    if values.size:
+        values = values[::max(1, values.size // DEPTH_SAMPLES)]
+        near, far = (float(x) for x in _backend.to_host(xp.percentile(values, xp.asarray([1.0, 99.0]))))
         t = (depth - near) / max(far - near, 1e-9)
-    colours = turbo(1.0 - t)
-    a = np.where(opaque, alpha, 0.0)[..., None]
-    return a * colours + (1.0 - a) * np.asarray(background, np.float64)
+    colours = turbo(1.0 - t, xp)
+    a = xp.where(opaque, alpha, 0.0)[..., None]
+    return a * colours + (1.0 - a) * xp.asarray(np.asarray(background), colours.dtype)
 
 
 def centre_points(gaussians):
@@ -243,12 +249,14 @@ def render_frame(gaussians, camera, mode="rgb", sh_degree=None, background=(0.0,
         return centres_image(centre_points(gaussians) if points is None else points, camera, background)
     frame = ns.render(gaussians, camera, sh_degree=sh_degree, background=background, antialias=antialias,
                       backend=backend, check=False)
+    xp = _backend.array_module(backend)
     if mode == "rgb":
-        return np.clip(np.asarray(_backend.to_host(frame.image), np.float64), 0.0, 1.0)
-    alpha = 1.0 - np.asarray(_backend.to_host(frame.render.trans), np.float64)
-    if mode == "alpha":
-        return np.repeat(np.clip(alpha, 0.0, 1.0)[..., None], 3, axis=2)
-    return depth_image(_backend.to_host(frame.render.depth), alpha, background)
+        image = frame.image
+    elif mode == "alpha":
+        image = xp.repeat((1.0 - frame.render.trans)[..., None], 3, axis=2)
+    else:
+        image = depth_image(frame.render.depth, 1.0 - frame.render.trans, background, xp)
+    return np.clip(np.asarray(_backend.to_host(image), np.float64), 0.0, 1.0)
 
 
 def to_8bit(image):
