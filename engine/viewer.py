@@ -650,6 +650,7 @@ class LiveView:
         self.start = None
         self.spent = 0.0       # seconds of viewer work (renders, gathers), pauses apart
         self.frames = 0
+        self.holding = False   # the loop is held by a pause now
 
     def within_budget(self, now):
         return self.spent <= self.budget * (now - self.start)
@@ -679,10 +680,12 @@ class LiveView:
         if v is not None and v.paused and (not ranked or trainer.step % self.sync_every == 0):
             t = time.perf_counter()
             v.show_training(trainer.step, trainer.cfg.iterations, force=True)
+            self.holding = True
             while v.paused and not trainer.signals.received:
                 v.wake.wait(0.05)
                 v.wake.clear()
                 self.frames += v.render_pending()
+            self.holding = False
             paused = time.perf_counter() - t
             v.show_training(trainer.step, trainer.cfg.iterations, force=True)
         self.spent += time.perf_counter() - now - paused

@@ -401,3 +401,30 @@ def test_in_headless_chromium(demo):
     finally:
         stop.set()
         viewer.close()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(900)
+def test_under_mpi_rank_0_shows_a_thinned_gathered_model_and_a_pause_holds_every_rank(tmp_path, mpiexec):
+    """Two CPU ranks: rank 0's viewer gets a model gathered every 4 steps, every k-th Gaussian of each
+    shard so that at most 100 arrive (k = ceil(total / 100)), and renders it; its pause (2 s) holds
+    the other rank too, and is left out of the training time."""
+    import re
+    import subprocess
+    from conftest import REPO_ROOT
+    r = subprocess.run([mpiexec, "-n", "2", sys.executable, str(REPO_ROOT / "tests" / "check_mpi_viewer.py"),
+                        str(tmp_path)], capture_output=True, text=True, timeout=800, cwd=REPO_ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"rank 0: gathered at steps \[([\d, ]+)\] sizes \[([\d, ]+)\] total (\d+) note '([^']*)' "
+                  r"frames (\d+) same (\d+) wall ([\d.]+) trained ([\d.]+)", r.stdout)
+    assert m, r.stdout + r.stderr
+    steps = [int(s) for s in m.group(1).split(",")]
+    sizes = [int(s) for s in m.group(2).split(",")]
+    total = int(m.group(3))
+    assert steps[0] <= 4 and all(s % 4 == 0 or s == 24 for s in steps) and 24 in steps
+    assert all(n <= 100 + 2 for n in sizes) and total > 100   # (each rank rounds its share up)
+    assert m.group(4).startswith("every ") and m.group(4).endswith(f"of {total:,}")
+    assert int(m.group(5)) >= 1 and int(m.group(6)) <= 1
+    other = re.search(r"rank 1: step (\d+) wall ([\d.]+)", r.stdout)
+    assert other and int(other.group(1)) == 24 and float(other.group(2)) >= 2.0   # held by rank 0's pause
+    assert float(m.group(8)) < float(m.group(7)) - 1.9
