@@ -428,3 +428,28 @@ def test_under_mpi_rank_0_shows_a_thinned_gathered_model_and_a_pause_holds_every
     other = re.search(r"rank 1: step (\d+) wall ([\d.]+)", r.stdout)
     assert other and int(other.group(1)) == 24 and float(other.group(2)) >= 2.0   # held by rank 0's pause
     assert float(m.group(8)) < float(m.group(7)) - 1.9
+
+
+def test_train_with_viewer_flag_serves_while_training_and_records_no_viewer_setting(tmp_path, capsys):
+    """``run.py train --viewer --port P`` on a small capture: the viewer's address is printed, training
+    ends as without it (no browser: the command ends), and cfg.json records neither flag; a port in
+    use stops it before training, naming the port."""
+    import json
+    from test_trainer import write_blender_capture
+    pytest.importorskip("viser")
+    cap = tmp_path / "capture"
+    write_blender_capture(cap, make_dataset(size=32, n_views=6, backend="cpu"))
+    port = V.free_port("127.0.0.1", 8950)
+    args = ["train", "--data", str(cap), "--white-background", "--iters", "5", "--quiet", "--sh-degree", "1",
+            "--init-points", "200", "--viewer", "--port", str(port)]
+    assert cli.main(args + ["--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert f"viewer: http://localhost:{port}" in out
+    recorded = json.loads((tmp_path / "out" / "cfg.json").read_text())
+    assert not {"viewer", "port", "host"} & set(recorded) and recorded["iterations"] == 5
+    assert (tmp_path / "out" / "snapshot.h5").is_file()
+    s, busy = busy_port()
+    with s:
+        assert cli.main(["train", *args[1:-1], str(busy), "--out", str(tmp_path / "out2")]) == 1
+    assert f"--port {busy}" in capsys.readouterr().err
+    assert not (tmp_path / "out2" / "snapshot.h5").exists()
