@@ -38,8 +38,10 @@ def view_cameras(a, background):
     else [] ; and a line saying where they came from."""
     from engine.outputs import CAMERAS_JSON, read_cameras_json
     from engine.viewer import dataset_cameras
+    from pathlib import Path
     folder = model_folder(a)
-    if a.data or recorded_settings(a).get("data"):
+    recorded = recorded_settings(a).get("data")
+    if a.data or (recorded and Path(recorded).exists()):   # (a capture moved since: its cameras.json)
         fill_capture_options(a)
         return dataset_cameras(load_data(a, background)), f"cameras of {a.data}"
     if folder is not None and (folder / CAMERAS_JSON).is_file():

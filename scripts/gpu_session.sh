@@ -289,9 +289,11 @@ viewer)  # issue 28, headless: the viewer's frame latency per render mode at 1M 
     # to the host, JPEG), then the training slowdown of train --viewer's hook on lego, 2000 images, with a client
     # whose camera moves every step (always wanting a frame); bound 10% (about a minute and a half)
     [ -f .data/b1m.npz ] || python3 .data/scene_gen.py .data/b1m.npz --n 1000000 --res 1297x840 > /dev/null
-    timeout 150 python3 scripts/viewer_bench.py latency --scene .data/b1m.npz --size 1920x1080 > "$R/viewer_latency.txt" 2>&1
+    timeout 150 python3 scripts/viewer_bench.py latency --scene .data/b1m.npz --size 1920x1080 \
+        > "$R/viewer_latency.txt" 2>&1
     cat "$R/viewer_latency.txt"
-    timeout 300 python3 scripts/viewer_bench.py slowdown "${LEGO[@]}" --iters 2000 --repeats 2 > "$R/viewer_slowdown.txt" 2>&1
+    timeout 300 python3 scripts/viewer_bench.py slowdown "${LEGO[@]}" --iters 2000 --repeats 2 \
+        > "$R/viewer_slowdown.txt" 2>&1
     cat "$R/viewer_slowdown.txt" ;;
 *) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|pixel P|offload [G]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
 esac
