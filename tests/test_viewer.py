@@ -456,3 +456,33 @@ def test_train_with_viewer_flag_serves_while_training_and_records_no_viewer_sett
         assert cli.main(["train", *args[1:-1], str(busy), "--out", str(tmp_path / "out2")]) == 1
     assert f"--port {busy}" in capsys.readouterr().err
     assert not (tmp_path / "out2" / "snapshot.h5").exists()
+
+
+def test_the_panel_sets_mode_sh_degree_size_and_background(demo):
+    """The panel's controls, set through viser's handles (as a browser sets them), change the frames."""
+    pytest.importorskip("viser")
+    g, data = demo
+    viewer = V.Viewer(g, V.dataset_cameras(data))
+    viewer.serve_on(V.free_port("127.0.0.1", 9000))
+    try:
+        cam = data.test[1].camera
+        wxyz, position, fov, _ = V.pose_of_camera(cam)
+        view = viewer.add_client("virtual", V.VirtualView(wxyz, position, fov, 32, 32))
+        viewer.gui["sh"].value = 0
+        viewer.gui["background"].value = (0, 0, 255)
+        viewer.render_pending()
+        ours = ns.render(g, cam, sh_degree=0, background=(0.0, 0.0, 1.0)).image
+        assert np.abs(view.frames[-1].astype(int) - V.to_8bit(ours).astype(int)).max() <= 1
+        assert np.abs(V.to_8bit(ours).astype(int)
+                      - V.to_8bit(ns.render(g, cam, background=(0.0, 0.0, 1.0)).image).astype(int)).max() > 5
+        viewer.gui["mode"].value = V.MODE_LABELS["alpha"]
+        viewer.render_pending()
+        alpha = 1.0 - ns.render(g, cam).render.trans
+        assert np.abs(view.frames[-1][..., 1].astype(int) - V.to_8bit(alpha).astype(int)).max() <= 1
+        viewer.gui["side"].value = 64
+        viewer.max_side = 16   # (below the slider's range: frames of 16 px)
+        viewer.changed()
+        viewer.render_pending()
+        assert view.frames[-1].shape == (16, 16, 3)
+    finally:
+        viewer.close()
