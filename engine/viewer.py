@@ -60,6 +60,8 @@ MAX_GATHERED = 500_000       # under MPI: the most Gaussians rank 0 gathers to s
 JPEG_QUALITY = 90
 DEPTH_ALPHA_FLOOR = 0.05     # depth mode: pixels less opaque than this show the background
 CENTRE_DOT = 2               # centres mode: each centre is a dot of this many pixels a side
+FRUSTUM_SIZE = 0.03          # the cameras' frustums: their depth, a share of the cameras' spread
+FRUSTUM_LINE_PX = 1.5        # their lines' width on the screen
 
 
 def require_viser():
@@ -599,13 +601,14 @@ class Viewer:
         if not self.cameras:
             return
         centres = np.array([pose_of_camera(c)[1] for _, c in self.cameras])
-        size = 0.05 * max(float(np.linalg.norm(centres - centres.mean(0), axis=1).max()), 1e-3)
+        size = FRUSTUM_SIZE * max(float(np.linalg.norm(centres - centres.mean(0), axis=1).max()), 1e-3)
         frustums = []
         for i, (name, camera) in enumerate(self.cameras):
             wxyz, position, fov, aspect = pose_of_camera(camera)
             colour = (220, 80, 40) if name.startswith("test") else (40, 90, 220)
             f = server.scene.add_camera_frustum(f"/cameras/{i:05d}", fov, aspect, scale=size, wxyz=wxyz,
-                                                position=position, color=colour)
+                                                position=position, color=colour, thickness=FRUSTUM_LINE_PX,
+                                                thickness_units="screen")
             f.on_click(lambda event, camera=camera: event.client is not None and self.jump(event.client, camera))
             frustums.append(f)
         self.gui["frustums"] = frustums
