@@ -486,3 +486,17 @@ def test_the_panel_sets_mode_sh_degree_size_and_background(demo):
         assert view.frames[-1].shape == (16, 16, 3)
     finally:
         viewer.close()
+
+
+def test_a_model_without_cameras_is_seen_from_outside(demo):
+    """``view`` of a lone PLY: the first view looks at the model's centre from outside its extent."""
+    from cli.view import outside_view
+    g, _ = demo
+    cam = outside_view(g.means)
+    lo, hi = np.percentile(g.means, [5, 95], axis=0)
+    centre = 0.5 * (lo + hi)
+    p = cam.viewmat[:3, :3] @ centre + cam.viewmat[:3, 3]
+    assert np.allclose([cam.fx * p[0] / p[2] + cam.cx, cam.fy * p[1] / p[2] + cam.cy], [cam.cx, cam.cy])
+    assert p[2] > 0.5 * np.linalg.norm(hi - lo)
+    image = V.render_frame(g, cam, background=(1.0, 1.0, 1.0))
+    assert (np.abs(image - 1.0).max(axis=2) > 0.1).mean() > 0.05   # the model is in the picture
