@@ -115,6 +115,23 @@ def add_data_options(p, need_data=True, need_out=True):
     p.add_argument("--out", required=need_out, help="output folder")
 
 
+def port_number(text):
+    """argparse type: a TCP port, 1 to 65535."""
+    value = count(1)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, got {value}")
+    return value
+
+
+def add_viewer_options(p):
+    """``--port`` and ``--host`` of the browser viewer (``view``, ``train --viewer``)."""
+    p.add_argument("--port", type=port_number, default=None,
+                   help="the viewer's port (default 8080; one in use is named with a free one to take)")
+    p.add_argument("--host", default=None,
+                   help="the address the viewer listens on (default 127.0.0.1: this machine only, which ssh -L "
+                        "reaches; 0.0.0.0: every network of this machine)")
+
+
 def load_data(a, background, test_every=None):
     """The capture ``--data`` names, scaled as ``--resolution`` and ``--max-width`` say, with every
     ``--test-every``-th image held out (``test_every`` where the option is not given); a bad one

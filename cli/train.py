@@ -5,8 +5,8 @@ import os
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from .args import (TRANSPORTS, add_data_options, byte_size, count, load_data, mpi_comm, output_folder, switch,
-                   write_metrics)
+from .args import (TRANSPORTS, add_data_options, add_viewer_options, byte_size, count, load_data, mpi_comm,
+                   output_folder, switch, write_metrics)
 from .config import NOT_RECORDED, ConfigError, add_config_options, resolve, write_settings
 
 HOLD_OUT_EVERY = 8  # with --eval, every 8th image (sorted by name) is a test view, as Inria's llffhold
@@ -97,6 +97,9 @@ def train_model(dataset, a, cfg, settings=None):
             print(f"resumed from {snap} at step {t.step}")
     if settings is not None and t.is_root:
         write_settings(t.out / "cfg.json", recorded_settings(settings, t, comm))
+    if getattr(a, "viewer", False):
+        from engine.viewer import DEFAULT_HOST, DEFAULT_PORT, live_viewer
+        t.live_view = live_viewer(t, a.port or DEFAULT_PORT, a.host or DEFAULT_HOST)
     try:
         root = comm is None or comm.Get_rank() == 0
         t.pruning = train_then_prune(t, progress=not getattr(a, "quiet", False) and root)  # (metrics.json's)
@@ -176,6 +179,28 @@ def run_training(a, settings):
     elif root:
         print(f"trained on all {len(dataset.train)} views; no test split{'' if a.eval else ' (use --eval)'}; "
               f"{t.step} steps in {t.train_seconds:.1f} s; snapshot {Path(a.out) / SNAPSHOT}")
+    keep_viewer_open(t)
+
+
+def keep_viewer_open(t):
+    """After ``train --viewer``: while a browser is connected the viewer stays, showing the trained
+    model, until Ctrl-C (rank 0; without a browser the command ends at once)."""
+    live = getattr(t, "live_view", None)
+    viewer = live.viewer if live is not None else None
+    if viewer is None:
+        return
+    try:
+        if viewer.clients:
+            viewer.training = False
+            if getattr(t, "comm", None) is None:  # (under MPI: the last model rank 0 gathered)
+                viewer.set_model(t.model.gaussians)
+            viewer.show_training(t.step, t.cfg.iterations, force=True)
+            print(f"training done; the viewer stays open at {viewer.url()} until Ctrl-C")
+            viewer.serve()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        viewer.close()
 
 
 def slow_cpu_hint(dataset, backend):
@@ -219,6 +244,10 @@ def add_train_options(p):
     p.add_argument("--resume", action="store_true", help="continue from OUT/snapshot.h5")
     p.add_argument("--init-ply", default=None, help="start from the Gaussians of a PLY file (3DGS layout)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--viewer", action="store_true",
+                   help="serve the model in the browser while it trains (the viewer extra; rank 0 under MPI; "
+                        "--port, --host); it takes at most about 5%% of the training's time")
+    add_viewer_options(p)
     p.add_argument("--batch-size", type=count(1), default=None,
                    help="views per step (default: the number of MPI ranks; given without mpirun, the batched "
                         "pipeline runs in one process)")

@@ -141,6 +141,17 @@ class RankedTrainer(Trainer):
         parts = {g: self.comm.gather(a, root=0) for g, a in local.items()}
         return {g: self.whole_rows(p) for g, p in parts.items()} if self.rank == 0 else None
 
+    def view_model(self, most):
+        """Every k-th Gaussian of each rank's shard on rank 0, k the least that brings at most ``most``
+        (the viewer's copy: the parameters alone, in rank order).  Collective."""
+        import numbasplat as ns
+        k = max(1, -(-self.total // max(1, most)))
+        local = {g: a[::k] for g, a in self.model.host_arrays("params").items()}
+        parts = {g: self.comm.gather(a, root=0) for g, a in local.items()}
+        if self.rank != 0:
+            return None
+        return ns.Gaussians(**{g: self.xp.asarray(np.concatenate(p)) for g, p in parts.items()})
+
     def whole_rows(self, parts):
         """The whole model's array of the ranks' ``parts`` (in rank order): here one after another."""
         return np.concatenate(parts)

@@ -258,6 +258,9 @@ class Trainer(ABC):
         self.order = []
         self.model = None
         self.signals = StopSignals()
+        # called after every step as hook(trainer, the log record or None), each returning the seconds it
+        # held the loop that are not training (a viewer's pause): engine/viewer.py's LiveView
+        self.step_hooks = []
         self.appearance = None
         if cfg.appearance:
             if cfg.loss != "global":
@@ -315,6 +318,7 @@ class Trainer(ABC):
                 if events:
                     self._device_memory_peak(release_cache=True)
                 crossed = lambda every: every and prev // every != self.step // every  # noqa: E731
+                rec = None
                 if crossed(c.log_every) or events or self.step == c.iterations:
                     loss = float(loss)  # a LazyLoss: read at log steps only (a device sync)
                     self._check_finite(loss)
@@ -327,6 +331,8 @@ class Trainer(ABC):
                     if tensorboard:
                         tensorboard.write(rec)
                     bar.show(loss, p, rec.get("gaussians_total", len(self.model)), self.progress_extra(rec))
+                for hook in self.step_hooks:
+                    t0 += hook(self, rec) or 0.0  # (time paused is not training time)
                 signum = self.stop_signal()
                 if (crossed(c.snapshot_every) and self.step < c.iterations) or signum:
                     self.train_seconds += time.perf_counter() - t0
@@ -411,6 +417,12 @@ class Trainer(ABC):
     def whole_model(self):
         """The whole model (a ``GaussianModel``) on the root rank, which evaluates it; None on the
         others.  Collective."""
+
+    def view_model(self, most):
+        """The model a viewer shows (``engine/viewer.py``), as ``numbasplat.Gaussians`` on the root
+        rank's device, None on the others: here the whole model, which this process holds.  A
+        pipeline over ranks gathers at most ``most`` Gaussians.  Collective."""
+        return self.model.gaussians
 
     @abstractmethod
     def train_step(self):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|smoke [ITERS]|pixel P|offload [G]|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|smoke [ITERS]|pixel P|offload [G]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -303,7 +303,17 @@ PY
         --out "$R/city" --iters 200 --log-every 50 --quiet --offload host --gpu-memory 24GiB > "$R/city.txt" 2>&1
     grep -a "error" "$R/city.txt"; summary "$R/city"  # (peak host memory: the process's largest RSS)
     rm -rf "$R/city/snapshot.h5" "$R/city"/*.ply "$R/city/point_cloud" /tmp/city_offload ;;
-*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|smoke [ITERS]|pixel P|offload [G]|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
+viewer)  # issue 28, headless: the viewer's frame latency per render mode at 1M Gaussians and 1920x1080 (render,
+    # to the host, JPEG), then the training slowdown of train --viewer's hook on lego, 2000 images, with a client
+    # whose camera moves every step (always wanting a frame); bound 10% (about a minute and a half)
+    [ -f .data/b1m.npz ] || python3 .data/scene_gen.py .data/b1m.npz --n 1000000 --res 1297x840 > /dev/null
+    timeout 150 python3 scripts/viewer_bench.py latency --scene .data/b1m.npz --size 1920x1080 \
+        > "$R/viewer_latency.txt" 2>&1
+    cat "$R/viewer_latency.txt"
+    timeout 300 python3 scripts/viewer_bench.py slowdown "${LEGO[@]}" --iters 2000 --repeats 2 \
+        > "$R/viewer_slowdown.txt" 2>&1
+    cat "$R/viewer_slowdown.txt" ;;
+*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|smoke [ITERS]|pixel P|offload [G]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
 esac
 step done
 (cd "$OUT" && tar czf "logs_$part.tgz" --exclude="*.h5" --exclude="*.ply" --exclude="*.png" --exclude="*.prof*" r && rm -rf r)
