@@ -35,9 +35,6 @@ CONDA_TO_PYPI = {
 CONDA_ONLY = {"python", "pip"}
 # pyproject extras that environment.yml must carry besides the runtime deps.
 ENV_EXTRAS = ("test", "mpi")
-# test packages that the conda environments leave out: the browser viewer's (viser, and Playwright for its
-# test in headless Chromium) are PyPI wheels; without them tests/test_viewer.py skips
-TEST_PYPI_ONLY = ("viser", "playwright")
 # PyPI wheel of a gpu extra -> its conda-forge package (environment-gpu.yml follows gpu-cu12).
 GPU_PYPI_TO_CONDA = {"cupy-cuda12x": "cupy", "nvidia-nccl-cu12": "nccl", "numba-cuda": "numba-cuda"}
 # What the wheels bring that conda-forge has as packages of its own: the CUDA major, NVVM, NVRTC.
@@ -215,7 +212,7 @@ def pyproject_expected(pp):
     specs = list(project["dependencies"])
     for extra in ENV_EXTRAS:
         specs += project["optional-dependencies"][extra]
-    return {k: v for k, v in requirements_map(specs).items() if k not in TEST_PYPI_ONLY}
+    return requirements_map(specs)
 
 
 def extra_requirements(pp, extra):
