@@ -181,6 +181,18 @@ class GaussianModel:
         return {**{which: self.host_arrays(which) for which in ("params", "m", "v")}, "step": self.adam.step_count}
 
     @classmethod
+    def from_flat(cls, params, m, v, step, backend=None, b1=0.9, b2=0.999):
+        """The model over flat buffers as they are (no copies): ``params`` a ``FlatParams``, ``m`` and
+        ``v`` its Adam moments (flat arrays of its size), Adam at ``step``."""
+        model = cls.__new__(cls)
+        model.backend = backend or _backend.BACKEND
+        model.xp = _backend.array_module(model.backend)
+        model.b1, model.b2 = b1, b2
+        model._install(params, m, v)
+        model.adam.step_count = int(step)
+        return model
+
+    @classmethod
     def from_state(cls, state, backend=None, b1=0.9, b2=0.999):
         """The model holding a ``state()``'s arrays (host or device; all its rows or a shard's).
         A state of parameters only (``{"params": ...}``: a new model) starts Adam at zero."""

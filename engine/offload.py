@@ -47,7 +47,7 @@ from numba import njit
 import numbasplat as ns
 from numbasplat import backend as _backend
 from numbasplat.loss import l1_ssim_loss, psnr
-from numbasplat.optim import GROUPS, group_widths
+from numbasplat.optim import GROUPS, FlatParams, flat_to_rows, group_widths, rows_to_flat
 
 from .model import GaussianModel
 from .partition import GROW_PX, REACH, visible_regions
@@ -160,7 +160,9 @@ def _working_rows(block, position, slot, block_rows):
 
 class RowLayout:
     """A Gaussian's row of the out-of-core tables, float32: its parameters, both Adam moments (each in
-    ``GROUPS`` order, ``width`` columns) and the strategy's statistics (counts exact up to 2**24)."""
+    ``GROUPS`` order, ``width`` columns) and the strategy's statistics (counts exact up to 2**24).
+    ``plan``: where each column goes in the flat buffers a model trains on (``numbasplat.math.rows``),
+    so that rows move between a table and a model in one kernel each way."""
 
     def __init__(self, sh_bases, statistics):
         self.sh_bases = sh_bases
@@ -171,32 +173,48 @@ class RowLayout:
         self.statistics = {k: np.dtype(a.dtype) for k, a in statistics.items()}  # name: dtype
         self.columns_total = 3 * self.width + len(self.statistics)
         self.row_bytes = 4 * self.columns_total
+        plan = [(which, a, b - a, c) for which in range(3) for a, b in self.columns.values() for c in range(b - a)]
+        plan += [(3, j, 1, 0) for j in range(len(self.statistics))]
+        self.plan = np.ascontiguousarray(np.array(plan, np.int32).T)  # (4, columns): buffer, a, b, d
+        self._plans = {}
+
+    def _plan(self, xp):
+        if xp not in self._plans:
+            self._plans[xp] = xp.asarray(self.plan)
+        return self._plans[xp]
+
+    def store(self, model, statistics, table, rows):
+        """Write ``model`` (a ``GaussianModel``) and ``statistics`` (its rows'; missing: zeros) into
+        rows ``rows`` of ``table``, on the model's device."""
+        xp, n = model.xp, len(model)
+        stats = xp.zeros(len(self.statistics) * n, np.float32)
+        for j, k in enumerate(self.statistics):
+            if k in statistics:
+                stats[j * n:(j + 1) * n] = xp.asarray(statistics[k])
+        flat_to_rows(model.params.data, model.adam.m, model.adam.v, stats, xp.asarray(rows, np.int64),
+                     self._plan(xp), table, model.backend)
 
     def table(self, model, statistics, xp=None):
-        """The (N, columns) table of ``model`` (a ``GaussianModel``) and ``statistics`` (its rows'; missing:
-        zeros), on the model's device."""
-        xp = model.xp if xp is None else xp
-        n = len(model)
-        out = xp.empty((n, self.columns_total), np.float32)
-        for i, which in enumerate(("params", "m", "v")):
-            for g, (a, b) in self.columns.items():
-                out[:, i * self.width + a:i * self.width + b] = xp.asarray(model.group(g, which)).reshape(n, b - a)
-        for j, k in enumerate(self.statistics):
-            out[:, 3 * self.width + j] = xp.asarray(statistics[k]) if k in statistics else 0
+        """The (N, columns) table of ``model`` and ``statistics`` (``store``'s), on ``xp``'s device."""
+        if xp is not None and xp is not model.xp:
+            return xp.asarray(self.table(model, statistics))
+        out = model.xp.empty((len(model), self.columns_total), np.float32)
+        self.store(model, statistics, out, model.xp.arange(len(model)))
         return out
 
-    def model(self, table, step, backend):
-        """-> (``GaussianModel`` on ``backend`` with Adam at ``step``, statistics) of a table's rows."""
+    def model(self, table, step, backend, rows=None):
+        """-> (``GaussianModel`` on ``backend`` with Adam at ``step``, statistics) of the rows ``rows``
+        (default: all) of ``table``."""
         xp = _backend.array_module(backend)
         table = xp.asarray(table)
-        n = len(table)
-        shapes = {"opacities": (n,), "sh": (n, self.sh_bases, 3)}
-        state = {"step": step}
-        for i, which in enumerate(("params", "m", "v")):
-            state[which] = {g: table[:, i * self.width + a:i * self.width + b].reshape(shapes.get(g, (n, b - a)))
-                            for g, (a, b) in self.columns.items()}
-        stats = {k: table[:, 3 * self.width + j].astype(dtype) for j, (k, dtype) in enumerate(self.statistics.items())}
-        return GaussianModel.from_state(state, backend), stats
+        rows = xp.arange(len(table)) if rows is None else xp.asarray(rows, np.int64)
+        n = int(rows.shape[0])
+        params = FlatParams(n, self.sh_bases, xp, data=xp.empty(n * self.width, np.float32))
+        m, v = (xp.empty(n * self.width, np.float32) for _ in range(2))
+        stats = xp.empty(len(self.statistics) * n, np.float32)
+        rows_to_flat(table, rows, self._plan(xp), params.data, m, v, stats, backend)
+        statistics = {k: stats[j * n:(j + 1) * n].astype(dtype) for j, (k, dtype) in enumerate(self.statistics.items())}
+        return GaussianModel.from_flat(params, m, v, step, backend), statistics
 
 
 class HostBlocks:
@@ -600,7 +618,7 @@ class OffloadTrainer(Trainer):
         if self.order:  # the next view's blocks, read ahead while this one trains (disk mode)
             self.host.prefetch(self.index.visible(self.data.train[self.order[-1]].camera))
         self.wait_s += time.perf_counter() - t0
-        working, stats = self.layout.model(self.cache.pool[where_d], self._adam_steps, self.backend)
+        working, stats = self.layout.model(self.cache.pool, self._adam_steps, self.backend, rows=where_d)
         self._working = working
         clock.end("owner")
         g = working.gaussians
@@ -623,7 +641,7 @@ class OffloadTrainer(Trainer):
         self.step += 1
         self._adam_steps = working.adam.step_count
         # back to the pool: the rows' parameters, moments and statistics; the boxes they grew
-        self.cache.pool[where_d] = self.layout.table(working, stats)
+        self.layout.store(working, stats, self.cache.pool, where_d)
         self.cache.dirty.update(int(b) for b in blocks)
         self._whole = None
         self.index.grow(rows, _backend.to_host(working.group("means")), _backend.to_host(working.group("scales")))

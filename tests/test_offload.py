@@ -16,6 +16,7 @@ from engine.single_gpu import SingleGPUTrainer
 from engine.strategy import DefaultStrategy
 from engine.trainer import SNAPSHOT
 from numbasplat.optim import GROUPS
+from conftest import REPO_ROOT, run_sim
 from test_trainer import fast_refine, small_config
 
 import numbasplat as ns
@@ -307,3 +308,74 @@ def test_train_offload_writes_a_model_that_resumes_in_memory(tmp_path, mode):
     assert json.loads((out / "metrics.json").read_text())["iterations"] == 16
     if mode == "disk":
         assert os.listdir(tmp_path / "blocks") == []  # the blocks' files are gone with the run
+
+
+def _random_model(n, sh_bases, seed):
+    """A GaussianModel of ``n`` rows with random parameters, moments and step, and int/float statistics."""
+    from engine.model import GaussianModel
+    rng = np.random.default_rng(seed)
+    state = {which: {g: rng.normal(size=(n, sh_bases, 3) if g == "sh" else (n,) if g == "opacities" else
+                                   (n, {"means": 3, "scales": 3, "quats": 4}[g])).astype(np.float32)
+                     for g in GROUPS} for which in ("params", "m", "v")}
+    state["step"] = 17
+    stats = {"grad": rng.random(n).astype(np.float32), "count": rng.integers(0, 1000, n).astype(np.int32)}
+    return GaussianModel.from_state(state, "cpu"), stats
+
+
+def _reference_table(layout, model, stats):
+    """The row table written column group by column group, with numpy (what the kernels replace)."""
+    n = len(model)
+    out = np.zeros((n, layout.columns_total), np.float32)
+    for i, which in enumerate(("params", "m", "v")):
+        for g, (a, b) in layout.columns.items():
+            out[:, i * layout.width + a:i * layout.width + b] = model.group(g, which).reshape(n, b - a)
+    for j, k in enumerate(layout.statistics):
+        out[:, 3 * layout.width + j] = stats[k]
+    return out
+
+
+@pytest.mark.parametrize("sh_bases", [1, 16])
+def test_rows_move_between_the_table_and_a_model_in_one_kernel_each_way(sh_bases):
+    """RowLayout's plan: a model's table equals the column-by-column one; rows picked from a pool
+    (in any order, some twice) give the model of those rows; storing it back writes only them."""
+    model, stats = _random_model(37, sh_bases, seed=sh_bases)
+    layout = RowLayout(sh_bases, stats)
+    table = layout.table(model, stats)
+    np.testing.assert_array_equal(table, _reference_table(layout, model, stats))
+    rows = np.array([5, 0, 36, 12, 12, 7], np.int64)
+    picked, picked_stats = layout.model(table, 3, "cpu", rows=rows)
+    assert len(picked) == 6 and picked.adam.step_count == 3
+    for which in ("params", "m", "v"):
+        for g in GROUPS:
+            np.testing.assert_array_equal(picked.group(g, which), model.group(g, which)[rows])
+    assert picked_stats["count"].dtype == np.int32
+    np.testing.assert_array_equal(picked_stats["count"], stats["count"][rows])
+    pool = np.full((40, layout.columns_total), -1, np.float32)
+    layout.store(picked, picked_stats, pool, np.array([39, 1, 2, 3, 4, 5], np.int64))
+    np.testing.assert_array_equal(pool[[39, 1, 2, 3, 4, 5]], table[rows])
+    assert (pool[[0] + list(range(6, 39))] == -1).all()
+
+
+@pytest.mark.sim
+@pytest.mark.timeout(600)
+def test_cuda_row_moves_match_cpu_in_simulator():
+    run_sim("""
+        import numpy as np
+        from engine.offload import RowLayout
+        from numbasplat.optim import GROUPS
+        from test_offload import _random_model
+        model, stats = _random_model(9, 4, seed=2)
+        layout = RowLayout(4, stats)
+        table = layout.table(model, stats)                       # CPU kernel
+        rows = np.array([8, 1, 1, 4], np.int64)
+        cpu, cpu_stats = layout.model(table, 5, "cpu", rows=rows)
+        gpu, gpu_stats = layout.model(table, 5, "cuda", rows=rows)  # CUDA kernel, simulated
+        for which in ("params", "m", "v"):
+            for g in GROUPS:
+                np.testing.assert_array_equal(gpu.group(g, which), cpu.group(g, which))
+        np.testing.assert_array_equal(gpu_stats["count"], cpu_stats["count"])
+        pool = np.zeros((6, layout.columns_total), np.float32)
+        layout.store(gpu, gpu_stats, pool, np.array([5, 0, 2, 3], np.int64))
+        np.testing.assert_array_equal(pool[[5, 0, 2, 3]], table[rows])
+        print("row moves ok")
+    """, timeout=600, env={"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")])})

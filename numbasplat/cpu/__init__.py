@@ -9,7 +9,7 @@ API (through ``numbasplat.backend.kernels``) calls either.  It has no fused rast
 import numpy as np
 
 from .loss import as_images, l1_ssim, ssim_forward
-from .optim import adam
+from .optim import adam, flat_to_rows, rows_to_flat
 from .raster import (contributions, emit_intersections, project, project_backward, raster_backward, raster_forward,
                      route, route_fill)
 from .sparse import decode_add, encode, scatter_add

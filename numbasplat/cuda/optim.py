@@ -1,8 +1,10 @@
-"""Fused Adam over the flat parameter buffer: one CUDA kernel, a thread per element."""
+"""Fused Adam over the flat parameter buffer: one CUDA kernel, a thread per element; and the moves of
+rows between a row table and the flat buffers (``numbasplat.math.rows``), a thread per table element."""
 from numba import cuda, float32, int32
 
 from ..math.adam import adam_lr, adam_update
-from .launch import F1, I1, kernel, per_item
+from ..math.rows import flat_element
+from .launch import F1, F2, I1, I2, L1, kernel, per_item
 
 ZERO = float32(0.0)
 _adam_lr = cuda.jit(device=True, inline=True)(adam_lr)
@@ -23,3 +25,56 @@ def _adam_kernel(params, grads, m, v, bounds, widths, col0, lrs, visible, use_vi
 def adam(params, *args):
     """One Adam step of every element of ``params`` (the arguments of ``numbasplat.cpu.adam``)."""
     _adam_kernel[per_item(params.shape[0])](params, *args)
+
+
+@kernel(F2, L1, I2, F1, F1, F1, F1)
+def _rows_to_flat_kernel(table, rows, plan, params, m, v, stats):
+    n = rows.shape[0]
+    cols = table.shape[1]
+    i = cuda.grid(1)
+    if i < n * cols:
+        r = i // cols
+        j = i - r * cols
+        k = flat_element(n, r, plan[1, j], plan[2, j], plan[3, j])
+        x = table[rows[r], j]
+        t = plan[0, j]
+        if t == 0:
+            params[k] = x
+        elif t == 1:
+            m[k] = x
+        elif t == 2:
+            v[k] = x
+        else:
+            stats[k] = x
+
+
+@kernel(F1, F1, F1, F1, L1, I2, F2)
+def _flat_to_rows_kernel(params, m, v, stats, rows, plan, table):
+    n = rows.shape[0]
+    cols = table.shape[1]
+    i = cuda.grid(1)
+    if i < n * cols:
+        r = i // cols
+        j = i - r * cols
+        k = flat_element(n, r, plan[1, j], plan[2, j], plan[3, j])
+        t = plan[0, j]
+        if t == 0:
+            table[rows[r], j] = params[k]
+        elif t == 1:
+            table[rows[r], j] = m[k]
+        elif t == 2:
+            table[rows[r], j] = v[k]
+        else:
+            table[rows[r], j] = stats[k]
+
+
+def rows_to_flat(table, rows, plan, params, m, v, stats):
+    """Rows ``rows`` of ``table`` into the flat buffers (``numbasplat.cpu.rows_to_flat``'s arguments)."""
+    if rows.shape[0]:
+        _rows_to_flat_kernel[per_item(rows.shape[0] * table.shape[1])](table, rows, plan, params, m, v, stats)
+
+
+def flat_to_rows(params, m, v, stats, rows, plan, table):
+    """The flat buffers back into rows ``rows`` of ``table`` (``numbasplat.cpu.flat_to_rows``'s arguments)."""
+    if rows.shape[0]:
+        _flat_to_rows_kernel[per_item(rows.shape[0] * table.shape[1])](params, m, v, stats, rows, plan, table)

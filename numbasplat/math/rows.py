@@ -1,0 +1,14 @@
+"""Where a row table's element goes in the flat buffers (``numbasplat.optim.FlatParams``'s layout).
+
+The out-of-core trainer keeps a Gaussian as one row of a table (its parameters, both Adam moments
+and its statistics side by side) and trains on flat, group-major buffers.  Column ``j`` of the
+table names a target buffer and (a, b, d): the element n * a + r * b + d of that buffer holds
+row r (of n) -- a group's first column, its width, the column within it.  The CPU and CUDA
+kernels that move rows between the two layouts both call this."""
+from .jit import shared
+
+
+@shared
+def flat_element(n, r, a, b, d):
+    """The flat index of row ``r`` of ``n`` for a column whose plan is (a, b, d)."""
+    return n * a + r * b + d
