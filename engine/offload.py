@@ -161,21 +161,21 @@ def _working_rows(block, position, slot, block_rows):
 class RowLayout:
     """A Gaussian's row of the out-of-core tables, float32: its parameters, both Adam moments (each in
     ``GROUPS`` order, ``width`` columns) and the strategy's statistics (counts exact up to 2**24).
-    ``plan``: where each column goes in the flat buffers a model trains on (``numbasplat.math.rows``),
+    ``plan``: where each column goes in a model's flat buffers held back to back (``numbasplat.math.rows``),
     so that rows move between a table and a model in one kernel each way."""
 
     def __init__(self, sh_bases, statistics):
         self.sh_bases = sh_bases
         widths = group_widths(sh_bases)
-        self.width = sum(widths.values())
+        self.width = w = sum(widths.values())
         starts = np.cumsum([0] + [widths[g] for g in GROUPS])
         self.columns = {g: (int(starts[i]), int(starts[i + 1])) for i, g in enumerate(GROUPS)}
         self.statistics = {k: np.dtype(a.dtype) for k, a in statistics.items()}  # name: dtype
-        self.columns_total = 3 * self.width + len(self.statistics)
+        self.columns_total = 3 * w + len(self.statistics)
         self.row_bytes = 4 * self.columns_total
-        plan = [(which, a, b - a, c) for which in range(3) for a, b in self.columns.values() for c in range(b - a)]
-        plan += [(3, j, 1, 0) for j in range(len(self.statistics))]
-        self.plan = np.ascontiguousarray(np.array(plan, np.int32).T)  # (4, columns): buffer, a, b, d
+        plan = [(i * w + a, b - a, c) for i in range(3) for a, b in self.columns.values() for c in range(b - a)]
+        plan += [(3 * w + j, 1, 0) for j in range(len(self.statistics))]
+        self.plan = np.ascontiguousarray(np.array(plan, np.int32).T)  # (3, columns): a, b, d
         self._plans = {}
 
     def _plan(self, xp):
@@ -183,16 +183,25 @@ class RowLayout:
             self._plans[xp] = xp.asarray(self.plan)
         return self._plans[xp]
 
+    def _flat(self, model, statistics):
+        """``model``'s parameters, moments and ``statistics`` (missing: zeros) back to back in one array:
+        the array it was made on when ``model`` made it and it still trains on it, else a new one."""
+        xp, n = model.xp, len(model)
+        flat, views = getattr(model, "_rows_flat", (None, ()))
+        if flat is None or any(a is not b for a, b in zip(views, (model.params.data, model.adam.m, model.adam.v))):
+            flat = xp.empty(n * self.columns_total, np.float32)
+            for i, a in enumerate((model.params.data, model.adam.m, model.adam.v)):
+                flat[i * n * self.width:(i + 1) * n * self.width] = a
+        base = 3 * n * self.width
+        for j, k in enumerate(self.statistics):
+            flat[base + j * n:base + (j + 1) * n] = xp.asarray(statistics[k]) if k in statistics else 0
+        return flat
+
     def store(self, model, statistics, table, rows):
         """Write ``model`` (a ``GaussianModel``) and ``statistics`` (its rows'; missing: zeros) into
         rows ``rows`` of ``table``, on the model's device."""
-        xp, n = model.xp, len(model)
-        stats = xp.zeros(len(self.statistics) * n, np.float32)
-        for j, k in enumerate(self.statistics):
-            if k in statistics:
-                stats[j * n:(j + 1) * n] = xp.asarray(statistics[k])
-        flat_to_rows(model.params.data, model.adam.m, model.adam.v, stats, xp.asarray(rows, np.int64),
-                     self._plan(xp), table, model.backend)
+        flat_to_rows(self._flat(model, statistics), model.xp.asarray(rows, np.int64), self._plan(model.xp), table,
+                     model.backend)
 
     def table(self, model, statistics, xp=None):
         """The (N, columns) table of ``model`` and ``statistics`` (``store``'s), on ``xp``'s device."""
@@ -204,17 +213,19 @@ class RowLayout:
 
     def model(self, table, step, backend, rows=None):
         """-> (``GaussianModel`` on ``backend`` with Adam at ``step``, statistics) of the rows ``rows``
-        (default: all) of ``table``."""
+        (default: all) of ``table``; the model trains on views of one array that ``store`` writes back."""
         xp = _backend.array_module(backend)
         table = xp.asarray(table)
         rows = xp.arange(len(table)) if rows is None else xp.asarray(rows, np.int64)
-        n = int(rows.shape[0])
-        params = FlatParams(n, self.sh_bases, xp, data=xp.empty(n * self.width, np.float32))
-        m, v = (xp.empty(n * self.width, np.float32) for _ in range(2))
-        stats = xp.empty(len(self.statistics) * n, np.float32)
-        rows_to_flat(table, rows, self._plan(xp), params.data, m, v, stats, backend)
-        statistics = {k: stats[j * n:(j + 1) * n].astype(dtype) for j, (k, dtype) in enumerate(self.statistics.items())}
-        return GaussianModel.from_flat(params, m, v, step, backend), statistics
+        n, w = int(rows.shape[0]), self.width
+        flat = xp.empty(n * self.columns_total, np.float32)
+        rows_to_flat(table, rows, self._plan(xp), flat, backend)
+        params = FlatParams(n, self.sh_bases, xp, data=flat[:n * w])
+        model = GaussianModel.from_flat(params, flat[n * w:2 * n * w], flat[2 * n * w:3 * n * w], step, backend)
+        model._rows_flat = (flat, (model.params.data, model.adam.m, model.adam.v))
+        statistics = {k: flat[(3 * w + j) * n:(3 * w + j + 1) * n].astype(dtype)
+                      for j, (k, dtype) in enumerate(self.statistics.items())}
+        return model, statistics
 
 
 class HostBlocks:

@@ -69,17 +69,16 @@ class FlatParams:
         return bounds, widths, col0
 
 
-def rows_to_flat(table, rows, plan, params, m, v, stats, backend=None):
-    """Rows ``rows`` (int64) of the row ``table`` (float32, (R, C)) into flat buffers (``params``,
-    ``m``, ``v`` in ``FlatParams``'s layout for len(rows) Gaussians; ``stats`` one run of len(rows) per
-    statistic), in one kernel; ``plan`` (4, C) int32: each column's buffer and (a, b, d) of
-    ``numbasplat.math.rows``.  The out-of-core trainer's working set, from its pool of blocks."""
-    _backend.kernels(backend or _backend.backend_of(table)).rows_to_flat(table, rows, plan, params, m, v, stats)
+def rows_to_flat(table, rows, plan, flat, backend=None):
+    """Rows ``rows`` (int64) of the row ``table`` (float32, (R, C)) into ``flat`` (float32, len(rows) * C),
+    in one kernel; ``plan`` (3, C) int32: each column's (a, b, d) of ``numbasplat.math.rows``.  The
+    out-of-core trainer's working set, from its pool of blocks, as flat buffers back to back."""
+    _backend.kernels(backend or _backend.backend_of(table)).move_rows(table, rows, plan, flat, True)
 
 
-def flat_to_rows(params, m, v, stats, rows, plan, table, backend=None):
-    """The inverse of ``rows_to_flat``: the flat buffers into rows ``rows`` of ``table``, in one kernel."""
-    _backend.kernels(backend or _backend.backend_of(table)).flat_to_rows(params, m, v, stats, rows, plan, table)
+def flat_to_rows(flat, rows, plan, table, backend=None):
+    """The inverse of ``rows_to_flat``: ``flat`` into rows ``rows`` of ``table``, in one kernel."""
+    _backend.kernels(backend or _backend.backend_of(table)).move_rows(table, rows, plan, flat, False)
 
 
 def column_lrs(lr, sh_bases):

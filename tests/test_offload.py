@@ -351,9 +351,15 @@ def test_rows_move_between_the_table_and_a_model_in_one_kernel_each_way(sh_bases
     assert picked_stats["count"].dtype == np.int32
     np.testing.assert_array_equal(picked_stats["count"], stats["count"][rows])
     pool = np.full((40, layout.columns_total), -1, np.float32)
+    picked.adam.m[:] += 1  # trained in place: the store writes what the model holds now
     layout.store(picked, picked_stats, pool, np.array([39, 1, 2, 3, 4, 5], np.int64))
-    np.testing.assert_array_equal(pool[[39, 1, 2, 3, 4, 5]], table[rows])
+    expected = table[rows]
+    expected[:, layout.width:2 * layout.width] += 1
+    np.testing.assert_array_equal(pool[[39, 1, 2, 3, 4, 5]], expected)
     assert (pool[[0] + list(range(6, 39))] == -1).all()
+    picked.gather(np.arange(6))  # new buffers (as a refinement makes): stored from those
+    layout.store(picked, picked_stats, pool, np.arange(6, 12))
+    np.testing.assert_array_equal(pool[6:12], expected)
 
 
 @pytest.mark.sim

@@ -20,40 +20,14 @@ def adam(params, grads, m, v, bounds, widths, col0, lrs, visible, use_visible, b
 
 
 @njit(parallel=True, cache=True)
-def rows_to_flat(table, rows, plan, params, m, v, stats):
-    """Rows ``rows`` of ``table`` into the flat buffers: column j goes to buffer plan[0, j]
-    (0 params, 1 m, 2 v, 3 stats) at flat_element(n, r, plan[1:4, j])."""
+def move_rows(table, rows, plan, flat, to_flat):
+    """Between rows ``rows`` of ``table`` and ``flat`` (``to_flat``: table -> flat, else back): column
+    j of row r is flat element flat_element(n, r, *plan[:, j])."""
     n = rows.shape[0]
     for r in prange(n):
-        src = rows[r]
         for j in range(table.shape[1]):
-            k = flat_element(n, r, plan[1, j], plan[2, j], plan[3, j])
-            x = table[src, j]
-            t = plan[0, j]
-            if t == 0:
-                params[k] = x
-            elif t == 1:
-                m[k] = x
-            elif t == 2:
-                v[k] = x
+            k = flat_element(n, r, plan[0, j], plan[1, j], plan[2, j])
+            if to_flat:
+                flat[k] = table[rows[r], j]
             else:
-                stats[k] = x
-
-
-@njit(parallel=True, cache=True)
-def flat_to_rows(params, m, v, stats, rows, plan, table):
-    """The inverse of ``rows_to_flat``: the flat buffers back into rows ``rows`` of ``table``."""
-    n = rows.shape[0]
-    for r in prange(n):
-        dst = rows[r]
-        for j in range(table.shape[1]):
-            k = flat_element(n, r, plan[1, j], plan[2, j], plan[3, j])
-            t = plan[0, j]
-            if t == 0:
-                table[dst, j] = params[k]
-            elif t == 1:
-                table[dst, j] = m[k]
-            elif t == 2:
-                table[dst, j] = v[k]
-            else:
-                table[dst, j] = stats[k]
+                table[rows[r], j] = flat[k]

@@ -27,54 +27,20 @@ def adam(params, *args):
     _adam_kernel[per_item(params.shape[0])](params, *args)
 
 
-@kernel(F2, L1, I2, F1, F1, F1, F1)
-def _rows_to_flat_kernel(table, rows, plan, params, m, v, stats):
-    n = rows.shape[0]
-    cols = table.shape[1]
+@kernel(F2, L1, I2, F1, "boolean")
+def _move_rows_kernel(table, rows, plan, flat, to_flat):
+    n, cols = rows.shape[0], table.shape[1]
     i = cuda.grid(1)
     if i < n * cols:
-        r = i // cols
-        j = i - r * cols
-        k = flat_element(n, r, plan[1, j], plan[2, j], plan[3, j])
-        x = table[rows[r], j]
-        t = plan[0, j]
-        if t == 0:
-            params[k] = x
-        elif t == 1:
-            m[k] = x
-        elif t == 2:
-            v[k] = x
+        r, j = i // cols, i % cols
+        k = flat_element(n, r, plan[0, j], plan[1, j], plan[2, j])
+        if to_flat:
+            flat[k] = table[rows[r], j]
         else:
-            stats[k] = x
+            table[rows[r], j] = flat[k]
 
 
-@kernel(F1, F1, F1, F1, L1, I2, F2)
-def _flat_to_rows_kernel(params, m, v, stats, rows, plan, table):
-    n = rows.shape[0]
-    cols = table.shape[1]
-    i = cuda.grid(1)
-    if i < n * cols:
-        r = i // cols
-        j = i - r * cols
-        k = flat_element(n, r, plan[1, j], plan[2, j], plan[3, j])
-        t = plan[0, j]
-        if t == 0:
-            table[rows[r], j] = params[k]
-        elif t == 1:
-            table[rows[r], j] = m[k]
-        elif t == 2:
-            table[rows[r], j] = v[k]
-        else:
-            table[rows[r], j] = stats[k]
-
-
-def rows_to_flat(table, rows, plan, params, m, v, stats):
-    """Rows ``rows`` of ``table`` into the flat buffers (``numbasplat.cpu.rows_to_flat``'s arguments)."""
+def move_rows(table, rows, plan, flat, to_flat):
+    """Between rows ``rows`` of ``table`` and ``flat``, a thread per element (``numbasplat.cpu.move_rows``)."""
     if rows.shape[0]:
-        _rows_to_flat_kernel[per_item(rows.shape[0] * table.shape[1])](table, rows, plan, params, m, v, stats)
-
-
-def flat_to_rows(params, m, v, stats, rows, plan, table):
-    """The flat buffers back into rows ``rows`` of ``table`` (``numbasplat.cpu.flat_to_rows``'s arguments)."""
-    if rows.shape[0]:
-        _flat_to_rows_kernel[per_item(rows.shape[0] * table.shape[1])](params, m, v, stats, rows, plan, table)
+        _move_rows_kernel[per_item(rows.shape[0] * table.shape[1])](table, rows, plan, flat, to_flat)

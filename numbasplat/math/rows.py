@@ -1,10 +1,11 @@
 """Where a row table's element goes in the flat buffers (``numbasplat.optim.FlatParams``'s layout).
 
 The out-of-core trainer keeps a Gaussian as one row of a table (its parameters, both Adam moments
-and its statistics side by side) and trains on flat, group-major buffers.  Column ``j`` of the
-table names a target buffer and (a, b, d): the element n * a + r * b + d of that buffer holds
-row r (of n) -- a group's first column, its width, the column within it.  The CPU and CUDA
-kernels that move rows between the two layouts both call this."""
+and its statistics side by side) and trains on flat, group-major buffers, held back to back in one
+array: parameters, m, v (each ``FlatParams``'s layout for n Gaussians), then each statistic's n
+values.  Column ``j`` of the table has a plan (a, b, d): row r (of n) goes to element
+n * a + r * b + d -- a group's first column (counting the buffers before it), its width, the
+column within it.  The CPU and CUDA kernels that move rows between the two layouts both call this."""
 from .jit import shared
 
 
