@@ -39,7 +39,10 @@ class StoppedTogether(SystemExit):
 def make_trainer(dataset, a, cfg, comm):
     """The pipeline the options and the ranks ask for: one process (in GPU memory, or ``--offload
     host``), or over MPI ranks, trading Gaussians or pixels (``--exchange``)."""
-    pixel = getattr(a, "exchange", "gaussian") == "pixel"
+    exchange = getattr(a, "exchange", "gaussian")
+    if exchange == "auto":
+        exchange = choose_exchange(dataset, cfg, comm)
+    pixel = exchange == "pixel"
     if pixel and getattr(a, "batch_size", None) is not None:
         raise ValueError("--exchange pixel trains one view a step: leave out --batch-size")
     offload = getattr(a, "offload", "none") or "none"
@@ -71,6 +74,22 @@ def make_trainer(dataset, a, cfg, comm):
     return GaussianExchangeTrainer(dataset, a.out, cfg, comm, batch_size=getattr(a, "batch_size", None),
                                    grad_comm=getattr(a, "grad_comm", "sparse"),
                                    transport=getattr(a, "transport", "auto"), shard=getattr(a, "shard", "contiguous"))
+
+
+def choose_exchange(dataset, cfg, comm):
+    """``--exchange auto``: the exchange that moves fewer bytes per image at this many ranks, measured on
+    the root from the starting model (engine/scaling.py's ``exchange_bytes``) and said in one line;
+    one process: none to choose."""
+    if comm is None:
+        return "gaussian"
+    choice = None
+    if comm.Get_rank() == 0:
+        from engine.scaling import exchange_bytes
+        sizes = exchange_bytes(dataset, cfg, comm.Get_size())
+        choice = min(sizes, key=sizes.get)
+        print(f"--exchange auto: {choice} (MB an image crossing {comm.Get_size()} ranks, measured on the starting "
+              f"model: pixel {sizes['pixel'] / 1e6:.3f}, gaussian {sizes['gaussian'] / 1e6:.3f})")
+    return comm.bcast(choice, root=0)
 
 
 def train_model(dataset, a, cfg, settings=None):
@@ -264,10 +283,11 @@ def add_train_options(p):
     p.add_argument("--gpu-memory", type=byte_size, default=None,
                    help="with --offload: device memory for the cache of blocks and the working sets, e.g. 24GiB "
                         "(default: 80%% of the free memory at the start)")
-    p.add_argument("--exchange", choices=["gaussian", "pixel"], default="gaussian",
+    p.add_argument("--exchange", choices=["gaussian", "pixel", "auto"], default="gaussian",
                    help="what ranks trade under MPI: Gaussians (owners send projected Gaussians to the ranks that "
                         "render their tiles; batch of one view a rank) or pixels (Splaxel: each rank owns a box of "
-                        "space and renders it, partial images are composed in depth order; one view a step)")
+                        "space and renders it, partial images are composed in depth order; one view a step), or auto: the one "
+                        "moving fewer bytes an image, measured on the starting model at start-up")
     p.add_argument("--saturation", choices=["on", "off"], default="on",
                    help="with --exchange pixel: on later visits of a view, skip the tiles that the boxes in front "
                         "of a rank's own saturate (marks made anew every 4 epochs)")

@@ -35,7 +35,7 @@ from numbasplat.math.tiles import TILE_PIXELS
 
 from .distributed import balanced_bounds, even_bounds
 from .gaussian_exchange import halo_ranges
-from .trainer import PHASES
+from .trainer import PHASES, initial_arrays
 
 # NCCL's effective NVLink 4 bandwidth (H100, H200), GB/s per GPU and direction: the 450 GB/s line
 # rate less about 20% protocol overhead, as NCCL's maintainers give it (NVIDIA/nccl-tests issue
@@ -428,6 +428,23 @@ def pixel_traffic(g, cams, ranks, sh_degree, backend=None):
             backward[r] += covered[bounds[1:]] - covered[bounds[:-1]]
             full[r] += need_hi - need_lo
     return forward, backward, full
+
+
+def exchange_bytes(data, cfg, ranks, backend=None):
+    """Bytes per image crossing ranks in each exchange at ``ranks`` ranks, counted as ``pixel_traffic`` and
+    ``step_traffic`` count them on a sample of ``ranks`` training views (evenly spread; one batch) of the
+    model training starts from: -> {"pixel": ..., "gaussian": ...} (the Gaussian-level exchange's forward
+    records, sparse gradients and halo; the pixel-level one's partial tiles both ways).  ``--exchange auto``."""
+    xp = _backend.array_module(backend)
+    arrays = initial_arrays(data, cfg, np.random.default_rng(cfg.seed))
+    g = ns.Gaussians(**{k: xp.asarray(a) for k, a in arrays.items()})
+    views = [data.train[int(k)] for k in np.linspace(0, len(data.train) - 1, ranks).round()]
+    cams = [v.camera for v in views]
+    forward, backward, _ = pixel_traffic(g, cams, ranks, 0, backend)
+    t = step_traffic(g, cams, [xp.asarray(v.image) for v in views], ranks, 0, np.asarray(cfg.background),
+                     cfg.lambda_dssim, backend=backend)
+    return {"pixel": off_diagonal(forward + backward).sum() * PIXEL_TILE_BYTES / len(cams),
+            "gaussian": t.crossing("sparse").sum() / len(cams)}
 
 
 def pixel_traffic_table(pixel, traffic):

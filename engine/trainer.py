@@ -41,6 +41,16 @@ from .workload import Workload
 SNAPSHOT = "snapshot.h5"
 
 
+def initial_arrays(data, cfg, rng):
+    """The Gaussians training starts from: the capture's SfM points, else random points in its box (or
+    around its cameras), drawn from ``rng``."""
+    box = data.init_box
+    if box is None and len(data.points) == 0:  # no SfM points and no known bounds: a box around the cameras
+        c = np.mean([np.linalg.inv(v.camera.viewmat)[:3, 3] for v in data.train], axis=0)
+        box = (c - 1.3 * data.scene_scale, c + 1.3 * data.scene_scale)
+    return init_from_points(data.points, data.colors, cfg.sh_degree, rng=rng, n_random=cfg.n_random_init, box=box)
+
+
 @dataclass
 class TrainConfig:
     """A run's settings; the defaults are the reference 3DGS implementation's.  Every field is a
@@ -381,15 +391,8 @@ class Trainer(ABC):
         return open(path, "a")
 
     def init_model(self):
-        """The model to start from: the capture's SfM points, else random points in its box (or around its cameras)."""
-        d = self.data
-        box = d.init_box
-        if box is None and len(d.points) == 0:  # no SfM points and no known bounds: a box around the cameras
-            c = np.mean([np.linalg.inv(v.camera.viewmat)[:3, 3] for v in d.train], axis=0)
-            box = (c - 1.3 * d.scene_scale, c + 1.3 * d.scene_scale)
-        arrays = init_from_points(d.points, d.colors, self.cfg.sh_degree, rng=self.rng,
-                                  n_random=self.cfg.n_random_init, box=box)
-        self.start_from({"params": arrays})
+        """The model to start from (``initial_arrays``)."""
+        self.start_from({"params": initial_arrays(self.data, self.cfg, self.rng)})
 
     def fine_tune_from_here(self, images):
         """Train ``images`` more steps with densification and opacity resets off from this step on

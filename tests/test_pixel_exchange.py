@@ -167,3 +167,37 @@ def test_pixel_exchange_refuses_what_it_does_not_do(tmp_path):
             setattr(cfg, k, v)
         with pytest.raises(ValueError, match=message):
             PixelExchangeTrainer(data, tmp_path, cfg, MPI.COMM_SELF, backend="cpu")
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(600)
+def test_exchange_auto_counts_both_exchanges_and_trains_with_the_smaller(tmp_path):
+    """``--exchange auto``: rank 0's byte counts (engine/scaling.py) agree with the two counters run
+    directly, and ``mpiexec -n 2 run.py train --exchange auto`` says its choice and trains with it."""
+    import numbasplat as ns
+    from engine.demo import make_dataset
+    from engine.scaling import PIXEL_TILE_BYTES, exchange_bytes, off_diagonal, pixel_traffic, step_traffic
+    from engine.trainer import initial_arrays
+    from test_trainer import write_blender_capture
+    data = make_dataset(size=32, n_views=10, backend="cpu")
+    cfg = config()
+    sizes = exchange_bytes(data, cfg, 2, backend="cpu")
+    g = ns.Gaussians(**initial_arrays(data, cfg, np.random.default_rng(cfg.seed)))
+    views = [data.train[0], data.train[-1]]
+    fwd, bwd, full = pixel_traffic(g, [v.camera for v in views], 2, 0, backend="cpu")
+    assert sizes["pixel"] == off_diagonal(fwd + bwd).sum() * PIXEL_TILE_BYTES / 2
+    t = step_traffic(g, [v.camera for v in views], [v.image for v in views], 2, 0, np.ones(3), 0.2, backend="cpu")
+    assert sizes["gaussian"] == t.crossing("sparse").sum() / 2 > 0
+    cap = tmp_path / "cap"
+    write_blender_capture(cap, data)
+    env = dict(os.environ, NUMBASPLAT_BACKEND="cpu", NUMBA_NUM_THREADS="1")
+    r = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, "run.py", "train", "--data", str(cap),
+                        "--white-background", "--out", str(tmp_path / "out"), "--quiet", "--iters", "4",
+                        "--exchange", "auto", "--sh-degree", "0"], capture_output=True, text=True, timeout=500,
+                       env=env, cwd=REPO_ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = [line for line in r.stdout.splitlines() if line.startswith("--exchange auto: ")]
+    assert len(said) == 1, r.stdout
+    choice = said[0].split()[2]
+    assert choice in ("pixel", "gaussian")
+    assert ("pixel exchange" in r.stdout) == (choice == "pixel"), r.stdout
