@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|smoke [ITERS]|pixel P|offload [G]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|smoke [ITERS]|pixel P|offload [G]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -232,6 +232,23 @@ blitzmpi)  # issue 27: load imbalance of contiguous against parity shards, P ran
             python3 scripts/workload_summary.py "$R/$name"; rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders"
         done
     done ;;
+exposure)  # issue 24: the per-image colour correction where exposure varies: the small city with training
+    # images' gains exp(0.2 z) per channel (held-out views untouched), 7k, without and with --appearance (sharing the GPU)
+    [ -d .data/city_exposure ] || python3 run.py synth --out .data/city_exposure --preset small --exposure 0.2 \
+        --quiet > /dev/null
+    for v in plain appearance; do
+        extra=(); [ $v = appearance ] && extra=(--appearance)
+        train "city_exposure_$v" 7000 --data .data/city_exposure "${extra[@]}" &
+    done
+    wait ;;
+ref30k)  # issue 24: ours and the reference at 30k, SCENE (lego or fern), one at a time (timed; about 6 minutes)
+    scene=$2; args=${scene^^}[@]
+    where=(.data/lego blender); opts=(); [ "$scene" != lego ] && where=(.data/fern colmap) opts=(--images images_8)
+    export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/torch_ext
+    timeout 300 python3 .data/ref_trainer.py "${where[@]}" 2 "${opts[@]}" > /dev/null 2>&1  # compiles gsplat
+    timeout 500 python3 .data/ref_trainer.py "${where[@]}" 30000 "${opts[@]}" > "$R/${scene}_reference30k.txt" 2>&1
+    step "reference"; tail -1 "$R/${scene}_reference30k.txt"
+    train "${scene}30k" 30000 "${!args}" ;;
 smoke)  # the new GPU paths once each, lego, one at a time (timed): in memory (default; --visible-adam), offloaded
     # to host memory (issue 26), every BlitzGS switch (issue 27), then 2 ranks sharing the GPU, Gaussian- and
     # pixel-level exchange (issue 25).  ITERS images each (default 3000)
@@ -313,7 +330,7 @@ viewer)  # issue 28, headless: the viewer's frame latency per render mode at 1M 
     timeout 300 python3 scripts/viewer_bench.py slowdown "${LEGO[@]}" --iters 2000 --repeats 2 \
         > "$R/viewer_slowdown.txt" 2>&1
     cat "$R/viewer_slowdown.txt" ;;
-*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|smoke [ITERS]|pixel P|offload [G]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
+*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|smoke [ITERS]|pixel P|offload [G]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
 esac
 step done
 (cd "$OUT" && tar czf "logs_$part.tgz" --exclude="*.h5" --exclude="*.ply" --exclude="*.png" --exclude="*.prof*" r && rm -rf r)
