@@ -246,9 +246,6 @@ class HostBlocks:
     def put(self, b, table):
         self.tables[b] = table
 
-    def prefetch(self, blocks):
-        """Read ``blocks`` ahead if they are not at hand (here they always are)."""
-
     def close(self):
         self.tables = {}
 
@@ -459,9 +456,7 @@ class DeviceCache:
         """Block ``b`` out of the pool, back to ``host`` if changed."""
         s = int(self.slot[b])
         if b in self.dirty:
-            table = _backend.to_host(self.pool[s * self.block_rows:s * self.block_rows + index.sizes[b]])
-            host.put(b, np.array(table, copy=True))
-            self.moved_bytes += table.nbytes
+            self._write_back(b, index, host)
             self.dirty.discard(b)
         self.slot[b] = -1
         del self.lru[b]
@@ -470,11 +465,15 @@ class DeviceCache:
     def flush(self, index, host):
         """Every changed resident block back to ``host`` (they stay resident)."""
         for b in sorted(self.dirty):
-            s = int(self.slot[b])
-            table = _backend.to_host(self.pool[s * self.block_rows:s * self.block_rows + index.sizes[b]])
-            host.put(b, np.array(table, copy=True))
-            self.moved_bytes += table.nbytes
+            self._write_back(b, index, host)
         self.dirty.clear()
+
+    def _write_back(self, b, index, host):
+        """Resident block ``b``'s rows from its slot to ``host``."""
+        s = int(self.slot[b])
+        table = _backend.to_host(self.pool[s * self.block_rows:s * self.block_rows + index.sizes[b]])
+        host.put(b, np.array(table, copy=True))
+        self.moved_bytes += table.nbytes
 
 
 class OutOfCoreModel:
@@ -592,9 +591,8 @@ class OffloadTrainer(Trainer):
 
     def view_image(self, gaussians, camera):
         """A view rendered from its working set on the device (the whole model need not fit there)."""
-        rows = self.index.rows(self.index.visible(camera))
-        return super().view_image(ns.Gaussians(*(self.xp.asarray(a[rows]) for a in gaussians.arrays().values())),
-                                  camera)
+        seen = gaussians.take(self.index.rows(self.index.visible(camera)))
+        return super().view_image(ns.Gaussians(**{k: self.xp.asarray(a) for k, a in seen.arrays().items()}), camera)
 
     def context(self, **step):
         """The strategy's context without the device's free memory: the model is not on the device."""
@@ -626,7 +624,7 @@ class OffloadTrainer(Trainer):
         t0 = time.perf_counter()
         blocks, rows, where = self._working_set(i)
         where_d = self.xp.asarray(where)
-        if self.order:  # the next view's blocks, read ahead while this one trains (disk mode)
+        if self.order and self.mode == "disk":  # the next view's blocks, read ahead while this one trains
             self.host.prefetch(self.index.visible(self.data.train[self.order[-1]].camera))
         self.wait_s += time.perf_counter() - t0
         working, stats = self.layout.model(self.cache.pool, self._adam_steps, self.backend, rows=where_d)

@@ -417,7 +417,7 @@ def pixel_traffic(g, cams, ranks, sh_degree, backend=None):
     owner = part.owner(means)
     forward, backward = np.zeros((ranks, ranks), np.int64), np.zeros((ranks, ranks), np.int64)
     full = np.zeros((ranks, ranks), np.int64)
-    boxes = [ns.Gaussians(*(a[xp.asarray(owner == r)] for a in g.arrays().values())) for r in range(ranks)]
+    boxes = [g.take(xp.asarray(owner == r)) for r in range(ranks)]
     for cam in cams:
         plan = ViewPlan(cam, range(ranks), part)  # every rank takes part (the view a step, unconsolidated)
         bounds, need_lo, need_hi = plan.bounds, plan.need_lo, plan.need_hi

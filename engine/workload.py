@@ -105,11 +105,6 @@ def lod_footprint(g, camera, xp):
     return (np.float32(LOD_SIGMAS) * focal) * sigma / xp.maximum(distance, np.float32(1e-12))
 
 
-def take(g, rows):
-    """The Gaussians of rows ``rows`` of ``g`` (copies)."""
-    return ns.Gaussians(**{k: a[rows] for k, a in g.arrays().items()})
-
-
 class ViewRows:
     """The rows of a model that one view renders: all of them (``rows`` None: nothing is gathered
     or copied, the step runs as without culling), or the gathered ``rows`` (ascending, so that
@@ -118,7 +113,7 @@ class ViewRows:
 
     def __init__(self, g, rows=None, xp=np):
         self.n, self.rows, self.xp = len(g), rows, xp
-        self.gaussians = g if rows is None else take(g, rows)
+        self.gaussians = g if rows is None else g.take(rows)
 
     def __len__(self):
         return len(self.gaussians)
@@ -215,6 +210,7 @@ class Workload:
         self.seconds = 0.0     # the passes' time, all together
         self.passes = 0
         self._active = [0, 0]  # Gaussians projected, views, since the last log
+        self._schedule = (None, [])  # ((the run length, the strategy), its scoring steps)
 
     @property
     def on(self):
@@ -232,8 +228,10 @@ class Workload:
         if not self.every:
             return False
         iterations = self.cfg.iterations
-        steps = scoring_steps(iterations, self.every, opacity_resets(strategy, iterations))
-        return any(prev < s <= step for s in steps)
+        if self._schedule[0] != (iterations, strategy):  # once a run: a resume or a pruning may change them
+            self._schedule = ((iterations, strategy),
+                              scoring_steps(iterations, self.every, opacity_resets(strategy, iterations)))
+        return any(prev < s <= step for s in self._schedule[1])
 
     # ------------------------------------------------------------------ the view level
     def select(self, g, state, view, camera, xp):
@@ -318,4 +316,4 @@ def imbalance(per_rank):
 
 
 __all__ = ["LOD_SIGMAS", "RECOVERY_SHARE", "ViewRows", "Workload", "densify_weights", "imbalance", "importance_scores",
-           "lod_footprint", "opacity_resets", "pad_projection", "scoring_steps", "set_view_bit", "take", "view_bit"]
+           "lod_footprint", "opacity_resets", "pad_projection", "scoring_steps", "set_view_bit", "view_bit"]

@@ -46,6 +46,10 @@ class Gaussians:
     def arrays(self):
         return {f: getattr(self, f) for f in self.FIELDS}
 
+    def take(self, rows):
+        """The Gaussians of ``rows`` (indices or a boolean mask, on the arrays' device), as copies."""
+        return Gaussians(**{f: a[rows] for f, a in self.arrays().items()})
+
     def validate(self, xp, check=True):
         n = len(self)
         shapes = {"means": (n, 3), "scales": (n, 3), "quats": (n, 4), "opacities": (n,)}
