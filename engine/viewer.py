@@ -38,6 +38,7 @@ import threading
 import time
 
 import numpy as np
+from numba import njit
 
 import numbasplat as ns
 from numbasplat import backend as _backend
@@ -210,33 +211,39 @@ def centre_points(gaussians):
 
 def centres_image(points, camera, background, dot=CENTRE_DOT):
     """The Gaussians' centres (``centre_points``) in front of ``camera`` as dots of ``dot`` pixels, the
-    nearest in front where dots overlap, on the background."""
+    nearest in front where dots overlap (the first of equals), on the background: one compiled pass
+    with a depth buffer."""
     means, colours = points
-    w, h = camera.width, camera.height
-    image = np.empty((h, w, 3))
+    image = np.empty((camera.height, camera.width, 3))
     image[...] = np.asarray(background, np.float64)
-    cam = means @ camera.viewmat[:3, :3].T + camera.viewmat[:3, 3]
-    z = cam[:, 2]
-    front = z > 1e-6
-    cam, z, colours = cam[front], z[front], colours[front]
-    u = np.floor(camera.fx * cam[:, 0] / z + camera.cx - 0.5 * (dot - 1)).astype(np.int64)
-    v = np.floor(camera.fy * cam[:, 1] / z + camera.cy - 0.5 * (dot - 1)).astype(np.int64)
-    order = np.argsort(z, kind="stable")   # nearest first: np.unique keeps each pixel's first
-    u, v, colours = u[order], v[order], colours[order]
-    pixels, owners = [], []
-    for dy in range(dot):
-        for dx in range(dot):
-            x, y = u + dx, v + dy
-            inside = (x >= 0) & (x < w) & (y >= 0) & (y < h)
-            pixels.append((y * w + x)[inside])
-            owners.append(np.flatnonzero(inside))
-    pixels, owners = np.concatenate(pixels), np.concatenate(owners)
-    first = np.lexsort((owners, pixels))     # by pixel, then by nearness
-    pixels, owners = pixels[first], owners[first]
-    keep = np.ones(len(pixels), bool)
-    keep[1:] = pixels[1:] != pixels[:-1]
-    image.reshape(-1, 3)[pixels[keep]] = colours[owners[keep]]
+    _draw_centres(means, colours, np.asarray(camera.viewmat, np.float64), float(camera.fx), float(camera.fy),
+                  float(camera.cx), float(camera.cy), int(dot), image)
     return image
+
+
+@njit(cache=True)
+def _draw_centres(means, colours, viewmat, fx, fy, cx, cy, dot, image):
+    h, w = image.shape[0], image.shape[1]
+    nearest = np.full((h, w), np.inf)
+    for i in range(means.shape[0]):
+        x, y, z = means[i, 0], means[i, 1], means[i, 2]
+        cz = viewmat[2, 0] * x + viewmat[2, 1] * y + viewmat[2, 2] * z + viewmat[2, 3]
+        if cz <= 1e-6:
+            continue
+        cx_ = viewmat[0, 0] * x + viewmat[0, 1] * y + viewmat[0, 2] * z + viewmat[0, 3]
+        cy_ = viewmat[1, 0] * x + viewmat[1, 1] * y + viewmat[1, 2] * z + viewmat[1, 3]
+        u = fx * cx_ / cz + cx - 0.5 * (dot - 1)
+        v = fy * cy_ / cz + cy - 0.5 * (dot - 1)
+        if not (-dot < u < w and -dot < v < h):   # (off the image; also keeps the integers small)
+            continue
+        u0, v0 = int(np.floor(u)), int(np.floor(v))
+        for v in range(max(v0, 0), min(v0 + dot, h)):
+            for u in range(max(u0, 0), min(u0 + dot, w)):
+                if cz < nearest[v, u]:
+                    nearest[v, u] = cz
+                    image[v, u, 0] = colours[i, 0]
+                    image[v, u, 1] = colours[i, 1]
+                    image[v, u, 2] = colours[i, 2]
 
 
 def render_frame(gaussians, camera, mode="rgb", sh_degree=None, background=(0.0, 0.0, 0.0), antialias=False,
