@@ -20,15 +20,17 @@ One step, one view:
 2. the working set, those blocks' rows in model order, is gathered from the pool into a model of its
    own, which renders, computes the loss and back-propagates as the single-GPU pipeline does, and
    steps Adam on the Gaussians the view saw (visible-only Adam: ``cfg.visible_adam`` must be on)
-   with the whole model's step count; its rows go back to the pool and the blocks' boxes grow;
+   with the whole model's step count; its rows go back to the pool, and its blocks' boxes are
+   recomputed there (one kernel) for the host's culling;
 3. where the strategy densifies or resets (``DefaultStrategy.acts_at``), the whole model is
    gathered in host memory, changed, and cut into blocks anew; snapshots gather it likewise.
 
 Rows keep the in-memory model's order, so the working set binned and sorted on the device ties as
 the whole model would, and the strategy's random draws fall on the same Gaussians: offloaded
-training equals in-memory training with visible-only Adam and the same view order (tested).  By
-default the views follow a tour along the cameras (``--view-order trajectory``), so that
-consecutive working sets overlap and few blocks move.
+training equals in-memory training with visible-only Adam and the same view order (tested).  While the
+device cannot hold every block, the views follow a tour along the cameras by default (``--view-order
+auto``: trajectory), so that consecutive working sets overlap and few blocks move; once it can, they
+come in random order, as in memory: a tour's neighbouring views in a row cost quality.
 """
 import errno
 import os
@@ -47,7 +49,7 @@ from numba import njit
 import numbasplat as ns
 from numbasplat import backend as _backend
 from numbasplat.loss import l1_ssim_loss, psnr
-from numbasplat.optim import GROUPS, FlatParams, flat_to_rows, group_widths, rows_to_flat
+from numbasplat.optim import GROUPS, FlatParams, flat_to_rows, group_widths, reach_boxes, rows_to_flat
 
 from .model import GaussianModel
 from .partition import GROW_PX, REACH, visible_regions
@@ -98,9 +100,9 @@ class BlockIndex:
         self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
         self.position = np.empty(n, np.int64)
         self.position[self.by_block] = np.arange(n) - np.repeat(self.starts, self.sizes)
-        self.lo = np.zeros((self.blocks, 3))
-        self.hi = np.zeros((self.blocks, 3))
-        self.grow(np.arange(n), means, log_scales)
+        table = np.hstack([means, log_scales]).astype(np.float32)[self.by_block]   # (rows block by block)
+        self.lo, self.hi = reach_boxes(table, self.starts[:self.blocks], self.sizes.astype(np.int64), 0, 3, REACH,
+                                       "cpu")
 
     def __len__(self):
         return len(self.block)
@@ -109,11 +111,6 @@ class BlockIndex:
         """The rows of block ``b``, in model order."""
         return self.by_block[self.starts[b]:self.starts[b] + self.sizes[b]]
 
-    def grow(self, rows, means, log_scales):
-        """Set the boxes of the blocks of ``rows`` (every member of those blocks) from those rows'
-        centres and log-scales (host arrays, one row each): one pass over the rows."""
-        _grow_boxes(self.block[rows], np.asarray(means), np.asarray(log_scales), REACH, self.lo, self.hi)
-
     def visible(self, camera):
         """The blocks whose box ``camera`` can see."""
         return np.flatnonzero(visible_regions(self.lo, self.hi, camera, grow=GROW_PX)[1])
@@ -121,22 +118,6 @@ class BlockIndex:
     def rows(self, blocks):
         """The Gaussians of ``blocks``, in model order."""
         return np.flatnonzero(np.isin(self.block, blocks))
-
-
-@njit(cache=True)
-def _grow_boxes(block, means, log_scales, reach_sigmas, lo, hi):
-    """Reset the boxes of the blocks in ``block`` and grow each by its rows: centre -+ ``reach_sigmas``
-    times the row's largest scale, in float64 (one pass: numpy's ufunc.at took most of a step's host time)."""
-    for k in range(block.shape[0]):
-        lo[block[k]] = np.inf
-        hi[block[k]] = -np.inf
-    for k in range(block.shape[0]):
-        b = block[k]
-        reach = reach_sigmas * np.exp(np.float64(max(log_scales[k, 0], log_scales[k, 1], log_scales[k, 2])))
-        for d in range(3):
-            c = np.float64(means[k, d])
-            lo[b, d] = min(lo[b, d], c - reach)
-            hi[b, d] = max(hi[b, d], c + reach)
 
 
 @njit(cache=True)
@@ -468,6 +449,14 @@ class DeviceCache:
             self._write_back(b, index, host)
         self.dirty.clear()
 
+    def boxes(self, blocks, index, layout):
+        """The boxes that resident ``blocks``' rows reach now, computed on the device from the pool
+        (``numbasplat.optim.reach_boxes``) -> host (lo, hi), (len(blocks), 3)."""
+        starts = self.xp.asarray(self.slot[blocks] * self.block_rows)
+        lo, hi = reach_boxes(self.pool, starts, self.xp.asarray(index.sizes[blocks].astype(np.int64)),
+                             layout.columns["means"][0], layout.columns["scales"][0], REACH)
+        return _backend.to_host(lo), _backend.to_host(hi)
+
     def _write_back(self, b, index, host):
         """Resident block ``b``'s rows from its slot to ``host``."""
         s = int(self.slot[b])
@@ -502,8 +491,6 @@ class OffloadTrainer(Trainer):
     ``gpu_memory`` (bytes, 0: ``GPU_SHARE`` of the device's free memory, no cap on the CPU backend): the
     device's pool of blocks and the working sets built from them; ``prefetch``: disk mode reads the next
     view's blocks ahead on a thread."""
-
-    default_view_order = "trajectory"
 
     def __init__(self, dataset, out_dir, cfg, backend=None, log=print, block_rows=BLOCK_ROWS, mode="host",
                  offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True):
@@ -594,6 +581,14 @@ class OffloadTrainer(Trainer):
         seen = gaussians.take(self.index.rows(self.index.visible(camera)))
         return super().view_image(ns.Gaussians(**{k: self.xp.asarray(a) for k, a in seen.arrays().items()}), camera)
 
+    def epoch_view_order(self):
+        """auto: a tour along the cameras while the device cannot hold every block (consecutive views
+        then share most of their blocks), else random: a tour's neighbouring views in a row cost
+        quality where nothing is to be saved (BENCHMARKS.md, "Out-of-core training")."""
+        if self.cfg.view_order != "auto":
+            return self.cfg.view_order
+        return "trajectory" if self.index.blocks > self.cache.slots else "random"
+
     def context(self, **step):
         """The strategy's context without the device's free memory: the model is not on the device."""
         return Context(self.data.scene_scale, self.rng, self.cfg.max_gaussians, 0, **step)
@@ -653,8 +648,8 @@ class OffloadTrainer(Trainer):
         self.layout.store(working, stats, self.cache.pool, where_d)
         self.cache.dirty.update(int(b) for b in blocks)
         self._whole = None
-        self.index.grow(rows, _backend.to_host(working.group("means")), _backend.to_host(working.group("scales")))
-        self.cache.moved_bytes += where.nbytes + 24 * len(rows)  # the pool rows' index in, the boxes' rows out
+        self.index.lo[blocks], self.index.hi[blocks] = self.cache.boxes(blocks, self.index, self.layout)
+        self.cache.moved_bytes += where.nbytes + 56 * len(blocks)  # the pool rows' index in; the boxes out
         clock.end("optimizer")
         ctx = self.context(lr_means=lr["means"])
         events = {}

@@ -124,7 +124,7 @@ class TrainConfig:
     tensorboard: bool = False         # the log's scalars as TensorBoard events in OUT too (tensorboardX)
     view_order: str = "auto"          # each epoch's order of the views: random (3DGS), trajectory (a tour along the
                                       # cameras: consecutive views see much the same), auto: trajectory when
-                                      # offloading (engine/view_order.py), else random
+                                      # offloading and the device cannot hold every block, else random
     seed: int = 0                     # the random seed (the views' order, random points, densification)
     n_random_init: int = 100_000      # random points to start from when the capture has no SfM points
 
@@ -239,15 +239,12 @@ class Trainer(ABC):
 
     is_root = True  # writes the logs and outputs (rank 0 under MPI)
     batch = 1  # views per step (a batched pipeline sets its batch size)
-    default_view_order = "random"  # what cfg.view_order "auto" is for this pipeline
     time_phases = False  # sync at the phase boundaries (PhaseClock): True every step, False never, None at log steps
     culls_views = False  # runs the workload switches (engine/workload.py): its step renders ``workload.select``'s rows
 
     def __init__(self, dataset, out_dir, cfg: TrainConfig, backend=None, log=print):
         if cfg.lambda_s3im is None:
             cfg = replace(cfg, lambda_s3im=s3im_weight(dataset))
-        if cfg.view_order == "auto":
-            cfg = replace(cfg, view_order=self.default_view_order)
         if cfg.view_order not in VIEW_ORDERS:
             raise ValueError(f"--view-order {cfg.view_order}: unknown (one of {', '.join(VIEW_ORDERS)})")
         self.data = dataset
@@ -478,10 +475,14 @@ class Trainer(ABC):
         """The next training view: every view once per epoch, in an order drawn from the RNG
         (``cfg.view_order``: a permutation, or a tour along the cameras)."""
         if not self.order:
-            order = epoch_order(self.cfg.view_order, [v.camera for v in self.data.train], self.rng,
-                                self.data.scene_scale)
-            self.order = order if self.cfg.view_order == "random" else order[::-1]  # popped from its end
+            kind = self.epoch_view_order()
+            order = epoch_order(kind, [v.camera for v in self.data.train], self.rng, self.data.scene_scale)
+            self.order = order if kind == "random" else order[::-1]  # popped from its end
         return int(self.order.pop())
+
+    def epoch_view_order(self):
+        """This epoch's order of the views: ``cfg.view_order``, auto being random (3DGS)."""
+        return "random" if self.cfg.view_order == "auto" else self.cfg.view_order
 
     def step_background(self):
         """The step's background: drawn with ``random_background`` (the render's only, as in 3DGS)."""

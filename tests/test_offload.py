@@ -15,7 +15,7 @@ from engine.offload import BlockIndex, DeviceCache, DiskBlocks, HostBlocks, Offl
 from engine.single_gpu import SingleGPUTrainer
 from engine.strategy import DefaultStrategy
 from engine.trainer import SNAPSHOT
-from numbasplat.optim import GROUPS
+from numbasplat.optim import GROUPS, reach_boxes
 from conftest import REPO_ROOT, run_sim
 from test_trainer import fast_refine, small_config
 
@@ -45,10 +45,32 @@ def test_morton_blocks_are_compact_and_their_boxes_cull_conservatively(dataset):
         assert set(np.flatnonzero(p.counts > 0)) <= set(kept.tolist())
 
 
+def _reach_table(seed=0, rows=50):
+    """A row table whose columns 2-4 are centres and 7-9 log-scales, and segments of it (one empty)."""
+    rng = np.random.default_rng(seed)
+    table = rng.normal(size=(rows, 12)).astype(np.float32)
+    table[:, 7:10] = rng.uniform(-5, 0, (rows, 3))
+    starts, sizes = np.array([0, 7, 30, 30, 41], np.int64), np.array([7, 23, 0, 11, 9], np.int64)
+    return table, starts, sizes
+
+
+def test_reach_boxes_hold_every_rows_reach_and_nothing_more():
+    table, starts, sizes = _reach_table()
+    lo, hi = reach_boxes(table, starts, sizes, 2, 7, 4.0, "cpu")
+    for b, (a, n) in enumerate(zip(starts, sizes)):
+        rows = table[a:a + n].astype(np.float64)
+        reach = 4.0 * np.exp(rows[:, 7:10].max(axis=1))[:, None]
+        want_lo = (rows[:, 2:5] - reach).min(axis=0) if n else np.full(3, np.inf)
+        want_hi = (rows[:, 2:5] + reach).max(axis=0) if n else np.full(3, -np.inf)
+        np.testing.assert_allclose(lo[b], want_lo, rtol=1e-12)
+        np.testing.assert_allclose(hi[b], want_hi, rtol=1e-12)
+    assert np.isinf(lo[2]).all() and np.isinf(hi[2]).all()
+
+
 def offload_config(**kw):
     """The tests' run: visible-only Adam and the tour along the cameras (what offloading defaults to),
     in memory as offloaded."""
-    return small_config(visible_adam=True, view_order="trajectory", **kw)
+    return small_config(**{"visible_adam": True, "view_order": "trajectory", **kw})
 
 
 @pytest.mark.parametrize("scene,mode", [("demo", "host"), ("clusters", "host"), ("clusters", "disk")])
@@ -244,6 +266,19 @@ def trained_until(data, out, step, **kw):
     return t
 
 
+def test_auto_view_order_tours_only_while_the_device_cannot_hold_every_block(dataset, tmp_path):
+    """--view-order auto: random (3DGS) while the device's pool holds every block, a tour when not;
+    random in memory."""
+    roomy = OffloadTrainer(dataset, tmp_path / "a", offload_config(view_order="auto"), backend="cpu", block_rows=16)
+    roomy.init_model()
+    assert roomy.index.blocks == 25 and roomy.epoch_view_order() == "random"
+    tight = OffloadTrainer(dataset, tmp_path / "b", offload_config(view_order="auto"), backend="cpu", block_rows=16,
+                           gpu_memory=10 * 16 * (72 * 4 + 1500))  # 10 slots
+    tight.init_model()
+    assert tight.cache.slots == 10 and tight.epoch_view_order() == "trajectory"
+    assert SingleGPUTrainer(dataset, tmp_path / "c", small_config(), backend="cpu").epoch_view_order() == "random"
+
+
 def test_a_device_cap_too_small_for_a_view_stops_with_the_size_it_needs(dataset, tmp_path):
     t = trained_until(dataset, tmp_path / "out", 10, gpu_memory=2 * 16 * (72 * 4 + 1500))  # 2 slots
     before = snapshot_bytes(tmp_path / "out")
@@ -303,7 +338,7 @@ def test_train_offload_writes_a_model_that_resumes_in_memory(tmp_path, mode):
     assert metrics["iterations"] == 12 and np.isfinite(metrics["psnr"]) and metrics["gaussians"] == 300
     recorded = json.loads((out / "cfg.json").read_text())
     assert recorded["visible_adam"] is True and recorded["offload"] == mode
-    assert recorded["view_order"] == "trajectory" and recorded["gpu_memory"] == 2**30
+    assert recorded["view_order"] == "auto" and recorded["gpu_memory"] == 2**30
     assert cli.main([*args, "--iters", "16", "--resume", "--offload", "none"]) == 0  # in memory now
     assert json.loads((out / "metrics.json").read_text())["iterations"] == 16
     if mode == "disk":
@@ -364,7 +399,7 @@ def test_rows_move_between_the_table_and_a_model_in_one_kernel_each_way(sh_bases
 
 @pytest.mark.sim
 @pytest.mark.timeout(600)
-def test_cuda_row_moves_match_cpu_in_simulator():
+def test_cuda_row_moves_and_boxes_match_cpu_in_simulator():
     run_sim("""
         import numpy as np
         from engine.offload import RowLayout
@@ -383,5 +418,11 @@ def test_cuda_row_moves_match_cpu_in_simulator():
         pool = np.zeros((6, layout.columns_total), np.float32)
         layout.store(gpu, gpu_stats, pool, np.array([5, 0, 2, 3], np.int64))
         np.testing.assert_array_equal(pool[[5, 0, 2, 3]], table[rows])
+        from numbasplat.optim import reach_boxes
+        from test_offload import _reach_table
+        table, starts, sizes = _reach_table(seed=1)
+        for want, got in zip(reach_boxes(table, starts, sizes, 2, 7, 4.0, "cpu"),
+                             reach_boxes(table, starts, sizes, 2, 7, 4.0, "cuda")):  # a block a segment
+            np.testing.assert_allclose(got, want, rtol=1e-12)
         print("row moves ok")
     """, timeout=600, env={"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")])})

@@ -9,7 +9,7 @@ API (through ``numbasplat.backend.kernels``) calls either.  It has no fused rast
 import numpy as np
 
 from .loss import as_images, l1_ssim, ssim_forward
-from .optim import adam, move_rows
+from .optim import adam, move_rows, reach_boxes
 from .raster import (contributions, emit_intersections, project, project_backward, raster_backward, raster_forward,
                      route, route_fill)
 from .sparse import decode_add, encode, scatter_add
@@ -37,5 +37,5 @@ def launch_count():
 
 __all__ = ["FUSED_TILE_LOSS", "adam", "array_module", "as_images", "contributions", "decode_add",
            "emit_intersections", "encode", "fused_layout", "l1_ssim", "launch_count", "move_rows", "project",
-           "project_backward", "raster_backward", "raster_forward", "route", "route_fill", "scatter_add",
-           "ssim_forward", "tile_loss"]
+           "project_backward", "raster_backward", "raster_forward", "reach_boxes", "route", "route_fill",
+           "scatter_add", "ssim_forward", "tile_loss"]

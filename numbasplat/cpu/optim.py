@@ -1,9 +1,11 @@
 """Fused Adam over the flat parameter buffer: one ``njit`` loop, parallel over elements; and the moves
-of rows between a row table and the flat buffers (``numbasplat.math.rows``)."""
+of rows between a row table and the flat buffers (``numbasplat.math.rows``), and the boxes that row
+segments reach."""
+import numpy as np
 from numba import njit, prange
 
 from ..math.adam import adam_lr, adam_update
-from ..math.rows import flat_element
+from ..math.rows import flat_element, row_reach
 
 _adam_lr = njit(inline="always")(adam_lr)
 
@@ -31,3 +33,21 @@ def move_rows(table, rows, plan, flat, to_flat):
                 flat[k] = table[rows[r], j]
             else:
                 table[rows[r], j] = flat[k]
+
+
+@njit(parallel=True, cache=True)
+def reach_boxes(table, starts, sizes, means_col, scales_col, reach_sigmas, lo, hi):
+    """Box b (``lo``/``hi`` (B, 3), float64) of rows ``starts[b]`` .. ``starts[b] + sizes[b]`` of
+    ``table``: the smallest holding every row's centre (columns ``means_col``..+3) -+ its reach
+    (``row_reach`` of columns ``scales_col``..+3); empty segments get (inf, -inf)."""
+    for b in prange(starts.shape[0]):
+        for d in range(3):
+            lo[b, d] = np.inf
+            hi[b, d] = -np.inf
+        for r in range(starts[b], starts[b] + sizes[b]):
+            reach = row_reach(table[r, scales_col], table[r, scales_col + 1], table[r, scales_col + 2],
+                              reach_sigmas)
+            for d in range(3):
+                c = np.float64(table[r, means_col + d])
+                lo[b, d] = min(lo[b, d], c - reach)
+                hi[b, d] = max(hi[b, d], c + reach)

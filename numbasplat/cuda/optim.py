@@ -1,9 +1,12 @@
 """Fused Adam over the flat parameter buffer: one CUDA kernel, a thread per element; and the moves of
-rows between a row table and the flat buffers (``numbasplat.math.rows``), a thread per table element."""
-from numba import cuda, float32, int32
+rows between a row table and the flat buffers (``numbasplat.math.rows``), a thread per table element;
+and the boxes that row segments reach, a block per segment."""
+import math
+
+from numba import cuda, float32, float64, int32
 
 from ..math.adam import adam_lr, adam_update
-from ..math.rows import flat_element
+from ..math.rows import flat_element, row_reach
 from .launch import F1, F2, I1, I2, L1, kernel, per_item
 
 ZERO = float32(0.0)
@@ -44,3 +47,38 @@ def move_rows(table, rows, plan, flat, to_flat):
     """Between rows ``rows`` of ``table`` and ``flat``, a thread per element (``numbasplat.cpu.move_rows``)."""
     if rows.shape[0]:
         _move_rows_kernel[per_item(rows.shape[0] * table.shape[1])](table, rows, plan, flat, to_flat)
+
+
+BOX_THREADS = 128  # threads reducing one segment's box
+
+
+@kernel(F2, L1, L1, "int64", "int64", "float64", "float64[:, ::1]", "float64[:, ::1]")
+def _reach_boxes_kernel(table, starts, sizes, means_col, scales_col, reach_sigmas, lo, hi):
+    red = cuda.shared.array((6, BOX_THREADS), float64)   # each thread's lows (0-2) and negated highs (3-5)
+    b, t = cuda.blockIdx.x, cuda.threadIdx.x
+    for k in range(6):
+        red[k, t] = math.inf
+    for r in range(starts[b] + t, starts[b] + sizes[b], BOX_THREADS):
+        reach = row_reach(table[r, scales_col], table[r, scales_col + 1], table[r, scales_col + 2], reach_sigmas)
+        for d in range(3):
+            c = float64(table[r, means_col + d])
+            red[d, t] = min(red[d, t], c - reach)
+            red[3 + d, t] = min(red[3 + d, t], -(c + reach))
+    cuda.syncthreads()
+    half = BOX_THREADS // 2
+    while half > 0:
+        if t < half:
+            for k in range(6):
+                red[k, t] = min(red[k, t], red[k, t + half])
+        cuda.syncthreads()
+        half //= 2
+    if t < 3:
+        lo[b, t] = red[t, 0]
+        hi[b, t] = -red[3 + t, 0]
+
+
+def reach_boxes(table, starts, sizes, means_col, scales_col, reach_sigmas, lo, hi):
+    """The boxes of ``table``'s row segments, a block per segment (``numbasplat.cpu.reach_boxes``)."""
+    if starts.shape[0]:
+        _reach_boxes_kernel[starts.shape[0], BOX_THREADS](table, starts, sizes, means_col, scales_col,
+                                                          reach_sigmas, lo, hi)

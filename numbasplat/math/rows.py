@@ -5,7 +5,14 @@ and its statistics side by side) and trains on flat, group-major buffers, held b
 array: parameters, m, v (each ``FlatParams``'s layout for n Gaussians), then each statistic's n
 values.  Column ``j`` of the table has a plan (a, b, d): row r (of n) goes to element
 n * a + r * b + d -- a group's first column (counting the buffers before it), its width, the
-column within it.  The CPU and CUDA kernels that move rows between the two layouts both call this."""
+column within it.  The CPU and CUDA kernels that move rows between the two layouts both call this.
+
+``row_reach``: how far a Gaussian reaches past its centre, for the boxes of a table's row segments
+(the out-of-core trainer's blocks, which views cull by)."""
+import math
+
+from numba import float64
+
 from .jit import shared
 
 
@@ -13,3 +20,9 @@ from .jit import shared
 def flat_element(n, r, a, b, d):
     """The flat index of row ``r`` of ``n`` for a column whose plan is (a, b, d)."""
     return n * a + r * b + d
+
+
+@shared
+def row_reach(s0, s1, s2, reach_sigmas):
+    """``reach_sigmas`` times the largest of a row's scales, from its log-scales, in float64."""
+    return reach_sigmas * math.exp(max(float64(s0), max(float64(s1), float64(s2))))
