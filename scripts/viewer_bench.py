@@ -88,7 +88,7 @@ def slowdown(a):
     rates, share = {"without": [], "with": []}, []
     kinds = [("warm-up", a.iters)] + [(kind, a.iters) for r in range(a.repeats)
                                            for kind in (("without", "with") if r % 2 == 0 else ("with", "without"))]
-    for kind, iters in kinds:   # (the warm-up compiles every kernel, densification's too, and fills the memory pool: it counts for neither)
+    for kind, iters in kinds:   # (the warm-up compiles every kernel, densification's too: it counts for neither)
         cfg = TrainConfig(iterations=iters, background=bg, snapshot_every=0, log_every=100)
         t = SingleGPUTrainer(data, f"/tmp/viewer_bench_{kind}", cfg, log=lambda *x: None)
         t.init_model()
