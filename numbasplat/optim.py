@@ -82,16 +82,16 @@ def flat_to_rows(flat, rows, plan, table, backend=None):
 
 
 def reach_boxes(table, starts, sizes, means_col, scales_col, reach_sigmas, backend=None):
-    """-> (lo, hi), float64 (B, 3) on ``table``'s device: for each segment b of the row ``table``
+    """-> (lo, hi), float32 (B, 3) on ``table``'s device: for each segment b of the row ``table``
     (float32 (R, C); rows ``starts[b]`` .. ``starts[b] + sizes[b]``, int64), the box that its rows
     reach, every centre (columns ``means_col``..+3) -+ ``reach_sigmas`` times its largest scale
     (log-scales in columns ``scales_col``..+3); (inf, -inf) for an empty segment.  One kernel: the
     out-of-core trainer's block boxes, from the device's pool after a step or from the host's rows."""
     backend = backend or _backend.backend_of(table)
     xp = _backend.array_module(backend)
-    lo, hi = xp.empty((len(starts), 3), np.float64), xp.empty((len(starts), 3), np.float64)
-    _backend.kernels(backend).reach_boxes(table, starts, sizes, int(means_col), int(scales_col), float(reach_sigmas),
-                                          lo, hi)
+    lo, hi = xp.empty((len(starts), 3), np.float32), xp.empty((len(starts), 3), np.float32)
+    _backend.kernels(backend).reach_boxes(table, starts, sizes, int(means_col), int(scales_col),
+                                          np.float32(reach_sigmas), lo, hi)
     return lo, hi
 
 

@@ -90,9 +90,11 @@ def test_blender_random_init_fills_the_object_box(tmp_path):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
-def test_stop_signals_write_a_snapshot_at_the_step_boundary(dataset, tmp_path, monkeypatch, signum):
+def test_stop_signals_write_a_snapshot_at_the_step_boundary(dataset, tmp_path, monkeypatch, request, signum):
     """Ctrl-C, and what schedulers send before a kill: the step under way ends, the snapshot is written,
     and ``Interrupted`` carries the exit code 128 + signal; the handlers are put back afterwards."""
+    outer = signal.signal(signum, signal.SIG_DFL)  # (under nohup SIGHUP starts ignored, and a run leaves it so)
+    request.addfinalizer(lambda: signal.signal(signum, outer))
     before = signal.getsignal(signum)
     t = SingleGPUTrainer(dataset, tmp_path, small_config(), backend="cpu")
     real = t.train_step

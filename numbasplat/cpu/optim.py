@@ -37,7 +37,7 @@ def move_rows(table, rows, plan, flat, to_flat):
 
 @njit(parallel=True, cache=True)
 def reach_boxes(table, starts, sizes, means_col, scales_col, reach_sigmas, lo, hi):
-    """Box b (``lo``/``hi`` (B, 3), float64) of rows ``starts[b]`` .. ``starts[b] + sizes[b]`` of
+    """Box b (``lo``/``hi`` (B, 3), float32) of rows ``starts[b]`` .. ``starts[b] + sizes[b]`` of
     ``table``: the smallest holding every row's centre (columns ``means_col``..+3) -+ its reach
     (``row_reach`` of columns ``scales_col``..+3); empty segments get (inf, -inf)."""
     for b in prange(starts.shape[0]):
@@ -48,6 +48,6 @@ def reach_boxes(table, starts, sizes, means_col, scales_col, reach_sigmas, lo, h
             reach = row_reach(table[r, scales_col], table[r, scales_col + 1], table[r, scales_col + 2],
                               reach_sigmas)
             for d in range(3):
-                c = np.float64(table[r, means_col + d])
+                c = table[r, means_col + d]
                 lo[b, d] = min(lo[b, d], c - reach)
                 hi[b, d] = max(hi[b, d], c + reach)

@@ -1,15 +1,14 @@
 """Fused Adam over the flat parameter buffer: one CUDA kernel, a thread per element; and the moves of
 rows between a row table and the flat buffers (``numbasplat.math.rows``), a thread per table element;
 and the boxes that row segments reach, a block per segment."""
-import math
-
-from numba import cuda, float32, float64, int32
+from numba import cuda, float32, int32
 
 from ..math.adam import adam_lr, adam_update
 from ..math.rows import flat_element, row_reach
 from .launch import F1, F2, I1, I2, L1, kernel, per_item
 
 ZERO = float32(0.0)
+INF = float32(float("inf"))
 _adam_lr = cuda.jit(device=True, inline=True)(adam_lr)
 
 
@@ -52,16 +51,16 @@ def move_rows(table, rows, plan, flat, to_flat):
 BOX_THREADS = 128  # threads reducing one segment's box
 
 
-@kernel(F2, L1, L1, "int64", "int64", "float64", "float64[:, ::1]", "float64[:, ::1]")
+@kernel(F2, L1, L1, "int64", "int64", "float32", F2, F2)
 def _reach_boxes_kernel(table, starts, sizes, means_col, scales_col, reach_sigmas, lo, hi):
-    red = cuda.shared.array((6, BOX_THREADS), float64)   # each thread's lows (0-2) and negated highs (3-5)
+    red = cuda.shared.array((6, BOX_THREADS), float32)   # each thread's lows (0-2) and negated highs (3-5)
     b, t = cuda.blockIdx.x, cuda.threadIdx.x
     for k in range(6):
-        red[k, t] = math.inf
+        red[k, t] = INF
     for r in range(starts[b] + t, starts[b] + sizes[b], BOX_THREADS):
         reach = row_reach(table[r, scales_col], table[r, scales_col + 1], table[r, scales_col + 2], reach_sigmas)
         for d in range(3):
-            c = float64(table[r, means_col + d])
+            c = table[r, means_col + d]
             red[d, t] = min(red[d, t], c - reach)
             red[3 + d, t] = min(red[3 + d, t], -(c + reach))
     cuda.syncthreads()

@@ -11,8 +11,6 @@ column within it.  The CPU and CUDA kernels that move rows between the two layou
 (the out-of-core trainer's blocks, which views cull by)."""
 import math
 
-from numba import float64
-
 from .jit import shared
 
 
@@ -24,5 +22,6 @@ def flat_element(n, r, a, b, d):
 
 @shared
 def row_reach(s0, s1, s2, reach_sigmas):
-    """``reach_sigmas`` times the largest of a row's scales, from its log-scales, in float64."""
-    return reach_sigmas * math.exp(max(float64(s0), max(float64(s1), float64(s2))))
+    """``reach_sigmas`` times the largest of a row's scales, from its log-scales (float32 in, float32
+    out: the GPU computes in float32)."""
+    return reach_sigmas * math.exp(max(s0, max(s1, s2)))
