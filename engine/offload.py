@@ -101,8 +101,7 @@ class BlockIndex:
         self.position = np.empty(n, np.int64)
         self.position[self.by_block] = np.arange(n) - np.repeat(self.starts, self.sizes)
         table = np.hstack([means, log_scales]).astype(np.float32)[self.by_block]   # (rows block by block)
-        self.lo, self.hi = reach_boxes(table, self.starts[:self.blocks], self.sizes.astype(np.int64), 0, 3, REACH,
-                                       "cpu")
+        self.lo, self.hi = reach_boxes(table, self.starts[:self.blocks], self.sizes, 0, 3, REACH, "cpu")
 
     def __len__(self):
         return len(self.block)
@@ -121,22 +120,20 @@ class BlockIndex:
 
 
 @njit(cache=True)
-def _working_rows(block, position, slot, block_rows):
-    """The rows whose block has a slot (``slot`` >= 0), in model order, and their rows in the pool."""
+def _pool_rows(block, position, slot, block_rows):
+    """The pool rows of the Gaussians whose block has a slot (``slot`` >= 0), in model order."""
     n = 0
     for r in range(block.shape[0]):
         if slot[block[r]] >= 0:
             n += 1
-    rows = np.empty(n, np.int64)
     where = np.empty(n, np.int64)
     k = 0
     for r in range(block.shape[0]):
         s = slot[block[r]]
         if s >= 0:
-            rows[k] = r
             where[k] = s * block_rows + position[r]
             k += 1
-    return rows, where
+    return where
 
 
 class RowLayout:
@@ -327,8 +324,9 @@ class DiskBlocks(HostBlocks):
         for e, t in evicted:  # (the main thread writes; the reader thread only reads files of blocks not cached)
             self._write(e, t)
 
-    def _read(self, b):
-        table = np.fromfile(self._path(b), np.float32).reshape(self.shapes[b])
+    def _read(self, b, generation=None):
+        """Block ``b``'s table from its file (of ``generation``, default the current one's), counted."""
+        table = np.fromfile(self._path(b, generation), np.float32).reshape(self.shapes[b])
         with self.lock:
             self.read_bytes += table.nbytes
         return table
@@ -371,14 +369,13 @@ class DiskBlocks(HostBlocks):
                 room = self.staging_capacity - self.staged_bytes
                 if generation != self.generation or 4 * int(np.prod(self.shapes[b])) > room:
                     return
-            table = np.fromfile(self._path(b, generation), np.float32).reshape(self.shapes[b])
+            table = self._read(b, generation)
             with self.lock:  # kept only if nothing changed the block meanwhile
                 if (generation == self.generation and self.version.get(b) == version and b not in self.cache
                         and b not in self.staged):
                     self.staged[b] = table
                     self.staged_bytes += table.nbytes
                     self.prefetched_bytes += table.nbytes
-                    self.read_bytes += table.nbytes
 
     def _wait(self):
         """Wait for the read ahead in flight (its errors are not the step's: a read repeats it)."""
@@ -453,7 +450,7 @@ class DeviceCache:
         """The boxes that resident ``blocks``' rows reach now, computed on the device from the pool
         (``numbasplat.optim.reach_boxes``) -> host (lo, hi), (len(blocks), 3)."""
         starts = self.xp.asarray(self.slot[blocks] * self.block_rows)
-        lo, hi = reach_boxes(self.pool, starts, self.xp.asarray(index.sizes[blocks].astype(np.int64)),
+        lo, hi = reach_boxes(self.pool, starts, self.xp.asarray(index.sizes[blocks]),
                              layout.columns["means"][0], layout.columns["scales"][0], REACH)
         return _backend.to_host(lo), _backend.to_host(hi)
 
@@ -595,7 +592,8 @@ class OffloadTrainer(Trainer):
 
     # ------------------------------------------------------------------ one step
     def _working_set(self, view_index):
-        """The view's blocks resident (the missing ones moved in); -> (rows in model order, their pool rows)."""
+        """The view's blocks resident (the missing ones moved in); -> (the blocks, their rows' pool rows in
+        model order)."""
         view = self.data.train[view_index]
         blocks = self.index.visible(view.camera)
         if len(blocks) > self.cache.slots:
@@ -607,8 +605,7 @@ class OffloadTrainer(Trainer):
         self.cache.fetch(blocks, self.index, self.host)
         visible = np.full(self.index.blocks, -1, np.int64)
         visible[blocks] = self.cache.slot[blocks]
-        rows, where = _working_rows(self.index.block, self.index.position, visible, self.block_rows)
-        return blocks, rows, where
+        return blocks, _pool_rows(self.index.block, self.index.position, visible, self.block_rows)
 
     def train_step(self):
         c = self.cfg
@@ -617,7 +614,7 @@ class OffloadTrainer(Trainer):
         i = self.next_view()
         view = self.data.train[i]
         t0 = time.perf_counter()
-        blocks, rows, where = self._working_set(i)
+        blocks, where = self._working_set(i)
         where_d = self.xp.asarray(where)
         if self.order and self.mode == "disk":  # the next view's blocks, read ahead while this one trains
             self.host.prefetch(self.index.visible(self.data.train[self.order[-1]].camera))
@@ -644,12 +641,12 @@ class OffloadTrainer(Trainer):
         working.adam.step(working.grads.data, cols, p.counts > 0)
         self.step += 1
         self._adam_steps = working.adam.step_count
-        # back to the pool: the rows' parameters, moments and statistics; the boxes they grew
+        # back to the pool: the rows' parameters, moments and statistics; the boxes they reach now
         self.layout.store(working, stats, self.cache.pool, where_d)
         self.cache.dirty.update(int(b) for b in blocks)
         self._whole = None
         self.index.lo[blocks], self.index.hi[blocks] = self.cache.boxes(blocks, self.index, self.layout)
-        self.cache.moved_bytes += where.nbytes + 56 * len(blocks)  # the pool rows' index in; the boxes out
+        self.cache.moved_bytes += where.nbytes + 40 * len(blocks)  # the pool rows in; the slots, sizes in, boxes out
         clock.end("optimizer")
         ctx = self.context(lr_means=lr["means"])
         events = {}
@@ -658,7 +655,7 @@ class OffloadTrainer(Trainer):
             events = self.strategy.after_optimizer(model, statistics, self.step, ctx)
             self._install(model, statistics)
         after = self._counters()
-        self.stats = {"resident_gaussians": len(rows), **{k: after[k] - before[k] for k in after}, **clock.stats()}
+        self.stats = {"resident_gaussians": len(where), **{k: after[k] - before[k] for k in after}, **clock.stats()}
         return loss, events
 
     def _counters(self):

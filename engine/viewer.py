@@ -237,13 +237,13 @@ def _draw_centres(means, colours, viewmat, fx, fy, cx, cy, dot, image):
         if not (-dot < u < w and -dot < v < h):   # (off the image; also keeps the integers small)
             continue
         u0, v0 = int(np.floor(u)), int(np.floor(v))
-        for v in range(max(v0, 0), min(v0 + dot, h)):
-            for u in range(max(u0, 0), min(u0 + dot, w)):
-                if cz < nearest[v, u]:
-                    nearest[v, u] = cz
-                    image[v, u, 0] = colours[i, 0]
-                    image[v, u, 1] = colours[i, 1]
-                    image[v, u, 2] = colours[i, 2]
+        for py in range(max(v0, 0), min(v0 + dot, h)):
+            for px in range(max(u0, 0), min(u0 + dot, w)):
+                if cz < nearest[py, px]:
+                    nearest[py, px] = cz
+                    image[py, px, 0] = colours[i, 0]
+                    image[py, px, 1] = colours[i, 1]
+                    image[py, px, 2] = colours[i, 2]
 
 
 def render_frame(gaussians, camera, mode="rgb", sh_degree=None, background=(0.0, 0.0, 0.0), antialias=False,

@@ -86,10 +86,10 @@ def slowdown(a):
     else:
         data = load_dataset(a.data, images=a.images, background=bg)
     rates, share = {"without": [], "with": []}, []
-    kinds = [("warm-up", a.iters)] + [(kind, a.iters) for r in range(a.repeats)
-                                           for kind in (("without", "with") if r % 2 == 0 else ("with", "without"))]
-    for kind, iters in kinds:   # (the warm-up compiles every kernel, densification's too: it counts for neither)
-        cfg = TrainConfig(iterations=iters, background=bg, snapshot_every=0, log_every=100)
+    kinds = ["warm-up"] + [kind for r in range(a.repeats)
+                           for kind in (("without", "with") if r % 2 == 0 else ("with", "without"))]
+    for kind in kinds:   # (the warm-up compiles every kernel, densification's too: it counts for neither)
+        cfg = TrainConfig(iterations=a.iters, background=bg, snapshot_every=0, log_every=100)
         t = SingleGPUTrainer(data, f"/tmp/viewer_bench_{kind}", cfg, log=lambda *x: None)
         t.init_model()
         hook = None
@@ -105,11 +105,11 @@ def slowdown(a):
         t.train(progress=False)
         seconds = t.train_seconds   # (the steps and the hooks; not the outputs written at the end)
         if kind in rates:
-            rates[kind].append(iters / seconds)
+            rates[kind].append(a.iters / seconds)
         if hook:
             share.append(hook.spent / seconds)
         extra = f", {hook.frames} frames, viewer {100 * hook.spent / seconds:.1f}% of the time" if hook else ""
-        print(f"  {kind:7s} viewer: {iters / seconds:7.1f} images/s{extra}", flush=True)
+        print(f"  {kind:7s} viewer: {a.iters / seconds:7.1f} images/s{extra}", flush=True)
     mid = {k: statistics.median(v) for k, v in rates.items()}
     print(f"slowdown with the viewer: {100 * (1 - mid['with'] / mid['without']):.1f}% "
           f"(median of {a.repeats}: {mid['without']:.1f} -> {mid['with']:.1f} images/s; bound 10%); "
