@@ -27,8 +27,8 @@ shards (``--shard parity``): rank r owns the global rows congruent to r modulo P
 Gaussians made at one time and place (a refinement's clones, a region of the SfM points) spread
 over every rank.  Renderers see the records of each view in global row order either way (with
 parity shards they sort them by a global index sent alongside), so that depth ties break as on
-one rank.  With the workload switches (engine/workload.py) each owner projects only each view's
-active rows of its shard, padded to the batch's largest count for the plan.
+one rank.  With the workload switches (engine/workload.py) each owner hides from each view's
+projection the rows of its shard that the view skips: they are neither sent nor rendered.
 """
 
 import numpy as np
@@ -46,7 +46,7 @@ from .distributed import RankedTrainer, balanced_bounds, even_bounds
 from .model import GaussianModel
 from .strategy import STATISTICS
 from .trainer import PhaseClock
-from .workload import imbalance, pad_projection
+from .workload import imbalance
 
 SHARDS = ("contiguous", "parity")
 GLOBAL_ROW = "global_row"  # parity shards, over a refinement: each row's (its parent's) global row before it
@@ -195,14 +195,14 @@ class GaussianExchangeTrainer(RankedTrainer):
                   else balanced_bounds(self.tile_cost, self.size))
         lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
         device_bounds = xp.asarray(bounds)
-        # 1. project the shard for every camera: each view's active rows (all, without the workload switches)
-        active = [self.workload.select(g, self.strategy_state, i, cam, xp) for i, cam in zip(views, cams)]
-        projs = [ns.project(a.gaussians, cam, sh_degree=degree, antialias=c.antialias, backend=self.backend,
-                            check=False) for a, cam in zip(active, cams)]
-        width = max(len(a) for a in active)  # the plan's rows per view (route b * width + n)
+        # 1. project the shard for every camera, less what each view's mask and LOD gate skip
+        projs = [self.workload.cull(ns.project(g, cam, sh_degree=degree, antialias=c.antialias, backend=self.backend,
+                                               check=False), g, self.strategy_state, i, self.backend)
+                 for i, cam in zip(views, cams)]
+        width = len(g)  # the plan's rows per view (route b * width + n)
         clock.end("project")
         # 3. forward exchange: records + tile count; the (source, view) row counts go first
-        send, table, route = self._send_plan([pad_projection(p, width) for p in projs], n_tiles, device_bounds)
+        send, table, route = self._send_plan(projs, n_tiles, device_bounds)
         recv_table = self.exchange.alltoall_ints(table)           # (P sources, 2B): rows, intersections per view
         recv_views, recv_isect = recv_table[:, :self.batch], recv_table[:, self.batch:]
         clock.end("plan")
@@ -211,7 +211,7 @@ class GaussianExchangeTrainer(RankedTrainer):
         view_of = _view_of(xp, recv_views)
         order = None  # parity shards: the received rows of each view in global row order
         if self.shard == "parity" and self.size > 1:
-            order = self._global_order(active, route, width, send_counts, recv_counts, view_of)
+            order = self._global_order(route, width, send_counts, recv_counts, view_of)
             recv, view_of = recv[order], view_of[order]
         clock.end("forward_exchange")
         # 4. render my tiles of each view, 5. the loss share of my tiles and the raster backward
@@ -273,13 +273,13 @@ class GaussianExchangeTrainer(RankedTrainer):
         clock.end("backward_exchange")
         # 6. owners: projection backward, strategy statistics, Adam, densification
         projected = []  # per view, the shard's Gaussians it saw (at timed steps: a sync each)
-        for b, (a, p) in enumerate(zip(active, projs)):
-            grad_b = out[b * width:b * width + len(a)]
-            a.project_backward(p, grad_b, model.grad_gaussians, accumulate=b > 0, backend=self.backend)
+        for b, p in enumerate(projs):
+            grad_b = out[b * width:(b + 1) * width]
+            ns.project_backward(g, p, grad_b, model.grad_gaussians, accumulate=b > 0, backend=self.backend)
             if timed:
                 projected.append(int((p.counts > 0).sum()))
             # densification sees each view's own screen gradient, not its 1/B share of the batch loss
-            self.strategy.after_backward(model, self.strategy_state, self.step, *a.full(p, grad_b), self.batch)
+            self.strategy.after_backward(model, self.strategy_state, self.step, p, grad_b, self.batch)
         self.add_strategy_gradients()
         clock.end("owner")
         lr, cols = self.learning_rates()
@@ -313,17 +313,14 @@ class GaussianExchangeTrainer(RankedTrainer):
             self.stats["projected"] = sum(projected)
         return loss, events
 
-    def _global_order(self, active, route, width, send_counts, recv_counts, view_of):
+    def _global_order(self, route, width, send_counts, recv_counts, view_of):
         """The permutation that puts the received rows of each view in global row order (parity
         shards; the rows arrive by source rank): each sent row's global index goes alongside it."""
-        xp = self.xp
-        local = xp.full(self.batch * width, -1, np.int64)  # the shard row of each plan slot
-        for b, a in enumerate(active):
-            local[b * width:b * width + len(a)] = xp.arange(len(a)) if a.rows is None else a.rows
-        index = local[route] * self.size + self.rank
+        local = route % max(width, 1)  # the shard row of each sent row (plan slot b * width + row)
+        index = local * self.size + self.rank
         got, _ = self.exchange.alltoallv(index, send_counts, recv_counts)
         key = view_of.astype(np.int64) * (self.total + 1) + got.reshape(-1)
-        return xp.argsort(key)
+        return self.xp.argsort(key)
 
     def _reorder_after_refine(self, events, parents=None):
         """Put the Gaussians in the order one rank would have: every rank's kept ones,

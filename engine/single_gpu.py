@@ -35,12 +35,11 @@ class SingleGPUTrainer(Trainer):
         view = self.data.train[i]
         bg = self.step_background()
         degree = self.sh_degree_now()
-        # the view's rows: all, or those that its mask and the LOD gate leave (engine/workload.py)
-        rows = self.workload.select(model.gaussians, self.strategy_state, i, view.camera, self.xp)
-        g = rows.gaussians
+        g = model.gaussians
         target = self.targets[i]  # random_background changes the render only, as in 3DGS
         p = ns.project(g, view.camera, sh_degree=degree, antialias=c.antialias, backend=self.backend,
                        check=False)  # checked at log steps: a sync
+        self.workload.cull(p, g, self.strategy_state, i, self.backend)  # what its mask and LOD gate skip
         clock.end("project")
         b = ns.bin_tiles(p, backend=self.backend)
         if c.loss == "tile":
@@ -57,10 +56,9 @@ class SingleGPUTrainer(Trainer):
             clock.end("loss")
             grad = ns.rasterize_backward(p, b, r, d_img, backend=self.backend)
             clock.end("backward")
-        rows.project_backward(p, grad, model.grad_gaussians, accumulate=False, backend=self.backend)
+        ns.project_backward(g, p, grad, model.grad_gaussians, accumulate=False, backend=self.backend)
         self._progress_view = (image, target)
         self.add_strategy_gradients()  # on top of what the backward wrote
-        p, grad = rows.full(p, grad)  # every row's, the skipped ones unseen
         strategy.after_backward(model, self.strategy_state, self.step, p, grad)
         clock.end("owner")
         lr, cols = self.learning_rates()

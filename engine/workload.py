@@ -22,14 +22,15 @@ Three switches, each off by default (``TrainConfig``), each measurable alone and
     by more than about one level of an 8-bit image), those outside the view or hidden behind others
     included.  Refinements carry the masks as the weights; new Gaussians take their parent's.
 * **Per-view culling** (``--view-masks on``, view level, needs the scoring): until the next pass a
-  view gathers only its unmasked rows before projection (``ViewRows``): the others cost neither
-  projection, binning nor rasterization, and their gradients are zero for the step (with
-  ``--visible-adam`` Adam leaves them alone, as any Gaussian the view does not see).
+  view hides its masked rows from its projection (``Workload.cull``, ``ns.cull``: one pass over
+  the rows on the device, no gather and no sync): they cost neither binning nor rasterization, and
+  their gradients are zero for the step (with ``--visible-adam`` Adam leaves them alone, as any
+  Gaussian the view does not see).
 * **Distance-based LOD gate** (``--lod-min-px R``, view level): a view skips the Gaussians too fine
   for it: those whose footprint ``3 max(exp(scales)) max(fx, fy) / d`` (the 3-sigma radius in
   pixels of its largest axis at distance ``d`` from the camera centre; on the optical axis the
-  projection's 3-sigma radius, before its 0.3-pixel blur) is under R.  From the parameters alone,
-  before projection.  Evaluation renders never skip (``Trainer.view_image`` renders everything).
+  projection's 3-sigma radius, before its 0.3-pixel blur) is under R (``ns.cull``, in the same
+  pass as the masks).  Evaluation renders never skip (``Trainer.view_image`` renders everything).
 
 The pass runs on the root rank for the whole model (``Trainer.gather_state``), which then starts
 every rank from the pruned model with its weights and masks (``Trainer.start_from``): the same
@@ -46,7 +47,6 @@ from numbasplat import backend as _backend
 
 from .strategy import IMPORTANCE_WEIGHT, STATISTICS, VIEW_SKIP
 
-LOD_SIGMAS = 3.0  # the LOD gate's footprint: this many standard deviations of the largest axis
 
 
 def scoring_steps(iterations, every, waits=()):
@@ -93,72 +93,6 @@ def view_bit(packed, view, xp):
 def set_view_bit(packed, view, rows_set, xp):
     """Set bit ``view`` of the rows where ``rows_set`` (N,) is true (np.packbits' order)."""
     packed[:, view // 8] |= rows_set.astype(np.uint8) << np.uint8(7 - view % 8)
-
-
-def lod_footprint(g, camera, xp):
-    """(N,) the LOD gate's footprint of each Gaussian of ``g`` in ``camera``, in pixels: 3 sigma of
-    its largest axis times the larger focal length over its distance to the camera centre."""
-    centre = xp.asarray(camera.packed()[-3:].astype(np.float32))
-    distance = xp.sqrt(((g.means - centre) ** 2).sum(axis=1))
-    sigma = xp.exp(g.scales.max(axis=1))
-    focal = np.float32(max(camera.fx, camera.fy))
-    return (np.float32(LOD_SIGMAS) * focal) * sigma / xp.maximum(distance, np.float32(1e-12))
-
-
-class ViewRows:
-    """The rows of a model that one view renders: all of them (``rows`` None: nothing is gathered
-    or copied, the step runs as without culling), or the gathered ``rows`` (ascending, so that
-    depth ties keep the model's order).  Its methods take the view's projection and gradients,
-    of its rows, back to the model's."""
-
-    def __init__(self, g, rows=None, xp=np):
-        self.n, self.rows, self.xp = len(g), rows, xp
-        self.gaussians = g if rows is None else g.take(rows)
-
-    def __len__(self):
-        return len(self.gaussians)
-
-    def project_backward(self, p, grad, out, accumulate, backend):
-        """``ns.project_backward`` of the view's rows into the model's gradients ``out``: written
-        over (the skipped rows zeroed) or, with ``accumulate``, added."""
-        if self.rows is None:
-            return ns.project_backward(self.gaussians, p, grad, out, accumulate=accumulate, backend=backend)
-        mine = ns.project_backward(self.gaussians, p, grad, backend=backend)
-        for name, a in out.arrays().items():
-            if not accumulate:
-                a[...] = 0
-            a[self.rows] += getattr(mine, name)
-        return out
-
-    def full(self, p, grad):
-        """(projection, screen-space gradients) of every row of the model, as the strategy reads
-        them: the skipped rows not visible (no tiles, radius 0), their gradients 0."""
-        if self.rows is None:
-            return p, grad
-        xp = self.xp
-        counts = xp.zeros(self.n, np.int32)
-        counts[self.rows] = p.counts
-        radii = xp.zeros((self.n, 2), np.int32)
-        radii[self.rows] = p.radii
-        full_grad = xp.zeros((self.n, grad.shape[1]), grad.dtype)
-        full_grad[self.rows] = grad
-        return ns.Projection(p.camera, p.cam, None, radii, counts, p.sh_degree, p.antialias), full_grad
-
-
-def pad_projection(p, rows):
-    """``p`` with ``rows`` rows in all, those past its own not visible (no tiles): views of one
-    batch whose active sets differ, laid out alike for the exchange's plan."""
-    n = len(p.counts)
-    if n == rows:
-        return p
-    xp = _backend.array_module_of(p.counts)
-    proj = xp.zeros((rows, p.proj.shape[1]), p.proj.dtype)
-    proj[:n] = p.proj
-    counts = xp.zeros(rows, np.int32)
-    counts[:n] = p.counts
-    radii = xp.zeros((rows, 2), np.int32)
-    radii[:n] = p.radii
-    return ns.Projection(p.camera, p.cam, proj, radii, counts, p.sh_degree, p.antialias)
 
 
 def importance_scores(g, cameras, sh_degree, antialias, mask_below, backend=None):
@@ -209,7 +143,7 @@ class Workload:
             raise ValueError("--importance-prune needs --importance-every N (the pass that prunes)")
         self.seconds = 0.0     # the passes' time, all together
         self.passes = 0
-        self._active = [0, 0]  # Gaussians projected, views, since the last log
+        self._drawn, self._views = 0, 0  # Gaussians drawn (a tile or more), views, since the last log
         self._schedule = (None, [])  # ((the run length, the strategy), its scoring steps)
 
     @property
@@ -234,35 +168,29 @@ class Workload:
         return any(prev < s <= step for s in self._schedule[1])
 
     # ------------------------------------------------------------------ the view level
-    def select(self, g, state, view, camera, xp):
-        """The ``ViewRows`` of training view ``view`` (seen from ``camera``) of the Gaussians ``g``
-        (a model or a shard, ``state`` its strategy state): those that neither its mask nor the LOD
-        gate skips (all rows, ungathered, where neither skips any)."""
-        keep = None
-        skip = state.get(VIEW_SKIP) if self.masks else None
-        if skip is not None and len(skip) == len(g):
-            keep = ~view_bit(skip, view, xp)
-        if self.lod_px > 0:
-            fine_enough = lod_footprint(g, camera, xp) >= np.float32(self.lod_px)
-            keep = fine_enough if keep is None else keep & fine_enough
-        rows = None
-        if keep is not None:
-            rows = xp.flatnonzero(keep)
-            if len(rows) == len(g):
-                rows = None
-        chosen = ViewRows(g, rows, xp)
-        self._active[0] += len(chosen)
-        self._active[1] += 1
-        return chosen
+    def cull(self, p, g, state, view, backend):
+        """Hide from ``p``, the projection for training view ``view`` of the Gaussians ``g`` (a model
+        or a shard, ``state`` its strategy state), those that its mask or the LOD gate skips
+        (``ns.cull``: in place, no sync).  -> ``p``."""
+        if not self.on:
+            return p
+        if self.culls:
+            skip = state.get(VIEW_SKIP) if self.masks else None
+            if skip is not None and len(skip) != len(g):
+                skip = None  # (no pass has scored these rows yet)
+            ns.cull(p, g, skip, view, self.lod_px, backend)
+        self._drawn = self._drawn + _backend.array_module_of(p.counts).count_nonzero(p.counts)  # read at the log
+        self._views += 1
+        return p
 
     def log_fields(self):
-        """{"active_per_view": the mean Gaussians projected per view since the last call} with a
-        switch on (none where no view was rendered), then start counting again."""
+        """{"drawn_per_view": the mean Gaussians drawn (on a tile or more) per view since the last
+        call} with a switch on (none where no view was rendered), then start counting again."""
         if not self.on:
             return {}
-        projected, views = self._active
-        self._active = [0, 0]
-        return {"active_per_view": projected / views} if views else {}
+        drawn, views = float(self._drawn), self._views
+        self._drawn, self._views = 0, 0
+        return {"drawn_per_view": drawn / views} if views else {}
 
     # ------------------------------------------------------------------ the model level
     def score(self, trainer):
@@ -315,5 +243,5 @@ def imbalance(per_rank):
     return float(counts.max() / mean) if mean > 0 else math.nan
 
 
-__all__ = ["LOD_SIGMAS", "RECOVERY_SHARE", "ViewRows", "Workload", "densify_weights", "imbalance", "importance_scores",
-           "lod_footprint", "opacity_resets", "pad_projection", "scoring_steps", "set_view_bit", "view_bit"]
+__all__ = ["RECOVERY_SHARE", "Workload", "densify_weights", "imbalance", "importance_scores", "opacity_resets",
+           "scoring_steps", "set_view_bit", "view_bit"]

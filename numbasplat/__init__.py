@@ -7,8 +7,8 @@ and ``math`` (the math both backends' kernels share).
 """
 from .backend import BACKEND
 from .gaussians import Gaussians
-from .rendering import (Binning, Camera, Frame, Projection, Render, bin_tiles, contributions, project,
+from .rendering import (Binning, Camera, Frame, Projection, Render, bin_tiles, contributions, cull, project,
                         project_backward, rasterize, rasterize_backward, render, render_backward)
 
 __all__ = ["BACKEND", "Binning", "Camera", "Frame", "Gaussians", "Projection", "Render", "bin_tiles", "contributions",
-           "project", "project_backward", "rasterize", "rasterize_backward", "render", "render_backward"]
+           "cull", "project", "project_backward", "rasterize", "rasterize_backward", "render", "render_backward"]

@@ -193,12 +193,14 @@ ablate)  # 7k runs sharing the GPU (quality, not time): every scene x seed x var
 blitz)  # issue 27: BlitzGS's switches on lego and fern 7k, seed S: base (today's defaults); imp: importance passes
     # (every 3000, pruning under IMP_T of the largest importance, densification weights); masks: the passes' view
     # masks (no pruning); lod: the LOD gate at LOD_PX pixels; all: every one.  The 10 runs share the GPU (quality;
-    # their times are shared too); with "serial" one at a time, for clean step and training times (about 6 min)
+    # their times are shared too); with "serial" one at a time, for clean step and training times (about 3 min a
+    # scene: SCENES="lego" or "fern" for one)
     seed=${2:-0}; imp_t=${IMP_T:-0.0001}; lod_px=${LOD_PX:-0.5}
     imp=(--importance-every 3000 --importance-prune "$imp_t"); masks=(--importance-every 3000 --view-masks on)
     lod=(--lod-min-px "$lod_px"); all=("${imp[@]}" --view-masks on "${lod[@]}")
-    train warm 300 "${LEGO[@]}" "${all[@]}"  # compiles the kernels (the pass's too) before any timed run
-    for scene in lego fern; do
+    # compiles the kernels before any timed run: the pass's (one at 500) and the densification's (from 500)
+    train warm 1100 "${LEGO[@]}" "${all[@]/3000/500}"
+    for scene in ${SCENES:-lego fern}; do
         args=${scene^^}[@]
         for v in base imp masks lod all; do
             extra=${v}[@]; [ $v = base ] && extra=none[@]
@@ -210,7 +212,7 @@ blitz)  # issue 27: BlitzGS's switches on lego and fern 7k, seed S: base (today'
         done
         wait
     done
-    python3 scripts/workload_summary.py "$R"/{lego,fern}_*_s"$seed" ;;
+    python3 scripts/workload_summary.py "$R"/*_s"$seed" ;;
 blitzcity)  # issue 27: the generated city (small preset), 7k: today's defaults, each switch alone, all together (serial)
     [ -d .data/city ] || python3 run.py synth --out .data/city --preset small > "$R/synth.txt" 2>&1
     imp_t=${IMP_T:-0.0001}; lod_px=${LOD_PX:-0.5}
@@ -287,7 +289,7 @@ offload)  # issue 26: lego and fern, 2000 images, in memory with --visible-adam 
     # disk (host memory 64 MiB: below the models' size); images/s from metrics.json (target >= 0.7x in memory's).
     # Then the scale run: a procedural city of G ground-truth Gaussians (default 8M; 48 views at 960x540), trained
     # from its ground truth 200 images with --offload host --gpu-memory 24GiB: images/s, bytes moved per step, cache
-    # hit rate, wait, peak device and host memory (log.jsonl's last line)
+    # hit rate, wait, peak device and host memory (log.jsonl's last line).  SCENES="lego": one scene; G 0: no city
     g=${2:-8000000}
     summary() { python3 - "$1" <<'PY'
 import json, sys
@@ -299,12 +301,15 @@ last, n = log[-1], max(r["step"] for r in log)
 secs = m.get("train_seconds") or last["time"]
 keys = ("moved_bytes", "cache_hit_rate", "wait_s", "resident_gaussians", "cached_gaussians", "disk_read_bytes",
         "peak_device_bytes", "peak_host_bytes")
-print(f"{out.name}: {n / secs:.1f} images/s, psnr {m.get('psnr')}, gaussians {last['gaussians']}, "
+half = next(r for r in log if r["step"] >= n // 2)  # the second half: past the first steps' compilations
+steady = (n - half["step"]) / max(last["time"] - half["time"], 1e-9)
+print(f"{out.name}: {n / secs:.1f} images/s ({steady:.1f} in the second half), psnr {m.get('psnr')}, gaussians {last['gaussians']}, "
       + ", ".join(f"{k} {last[k]:.4g}" for k in keys if k in last))
 PY
     }
-    train warm 300 "${LEGO[@]}" --visible-adam; train warm 100 "${LEGO[@]}" --offload host
-    for scene in lego fern; do
+    # warm-ups past the first densifications (their kernels compile then)
+    train warm 1100 "${LEGO[@]}" --visible-adam; train warm 1100 "${LEGO[@]}" --offload host
+    for scene in ${SCENES:-lego fern}; do
         args=FERN[@]; [ $scene = lego ] && args=LEGO[@]
         for mode in memory host disk; do
             extra=(--visible-adam); [ $mode = host ] && extra=(--offload host)
@@ -312,6 +317,7 @@ PY
             step "${scene}_$mode"; train "${scene}_$mode" 2000 "${!args}" "${extra[@]}"; summary "$R/${scene}_$mode"
         done
     done
+    [ "$g" = 0 ] && exit 0  # (G 0: no city)
     step "city of $g Gaussians"
     timeout 240 python3 run.py synth --out /tmp/city_offload --gaussians "$g" --views 48 --res 960x540 --quiet --force \
         > "$R/city_synth.txt" 2>&1; tail -1 "$R/city_synth.txt"

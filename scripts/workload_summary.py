@@ -1,6 +1,6 @@
 """One line per training run of the BlitzGS ablation (scripts/gpu_session.sh blitz): test PSNR,
-training seconds, the importance passes' seconds and share, the mean Gaussians projected per view
-(the log's ``active_per_view`` where a switch was on, else its Gaussian count), the final count
+training seconds, the importance passes' seconds and share, the mean Gaussians drawn per view
+(the log's ``drawn_per_view``, where a switch was on; else the model's mean size), the final count
 and, under MPI, the mean ``projected_imbalance``.
 
     python scripts/workload_summary.py OUT_DIR [OUT_DIR ...]
@@ -10,11 +10,22 @@ import sys
 from pathlib import Path
 
 
+def steady_ms(records):
+    """Milliseconds a step over the log's second half: past the compilations of the first steps."""
+    if len(records) < 2:
+        return float("nan")
+    half = next(r for r in records if r["step"] >= records[-1]["step"] // 2)
+    return 1e3 * (records[-1]["time"] - half["time"]) / max(records[-1]["step"] - half["step"], 1)
+
+
 def summary(out):
     out = Path(out)
     records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if line.endswith("}")]
     metrics = json.loads((out / "metrics.json").read_text()) if (out / "metrics.json").exists() else {}
-    active = [r.get("active_per_view", r.get("gaussians_total", r["gaussians"])) for r in records]
+    drawn = [r["drawn_per_view"] for r in records if "drawn_per_view" in r]
+    sizes = [r.get("gaussians_total", r["gaussians"]) for r in records]
+    per_view = (f"drawn per view {sum(drawn) / len(drawn):,.0f}" if drawn
+                else f"model {sum(sizes) / max(len(sizes), 1):,.0f} Gaussians")
     imbalance = [r["projected_imbalance"] for r in records if "projected_imbalance" in r]
     train = metrics.get("train_seconds", records[-1]["time"] if records else 0.0)
     passes = metrics.get("importance_seconds", sum(r["importance_pass"]["seconds"] for r in records
@@ -22,8 +33,8 @@ def summary(out):
     steps = records[-1]["step"] if records else 0
     share = 100 * passes / max(train, 1e-9)
     line = (f"{out.name}: PSNR {metrics.get('psnr', float('nan')):.2f} dB, {train:.1f} s training "
-            f"({1e3 * train / max(steps, 1):.2f} ms a step), passes {passes:.1f} s ({share:.1f}%), "
-            f"active per view {sum(active) / max(len(active), 1):,.0f}, final {metrics.get('gaussians', '?')} Gaussians")
+            f"({1e3 * train / max(steps, 1):.2f} ms a step; {steady_ms(records):.2f} in the second half), passes {passes:.1f} s ({share:.1f}%), "
+            f"{per_view}, final {metrics.get('gaussians', '?')} Gaussians")
     if imbalance:
         line += f", projected imbalance {sum(imbalance) / len(imbalance):.3f}"
     return line

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numbasplat as ns  # noqa: E402
 from numbasplat.backend import SIM, array_module, to_host  # noqa: E402
 from numbasplat.cuda.tile import BLOCK  # noqa: E402
-from tests.scenes import edge_case_scene, look_at_camera  # noqa: E402
+from tests.scenes import edge_case_scene, look_at_camera, reach_table  # noqa: E402
 
 IMAGE_TOL = 1e-5
 GRAD_TOL = 1e-4
@@ -83,6 +83,19 @@ def compare_adam(steps=3):
     return failures
 
 
+def compare_reach_boxes():
+    """The out-of-core blocks' boxes (``numbasplat.optim.reach_boxes``, a thread block a segment, one
+    of them empty) on both backends, within float32 rounding."""
+    from numbasplat.optim import reach_boxes
+    xp = array_module("cuda")
+    table, starts, sizes = reach_table(seed=1)
+    want = reach_boxes(table, starts, sizes, 2, 7, 4.0, "cpu")
+    got = reach_boxes(*(xp.asarray(a) for a in (table, starts, sizes)), 2, 7, 4.0, "cuda")
+    ok = all(np.allclose(to_host(b), a, rtol=1e-6) for a, b in zip(want, got))
+    print(f"reach boxes {'ok' if ok else 'FAIL'}")
+    return [] if ok else ["reach boxes"]
+
+
 def compare_routes():
     """The forward exchange's send plan (route_plan, route_fill) on both backends, for two views
     and four ranks, one of them with no tiles: the same plan and the same rows, exactly."""
@@ -109,6 +122,29 @@ def compare_routes():
     spread = out["cpu"][0][0].sum(axis=(1, 2))
     print(f"  plan and rows {'ok' if same else 'FAIL'} (records per rank {spread.tolist()})")
     return [] if same and spread[1] == 0 and (spread[[0, 2, 3]] > 0).all() else ["routes"]
+
+
+def compare_cull():
+    """``ns.cull`` on both backends: a mask over two bytes (bit 11), the LOD gate, both, and
+    neither: the same rows hidden, exactly."""
+    xp = array_module("cuda")
+    g = edge_case_scene(n=90, seed=14, dtype=np.float32)
+    g.scales[::4] -= 3.0  # fine ones for the gate
+    cam = look_at_camera(W=33, H=27)
+    skip = np.packbits(np.random.default_rng(15).random((90, 16)) < 0.3, axis=1)
+    failures = []
+    for name, mask, min_px in (("mask", skip, 0.0), ("lod", None, 1.5), ("both", skip, 1.5), ("none", None, 0.0)):
+        out = {}
+        for backend, put in (("cpu", np.asarray), ("cuda", xp.asarray)):
+            gg = ns.Gaussians(**{k: put(a) for k, a in g.arrays().items()})
+            p = ns.cull(ns.project(gg, cam, backend=backend), gg, None if mask is None else put(mask), 11, min_px,
+                        backend)
+            out[backend] = (to_host(p.counts), to_host(p.radii))
+        same = all(np.array_equal(a, b) for a, b in zip(out["cpu"], out["cuda"]))
+        print(f"cull {name}: {'ok' if same else 'FAIL'} ({int((out['cpu'][0] > 0).sum())} of 90 drawn)")
+        if not same:
+            failures.append("cull " + name)
+    return failures
 
 
 def compare_contributions():
@@ -160,6 +196,8 @@ def main(sizes=((37, 29, 40), (48, 32, 150))):  # (W, H, Gaussians): 150 spans t
     failures += compare_adam()
     failures += compare_routes()
     failures += compare_contributions()
+    failures += compare_cull()
+    failures += compare_reach_boxes()
     print("FAILED: " + ", ".join(failures) if failures else "all CUDA checks passed")
     return 1 if failures else 0
 

@@ -94,3 +94,12 @@ def cluster_capture(per_cluster=40, views=6, size=32, seed=0):
     start = {k: np.array(a) for k, a in truth.arrays().items()}
     start["sh"][:, 0] += rng.normal(0, 0.3, (n, 3)).astype(np.float32)
     return Dataset(train=train, test=[], scene_scale=2.0, source="clusters", fmt="synthetic"), start
+
+
+def reach_table(seed=0, rows=50):
+    """A row table whose columns 2-4 are centres and 7-9 log-scales, and segments of it (one empty)."""
+    rng = np.random.default_rng(seed)
+    table = rng.normal(size=(rows, 12)).astype(np.float32)
+    table[:, 7:10] = rng.uniform(-5, 0, (rows, 3))
+    starts, sizes = np.array([0, 7, 30, 30, 41], np.int64), np.array([7, 23, 0, 11, 9], np.int64)
+    return table, starts, sizes

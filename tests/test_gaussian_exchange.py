@@ -376,7 +376,7 @@ def test_workload_switches_ranks_match_one(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "p1" / "log.jsonl").read_text().splitlines()]
     # (the pass due at 24 waits for the opacity reset at 24 to recover: 24 + 24 // 6)
     assert [r["step"] for r in records if "importance_pass" in r] == [12, 28], records
-    assert any(r["active_per_view"] < r["gaussians"] for r in records if r["step"] > 12 and "cloned" not in r)
+    assert any(r["drawn_per_view"] < r["gaussians"] for r in records if r["step"] > 12 and "cloned" not in r)
     for n, shard in ((2, "contiguous"), (2, "parity"), (4, "parity")):
         got, log = launch(n, tmp_path / f"p{n}{shard}", "sparse", "blitz", *(["parity"] if shard == "parity" else []))
         np.testing.assert_allclose(losses(tmp_path / f"p{n}{shard}"), losses(tmp_path / "p1"), rtol=1e-5)

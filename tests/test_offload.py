@@ -17,6 +17,7 @@ from engine.strategy import DefaultStrategy
 from engine.trainer import SNAPSHOT
 from numbasplat.optim import GROUPS, reach_boxes
 from conftest import REPO_ROOT, run_sim
+from tests.scenes import reach_table
 from test_trainer import fast_refine, small_config
 
 import numbasplat as ns
@@ -45,17 +46,8 @@ def test_morton_blocks_are_compact_and_their_boxes_cull_conservatively(dataset):
         assert set(np.flatnonzero(p.counts > 0)) <= set(kept.tolist())
 
 
-def _reach_table(seed=0, rows=50):
-    """A row table whose columns 2-4 are centres and 7-9 log-scales, and segments of it (one empty)."""
-    rng = np.random.default_rng(seed)
-    table = rng.normal(size=(rows, 12)).astype(np.float32)
-    table[:, 7:10] = rng.uniform(-5, 0, (rows, 3))
-    starts, sizes = np.array([0, 7, 30, 30, 41], np.int64), np.array([7, 23, 0, 11, 9], np.int64)
-    return table, starts, sizes
-
-
 def test_reach_boxes_hold_every_rows_reach_and_nothing_more():
-    table, starts, sizes = _reach_table()
+    table, starts, sizes = reach_table()
     lo, hi = reach_boxes(table, starts, sizes, 2, 7, 4.0, "cpu")
     assert lo.dtype == hi.dtype == np.float32
     for b, (a, n) in enumerate(zip(starts, sizes)):
@@ -419,11 +411,5 @@ def test_cuda_row_moves_and_boxes_match_cpu_in_simulator():
         pool = np.zeros((6, layout.columns_total), np.float32)
         layout.store(gpu, gpu_stats, pool, np.array([5, 0, 2, 3], np.int64))
         np.testing.assert_array_equal(pool[[5, 0, 2, 3]], table[rows])
-        from numbasplat.optim import reach_boxes
-        from test_offload import _reach_table
-        table, starts, sizes = _reach_table(seed=1)
-        for want, got in zip(reach_boxes(table, starts, sizes, 2, 7, 4.0, "cpu"),
-                             reach_boxes(table, starts, sizes, 2, 7, 4.0, "cuda")):  # a block a segment
-            np.testing.assert_allclose(got, want, rtol=1e-6)
         print("row moves ok")
     """, timeout=600, env={"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")])})

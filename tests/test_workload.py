@@ -12,8 +12,8 @@ from engine.model import GaussianModel
 from engine.single_gpu import SingleGPUTrainer
 from engine.strategy import IMPORTANCE_WEIGHT, VIEW_SKIP, Context, DefaultStrategy
 from engine.trainer import SNAPSHOT, TrainConfig
-from engine.workload import (ViewRows, Workload, densify_weights, importance_scores, lod_footprint,
-                             opacity_resets, scoring_steps, set_view_bit, view_bit)
+from engine.workload import (Workload, densify_weights, importance_scores, opacity_resets, scoring_steps,
+                             set_view_bit, view_bit)
 from tests.scenes import edge_case_scene, look_at_camera
 from tests.test_contributions import reference_contributions
 from test_trainer import fast_refine, small_config
@@ -78,75 +78,94 @@ def masked_workload(**switches):
     return Workload(cfg, n_views=3)
 
 
-def render_rows(g, cam, rows):
-    return ns.render(rows.gaussians, cam, background=np.ones(3, np.float32), backend="cpu").image
+def culled(g, cam, workload, state, view=0):
+    """(the projection of ``g`` in ``cam``, the same with ``workload``'s culling)."""
+    full = ns.project(g, cam, backend="cpu")
+    p = ns.project(g, cam, backend="cpu")
+    return full, workload.cull(p, g, state, view, "cpu")
+
+
+def render_projection(p):
+    return ns.rasterize(p, ns.bin_tiles(p, backend="cpu"), np.ones(3, np.float32), "cpu").image
 
 
 def test_a_view_that_skips_nothing_renders_and_differentiates_exactly_as_the_full_model():
     g = edge_case_scene(n=30, seed=1, dtype=np.float32)
     cam = look_at_camera()
-    full = ns.render(g, cam, background=np.ones(3, np.float32), backend="cpu").image
-    # no mask bit set, no LOD gate: the model's own arrays, ungathered
-    state = {VIEW_SKIP: np.zeros((len(g), 1), np.uint8)}
-    rows = masked_workload().select(g, state, 0, cam, np)
-    assert rows.rows is None and rows.gaussians is g
-    # every row gathered explicitly: the same image and gradients, bit for bit
-    every = ViewRows(g, np.arange(len(g)), np)
-    np.testing.assert_array_equal(render_rows(g, cam, every), full)
-    p_all, p_rows = ns.project(g, cam, backend="cpu"), ns.project(every.gaussians, cam, backend="cpu")
-    grad = np.random.default_rng(0).normal(size=(len(g), ns.rendering.go.GRAD_FIELDS)).astype(np.float32)
-    direct = ns.project_backward(g, p_all, grad, backend="cpu")
-    out = ns.Gaussians(**{k: np.full_like(a, 7.0) for k, a in g.arrays().items()})
-    every.project_backward(p_rows, grad, out, accumulate=False, backend="cpu")
-    for k in g.FIELDS:
-        np.testing.assert_array_equal(getattr(out, k), getattr(direct, k), err_msg=k)
+    state = {VIEW_SKIP: np.zeros((len(g), 1), np.uint8)}  # no mask bit set, no LOD gate
+    full, p = culled(g, cam, masked_workload(), state)
+    for k in ("proj", "radii", "counts"):
+        np.testing.assert_array_equal(getattr(p, k), getattr(full, k), err_msg=k)
+    assert (full.counts > 0).sum() > 10
 
 
 def test_a_masked_view_renders_within_tolerance_and_its_skipped_rows_get_no_gradient():
     """The view's mask from an importance pass: what it skips adds under ``below`` to the view, so
-    the render moves by little; the skipped rows' gradients are zero and they are not visible."""
+    the render moves by little; the skipped rows are not drawn and their gradients are zero."""
     g = edge_case_scene(n=40, seed=3, dtype=np.float32)
     cam = look_at_camera()
     below = 0.5
     _, skip = importance_scores(g, [cam], sh_degree=3, antialias=False, mask_below=below, backend="cpu")
-    rows = masked_workload(view_mask_below=below).select(g, {VIEW_SKIP: skip}, 0, cam, np)
-    skipped = np.setdiff1d(np.arange(len(g)), rows.rows)
+    full, p = culled(g, cam, masked_workload(view_mask_below=below), {VIEW_SKIP: skip})
+    skipped = np.flatnonzero(view_bit(skip, 0, np))
+    drawn = np.flatnonzero(p.counts > 0)
     assert len(skipped) >= 5 and 0 in skipped and 3 in skipped, skipped  # behind, transparent, and faint ones
-    full = ns.render(g, cam, background=np.ones(3, np.float32), backend="cpu").image
-    culled = render_rows(g, cam, rows)
-    diff = np.abs(culled - full).max()
+    np.testing.assert_array_equal(drawn, np.setdiff1d(np.flatnonzero(full.counts > 0), skipped))
+    assert not p.radii[skipped].any() and (p.radii[drawn] == full.radii[drawn]).all()
+    assert (full.counts[skipped] > 0).sum() >= 3  # some were drawn before the mask hid them
+    diff = np.abs(render_projection(p) - render_projection(full)).max()
     assert 0 < diff <= 2 * below, diff  # removing one changes a pixel by at most 2 x its weight there
-    p = ns.project(rows.gaussians, cam, backend="cpu")
-    grad = np.ones((len(rows), ns.rendering.go.GRAD_FIELDS), np.float32)
+    grad = np.ones((len(g), ns.rendering.go.GRAD_FIELDS), np.float32)
     out = ns.Gaussians(**{k: np.full_like(a, 7.0) for k, a in g.arrays().items()})
-    rows.project_backward(p, grad, out, accumulate=False, backend="cpu")
+    ns.project_backward(g, p, grad, out, accumulate=False, backend="cpu")
     for k in g.FIELDS:
         assert not getattr(out, k)[skipped].any(), k
-        assert getattr(out, k)[rows.rows].any(), k
-    whole_p, whole_grad = rows.full(p, grad)
-    assert len(whole_p.counts) == len(g) and not whole_p.counts[skipped].any()
-    assert not whole_grad[skipped].any() and (whole_p.counts[rows.rows] == p.counts).all()
+        assert getattr(out, k)[drawn].any(), k
+
+
+def footprint_reference(g, cam):
+    """The LOD footprint in float64: 3 sigma of the largest axis, in pixels, at the distance."""
+    centre = -cam.viewmat[:3, :3].T.astype(np.float64) @ cam.viewmat[:3, 3]
+    distance = np.linalg.norm(g.means.astype(np.float64) - centre, axis=1)
+    return 3 * np.exp(g.scales.astype(np.float64).max(1)) * max(cam.fx, cam.fy) / distance
 
 
 def test_lod_gate_skips_the_fine_gaussians_and_the_render_moves_by_their_share():
-    """Tiny faint Gaussians far away: their footprint is under a pixel, the gate skips exactly
+    """Tiny faint Gaussians far away: their footprint is under a pixel, the gate hides exactly
     them, and the render differs by at most their opacity."""
     g = edge_case_scene(n=30, seed=5, dtype=np.float32)
     tiny = np.arange(20, 30)
     g.scales[tiny] = np.log(0.002)
     g.opacities[tiny] = np.log(0.04 / 0.96)
-    cam = look_at_camera()
-    foot = lod_footprint(g, cam, np)
-    z = np.linalg.norm(g.means, axis=1)
-    np.testing.assert_allclose(foot, 3 * np.exp(g.scales.max(1)) * max(cam.fx, cam.fy) / z, rtol=1e-5)
-    cfg = TrainConfig(lod_min_px=0.5)
-    rows = Workload(cfg, 1).select(g, {}, 0, cam, np)
-    np.testing.assert_array_equal(np.setdiff1d(np.arange(len(g)), rows.rows), tiny)
-    full = ns.render(g, cam, background=np.ones(3, np.float32), backend="cpu").image
-    diff = np.abs(render_rows(g, cam, rows) - full).max()
+    cam = shifted_camera(0.3)  # the camera centre off the origin
+    foot = footprint_reference(g, cam)
+    assert foot[tiny].max() < 0.5 < foot[:20].min()
+    full, p = culled(g, cam, Workload(TrainConfig(lod_min_px=0.5), 1), {})
+    assert (full.counts[tiny] > 0).sum() >= 3 and not p.counts[tiny].any()
+    np.testing.assert_array_equal(p.counts[:20], full.counts[:20])
+    diff = np.abs(render_projection(p) - render_projection(full)).max()
     assert 0 < diff <= 2 * 0.04, diff
-    # a gate under every footprint skips nothing
-    assert Workload(TrainConfig(lod_min_px=float(foot.min()) * 0.99), 1).select(g, {}, 0, cam, np).rows is None
+    # the gate's edge: just under a Gaussian's footprint keeps it, just over hides it
+    k = int(np.flatnonzero(full.counts[:20] > 0)[0])
+    for factor, hidden in ((0.999, False), (1.001, True)):
+        _, p = culled(g, cam, Workload(TrainConfig(lod_min_px=float(foot[k]) * factor), 1), {})
+        assert (p.counts[k] == 0) == hidden, (factor, foot[k])
+
+
+def test_cull_reads_the_views_bit_and_checks_its_mask():
+    """Bit 11 of a two-byte mask hides exactly its rows; a mask of the wrong rows or bytes is refused."""
+    g = edge_case_scene(n=30, seed=6, dtype=np.float32)
+    cam = look_at_camera()
+    bits = np.random.default_rng(1).random((len(g), 16)) < 0.5
+    full = ns.project(g, cam, backend="cpu")
+    p = ns.cull(ns.project(g, cam, backend="cpu"), g, np.packbits(bits, axis=1), 11, backend="cpu")
+    np.testing.assert_array_equal(p.counts, np.where(bits[:, 11], 0, full.counts))
+    with pytest.raises(ValueError, match="no bit 16"):
+        ns.cull(full, g, np.packbits(bits, axis=1), 16, backend="cpu")
+    with pytest.raises(ValueError, match=r"shape \(29, 2\)"):
+        ns.cull(full, g, np.packbits(bits[:29], axis=1), 0, backend="cpu")
+    empty = ns.Gaussians(*(np.zeros(s, np.float32) for s in ((0, 3), (0, 3), (0, 4), (0,), (0, 1, 3))))
+    assert len(ns.cull(ns.project(empty, cam, backend="cpu"), empty, None, 0, 2.0, "cpu").counts) == 0
 
 
 def test_densify_weights_rule():
@@ -227,7 +246,7 @@ def test_every_switch_trains_logs_and_resumes_as_if_never_stopped(dataset, tmp_p
     assert all(r["importance_pass"]["seconds"] > 0 for r in passes)
     assert any(r["importance_pass"]["pruned"] > 0 for r in passes)
     assert passes[-1]["gaussians"] == passes[-1]["importance_pass"]["gaussians"]
-    active = [r["active_per_view"] for r in records if r["step"] > 12 and "active_per_view" in r]
+    active = [r["drawn_per_view"] for r in records if r["step"] > 12 and "drawn_per_view" in r]
     assert active and all(a < r["gaussians"] or r.get("importance_pass") for a, r in
                           zip(active, [r for r in records if r["step"] > 12]))
     assert whole.evaluate(views=dataset.train[:2], lpips=False)["importance_seconds"] > 0

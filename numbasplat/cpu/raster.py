@@ -16,6 +16,7 @@ from ..math.jit import shared
 
 _ops = go.build(njit(cache=True))  # not inlined: parfors cannot analyse the inlined tuple math
 project_one, visit_tiles, project_backward_one = _ops.project, _ops.visit_tiles, _ops.project_backward
+cull_one = _ops.cull
 route_one, route_fill_one = _ops.route, _ops.route_fill
 _store_pixel = njit(cache=True)(store_pixel)
 
@@ -26,6 +27,12 @@ def project(means, quats, scales, logits, sh, degree, cam, W, H, antialias, tile
     for n in prange(means.shape[0]):
         project_one(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias,
                     tile, tiles_x, tiles_y, proj, radii, counts)
+
+
+@njit(parallel=True, cache=True)
+def cull(means, scales, cam, skip, byte, shift, min_px, sigmas, radii, counts):
+    for n in prange(means.shape[0]):
+        cull_one(n, means, scales, cam, skip, byte, shift, min_px, sigmas, radii, counts)
 
 
 @njit(parallel=True, cache=True)

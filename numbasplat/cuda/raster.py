@@ -22,7 +22,7 @@ from .tile import (BLOCK, NF, NG, ONE, RED_ROWS, ZERO, backward_hit, chunk_hits,
 BATCH_WORDS = BLOCK * NF    # a batch of records in shared memory (a constant, as Numba needs)
 
 _ops = go.build(cuda.jit(device=True))
-project_one, visit_tiles = _ops.project, _ops.visit_tiles
+project_one, visit_tiles, cull_one = _ops.project, _ops.visit_tiles, _ops.cull
 geometry_backward_one = _ops.geometry_backward
 view_direction, colour_grad = _ops.view_direction, _ops.colour_grad
 route_one, route_fill_one = _ops.route, _ops.route_fill
@@ -39,6 +39,17 @@ def _project_kernel(means, quats, scales, logits, sh, degree, cam, W, H, antiali
     if n < means.shape[0]:
         project_one(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias, tile, tiles_x, tiles_y,
                     proj, radii, counts)
+
+
+@kernel(F2, F2, F1, "uint8[:, ::1]", "int64", "int64", "float32", "float32", I2, I1)
+def _cull_kernel(means, scales, cam, skip, byte, shift, min_px, sigmas, radii, counts):
+    n = cuda.grid(1)
+    if n < means.shape[0]:
+        cull_one(n, means, scales, cam, skip, byte, shift, min_px, sigmas, radii, counts)
+
+
+def cull(means, scales, cam, skip, byte, shift, min_px, sigmas, radii, counts):
+    _cull_kernel[per_item(means.shape[0])](means, scales, cam, skip, byte, shift, min_px, sigmas, radii, counts)
 
 
 @kernel(F2, "int64[::1]", I1, I1, "int64", "int64", "int64", "int64", "int64", "int64", U1, I1)

@@ -191,6 +191,21 @@ def build(jit):
 
 
     @jit
+    def cull_body(n, means, scales, cam, skip, byte, shift, min_px, sigmas, radii, counts):
+        """Hide Gaussian n from a projection (no tiles, radius 0) where bit (``byte``, ``shift``)
+        of its row of ``skip`` is set (an empty ``skip``: no bits) or its ``footprint_px`` is
+        under ``min_px``: binning, rasterization and the projection's backward then skip it."""
+        hide = skip.shape[0] > n and (skip[n, byte] >> shift) & 1 == 1
+        if not hide and min_px > f32(0.0):
+            focal = max(cam[12], cam[13])
+            hide = geo.footprint_px(means[n, 0] - cam[16], means[n, 1] - cam[17], means[n, 2] - cam[18],
+                                    scales[n, 0], scales[n, 1], scales[n, 2], focal, sigmas) < min_px
+        if hide:
+            counts[n] = 0
+            radii[n, 0] = 0
+            radii[n, 1] = 0
+
+    @jit
     def sh_backward_body(n, means, sh, degree, cam, proj, counts, grad, d_sh, accumulate):
         """The SH gradients of Gaussian n (``sh`` and ``d_sh`` as (N, K*3) rows, coefficient-major);
         returns the gradient w.r.t. its view direction.  Clamped colour channels (the forward's
@@ -281,7 +296,7 @@ def build(jit):
         geometry_backward_body(n, means, quats, scales, logits, cam, W, H, antialias, counts, grad, gx, gy, gz,
                                d_means, d_quats, d_scales, d_logits, accumulate)
 
-    return SimpleNamespace(visit_tiles=visit_tiles_body, project=project_body, route=route_body,
+    return SimpleNamespace(visit_tiles=visit_tiles_body, project=project_body, cull=cull_body, route=route_body,
                            route_fill=route_fill_body,
                            project_backward=project_backward_body,
                            view_direction=view_direction, colour_grad=colour_grad,

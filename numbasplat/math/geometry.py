@@ -271,6 +271,15 @@ def project_vjp(mx, my, mz, qw, qx, qy, qz, ls0, ls1, ls2, view, fx, fy, cx, cy,
 
 
 @shared
+def footprint_px(dx, dy, dz, ls0, ls1, ls2, focal, sigmas):
+    """The level-of-detail footprint of a Gaussian, in pixels: ``sigmas`` standard deviations of
+    its largest axis (log-scales ``ls*``) times ``focal`` over its distance (``d*``: centre minus
+    camera centre).  On the optical axis it is the projection's radius, before the blur."""
+    distance = max(math.sqrt(dx * dx + dy * dy + dz * dz), f32(1e-12))
+    return sigmas * focal * math.exp(max(ls0, max(ls1, ls2))) / distance
+
+
+@shared
 def opacity_extent(opacity):
     """Squared Mahalanobis radius at which alpha drops to 1/255 (<=0: never visible)."""
     if not opacity > ALPHA_MIN:
