@@ -213,12 +213,13 @@ blitz)  # issue 27: BlitzGS's switches on lego and fern 7k, seed S: base (today'
         wait
     done
     python3 scripts/workload_summary.py "$R"/*_s"$seed" ;;
-blitzcity)  # issue 27: the generated city (small preset), 7k: today's defaults, each switch alone, all together (serial)
+blitzcity)  # issue 27: the generated city (small preset), 7k: today's defaults, each switch alone, all together (serial;
+    # "blitzcity 'all base lod'": those variants, in that order)
     [ -d .data/city ] || python3 run.py synth --out .data/city --preset small > "$R/synth.txt" 2>&1
     imp_t=${IMP_T:-0.0001}; lod_px=${LOD_PX:-0.5}
     imp=(--importance-every 3000 --importance-prune "$imp_t"); masks=(--importance-every 3000 --view-masks on)
     lod=(--lod-min-px "$lod_px"); all=("${imp[@]}" --view-masks on "${lod[@]}")
-    for v in base imp masks lod all; do
+    for v in ${2:-base imp masks lod all}; do
         extra=${v}[@]; [ $v = base ] && extra=none[@]
         step "city $v"; train "city_$v" 7000 --data .data/city ${!extra+"${!extra}"}
     done
