@@ -186,6 +186,9 @@ class DefaultStrategy(RefineSchedule):
             xp.minimum(op, inverse_sigmoid(0.01), out=op)
             model.reset_moments("opacities")
             done["opacity_reset"] = True
+            # every Gaussian now translucent, those hidden behind others show: the views' masks
+            # (engine/workload.py) hold no more, until the pass after the reset makes new ones
+            state.pop(VIEW_SKIP, None)
         return done
 
     def _refine(self, model, state, step, ctx):

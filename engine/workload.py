@@ -20,7 +20,9 @@ Three switches, each off by default (``TrainConfig``), each measurable alone and
   - stores each view's mask (``strategy.VIEW_SKIP``): the Gaussians whose weights in that view
     sum to under ``view_mask_below`` (1/255 by default: removing such a Gaussian changes no pixel
     by more than about one level of an 8-bit image), those outside the view or hidden behind others
-    included.  Refinements carry the masks as the weights; new Gaussians take their parent's.
+    included.  Refinements carry the masks as the weights; new Gaussians take their parent's.  An
+    opacity reset drops them (``DefaultStrategy.after_optimizer``): every Gaussian is then
+    translucent, and those hidden behind others show until the pass after the reset.
 * **Per-view culling** (``--view-masks on``, view level, needs the scoring): until the next pass a
   view hides its masked rows from its projection (``Workload.cull``, ``ns.cull``: one pass over
   the rows on the device, no gather and no sync): they cost neither binning nor rasterization, and

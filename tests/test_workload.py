@@ -197,6 +197,27 @@ def test_weights_bias_densification_and_refinements_carry_weights_and_masks():
     assert len(model) == 5 and len(state["grad"]) == 5
 
 
+def test_an_opacity_reset_drops_the_view_masks_and_keeps_the_weights():
+    """After a reset every Gaussian is translucent and what hid behind others shows: the masks go
+    (views skip nothing until the next pass), the densification weights stay."""
+    n = 3
+    arrays = {"means": np.zeros((n, 3), np.float32), "scales": np.log(np.full((n, 3), 0.01, np.float32)),
+              "quats": np.tile(np.float32([1, 0, 0, 0]), (n, 1)), "opacities": np.full(n, 2.0, np.float32),
+              "sh": np.zeros((n, 1, 3), np.float32)}
+    model = GaussianModel(arrays, "cpu")
+    s = DefaultStrategy(refine_start=0, refine_every=1000, reset_every=10)
+    state = {"grad": np.zeros(n, np.float32), "count": np.zeros(n, np.int32), "max_radius": np.zeros(n, np.float32),
+             IMPORTANCE_WEIGHT: np.float32([1.0, 0.5, 0.2]), VIEW_SKIP: np.uint8([[1], [2], [4]])}
+    ctx = Context(1.0, np.random.default_rng(0))
+    assert s.after_optimizer(model, state, 9, ctx) == {} and VIEW_SKIP in state  # no reset yet: kept
+    done = s.after_optimizer(model, state, 10, ctx)
+    assert done.get("opacity_reset") and VIEW_SKIP not in state, done
+    np.testing.assert_allclose(state[IMPORTANCE_WEIGHT], [1.0, 0.5, 0.2])
+    g = edge_case_scene(n=20, seed=2, dtype=np.float32)
+    full, p = culled(g, look_at_camera(), masked_workload(), {})  # a view with no mask skips nothing
+    np.testing.assert_array_equal(p.counts, full.counts)
+
+
 def test_scoring_steps():
     assert scoring_steps(30_000, 3000) == list(range(3000, 30_000, 3000))
     assert scoring_steps(7000, 3000) == [3000, 6000]
