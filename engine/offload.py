@@ -21,7 +21,8 @@ One step, one view:
    own, which renders, computes the loss and back-propagates as the single-GPU pipeline does, and
    steps Adam on the Gaussians the view saw (visible-only Adam: ``cfg.visible_adam`` must be on)
    with the whole model's step count; its rows go back to the pool, and its blocks' boxes are
-   recomputed there (one kernel) for the host's culling;
+   recomputed there (one kernel) for the host's culling, which reads them a step late
+   (``BoxesInFlight``: the host queues the next step without waiting for this one);
 3. where the strategy densifies or resets (``DefaultStrategy.acts_at``), the whole model is
    gathered in host memory, changed, and cut into blocks anew; snapshots gather it likewise.
 
@@ -33,6 +34,7 @@ auto``: trajectory), so that consecutive working sets overlap and few blocks mov
 come in random order, as in memory: a tour's neighbouring views in a row cost quality.
 """
 import errno
+import math
 import os
 import resource
 import shutil
@@ -49,7 +51,7 @@ from numba import njit
 import numbasplat as ns
 from numbasplat import backend as _backend
 from numbasplat.loss import l1_ssim_loss, psnr
-from numbasplat.optim import GROUPS, FlatParams, flat_to_rows, group_widths, reach_boxes, rows_to_flat
+from numbasplat.optim import GROUPS, FlatParams, adam_step_bound, flat_to_rows, group_widths, reach_boxes, rows_to_flat
 
 from .model import GaussianModel
 from .partition import GROW_PX, REACH, visible_regions
@@ -110,9 +112,10 @@ class BlockIndex:
         """The rows of block ``b``, in model order."""
         return self.by_block[self.starts[b]:self.starts[b] + self.sizes[b]]
 
-    def visible(self, camera):
-        """The blocks whose box ``camera`` can see."""
-        return np.flatnonzero(visible_regions(self.lo, self.hi, camera, grow=GROW_PX)[1])
+    def visible(self, camera, boxes=None):
+        """The blocks whose box (``boxes``: (lo, hi) instead of the index's) ``camera`` can see."""
+        lo, hi = (self.lo, self.hi) if boxes is None else boxes
+        return np.flatnonzero(visible_regions(lo, hi, camera, grow=GROW_PX)[1])
 
     def rows(self, blocks):
         """The Gaussians of ``blocks``, in model order."""
@@ -448,11 +451,10 @@ class DeviceCache:
 
     def boxes(self, blocks, index, layout):
         """The boxes that resident ``blocks``' rows reach now, computed on the device from the pool
-        (``numbasplat.optim.reach_boxes``) -> host (lo, hi), (len(blocks), 3)."""
+        (``numbasplat.optim.reach_boxes``) -> device (lo, hi), (len(blocks), 3)."""
         starts = self.xp.asarray(self.slot[blocks] * self.block_rows)
-        lo, hi = reach_boxes(self.pool, starts, self.xp.asarray(index.sizes[blocks]),
-                             layout.columns["means"][0], layout.columns["scales"][0], REACH)
-        return _backend.to_host(lo), _backend.to_host(hi)
+        return reach_boxes(self.pool, starts, self.xp.asarray(index.sizes[blocks]),
+                           layout.columns["means"][0], layout.columns["scales"][0], REACH)
 
     def _write_back(self, b, index, host):
         """Resident block ``b``'s rows from its slot to ``host``."""
@@ -460,6 +462,43 @@ class DeviceCache:
         table = _backend.to_host(self.pool[s * self.block_rows:s * self.block_rows + index.sizes[b]])
         host.put(b, np.array(table, copy=True))
         self.moved_bytes += table.nbytes
+
+
+class BoxesInFlight:
+    """The blocks' boxes, as the device recomputes them after each step (``DeviceCache.boxes``), read
+    back a step late: the host culls the next view's blocks without waiting for the device to finish
+    the step (reading them at once was a sync a step, which kept the host from queuing ahead).  Until
+    a step's boxes arrive its blocks' boxes are grown by the most one Adam step can move a centre
+    (``adam_step_bound`` times the means' rate) and a reach (the scales' rate, on at most half the
+    box): the culling stays conservative and never misses a Gaussian the view sees."""
+
+    def __init__(self, index):
+        self.index = index
+        self.pending = []  # (blocks, HostCopy lo, HostCopy hi, the means' and the scales' rates), oldest first
+
+    def add(self, blocks, lo, hi, lr_means, lr_scales):
+        """A step's boxes of ``blocks`` (device arrays), queued to the host."""
+        self.pending.append((blocks, _backend.HostCopy(lo), _backend.HostCopy(hi), lr_means, lr_scales))
+
+    def settle(self, keep=0):
+        """Write the boxes that came back into the index, all but the last ``keep`` steps' (waiting
+        for them: the older ones are long done)."""
+        while len(self.pending) > keep:
+            blocks, lo, hi, _, _ = self.pending.pop(0)
+            self.index.lo[blocks], self.index.hi[blocks] = lo.get(), hi.get()
+
+    def for_culling(self):
+        """(lo, hi) that hold every block's Gaussians now: the last step's blocks grown for its update."""
+        self.settle(keep=1)
+        if not self.pending:
+            return self.index.lo, self.index.hi
+        blocks, _, _, lr_means, lr_scales = self.pending[0]
+        lo, hi = self.index.lo.copy(), self.index.hi.copy()
+        bound = adam_step_bound()
+        grow = bound * lr_means + math.expm1(bound * lr_scales) * 0.5 * (hi[blocks] - lo[blocks])
+        lo[blocks] -= grow
+        hi[blocks] += grow
+        return lo, hi
 
 
 class OutOfCoreModel:
@@ -532,6 +571,7 @@ class OffloadTrainer(Trainer):
         an empty device pool."""
         g = model.gaussians
         self.index = index = BlockIndex(g.means, g.scales, self.block_rows)
+        self.boxes = BoxesInFlight(index)  # (those of the old index, in flight, are dropped with it)
         table = self.layout.table(model, statistics, np)
         self.host.reset({b: table[index.members(b)] for b in range(index.blocks)})
         counts = (self.cache.moved_bytes, self.cache.hits, self.cache.misses) if self.cache else (0, 0, 0)
@@ -575,6 +615,7 @@ class OffloadTrainer(Trainer):
 
     def view_image(self, gaussians, camera):
         """A view rendered from its working set on the device (the whole model need not fit there)."""
+        self.boxes.settle()
         seen = gaussians.take(self.index.rows(self.index.visible(camera)))
         return super().view_image(ns.Gaussians(**{k: self.xp.asarray(a) for k, a in seen.arrays().items()}), camera)
 
@@ -595,7 +636,7 @@ class OffloadTrainer(Trainer):
         """The view's blocks resident (the missing ones moved in); -> (the blocks, their rows' pool rows in
         model order)."""
         view = self.data.train[view_index]
-        blocks = self.index.visible(view.camera)
+        blocks = self.index.visible(view.camera, self.boxes.for_culling())
         if len(blocks) > self.cache.slots:
             need = len(blocks) * self._slot_bytes()
             have = self.gpu_memory or self.cache.slots * self._slot_bytes()
@@ -617,7 +658,7 @@ class OffloadTrainer(Trainer):
         blocks, where = self._working_set(i)
         where_d = self.xp.asarray(where)
         if self.order and self.mode == "disk":  # the next view's blocks, read ahead while this one trains
-            self.host.prefetch(self.index.visible(self.data.train[self.order[-1]].camera))
+            self.host.prefetch(self.index.visible(self.data.train[self.order[-1]].camera, self.boxes.for_culling()))
         self.wait_s += time.perf_counter() - t0
         working, stats = self.layout.model(self.cache.pool, self._adam_steps, self.backend, rows=where_d)
         self._working = working
@@ -645,7 +686,7 @@ class OffloadTrainer(Trainer):
         self.layout.store(working, stats, self.cache.pool, where_d)
         self.cache.dirty.update(int(b) for b in blocks)
         self._whole = None
-        self.index.lo[blocks], self.index.hi[blocks] = self.cache.boxes(blocks, self.index, self.layout)
+        self.boxes.add(blocks, *self.cache.boxes(blocks, self.index, self.layout), lr["means"], lr["scales"])
         self.cache.moved_bytes += where.nbytes + 40 * len(blocks)  # the pool rows in; the slots, sizes in, boxes out
         clock.end("optimizer")
         ctx = self.context(lr_means=lr["means"])

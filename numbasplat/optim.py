@@ -95,6 +95,18 @@ def reach_boxes(table, starts, sizes, means_col, scales_col, reach_sigmas, backe
     return lo, hi
 
 
+def adam_step_bound(b1=0.9, b2=0.999):
+    """The most one Adam step can move a parameter, in units of its learning rate, whatever the
+    gradients: |m_hat / sqrt(v_hat)| <= (1 - b1) / sqrt((1 - b2) (1 - b1^2 / b2)), by Cauchy-Schwarz
+    over the moments' sums (a gradient k steps old weighs b1^k in m, b2^k in v), times the bias
+    corrections' ratio sqrt(1 - b2^t) / (1 - b1^t), which is at most 1 for 3DGS's betas (tested).
+    It holds for visible-only steps too: a row's moments sum its own steps.  7.27 for (0.9, 0.999);
+    the eps only makes a step shorter."""
+    if not b1 * b1 < b2:
+        raise ValueError(f"adam_step_bound needs b1^2 < b2, got b1={b1}, b2={b2}")
+    return (1 - b1) / math.sqrt((1 - b2) * (1 - b1 * b1 / b2))
+
+
 def column_lrs(lr, sh_bases):
     """Per-column learning rates from a dict of group rates; 'sh_rest' is the higher SH bands."""
     cols = []

@@ -309,7 +309,7 @@ print(f"{out.name}: {n / secs:.1f} images/s ({steady:.1f} in the second half), p
 PY
     }
     # warm-ups past the first densifications (their kernels compile then)
-    train warm 1100 "${LEGO[@]}" --visible-adam; train warm 1100 "${LEGO[@]}" --offload host
+    train warm 1100 "${LEGO[@]}" --visible-adam; train warm_offload 1100 "${LEGO[@]}" --offload host
     for scene in ${SCENES:-lego fern}; do
         args=FERN[@]; [ $scene = lego ] && args=LEGO[@]
         for mode in memory host disk; do

@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 
 from engine.demo import make_dataset
-from engine.offload import BlockIndex, DeviceCache, DiskBlocks, HostBlocks, OffloadTrainer, RowLayout, morton_codes
+from engine.offload import (BlockIndex, BoxesInFlight, DeviceCache, DiskBlocks, HostBlocks, OffloadTrainer, RowLayout,
+                            morton_codes)
+from engine.partition import REACH
+from numbasplat.optim import adam_step_bound
 from engine.single_gpu import SingleGPUTrainer
 from engine.strategy import DefaultStrategy
 from engine.trainer import SNAPSHOT
@@ -44,6 +47,39 @@ def test_morton_blocks_are_compact_and_their_boxes_cull_conservatively(dataset):
         p = ns.project(g, v.camera, backend="cpu")
         kept = index.rows(index.visible(v.camera))
         assert set(np.flatnonzero(p.counts > 0)) <= set(kept.tolist())
+
+
+def test_boxes_read_a_step_late_still_hold_every_gaussian():
+    """Between a step and the arrival of its boxes, culling uses the step's blocks' older boxes grown
+    for one Adam step: they hold the rows moved by as much as a step can (centres by the bound times
+    the means' rate, log-scales by the bound times the scales'), and the boxes that arrive are exact."""
+    rng = np.random.default_rng(3)
+    means = rng.normal(size=(3000, 3)).astype(np.float32)
+    scales = rng.uniform(-5, -2, (3000, 3)).astype(np.float32)
+    index = BlockIndex(means, scales, block_rows=256)
+    boxes = BoxesInFlight(index)
+    assert boxes.for_culling()[0] is index.lo  # nothing in flight: the index's own
+    lr_means, lr_scales, bound = 2e-3, 5e-3, adam_step_bound()
+    blocks = np.array([0, 3, 7])
+    rows = index.rows(blocks)
+    moved_means, moved_scales = means.copy(), scales.copy()
+    moved_means[rows] += rng.choice([-1, 1], (len(rows), 3)) * np.float32(bound * lr_means * 0.999)
+    moved_scales[rows] += np.float32(bound * lr_scales * 0.999)
+    table = np.hstack([moved_means, moved_scales])[index.by_block]
+    lo, hi = reach_boxes(table, index.starts[blocks], index.sizes[blocks], 0, 3, REACH, "cpu")
+    boxes.add(blocks, lo, hi, lr_means, lr_scales)
+    cull_lo, cull_hi = boxes.for_culling()
+    assert (cull_lo[blocks] <= lo).all() and (cull_hi[blocks] >= hi).all()
+    assert not np.array_equal(cull_lo[blocks], index.lo[blocks])     # grown, the index's own untouched
+    others = np.setdiff1d(np.arange(index.blocks), blocks)
+    np.testing.assert_array_equal(cull_lo[others], index.lo[others])
+    boxes.add(np.array([1]), index.lo[[1]], index.hi[[1]], lr_means, lr_scales)   # the next step's
+    boxes.for_culling()  # the first step's boxes now written into the index
+    np.testing.assert_array_equal(index.lo[blocks], lo)
+    np.testing.assert_array_equal(index.hi[blocks], hi)
+    assert len(boxes.pending) == 1
+    boxes.settle()
+    assert not boxes.pending
 
 
 def test_reach_boxes_hold_every_rows_reach_and_nothing_more():

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from conftest import run_sim
-from numbasplat.optim import Adam, FlatParams, column_lrs, exp_decay
+from numbasplat.optim import Adam, FlatParams, adam_step_bound, column_lrs, exp_decay
 from tests.scenes import edge_case_scene
 
 LR = {"means": 1e-3, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "sh": 2.5e-3}
@@ -52,6 +52,36 @@ def test_fused_adam_matches_numpy(visible_only):
         never = ~np.any(vis_seq, axis=0)
         assert never.any()
         np.testing.assert_array_equal(flat.view("means")[never], start["means"][never])
+
+
+def test_adam_step_bound_holds_and_is_reached():
+    """The fused Adam's steps (visible-only, rows skipping steps) never move a parameter by more than
+    ``adam_step_bound`` learning rates; gradients growing by b2 / b1 a step (where Cauchy-Schwarz is
+    tight) come within 2% of it once the bias corrections have faded; random ones stay far under."""
+    bound = adam_step_bound()
+    assert bound == pytest.approx(7.27, abs=0.01)
+    t = np.arange(1, 200_000)
+    assert (np.sqrt(1 - 0.999 ** t) / (1 - 0.9 ** t) <= 1 + 1e-12).all()  # the bias corrections' ratio
+    with pytest.raises(ValueError, match="b1"):
+        adam_step_bound(0.99, 0.9)
+    g = edge_case_scene(n=8, dtype=np.float32)
+    flat = FlatParams.from_gaussians(g)
+    opt = Adam(flat, backend="cpu")
+    opt.step_count = 50_000  # the bias corrections faded
+    lrs = np.full(len(column_lrs(LR, flat.sh_bases)), 1e-3, np.float32)
+    rng = np.random.default_rng(2)
+    worst = 0.0
+    for k in range(300):
+        before = flat.data.copy()
+        grads = np.zeros(flat.size, np.float32)
+        grads[: flat.n * 3] = (0.999 / 0.9) ** k   # the means (group first): growing gradients
+        grads[flat.n * 3:] = rng.normal(size=flat.size - flat.n * 3)
+        vis = rng.random(flat.n) < 0.8 if k % 2 else None  # rows skip steps
+        opt.step(grads, lrs, vis)
+        moved = np.abs(flat.data.astype(np.float64) - before) / 1e-3
+        assert moved.max() <= bound * (1 + 1e-5), (k, moved.max())
+        worst = max(worst, moved[: flat.n * 3].max())
+    assert worst > 0.98 * bound, worst  # the bound is reached: no loose guess
 
 
 def test_sh_columns_get_band_rates_and_means_decay():
