@@ -549,7 +549,7 @@ class OffloadTrainer(Trainer):
         super().__init__(dataset, out_dir, cfg, backend, log)
         self.mode, self.block_rows, self.gpu_memory = mode, block_rows, int(gpu_memory)
         self.host = DiskBlocks(offload_dir, host_memory, prefetch) if mode == "disk" else HostBlocks()
-        self.index = self.layout = self.cache = None
+        self.index = self.layout = self.cache = self.boxes = None
         self._whole = None  # the whole model gathered in host memory, until a step changes it
         self._working = None
         self.model = None
@@ -570,8 +570,10 @@ class OffloadTrainer(Trainer):
         """Cut ``model`` (host) and its ``statistics`` into blocks anew: the index, the host's tables,
         an empty device pool."""
         g = model.gaussians
+        if self.boxes is not None:
+            self.boxes.settle()  # the old index's boxes in flight landed (their pinned memory free to reuse)
         self.index = index = BlockIndex(g.means, g.scales, self.block_rows)
-        self.boxes = BoxesInFlight(index)  # (those of the old index, in flight, are dropped with it)
+        self.boxes = BoxesInFlight(index)
         table = self.layout.table(model, statistics, np)
         self.host.reset({b: table[index.members(b)] for b in range(index.blocks)})
         counts = (self.cache.moved_bytes, self.cache.hits, self.cache.misses) if self.cache else (0, 0, 0)
@@ -732,5 +734,7 @@ class OffloadTrainer(Trainer):
                 f"hit {record['cache_hit_rate']:.0%} wait {1e3 * record['wait_s']:.1f} ms")
 
     def close(self):
-        """Remove disk mode's files (they hold nothing the snapshot lacks)."""
+        """Remove disk mode's files (they hold nothing the snapshot lacks); let the boxes in flight land."""
+        if self.boxes is not None:
+            self.boxes.settle()
         self.host.close()
