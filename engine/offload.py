@@ -46,7 +46,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 import numbasplat as ns
 from numbasplat import backend as _backend
@@ -122,20 +122,33 @@ class BlockIndex:
         return np.flatnonzero(np.isin(self.block, blocks))
 
 
-@njit(cache=True)
+POOL_ROWS_CHUNK = 1 << 16  # rows a thread scans at a time in ``_pool_rows``
+
+
+@njit(parallel=True, cache=True)
 def _pool_rows(block, position, slot, block_rows):
-    """The pool rows of the Gaussians whose block has a slot (``slot`` >= 0), in model order."""
-    n = 0
-    for r in range(block.shape[0]):
-        if slot[block[r]] >= 0:
-            n += 1
-    where = np.empty(n, np.int64)
-    k = 0
-    for r in range(block.shape[0]):
-        s = slot[block[r]]
-        if s >= 0:
-            where[k] = s * block_rows + position[r]
-            k += 1
+    """The pool rows of the Gaussians whose block has a slot (``slot`` >= 0), in model order: chunks of
+    rows counted, then filled, in parallel (a step scans every row of the model: 8M rows on one
+    thread took tens of milliseconds)."""
+    n = block.shape[0]
+    chunks = (n + POOL_ROWS_CHUNK - 1) // POOL_ROWS_CHUNK
+    ends = np.zeros(chunks + 1, np.int64)
+    for c in prange(chunks):
+        k = 0
+        for r in range(c * POOL_ROWS_CHUNK, min(n, (c + 1) * POOL_ROWS_CHUNK)):
+            if slot[block[r]] >= 0:
+                k += 1
+        ends[c + 1] = k
+    for c in range(chunks):
+        ends[c + 1] += ends[c]
+    where = np.empty(ends[chunks], np.int64)
+    for c in prange(chunks):
+        k = ends[c]
+        for r in range(c * POOL_ROWS_CHUNK, min(n, (c + 1) * POOL_ROWS_CHUNK)):
+            s = slot[block[r]]
+            if s >= 0:
+                where[k] = s * block_rows + position[r]
+                k += 1
     return where
 
 

@@ -49,6 +49,18 @@ def test_morton_blocks_are_compact_and_their_boxes_cull_conservatively(dataset):
         assert set(np.flatnonzero(p.counts > 0)) <= set(kept.tolist())
 
 
+def test_pool_rows_are_the_resident_blocks_rows_in_model_order():
+    """The parallel scan against numpy, across its chunks' edges (65536 rows a chunk) and empty input."""
+    from engine.offload import POOL_ROWS_CHUNK, _pool_rows
+    rng = np.random.default_rng(5)
+    for n in (0, 1, POOL_ROWS_CHUNK, POOL_ROWS_CHUNK + 1, 3 * POOL_ROWS_CHUNK + 17):
+        blocks = n // 100 + 2
+        block, position = rng.integers(0, blocks, n), rng.integers(0, 100, n)
+        slot = np.where(rng.random(blocks) < 0.4, rng.integers(0, 50, blocks), -1).astype(np.int64)
+        want = (slot[block] * 100 + position)[slot[block] >= 0]
+        np.testing.assert_array_equal(_pool_rows(block, position, slot, 100), want, err_msg=str(n))
+
+
 def test_boxes_read_a_step_late_still_hold_every_gaussian():
     """Between a step and the arrival of its boxes, culling uses the step's blocks' older boxes grown
     for one Adam step: they hold the rows moved by as much as a step can (centres by the bound times
