@@ -488,10 +488,12 @@ class BoxesInFlight:
     def __init__(self, index):
         self.index = index
         self.pending = []  # (blocks, HostCopy lo, HostCopy hi, the means' and the scales' rates), oldest first
+        self._culling = None  # for_culling's boxes until the next step's arrive (a step culls twice in disk mode)
 
     def add(self, blocks, lo, hi, lr_means, lr_scales):
         """A step's boxes of ``blocks`` (device arrays), queued to the host."""
         self.pending.append((blocks, _backend.HostCopy(lo), _backend.HostCopy(hi), lr_means, lr_scales))
+        self._culling = None
 
     def settle(self, keep=0):
         """Write the boxes that came back into the index, all but the last ``keep`` steps' (waiting
@@ -499,19 +501,22 @@ class BoxesInFlight:
         while len(self.pending) > keep:
             blocks, lo, hi, _, _ = self.pending.pop(0)
             self.index.lo[blocks], self.index.hi[blocks] = lo.get(), hi.get()
+            self._culling = None
 
     def for_culling(self):
         """(lo, hi) that hold every block's Gaussians now: the last step's blocks grown for its update."""
         self.settle(keep=1)
         if not self.pending:
             return self.index.lo, self.index.hi
-        blocks, _, _, lr_means, lr_scales = self.pending[0]
-        lo, hi = self.index.lo.copy(), self.index.hi.copy()
-        bound = adam_step_bound()
-        grow = bound * lr_means + math.expm1(bound * lr_scales) * 0.5 * (hi[blocks] - lo[blocks])
-        lo[blocks] -= grow
-        hi[blocks] += grow
-        return lo, hi
+        if self._culling is None:
+            blocks, _, _, lr_means, lr_scales = self.pending[0]
+            lo, hi = self.index.lo.copy(), self.index.hi.copy()
+            bound = adam_step_bound()
+            grow = bound * lr_means + math.expm1(bound * lr_scales) * 0.5 * (hi[blocks] - lo[blocks])
+            lo[blocks] -= grow
+            hi[blocks] += grow
+            self._culling = (lo, hi)
+        return self._culling
 
 
 class OutOfCoreModel:

@@ -50,7 +50,6 @@ from numbasplat import backend as _backend
 from .strategy import IMPORTANCE_WEIGHT, STATISTICS, VIEW_SKIP
 
 
-
 def scoring_steps(iterations, every, waits=()):
     """The steps after which the importance pass runs: every multiple of ``every`` below
     ``iterations``, and once more at 90% of the run (rounded down) unless one of them falls in

@@ -81,6 +81,7 @@ def test_boxes_read_a_step_late_still_hold_every_gaussian():
     lo, hi = reach_boxes(table, index.starts[blocks], index.sizes[blocks], 0, 3, REACH, "cpu")
     boxes.add(blocks, lo, hi, lr_means, lr_scales)
     cull_lo, cull_hi = boxes.for_culling()
+    assert boxes.for_culling()[0] is cull_lo  # computed once a step (disk mode culls twice)
     assert (cull_lo[blocks] <= lo).all() and (cull_hi[blocks] >= hi).all()
     assert not np.array_equal(cull_lo[blocks], index.lo[blocks])     # grown, the index's own untouched
     others = np.setdiff1d(np.arange(index.blocks), blocks)

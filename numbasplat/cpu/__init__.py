@@ -10,8 +10,8 @@ import numpy as np
 
 from .loss import as_images, l1_ssim, ssim_forward
 from .optim import adam, move_rows, reach_boxes
-from .raster import (contributions, cull, emit_intersections, project, project_backward, raster_backward, raster_forward,
-                     route, route_fill)
+from .raster import (contributions, cull, emit_intersections, project, project_backward, raster_backward,
+                     raster_forward, route, route_fill)
 from .sparse import decode_add, encode, scatter_add
 from .tile_loss import tile_loss
 
