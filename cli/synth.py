@@ -6,7 +6,8 @@ def cmd_synth(a):
     """Write the procedural city dataset (data/synthetic_city.py) and say what it holds."""
     from data.synthetic_city import generate
     s = generate(a.out, preset=a.preset, gaussians=a.gaussians, views=a.views, resolution=a.res, seed=a.seed,
-                 force=a.force, progress=not a.quiet, exposure=a.exposure)
+                 force=a.force, progress=not a.quiet, exposure=a.exposure, blocks=a.blocks,
+                 **({} if a.street_share is None else {"street_share": a.street_share}))
     print(f"wrote {a.out}: {s['gaussians']} ground-truth Gaussians, {s['views']} views at {s['width']}x{s['height']} "
           f"({s['street_views']} street, {s['aerial_views']} aerial, {s['test_views']} held out), "
           f"{s['initial_points']} initial points; {sum(s['seconds'].values()):.1f} s")
@@ -21,6 +22,11 @@ def add_commands(sub):
     y.add_argument("--gaussians", type=count(1), default=None, help="ground-truth Gaussians (default: the preset's)")
     y.add_argument("--views", type=count(1), default=None, help="views, every 8th held out (default: the preset's)")
     y.add_argument("--res", default=None, help="image size WxH (default: the preset's)")
+    y.add_argument("--blocks", type=count(1), default=None,
+                   help="the city's size: blocks x blocks of buildings and streets (default: the preset's)")
+    y.add_argument("--street-share", type=float, default=None, metavar="X",
+                   help="the share of street-level views, the rest aerial orbits (default 0.7; 0: an aerial "
+                        "capture, whose views each see a neighbourhood)")
     y.add_argument("--seed", type=count(0), default=0)
     y.add_argument("--exposure", type=float, default=0.0, metavar="SIGMA",
                    help="vary the training images' exposure and white balance: per-channel gains exp(SIGMA z), "

@@ -840,11 +840,11 @@ def aerial_poses(layout, n, rng):
     return np.array(poses, np.float64)
 
 
-def city_views(layout, n, width, height, seed=None):
-    """The ``n`` views in capture order: STREET_SHARE street paths, then the aerial orbits.
+def city_views(layout, n, width, height, seed=None, street_share=STREET_SHARE):
+    """The ``n`` views in capture order: ``street_share`` of them street paths, then the aerial orbits.
     Image names are the capture index, zero-padded, and the kind: they sort in capture order."""
     rng = np.random.default_rng([layout.seed if seed is None else int(seed), 2])
-    n_street = int(round(STREET_SHARE * n))
+    n_street = int(round(street_share * n))
     poses = [("street", p) for p in street_poses(layout, n_street, rng)]
     poses += [("aerial", p) for p in aerial_poses(layout, n - n_street, rng)]
     digits = max(5, len(str(n - 1)))
@@ -1002,17 +1002,22 @@ def _prepare(out, force):
 
 
 def generate(out, preset="small", gaussians=None, views=None, resolution=None, seed=0, force=False, progress=True,
-             backend=None, exposure=0.0):
+             backend=None, exposure=0.0, blocks=None, street_share=STREET_SHARE):
     """Write the city dataset of ``preset`` to the folder ``out`` (see the module docstring).
 
-    ``gaussians``, ``views`` and ``resolution`` ('WxH' or (W, H)) override the preset's;
-    the city's size stays the preset's.  ``exposure`` > 0 varies the training images' exposure
+    ``gaussians``, ``views``, ``resolution`` ('WxH' or (W, H)) and ``blocks`` (the city is blocks x
+    blocks) override the preset's.  ``street_share``: the share of street views, the rest aerial (0:
+    an aerial capture, as Mill-19's; a street view down a long street has half the city in its
+    frustum, an orbit a neighbourhood: the out-of-core trainer's working sets).  ``exposure`` > 0 varies the training images' exposure
     (exposure_gains; the gains go to synth.json).  ``backend`` renders ('cpu' or 'cuda'; None: the
     process default).  Bad values raise ValueError naming the command-line option.
     Returns a summary (the contents of synth.json, plus seconds)."""
     p = _preset(preset)
     n = _positive("--gaussians", gaussians) or p.gaussians
     n_views = _positive("--views", views) or p.views
+    city_blocks = _positive("--blocks", blocks) or p.blocks
+    if not (isinstance(street_share, (int, float)) and 0 <= street_share <= 1):
+        raise ValueError(f"--street-share must be a number in [0, 1], got {street_share!r}")
     width, height = parse_resolution(resolution) or (p.width, p.height)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"--seed must be a non-negative integer, got {seed!r}")
@@ -1020,19 +1025,19 @@ def generate(out, preset="small", gaussians=None, views=None, resolution=None, s
         raise ValueError(f"--exposure must be a number in [0, 2), got {exposure!r}")
     seconds = {}
     t0 = time.perf_counter()
-    layout = plan_city(p.blocks, seed)
+    layout = plan_city(city_blocks, seed)
     faces = city_faces(layout)
     budget(layout, faces, n)   # --gaussians too few: say so before writing anything
     out = _prepare(out, force)
     model = city_gaussians(layout, n)
-    city = city_views(layout, n_views, width, height)
+    city = city_views(layout, n_views, width, height, street_share=street_share)
     xyz, rgb = sparse_points(layout, model)
     seconds["scene"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     write_colmap_text(out / "sparse" / "0", city, width, height, xyz, rgb)
     save_ply(out / "ground_truth.ply", model.gaussians)
     summary = {
-        "preset": preset, "seed": int(seed), "blocks": p.blocks, "gaussians": n, "sh_degree": SH_DEGREE,
+        "preset": preset, "seed": int(seed), "blocks": city_blocks, "gaussians": n, "sh_degree": SH_DEGREE,
         "parts": {k: list(v) for k, v in model.parts.items()}, "spacing_m": model.spacing,
         "tallest_m": layout.tallest, "width": width, "height": height, "views": n_views,
         "street_views": sum(v.kind == "street" for v in city), "aerial_views": sum(v.kind == "aerial" for v in city),

@@ -169,33 +169,44 @@ class RowLayout:
         self.row_bytes = 4 * self.columns_total
         plan = [(i * w + a, b - a, c) for i in range(3) for a, b in self.columns.values() for c in range(b - a)]
         plan += [(3 * w + j, 1, 0) for j in range(len(self.statistics))]
-        self.plan = np.ascontiguousarray(np.array(plan, np.int32).T)  # (3, columns): a, b, d
+        plan = [p + (j,) for j, p in enumerate(plan)]
+        self.plan = np.ascontiguousarray(np.array(plan, np.int32).T)  # (4, columns): a, b, d, the column
         self._plans = {}
 
-    def _plan(self, xp):
-        if xp not in self._plans:
-            self._plans[xp] = xp.asarray(self.plan)
-        return self._plans[xp]
-
-    def _flat(self, model, statistics):
-        """``model``'s parameters, moments and ``statistics`` (missing: zeros) back to back in one array:
-        the array it was made on when ``model`` made it and it still trains on it, else a new one."""
-        xp, n = model.xp, len(model)
-        flat, views = getattr(model, "_rows_flat", (None, ()))
-        if flat is None or any(a is not b for a, b in zip(views, (model.params.data, model.adam.m, model.adam.v))):
-            flat = xp.empty(n * self.columns_total, np.float32)
-            for i, a in enumerate((model.params.data, model.adam.m, model.adam.v)):
-                flat[i * n * self.width:(i + 1) * n * self.width] = a
-        base = 3 * n * self.width
-        for j, k in enumerate(self.statistics):
-            flat[base + j * n:base + (j + 1) * n] = xp.asarray(statistics[k]) if k in statistics else 0
-        return flat
+    def _plan(self, xp, part=None):
+        """The plan on ``xp``'s device: of every column, or (``part`` 0-2) of the columns of the
+        parameters, m or v alone, as if that buffer were the flat one."""
+        if (xp, part) not in self._plans:
+            plan = self.plan
+            if part is not None:
+                plan = np.array(self.plan[:, part * self.width:(part + 1) * self.width], order="C")  # (a copy)
+                plan[0] -= part * self.width
+            self._plans[xp, part] = xp.asarray(plan)
+        return self._plans[xp, part]
 
     def store(self, model, statistics, table, rows):
         """Write ``model`` (a ``GaussianModel``) and ``statistics`` (its rows'; missing: zeros) into
-        rows ``rows`` of ``table``, on the model's device."""
-        flat_to_rows(self._flat(model, statistics), model.xp.asarray(rows, np.int64), self._plan(model.xp), table,
-                     model.backend)
+        rows ``rows`` of ``table``, on the model's device: in one kernel when the model trains on the
+        flat array that ``model()`` made, else a kernel per buffer (the whole model is not copied:
+        the out-of-core trainer cuts models of 100M Gaussians into blocks)."""
+        xp, n, w = model.xp, len(model), self.width
+        rows = xp.asarray(rows, np.int64)
+        buffers = (model.params.data, model.adam.m, model.adam.v)
+        flat, views = getattr(model, "_rows_flat", (None, ()))
+        if flat is not None and all(a is b for a, b in zip(views, buffers)):
+            for j, k in enumerate(self.statistics):
+                column = flat[(3 * w + j) * n:(3 * w + j + 1) * n]
+                source = statistics.get(k)
+                if source is None:
+                    column[...] = 0
+                elif not (_backend.is_device(source) and source.data.ptr == column.data.ptr):  # (not a view)
+                    column[...] = xp.asarray(source)
+            flat_to_rows(flat, rows, self._plan(xp), table, model.backend)
+            return
+        for part, buffer in enumerate(buffers):
+            flat_to_rows(buffer, rows, self._plan(xp, part), table, model.backend)
+        for j, k in enumerate(self.statistics):
+            table[rows, 3 * w + j] = xp.asarray(statistics[k]) if k in statistics else 0
 
     def table(self, model, statistics, xp=None):
         """The (N, columns) table of ``model`` and ``statistics`` (``store``'s), on ``xp``'s device."""
@@ -217,7 +228,7 @@ class RowLayout:
         params = FlatParams(n, self.sh_bases, xp, data=flat[:n * w])
         model = GaussianModel.from_flat(params, flat[n * w:2 * n * w], flat[2 * n * w:3 * n * w], step, backend)
         model._rows_flat = (flat, (model.params.data, model.adam.m, model.adam.v))
-        statistics = {k: flat[(3 * w + j) * n:(3 * w + j + 1) * n].astype(dtype)
+        statistics = {k: flat[(3 * w + j) * n:(3 * w + j + 1) * n].astype(dtype, copy=False)  # (float32: views)
                       for j, (k, dtype) in enumerate(self.statistics.items())}
         return model, statistics
 
@@ -462,12 +473,11 @@ class DeviceCache:
             self._write_back(b, index, host)
         self.dirty.clear()
 
-    def boxes(self, blocks, index, layout):
-        """The boxes that resident ``blocks``' rows reach now, computed on the device from the pool
-        (``numbasplat.optim.reach_boxes``) -> device (lo, hi), (len(blocks), 3)."""
-        starts = self.xp.asarray(self.slot[blocks] * self.block_rows)
-        return reach_boxes(self.pool, starts, self.xp.asarray(index.sizes[blocks]),
-                           layout.columns["means"][0], layout.columns["scales"][0], REACH)
+    def boxes(self, starts, sizes, layout):
+        """The boxes that the pool's rows ``starts`` .. ``starts + sizes`` (device arrays: resident
+        blocks' rows) reach now, computed on the device (``numbasplat.optim.reach_boxes``) -> device
+        (lo, hi), (len(starts), 3)."""
+        return reach_boxes(self.pool, starts, sizes, layout.columns["means"][0], layout.columns["scales"][0], REACH)
 
     def _write_back(self, b, index, host):
         """Resident block ``b``'s rows from its slot to ``host``."""
@@ -569,7 +579,8 @@ class OffloadTrainer(Trainer):
         self.host = DiskBlocks(offload_dir, host_memory, prefetch) if mode == "disk" else HostBlocks()
         self.index = self.layout = self.cache = self.boxes = None
         self._whole = None  # the whole model gathered in host memory, until a step changes it
-        self._working = None
+        self._rows = None  # the last working set's blocks and pool rows (``_working_set``), reused while unchanged
+        self._working = None  # (its ``_rows``, the model it trained, its statistics): the next step's if still current
         self.model = None
         self.wait_s = 0.0
         self._since_log = self._counters()
@@ -591,9 +602,11 @@ class OffloadTrainer(Trainer):
         if self.boxes is not None:
             self.boxes.settle()  # the old index's boxes in flight landed (their pinned memory free to reuse)
         self.index = index = BlockIndex(g.means, g.scales, self.block_rows)
+        self._rows = self._working = None
         self.boxes = BoxesInFlight(index)
-        table = self.layout.table(model, statistics, np)
-        self.host.reset({b: table[index.members(b)] for b in range(index.blocks)})
+        table = np.empty((len(index), self.layout.columns_total), np.float32)  # block by block (no second copy)
+        self.layout.store(model, statistics, table, index.starts[index.block] + index.position)
+        self.host.reset({b: table[index.starts[b]:index.starts[b] + index.sizes[b]] for b in range(index.blocks)})
         counts = (self.cache.moved_bytes, self.cache.hits, self.cache.misses) if self.cache else (0, 0, 0)
         self.cache = None  # (the old pool freed before the new one is made)
         self.cache = DeviceCache(self.xp, self.layout, self.block_rows, self._slots(), index.blocks)
@@ -654,7 +667,9 @@ class OffloadTrainer(Trainer):
     # ------------------------------------------------------------------ one step
     def _working_set(self, view_index):
         """The view's blocks resident (the missing ones moved in); -> (the blocks, their rows' pool rows in
-        model order)."""
+        model order, on the host and on the device, the blocks' first pool rows and sizes on the device).
+        Consecutive views often have the same blocks in the same slots (every one, where the model
+        fits): their rows are then reused, neither scanned for nor uploaded again."""
         view = self.data.train[view_index]
         blocks = self.index.visible(view.camera, self.boxes.for_culling())
         if len(blocks) > self.cache.slots:
@@ -664,9 +679,18 @@ class OffloadTrainer(Trainer):
                              f"({int(self.index.sizes[blocks].sum()):,} Gaussians in {len(blocks)} blocks) needs "
                              f"{format_bytes(need)}; give --gpu-memory {format_bytes(need)} or more")
         self.cache.fetch(blocks, self.index, self.host)
-        visible = np.full(self.index.blocks, -1, np.int64)
-        visible[blocks] = self.cache.slot[blocks]
-        return blocks, _pool_rows(self.index.block, self.index.position, visible, self.block_rows)
+        slots = self.cache.slot[blocks]
+        last = self._rows
+        if last is None or last[0] is not self.index or not np.array_equal(last[1], blocks) \
+                or not np.array_equal(last[2], slots):
+            visible = np.full(self.index.blocks, -1, np.int64)
+            visible[blocks] = slots
+            where = _pool_rows(self.index.block, self.index.position, visible, self.block_rows)
+            xp = self.xp
+            self._rows = (self.index, blocks, slots, where, xp.asarray(where), xp.asarray(slots * self.block_rows),
+                          xp.asarray(self.index.sizes[blocks]))
+            self.cache.moved_bytes += where.nbytes + 16 * len(blocks)  # the pool rows, the slots' rows and sizes
+        return self._rows[1:2] + self._rows[3:]
 
     def train_step(self):
         c = self.cfg
@@ -675,13 +699,15 @@ class OffloadTrainer(Trainer):
         i = self.next_view()
         view = self.data.train[i]
         t0 = time.perf_counter()
-        blocks, where = self._working_set(i)
-        where_d = self.xp.asarray(where)
+        blocks, where, where_d, starts_d, sizes_d = self._working_set(i)
         if self.order and self.mode == "disk":  # the next view's blocks, read ahead while this one trains
             self.host.prefetch(self.index.visible(self.data.train[self.order[-1]].camera, self.boxes.for_culling()))
         self.wait_s += time.perf_counter() - t0
-        working, stats = self.layout.model(self.cache.pool, self._adam_steps, self.backend, rows=where_d)
-        self._working = working
+        if self._working is not None and self._working[0] is self._rows:  # its rows in the pool: as it holds them
+            working, stats = self._working[1:]
+        else:
+            working, stats = self.layout.model(self.cache.pool, self._adam_steps, self.backend, rows=where_d)
+            self._working = (self._rows, working, stats)
         clock.end("owner")
         g = working.gaussians
         p = ns.project(g, view.camera, sh_degree=self.sh_degree_now(), antialias=c.antialias, backend=self.backend,
@@ -706,8 +732,8 @@ class OffloadTrainer(Trainer):
         self.layout.store(working, stats, self.cache.pool, where_d)
         self.cache.dirty.update(int(b) for b in blocks)
         self._whole = None
-        self.boxes.add(blocks, *self.cache.boxes(blocks, self.index, self.layout), lr["means"], lr["scales"])
-        self.cache.moved_bytes += where.nbytes + 40 * len(blocks)  # the pool rows in; the slots, sizes in, boxes out
+        self.boxes.add(blocks, *self.cache.boxes(starts_d, sizes_d, self.layout), lr["means"], lr["scales"])
+        self.cache.moved_bytes += 24 * len(blocks)  # the boxes out
         clock.end("optimizer")
         ctx = self.context(lr_means=lr["means"])
         events = {}
@@ -731,7 +757,9 @@ class OffloadTrainer(Trainer):
         return psnr(image, target)
 
     def _check_finite(self, loss=None, model=None):
-        super()._check_finite(loss, self._working if model is None else model)  # the last working set
+        if model is None:  # the last working set, else (just cut anew) the whole model
+            model = self._working[1] if self._working is not None else self._whole[0]
+        super()._check_finite(loss, model)
 
     def log_extra(self):
         """The working set, the device's pool and the traffic per step since the last log line."""

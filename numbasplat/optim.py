@@ -71,7 +71,7 @@ class FlatParams:
 
 def rows_to_flat(table, rows, plan, flat, backend=None):
     """Rows ``rows`` (int64) of the row ``table`` (float32, (R, C)) into ``flat`` (float32, len(rows) * C),
-    in one kernel; ``plan`` (3, C) int32: each column's (a, b, d) of ``numbasplat.math.rows``.  The
+    in one kernel; ``plan`` (4, C) int32: each moving column's (a, b, d, j) of ``numbasplat.math.rows``.  The
     out-of-core trainer's working set, from its pool of blocks, as flat buffers back to back."""
     _backend.kernels(backend or _backend.backend_of(table)).move_rows(table, rows, plan, flat, True)
 

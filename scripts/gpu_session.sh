@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|smoke [ITERS]|pixel P|offload [G]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|smoke [ITERS]|pixel P|offload [G]|citysynth G [synth options]|offloadcity G [ITERS]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -20,6 +20,23 @@ train() {  # name iters args...: a 7k/30k run with test metrics, no renders or s
         > "$R/$name.txt" 2>&1
     echo "$name: $(grep -av Warn "$R/$name.txt" | tail -1)"
     [ -n "${KEEP:-}" ] || rm -rf "$R/$name/snapshot.h5" "$R/$name"/test_renders "$R/$name"/point_cloud
+}
+offload_summary() {  # an offloaded or in-memory run's images/s, PSNR and traffic (metrics.json, log.jsonl)
+    python3 - "$1" <<'PY'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+m = json.loads((out / "metrics.json").read_text()) if (out / "metrics.json").exists() else {}
+log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+last, n = log[-1], max(r["step"] for r in log)
+secs = m.get("train_seconds") or last["time"]
+keys = ("moved_bytes", "cache_hit_rate", "wait_s", "resident_gaussians", "cached_gaussians", "disk_read_bytes",
+        "peak_device_bytes", "peak_host_bytes")
+half = next(r for r in log if r["step"] >= n // 2)  # the second half: past the first steps' compilations
+steady = (n - half["step"]) / max(last["time"] - half["time"], 1e-9)
+print(f"{out.name}: {n / secs:.1f} images/s ({steady:.1f} in the second half), psnr {m.get('psnr')}, gaussians {last['gaussians']}, "
+      + ", ".join(f"{k} {last[k]:.4g}" for k in keys if k in last))
+PY
 }
 mpi_run() { local p=$1; shift; mpiexec --allow-run-as-root --oversubscribe -n "$p" python3 "$@"; }
 mpi() { local p=$1; shift; mpi_run "$p" run.py train "$@"; }
@@ -292,22 +309,6 @@ offload)  # issue 26: lego and fern, 2000 images, in memory with --visible-adam 
     # from its ground truth 200 images with --offload host --gpu-memory 24GiB: images/s, bytes moved per step, cache
     # hit rate, wait, peak device and host memory (log.jsonl's last line).  SCENES="lego": one scene; G 0: no city
     g=${2:-8000000}
-    summary() { python3 - "$1" <<'PY'
-import json, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-m = json.loads((out / "metrics.json").read_text()) if (out / "metrics.json").exists() else {}
-log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
-last, n = log[-1], max(r["step"] for r in log)
-secs = m.get("train_seconds") or last["time"]
-keys = ("moved_bytes", "cache_hit_rate", "wait_s", "resident_gaussians", "cached_gaussians", "disk_read_bytes",
-        "peak_device_bytes", "peak_host_bytes")
-half = next(r for r in log if r["step"] >= n // 2)  # the second half: past the first steps' compilations
-steady = (n - half["step"]) / max(last["time"] - half["time"], 1e-9)
-print(f"{out.name}: {n / secs:.1f} images/s ({steady:.1f} in the second half), psnr {m.get('psnr')}, gaussians {last['gaussians']}, "
-      + ", ".join(f"{k} {last[k]:.4g}" for k in keys if k in last))
-PY
-    }
     # warm-ups past the first densifications (their kernels compile then)
     train warm 1100 "${LEGO[@]}" --visible-adam; train warm_offload 1100 "${LEGO[@]}" --offload host
     for scene in ${SCENES:-lego fern}; do
@@ -315,18 +316,38 @@ PY
         for mode in memory host disk; do
             extra=(--visible-adam); [ $mode = host ] && extra=(--offload host)
             [ $mode = disk ] && extra=(--offload disk --offload-dir /tmp/offload_blocks --host-memory 64MiB)
-            step "${scene}_$mode"; train "${scene}_$mode" 2000 "${!args}" "${extra[@]}"; summary "$R/${scene}_$mode"
+            step "${scene}_$mode"; train "${scene}_$mode" 2000 "${!args}" "${extra[@]}"; offload_summary "$R/${scene}_$mode"
         done
     done
     [ "$g" = 0 ] && exit 0  # (G 0: no city)
-    step "city of $g Gaussians"
-    timeout 240 python3 run.py synth --out /tmp/city_offload --gaussians "$g" --views 48 --res 960x540 --quiet --force \
-        > "$R/city_synth.txt" 2>&1; tail -1 "$R/city_synth.txt"
-    step "city offloaded"
-    timeout 300 python3 run.py train --data /tmp/city_offload --init-ply /tmp/city_offload/ground_truth.ply \
-        --out "$R/city" --iters 200 --log-every 50 --quiet --offload host --gpu-memory 24GiB > "$R/city.txt" 2>&1
-    grep -a "error" "$R/city.txt"; summary "$R/city"  # (peak host memory: the process's largest RSS)
-    rm -rf "$R/city/snapshot.h5" "$R/city"/*.ply "$R/city/point_cloud" /tmp/city_offload ;;
+    bash "$0" citysynth "$g" && bash "$0" offloadcity "$g" ;;
+citysynth)  # issue 26: the procedural city of G Gaussians (48 views at 960x540; more synth options after G) in
+    # /tmp/city_G, kept for the next parts while the machine stays warm
+    g=$2; shift 2
+    step "city of $g Gaussians $*"
+    timeout 560 python3 run.py synth --out "/tmp/city_$g" --gaussians "$g" --views 48 --res 960x540 --quiet --force \
+        "$@" > "$R/synth_$g.txt" 2>&1; tail -2 "$R/synth_$g.txt"; du -sh "/tmp/city_$g"; df -h /tmp | tail -1 ;;
+offloadcity)  # issue 26's scale run: /tmp/city_G from its ground truth with --offload host --gpu-memory 24GiB, ITERS
+    # images (default 200): images/s, bytes moved per step, hit rate, wait, peak device and host memory
+    g=$2; iters=${3:-200}
+    step "city of $g offloaded"
+    /usr/bin/time -f "peak RSS %M KiB, %e s" timeout 570 python3 run.py train --data "/tmp/city_$g" \
+        --init-ply "/tmp/city_$g/ground_truth.ply" --out "/tmp/run_$g" --iters "$iters" --log-every 25 --quiet \
+        --offload host --gpu-memory 24GiB > "$R/city_$g.txt" 2>&1
+    grep -a -i -E "error|peak RSS" "$R/city_$g.txt" | tail -3; offload_summary "/tmp/run_$g"
+    cp "/tmp/run_$g/log.jsonl" "$R/city_$g.jsonl"; rm -rf "/tmp/run_$g" ;;
+fits)  # issue 26 where the model fits: /tmp/city_G from its ground truth in memory (--visible-adam) against
+    # --offload host (no cap), ITERS images each (default 300): images/s and peak device memory
+    g=$2; iters=${3:-300}
+    for mode in memory host; do
+        extra=(--visible-adam); [ $mode = host ] && extra=(--offload host)
+        step "city of $g, $mode"
+        timeout 280 python3 run.py train --data "/tmp/city_$g" --init-ply "/tmp/city_$g/ground_truth.ply" \
+            --out "$R/fits_${g}_$mode" --iters "$iters" --log-every 25 --quiet "${extra[@]}" > "$R/fits_${g}_$mode.txt" 2>&1
+        grep -a -i "error" "$R/fits_${g}_$mode.txt"; offload_summary "$R/fits_${g}_$mode"
+        grep -ao '"peak_device_bytes": [0-9.e+]*' "$R/fits_${g}_$mode/metrics.json"
+        rm -rf "$R/fits_${g}_$mode"/{snapshot.h5,point_cloud,test}
+    done ;;
 viewer)  # issue 28, headless: the viewer's frame latency per render mode at 1M Gaussians and 1920x1080 (render,
     # to the host, JPEG), then the training slowdown of train --viewer's hook on lego, 2000 images, with a client
     # whose camera moves every step (always wanting a frame); bound 10% (about a minute and a half).
@@ -340,7 +361,7 @@ viewer)  # issue 28, headless: the viewer's frame latency per render mode at 1M 
     timeout 300 python3 scripts/viewer_bench.py slowdown "${LEGO[@]}" --iters 2000 --repeats 2 \
         > "$R/viewer_slowdown.txt" 2>&1
     cat "$R/viewer_slowdown.txt" ;;
-*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|smoke [ITERS]|pixel P|offload [G]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
+*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|smoke [ITERS]|pixel P|offload [G]|citysynth G [synth options]|offloadcity G [ITERS]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
 esac
 step done
 (cd "$OUT" && tar czf "logs_$part.tgz" --exclude="*.h5" --exclude="*.ply" --exclude="*.png" --exclude="*.prof*" r && rm -rf r)

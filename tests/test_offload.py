@@ -460,5 +460,9 @@ def test_cuda_row_moves_and_boxes_match_cpu_in_simulator():
         pool = np.zeros((6, layout.columns_total), np.float32)
         layout.store(gpu, gpu_stats, pool, np.array([5, 0, 2, 3], np.int64))
         np.testing.assert_array_equal(pool[[5, 0, 2, 3]], table[rows])
+        gpu.gather(np.arange(4))  # new buffers: a kernel per buffer, into a view of the table's columns
+        pool[:] = 0
+        layout.store(gpu, gpu_stats, pool, np.array([5, 0, 2, 3], np.int64))
+        np.testing.assert_array_equal(pool[[5, 0, 2, 3]], table[rows])
         print("row moves ok")
     """, timeout=600, env={"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")])})

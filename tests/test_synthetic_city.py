@@ -196,6 +196,18 @@ def test_too_few_gaussians_names_the_option(small_layout, tmp_path):
     assert not (tmp_path / "x").exists()   # checked before anything is written
 
 
+def test_an_aerial_capture_of_a_larger_city(tmp_path):
+    """--street-share 0: aerial orbits only; --blocks: the city's size (its streets and the views'
+    reach follow); a share outside [0, 1] is refused naming the option."""
+    summary = sc.generate(tmp_path / "aerial", gaussians=20_000, views=5, resolution="32x18", progress=False,
+                          backend="cpu", blocks=7, street_share=0.0)
+    assert summary["street_views"] == 0 and summary["aerial_views"] == 5 and summary["blocks"] == 7
+    assert len(sc.plan_city(7, 0).streets) == len(sc.plan_city(5, 0).streets) + 2
+    assert sorted(p.name for p in (tmp_path / "aerial" / "images").iterdir())[0].endswith("_aerial.png")
+    with pytest.raises(ValueError, match="--street-share"):
+        sc.generate(tmp_path / "bad", gaussians=20_000, views=5, resolution="32x18", progress=False, street_share=1.5)
+
+
 def test_generated_dataset_loads_with_its_cameras_split_and_images(tiny):
     out, summary = tiny
     views = sc.city_views(sc.plan_city(sc.PRESETS["small"].blocks, 3), 17, 64, 36)

@@ -23,12 +23,13 @@ def adam(params, grads, m, v, bounds, widths, col0, lrs, visible, use_visible, b
 
 @njit(parallel=True, cache=True)
 def move_rows(table, rows, plan, flat, to_flat):
-    """Between rows ``rows`` of ``table`` and ``flat`` (``to_flat``: table -> flat, else back): column
-    j of row r is flat element flat_element(n, r, *plan[:, j])."""
+    """Between rows ``rows`` of ``table`` and ``flat`` (``to_flat``: table -> flat, else back): for each
+    column (a, b, d, j) of ``plan``, column j of row r is flat element flat_element(n, r, a, b, d)."""
     n = rows.shape[0]
     for r in prange(n):
-        for j in range(table.shape[1]):
-            k = flat_element(n, r, plan[0, j], plan[1, j], plan[2, j])
+        for c in range(plan.shape[1]):
+            j = plan[3, c]
+            k = flat_element(n, r, plan[0, c], plan[1, c], plan[2, c])
             if to_flat:
                 flat[k] = table[rows[r], j]
             else:

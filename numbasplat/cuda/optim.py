@@ -31,11 +31,12 @@ def adam(params, *args):
 
 @kernel(F2, L1, I2, F1, "boolean")
 def _move_rows_kernel(table, rows, plan, flat, to_flat):
-    n, cols = rows.shape[0], table.shape[1]
+    n, cols = rows.shape[0], plan.shape[1]
     i = cuda.grid(1)
     if i < n * cols:
-        r, j = i // cols, i % cols
-        k = flat_element(n, r, plan[0, j], plan[1, j], plan[2, j])
+        r, c = i // cols, i % cols
+        j = plan[3, c]
+        k = flat_element(n, r, plan[0, c], plan[1, c], plan[2, c])
         if to_flat:
             flat[k] = table[rows[r], j]
         else:
@@ -45,7 +46,7 @@ def _move_rows_kernel(table, rows, plan, flat, to_flat):
 def move_rows(table, rows, plan, flat, to_flat):
     """Between rows ``rows`` of ``table`` and ``flat``, a thread per element (``numbasplat.cpu.move_rows``)."""
     if rows.shape[0]:
-        _move_rows_kernel[per_item(rows.shape[0] * table.shape[1])](table, rows, plan, flat, to_flat)
+        _move_rows_kernel[per_item(rows.shape[0] * plan.shape[1])](table, rows, plan, flat, to_flat)
 
 
 BOX_THREADS = 128  # threads reducing one segment's box

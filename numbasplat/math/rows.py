@@ -3,9 +3,10 @@
 The out-of-core trainer keeps a Gaussian as one row of a table (its parameters, both Adam moments
 and its statistics side by side) and trains on flat, group-major buffers, held back to back in one
 array: parameters, m, v (each ``FlatParams``'s layout for n Gaussians), then each statistic's n
-values.  Column ``j`` of the table has a plan (a, b, d): row r (of n) goes to element
-n * a + r * b + d -- a group's first column (counting the buffers before it), its width, the
-column within it.  The CPU and CUDA kernels that move rows between the two layouts both call this.
+values.  A plan has a column (a, b, d, j) per table column j that moves: row r (of n) of column
+j goes to element n * a + r * b + d -- a group's first column (counting the buffers before it), its
+width, the column within it.  The CPU and CUDA kernels that move rows between the two layouts both
+call this (a plan of some columns moves those alone: one buffer of a model, as the flat one).
 
 ``row_reach``: how far a Gaussian reaches past its centre, for the boxes of a table's row segments
 (the out-of-core trainer's blocks, which views cull by)."""
