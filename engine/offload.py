@@ -602,7 +602,7 @@ class OffloadTrainer(Trainer):
         if self.boxes is not None:
             self.boxes.settle()  # the old index's boxes in flight landed (their pinned memory free to reuse)
         self.index = index = BlockIndex(g.means, g.scales, self.block_rows)
-        self._rows = self._working = None
+        self._rows = None  # (the last working set stays for _check_finite: its rows are no longer current)
         self.boxes = BoxesInFlight(index)
         table = np.empty((len(index), self.layout.columns_total), np.float32)  # block by block (no second copy)
         self.layout.store(model, statistics, table, index.starts[index.block] + index.position)
@@ -757,8 +757,8 @@ class OffloadTrainer(Trainer):
         return psnr(image, target)
 
     def _check_finite(self, loss=None, model=None):
-        if model is None:  # the last working set, else (just cut anew) the whole model
-            model = self._working[1] if self._working is not None else self._whole[0]
+        if model is None and self._working is not None:
+            model = self._working[1]  # the last working set (on the device)
         super()._check_finite(loss, model)
 
     def log_extra(self):
