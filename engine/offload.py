@@ -46,12 +46,12 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from numba import njit, prange
 
 import numbasplat as ns
 from numbasplat import backend as _backend
 from numbasplat.loss import l1_ssim_loss, psnr
-from numbasplat.optim import GROUPS, FlatParams, adam_step_bound, flat_to_rows, group_widths, reach_boxes, rows_to_flat
+from numbasplat.optim import (GROUPS, FlatParams, adam_step_bound, flat_to_rows, group_widths, pool_rows, reach_boxes,
+                              rows_to_flat)
 
 from .model import GaussianModel
 from .partition import GROW_PX, REACH, visible_regions
@@ -120,36 +120,6 @@ class BlockIndex:
     def rows(self, blocks):
         """The Gaussians of ``blocks``, in model order."""
         return np.flatnonzero(np.isin(self.block, blocks))
-
-
-POOL_ROWS_CHUNK = 1 << 16  # rows a thread scans at a time in ``_pool_rows``
-
-
-@njit(parallel=True, cache=True)
-def _pool_rows(block, position, slot, block_rows):
-    """The pool rows of the Gaussians whose block has a slot (``slot`` >= 0), in model order: chunks of
-    rows counted, then filled, in parallel (a step scans every row of the model: 8M rows on one
-    thread took tens of milliseconds)."""
-    n = block.shape[0]
-    chunks = (n + POOL_ROWS_CHUNK - 1) // POOL_ROWS_CHUNK
-    ends = np.zeros(chunks + 1, np.int64)
-    for c in prange(chunks):
-        k = 0
-        for r in range(c * POOL_ROWS_CHUNK, min(n, (c + 1) * POOL_ROWS_CHUNK)):
-            if slot[block[r]] >= 0:
-                k += 1
-        ends[c + 1] = k
-    for c in range(chunks):
-        ends[c + 1] += ends[c]
-    where = np.empty(ends[chunks], np.int64)
-    for c in prange(chunks):
-        k = ends[c]
-        for r in range(c * POOL_ROWS_CHUNK, min(n, (c + 1) * POOL_ROWS_CHUNK)):
-            s = slot[block[r]]
-            if s >= 0:
-                where[k] = s * block_rows + position[r]
-                k += 1
-    return where
 
 
 class RowLayout:
@@ -425,10 +395,16 @@ class DiskBlocks(HostBlocks):
 class DeviceCache:
     """The blocks resident on the device: one pool of ``slots`` slots of ``block_rows`` rows
     (a block's table in a slot), the least recently used block out first (back to ``host`` if a
-    step changed it).  ``moved_bytes``, ``hits``, ``misses``: the traffic so far."""
+    step changed it), and each Gaussian's block and place in it (``index``'s, int32), from which
+    ``rows`` finds a working set's pool rows on the device.  ``moved_bytes``, ``hits``, ``misses``:
+    the traffic so far."""
 
-    def __init__(self, xp, layout, block_rows, slots, blocks):
+    INDEX_BYTES = 8  # a Gaussian's block and place in it on the device, besides the slots
+
+    def __init__(self, xp, layout, block_rows, slots, index):
         self.xp, self.block_rows = xp, block_rows
+        blocks = index.blocks
+        self.block, self.position = xp.asarray(index.block, np.int32), xp.asarray(index.position, np.int32)
         self.slots = int(min(slots, blocks))
         self.pool = xp.empty((self.slots * block_rows, layout.columns_total), np.float32)
         self.slot = np.full(blocks, -1, np.int64)  # each block's slot (-1: not resident)
@@ -456,6 +432,13 @@ class DeviceCache:
             self.moved_bytes += table.nbytes
             self.slot[b] = s
             self.lru[b] = None
+
+    def rows(self, blocks, total):
+        """The pool rows of the Gaussians of resident ``blocks`` (``total`` of them), in model order, on
+        the device."""
+        slot = np.full(len(self.slot), -1, np.int64)
+        slot[blocks] = self.slot[blocks]
+        return pool_rows(self.block, self.position, self.xp.asarray(slot), self.block_rows, total)
 
     def evict(self, b, index, host):
         """Block ``b`` out of the pool, back to ``host`` if changed."""
@@ -609,7 +592,7 @@ class OffloadTrainer(Trainer):
         self.host.reset({b: table[index.starts[b]:index.starts[b] + index.sizes[b]] for b in range(index.blocks)})
         counts = (self.cache.moved_bytes, self.cache.hits, self.cache.misses) if self.cache else (0, 0, 0)
         self.cache = None  # (the old pool freed before the new one is made)
-        self.cache = DeviceCache(self.xp, self.layout, self.block_rows, self._slots(), index.blocks)
+        self.cache = DeviceCache(self.xp, self.layout, self.block_rows, self._slots(len(index)), index)
         self.cache.moved_bytes, self.cache.hits, self.cache.misses = counts  # (the traffic counts on)
         self._whole = (model, statistics)
 
@@ -618,7 +601,8 @@ class OffloadTrainer(Trainer):
         (the strategy's estimate of a Gaussian's parameters, gradients, moments and per-step buffers)."""
         return self.block_rows * (self.layout.row_bytes + BYTES_PER_GAUSSIAN)
 
-    def _slots(self):
+    def _slots(self, n):
+        """How many block slots the device may hold, besides the index of ``n`` Gaussians there."""
         budget = self.gpu_memory
         if not budget:
             if not _backend.on_gpu(self.backend):
@@ -626,7 +610,7 @@ class OffloadTrainer(Trainer):
             import cupy
             free, _ = cupy.cuda.runtime.memGetInfo()
             budget = int(GPU_SHARE * (free + cupy.get_default_memory_pool().free_bytes()))
-        return budget // self._slot_bytes()
+        return max(0, budget - DeviceCache.INDEX_BYTES * n) // self._slot_bytes()
 
     def _gather_whole(self):
         """-> (the whole model on the host, its statistics): the device's changed blocks written back
@@ -666,14 +650,14 @@ class OffloadTrainer(Trainer):
 
     # ------------------------------------------------------------------ one step
     def _working_set(self, view_index):
-        """The view's blocks resident (the missing ones moved in); -> (the blocks, their rows' pool rows in
-        model order, on the host and on the device, the blocks' first pool rows and sizes on the device).
+        """The view's blocks resident (the missing ones moved in); -> (the blocks, their Gaussians' count,
+        their pool rows in model order, the blocks' first pool rows and sizes; on the device).
         Consecutive views often have the same blocks in the same slots (every one, where the model
-        fits): their rows are then reused, neither scanned for nor uploaded again."""
+        fits): their rows are then reused, not found again."""
         view = self.data.train[view_index]
         blocks = self.index.visible(view.camera, self.boxes.for_culling())
         if len(blocks) > self.cache.slots:
-            need = len(blocks) * self._slot_bytes()
+            need = len(blocks) * self._slot_bytes() + DeviceCache.INDEX_BYTES * len(self.index)
             have = self.gpu_memory or self.cache.slots * self._slot_bytes()
             raise ValueError(f"--gpu-memory {format_bytes(have)} is too small for view {view.name}: its working set "
                              f"({int(self.index.sizes[blocks].sum()):,} Gaussians in {len(blocks)} blocks) needs "
@@ -683,13 +667,11 @@ class OffloadTrainer(Trainer):
         last = self._rows
         if last is None or last[0] is not self.index or not np.array_equal(last[1], blocks) \
                 or not np.array_equal(last[2], slots):
-            visible = np.full(self.index.blocks, -1, np.int64)
-            visible[blocks] = slots
-            where = _pool_rows(self.index.block, self.index.position, visible, self.block_rows)
-            xp = self.xp
-            self._rows = (self.index, blocks, slots, where, xp.asarray(where), xp.asarray(slots * self.block_rows),
-                          xp.asarray(self.index.sizes[blocks]))
-            self.cache.moved_bytes += where.nbytes + 16 * len(blocks)  # the pool rows, the slots' rows and sizes
+            xp, sizes = self.xp, self.index.sizes[blocks]
+            total = int(sizes.sum())
+            self._rows = (self.index, blocks, slots, total, self.cache.rows(blocks, total),
+                          xp.asarray(slots * self.block_rows), xp.asarray(sizes))
+            self.cache.moved_bytes += 8 * self.index.blocks + 16 * len(blocks)  # the slot map, the slots' rows, sizes
         return self._rows[1:2] + self._rows[3:]
 
     def train_step(self):
@@ -699,7 +681,7 @@ class OffloadTrainer(Trainer):
         i = self.next_view()
         view = self.data.train[i]
         t0 = time.perf_counter()
-        blocks, where, where_d, starts_d, sizes_d = self._working_set(i)
+        blocks, resident, where_d, starts_d, sizes_d = self._working_set(i)
         if self.order and self.mode == "disk":  # the next view's blocks, read ahead while this one trains
             self.host.prefetch(self.index.visible(self.data.train[self.order[-1]].camera, self.boxes.for_culling()))
         self.wait_s += time.perf_counter() - t0
@@ -742,7 +724,7 @@ class OffloadTrainer(Trainer):
             events = self.strategy.after_optimizer(model, statistics, self.step, ctx)
             self._install(model, statistics)
         after = self._counters()
-        self.stats = {"resident_gaussians": len(where), **{k: after[k] - before[k] for k in after}, **clock.stats()}
+        self.stats = {"resident_gaussians": resident, **{k: after[k] - before[k] for k in after}, **clock.stats()}
         return loss, events
 
     def _counters(self):

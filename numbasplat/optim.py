@@ -81,6 +81,18 @@ def flat_to_rows(flat, rows, plan, table, backend=None):
     _backend.kernels(backend or _backend.backend_of(table)).move_rows(table, rows, plan, flat, False)
 
 
+def pool_rows(block, position, slot, block_rows, total, backend=None):
+    """-> (``total``,) int64 on ``block``'s device: ``slot[block[r]] * block_rows + position[r]`` for
+    every row r whose block has a slot (>= 0), in row order (``block``, ``position``: (N,) int32, each
+    row's block and its place in it; ``slot``: (B,) int64, each block's slot or -1).  The out-of-core
+    trainer's working set in its pool of blocks, in model order; ``total`` (the rows with a slot)
+    comes from the host, which knows the blocks' sizes, so the device is not waited for."""
+    backend = backend or _backend.backend_of(block)
+    out = _backend.array_module(backend).empty(int(total), np.int64)
+    _backend.kernels(backend).pool_rows(block, position, slot, int(block_rows), out)
+    return out
+
+
 def reach_boxes(table, starts, sizes, means_col, scales_col, reach_sigmas, backend=None):
     """-> (lo, hi), float32 (B, 3) on ``table``'s device: for each segment b of the row ``table``
     (float32 (R, C); rows ``starts[b]`` .. ``starts[b] + sizes[b]``, int64), the box that its rows

@@ -96,6 +96,23 @@ def compare_reach_boxes():
     return [] if ok else ["reach boxes"]
 
 
+def compare_pool_rows():
+    """The out-of-core working set's pool rows (``numbasplat.optim.pool_rows``: a scan on the GPU, a
+    chunked count on the CPU) on both backends, 3M rows: equal."""
+    from numbasplat.optim import pool_rows
+    xp = array_module("cuda")
+    rng = np.random.default_rng(2)
+    block = rng.integers(0, 700, 3_000_000).astype(np.int32)
+    position = rng.integers(0, 4096, 3_000_000).astype(np.int32)
+    slot = np.where(rng.random(700) < 0.3, rng.permutation(700), -1).astype(np.int64)
+    total = int((slot[block] >= 0).sum())
+    want = pool_rows(block, position, slot, 4096, total, "cpu")
+    got = to_host(pool_rows(*(xp.asarray(a) for a in (block, position, slot)), 4096, total, "cuda"))
+    ok = np.array_equal(got, want)
+    print(f"pool rows {'ok' if ok else 'FAIL'} ({total} of 3M rows)")
+    return [] if ok else ["pool rows"]
+
+
 def compare_routes():
     """The forward exchange's send plan (route_plan, route_fill) on both backends, for two views
     and four ranks, one of them with no tiles: the same plan and the same rows, exactly."""
@@ -198,6 +215,7 @@ def main(sizes=((37, 29, 40), (48, 32, 150))):  # (W, H, Gaussians): 150 spans t
     failures += compare_contributions()
     failures += compare_cull()
     failures += compare_reach_boxes()
+    failures += compare_pool_rows()
     print("FAILED: " + ", ".join(failures) if failures else "all CUDA checks passed")
     return 1 if failures else 0
 

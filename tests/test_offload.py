@@ -49,16 +49,25 @@ def test_morton_blocks_are_compact_and_their_boxes_cull_conservatively(dataset):
         assert set(np.flatnonzero(p.counts > 0)) <= set(kept.tolist())
 
 
+def _pool_rows_case(rng, n):
+    """Random rows' blocks and places, blocks' slots (-1 for 60%), and the expected pool rows."""
+    blocks = n // 100 + 2
+    block, position = rng.integers(0, blocks, n).astype(np.int32), rng.integers(0, 100, n).astype(np.int32)
+    slot = np.where(rng.random(blocks) < 0.4, rng.integers(0, 50, blocks), -1).astype(np.int64)
+    return block, position, slot, (slot[block] * 100 + position)[slot[block] >= 0]
+
+
 def test_pool_rows_are_the_resident_blocks_rows_in_model_order():
-    """The parallel scan against numpy, across its chunks' edges (65536 rows a chunk) and empty input."""
-    from engine.offload import POOL_ROWS_CHUNK, _pool_rows
+    """The parallel scan against numpy, across its chunks' edges (65536 rows a chunk) and empty input;
+    a wrong count is refused."""
+    from numbasplat.cpu.optim import POOL_ROWS_CHUNK
+    from numbasplat.optim import pool_rows
     rng = np.random.default_rng(5)
     for n in (0, 1, POOL_ROWS_CHUNK, POOL_ROWS_CHUNK + 1, 3 * POOL_ROWS_CHUNK + 17):
-        blocks = n // 100 + 2
-        block, position = rng.integers(0, blocks, n), rng.integers(0, 100, n)
-        slot = np.where(rng.random(blocks) < 0.4, rng.integers(0, 50, blocks), -1).astype(np.int64)
-        want = (slot[block] * 100 + position)[slot[block] >= 0]
-        np.testing.assert_array_equal(_pool_rows(block, position, slot, 100), want, err_msg=str(n))
+        block, position, slot, want = _pool_rows_case(rng, n)
+        np.testing.assert_array_equal(pool_rows(block, position, slot, 100, len(want), "cpu"), want, err_msg=str(n))
+    with pytest.raises(ValueError, match="count"):
+        pool_rows(block, position, slot, 100, len(want) + 1, "cpu")
 
 
 def test_boxes_read_a_step_late_still_hold_every_gaussian():
@@ -214,7 +223,7 @@ def test_device_cache_moves_only_missing_blocks_least_recently_used_out_first():
     layout = RowLayout(1, {"count": np.zeros(0, np.int32)})
     host = HostBlocks()
     host.reset({b: np.full((16, layout.columns_total), b, np.float32) for b in range(4)})
-    cache = DeviceCache(np, layout, 16, 2, 4)
+    cache = DeviceCache(np, layout, 16, 2, index)
     block_bytes = 16 * layout.row_bytes
     cache.fetch([0, 1], index, host)
     assert (cache.misses, cache.hits, cache.moved_bytes) == (2, 0, 2 * block_bytes)
@@ -227,6 +236,9 @@ def test_device_cache_moves_only_missing_blocks_least_recently_used_out_first():
     cache.fetch([3, 0], index, host)  # 1 (changed) and 2 out: 1 written back
     assert cache.slot[1] == -1 and (host.get(1) == 7.0).all() and cache.moved_bytes == 6 * block_bytes
     assert (cache.pool[cache.slot[0] * 16] == 0).all() and (cache.pool[cache.slot[3] * 16] == 3).all()
+    rows = index.rows([3, 0])  # the working set's pool rows: in model order, each at its slot and place
+    np.testing.assert_array_equal(cache.rows([3, 0], len(rows)),
+                                  cache.slot[index.block[rows]] * 16 + index.position[rows])
 
 
 def test_disk_blocks_cache_within_the_cap_and_read_ahead(tmp_path):
@@ -315,7 +327,7 @@ def test_auto_view_order_tours_only_while_the_device_cannot_hold_every_block(dat
     roomy.init_model()
     assert roomy.index.blocks == 25 and roomy.epoch_view_order() == "random"
     tight = OffloadTrainer(dataset, tmp_path / "b", offload_config(view_order="auto"), backend="cpu", block_rows=16,
-                           gpu_memory=10 * 16 * (72 * 4 + 1500))  # 10 slots
+                           gpu_memory=10 * 16 * (72 * 4 + 1500) + 8 * 400)  # 10 slots, and the index
     tight.init_model()
     assert tight.cache.slots == 10 and tight.epoch_view_order() == "trajectory"
     assert SingleGPUTrainer(dataset, tmp_path / "c", small_config(), backend="cpu").epoch_view_order() == "random"
@@ -325,8 +337,8 @@ def test_a_device_cap_too_small_for_a_view_stops_with_the_size_it_needs(dataset,
     t = trained_until(dataset, tmp_path / "out", 10, gpu_memory=2 * 16 * (72 * 4 + 1500))  # 2 slots
     before = snapshot_bytes(tmp_path / "out")
     with pytest.raises(ValueError, match=r"--gpu-memory 55\.9 KiB is too small for view view[0-9]+\.png: its "
-                                         r"working set \(400 Gaussians in 25 blocks\) needs 698\.4 KiB; give "
-                                         r"--gpu-memory 698\.4 KiB or more"):
+                                         r"working set \(400 Gaussians in 25 blocks\) needs 701\.6 KiB; give "
+                                         r"--gpu-memory 701\.6 KiB or more"):
         t.train(progress=False)
     assert snapshot_bytes(tmp_path / "out") == before
 
@@ -464,5 +476,11 @@ def test_cuda_row_moves_and_boxes_match_cpu_in_simulator():
         pool[:] = 0
         layout.store(gpu, gpu_stats, pool, np.array([5, 0, 2, 3], np.int64))
         np.testing.assert_array_equal(pool[[5, 0, 2, 3]], table[rows])
+        from numbasplat.optim import pool_rows
+        from test_offload import _pool_rows_case
+        for n in (0, 1, 700):
+            block, position, slot, want = _pool_rows_case(np.random.default_rng(n), n)
+            got = pool_rows(block, position, slot, 100, len(want), "cuda")   # CUDA kernels and a scan
+            np.testing.assert_array_equal(got, want)
         print("row moves ok")
     """, timeout=600, env={"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")])})

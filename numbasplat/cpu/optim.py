@@ -1,11 +1,11 @@
 """Fused Adam over the flat parameter buffer: one ``njit`` loop, parallel over elements; and the moves
-of rows between a row table and the flat buffers (``numbasplat.math.rows``), and the boxes that row
-segments reach."""
+of rows between a row table and the flat buffers (``numbasplat.math.rows``), the rows of a pool of
+block slots that a set of blocks holds, and the boxes that row segments reach."""
 import numpy as np
 from numba import njit, prange
 
 from ..math.adam import adam_lr, adam_update
-from ..math.rows import flat_element, row_reach
+from ..math.rows import flat_element, pool_row, row_reach
 
 _adam_lr = njit(inline="always")(adam_lr)
 
@@ -34,6 +34,35 @@ def move_rows(table, rows, plan, flat, to_flat):
                 flat[k] = table[rows[r], j]
             else:
                 table[rows[r], j] = flat[k]
+
+
+POOL_ROWS_CHUNK = 1 << 16  # rows a thread scans at a time in ``pool_rows``
+
+
+@njit(parallel=True, cache=True)
+def pool_rows(block, position, slot, block_rows, out):
+    """``out``: the pool rows of the rows whose block has a slot (``slot[block[r]]`` >= 0), in row
+    order: chunks of rows counted, then filled, in parallel."""
+    n = block.shape[0]
+    chunks = (n + POOL_ROWS_CHUNK - 1) // POOL_ROWS_CHUNK
+    ends = np.zeros(chunks + 1, np.int64)
+    for c in prange(chunks):
+        k = 0
+        for r in range(c * POOL_ROWS_CHUNK, min(n, (c + 1) * POOL_ROWS_CHUNK)):
+            if slot[block[r]] >= 0:
+                k += 1
+        ends[c + 1] = k
+    for c in range(chunks):
+        ends[c + 1] += ends[c]
+    if ends[chunks] != out.shape[0]:
+        raise ValueError("pool_rows: out's length is not the count of rows with a slot")
+    for c in prange(chunks):
+        k = ends[c]
+        for r in range(c * POOL_ROWS_CHUNK, min(n, (c + 1) * POOL_ROWS_CHUNK)):
+            s = slot[block[r]]
+            if s >= 0:
+                out[k] = pool_row(s, block_rows, position[r])
+                k += 1
 
 
 @njit(parallel=True, cache=True)

@@ -13,7 +13,7 @@ from . import launch
 from .fused import fused_budget, fused_layout, fused_raster_loss_backward
 from .launch import array_module
 from .loss import as_images, l1_ssim, ssim_forward
-from .optim import adam, move_rows, reach_boxes
+from .optim import adam, move_rows, pool_rows, reach_boxes
 from .raster import (contributions, cull, emit_intersections, project, project_backward, raster_backward,
                      raster_forward, route, route_fill)
 from .sparse import decode_add, encode, scatter_add
@@ -29,5 +29,5 @@ def launch_count():
 
 __all__ = ["FUSED_TILE_LOSS", "adam", "array_module", "as_images", "contributions", "cull", "decode_add",
            "emit_intersections", "encode", "fused_budget", "fused_layout", "fused_raster_loss_backward", "l1_ssim",
-           "launch_count", "move_rows", "project", "project_backward", "raster_backward", "raster_forward",
+           "launch_count", "move_rows", "pool_rows", "project", "project_backward", "raster_backward", "raster_forward",
            "reach_boxes", "route", "route_fill", "scatter_add", "ssim_forward", "tile_loss"]

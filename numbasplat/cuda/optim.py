@@ -1,11 +1,13 @@
 """Fused Adam over the flat parameter buffer: one CUDA kernel, a thread per element; and the moves of
 rows between a row table and the flat buffers (``numbasplat.math.rows``), a thread per table element;
-and the boxes that row segments reach, a block per segment."""
+the rows of a pool of block slots that a set of blocks holds; and the boxes that row segments reach,
+a block per segment."""
+import numpy as np
 from numba import cuda, float32, int32
 
 from ..math.adam import adam_lr, adam_update
-from ..math.rows import flat_element, row_reach
-from .launch import F1, F2, I1, I2, L1, kernel, per_item
+from ..math.rows import flat_element, pool_row, row_reach
+from .launch import F1, F2, I1, I2, L1, array_module, kernel, per_item
 
 ZERO = float32(0.0)
 INF = float32(float("inf"))
@@ -47,6 +49,33 @@ def move_rows(table, rows, plan, flat, to_flat):
     """Between rows ``rows`` of ``table`` and ``flat``, a thread per element (``numbasplat.cpu.move_rows``)."""
     if rows.shape[0]:
         _move_rows_kernel[per_item(rows.shape[0] * plan.shape[1])](table, rows, plan, flat, to_flat)
+
+
+@kernel(I1, L1, L1)
+def _has_slot_kernel(block, slot, flags):
+    r = cuda.grid(1)
+    if r < block.shape[0]:
+        flags[r] = 1 if slot[block[r]] >= 0 else 0
+
+
+@kernel(I1, I1, L1, "int64", L1, L1)
+def _pool_rows_kernel(block, position, slot, block_rows, ends, out):
+    r = cuda.grid(1)
+    if r < block.shape[0]:
+        s = slot[block[r]]
+        if s >= 0:
+            out[ends[r] - 1] = pool_row(s, block_rows, position[r])
+
+
+def pool_rows(block, position, slot, block_rows, out):
+    """``numbasplat.cpu.pool_rows`` (``block``, ``position`` int32): which rows have a slot, their
+    running count (a scan), each one's pool row written at its count."""
+    n = block.shape[0]
+    if n:
+        flags = array_module().empty(n, np.int64)
+        _has_slot_kernel[per_item(n)](block, slot, flags)
+        ends = array_module().cumsum(flags)
+        _pool_rows_kernel[per_item(n)](block, position, slot, np.int64(block_rows), ends, out)
 
 
 BOX_THREADS = 128  # threads reducing one segment's box

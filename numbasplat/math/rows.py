@@ -9,7 +9,8 @@ width, the column within it.  The CPU and CUDA kernels that move rows between th
 call this (a plan of some columns moves those alone: one buffer of a model, as the flat one).
 
 ``row_reach``: how far a Gaussian reaches past its centre, for the boxes of a table's row segments
-(the out-of-core trainer's blocks, which views cull by)."""
+(the out-of-core trainer's blocks, which views cull by); ``pool_row``: where a Gaussian's row sits in
+the device's pool of block slots."""
 import math
 
 from .jit import shared
@@ -19,6 +20,13 @@ from .jit import shared
 def flat_element(n, r, a, b, d):
     """The flat index of row ``r`` of ``n`` for a column whose plan is (a, b, d)."""
     return n * a + r * b + d
+
+
+@shared
+def pool_row(slot, block_rows, position):
+    """The row of the pool of slots of ``block_rows`` rows that holds the ``position``-th row of the
+    block in ``slot``."""
+    return slot * block_rows + position
 
 
 @shared
