@@ -433,6 +433,17 @@ class DeviceCache:
             self.slot[b] = s
             self.lru[b] = None
 
+    def hold_all(self, table):
+        """Every block resident at once: ``table`` (host or device) holds the rows block by block,
+        block b from row b * ``block_rows`` (``BlockIndex``'s blocks are full but the last), so
+        it is the pool with block b in slot b."""
+        self.pool[:len(table)] = self.xp.asarray(table)
+        if not _backend.is_device(table) and self.xp is not np:
+            self.moved_bytes += table.nbytes
+        self.slot[:] = np.arange(len(self.slot))
+        self.free = []
+        self.lru = OrderedDict.fromkeys(range(len(self.slot)))
+
     def rows(self, blocks, total):
         """The pool rows of the Gaussians of resident ``blocks`` (``total`` of them), in model order, on
         the device."""
@@ -579,22 +590,36 @@ class OffloadTrainer(Trainer):
         self.model = OutOfCoreModel(self)
 
     def _install(self, model, statistics):
-        """Cut ``model`` (host) and its ``statistics`` into blocks anew: the index, the host's tables,
-        an empty device pool."""
+        """Cut ``model`` (on the host or the device) and its ``statistics`` into blocks anew: the index,
+        the host's tables, the device's pool: every block in it at once where it holds them all (one
+        copy), else empty (the views' blocks come in as they are seen)."""
         g = model.gaussians
         if self.boxes is not None:
             self.boxes.settle()  # the old index's boxes in flight landed (their pinned memory free to reuse)
-        self.index = index = BlockIndex(g.means, g.scales, self.block_rows)
+        self.index = index = BlockIndex(_backend.to_host(g.means), _backend.to_host(g.scales), self.block_rows)
         self._rows = None  # (the last working set stays for _check_finite: its rows are no longer current)
         self.boxes = BoxesInFlight(index)
-        table = np.empty((len(index), self.layout.columns_total), np.float32)  # block by block (no second copy)
-        self.layout.store(model, statistics, table, index.starts[index.block] + index.position)
-        self.host.reset({b: table[index.starts[b]:index.starts[b] + index.sizes[b]] for b in range(index.blocks)})
         counts = (self.cache.moved_bytes, self.cache.hits, self.cache.misses) if self.cache else (0, 0, 0)
         self.cache = None  # (the old pool freed before the new one is made)
         self.cache = DeviceCache(self.xp, self.layout, self.block_rows, self._slots(len(index)), index)
         self.cache.moved_bytes, self.cache.hits, self.cache.misses = counts  # (the traffic counts on)
-        self._whole = (model, statistics)
+        # the rows block by block, block b from row b * block_rows: the host's tables, and a full pool
+        table = model.xp.empty((len(index), self.layout.columns_total), np.float32)
+        self.layout.store(model, statistics, table, model.xp.asarray(index.starts[index.block] + index.position))
+        host_table = _backend.to_host(table)
+        self.host.reset({b: host_table[index.starts[b]:index.starts[b] + index.sizes[b]] for b in range(index.blocks)})
+        if self.cache.slots == index.blocks:
+            self.cache.hold_all(table)
+        self._whole = (model, statistics) if model.xp is np else None
+
+    def _gather_resident(self):
+        """-> (the whole model, its statistics) on the device, from its pool, where it holds every
+        block (a working set of them all), else None."""
+        if not (self.cache.slot >= 0).all():
+            return None
+        every = np.arange(self.index.blocks)
+        return self.layout.model(self.cache.pool, self._adam_steps, self.backend,
+                                 rows=self.cache.rows(every, len(self.index)))
 
     def _slot_bytes(self):
         """Device bytes a block slot takes: its rows' table, and room for them in a step's working set
@@ -719,8 +744,8 @@ class OffloadTrainer(Trainer):
         clock.end("optimizer")
         ctx = self.context(lr_means=lr["means"])
         events = {}
-        if self.strategy.acts_at(self.step, ctx):  # densify or reset: on the whole model, in host memory
-            model, statistics = self._gather_whole()
+        if self.strategy.acts_at(self.step, ctx):  # densify or reset: on the device if it holds every block
+            model, statistics = self._gather_resident() or self._gather_whole()
             events = self.strategy.after_optimizer(model, statistics, self.step, ctx)
             self._install(model, statistics)
         after = self._counters()
