@@ -143,16 +143,15 @@ class RowLayout:
         self.plan = np.ascontiguousarray(np.array(plan, np.int32).T)  # (4, columns): a, b, d, the column
         self._plans = {}
 
-    def _plan(self, xp, part=None):
-        """The plan on ``xp``'s device: of every column, or (``part`` 0-2) of the columns of the
-        parameters, m or v alone, as if that buffer were the flat one."""
-        if (xp, part) not in self._plans:
-            plan = self.plan
-            if part is not None:
-                plan = np.array(self.plan[:, part * self.width:(part + 1) * self.width], order="C")  # (a copy)
-                plan[0] -= part * self.width
-            self._plans[xp, part] = xp.asarray(plan)
-        return self._plans[xp, part]
+    def _plan(self, xp, start=0, stop=None):
+        """The plan on ``xp``'s device of the table's columns ``start`` .. ``stop`` (default: all), as if
+        their buffer (the parameters, m, v or a statistic alone) were the flat one."""
+        key = (xp, start, stop)
+        if key not in self._plans:
+            plan = np.array(self.plan[:, start:stop], order="C")  # (a copy)
+            plan[0] -= plan[0, 0]
+            self._plans[key] = xp.asarray(plan)
+        return self._plans[key]
 
     def store(self, model, statistics, table, rows):
         """Write ``model`` (a ``GaussianModel``) and ``statistics`` (its rows'; missing: zeros) into
@@ -174,9 +173,10 @@ class RowLayout:
             flat_to_rows(flat, rows, self._plan(xp), table, model.backend)
             return
         for part, buffer in enumerate(buffers):
-            flat_to_rows(buffer, rows, self._plan(xp, part), table, model.backend)
+            flat_to_rows(buffer, rows, self._plan(xp, part * w, (part + 1) * w), table, model.backend)
         for j, k in enumerate(self.statistics):
-            table[rows, 3 * w + j] = xp.asarray(statistics[k]) if k in statistics else 0
+            column = xp.asarray(statistics[k], np.float32) if k in statistics else xp.zeros(n, np.float32)
+            flat_to_rows(column, rows, self._plan(xp, 3 * w + j, 3 * w + j + 1), table, model.backend)
 
     def table(self, model, statistics, xp=None):
         """The (N, columns) table of ``model`` and ``statistics`` (``store``'s), on ``xp``'s device."""
