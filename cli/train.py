@@ -36,10 +36,10 @@ class StoppedTogether(SystemExit):
     orderly exit with the signal's code, not a failure for ``abort_on_error`` to spread."""
 
 
-def make_trainer(dataset, a, cfg, comm):
+def make_trainer(dataset, a, cfg, comm, exchange=None):
     """The pipeline the options and the ranks ask for: one process (in GPU memory, or ``--offload
-    host``), or over MPI ranks, trading Gaussians or pixels (``--exchange``)."""
-    exchange = getattr(a, "exchange", "gaussian")
+    host``), or over MPI ranks, trading Gaussians or pixels (``--exchange``; ``exchange``: this one)."""
+    exchange = exchange or getattr(a, "exchange", "gaussian")
     if exchange == "auto":
         exchange = choose_exchange(dataset, cfg, comm)
     pixel = exchange == "pixel"
@@ -76,20 +76,55 @@ def make_trainer(dataset, a, cfg, comm):
                                    transport=getattr(a, "transport", "auto"), shard=getattr(a, "shard", "contiguous"))
 
 
-def choose_exchange(dataset, cfg, comm):
+def choose_exchange(dataset, cfg, comm, trainer=None):
     """``--exchange auto``: the exchange that moves fewer bytes per image at this many ranks, measured on
-    the root from the starting model (engine/scaling.py's ``exchange_bytes``) and said in one line;
-    one process: none to choose."""
+    the root (engine/scaling.py's ``exchange_bytes``) from the starting model, or from ``trainer``'s
+    model as it is (collective), and said in one line; one process: none to choose."""
     if comm is None:
         return "gaussian"
+    model = trainer.whole_model() if trainer is not None else None  # (the root's; every rank gathers)
     choice = None
     if comm.Get_rank() == 0:
         from engine.scaling import exchange_bytes
-        sizes = exchange_bytes(dataset, cfg, comm.Get_size())
+        sizes = exchange_bytes(dataset, cfg, comm.Get_size(), gaussians=None if model is None else model.gaussians)
         choice = min(sizes, key=sizes.get)
-        print(f"--exchange auto: {choice} (MB an image crossing {comm.Get_size()} ranks, measured on the starting "
-              f"model: pixel {sizes['pixel'] / 1e6:.3f}, gaussian {sizes['gaussian'] / 1e6:.3f})")
+        when = f" at step {trainer.step}" if trainer is not None else ""
+        what = f"the model of step {trainer.step}" if trainer is not None else "the starting model"
+        print(f"--exchange auto{when}: {choice} (MB an image crossing {comm.Get_size()} ranks, measured on {what}: "
+              f"pixel {sizes['pixel'] / 1e6:.3f}, gaussian {sizes['gaussian'] / 1e6:.3f})")
     return comm.bcast(choice, root=0)
+
+
+def exchange_decision_steps(cfg, start):
+    """The steps after ``start`` (and before the last) where ``--exchange auto`` decides again, on the
+    model as densification left it: the end of each phase between opacity resets (the step before
+    each reset) and the end of densification."""
+    steps = {cfg.densify_until}
+    if cfg.opacity_reset and cfg.opacity_reset_every > 0:
+        steps.update(range(cfg.opacity_reset_every - 1, cfg.densify_until, cfg.opacity_reset_every))
+    return sorted(s for s in steps if start < s < cfg.iterations)
+
+
+def exchange_of(trainer):
+    from engine.pixel_exchange import PixelExchangeTrainer
+    return "pixel" if isinstance(trainer, PixelExchangeTrainer) else "gaussian"
+
+
+def train_choosing_exchange(t, dataset, a, cfg, comm, progress, choose=choose_exchange):
+    """``--exchange auto`` under MPI: train to each of ``exchange_decision_steps`` and choose again
+    there (``choose``: rank 0 counts both exchanges' bytes on the model as it is); where the choice
+    changes, the other pipeline goes on from the snapshot the stop wrote, as ``--resume`` would.
+    -> the trainer that trained last (densification over: the exchange stays)."""
+    for at in exchange_decision_steps(cfg, t.step):
+        t.train(progress=progress, until=at)
+        choice = choose(dataset, cfg, comm, t)
+        if choice != exchange_of(t):
+            from engine.trainer import SNAPSHOT
+            hooks = t.step_hooks
+            t = make_trainer(dataset, a, cfg, comm, choice)
+            t.load_snapshot(t.out / SNAPSHOT)
+            t.step_hooks = hooks
+    return t
 
 
 def train_model(dataset, a, cfg, settings=None):
@@ -121,7 +156,10 @@ def train_model(dataset, a, cfg, settings=None):
         t.live_view = live_viewer(t, a.port or DEFAULT_PORT, a.host or DEFAULT_HOST)
     try:
         root = comm is None or comm.Get_rank() == 0
-        t.pruning = train_then_prune(t, progress=not getattr(a, "quiet", False) and root)  # (metrics.json's)
+        progress = not getattr(a, "quiet", False) and root
+        if getattr(a, "exchange", None) == "auto" and comm is not None and not getattr(a, "viewer", False):
+            t = train_choosing_exchange(t, dataset, a, cfg, comm, progress)
+        t.pruning = train_then_prune(t, progress=progress)  # (metrics.json's)
     except Interrupted as e:  # SIGINT, SIGTERM or SIGHUP
         if not e.saved:  # a second Ctrl-C
             raise SystemExit(e.exit_code)
@@ -286,8 +324,10 @@ def add_train_options(p):
     p.add_argument("--exchange", choices=["gaussian", "pixel", "auto"], default="gaussian",
                    help="what ranks trade under MPI: Gaussians (owners send projected Gaussians to the ranks that "
                         "render their tiles; batch of one view a rank) or pixels (Splaxel: each rank owns a box of "
-                        "space and renders it, partial images are composed in depth order; one view a step), or auto: the one "
-                        "moving fewer bytes an image, measured on the starting model at start-up")
+                        "space and renders it, partial images are composed in depth order; one view a step), or "
+                        "auto: the one moving fewer bytes an image, measured on the starting model at start-up and "
+                        "again on the model at the end of each densification phase (the step before each opacity "
+                        "reset, and --densify-until), where a change goes on from the snapshot (not with --viewer)")
     p.add_argument("--saturation", choices=["on", "off"], default="on",
                    help="with --exchange pixel: on later visits of a view, skip the tiles that the boxes in front "
                         "of a rank's own saturate (marks made anew every 4 epochs)")

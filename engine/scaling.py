@@ -430,13 +430,16 @@ def pixel_traffic(g, cams, ranks, sh_degree, backend=None):
     return forward, backward, full
 
 
-def exchange_bytes(data, cfg, ranks, backend=None):
+def exchange_bytes(data, cfg, ranks, backend=None, gaussians=None):
     """Bytes per image crossing ranks in each exchange at ``ranks`` ranks, counted as ``pixel_traffic`` and
-    ``step_traffic`` count them on a sample of ``ranks`` training views (evenly spread; one batch) of the
-    model training starts from: -> {"pixel": ..., "gaussian": ...} (the Gaussian-level exchange's forward
-    records, sparse gradients and halo; the pixel-level one's partial tiles both ways).  ``--exchange auto``."""
+    ``step_traffic`` count them on a sample of ``ranks`` training views (evenly spread; one batch) of
+    ``gaussians`` (default: the model training starts from): -> {"pixel": ..., "gaussian": ...} (the
+    Gaussian-level exchange's forward records, sparse gradients and halo; the pixel-level one's partial
+    tiles both ways).  ``--exchange auto``."""
     xp = _backend.array_module(backend)
-    arrays = initial_arrays(data, cfg, np.random.default_rng(cfg.seed))
+    if gaussians is None:
+        gaussians = ns.Gaussians(**initial_arrays(data, cfg, np.random.default_rng(cfg.seed)))
+    arrays = gaussians.arrays()
     g = ns.Gaussians(**{k: xp.asarray(a) for k, a in arrays.items()})
     views = [data.train[int(k)] for k in np.linspace(0, len(data.train) - 1, ranks).round()]
     cams = [v.camera for v in views]

@@ -192,12 +192,46 @@ def test_exchange_auto_counts_both_exchanges_and_trains_with_the_smaller(tmp_pat
     write_blender_capture(cap, data)
     env = dict(os.environ, NUMBASPLAT_BACKEND="cpu", NUMBA_NUM_THREADS="1")
     r = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, "run.py", "train", "--data", str(cap),
-                        "--white-background", "--out", str(tmp_path / "out"), "--quiet", "--iters", "4",
-                        "--exchange", "auto", "--sh-degree", "0"], capture_output=True, text=True, timeout=500,
+                        "--white-background", "--out", str(tmp_path / "out"), "--quiet",
+                        "--exchange", "auto", "--sh-degree", "0", "--iters", "12", "--densify-from", "2",
+                        "--densify-every", "2", "--densify-until", "8", "--opacity-reset-every", "4"],
+                       capture_output=True, text=True, timeout=500,
                        env=env, cwd=REPO_ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     said = [line for line in r.stdout.splitlines() if line.startswith("--exchange auto: ")]
     assert len(said) == 1, r.stdout
-    choice = said[0].split()[2]
-    assert choice in ("pixel", "gaussian")
-    assert ("pixel exchange" in r.stdout) == (choice == "pixel"), r.stdout
+    again = [line.split() for line in r.stdout.splitlines() if line.startswith("--exchange auto at step ")]
+    steps = [int(w[4][:-1]) for w in again]
+    # before each opacity reset and where densification ends: 3, 7, 8 (a batch of two views may step one past)
+    assert len(steps) == 3 and all(0 <= s - d <= 1 for s, d in zip(steps, (3, 7, 8))), r.stdout
+    choices = {said[0].split()[2]} | {w[5] for w in again}
+    assert choices <= {"pixel", "gaussian"}
+    assert ("pixel exchange" in r.stdout) == ("pixel" in choices), r.stdout
+
+
+def test_exchange_auto_decides_again_where_densification_phases_end():
+    from cli.train import exchange_decision_steps
+    cfg = config()
+    cfg.iterations, cfg.densify_until, cfg.opacity_reset_every = 30_000, 15_000, 3000
+    assert exchange_decision_steps(cfg, 0) == [2999, 5999, 8999, 11999, 14999, 15000]
+    assert exchange_decision_steps(cfg, 9000) == [11999, 14999, 15000]  # (a resumed run: those still ahead)
+    cfg.iterations = 7000
+    assert exchange_decision_steps(cfg, 0) == [2999, 5999]
+    cfg.opacity_reset = False
+    assert exchange_decision_steps(cfg, 0) == []
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(600)
+def test_exchange_auto_hands_over_through_the_snapshot(tmp_path):
+    """A chooser that flips the exchange at each decision step: the run switches pipelines there and
+    ends exactly where the same legs trained by hand, each resumed from the last one's snapshot, end.
+    (The Gaussian-level pipeline steps by a batch of two views, so it stops at 4 for 3 and 11 for 10.)"""
+    env = dict(os.environ, NUMBASPLAT_BACKEND="cpu", NUMBA_NUM_THREADS="1")
+    script = REPO_ROOT / "tests" / "check_mpi_exchange_auto.py"
+    r = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, str(script), str(tmp_path)], capture_output=True,
+                       text=True, timeout=500, env=env, cwd=REPO_ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("decisions"))
+    assert line.startswith("decisions [3, 7, 10] chosen [(4, 'pixel'), (7, 'gaussian'), (11, 'pixel')] "
+                           "last pixel same True"), line

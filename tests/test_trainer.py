@@ -149,8 +149,12 @@ def test_second_ctrl_c_stops_at_once_without_a_snapshot(dataset, tmp_path, monke
         return real()
 
     monkeypatch.setattr(t, "train_step", step)
-    with pytest.raises(Interrupted) as e:
-        t.train(progress=False)
+    ignored = signal.signal(signal.SIGINT, signal.default_int_handler)  # (a shell's background job ignores it)
+    try:
+        with pytest.raises(Interrupted) as e:
+            t.train(progress=False)
+    finally:
+        signal.signal(signal.SIGINT, ignored)
     assert not e.value.saved and e.value.exit_code == 130 and t.step == 7
     assert not (tmp_path / SNAPSHOT).exists()
 

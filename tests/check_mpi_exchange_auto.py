@@ -1,0 +1,59 @@
+"""Run by tests/test_pixel_exchange.py under mpiexec: ``--exchange auto``'s hand-overs.  A run whose
+chooser flips the exchange at every decision step (train_choosing_exchange) against the same run
+made by hand: each leg trained to its step, the other pipeline resumed from its snapshot.  Rank 0
+prints the exchanges chosen and whether the two final models and steps are equal."""
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+from mpi4py import MPI
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cli.train import exchange_decision_steps, exchange_of, make_trainer, train_choosing_exchange  # noqa: E402
+from comm import abort_on_error  # noqa: E402
+from engine.demo import make_dataset  # noqa: E402
+from engine.trainer import SNAPSHOT, TrainConfig  # noqa: E402
+
+out = Path(sys.argv[1])
+comm = MPI.COMM_WORLD
+with abort_on_error(comm):
+    data = make_dataset(size=32, n_views=10, backend="cpu")
+
+    def config():
+        return TrainConfig(iterations=14, sh_degree=0, snapshot_every=0, log_every=0, background=(1.0, 1.0, 1.0),
+                           n_random_init=300, densify_from=2, densify_every=2, densify_until=10,
+                           opacity_reset_every=4)
+
+    def trainer(folder, exchange, cfg):
+        return make_trainer(data, SimpleNamespace(out=str(out / folder)), cfg, comm, exchange)
+
+    chosen = []
+
+    def flip(dataset, cfg, comm, t):
+        choice = "pixel" if exchange_of(t) == "gaussian" else "gaussian"
+        chosen.append((t.step, choice))
+        return choice
+
+    cfg = config()
+    t = train_choosing_exchange(trainer("auto", "gaussian", cfg), data, SimpleNamespace(out=str(out / "auto")), cfg,
+                                comm, False, choose=flip)
+    t.train(progress=False)
+    auto = t.gather_state()
+
+    cfg = config()
+    steps = exchange_decision_steps(cfg, 0)
+    t, exchange = trainer("hand", "gaussian", cfg), "gaussian"
+    for at in steps:
+        t.train(progress=False, until=at)
+        exchange = "pixel" if exchange == "gaussian" else "gaussian"
+        t = trainer("hand", exchange, cfg)
+        t.load_snapshot(out / "hand" / SNAPSHOT)
+    t.train(progress=False)
+    hand = t.gather_state()
+    if comm.Get_rank() == 0:
+        (a, _), (b, _) = auto, hand
+        same = all(np.array_equal(a[w][g], b[w][g]) for w in ("params", "m", "v") for g in a["params"])
+        print("decisions", steps, "chosen", chosen, "last", exchange_of(t), "same", same,
+              "gaussians", len(a["params"]["means"]), len(b["params"]["means"]))
