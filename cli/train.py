@@ -106,6 +106,7 @@ def exchange_decision_steps(cfg, start):
 
 
 def exchange_of(trainer):
+    """The exchange ``trainer``'s pipeline trades: pixel or gaussian."""
     from engine.pixel_exchange import PixelExchangeTrainer
     return "pixel" if isinstance(trainer, PixelExchangeTrainer) else "gaussian"
 

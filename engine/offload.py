@@ -438,7 +438,7 @@ class DeviceCache:
         block b from row b * ``block_rows`` (``BlockIndex``'s blocks are full but the last), so
         it is the pool with block b in slot b."""
         self.pool[:len(table)] = self.xp.asarray(table)
-        if not _backend.is_device(table) and self.xp is not np:
+        if not _backend.is_device(table):  # (from the host, as ``fetch`` counts)
             self.moved_bytes += table.nbytes
         self.slot[:] = np.arange(len(self.slot))
         self.free = []
