@@ -14,6 +14,7 @@ from its vertices alone, without rendering.
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit, prange
 
 from numbasplat import backend as _backend
 
@@ -104,15 +105,6 @@ REACH = 4.0   # a Gaussian reaches this many of its largest scale past its centr
 GROW_PX = 16  # and this many pixels more on screen (the screen-space blur, the projection's linearisation)
 
 
-def box_corners(lo, hi):
-    """(..., 8, 3) corners of the boxes [lo, hi] (..., 3) (finite), bit k of the index picking hi on axis k."""
-    pick = ((np.arange(8)[:, None] >> np.arange(3)) & 1).astype(bool)
-    return np.where(pick, np.asarray(hi)[..., None, :], np.asarray(lo)[..., None, :])
-
-
-BOX_EDGES = np.array([(a, a | (1 << k)) for a in range(8) for k in range(3) if not a & (1 << k)])  # 12 corner pairs
-
-
 def visible_regions(lo, hi, camera, grow, near=0.01):
     """The pixel rectangles (B, 4) of x0, y0, x1, y1 (end-exclusive) that the boxes [lo, hi] (B, 3,
     finite) can cover in ``camera``'s image, and (B,) whether they cover any pixel: each box's
@@ -120,27 +112,57 @@ def visible_regions(lo, hi, camera, grow, near=0.01):
     screen-space extent of its Gaussians, which reach past their centres' box) and clipped to the
     image.  A box clipped by the near plane is convex, with the box's corners in front and its
     edges' crossings of the plane as vertices; the image's edges are the frustum's side planes,
-    so clipping the rectangle to the image gives the frustum's intersection.  All boxes at once:
-    the vertices that do not exist are left out of the bounds."""
-    corners = box_corners(np.asarray(lo, np.float64), np.asarray(hi, np.float64))    # (B, 8, 3)
-    cam = corners @ camera.viewmat[:3, :3].T + camera.viewmat[:3, 3]
-    a, b = cam[:, BOX_EDGES[:, 0]], cam[:, BOX_EDGES[:, 1]]                          # (B, 12, 3)
-    za, zb = a[..., 2], b[..., 2]
-    crosses = (za - near) * (zb - near) < 0
-    s = np.where(crosses, (near - za) / np.where(crosses, zb - za, 1.0), 0.0)
-    vertices = np.concatenate([cam, a + s[..., None] * (b - a)], axis=1)              # (B, 20, 3)
-    real = np.concatenate([cam[..., 2] >= near, crosses], axis=1)
-    z = np.where(real, vertices[..., 2], 1.0)
-    u = camera.fx * vertices[..., 0] / z + camera.cx
-    v = camera.fy * vertices[..., 1] / z + camera.cy
-    x0 = np.floor(np.where(real, u, np.inf).min(axis=1) - grow)
-    x1 = np.ceil(np.where(real, u, -np.inf).max(axis=1) + grow) + 1
-    y0 = np.floor(np.where(real, v, np.inf).min(axis=1) - grow)
-    y1 = np.ceil(np.where(real, v, -np.inf).max(axis=1) + grow) + 1
-    rects = np.stack([np.maximum(x0, 0), np.maximum(y0, 0), np.minimum(x1, camera.width),
-                      np.minimum(y1, camera.height)], axis=1)
-    seen = real.any(axis=1) & (rects[:, 0] < rects[:, 2]) & (rects[:, 1] < rects[:, 3])
-    return np.where(seen[:, None], rects, 0).astype(np.int64), seen
+    so clipping the rectangle to the image gives the frustum's intersection.  One compiled pass,
+    parallel over the boxes (the out-of-core trainer culls tens of thousands of blocks a step)."""
+    lo, hi = np.ascontiguousarray(lo, np.float64), np.ascontiguousarray(hi, np.float64)
+    rects, seen = np.zeros((len(lo), 4), np.int64), np.zeros(len(lo), np.bool_)
+    _box_regions(lo, hi, np.ascontiguousarray(camera.viewmat, np.float64), float(camera.fx), float(camera.fy),
+                 float(camera.cx), float(camera.cy), int(camera.width), int(camera.height), float(grow), float(near),
+                 rects, seen)
+    return rects, seen
+
+
+@njit(parallel=True, cache=True)
+def _box_regions(lo, hi, viewmat, fx, fy, cx, cy, width, height, grow, near, rects, seen):
+    """``visible_regions``' pass: box k's corners (bit a of corner c picks hi on axis a) in camera
+    space, those in front and the crossings of its 12 edges with the near plane projected and bounded."""
+    for k in prange(lo.shape[0]):
+        cam = np.empty((8, 3))
+        for c in range(8):
+            p0 = hi[k, 0] if c & 1 else lo[k, 0]
+            p1 = hi[k, 1] if c & 2 else lo[k, 1]
+            p2 = hi[k, 2] if c & 4 else lo[k, 2]
+            for i in range(3):
+                cam[c, i] = viewmat[i, 0] * p0 + viewmat[i, 1] * p1 + viewmat[i, 2] * p2 + viewmat[i, 3]
+        u0, v0, u1, v1 = np.inf, np.inf, -np.inf, -np.inf
+        real = False
+        for c in range(8):
+            for axis in range(4):  # the corner itself (axis 3), then its edges towards hi on each axis
+                if axis < 3 and c & (1 << axis):
+                    continue
+                if axis == 3:
+                    if cam[c, 2] < near:
+                        continue
+                    x, y, z = cam[c, 0], cam[c, 1], cam[c, 2]
+                else:
+                    d = c | (1 << axis)
+                    za, zb = cam[c, 2], cam[d, 2]
+                    if not (za - near) * (zb - near) < 0:
+                        continue
+                    t = (near - za) / (zb - za)
+                    x = cam[c, 0] + t * (cam[d, 0] - cam[c, 0])
+                    y = cam[c, 1] + t * (cam[d, 1] - cam[c, 1])
+                    z = za + t * (zb - za)
+                real = True
+                u, v = fx * x / z + cx, fy * y / z + cy
+                u0, u1, v0, v1 = min(u0, u), max(u1, u), min(v0, v), max(v1, v)
+        if not real:
+            continue
+        x0, y0 = max(np.floor(u0 - grow), 0.0), max(np.floor(v0 - grow), 0.0)
+        x1, y1 = min(np.ceil(u1 + grow) + 1, width), min(np.ceil(v1 + grow) + 1, height)
+        if x0 < x1 and y0 < y1:
+            seen[k] = True
+            rects[k, 0], rects[k, 1], rects[k, 2], rects[k, 3] = int(x0), int(y0), int(x1), int(y1)
 
 
 def visible_region(lo, hi, camera, grow, near=0.01):
