@@ -116,11 +116,11 @@ def train_choosing_exchange(t, dataset, a, cfg, comm, progress, choose=choose_ex
     there (``choose``: rank 0 counts both exchanges' bytes on the model as it is); where the choice
     changes, the other pipeline goes on from the snapshot the stop wrote, as ``--resume`` would.
     -> the trainer that trained last (densification over: the exchange stays)."""
+    from engine.trainer import SNAPSHOT
     for at in exchange_decision_steps(cfg, t.step):
         t.train(progress=progress, until=at)
         choice = choose(dataset, cfg, comm, t)
         if choice != exchange_of(t):
-            from engine.trainer import SNAPSHOT
             hooks = t.step_hooks
             t = make_trainer(dataset, a, cfg, comm, choice)
             t.load_snapshot(t.out / SNAPSHOT)

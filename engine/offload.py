@@ -43,7 +43,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, namedtuple
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -121,6 +121,12 @@ class BlockIndex:
     def rows(self, blocks):
         """The Gaussians of ``blocks``, in model order."""
         return np.flatnonzero(np.isin(self.block, blocks))
+
+
+WorkingRows = namedtuple("WorkingRows", "index blocks slots count rows starts sizes")
+WorkingRows.__doc__ = """A working set's blocks (of ``index``) and their ``slots`` (host arrays), its Gaussians'
+``count``, and on the device their pool ``rows`` in model order and the blocks' first pool rows
+(``starts``) and ``sizes`` (``OffloadTrainer._working_set``)."""
 
 
 class RowLayout:
@@ -400,7 +406,7 @@ class DeviceCache:
     ``rows`` finds a working set's pool rows on the device.  ``moved_bytes``, ``hits``, ``misses``:
     the traffic so far."""
 
-    INDEX_BYTES = 8  # a Gaussian's block and place in it on the device, besides the slots
+    INDEX_BYTES = 16  # a Gaussian's block and place in it on the device (int32 each), and ``pool_rows``' scan
 
     def __init__(self, xp, layout, block_rows, slots, index):
         self.xp, self.block_rows = xp, block_rows
@@ -583,7 +589,7 @@ class OffloadTrainer(Trainer):
         self.host = DiskBlocks(offload_dir, host_memory, prefetch) if mode == "disk" else HostBlocks()
         self.index = self.layout = self.cache = self.boxes = None
         self._whole = None  # the whole model gathered in host memory, until a step changes it
-        self._rows = None  # the last working set's blocks and pool rows (``_working_set``), reused while unchanged
+        self._rows = None  # the last working set's ``WorkingRows``, reused while its blocks and slots are unchanged
         self._working = None  # (its ``_rows``, the model it trained, its statistics): the next step's if still current
         self.model = None
         self.wait_s = 0.0
@@ -685,8 +691,7 @@ class OffloadTrainer(Trainer):
 
     # ------------------------------------------------------------------ one step
     def _working_set(self, view_index):
-        """The view's blocks resident (the missing ones moved in); -> (the blocks, their Gaussians' count,
-        their pool rows in model order, the blocks' first pool rows and sizes; on the device).
+        """The view's blocks resident (the missing ones moved in); -> their ``WorkingRows``.
         Consecutive views often have the same blocks in the same slots (every one, where the model
         fits): their rows are then reused, not found again."""
         view = self.data.train[view_index]
@@ -700,14 +705,14 @@ class OffloadTrainer(Trainer):
         self.cache.fetch(blocks, self.index, self.host)
         slots = self.cache.slot[blocks]
         last = self._rows
-        if last is None or last[0] is not self.index or not np.array_equal(last[1], blocks) \
-                or not np.array_equal(last[2], slots):
+        if last is None or last.index is not self.index or not np.array_equal(last.blocks, blocks) \
+                or not np.array_equal(last.slots, slots):
             xp, sizes = self.xp, self.index.sizes[blocks]
-            total = int(sizes.sum())
-            self._rows = (self.index, blocks, slots, total, self.cache.rows(blocks, total),
-                          xp.asarray(slots * self.block_rows), xp.asarray(sizes))
+            count = int(sizes.sum())
+            self._rows = WorkingRows(self.index, blocks, slots, count, self.cache.rows(blocks, count),
+                                     xp.asarray(slots * self.block_rows), xp.asarray(sizes))
             self.cache.moved_bytes += 8 * self.index.blocks + 16 * len(blocks)  # the slot map, the slots' rows, sizes
-        return self._rows[1:2] + self._rows[3:]
+        return self._rows
 
     def train_step(self):
         c = self.cfg
@@ -716,15 +721,15 @@ class OffloadTrainer(Trainer):
         i = self.next_view()
         view = self.data.train[i]
         t0 = time.perf_counter()
-        blocks, resident, where_d, starts_d, sizes_d = self._working_set(i)
+        in_pool = self._working_set(i)
         if self.order and self.mode == "disk":  # the next view's blocks, read ahead while this one trains
             self.host.prefetch(self.index.visible(self.data.train[self.order[-1]].camera, self.boxes.for_culling()))
         self.wait_s += time.perf_counter() - t0
-        if self._working is not None and self._working[0] is self._rows:  # its rows in the pool: as it holds them
+        if self._working is not None and self._working[0] is in_pool:  # its rows in the pool: as it holds them
             working, stats = self._working[1:]
         else:
-            working, stats = self.layout.model(self.cache.pool, self._adam_steps, self.backend, rows=where_d)
-            self._working = (self._rows, working, stats)
+            working, stats = self.layout.model(self.cache.pool, self._adam_steps, self.backend, rows=in_pool.rows)
+            self._working = (in_pool, working, stats)
         clock.end("owner")
         g = working.gaussians
         p = ns.project(g, view.camera, sh_degree=self.sh_degree_now(), antialias=c.antialias, backend=self.backend,
@@ -746,11 +751,12 @@ class OffloadTrainer(Trainer):
         self.step += 1
         self._adam_steps = working.adam.step_count
         # back to the pool: the rows' parameters, moments and statistics; the boxes they reach now
-        self.layout.store(working, stats, self.cache.pool, where_d)
-        self.cache.dirty.update(int(b) for b in blocks)
+        self.layout.store(working, stats, self.cache.pool, in_pool.rows)
+        self.cache.dirty.update(int(b) for b in in_pool.blocks)
         self._whole = None
-        self.boxes.add(blocks, *self.cache.boxes(starts_d, sizes_d, self.layout), lr["means"], lr["scales"])
-        self.cache.moved_bytes += 24 * len(blocks)  # the boxes out
+        reach = self.cache.boxes(in_pool.starts, in_pool.sizes, self.layout)
+        self.boxes.add(in_pool.blocks, *reach, lr["means"], lr["scales"])
+        self.cache.moved_bytes += 24 * len(in_pool.blocks)  # the boxes out
         clock.end("optimizer")
         ctx = self.context(lr_means=lr["means"])
         events = {}
@@ -759,7 +765,7 @@ class OffloadTrainer(Trainer):
             events = self.strategy.after_optimizer(model, statistics, self.step, ctx)
             self._install(model, statistics)
         after = self._counters()
-        self.stats = {"resident_gaussians": resident, **{k: after[k] - before[k] for k in after}, **clock.stats()}
+        self.stats = {"resident_gaussians": in_pool.count, **{k: after[k] - before[k] for k in after}, **clock.stats()}
         return loss, events
 
     def _counters(self):

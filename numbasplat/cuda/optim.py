@@ -51,14 +51,14 @@ def move_rows(table, rows, plan, flat, to_flat):
         _move_rows_kernel[per_item(rows.shape[0] * plan.shape[1])](table, rows, plan, flat, to_flat)
 
 
-@kernel(I1, L1, L1)
+@kernel(I1, L1, I1)
 def _has_slot_kernel(block, slot, flags):
     r = cuda.grid(1)
     if r < block.shape[0]:
         flags[r] = 1 if slot[block[r]] >= 0 else 0
 
 
-@kernel(I1, I1, L1, "int64", L1, L1)
+@kernel(I1, I1, L1, "int64", I1, L1)
 def _pool_rows_kernel(block, position, slot, block_rows, ends, out):
     r = cuda.grid(1)
     if r < block.shape[0]:
@@ -69,12 +69,13 @@ def _pool_rows_kernel(block, position, slot, block_rows, ends, out):
 
 def pool_rows(block, position, slot, block_rows, out):
     """``numbasplat.cpu.pool_rows`` (``block``, ``position`` int32): which rows have a slot, their
-    running count (a scan), each one's pool row written at its count."""
+    running count (a scan, int32: 8 bytes a row for the two, as the out-of-core trainer budgets),
+    each one's pool row written at its count."""
     n = block.shape[0]
     if n:
-        flags = array_module().empty(n, np.int64)
+        flags = array_module().empty(n, np.int32)
         _has_slot_kernel[per_item(n)](block, slot, flags)
-        ends = array_module().cumsum(flags)
+        ends = array_module().cumsum(flags, dtype=np.int32)
         _pool_rows_kernel[per_item(n)](block, position, slot, np.int64(block_rows), ends, out)
 
 
