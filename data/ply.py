@@ -32,42 +32,53 @@ def _host(a):
     return np.asarray(a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else a)
 
 
-def _columns(g):
-    """(names, float32 (N, P) matrix) in the reference column order."""
-    means, scales, quats = (_host(g.means), _host(g.scales), _host(g.quats))
-    opac, sh = _host(g.opacities), _host(g.sh)
+PLY_CHUNK_ROWS = 1 << 20  # rows assembled and written at a time: a model's file is not built whole in memory
+
+
+def _columns(g, start=0, stop=None):
+    """(names, float32 (rows, P) matrix of rows ``start`` .. ``stop`` (default: to the end)) in the
+    reference column order; only those rows leave the device."""
+    means, scales, quats, opac, sh = g.means, g.scales, g.quats, g.opacities, g.sh
     n = means.shape[0]
-    if sh.ndim != 3 or sh.shape[0] != n or sh.shape[2] != 3 or sh.shape[1] not in (1, 4, 9, 16):
+    if len(sh.shape) != 3 or sh.shape[0] != n or sh.shape[2] != 3 or sh.shape[1] not in (1, 4, 9, 16):
         raise ValueError(f"sh must be (N, K, 3) with K in 1, 4, 9, 16; got {sh.shape}")
     for name, a, w in (("means", means, 3), ("scales", scales, 3), ("quats", quats, 4)):
-        if a.shape != (n, w):
+        if tuple(a.shape) != (n, w):
             raise ValueError(f"{name} must be ({n}, {w}), got {a.shape}")
     if opac.size != n:
         raise ValueError(f"opacities must hold {n} values, got shape {opac.shape}")
     k = sh.shape[1]
-    # channel-major: f_rest[c*(K-1) + (k-1)] = sh[:, k, c]
-    rest = sh[:, 1:, :].transpose(0, 2, 1).reshape(n, 3 * (k - 1))
-    cols = np.concatenate([means, np.zeros((n, 3)), sh[:, 0, :], rest,
-                           opac.reshape(n, 1), scales, quats], axis=1).astype("<f4")
     names = (["x", "y", "z", "nx", "ny", "nz"] + [f"f_dc_{i}" for i in range(3)]
              + [f"f_rest_{i}" for i in range(3 * (k - 1))] + ["opacity"]
              + [f"scale_{i}" for i in range(3)] + [f"rot_{i}" for i in range(4)])
-    return names, np.ascontiguousarray(cols)
+    stop = n if stop is None else min(stop, n)
+    rows = slice(start, stop)
+    cols = np.zeros((max(stop - start, 0), len(names)), "<f4")  # (the normals stay 0)
+    rest = 9 + 3 * (k - 1)
+    cols[:, 0:3] = _host(means[rows])
+    cols[:, 6:9] = _host(sh[rows, 0, :])
+    cols[:, 9:rest] = _host(sh[rows, 1:, :]).transpose(0, 2, 1).reshape(len(cols), 3 * (k - 1))  # channel-major
+    cols[:, rest] = _host(opac[rows]).reshape(-1)
+    cols[:, rest + 1:rest + 4] = _host(scales[rows])
+    cols[:, rest + 4:rest + 8] = _host(quats[rows])
+    return names, cols
 
 
 def save_ply(path, g):
     """Write ``g`` (means, scales, quats, opacities, sh) as a reference 3DGS PLY.
 
     Atomic (temp file, fsync, rename): a crash never leaves a half-written
-    file where a good one was.
+    file where a good one was.  Rows go out ``PLY_CHUNK_ROWS`` at a time.
     """
-    names, cols = _columns(g)
+    names, _ = _columns(g, 0, 0)  # (checks the shapes)
+    n = g.means.shape[0]
     header = ("ply\nformat binary_little_endian 1.0\n"
-              f"element vertex {cols.shape[0]}\n"
+              f"element vertex {n}\n"
               + "".join(f"property float {p}\n" for p in names) + "end_header\n")
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         f.write(header.encode("ascii"))
-        f.write(cols.tobytes())
+        for start in range(0, n, PLY_CHUNK_ROWS):
+            f.write(memoryview(_columns(g, start, start + PLY_CHUNK_ROWS)[1]).cast("B"))
 
 
 def _parse_header(f, path):

@@ -210,26 +210,47 @@ class RowLayout:
         return model, statistics
 
 
+def own_memory(table):
+    """``table``, or a copy where it is a view: a view keeps the whole array it views alive (a step's
+    write-back of many blocks is one array), which host memory would then hold beside the blocks."""
+    return np.array(table) if table.base is not None else table
+
+
 class HostBlocks:
     """Every block's table in host memory (``--offload host``); ``read_bytes``/``written_bytes``
     count the disk's traffic (none here)."""
 
     def __init__(self):
         self.tables = {}
+        self.whole = None
         self.read_bytes = self.written_bytes = 0
 
-    def reset(self, tables):
-        """Hold ``tables`` ({block: its rows' table}) instead of what was held."""
-        self.tables = dict(tables)
+    def reset(self, tables, whole=None):
+        """Hold ``tables`` ({block: its rows' table}) instead of what was held; ``whole``: the array
+        they are views of, block after block, if they are (``whole_table``)."""
+        self.tables, self.whole = dict(tables), whole
 
     def get(self, b):
         return self.tables[b]
 
     def put(self, b, table):
-        self.tables[b] = table
+        """Block ``b``'s rows now, copied into its table in place: the blocks stay the one array that
+        ``reset`` was given views of, so host memory holds the model once however often parts of it
+        come back from the device."""
+        held = self.tables.get(b)
+        if held is not None and held.shape == table.shape:
+            held[...] = table
+        else:
+            self.tables[b], self.whole = own_memory(table), None
+
+    def whole_table(self):
+        """The array of every block's rows, block after block (block b's from row ``index.starts[b]``),
+        where the blocks are views of one (``reset``'s ``whole``), else None: the whole model is then
+        gathered from it without a second copy of the table."""
+        return self.whole
 
     def close(self):
-        self.tables = {}
+        self.tables, self.whole = {}, None
 
 
 class DiskBlocks(HostBlocks):
@@ -268,7 +289,7 @@ class DiskBlocks(HostBlocks):
     def _path(self, b, generation=None):
         return os.path.join(self.folder, f"g{self.generation if generation is None else generation}-b{b}.f32")
 
-    def reset(self, tables):
+    def reset(self, tables, whole=None):
         self._wait()
         largest = max((t.nbytes for t in tables.values()), default=0)
         if largest > self.capacity - self.staging_capacity:
@@ -304,12 +325,16 @@ class DiskBlocks(HostBlocks):
         return table
 
     def put(self, b, table):
+        """Block ``b``'s rows now, in the cache (an array of their own: the cap counts each block alone)."""
         with self.lock:
             self.version[b] = self.version.get(b, 0) + 1
             old = self.staged.pop(b, None)
             if old is not None:
                 self.staged_bytes -= old.nbytes
-        self._insert(b, table, dirty=True)
+        self._insert(b, own_memory(table), dirty=True)
+
+    def whole_table(self):
+        return None  # (the blocks are files, a few of them cached)
 
     def _insert(self, b, table, dirty):
         with self.lock:
@@ -623,7 +648,8 @@ class OffloadTrainer(Trainer):
         table = model.xp.empty((len(index), self.layout.columns_total), np.float32)
         self.layout.store(model, statistics, table, model.xp.asarray(index.starts[index.block] + index.position))
         host_table = _backend.to_host(table)
-        self.host.reset({b: host_table[index.starts[b]:index.starts[b] + index.sizes[b]] for b in range(index.blocks)})
+        self.host.reset({b: host_table[index.starts[b]:index.starts[b] + index.sizes[b]] for b in range(index.blocks)},
+                        whole=host_table)
         if self.cache.slots == index.blocks:
             self.cache.hold_all(table)
         self._whole = (model, statistics) if model.xp is np else None
@@ -658,9 +684,14 @@ class OffloadTrainer(Trainer):
         first."""
         if self._whole is None:
             self.cache.flush(self.index, self.host)
-            table = np.empty((len(self.index), self.layout.columns_total), np.float32)
-            for b in range(self.index.blocks):
-                table[self.index.members(b)] = self.host.get(b)
+            index, table = self.index, self.host.whole_table()
+            if table is not None:  # the blocks' rows in model order, straight from the one table
+                self._whole = self.layout.model(table, self._adam_steps, "cpu",
+                                                rows=index.starts[index.block] + index.position)
+                return self._whole
+            table = np.empty((len(index), self.layout.columns_total), np.float32)
+            for b in range(index.blocks):
+                table[index.members(b)] = self.host.get(b)
             self._whole = self.layout.model(table, self._adam_steps, "cpu")
         return self._whole
 

@@ -160,6 +160,9 @@ def test_offloaded_training_equals_in_memory_training_with_visible_adam(dataset,
         assert resumed.cache.misses > resumed.index.blocks  # blocks left the device and came back
     if mode == "disk":
         assert first.host.read_bytes > 0 and resumed.host.read_bytes > 0  # blocks came back from the disk
+    else:  # the blocks written back went into the one table, which the whole model was gathered from
+        whole = resumed.host.whole_table()
+        assert whole is not None and all(np.shares_memory(t, whole) for t in resumed.host.tables.values())
     for g in GROUPS:
         np.testing.assert_allclose(b[g], a[g], rtol=1e-6, atol=1e-7, err_msg=g)
     np.testing.assert_allclose(model.host_arrays("v")["means"], memory.model.host_arrays("v")["means"],
@@ -239,6 +242,36 @@ def test_device_cache_moves_only_missing_blocks_least_recently_used_out_first():
     rows = index.rows([3, 0])  # the working set's pool rows: in model order, each at its slot and place
     np.testing.assert_array_equal(cache.rows([3, 0], len(rows)),
                                   cache.slot[index.block[rows]] * 16 + index.position[rows])
+
+
+def test_blocks_coming_back_do_not_keep_the_arrays_they_came_in_alive(tmp_path):
+    """A step writes many blocks back as one array; a block kept as a view of it would keep all of
+    it alive beside the blocks (host memory growing step by step past the model's size, past
+    --host-memory in disk mode).  Host mode copies into the block's table in place, which stays a view
+    of the one table the whole model is gathered from; disk mode keeps arrays of their own."""
+    import gc
+    import weakref
+    whole = np.zeros((4 * 8, 5), np.float32)
+    host = HostBlocks()
+    host.reset({b: whole[8 * b:8 * b + 8] for b in range(4)}, whole=whole)
+    batch = np.arange(16 * 5, dtype=np.float32).reshape(16, 5)  # blocks 1 and 3 back from the device
+    gone = weakref.ref(batch)
+    host.put(1, batch[:8])
+    host.put(3, batch[8:])
+    disk = DiskBlocks(tmp_path / "d", capacity=10 * 8 * 5 * 4)
+    disk.reset({b: whole[8 * b:8 * b + 8] for b in range(4)})
+    disk.put(2, batch[8:])
+    del batch
+    gc.collect()
+    assert gone() is None
+    assert host.whole_table() is whole and np.shares_memory(host.get(3), whole)
+    np.testing.assert_array_equal(whole[8:16].ravel(), np.arange(40))
+    np.testing.assert_array_equal(whole[24:32].ravel(), np.arange(40, 80))
+    assert all(t.base is None for t in disk.cache.values())  # (reset's views of ``whole`` copied too)
+    np.testing.assert_array_equal(disk.get(2).ravel(), np.arange(40, 80))
+    host.put(0, np.ones((3, 5), np.float32))  # a block of another size: its own array, and no whole table
+    assert host.whole_table() is None
+    disk.close()
 
 
 def test_disk_blocks_cache_within_the_cap_and_read_ahead(tmp_path):

@@ -54,6 +54,19 @@ def test_round_trip_exact(tmp_path, degree):
     assert no_temp_files(tmp_path)
 
 
+def test_a_file_written_a_few_rows_at_a_time_is_the_file_written_whole(tmp_path, monkeypatch):
+    """Rows go out in chunks (a model of 100M Gaussians is not assembled whole): 57 rows in chunks
+    of 5 (the last one short) give the same bytes as one chunk."""
+    g = random_gaussians(57, 2, seed=4)
+    ply.save_ply(tmp_path / "whole.ply", g)
+    monkeypatch.setattr(ply, "PLY_CHUNK_ROWS", 5)
+    ply.save_ply(tmp_path / "chunks.ply", g)
+    assert (tmp_path / "chunks.ply").read_bytes() == (tmp_path / "whole.ply").read_bytes()
+    monkeypatch.setattr(ply, "PLY_CHUNK_ROWS", 1 << 20)
+    names, cols = ply._columns(g, 50)
+    assert cols.shape == (7, len(names)) and (cols[:, :3] == g.means[50:]).all()
+
+
 def test_round_trip_float64_input_and_empty(tmp_path):
     g = random_gaussians(5, 1, dtype=np.float64)
     ply.save_ply(tmp_path / "a.ply", g)
