@@ -40,26 +40,29 @@ def make_trainer(dataset, a, cfg, comm, exchange=None):
     """The pipeline the options and the ranks ask for: one process (in GPU memory, or ``--offload
     host``), or over MPI ranks, trading Gaussians or pixels (``--exchange``; ``exchange``: this one)."""
     exchange = exchange or getattr(a, "exchange", "gaussian")
+    offload = getattr(a, "offload", "none") or "none"
+    if offload != "none" and comm is not None and exchange != "gaussian":
+        raise ValueError(f"--offload {offload} under mpiexec trades Gaussians: use --exchange gaussian, not "
+                         f"{exchange}")
     if exchange == "auto":
         exchange = choose_exchange(dataset, cfg, comm)
     pixel = exchange == "pixel"
     if pixel and getattr(a, "batch_size", None) is not None:
         raise ValueError("--exchange pixel trains one view a step: leave out --batch-size")
-    offload = getattr(a, "offload", "none") or "none"
     if offload == "none" and (getattr(a, "offload_dir", None) or getattr(a, "host_memory", None)
                               or getattr(a, "gpu_memory", None)):
         raise ValueError("--offload-dir, --host-memory and --gpu-memory are for --offload host or disk")
+    caps = {}
     if offload != "none":
-        if comm is not None:
-            raise ValueError(f"--offload {offload} trains in one process for now: not under mpiexec or with "
-                             "--batch-size")
-        from engine.offload import OffloadTrainer
         if not cfg.visible_adam:
-            print(f"--offload {offload}: Adam updates each step's working set only (--visible-adam)")
+            if comm is None or comm.Get_rank() == 0:
+                print(f"--offload {offload}: Adam updates each step's working set only (--visible-adam)")
             cfg.visible_adam = True
-        return OffloadTrainer(dataset, a.out, cfg, mode=offload, offload_dir=getattr(a, "offload_dir", None),
-                              host_memory=getattr(a, "host_memory", None) or 0,
-                              gpu_memory=getattr(a, "gpu_memory", None) or 0)
+        caps = dict(mode=offload, offload_dir=getattr(a, "offload_dir", None),
+                    host_memory=getattr(a, "host_memory", None) or 0, gpu_memory=getattr(a, "gpu_memory", None) or 0)
+        if comm is None:
+            from engine.offload import OffloadTrainer
+            return OffloadTrainer(dataset, a.out, cfg, **caps)
     if comm is None:
         from engine.single_gpu import SingleGPUTrainer
         return SingleGPUTrainer(dataset, a.out, cfg)
@@ -70,10 +73,11 @@ def make_trainer(dataset, a, cfg, comm, exchange=None):
         return PixelExchangeTrainer(dataset, a.out, cfg, comm, transport=getattr(a, "transport", "auto"),
                                     saturation=getattr(a, "saturation", "on") == "on",
                                     consolidation=getattr(a, "consolidation", "on") == "on")
-    from engine.gaussian_exchange import GaussianExchangeTrainer
-    return GaussianExchangeTrainer(dataset, a.out, cfg, comm, batch_size=getattr(a, "batch_size", None),
-                                   grad_comm=getattr(a, "grad_comm", "sparse"),
-                                   transport=getattr(a, "transport", "auto"), shard=getattr(a, "shard", "contiguous"))
+    from engine.gaussian_exchange import GaussianExchangeTrainer, OffloadedGaussianExchangeTrainer
+    pipeline = OffloadedGaussianExchangeTrainer if caps else GaussianExchangeTrainer
+    return pipeline(dataset, a.out, cfg, comm, batch_size=getattr(a, "batch_size", None),
+                    grad_comm=getattr(a, "grad_comm", "sparse"), transport=getattr(a, "transport", "auto"),
+                    shard=getattr(a, "shard", "contiguous"), **caps)
 
 
 def choose_exchange(dataset, cfg, comm, trainer=None):

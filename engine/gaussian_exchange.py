@@ -31,6 +31,9 @@ one rank.  With the workload switches (engine/workload.py) each owner hides from
 projection the rows of its shard that the view skips: they are neither sent nor rendered.
 """
 
+import os
+from contextlib import contextmanager
+
 import numpy as np
 
 import numbasplat as ns
@@ -44,6 +47,7 @@ from comm.sparse import exchange_dense, exchange_sparse
 
 from .distributed import RankedTrainer, balanced_bounds, even_bounds
 from .model import GaussianModel
+from .offload import BLOCK_ROWS, OutOfCore, OutOfCoreModel, check_offload_options
 from .strategy import STATISTICS
 from .trainer import PhaseClock
 from .workload import imbalance
@@ -177,10 +181,11 @@ class GaussianExchangeTrainer(RankedTrainer):
         return have
 
     def train_step(self):
-        c, xp, model = self.cfg, self.xp, self.model
+        c, xp = self.cfg, self.xp
         timed = self._timing()
         clock = PhaseClock(self.backend, timed)
         views = self._batch()
+        model = self.model
         cams = [self.data.train[i].camera for i in views]
         degree = self.sh_degree_now()
         g = model.gaussians
@@ -284,7 +289,12 @@ class GaussianExchangeTrainer(RankedTrainer):
         clock.end("owner")
         lr, cols = self.learning_rates()
         lr_scale = self.batch ** c.batch_lr_exponent
-        model.adam.step(model.grads.data, cols * lr_scale)
+        seen = None  # visible-only Adam: the rows that any of the batch's views saw
+        if c.visible_adam:
+            seen = projs[0].counts > 0
+            for p in projs[1:]:
+                seen |= p.counts > 0
+        model.adam.step(model.grads.data, cols * lr_scale, seen)
         prev = self.step
         self.step += self.batch
         # shards change only in start_from and _reorder_after_refine, which set offset and total
@@ -293,14 +303,7 @@ class GaussianExchangeTrainer(RankedTrainer):
         if ctx.max_gaussians:  # --max-gaussians caps the whole model: each owner grows to its share
             ctx.max_gaussians = int(np.bincount(self._owners(np.arange(ctx.max_gaussians), ctx.max_gaussians),
                                                 minlength=self.size)[self.rank])
-        tracked = self.stride > 1 and self.strategy.refines_at(self.step, ctx)
-        if tracked:  # the refinement carries it to the new rows (strategy.carry_rows): where each came from
-            self.strategy_state[GLOBAL_ROW] = self.offset + self.stride * xp.arange(len(model), dtype=np.int64)
-        events = self.strategy.after_optimizer(self.model, self.strategy_state, self.step, ctx)
-        parents = _backend.to_host(self.strategy_state.pop(GLOBAL_ROW)) if tracked else None
-        if "cloned" in events:
-            self._reorder_after_refine(events, parents)
-            events["gaussians"] = self.total
+        events = self._after_adam(ctx, lr["means"] * lr_scale, lr["scales"] * lr_scale)
         clock.end("optimizer")
         # the loss and the tile costs (the next bounds) last: by now the device is done with them
         summed = self.exchange.allreduce_sum(np.concatenate([[sum(map(float, shares)) / self.batch],
@@ -312,6 +315,20 @@ class GaussianExchangeTrainer(RankedTrainer):
         if timed:
             self.stats["projected"] = sum(projected)
         return loss, events
+
+    def _after_adam(self, ctx, lr_means, lr_scales):
+        """The strategy's refinement or reset after the step's Adam update (``ctx``: its context; the
+        learning rates it stepped with), and the shards evened out after a refinement.  -> its events."""
+        tracked = self.stride > 1 and self.strategy.refines_at(self.step, ctx)
+        if tracked:  # the refinement carries it to the new rows (strategy.carry_rows): where each came from
+            self.strategy_state[GLOBAL_ROW] = self.offset + self.stride * self.xp.arange(len(self.model),
+                                                                                       dtype=np.int64)
+        events = self.strategy.after_optimizer(self.model, self.strategy_state, self.step, ctx)
+        parents = _backend.to_host(self.strategy_state.pop(GLOBAL_ROW)) if tracked else None
+        if "cloned" in events:
+            self._reorder_after_refine(events, parents)
+            events["gaussians"] = self.total
+        return events
 
     def _global_order(self, route, width, send_counts, recv_counts, view_of):
         """The permutation that puts the received rows of each view in global row order (parity
@@ -375,6 +392,89 @@ class GaussianExchangeTrainer(RankedTrainer):
         if all("projected" in s for s in every):  # BlitzGS: max / mean of the Gaussians the ranks' views saw
             extra["projected_imbalance"] = imbalance([s["projected"] for s in every])
         return extra
+
+
+class OffloadedGaussianExchangeTrainer(OutOfCore, GaussianExchangeTrainer):
+    """The pipeline above with each rank's shard out of core (``--offload`` under ``mpiexec``): the
+    shard's Gaussians in blocks in host memory or on disk (``engine.offload``), the device holding
+    the blocks that the batch's views see.  A step trains the working set of its batch as the shard
+    (visible-only Adam: the rows that any of its views saw); a refinement or reset gathers the whole
+    shard in host memory, where the shards are evened out as in memory, and cuts it into blocks anew.
+    Contiguous shards: parity shards would track global rows through the working sets."""
+
+    def __init__(self, dataset, out_dir, cfg, comm, batch_size=None, grad_comm="sparse", backend=None, log=print,
+                 transport="auto", shard="contiguous", mode="host", offload_dir=None, host_memory=0, gpu_memory=0,
+                 prefetch=True, block_rows=BLOCK_ROWS):
+        check_offload_options(cfg, mode, offload_dir, host_memory, gpu_memory)
+        if shard != "contiguous":
+            raise ValueError(f"--offload {mode} under mpiexec needs --shard contiguous")
+        if any((cfg.importance_every, cfg.view_masks != "off", cfg.lod_min_px)):
+            raise ValueError(f"--offload {mode} under mpiexec trains without BlitzGS's switches, for now")
+        super().__init__(dataset, out_dir, cfg, comm, batch_size, grad_comm, backend, log, transport, shard)
+        if offload_dir:  # a folder of each rank's own
+            offload_dir = os.path.join(offload_dir, f"rank{self.rank}")
+        self._init_out_of_core(mode, offload_dir, host_memory, gpu_memory, prefetch, block_rows)
+        self._in_pool = None
+
+    def _model_options(self):
+        """The shard is made on the host (then cut into blocks); the device sees working sets."""
+        return ("cpu",) + super()._model_options()[1:]
+
+    def _betas(self):
+        return super()._model_options()[1:]
+
+    def start_from(self, model_state, strategy_state=None):
+        super().start_from(model_state, strategy_state)  # this rank's shard, on the host
+        self._start_out_of_core(self.model, self._statistics_of(self.model, self.strategy_state))
+        self.strategy_state = {}
+
+    def _batch(self):
+        """The batch's views, and their working set of the shard as the step's model and statistics."""
+        views = super()._batch()
+        self._in_pool = self._working_set(views)
+        self.model, self.strategy_state = self._load_working(self._in_pool)
+        return views
+
+    def _after_adam(self, ctx, lr_means, lr_scales):
+        """The working set back to its blocks; where the strategy acts, on the whole shard."""
+        self._store_working(self.model, self.strategy_state, self._in_pool, lr_means, lr_scales)
+        self.model, self.strategy_state = OutOfCoreModel(self), {}
+        if not self.strategy.acts_at(self.step, ctx):
+            return {}
+        self.model, self.strategy_state = self._gather_whole()
+        events = super()._after_adam(ctx, lr_means, lr_scales)
+        self._install(self.model, self._statistics_of(self.model, self.strategy_state))
+        self.model, self.strategy_state = OutOfCoreModel(self), {}
+        return events
+
+    def train_step(self):
+        before = self._counters()
+        loss, events = super().train_step()
+        after = self._counters()
+        self.stats.update({"resident_gaussians": self._in_pool.count, **{k: after[k] - before[k] for k in after}})
+        return loss, events
+
+    @contextmanager
+    def _whole_shard(self):
+        """The whole shard as ``model`` and ``strategy_state`` (in host memory) for what gathers them."""
+        held = self.model, self.strategy_state
+        self.model, self.strategy_state = self._gather_whole()
+        try:
+            yield
+        finally:
+            self.model, self.strategy_state = held
+
+    def gathered(self, which="params", root_only=False):
+        with self._whole_shard():
+            return super().gathered(which, root_only)
+
+    def gather_state(self):
+        with self._whole_shard():
+            return super().gather_state()
+
+    def view_model(self, most):
+        with self._whole_shard():
+            return super().view_model(most)
 
 
 def halo_ranges(bounds, tiles_x, n_tiles):

@@ -193,9 +193,9 @@ class RowLayout:
         self.store(model, statistics, out, model.xp.arange(len(model)))
         return out
 
-    def model(self, table, step, backend, rows=None):
-        """-> (``GaussianModel`` on ``backend`` with Adam at ``step``, statistics) of the rows ``rows``
-        (default: all) of ``table``; the model trains on views of one array that ``store`` writes back."""
+    def model(self, table, step, backend, rows=None, betas=(0.9, 0.999)):
+        """-> (``GaussianModel`` on ``backend`` with Adam at ``step`` and ``betas``, statistics) of the rows
+        ``rows`` (default: all) of ``table``; the model trains on views of one array that ``store`` writes back."""
         xp = _backend.array_module(backend)
         table = xp.asarray(table)
         rows = xp.arange(len(table)) if rows is None else xp.asarray(rows, np.int64)
@@ -203,7 +203,8 @@ class RowLayout:
         flat = xp.empty(n * self.columns_total, np.float32)
         rows_to_flat(table, rows, self._plan(xp), flat, backend)
         params = FlatParams(n, self.sh_bases, xp, data=flat[:n * w])
-        model = GaussianModel.from_flat(params, flat[n * w:2 * n * w], flat[2 * n * w:3 * n * w], step, backend)
+        model = GaussianModel.from_flat(params, flat[n * w:2 * n * w], flat[2 * n * w:3 * n * w], step, backend,
+                                        *betas)
         model._rows_flat = (flat, (model.params.data, model.adam.m, model.adam.v))
         statistics = {k: flat[(3 * w + j) * n:(3 * w + j + 1) * n].astype(dtype, copy=False)  # (float32: views)
                       for j, (k, dtype) in enumerate(self.statistics.items())}
@@ -583,48 +584,54 @@ class OutOfCoreModel:
         return self._trainer.whole_model().gaussians
 
 
-class OffloadTrainer(Trainer):
-    """``Trainer`` with the model out of the device and a view's working set on it (see above).
+def check_offload_options(cfg, mode, offload_dir, host_memory, gpu_memory):
+    """One clear error for what offloading cannot do or lacks (before anything is made)."""
+    if mode not in ("host", "disk"):
+        raise ValueError(f"--offload {mode}: unknown (host or disk)")
+    if not cfg.visible_adam:
+        raise ValueError(f"--offload {mode} updates the working set only: it needs --visible-adam")
+    if cfg.strategy != "default":  # (MCMC moves every Gaussian every step: every block, every step)
+        raise ValueError(f"--offload {mode} densifies with the default strategy, for now")
+    if cfg.loss != "global" or cfg.appearance or cfg.prune != "none":
+        raise ValueError(f"--offload {mode} trains with --loss global, without --appearance or --prune, for now")
+    if mode == "disk" and not offload_dir:
+        raise ValueError("--offload disk needs --offload-dir PATH (where the blocks' files go)")
+    if mode == "disk" and not host_memory:
+        raise ValueError("--offload disk needs --host-memory BYTES (the host memory its cache of blocks may use)")
+    if mode == "host" and (offload_dir or host_memory):
+        raise ValueError("--offload-dir and --host-memory are for --offload disk")
+    if gpu_memory < 0 or host_memory < 0:
+        raise ValueError("--gpu-memory and --host-memory must not be negative")
 
-    ``mode``: host or disk; ``offload_dir``, ``host_memory`` (bytes): disk mode's folder and host cache;
-    ``gpu_memory`` (bytes, 0: ``GPU_SHARE`` of the device's free memory, no cap on the CPU backend): the
-    device's pool of blocks and the working sets built from them; ``prefetch``: disk mode reads the next
-    view's blocks ahead on a thread."""
 
-    def __init__(self, dataset, out_dir, cfg, backend=None, log=print, block_rows=BLOCK_ROWS, mode="host",
-                 offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True):
-        if mode not in ("host", "disk"):
-            raise ValueError(f"--offload {mode}: unknown (host or disk)")
-        if not cfg.visible_adam:
-            raise ValueError(f"--offload {mode} updates the working set only: it needs --visible-adam")
-        if cfg.strategy != "default":  # (MCMC moves every Gaussian every step: every block, every step)
-            raise ValueError(f"--offload {mode} densifies with the default strategy, for now")
-        if cfg.loss != "global" or cfg.appearance or cfg.prune != "none":
-            raise ValueError(f"--offload {mode} trains with --loss global, without --appearance or --prune, for now")
-        if mode == "disk" and not offload_dir:
-            raise ValueError("--offload disk needs --offload-dir PATH (where the blocks' files go)")
-        if mode == "disk" and not host_memory:
-            raise ValueError("--offload disk needs --host-memory BYTES (the host memory its cache of blocks may use)")
-        if mode == "host" and (offload_dir or host_memory):
-            raise ValueError("--offload-dir and --host-memory are for --offload disk")
-        if gpu_memory < 0 or host_memory < 0:
-            raise ValueError("--gpu-memory and --host-memory must not be negative")
-        super().__init__(dataset, out_dir, cfg, backend, log)
+class OutOfCore:
+    """The model out of core, for a ``Trainer``: the blocks' tiers, the device's pool, and the working
+    set of the views that a step trains.  Shared by the one-process pipeline (``OffloadTrainer``) and
+    each rank's shard under MPI (``engine.gaussian_exchange.OffloadedGaussianExchangeTrainer``).
+    Between steps the trainer's ``model`` is an ``OutOfCoreModel``."""
+
+    def _init_out_of_core(self, mode, offload_dir, host_memory, gpu_memory, prefetch, block_rows):
         self.mode, self.block_rows, self.gpu_memory = mode, block_rows, int(gpu_memory)
         self.host = DiskBlocks(offload_dir, host_memory, prefetch) if mode == "disk" else HostBlocks()
         self.index = self.layout = self.cache = self.boxes = None
         self._whole = None  # the whole model gathered in host memory, until a step changes it
         self._rows = None  # the last working set's ``WorkingRows``, reused while its blocks and slots are unchanged
         self._working = None  # (its ``_rows``, the model it trained, its statistics): the next step's if still current
-        self.model = None
         self.wait_s = 0.0
         self._since_log = self._counters()
 
-    # ------------------------------------------------------------------ the model out of core
-    def start_from(self, model_state, strategy_state=None):
-        model = GaussianModel.from_state(model_state, "cpu")
+    def _betas(self):
+        """Adam's betas of the models made from the rows (a batched pipeline raises them to its batch)."""
+        return 0.9, 0.999
+
+    def _statistics_of(self, model, state):
+        """The strategy's statistics of ``model``'s rows from ``state`` (host arrays; zeros where absent)."""
         statistics = self.strategy.fresh_statistics(np, len(model))
-        statistics.update({k: np.asarray(a) for k, a in (strategy_state or {}).items() if len(a) == len(model)})
+        statistics.update({k: _backend.to_host(a) for k, a in (state or {}).items() if len(a) == len(model)})
+        return statistics
+
+    def _start_out_of_core(self, model, statistics):
+        """Hold ``model`` (a shard or the whole; host or device) and its ``statistics`` out of core."""
         self.layout = RowLayout(model.sh_bases, self.strategy.fresh_statistics(np, 0))
         self._adam_steps = model.adam.step_count
         self._install(model, statistics)
@@ -661,7 +668,7 @@ class OffloadTrainer(Trainer):
             return None
         every = np.arange(self.index.blocks)
         return self.layout.model(self.cache.pool, self._adam_steps, self.backend,
-                                 rows=self.cache.rows(every, len(self.index)))
+                                 rows=self.cache.rows(every, len(self.index)), betas=self._betas())
 
     def _slot_bytes(self):
         """Device bytes a block slot takes: its rows' table, and room for them in a step's working set
@@ -685,52 +692,34 @@ class OffloadTrainer(Trainer):
         if self._whole is None:
             self.cache.flush(self.index, self.host)
             index, table = self.index, self.host.whole_table()
+            rows = None
             if table is not None:  # the blocks' rows in model order, straight from the one table
-                self._whole = self.layout.model(table, self._adam_steps, "cpu",
-                                                rows=index.starts[index.block] + index.position)
-                return self._whole
-            table = np.empty((len(index), self.layout.columns_total), np.float32)
-            for b in range(index.blocks):
-                table[index.members(b)] = self.host.get(b)
-            self._whole = self.layout.model(table, self._adam_steps, "cpu")
+                rows = index.starts[index.block] + index.position
+            else:
+                table = np.empty((len(index), self.layout.columns_total), np.float32)
+                for b in range(index.blocks):
+                    table[index.members(b)] = self.host.get(b)
+            self._whole = self.layout.model(table, self._adam_steps, "cpu", rows=rows, betas=self._betas())
         return self._whole
-
-    def gather_state(self):
-        model, statistics = self._gather_whole()
-        return model.state(), {k: np.array(a) for k, a in statistics.items()}
-
-    def whole_model(self):
-        return self._gather_whole()[0]
-
-    def view_image(self, gaussians, camera):
-        """A view rendered from its working set on the device (the whole model need not fit there)."""
-        self.boxes.settle()
-        seen = gaussians.take(self.index.rows(self.index.visible(camera)))
-        return super().view_image(ns.Gaussians(**{k: self.xp.asarray(a) for k, a in seen.arrays().items()}), camera)
-
-    def epoch_view_order(self):
-        """auto: a tour along the cameras while the device cannot hold every block (consecutive views
-        then share most of their blocks), else random: a tour's neighbouring views in a row cost
-        quality where nothing is to be saved (BENCHMARKS.md, "Out-of-core training")."""
-        if self.cfg.view_order != "auto":
-            return self.cfg.view_order
-        return "trajectory" if self.index.blocks > self.cache.slots else "random"
 
     def context(self, **step):
         """The strategy's context without the device's free memory: the model is not on the device."""
         return Context(self.data.scene_scale, self.rng, self.cfg.max_gaussians, 0, **step)
 
-    # ------------------------------------------------------------------ one step
-    def _working_set(self, view_index):
-        """The view's blocks resident (the missing ones moved in); -> their ``WorkingRows``.
-        Consecutive views often have the same blocks in the same slots (every one, where the model
-        fits): their rows are then reused, not found again."""
-        view = self.data.train[view_index]
-        blocks = self.index.visible(view.camera, self.boxes.for_culling())
+    # ------------------------------------------------------------------ a step's working set
+    def _working_set(self, views):
+        """The blocks that the training ``views`` see resident (the missing ones moved in); -> their
+        ``WorkingRows``.  Consecutive steps often have the same blocks in the same slots (every one,
+        where the model fits): their rows are then reused, not found again."""
+        t0 = time.perf_counter()
+        boxes = self.boxes.for_culling()
+        seen = [self.index.visible(self.data.train[i].camera, boxes) for i in views]
+        blocks = seen[0] if len(seen) == 1 else np.unique(np.concatenate(seen))
         if len(blocks) > self.cache.slots:
             need = len(blocks) * self._slot_bytes() + DeviceCache.INDEX_BYTES * len(self.index)
             have = self.gpu_memory or self.cache.slots * self._slot_bytes()
-            raise ValueError(f"--gpu-memory {format_bytes(have)} is too small for view {view.name}: its working set "
+            names = ("view " if len(views) == 1 else "views ") + ", ".join(self.data.train[i].name for i in views)
+            raise ValueError(f"--gpu-memory {format_bytes(have)} is too small for {names}: its working set "
                              f"({int(self.index.sizes[blocks].sum()):,} Gaussians in {len(blocks)} blocks) needs "
                              f"{format_bytes(need)}; give --gpu-memory {format_bytes(need)} or more")
         self.cache.fetch(blocks, self.index, self.host)
@@ -743,61 +732,29 @@ class OffloadTrainer(Trainer):
             self._rows = WorkingRows(self.index, blocks, slots, count, self.cache.rows(blocks, count),
                                      xp.asarray(slots * self.block_rows), xp.asarray(sizes))
             self.cache.moved_bytes += 8 * self.index.blocks + 16 * len(blocks)  # the slot map, the slots' rows, sizes
+        if self.order and self.mode == "disk":  # the next view's blocks, read ahead while this step trains
+            self.host.prefetch(self.index.visible(self.data.train[self.order[-1]].camera, boxes))
+        self.wait_s += time.perf_counter() - t0
         return self._rows
 
-    def train_step(self):
-        c = self.cfg
-        clock = PhaseClock(self.backend, self._timing())
-        before = self._counters()
-        i = self.next_view()
-        view = self.data.train[i]
-        t0 = time.perf_counter()
-        in_pool = self._working_set(i)
-        if self.order and self.mode == "disk":  # the next view's blocks, read ahead while this one trains
-            self.host.prefetch(self.index.visible(self.data.train[self.order[-1]].camera, self.boxes.for_culling()))
-        self.wait_s += time.perf_counter() - t0
-        if self._working is not None and self._working[0] is in_pool:  # its rows in the pool: as it holds them
-            working, stats = self._working[1:]
-        else:
-            working, stats = self.layout.model(self.cache.pool, self._adam_steps, self.backend, rows=in_pool.rows)
-            self._working = (in_pool, working, stats)
-        clock.end("owner")
-        g = working.gaussians
-        p = ns.project(g, view.camera, sh_degree=self.sh_degree_now(), antialias=c.antialias, backend=self.backend,
-                       check=False)
-        clock.end("project")
-        b = ns.bin_tiles(p, backend=self.backend)
-        r = ns.rasterize(p, b, self.step_background(), self.backend)
-        clock.end("render")
-        loss, d_img = l1_ssim_loss(r.image, self.targets[i], c.lambda_dssim, backend=self.backend, lazy=True)
-        clock.end("loss")
-        grad = ns.rasterize_backward(p, b, r, d_img, backend=self.backend)
-        clock.end("backward")
-        ns.project_backward(g, p, grad, working.grad_gaussians, accumulate=False, backend=self.backend)
-        self._progress_view = (r.image, self.targets[i])
-        self.add_strategy_gradients(working, stats)  # the strategy's gradients and statistics: of the working set
-        self.strategy.after_backward(working, stats, self.step, p, grad)
-        lr, cols = self.learning_rates()
-        working.adam.step(working.grads.data, cols, p.counts > 0)
-        self.step += 1
+    def _load_working(self, in_pool):
+        """-> (the model of the working set ``in_pool``, its statistics) on the device: the last step's
+        as it is where its rows are the same, else gathered from the pool."""
+        if self._working is None or self._working[0] is not in_pool:
+            self._working = (in_pool, *self.layout.model(self.cache.pool, self._adam_steps, self.backend,
+                                                         rows=in_pool.rows, betas=self._betas()))
+        return self._working[1:]
+
+    def _store_working(self, working, statistics, in_pool, lr_means, lr_scales):
+        """The trained working set back to the pool (parameters, moments, statistics); its blocks' boxes
+        recomputed there and read a step late (their growth bounded by the step's learning rates)."""
         self._adam_steps = working.adam.step_count
-        # back to the pool: the rows' parameters, moments and statistics; the boxes they reach now
-        self.layout.store(working, stats, self.cache.pool, in_pool.rows)
+        self.layout.store(working, statistics, self.cache.pool, in_pool.rows)
         self.cache.dirty.update(int(b) for b in in_pool.blocks)
         self._whole = None
         reach = self.cache.boxes(in_pool.starts, in_pool.sizes, self.layout)
-        self.boxes.add(in_pool.blocks, *reach, lr["means"], lr["scales"])
+        self.boxes.add(in_pool.blocks, *reach, lr_means, lr_scales)
         self.cache.moved_bytes += 24 * len(in_pool.blocks)  # the boxes out
-        clock.end("optimizer")
-        ctx = self.context(lr_means=lr["means"])
-        events = {}
-        if self.strategy.acts_at(self.step, ctx):  # densify or reset: on the device if it holds every block
-            model, statistics = self._gather_resident() or self._gather_whole()
-            events = self.strategy.after_optimizer(model, statistics, self.step, ctx)
-            self._install(model, statistics)
-        after = self._counters()
-        self.stats = {"resident_gaussians": in_pool.count, **{k: after[k] - before[k] for k in after}, **clock.stats()}
-        return loss, events
 
     def _counters(self):
         """The traffic so far (the device's pool, the disk) and the time waited for it."""
@@ -805,10 +762,6 @@ class OffloadTrainer(Trainer):
         return {"moved_bytes": cache.moved_bytes if cache else 0, "hits": cache.hits if cache else 0,
                 "misses": cache.misses if cache else 0, "disk_read_bytes": self.host.read_bytes,
                 "disk_written_bytes": self.host.written_bytes, "wait_s": self.wait_s}
-
-    def progress_psnr(self):
-        image, target = self._progress_view
-        return psnr(image, target)
 
     def _check_finite(self, loss=None, model=None):
         if model is None and self._working is not None:
@@ -838,3 +791,88 @@ class OffloadTrainer(Trainer):
         if self.boxes is not None:
             self.boxes.settle()
         self.host.close()
+
+
+class OffloadTrainer(OutOfCore, Trainer):
+    """``Trainer`` with the model out of the device and a view's working set on it (see above).
+
+    ``mode``: host or disk; ``offload_dir``, ``host_memory`` (bytes): disk mode's folder and host cache;
+    ``gpu_memory`` (bytes, 0: ``GPU_SHARE`` of the device's free memory, no cap on the CPU backend): the
+    device's pool of blocks and the working sets built from them; ``prefetch``: disk mode reads the next
+    view's blocks ahead on a thread."""
+
+    def __init__(self, dataset, out_dir, cfg, backend=None, log=print, block_rows=BLOCK_ROWS, mode="host",
+                 offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True):
+        check_offload_options(cfg, mode, offload_dir, host_memory, gpu_memory)
+        super().__init__(dataset, out_dir, cfg, backend, log)
+        self._init_out_of_core(mode, offload_dir, host_memory, gpu_memory, prefetch, block_rows)
+        self.model = None
+
+    def start_from(self, model_state, strategy_state=None):
+        model = GaussianModel.from_state(model_state, "cpu")
+        self._start_out_of_core(model, self._statistics_of(model, strategy_state))
+
+    def gather_state(self):
+        model, statistics = self._gather_whole()
+        return model.state(), {k: np.array(a) for k, a in statistics.items()}
+
+    def whole_model(self):
+        return self._gather_whole()[0]
+
+    def view_image(self, gaussians, camera):
+        """A view rendered from its working set on the device (the whole model need not fit there)."""
+        self.boxes.settle()
+        seen = gaussians.take(self.index.rows(self.index.visible(camera)))
+        return super().view_image(ns.Gaussians(**{k: self.xp.asarray(a) for k, a in seen.arrays().items()}), camera)
+
+    def epoch_view_order(self):
+        """auto: a tour along the cameras while the device cannot hold every block (consecutive views
+        then share most of their blocks), else random: a tour's neighbouring views in a row cost
+        quality where nothing is to be saved (BENCHMARKS.md, "Out-of-core training")."""
+        if self.cfg.view_order != "auto":
+            return self.cfg.view_order
+        return "trajectory" if self.index.blocks > self.cache.slots else "random"
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self):
+        c = self.cfg
+        clock = PhaseClock(self.backend, self._timing())
+        before = self._counters()
+        i = self.next_view()
+        view = self.data.train[i]
+        in_pool = self._working_set([i])
+        working, stats = self._load_working(in_pool)
+        clock.end("owner")
+        g = working.gaussians
+        p = ns.project(g, view.camera, sh_degree=self.sh_degree_now(), antialias=c.antialias, backend=self.backend,
+                       check=False)
+        clock.end("project")
+        b = ns.bin_tiles(p, backend=self.backend)
+        r = ns.rasterize(p, b, self.step_background(), self.backend)
+        clock.end("render")
+        loss, d_img = l1_ssim_loss(r.image, self.targets[i], c.lambda_dssim, backend=self.backend, lazy=True)
+        clock.end("loss")
+        grad = ns.rasterize_backward(p, b, r, d_img, backend=self.backend)
+        clock.end("backward")
+        ns.project_backward(g, p, grad, working.grad_gaussians, accumulate=False, backend=self.backend)
+        self._progress_view = (r.image, self.targets[i])
+        self.add_strategy_gradients(working, stats)  # the strategy's gradients and statistics: of the working set
+        self.strategy.after_backward(working, stats, self.step, p, grad)
+        lr, cols = self.learning_rates()
+        working.adam.step(working.grads.data, cols, p.counts > 0)
+        self.step += 1
+        self._store_working(working, stats, in_pool, lr["means"], lr["scales"])
+        clock.end("optimizer")
+        ctx = self.context(lr_means=lr["means"])
+        events = {}
+        if self.strategy.acts_at(self.step, ctx):  # densify or reset: on the device if it holds every block
+            model, statistics = self._gather_resident() or self._gather_whole()
+            events = self.strategy.after_optimizer(model, statistics, self.step, ctx)
+            self._install(model, statistics)
+        after = self._counters()
+        self.stats = {"resident_gaussians": in_pool.count, **{k: after[k] - before[k] for k in after}, **clock.stats()}
+        return loss, events
+
+    def progress_psnr(self):
+        image, target = self._progress_view
+        return psnr(image, target)

@@ -1,6 +1,7 @@
 """Run by tests/test_gaussian_exchange.py under mpiexec: a few batched steps, final parameters to OUT/final.npz
 (other-iters, other-data: rank 1 is given another iteration count, or sees one view fewer; parity: index-parity
-shards; blitz: BlitzGS's importance passes, view masks and LOD gate)."""
+shards; blitz: BlitzGS's importance passes, view masks and LOD gate; visible: visible-only Adam; offload: each
+rank's shard out of core)."""
 import sys
 from pathlib import Path
 
@@ -11,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from comm import abort_on_error  # noqa: E402
 from engine.demo import make_dataset  # noqa: E402
-from engine.gaussian_exchange import GaussianExchangeTrainer  # noqa: E402
+from engine.gaussian_exchange import GaussianExchangeTrainer, OffloadedGaussianExchangeTrainer  # noqa: E402
 from engine.pruning import train_then_prune  # noqa: E402
 from engine import trainer  # noqa: E402
 from engine.trainer import TrainConfig  # noqa: E402
@@ -55,8 +56,12 @@ with abort_on_error(comm):
     if small:
         cfg.iterations, cfg.n_random_init = 2, 100
     batch = 1 if "b1" in sys.argv else 2 if small else 4  # b1: every view split across the ranks
-    t = GaussianExchangeTrainer(ds, out, cfg, comm, batch_size=batch, grad_comm=grad_comm, backend=backend,
-                                shard="parity" if "parity" in sys.argv else "contiguous")
+    cfg.visible_adam = "visible" in sys.argv  # Adam on the rows that the batch's views saw
+    pipeline, caps = GaussianExchangeTrainer, {}
+    if "offload" in sys.argv:  # each rank's shard out of core, in blocks of 16 rows
+        pipeline, caps = OffloadedGaussianExchangeTrainer, {"mode": "host", "block_rows": 16}
+    t = pipeline(ds, out, cfg, comm, batch_size=batch, grad_comm=grad_comm, backend=backend,
+                 shard="parity" if "parity" in sys.argv else "contiguous", **caps)
     s = t.strategy
     s.refine_start, s.refine_every, s.reset_every, s.grad_threshold = 4, 8, 24, 1e-5
     s.reset_at_start = False  # a reset right after the first steps leaves rounding-level SH gradients to Adam
