@@ -26,6 +26,10 @@ One step, one view:
 3. where the strategy densifies or resets (``DefaultStrategy.acts_at``), the whole model is
    gathered in host memory, changed, and cut into blocks anew; snapshots gather it likewise.
 
+Under MPI each rank holds its shard of the Gaussian exchange so (``OutOfCore``, the part of the
+pipeline that both share; ``engine.gaussian_exchange.OffloadedGaussianExchangeTrainer``): a step's
+working set is what any view of its batch sees.
+
 Rows keep the in-memory model's order, so the working set binned and sorted on the device ties as
 the whole model would, and the strategy's random draws fall on the same Gaussians: offloaded
 training equals in-memory training with visible-only Adam and the same view order (tested).  While the
