@@ -93,6 +93,31 @@ class ViewPlan:
         return top * TILE, min(bottom * TILE, self.cam.height), top * tx
 
 
+def extents(means, scales):
+    """The bounds of a rank's Gaussians, as ``participants`` takes them: (7,) min xyz, max xyz and the
+    largest scale (NaN where it holds none), from ``means`` and log-``scales`` on their device."""
+    if not len(means):
+        return np.full(7, np.nan)
+    xp = _backend.array_module_of(means)
+    bounds = xp.concatenate([means.min(axis=0), means.max(axis=0), xp.exp(scales.max())[None]])
+    return _backend.to_host(bounds).astype(np.float64)
+
+
+def participants(extents, cameras):
+    """For each camera, the ranks whose Gaussians can show in it (frozenset): those whose bounds
+    (``extents``: (P, 7) rows of ``extents``), grown by ``REACH`` of their largest scale, project
+    into the image (``visible_regions``); every rank where none does."""
+    extents = np.asarray(extents, np.float64)
+    held = ~np.isnan(extents[:, 0])  # (a rank without Gaussians: a box at 0 that no view counts)
+    e = np.nan_to_num(extents)
+    lo, hi = e[:, :3] - REACH * e[:, 6:], e[:, 3:6] + REACH * e[:, 6:]
+    out = []
+    for cam in cameras:
+        seen = visible_regions(lo, hi, cam, grow=GROW_PX)[1] & held
+        out.append(frozenset(np.flatnonzero(seen).tolist()) or frozenset(range(len(extents))))
+    return out
+
+
 def consolidate(participants):
     """Splaxel's conflict-free view consolidation: in order, each view joins the first bucket whose
     ranks are disjoint from its participants, else opens a new one.  -> the buckets, as lists of
@@ -256,25 +281,12 @@ class PixelExchangeTrainer(RankedTrainer):
         """Every rank's Gaussians' bounds: (P, 7) rows of min xyz, max xyz and the largest scale
         (NaN for a rank without Gaussians).  Collective: one small allgather."""
         g = self.model.gaussians
-        mine = np.full(7, np.nan)
-        if len(g):
-            mine = np.concatenate([_backend.to_host(g.means.min(axis=0)), _backend.to_host(g.means.max(axis=0)),
-                                   [float(_backend.to_host(self.xp.exp(g.scales.max())))]])
-        return np.array(self.comm.allgather(mine))
+        return np.array(self.comm.allgather(extents(g.means, g.scales)))
 
     def _participants(self, views):
-        """For each view, the ranks whose Gaussians can show in it (frozenset): those whose bounds,
-        grown by ``REACH`` of their largest scale, project into the image (``visible_region``);
-        every rank where none does.  The same on every rank."""
-        extents = self._extents()
-        held = ~np.isnan(extents[:, 0])  # (a rank without Gaussians: a box at 0 that no view counts)
-        e = np.nan_to_num(extents)
-        lo, hi = e[:, :3] - REACH * e[:, 6:], e[:, 3:6] + REACH * e[:, 6:]
-        out = []
-        for v in views:
-            seen = visible_regions(lo, hi, self.data.train[v].camera, grow=GROW_PX)[1] & held
-            out.append(frozenset(np.flatnonzero(seen).tolist()) or frozenset(range(self.size)))
-        return out
+        """For each view, the ranks whose Gaussians can show in it (``participants``).  The same on
+        every rank."""
+        return participants(self._extents(), [self.data.train[v].camera for v in views])
 
     def _next_views(self):
         """The step's views and their participants: with consolidation the next bucket of the epoch

@@ -20,6 +20,7 @@ table needs.
 import statistics
 import tempfile
 import time
+from collections import namedtuple
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -224,12 +225,16 @@ def _model_report(t, step, phases, peak, model_ranks, grad_comm, link_gbs, balan
     for line in traffic_table(traffic, balanced):
         say(line)
     cams = [c.camera for c in train[:max(model_ranks)]]
-    pixel = {p: (*pixel_traffic(g, cams, p, t.sh_degree_now(), t.backend), len(cams)) for p in model_ranks}
-    for line in pixel_traffic_table(pixel, traffic):
+    pixel = {p: pixel_traffic(g, cams, p, t.sh_degree_now(), t.backend, saturation=True) for p in model_ranks}
+    for line in pixel_traffic_table(pixel, traffic, len(cams)):
+        say(line)
+    every = [c.camera for c in train]
+    consolidation = {p: view_utilisation(g, every, p) for p in model_ranks}
+    for line in utilisation_table(consolidation):
         say(line)
     for line in model_table(predicted, step, t.batch, link_gbs, grad_comm):
         say(line)
-    report.update(traffic=traffic, predicted=predicted, pixel=pixel)
+    report.update(traffic=traffic, predicted=predicted, pixel=pixel, consolidation=consolidation)
     return report
 
 
@@ -402,32 +407,64 @@ def step_traffic(g, cams, targets, ranks, sh_degree, background, lambda_dssim, b
 PIXEL_TILE_BYTES = 4 * 4 * TILE_PIXELS  # a partial tile forward (colour and transmittance), or its gradient back
 
 
-def pixel_traffic(g, cams, ranks, sh_degree, backend=None):
+PixelTraffic = namedtuple("PixelTraffic", "forward backward full saturated")
+PixelTraffic.__doc__ = """``pixel_traffic``'s (P, P) [source, destination] tile counts summed over the views: the
+partial tiles sent forward (the composer's range and halo that the source's Gaussians cover) and
+back (their gradients, the range alone); those that would go forward without the spatial
+reduction; and of the forward ones, those that saturation reduction skips (None: not counted)."""
+
+
+def pixel_traffic(g, cams, ranks, sh_degree, backend=None, saturation=False):
     """The bytes of the pixel-level pipeline (``engine/pixel_exchange.py``) for each view of ``cams``
     over ``ranks`` boxes of a kd-tree over ``g``'s means, counted on this device as the pipeline
     counts them: a rank sends each composer the partial tiles of the composer's range and halo that
-    its Gaussians cover, and gets back the gradients of those in the composer's range.  -> (P, P)
-    [source, destination] tiles forward and backward summed over the views, and the tiles that
-    would cross without the spatial reduction."""
+    its Gaussians cover, and gets back the gradients of those in the composer's range.  With
+    ``saturation`` each box's partial image is rendered too, and the tiles that the boxes in front
+    saturate (the marks a view's full composition makes, ``Saturation.saturated``) counted.
+    -> ``PixelTraffic``."""
     from .partition import SpatialPartition
-    from .pixel_exchange import ViewPlan
+    from .pixel_exchange import Saturation, ViewPlan
     xp = _backend.array_module(backend)
     means = _backend.to_host(g.means)
     part = SpatialPartition.build(means, ranks)
     owner = part.owner(means)
-    forward, backward = np.zeros((ranks, ranks), np.int64), np.zeros((ranks, ranks), np.int64)
-    full = np.zeros((ranks, ranks), np.int64)
+    forward, backward, full, saturated = (np.zeros((ranks, ranks), np.int64) for _ in range(4))
     boxes = [g.take(xp.asarray(owner == r)) for r in range(ranks)]
+    none = np.zeros(3, np.float32)
     for cam in cams:
         plan = ViewPlan(cam, range(ranks), part)  # every rank takes part (the view a step, unconsolidated)
         bounds, need_lo, need_hi = plan.bounds, plan.need_lo, plan.need_hi
-        for r, box in enumerate(boxes):
-            b = ns.bin_tiles(ns.project(box, cam, sh_degree=sh_degree, backend=backend, check=False), backend)
-            covered = np.concatenate([[0], np.cumsum(_backend.to_host(b.ranges[:, 1] - b.ranges[:, 0]) > 0)])
-            forward[r] += covered[need_hi] - covered[need_lo]
-            backward[r] += covered[bounds[1:]] - covered[bounds[:-1]]
+        covered, trans = [], []
+        for box in boxes:
+            p = ns.project(box, cam, sh_degree=sh_degree, backend=backend, check=False)
+            b = ns.bin_tiles(p, backend)
+            covered.append(_backend.to_host(b.ranges[:, 1] - b.ranges[:, 0]) > 0)
+            if saturation:
+                trans.append(ns.rasterize(p, b, none, backend).trans)
+        marks = (Saturation.saturated(xp.stack([trans[r] for r in plan.order]), plan.order, 0, plan.n_tiles, ranks)
+                 if saturation else np.zeros((ranks, plan.n_tiles), bool))
+        for r in range(ranks):  # (running counts: a range's tiles are the difference at its ends)
+            sent = np.concatenate([[0], np.cumsum(covered[r])])
+            skipped = np.concatenate([[0], np.cumsum(covered[r] & marks[r])])
+            forward[r] += sent[need_hi] - sent[need_lo]
+            backward[r] += sent[bounds[1:]] - sent[bounds[:-1]]
             full[r] += need_hi - need_lo
-    return forward, backward, full
+            saturated[r] += skipped[need_hi] - skipped[need_lo]
+    return PixelTraffic(forward, backward, full, saturated if saturation else None)
+
+
+def view_utilisation(g, cams, ranks):
+    """View consolidation for the pixel-level pipeline over ``ranks`` boxes of a kd-tree over ``g``'s
+    means, on the views ``cams`` (an epoch): each view's participants (``pixel_exchange.participants``),
+    its buckets (``consolidate``) -> ``utilisation``'s {"utilisation_before", "utilisation_after"}, with
+    "steps" (the buckets) and "views"."""
+    from .partition import SpatialPartition
+    from .pixel_exchange import consolidate, extents, participants, utilisation
+    means, scales = _backend.to_host(g.means), _backend.to_host(g.scales)
+    owner = SpatialPartition.build(means, ranks).owner(means)
+    parts = participants(np.array([extents(means[owner == r], scales[owner == r]) for r in range(ranks)]), cams)
+    buckets = consolidate(parts)
+    return {**utilisation(parts, buckets, ranks), "steps": len(buckets), "views": len(cams)}
 
 
 def exchange_bytes(data, cfg, ranks, backend=None, gaussians=None):
@@ -443,28 +480,44 @@ def exchange_bytes(data, cfg, ranks, backend=None, gaussians=None):
     g = ns.Gaussians(**{k: xp.asarray(a) for k, a in arrays.items()})
     views = [data.train[int(k)] for k in np.linspace(0, len(data.train) - 1, ranks).round()]
     cams = [v.camera for v in views]
-    forward, backward, _ = pixel_traffic(g, cams, ranks, 0, backend)
+    forward, backward = pixel_traffic(g, cams, ranks, 0, backend)[:2]
     t = step_traffic(g, cams, [xp.asarray(v.image) for v in views], ranks, 0, np.asarray(cfg.background),
                      cfg.lambda_dssim, backend=backend)
     return {"pixel": off_diagonal(forward + backward).sum() * PIXEL_TILE_BYTES / len(cams),
             "gaussian": t.crossing("sparse").sum() / len(cams)}
 
 
-def pixel_traffic_table(pixel, traffic):
-    """The lines comparing the pixel-level pipeline's bytes with the Gaussian-level one's, per image."""
+def pixel_traffic_table(pixel, traffic, views):
+    """The lines comparing the pixel-level pipeline's bytes (``pixel``: {P: ``PixelTraffic`` over ``views``
+    views}) with the Gaussian-level one's, per image."""
     mb = 1e6
     lines = ["pixel-level exchange, MB crossing ranks per image (one view a step; the Gaussian-level "
-             "pipeline's batch of P views divided by P), and the share of the partial tiles the spatial "
-             "reduction leaves unsent:",
+             "pipeline's batch of P views divided by P), and the shares of the partial tiles that the spatial "
+             "reduction leaves unsent and, of those sent, that saturation reduction skips:",
              f"  {'P':>3s} {'pixel fwd':>10s} {'pixel bwd':>10s} {'gauss fwd':>10s} {'gauss bwd sparse':>17s} "
-             f"{'unsent %':>9s}"]
-    for p, (forward, backward, full, views) in pixel.items():
+             f"{'unsent %':>9s} {'saturated %':>12s}"]
+    for p, counts in pixel.items():
         t = traffic[p]
-        fwd = off_diagonal(forward).sum() * PIXEL_TILE_BYTES / views / mb
-        bwd = off_diagonal(backward).sum() * PIXEL_TILE_BYTES / views / mb
-        unsent = 100.0 * (1 - off_diagonal(forward).sum() / max(off_diagonal(full).sum(), 1))
+        sent = off_diagonal(counts.forward).sum()
+        fwd = sent * PIXEL_TILE_BYTES / views / mb
+        bwd = off_diagonal(counts.backward).sum() * PIXEL_TILE_BYTES / views / mb
+        unsent = 100.0 * (1 - sent / max(off_diagonal(counts.full).sum(), 1))
+        saturated = ("-" if counts.saturated is None else
+                     f"{100.0 * off_diagonal(counts.saturated).sum() / max(sent, 1):.1f}")
         lines.append(f"  {p:3d} {fwd:10.2f} {bwd:10.2f} {off_diagonal(t.forward_bytes()).sum() / t.views / mb:10.2f} "
-                     f"{off_diagonal(t.backward_bytes('sparse')).sum() / t.views / mb:17.2f} {unsent:9.1f}")
+                     f"{off_diagonal(t.backward_bytes('sparse')).sum() / t.views / mb:17.2f} {unsent:9.1f} "
+                     f"{saturated:>12s}")
+    return lines
+
+
+def utilisation_table(consolidation):
+    """The lines of view consolidation's utilisation ({P: ``view_utilisation``})."""
+    lines = ["pixel-level exchange, view consolidation over the training views: utilisation U = active ranks / P "
+             "a step, one view a step against the buckets",
+             f"  {'P':>3s} {'views':>6s} {'steps':>6s} {'U before':>9s} {'U after':>8s}"]
+    for p, u in consolidation.items():
+        lines.append(f"  {p:3d} {u['views']:6d} {u['steps']:6d} {u['utilisation_before']:9.2f} "
+                     f"{u['utilisation_after']:8.2f}")
     return lines
 
 

@@ -211,39 +211,72 @@ def test_phase_table_has_a_column_per_rank_and_a_dash_where_a_rank_lacks_a_phase
     assert rows["sum"] == ["1.00", "(0.50)", "5.00", "(1.00)"]
 
 
-@pytest.mark.parametrize("P", [2, 3])
-def test_pixel_bytes_against_a_brute_force_count(P):
+def wall_capture(size=40):
+    """An opaque wall of large Gaussians 6 in front of a patch of small ones, seen through the wall
+    by two cameras: the kd-tree's cut falls between them (depth is the longest extent), and the
+    wall leaves the patch's tiles in the dark.  -> (the Gaussians' arrays, the cameras)."""
+    from engine.camera_path import look_at
+    rng = np.random.default_rng(3)
+    x, y = np.meshgrid(np.linspace(-2.5, 2.5, 21), np.linspace(-2.5, 2.5, 21))
+    wall = np.column_stack([x.ravel(), y.ravel(), np.full(x.size, 6.0)])
+    patch = np.column_stack([rng.uniform(-1, 1, (60, 2)), rng.uniform(-0.2, 0.2, 60)])
+    means = np.concatenate([wall, patch]).astype(np.float32)
+    n, k = len(means), len(wall)
+    scales = np.log(np.where(np.arange(n)[:, None] < k, 0.25, 0.1) * np.ones((n, 3))).astype(np.float32)
+    opacities = np.where(np.arange(n) < k, 8.0, 0.0).astype(np.float32)
+    quats = np.tile(np.float32([1, 0, 0, 0]), (n, 1))
+    start = {"means": means, "scales": scales, "quats": quats, "opacities": opacities,
+             "sh": rng.normal(0, 0.5, (n, 1, 3)).astype(np.float32)}
+    cams = [ns.Camera(look_at((0.3 * i, 0.2, 9.0), (0.0, 0.0, 0.0), up=(0, 1, 0)), 0.9 * size, 0.9 * size,
+                      size / 2, size / 2, size, size) for i in range(2)]
+    return start, cams
+
+
+@pytest.mark.parametrize("scene,P", [("slabs", 2), ("slabs", 3), ("wall", 2)])
+def test_pixel_bytes_against_a_brute_force_count(scene, P):
     """The pixel-level pipeline's tiles per step: those of each box's partial image that are not
     nothing (colour 0, transmittance 1), counted per composer's range with its halo (forward)
-    and without (backward)."""
+    and without (backward); and of the forward ones those whose every pixel the boxes in front leave
+    under SATURATED of the light (saturation reduction)."""
     import numbasplat as ns
     from engine.distributed import even_bounds
     from engine.gaussian_exchange import halo_ranges
+    from engine.camera_path import centres
     from engine.partition import SpatialPartition
+    from engine.pixel_exchange import SATURATED
     from numbasplat.rendering import image_tiles
     from scenes import slab_capture
-    data, start = slab_capture(n_slabs=3, per_slab=20, views=2, size=40)
+    if scene == "slabs":
+        data, start = slab_capture(n_slabs=3, per_slab=20, views=2, size=40)
+        cams = [v.camera for v in data.train]
+    else:
+        start, cams = wall_capture()
     g = ns.Gaussians(**start)
-    cams = [v.camera for v in data.train]
-    forward, backward, full = scaling.pixel_traffic(g, cams, P, 0, "cpu")
+    forward, backward, full, saturated = scaling.pixel_traffic(g, cams, P, 0, "cpu", saturation=True)
     part = SpatialPartition.build(start["means"], P)
     owner = part.owner(start["means"])
-    want_f, want_b, want_full = (np.zeros((P, P), np.int64) for _ in range(3))
+    want_f, want_b, want_full, want_s = (np.zeros((P, P), np.int64) for _ in range(4))
     for cam in cams:
         tx, ty = cam.tiles
         n = tx * ty
         bounds = even_bounds(n, P)
         _, _, need_lo, need_hi = halo_ranges(bounds, tx, n)
-        for r in range(P):
+        reach = np.ones((cam.height, cam.width))  # the light reaching each box, front to back
+        for r in part.front_to_back(centres([cam])[0]):
             box = ns.Gaussians(*(a[owner == r] for a in start.values()))
             f = ns.render(box, cam, background=np.zeros(3, np.float32), backend="cpu")
             partial = np.concatenate([f.image, f.render.trans[..., None]], axis=2)
             something = (np.abs(image_tiles(partial, 0, n).reshape(n, -1, 4) - [0, 0, 0, 1]) > 0).any(axis=(1, 2))
+            dark = image_tiles(reach[..., None], 0, n).reshape(n, -1).max(axis=1) < SATURATED
+            reach = reach * f.render.trans
             for d in range(P):
                 want_f[r, d] += something[need_lo[d]:need_hi[d]].sum()
                 want_b[r, d] += something[bounds[d]:bounds[d + 1]].sum()
                 want_full[r, d] += need_hi[d] - need_lo[d]
+                want_s[r, d] += (something & dark)[need_lo[d]:need_hi[d]].sum()
     np.testing.assert_array_equal(forward, want_f)
     np.testing.assert_array_equal(backward, want_b)
     np.testing.assert_array_equal(full, want_full)
-    assert (forward <= full).all() and forward.sum() > 0
+    np.testing.assert_array_equal(saturated, want_s)
+    assert (forward <= full).all() and forward.sum() > 0 and (saturated.sum() > 0) == (scene == "wall")
+    assert scaling.pixel_traffic(g, cams, P, 0, "cpu").saturated is None  # (not rendered unless asked)
