@@ -59,7 +59,7 @@ from numbasplat.optim import (GROUPS, FlatParams, adam_step_bound, flat_to_rows,
                               rows_to_flat)
 
 from .model import GaussianModel
-from .partition import GROW_PX, REACH, visible_regions
+from .partition import GROW_PX, REACH, morton_codes, visible_regions
 from .strategy import BYTES_PER_GAUSSIAN, Context
 from .trainer import PhaseClock, Trainer
 
@@ -75,20 +75,6 @@ def format_bytes(n):
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{int(n)} B"
-
-
-def morton_codes(points, bits=10):
-    """(N,) uint64 Morton codes of ``points`` quantised to ``bits`` per axis within their bounds."""
-    points = np.asarray(points, np.float64)
-    if not len(points):
-        return np.zeros(0, np.uint64)
-    lo, hi = points.min(axis=0), points.max(axis=0)
-    q = ((points - lo) / np.maximum(hi - lo, 1e-12) * (2 ** bits - 1)).astype(np.uint64)
-    code = np.zeros(len(points), np.uint64)
-    for b in range(bits):
-        for axis in range(3):
-            code |= ((q[:, axis] >> np.uint64(b)) & np.uint64(1)) << np.uint64(3 * b + axis)
-    return code
 
 
 class BlockIndex:

@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit, prange
 
 from numbasplat import backend as _backend
+from numbasplat.optim import reach_boxes
 
 
 @dataclass
@@ -103,6 +104,32 @@ class SpatialPartition:
 
 REACH = 4.0   # a Gaussian reaches this many of its largest scale past its centre (the boxes a view may see)
 GROW_PX = 16  # and this many pixels more on screen (the screen-space blur, the projection's linearisation)
+
+
+def morton_codes(points, bits=10):
+    """(N,) uint64 Morton codes of ``points`` quantised to ``bits`` per axis within their bounds."""
+    points = np.asarray(points, np.float64)
+    if not len(points):
+        return np.zeros(0, np.uint64)
+    lo, hi = points.min(axis=0), points.max(axis=0)
+    q = ((points - lo) / np.maximum(hi - lo, 1e-12) * (2 ** bits - 1)).astype(np.uint64)
+    code = np.zeros(len(points), np.uint64)
+    for b in range(bits):
+        for axis in range(3):
+            code |= ((q[:, axis] >> np.uint64(b)) & np.uint64(1)) << np.uint64(3 * b + axis)
+    return code
+
+
+def cluster_boxes(means, log_scales, rows=4096):
+    """A tight cover of a set of Gaussians by boxes: ``means`` (host, (N, 3)) cut into runs of ``rows``
+    in Morton order, each run's box grown by ``REACH`` of its members' largest scale (``log_scales``)
+    -> (lo, hi), (B, 3).  What a view's frustum is tested against where one box over them all would
+    be too coarse (a rank's box of a city with a far background spans the sky: every view sees it)."""
+    n = len(means)
+    order = np.argsort(morton_codes(means), kind="stable")
+    table = np.hstack([means, log_scales]).astype(np.float32)[order]
+    starts = np.arange(0, n, rows, dtype=np.int64)
+    return reach_boxes(table, starts, np.minimum(rows, n - starts), 0, 3, REACH, "cpu")
 
 
 def visible_regions(lo, hi, camera, grow, near=0.01):

@@ -50,7 +50,7 @@ from .distributed import RankedTrainer, even_bounds
 from .gaussian_exchange import halo_ranges
 from .model import GaussianModel
 from .camera_path import centres
-from .partition import GROW_PX, REACH, SpatialPartition, visible_regions
+from .partition import GROW_PX, SpatialPartition, cluster_boxes, visible_regions
 from .trainer import PhaseClock
 
 REBALANCE = 1.1  # rebuild the tree after densification when the largest rank holds over this x the mean
@@ -93,28 +93,25 @@ class ViewPlan:
         return top * TILE, min(bottom * TILE, self.cam.height), top * tx
 
 
-def extents(means, scales):
-    """The bounds of a rank's Gaussians, as ``participants`` takes them: (7,) min xyz, max xyz and the
-    largest scale (NaN where it holds none), from ``means`` and log-``scales`` on their device."""
-    if not len(means):
-        return np.full(7, np.nan)
-    xp = _backend.array_module_of(means)
-    bounds = xp.concatenate([means.min(axis=0), means.max(axis=0), xp.exp(scales.max())[None]])
-    return _backend.to_host(bounds).astype(np.float64)
+def rank_boxes(means, scales, rows=4096):
+    """A rank's Gaussians covered by boxes (``partition.cluster_boxes``: a box each ``rows`` of them,
+    grown by their reach) for ``participants``, from their ``means`` and log-``scales`` on any device."""
+    return cluster_boxes(_backend.to_host(means), _backend.to_host(scales), rows)
 
 
-def participants(extents, cameras):
-    """For each camera, the ranks whose Gaussians can show in it (frozenset): those whose bounds
-    (``extents``: (P, 7) rows of ``extents``), grown by ``REACH`` of their largest scale, project
-    into the image (``visible_regions``); every rank where none does."""
-    extents = np.asarray(extents, np.float64)
-    held = ~np.isnan(extents[:, 0])  # (a rank without Gaussians: a box at 0 that no view counts)
-    e = np.nan_to_num(extents)
-    lo, hi = e[:, :3] - REACH * e[:, 6:], e[:, 3:6] + REACH * e[:, 6:]
+def participants(boxes, cameras):
+    """For each camera, the ranks whose Gaussians can show in it (frozenset): those with a box of
+    ``boxes`` (each rank's ``rank_boxes``) that the camera sees (``visible_regions``); every rank where
+    none does.  Boxes over a few thousand Gaussians each, not one over the rank's: a rank of a scene
+    with a far background holds some of the sky, and one box over its Gaussians spans the sky."""
+    ranks = len(boxes)
+    owner = np.repeat(np.arange(ranks), [len(lo) for lo, _ in boxes])
+    lo = np.concatenate([lo for lo, _ in boxes] + [np.zeros((0, 3), np.float32)])
+    hi = np.concatenate([hi for _, hi in boxes] + [np.zeros((0, 3), np.float32)])
     out = []
     for cam in cameras:
-        seen = visible_regions(lo, hi, cam, grow=GROW_PX)[1] & held
-        out.append(frozenset(np.flatnonzero(seen).tolist()) or frozenset(range(len(extents))))
+        seen = visible_regions(lo, hi, cam, grow=GROW_PX)[1]
+        out.append(frozenset(np.unique(owner[seen]).tolist()) or frozenset(range(ranks)))
     return out
 
 
@@ -277,16 +274,15 @@ class PixelExchangeTrainer(RankedTrainer):
         return {"migrated": moved, "rebuilt": rebuilt}
 
     # ------------------------------------------------------------------ which views a step trains
-    def _extents(self):
-        """Every rank's Gaussians' bounds: (P, 7) rows of min xyz, max xyz and the largest scale
-        (NaN for a rank without Gaussians).  Collective: one small allgather."""
+    def _boxes(self):
+        """Every rank's ``rank_boxes``.  Collective: one allgather of a few boxes a rank."""
         g = self.model.gaussians
-        return np.array(self.comm.allgather(extents(g.means, g.scales)))
+        return self.comm.allgather(rank_boxes(g.means, g.scales))
 
     def _participants(self, views):
         """For each view, the ranks whose Gaussians can show in it (``participants``).  The same on
         every rank."""
-        return participants(self._extents(), [self.data.train[v].camera for v in views])
+        return participants(self._boxes(), [self.data.train[v].camera for v in views])
 
     def _next_views(self):
         """The step's views and their participants: with consolidation the next bucket of the epoch

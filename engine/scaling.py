@@ -459,10 +459,10 @@ def view_utilisation(g, cams, ranks):
     its buckets (``consolidate``) -> ``utilisation``'s {"utilisation_before", "utilisation_after"}, with
     "steps" (the buckets) and "views"."""
     from .partition import SpatialPartition
-    from .pixel_exchange import consolidate, extents, participants, utilisation
+    from .pixel_exchange import consolidate, participants, rank_boxes, utilisation
     means, scales = _backend.to_host(g.means), _backend.to_host(g.scales)
     owner = SpatialPartition.build(means, ranks).owner(means)
-    parts = participants(np.array([extents(means[owner == r], scales[owner == r]) for r in range(ranks)]), cams)
+    parts = participants([rank_boxes(means[owner == r], scales[owner == r]) for r in range(ranks)], cams)
     buckets = consolidate(parts)
     return {**utilisation(parts, buckets, ranks), "steps": len(buckets), "views": len(cams)}
 

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 
 from engine.demo import make_dataset
-from engine.offload import (BlockIndex, BoxesInFlight, DeviceCache, DiskBlocks, HostBlocks, OffloadTrainer, RowLayout,
-                            morton_codes)
-from engine.partition import REACH
+from engine.offload import BlockIndex, BoxesInFlight, DeviceCache, DiskBlocks, HostBlocks, OffloadTrainer, RowLayout
+from engine.partition import REACH, morton_codes
 from numbasplat.optim import adam_step_bound
 from engine.single_gpu import SingleGPUTrainer
 from engine.strategy import DefaultStrategy

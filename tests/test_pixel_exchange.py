@@ -141,6 +141,25 @@ def test_consolidation_buckets_views_of_disjoint_ranks_in_order():
     assert u["utilisation_after"] == pytest.approx((4 + 2 + 3) / 3 / 4)
 
 
+def test_a_rank_holding_part_of_the_sky_takes_part_only_in_the_views_that_see_its_gaussians():
+    """Rank 0 holds one cluster and a sky far above both; rank 1 the other cluster.  One box over
+    rank 0's Gaussians would span rank 1's cluster too (every view would count rank 0); its boxes of
+    a few Gaussians each leave a view looking down at rank 1's cluster to rank 1 alone."""
+    from engine.pixel_exchange import participants, rank_boxes
+    from scenes import cluster_capture
+    data, start = cluster_capture(per_cluster=40, views=4)
+    rng = np.random.default_rng(0)
+    sky = np.column_stack([rng.uniform(-100, 100, (80, 2)), np.full(80, 100.0)]).astype(np.float32)
+    left = start["means"][:, 0] < 0
+    means = [np.concatenate([start["means"][left], sky]), start["means"][~left]]
+    scales = [np.concatenate([start["scales"][left], np.zeros((80, 3), np.float32)]), start["scales"][~left]]
+    cams = [v.camera for v in data.train]  # views 0 and 2 look at the right cluster, 1 and 3 at the left
+    got = participants([rank_boxes(m, s, rows=8) for m, s in zip(means, scales)], cams)  # (the cluster: 5 boxes)
+    assert got == [frozenset({1}), frozenset({0}), frozenset({1}), frozenset({0})]
+    coarse = participants([rank_boxes(m, s, rows=10**6) for m, s in zip(means, scales)], cams)
+    assert coarse[0] == frozenset({0, 1})  # (one box a rank: the sky's box spans the right cluster)
+
+
 @pytest.mark.mpi
 @pytest.mark.timeout(600)
 def test_views_of_disjoint_boxes_train_side_by_side(tmp_path):
