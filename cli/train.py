@@ -316,8 +316,8 @@ def add_train_options(p):
     p.add_argument("--offload", choices=["none", "host", "disk"], default="none",
                    help="host: keep the model, its Adam moments and statistics in host memory and move only "
                         "each view's working set to the GPU (scenes larger than GPU memory; implies "
-                        "--visible-adam; under mpiexec each rank's shard so, with --exchange gaussian); disk: in files in "
-                        "--offload-dir, host memory a cache of at most --host-memory (caps per rank)")
+                        "--visible-adam; under mpiexec each rank's shard so, with --exchange gaussian); disk: in "
+                        "files in --offload-dir, host memory a cache of at most --host-memory (caps per rank)")
     p.add_argument("--offload-dir", default=None,
                    help="with --offload disk: the folder for the blocks' files (a fresh subfolder, removed at the "
                         "end; the snapshot stays in OUT)")

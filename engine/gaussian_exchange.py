@@ -31,7 +31,6 @@ one rank.  With the workload switches (engine/workload.py) each owner hides from
 projection the rows of its shard that the view skips: they are neither sent nor rendered.
 """
 
-import os
 from contextlib import contextmanager
 
 import numpy as np
@@ -411,8 +410,6 @@ class OffloadedGaussianExchangeTrainer(OutOfCore, GaussianExchangeTrainer):
         if any((cfg.importance_every, cfg.view_masks != "off", cfg.lod_min_px)):
             raise ValueError(f"--offload {mode} under mpiexec trains without BlitzGS's switches, for now")
         super().__init__(dataset, out_dir, cfg, comm, batch_size, grad_comm, backend, log, transport, shard)
-        if offload_dir:  # a folder of each rank's own
-            offload_dir = os.path.join(offload_dir, f"rank{self.rank}")
         self._init_out_of_core(mode, offload_dir, host_memory, gpu_memory, prefetch, block_rows)
         self._in_pool = None
 

@@ -59,7 +59,7 @@ from numbasplat.optim import (GROUPS, FlatParams, adam_step_bound, flat_to_rows,
                               rows_to_flat)
 
 from .model import GaussianModel
-from .partition import GROW_PX, REACH, morton_codes, visible_regions
+from .partition import GROW_PX, REACH, cluster_boxes, morton_codes, visible_regions
 from .strategy import BYTES_PER_GAUSSIAN, Context
 from .trainer import PhaseClock, Trainer
 
@@ -93,8 +93,7 @@ class BlockIndex:
         self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
         self.position = np.empty(n, np.int64)
         self.position[self.by_block] = np.arange(n) - np.repeat(self.starts, self.sizes)
-        table = np.hstack([means, log_scales]).astype(np.float32)[self.by_block]   # (rows block by block)
-        self.lo, self.hi = reach_boxes(table, self.starts[:self.blocks], self.sizes, 0, 3, REACH, "cpu")
+        self.lo, self.hi = cluster_boxes(means, log_scales, block_rows, order)  # (block b: rows order[b * block_rows:])
 
     def __len__(self):
         return len(self.block)
@@ -213,12 +212,13 @@ class HostBlocks:
 
     def __init__(self):
         self.tables = {}
-        self.whole = None
+        self.whole = None  # the array of every block's rows, block after block, where the blocks are views of one
         self.read_bytes = self.written_bytes = 0
 
     def reset(self, tables, whole=None):
         """Hold ``tables`` ({block: its rows' table}) instead of what was held; ``whole``: the array
-        they are views of, block after block, if they are (``whole_table``)."""
+        they are views of, block after block (block b's from row ``index.starts[b]``), if they are:
+        the whole model is then gathered from it without a second copy of the table."""
         self.tables, self.whole = dict(tables), whole
 
     def get(self, b):
@@ -233,12 +233,6 @@ class HostBlocks:
             held[...] = table
         else:
             self.tables[b], self.whole = own_memory(table), None
-
-    def whole_table(self):
-        """The array of every block's rows, block after block (block b's from row ``index.starts[b]``),
-        where the blocks are views of one (``reset``'s ``whole``), else None: the whole model is then
-        gathered from it without a second copy of the table."""
-        return self.whole
 
     def close(self):
         self.tables, self.whole = {}, None
@@ -280,7 +274,7 @@ class DiskBlocks(HostBlocks):
     def _path(self, b, generation=None):
         return os.path.join(self.folder, f"g{self.generation if generation is None else generation}-b{b}.f32")
 
-    def reset(self, tables, whole=None):
+    def reset(self, tables, whole=None):  # (``whole`` unused: the blocks are files, a few of them cached)
         self._wait()
         largest = max((t.nbytes for t in tables.values()), default=0)
         if largest > self.capacity - self.staging_capacity:
@@ -323,9 +317,6 @@ class DiskBlocks(HostBlocks):
             if old is not None:
                 self.staged_bytes -= old.nbytes
         self._insert(b, own_memory(table), dirty=True)
-
-    def whole_table(self):
-        return None  # (the blocks are files, a few of them cached)
 
     def _insert(self, b, table, dirty):
         with self.lock:
@@ -499,8 +490,9 @@ class DeviceCache:
 
     def _rows_of(self, blocks, index):
         """The pool rows of resident ``blocks``' Gaussians, block after block."""
-        starts = self.slot[blocks] * self.block_rows
-        return np.concatenate([np.arange(a, a + n) for a, n in zip(starts, index.sizes[blocks])] + [np.zeros(0, int)])
+        sizes = index.sizes[blocks]
+        first = np.cumsum(sizes) - sizes  # each block's first place in the result
+        return np.repeat(self.slot[blocks] * self.block_rows - first, sizes) + np.arange(int(sizes.sum()))
 
     def _write_back(self, blocks, index, host):
         """Resident ``blocks``' rows to ``host``, in one copy from the device."""
@@ -681,7 +673,7 @@ class OutOfCore:
         first."""
         if self._whole is None:
             self.cache.flush(self.index, self.host)
-            index, table = self.index, self.host.whole_table()
+            index, table = self.index, self.host.whole
             rows = None
             if table is not None:  # the blocks' rows in model order, straight from the one table
                 rows = index.starts[index.block] + index.position

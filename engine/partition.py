@@ -120,13 +120,15 @@ def morton_codes(points, bits=10):
     return code
 
 
-def cluster_boxes(means, log_scales, rows=4096):
+def cluster_boxes(means, log_scales, rows=4096, order=None):
     """A tight cover of a set of Gaussians by boxes: ``means`` (host, (N, 3)) cut into runs of ``rows``
-    in Morton order, each run's box grown by ``REACH`` of its members' largest scale (``log_scales``)
-    -> (lo, hi), (B, 3).  What a view's frustum is tested against where one box over them all would
-    be too coarse (a rank's box of a city with a far background spans the sky: every view sees it)."""
+    in Morton order (``order``: their argsort, where the caller has it), each run's box grown by
+    ``REACH`` of its members' largest scale (``log_scales``) -> (lo, hi), (B, 3).  What a view's
+    frustum is tested against where one box over them all would be too coarse (a rank's box of a
+    city with a far background spans the sky: every view sees it); the out-of-core trainer's blocks."""
     n = len(means)
-    order = np.argsort(morton_codes(means), kind="stable")
+    if order is None:
+        order = np.argsort(morton_codes(means), kind="stable")
     table = np.hstack([means, log_scales]).astype(np.float32)[order]
     starts = np.arange(0, n, rows, dtype=np.int64)
     return reach_boxes(table, starts, np.minimum(rows, n - starts), 0, 3, REACH, "cpu")

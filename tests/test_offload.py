@@ -160,7 +160,7 @@ def test_offloaded_training_equals_in_memory_training_with_visible_adam(dataset,
     if mode == "disk":
         assert first.host.read_bytes > 0 and resumed.host.read_bytes > 0  # blocks came back from the disk
     else:  # the blocks written back went into the one table, which the whole model was gathered from
-        whole = resumed.host.whole_table()
+        whole = resumed.host.whole
         assert whole is not None and all(np.shares_memory(t, whole) for t in resumed.host.tables.values())
     for g in GROUPS:
         np.testing.assert_allclose(b[g], a[g], rtol=1e-6, atol=1e-7, err_msg=g)
@@ -305,13 +305,13 @@ def test_blocks_coming_back_do_not_keep_the_arrays_they_came_in_alive(tmp_path):
     del batch
     gc.collect()
     assert gone() is None
-    assert host.whole_table() is whole and np.shares_memory(host.get(3), whole)
+    assert host.whole is whole and np.shares_memory(host.get(3), whole)
     np.testing.assert_array_equal(whole[8:16].ravel(), np.arange(40))
     np.testing.assert_array_equal(whole[24:32].ravel(), np.arange(40, 80))
     assert all(t.base is None for t in disk.cache.values())  # (reset's views of ``whole`` copied too)
     np.testing.assert_array_equal(disk.get(2).ravel(), np.arange(40, 80))
     host.put(0, np.ones((3, 5), np.float32))  # a block of another size: its own array, and no whole table
-    assert host.whole_table() is None
+    assert host.whole is None
     disk.close()
 
 
