@@ -45,7 +45,6 @@ import resource
 import shutil
 import tempfile
 import threading
-import time
 import weakref
 from collections import OrderedDict, namedtuple
 from concurrent.futures import ThreadPoolExecutor
@@ -411,12 +410,19 @@ class DeviceCache:
     (a block's table in a slot), the least recently used block out first (back to ``host`` if a
     step changed it), and each Gaussian's block and place in it (``index``'s, int32), from which
     ``rows`` finds a working set's pool rows on the device.  ``moved_bytes``, ``hits``, ``misses``:
-    the traffic so far."""
+    the traffic so far.
+
+    ``direct``: the host's one table of every block (``HostBlocks.whole``) in page-locked memory, or
+    None.  With it a block moves by one copy between its host rows and its slot, queued without the
+    host waiting; ``prefetch`` queues the next step's moves on a stream of their own (``CopyStream``)
+    while this step's kernels run.  Without it (disk mode, or no page-locked table) the blocks come
+    from ``host.get`` and go back by ``host.put`` (on the GPU the host waits for those copies, so
+    ``prefetch`` does nothing there)."""
 
     INDEX_BYTES = 16  # a Gaussian's block and place in it on the device (int32 each), and ``pool_rows``' scan
 
-    def __init__(self, xp, layout, block_rows, slots, index):
-        self.xp, self.block_rows = xp, block_rows
+    def __init__(self, xp, layout, block_rows, slots, index, direct=None):
+        self.xp, self.block_rows, self.direct = xp, block_rows, direct
         blocks = index.blocks
         self.block, self.position = xp.asarray(index.block, np.int32), xp.asarray(index.position, np.int32)
         self.slots = int(min(slots, blocks))
@@ -425,28 +431,53 @@ class DeviceCache:
         self.free = list(range(self.slots))[::-1]
         self.lru = OrderedDict()  # resident blocks, the most recently used last
         self.dirty = set()
+        self.incoming = set()  # blocks ``prefetch`` moved in that no step has used yet (counted as misses)
+        self.copies = _backend.CopyStream()
         self.moved_bytes = self.hits = self.misses = 0
 
     def fetch(self, blocks, index, host):
-        """Make ``blocks`` resident (their tables from ``host``), the least recently used others out:
-        those a step changed go back to ``host`` in one copy from the device, the missing ones come
-        in by one copy to it (a copy a block, each a sync or a staging copy, cost tens of
-        milliseconds a step at 100M Gaussians)."""
-        need = set(int(b) for b in blocks)
+        """Make ``blocks`` resident, the least recently used others out: the kernels queued next wait
+        for the copies ``prefetch`` queued, and those blocks still missing move now, queued on the
+        kernels' stream."""
+        self.copies.kernels_after()
         missing = []
         for b in blocks:
             b = int(b)
-            if self.slot[b] >= 0:
-                self.hits += 1
-                self.lru.move_to_end(b)
-            else:
+            if self.slot[b] < 0:
                 missing.append(b)
+            else:
+                self.hits += b not in self.incoming
+                self.lru.move_to_end(b)
+        self.incoming.clear()
+        self.misses += len(missing)
+        self._move_in(missing, set(missing) | set(int(b) for b in blocks), index, host, None)
+
+    def prefetch(self, blocks, busy, index, host):
+        """Move in those of ``blocks`` (the next step's) that are missing and fit beside ``busy`` (this
+        step's, which its kernels use) and ``blocks``, on the copy stream, after the kernels queued so
+        far: the moves overlap this step's kernels.  A guess: ``fetch`` moves what it missed."""
+        if self.direct is None and self.xp is not np:
+            return
+        missing = [int(b) for b in blocks if self.slot[b] < 0]
+        keep = set(int(b) for b in blocks) | set(int(b) for b in busy)
+        room = len(self.free) + sum(1 for o in self.lru if o not in keep)
+        missing = missing[:room]
         if not missing:
             return
         self.misses += len(missing)
+        self.incoming.update(missing)
+        self.copies.after_kernels()
+        self._move_in(missing, keep, index, host, self.copies)
+        self.copies.queued()
+
+    def _move_in(self, missing, keep, index, host, stream):
+        """Slots for ``missing``, the least recently used blocks not in ``keep`` out (back to ``host``
+        if changed), and their rows in, on ``stream`` (None: the kernels')."""
+        if not missing:
+            return
         out = max(0, len(missing) - len(self.free))  # (enough slots: the trainer checks)
-        leaving = list(itertools.islice((o for o in self.lru if o not in need), out))
-        self._write_back([o for o in leaving if o in self.dirty], index, host)
+        leaving = list(itertools.islice((o for o in self.lru if o not in keep), out))
+        self._write_back([o for o in leaving if o in self.dirty], index, host, stream)
         for o in leaving:
             self.dirty.discard(o)
             self.free.append(int(self.slot[o]))
@@ -455,6 +486,12 @@ class DeviceCache:
         for b in missing:
             self.slot[b] = self.free.pop()
             self.lru[b] = None
+        if self.direct is not None:  # a copy a block, host rows to slot, queued
+            for b in missing:
+                _backend.copy_rows(self.pool, self.slot[b] * self.block_rows, self.direct, index.starts[b],
+                                   index.sizes[b], stream)
+            self.moved_bytes += int(index.sizes[missing].sum()) * self.pool.strides[0]
+            return
         moving = np.concatenate([host.get(b) for b in missing])
         self.pool[self.xp.asarray(self._rows_of(missing, index))] = self.xp.asarray(moving)
         self.moved_bytes += moving.nbytes
@@ -478,9 +515,18 @@ class DeviceCache:
         return pool_rows(self.block, self.position, self.xp.asarray(slot), self.block_rows, total)
 
     def flush(self, index, host):
-        """Every changed resident block back to ``host`` (they stay resident)."""
-        self._write_back(sorted(self.dirty), index, host)
+        """Every changed resident block back to ``host`` (they stay resident), and every copy done:
+        the host's tables may be read."""
+        self.copies.kernels_after()
+        self._write_back(sorted(self.dirty), index, host, None)
         self.dirty.clear()
+        self.settle()
+
+    def settle(self):
+        """Wait for every copy and kernel queued: the pool and the host's tables are then as the
+        moves left them (before either is read on the host or freed)."""
+        self.copies.synchronize()
+        _backend.synchronize()
 
     def boxes(self, starts, sizes, layout):
         """The boxes that the pool's rows ``starts`` .. ``starts + sizes`` (device arrays: resident
@@ -494,9 +540,16 @@ class DeviceCache:
         first = np.cumsum(sizes) - sizes  # each block's first place in the result
         return np.repeat(self.slot[blocks] * self.block_rows - first, sizes) + np.arange(int(sizes.sum()))
 
-    def _write_back(self, blocks, index, host):
-        """Resident ``blocks``' rows to ``host``, in one copy from the device."""
+    def _write_back(self, blocks, index, host, stream):
+        """Resident ``blocks``' rows to ``host``: a copy a block into the page-locked table, queued on
+        ``stream``, or one copy from the device and ``host.put``."""
         if not len(blocks):
+            return
+        if self.direct is not None:
+            for b in blocks:
+                _backend.copy_rows(self.direct, index.starts[b], self.pool, self.slot[b] * self.block_rows,
+                                   index.sizes[b], stream)
+            self.moved_bytes += int(index.sizes[blocks].sum()) * self.pool.strides[0]
             return
         tables = _backend.to_host(self.pool[self.xp.asarray(self._rows_of(blocks, index))])  # (a new array)
         ends = np.cumsum(index.sizes[blocks])
@@ -599,7 +652,8 @@ class OutOfCore:
         self._whole = None  # the whole model gathered in host memory, until a step changes it
         self._rows = None  # the last working set's ``WorkingRows``, reused while its blocks and slots are unchanged
         self._working = None  # (its ``_rows``, the model it trained, its statistics): the next step's if still current
-        self.wait_s = 0.0
+        self.wait_s = 0.0  # the kernels' stream's time on the steps' moves (``DeviceInterval``s read so far)
+        self._waits = []  # those not yet read
         self._since_log = self._counters()
 
     def _betas(self):
@@ -626,19 +680,30 @@ class OutOfCore:
         g = model.gaussians
         if self.boxes is not None:
             self.boxes.settle()  # the old index's boxes in flight landed (their pinned memory free to reuse)
+        if self.cache is not None:
+            self.cache.settle()  # the old pool's moves done before it and the host's tables are replaced
         self.index = index = BlockIndex(_backend.to_host(g.means), _backend.to_host(g.scales), self.block_rows)
         self._rows = None  # (the last working set stays for _check_finite: its rows are no longer current)
         self.boxes = BoxesInFlight(index)
         counts = (self.cache.moved_bytes, self.cache.hits, self.cache.misses) if self.cache else (0, 0, 0)
         self.cache = None  # (the old pool freed before the new one is made)
-        self.cache = DeviceCache(self.xp, self.layout, self.block_rows, self._slots(len(index)), index)
-        self.cache.moved_bytes, self.cache.hits, self.cache.misses = counts  # (the traffic counts on)
-        # the rows block by block, block b from row b * block_rows: the host's tables, and a full pool
-        table = model.xp.empty((len(index), self.layout.columns_total), np.float32)
+        slots = self._slots(len(index))
+        # the rows block by block, block b from row b * block_rows: the host's tables (page-locked where
+        # blocks will move between them and the device: the moves then queue without the host waiting)
+        shape = (len(index), self.layout.columns_total)
+        moving = self.mode == "host" and _backend.on_gpu(self.backend) and slots < index.blocks
+        table = _backend.pinned_empty(shape) if moving and model.xp is np else model.xp.empty(shape, np.float32)
         self.layout.store(model, statistics, table, model.xp.asarray(index.starts[index.block] + index.position))
-        host_table = _backend.to_host(table)
+        host_table = table
+        if _backend.is_device(table):
+            host_table = _backend.pinned_empty(shape) if moving else np.empty(shape, np.float32)
+            table.get(out=host_table)
         self.host.reset({b: host_table[index.starts[b]:index.starts[b] + index.sizes[b]] for b in range(index.blocks)},
                         whole=host_table)
+        _backend.release_pinned()  # (the old tables', where they were page-locked)
+        direct = host_table if moving and _backend.is_pinned(host_table) else None
+        self.cache = DeviceCache(self.xp, self.layout, self.block_rows, slots, index, direct)
+        self.cache.moved_bytes, self.cache.hits, self.cache.misses = counts  # (the traffic counts on)
         if self.cache.slots == index.blocks:
             self.cache.hold_all(table)
         self._whole = (model, statistics) if model.xp is np else None
@@ -648,6 +713,7 @@ class OutOfCore:
         block (a working set of them all), else None."""
         if not (self.cache.slot >= 0).all():
             return None
+        self.cache.copies.kernels_after()  # (the last blocks may still be on their way)
         every = np.arange(self.index.blocks)
         return self.layout.model(self.cache.pool, self._adam_steps, self.backend,
                                  rows=self.cache.rows(every, len(self.index)), betas=self._betas())
@@ -693,10 +759,9 @@ class OutOfCore:
         """The blocks that the training ``views`` see resident (the missing ones moved in); -> their
         ``WorkingRows``.  Consecutive steps often have the same blocks in the same slots (every one,
         where the model fits): their rows are then reused, not found again."""
-        t0 = time.perf_counter()
+        waited = _backend.DeviceInterval()
         boxes = self.boxes.for_culling()
-        seen = [self.index.visible(self.data.train[i].camera, boxes) for i in views]
-        blocks = seen[0] if len(seen) == 1 else np.unique(np.concatenate(seen))
+        blocks = self._blocks_seen(views, boxes)
         if len(blocks) > self.cache.slots:
             need = len(blocks) * self._slot_bytes() + DeviceCache.INDEX_BYTES * len(self.index)
             have = self.gpu_memory or self.cache.slots * self._slot_bytes()
@@ -714,10 +779,19 @@ class OutOfCore:
             self._rows = WorkingRows(self.index, blocks, slots, count, self.cache.rows(blocks, count),
                                      xp.asarray(slots * self.block_rows), xp.asarray(sizes))
             self.cache.moved_bytes += 8 * self.index.blocks + 16 * len(blocks)  # the slot map, the slots' rows, sizes
-        if self.order and self.mode == "disk":  # the next view's blocks, read ahead while this step trains
-            self.host.prefetch(self.index.visible(self.data.train[self.order[-1]].camera, boxes))
-        self.wait_s += time.perf_counter() - t0
+        self._waits.append(waited.stop())
+        upcoming = self.order[::-1][:len(views)] if len(self.order) >= len(views) else []
+        if upcoming:  # the next step's blocks, moved in while this step trains (a guess: its boxes will grow)
+            ahead = self._blocks_seen(upcoming, boxes)
+            self.cache.prefetch(ahead, blocks, self.index, self.host)
+            if self.mode == "disk":
+                self.host.prefetch(ahead)
         return self._rows
+
+    def _blocks_seen(self, views, boxes):
+        """The blocks whose ``boxes`` the training ``views`` see."""
+        seen = [self.index.visible(self.data.train[i].camera, boxes) for i in views]
+        return seen[0] if len(seen) == 1 else np.unique(np.concatenate(seen))
 
     def _load_working(self, in_pool):
         """-> (the model of the working set ``in_pool``, its statistics) on the device: the last step's
@@ -741,6 +815,8 @@ class OutOfCore:
     def _counters(self):
         """The traffic so far (the device's pool, the disk) and the time waited for it."""
         cache = self.cache
+        while self._waits and self._waits[0].seconds() is not None:
+            self.wait_s += self._waits.pop(0).seconds()
         return {"moved_bytes": cache.moved_bytes if cache else 0, "hits": cache.hits if cache else 0,
                 "misses": cache.misses if cache else 0, "disk_read_bytes": self.host.read_bytes,
                 "disk_written_bytes": self.host.written_bytes, "wait_s": self.wait_s}
@@ -772,6 +848,8 @@ class OutOfCore:
         """Remove disk mode's files (they hold nothing the snapshot lacks); let the boxes in flight land."""
         if self.boxes is not None:
             self.boxes.settle()
+        if self.cache is not None:
+            self.cache.settle()
         self.host.close()
 
 

@@ -9,6 +9,7 @@ array module is numpy there and CuPy on a real GPU; ``on_gpu`` tells the two apa
 ``synchronize`` waits for a real GPU.  The rest are helpers for arrays of either kind.
 """
 import os
+import time
 
 import numpy as np
 
@@ -127,3 +128,113 @@ class HostCopy:
             self._event.synchronize()
             self._event = self._source = None
         return self._host
+
+
+def pinned_empty(shape, dtype=np.float32):
+    """An uninitialised host array in page-locked memory, from which and into which the GPU copies
+    without the host waiting (``copy_rows``); a plain one where no GPU runs or none can be locked."""
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape)) * dtype.itemsize
+    if not on_gpu():
+        return np.empty(shape, dtype)
+    import cupy
+    try:
+        memory = cupy.cuda.alloc_pinned_memory(max(size, 1))
+    except (cupy.cuda.memory.OutOfMemoryError, cupy.cuda.runtime.CUDARuntimeError, MemoryError):
+        return np.empty(shape, dtype)
+    return np.frombuffer(memory, dtype, int(np.prod(shape))).reshape(shape)
+
+
+def is_pinned(a):
+    """Whether host array ``a`` lies in page-locked memory (``pinned_empty``'s)."""
+    if not on_gpu() or not isinstance(a, np.ndarray):
+        return False
+    import cupy
+    return cupy.cuda.runtime.pointerGetAttributes(a.ctypes.data).type == cupy.cuda.runtime.memoryTypeHost
+
+
+def release_pinned():
+    """Give the page-locked memory no array holds back to the system (CuPy keeps it for reuse)."""
+    if on_gpu():
+        import cupy
+        cupy.get_default_pinned_memory_pool().free_all_blocks()
+
+
+def copy_rows(dst, dst_row, src, src_row, rows, stream=None):
+    """``dst[dst_row:dst_row + rows] = src[src_row:src_row + rows]`` for C-contiguous 2-D arrays of
+    one row width, host or device either side.  With a device array it is queued on ``stream``
+    (a ``CopyStream``; None: the current stream) and the host does not wait where the host side is
+    page-locked: the host must not touch those rows, nor free either array, before the stream is done."""
+    if not is_device(dst) and not is_device(src):
+        dst[dst_row:dst_row + rows] = src[src_row:src_row + rows]
+        return
+    import cupy
+    row = src.strides[0]
+    handle = stream.stream.ptr if stream is not None else cupy.cuda.get_current_stream().ptr
+    pointer = (lambda a: a.data.ptr if is_device(a) else a.ctypes.data)
+    cupy.cuda.runtime.memcpyAsync(pointer(dst) + dst_row * row, pointer(src) + src_row * row, rows * row,
+                                  cupy.cuda.runtime.memcpyDefault, handle)
+
+
+class CopyStream:
+    """A CUDA stream for host<->device copies beside the kernels' stream (CuPy's current one; Numba
+    launches on the legacy default stream, with which a non-blocking stream does not serialise), so
+    that a step's moves overlap the kernels of the step before.  ``after_kernels``: copies queued next
+    wait for the kernels queued so far; ``kernels_after``: kernels queued next wait for the copies
+    queued so far.  On the CPU and in the simulator copies finish as they are made: every call is a no-op."""
+
+    def __init__(self):
+        self.stream = None
+        if on_gpu():
+            import cupy
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+        self._last = None  # the event after the copies queued so far
+
+    def after_kernels(self):
+        if self.stream is not None:
+            import cupy
+            self.stream.wait_event(cupy.cuda.get_current_stream().record())
+
+    def queued(self):
+        """Copies were queued since the last ``kernels_after``."""
+        if self.stream is not None:
+            self._last = self.stream.record()
+
+    def kernels_after(self):
+        if self._last is not None:
+            import cupy
+            cupy.cuda.get_current_stream().wait_event(self._last)
+            self._last = None
+
+    def synchronize(self):
+        if self.stream is not None:
+            self.stream.synchronize()
+            self._last = None
+
+
+class DeviceInterval:
+    """The time the current stream takes from ``__init__`` to ``stop()`` (a span of work queued
+    between them, and any wait on another stream in it), read later without waiting: ``seconds()``
+    is None until the GPU has run it.  Host time on the CPU and in the simulator."""
+
+    def __init__(self):
+        self._start, self._end, self._host = None, None, time.perf_counter()
+        if on_gpu():
+            import cupy
+            self._start = cupy.cuda.get_current_stream().record()
+
+    def stop(self):
+        if self._start is None:
+            self._host = time.perf_counter() - self._host
+        else:
+            import cupy
+            self._end = cupy.cuda.get_current_stream().record()
+        return self
+
+    def seconds(self):
+        if self._start is None:
+            return self._host
+        if not self._end.done:
+            return None
+        import cupy
+        return cupy.cuda.get_elapsed_time(self._start, self._end) / 1e3

@@ -285,6 +285,36 @@ def test_device_cache_moves_only_missing_blocks_least_recently_used_out_first():
                                   cache.slot[index.block[rows]] * 16 + index.position[rows])
 
 
+@pytest.mark.parametrize("direct", [False, True])
+def test_prefetch_moves_the_next_blocks_beside_this_steps_and_fetch_counts_them_once(direct):
+    """The next step's blocks come in ahead (misses then, not hits at the step), never into the
+    slots of this step's blocks; a changed block they push out goes back first (into the host's one
+    table where the moves are direct); what does not fit is left for the step's own fetch."""
+    means = np.random.default_rng(0).uniform(-1, 1, (80, 3))
+    index = BlockIndex(means, np.full((80, 3), -3.0), block_rows=16)
+    layout = RowLayout(1, {"count": np.zeros(0, np.int32)})
+    whole = np.repeat(np.arange(5, dtype=np.float32), 16)[:, None] * np.ones(layout.columns_total, np.float32)
+    host = HostBlocks()
+    host.reset({b: whole[16 * b:16 * b + 16] for b in range(5)}, whole=whole)
+    cache = DeviceCache(np, layout, 16, 3, index, direct=whole if direct else None)
+    cache.fetch([0, 1], index, host)
+    cache.pool[cache.slot[1] * 16:(cache.slot[1] + 1) * 16] = 7.0
+    cache.dirty.add(1)
+    cache.prefetch([2, 3], [0], index, host)  # a free slot, and 1's (0 is this step's)
+    assert cache.slot[0] >= 0 and cache.slot[1] == -1 and cache.slot[2] >= 0 and cache.slot[3] >= 0
+    assert (host.get(1) == 7.0).all() and (whole[16:32] == 7.0).all()
+    assert (cache.misses, cache.hits) == (4, 0)
+    cache.fetch([2, 3], index, host)  # came in ahead: neither a hit nor a second miss
+    assert (cache.misses, cache.hits) == (4, 0)
+    for b in (2, 3):
+        assert (cache.pool[cache.slot[b] * 16:(cache.slot[b] + 1) * 16] == b).all()
+    cache.prefetch([4, 1, 0], [2, 3], index, host)  # no room beside this step's blocks and the next's
+    assert cache.slot[4] == -1 and cache.slot[1] == -1 and cache.misses == 4
+    cache.fetch([3, 4], index, host)  # the step's own fetch moves what the guess did not
+    assert cache.slot[4] >= 0 and (cache.misses, cache.hits) == (5, 1)
+    assert (cache.pool[cache.slot[4] * 16:(cache.slot[4] + 1) * 16] == 4).all()
+
+
 def test_blocks_coming_back_do_not_keep_the_arrays_they_came_in_alive(tmp_path):
     """A step writes many blocks back as one array; a block kept as a view of it would keep all of
     it alive beside the blocks (host memory growing step by step past the model's size, past
