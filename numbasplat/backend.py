@@ -169,7 +169,7 @@ def copy_rows(dst, dst_row, src, src_row, rows, stream=None):
         dst[dst_row:dst_row + rows] = src[src_row:src_row + rows]
         return
     import cupy
-    row = src.strides[0]
+    row, dst_row, src_row, rows = src.strides[0], int(dst_row), int(src_row), int(rows)
     handle = stream.stream.ptr if stream is not None else cupy.cuda.get_current_stream().ptr
     pointer = (lambda a: a.data.ptr if is_device(a) else a.ctypes.data)
     cupy.cuda.runtime.memcpyAsync(pointer(dst) + dst_row * row, pointer(src) + src_row * row, rows * row,
