@@ -647,6 +647,10 @@ class OutOfCore:
 
     def _init_out_of_core(self, mode, offload_dir, host_memory, gpu_memory, prefetch, block_rows):
         self.mode, self.block_rows, self.gpu_memory = mode, block_rows, int(gpu_memory)
+        if _backend.on_gpu(self.backend):
+            _backend.cap_device_memory(self.gpu_memory)
+        self._locked = None  # the page-locked table the host's blocks are rows of, kept across re-cuts
+        self._cuts = 0  # the model cut into blocks so far
         self.host = DiskBlocks(offload_dir, host_memory, prefetch) if mode == "disk" else HostBlocks()
         self.index = self.layout = self.cache = self.boxes = None
         self._whole = None  # the whole model gathered in host memory, until a step changes it
@@ -692,16 +696,23 @@ class OutOfCore:
         # blocks will move between them and the device: the moves then queue without the host waiting)
         shape = (len(index), self.layout.columns_total)
         moving = self.mode == "host" and _backend.on_gpu(self.backend) and slots < index.blocks
-        table = _backend.pinned_empty(shape) if moving and model.xp is np else model.xp.empty(shape, np.float32)
+        if self._locked is not None and (not moving or self._locked.shape[0] < shape[0]):
+            self.host.reset({})  # (the old tables freed first: ``model`` is a copy of them)
+            self._locked = None
+            _backend.release_pinned()
+        if moving and self._locked is None:  # (locking takes seconds at 100M: a quarter more rows after a re-cut)
+            self._locked = _backend.pinned_empty((shape[0] * (5 if self._cuts else 4) // 4, shape[1]))
+        self._cuts += 1
+        locked = self._locked[:shape[0]] if moving else None
+        table = locked if locked is not None and model.xp is np else model.xp.empty(shape, np.float32)
         self.layout.store(model, statistics, table, model.xp.asarray(index.starts[index.block] + index.position))
         host_table = table
         if _backend.is_device(table):
-            host_table = _backend.pinned_empty(shape) if moving else np.empty(shape, np.float32)
+            host_table = locked if locked is not None else np.empty(shape, np.float32)
             table.get(out=host_table)
         self.host.reset({b: host_table[index.starts[b]:index.starts[b] + index.sizes[b]] for b in range(index.blocks)},
                         whole=host_table)
-        _backend.release_pinned()  # (the old tables', where they were page-locked)
-        direct = host_table if moving and _backend.is_pinned(host_table) else None
+        direct = host_table if locked is not None and _backend.is_pinned(host_table) else None
         self.cache = DeviceCache(self.xp, self.layout, self.block_rows, slots, index, direct)
         self.cache.moved_bytes, self.cache.hits, self.cache.misses = counts  # (the traffic counts on)
         if self.cache.slots == index.blocks:
@@ -851,6 +862,10 @@ class OutOfCore:
         if self.cache is not None:
             self.cache.settle()
         self.host.close()
+        self._locked = None
+        _backend.release_pinned()
+        if _backend.on_gpu(self.backend):
+            _backend.cap_device_memory(0)
 
 
 class OffloadTrainer(OutOfCore, Trainer):

@@ -238,3 +238,26 @@ class DeviceInterval:
             return None
         import cupy
         return cupy.cuda.get_elapsed_time(self._start, self._end) / 1e3
+
+
+def cap_device_memory(nbytes):
+    """Keep what CuPy's pool holds on the device within ``nbytes`` (0: no cap): an allocation that would
+    pass it first hands back the blocks the pool keeps cached, and fails (``MemoryError``) only where
+    the arrays alive need more.  The pool left alone would keep blocks of every size it has served
+    (buffers sized by a varying working set) and grow past the cap although far less is in use."""
+    if not on_gpu():
+        return
+    import cupy
+    pool = cupy.get_default_memory_pool()
+    pool.set_limit(size=int(nbytes))
+    if not nbytes:
+        cupy.cuda.set_allocator(pool.malloc)
+        return
+
+    def malloc(size):
+        try:
+            return pool.malloc(size)
+        except cupy.cuda.memory.OutOfMemoryError:
+            pool.free_all_blocks()
+            return pool.malloc(size)
+    cupy.cuda.set_allocator(malloc)
