@@ -735,15 +735,20 @@ class OutOfCore:
         return self.block_rows * (self.layout.row_bytes + BYTES_PER_GAUSSIAN)
 
     def _slots(self, n):
-        """How many block slots the device may hold, besides the index of ``n`` Gaussians there."""
-        budget = self.gpu_memory
-        if not budget:
+        """How many block slots the device may hold, besides the index of ``n`` Gaussians there and the
+        training images (which the cap counts too)."""
+        budget = self.gpu_memory - self._images_bytes()
+        if not self.gpu_memory:
             if not _backend.on_gpu(self.backend):
                 return 1 << 62  # no cap: every block may stay
             import cupy
             free, _ = cupy.cuda.runtime.memGetInfo()
             budget = int(GPU_SHARE * (free + cupy.get_default_memory_pool().free_bytes()))
         return max(0, budget - DeviceCache.INDEX_BYTES * n) // self._slot_bytes()
+
+    def _images_bytes(self):
+        """The device memory the training images take (on a GPU; host arrays count nothing)."""
+        return sum(t.nbytes for t in self.targets if _backend.is_device(t))
 
     def _gather_whole(self):
         """-> (the whole model on the host, its statistics): the device's changed blocks written back
@@ -774,7 +779,7 @@ class OutOfCore:
         boxes = self.boxes.for_culling()
         blocks = self._blocks_seen(views, boxes)
         if len(blocks) > self.cache.slots:
-            need = len(blocks) * self._slot_bytes() + DeviceCache.INDEX_BYTES * len(self.index)
+            need = len(blocks) * self._slot_bytes() + DeviceCache.INDEX_BYTES * len(self.index) + self._images_bytes()
             have = self.gpu_memory or self.cache.slots * self._slot_bytes()
             names = ("view " if len(views) == 1 else "views ") + ", ".join(self.data.train[i].name for i in views)
             raise ValueError(f"--gpu-memory {format_bytes(have)} is too small for {names}: its working set "

@@ -348,10 +348,12 @@ offloadcity)  # issue 26's scale run: /tmp/city_G from its ground truth with --o
     grep -a -i -E "error|peak RSS" "$R/city_$g.txt" | tail -3; offload_summary "/tmp/run_$g"
     cp "/tmp/run_$g/log.jsonl" "$R/city_$g.jsonl"; rm -rf "/tmp/run_$g" ;;
 fits)  # issue 26 where the model fits: /tmp/city_G from its ground truth in memory (--visible-adam) against
-    # --offload host (no cap), ITERS images each (default 300): images/s and peak device memory
+    # --offload host (no cap), ITERS images each (default 300): images/s and peak device memory; with CAP
+    # set (e.g. CAP=3GiB) also --offload host --gpu-memory CAP, where blocks move (and, past step 500, re-cut)
     g=$2; iters=${3:-300}
-    for mode in memory host; do
+    for mode in memory host ${CAP:+capped}; do
         extra=(--visible-adam); [ $mode = host ] && extra=(--offload host)
+        [ $mode = capped ] && extra=(--offload host --gpu-memory "$CAP")
         step "city of $g, $mode"
         timeout 280 python3 run.py train --data "/tmp/city_$g" --init-ply "/tmp/city_$g/ground_truth.ply" \
             --out "$R/fits_${g}_$mode" --iters "$iters" --log-every 25 --quiet "${extra[@]}" > "$R/fits_${g}_$mode.txt" 2>&1
