@@ -33,9 +33,14 @@ working set is what any view of its batch sees.
 Rows keep the in-memory model's order, so the working set binned and sorted on the device ties as
 the whole model would, and the strategy's random draws fall on the same Gaussians: offloaded
 training equals in-memory training with visible-only Adam and the same view order (tested).  While the
-device cannot hold every block, the views follow a tour along the cameras by default (``--view-order
-auto``: trajectory), so that consecutive working sets overlap and few blocks move; once it can, they
-come in random order, as in memory: a tour's neighbouring views in a row cost quality.
+device holds under half the blocks, the views follow a tour along the cameras by default (``--view-order
+auto``: trajectory), so that consecutive working sets overlap and few blocks move; else they come in
+random order, as in memory: a tour's neighbouring views in a row cost quality.
+
+The moves overlap the kernels: where blocks move in host mode the host's table is page-locked, a
+block moves by one copy between its rows there and its slot, and the next step's blocks (a guess from
+the next view) move in on a stream of their own while this step trains (``DeviceCache.prefetch``);
+what the guess missed moves at the step, queued before its kernels.
 """
 import errno
 import itertools
@@ -65,6 +70,7 @@ from .trainer import PhaseClock, Trainer
 BLOCK_ROWS = 4096  # Gaussians a block holds, about: spatially close ones, culled together
 OFFLOAD_MODES = ("none", "host", "disk")
 GPU_SHARE = 0.8  # --gpu-memory 0: this share of the device memory free at the start
+TOUR_BELOW = 0.5  # --view-order auto: a tour while the device's pool holds under this share of the blocks
 
 
 def format_bytes(n):
@@ -906,12 +912,13 @@ class OffloadTrainer(OutOfCore, Trainer):
         return super().view_image(ns.Gaussians(**{k: self.xp.asarray(a) for k, a in seen.arrays().items()}), camera)
 
     def epoch_view_order(self):
-        """auto: a tour along the cameras while the device cannot hold every block (consecutive views
-        then share most of their blocks), else random: a tour's neighbouring views in a row cost
-        quality where nothing is to be saved (BENCHMARKS.md, "Out-of-core training")."""
+        """auto: a tour along the cameras while the device's pool holds under ``TOUR_BELOW`` of the
+        blocks (consecutive views then share most of their blocks, and random views would move most
+        of theirs), else random: a tour's neighbouring views in a row cost quality (2.3 dB on a city
+        whose pool held 85% of the blocks, for no fewer moves: BENCHMARKS.md, "Out-of-core")."""
         if self.cfg.view_order != "auto":
             return self.cfg.view_order
-        return "trajectory" if self.index.blocks > self.cache.slots else "random"
+        return "trajectory" if self.cache.slots < TOUR_BELOW * self.index.blocks else "random"
 
     # ------------------------------------------------------------------ one step
     def train_step(self):

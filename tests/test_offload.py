@@ -424,9 +424,9 @@ def trained_until(data, out, step, **kw):
     return t
 
 
-def test_auto_view_order_tours_only_while_the_device_cannot_hold_every_block(dataset, tmp_path):
-    """--view-order auto: random (3DGS) while the device's pool holds every block, a tour when not;
-    random in memory."""
+def test_auto_view_order_tours_only_while_the_device_holds_under_half_the_blocks(dataset, tmp_path):
+    """--view-order auto: random (3DGS) while the device's pool holds at least half the blocks, a tour
+    when not; random in memory."""
     roomy = OffloadTrainer(dataset, tmp_path / "a", offload_config(view_order="auto"), backend="cpu", block_rows=16)
     roomy.init_model()
     assert roomy.index.blocks == 25 and roomy.epoch_view_order() == "random"
@@ -434,6 +434,10 @@ def test_auto_view_order_tours_only_while_the_device_cannot_hold_every_block(dat
                            gpu_memory=10 * 16 * (72 * 4 + 1500) + 16 * 400)  # 10 slots, and the index
     tight.init_model()
     assert tight.cache.slots == 10 and tight.epoch_view_order() == "trajectory"
+    most = OffloadTrainer(dataset, tmp_path / "d", offload_config(view_order="auto"), backend="cpu", block_rows=16,
+                          gpu_memory=15 * 16 * (72 * 4 + 1500) + 16 * 400)  # 15 slots of 25: random
+    most.init_model()
+    assert most.cache.slots == 15 and most.epoch_view_order() == "random"
     assert SingleGPUTrainer(dataset, tmp_path / "c", small_config(), backend="cpu").epoch_view_order() == "random"
 
 
