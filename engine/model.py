@@ -119,10 +119,8 @@ class GaussianModel:
         self.params = params
         self.grads = params.like(self.xp.zeros(params.size, np.float32))
         step = self.adam.step_count if hasattr(self, "adam") else 0
-        self.adam = Adam(params, self.b1, self.b2, backend=self.backend)
+        self.adam = Adam(params, self.b1, self.b2, backend=self.backend, m=m, v=v)  # (m, v None: zeros)
         self.adam.step_count = step
-        if m is not None:
-            self.adam.m, self.adam.v = m, v
 
     def __len__(self):
         return self.params.n

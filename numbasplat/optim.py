@@ -142,12 +142,16 @@ class Adam:
     b2: float = 0.999
     eps: float = 1e-15
     backend: str = None
+    m: object = None  # the moments, flat like ``params.data`` (None: zeros; given: used as they are)
+    v: object = None
 
     def __post_init__(self):
         self.backend = self.backend or _backend.BACKEND
         xp = _backend.array_module(self.backend)
-        self.m = xp.zeros_like(self.params.data)
-        self.v = xp.zeros_like(self.params.data)
+        if self.m is None:
+            self.m = xp.zeros_like(self.params.data)
+        if self.v is None:
+            self.v = xp.zeros_like(self.params.data)
         self.step_count = 0
         self._layout = None
 
