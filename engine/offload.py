@@ -803,7 +803,8 @@ class OutOfCore:
             self.cache.moved_bytes += 8 * self.index.blocks + 16 * len(blocks)  # the slot map, the slots' rows, sizes
         self._waits.append(waited.stop())
         upcoming = self.order[::-1][:len(views)] if len(self.order) >= len(views) else []
-        if upcoming:  # the next step's blocks, moved in while this step trains (a guess: its boxes will grow)
+        if upcoming and self.cache.slots < self.index.blocks:  # the next step's blocks, moved in while this step
+            # trains (a guess: its boxes will grow); where the device holds every block nothing moves
             ahead = self._blocks_seen(upcoming, boxes)
             self.cache.prefetch(ahead, blocks, self.index, self.host)
             if self.mode == "disk":
