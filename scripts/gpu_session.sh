@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|smoke [ITERS]|pixel P|offload [G]|offloadmpi P|citysynth G [synth options]|offloadcity G [ITERS]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|smoke [ITERS]|pixel P|offload [G]|offloadmpi P|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -339,12 +339,13 @@ citysynth)  # issue 26: the procedural city of G Gaussians (48 views at 960x540;
     timeout 560 python3 run.py synth --out "/tmp/city_$g" --gaussians "$g" --views 48 --res 960x540 --quiet --force \
         "$@" > "$R/synth_$g.txt" 2>&1; tail -2 "$R/synth_$g.txt"; du -sh "/tmp/city_$g"; df -h /tmp | tail -1 ;;
 offloadcity)  # issue 26's scale run: /tmp/city_G from its ground truth with --offload host --gpu-memory 24GiB, ITERS
-    # images (default 200): images/s, bytes moved per step, hit rate, wait, peak device and host memory
-    g=$2; iters=${3:-200}
+    # images (default 200), more train options after ITERS (e.g. --view-order random): images/s, bytes moved per
+    # step, hit rate, wait, peak device and host memory
+    g=$2; iters=${3:-200}; shift $(( $# < 3 ? $# : 3 ))
     step "city of $g offloaded"
     /usr/bin/time -f "peak RSS %M KiB, %e s" timeout 570 python3 run.py train --data "/tmp/city_$g" \
         --init-ply "/tmp/city_$g/ground_truth.ply" --out "/tmp/run_$g" --iters "$iters" --log-every 25 --quiet \
-        --offload host --gpu-memory 24GiB > "$R/city_$g.txt" 2>&1
+        --offload host --gpu-memory 24GiB "$@" > "$R/city_$g.txt" 2>&1
     grep -a -i -E "error|peak RSS" "$R/city_$g.txt" | tail -3; offload_summary "/tmp/run_$g"
     cp "/tmp/run_$g/log.jsonl" "$R/city_$g.jsonl"; rm -rf "/tmp/run_$g" ;;
 fits)  # issue 26 where the model fits: /tmp/city_G from its ground truth in memory (--visible-adam) against
@@ -374,7 +375,7 @@ viewer)  # issue 28, headless: the viewer's frame latency per render mode at 1M 
     timeout 300 python3 scripts/viewer_bench.py slowdown "${LEGO[@]}" --iters 2000 --repeats 2 \
         > "$R/viewer_slowdown.txt" 2>&1
     cat "$R/viewer_slowdown.txt" ;;
-*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|smoke [ITERS]|pixel P|offload [G]|citysynth G [synth options]|offloadcity G [ITERS]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
+*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|smoke [ITERS]|pixel P|offload [G]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
 esac
 step done
 (cd "$OUT" && tar czf "logs_$part.tgz" --exclude="*.h5" --exclude="*.ply" --exclude="*.png" --exclude="*.prof*" r && rm -rf r)
