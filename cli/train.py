@@ -41,9 +41,9 @@ def make_trainer(dataset, a, cfg, comm, exchange=None):
     host``), or over MPI ranks, trading Gaussians or pixels (``--exchange``; ``exchange``: this one)."""
     exchange = exchange or getattr(a, "exchange", "gaussian")
     offload = getattr(a, "offload", "none") or "none"
-    if offload != "none" and comm is not None and exchange != "gaussian":
-        raise ValueError(f"--offload {offload} under mpiexec trades Gaussians: use --exchange gaussian, not "
-                         f"{exchange}")
+    if offload != "none" and comm is not None and exchange == "auto":
+        raise ValueError(f"--offload {offload} under mpiexec needs the exchange named (--exchange gaussian or "
+                         f"pixel): auto measures both on the whole model in device memory")
     if exchange == "auto":
         exchange = choose_exchange(dataset, cfg, comm)
     pixel = exchange == "pixel"
@@ -69,10 +69,11 @@ def make_trainer(dataset, a, cfg, comm, exchange=None):
     from engine.distributed import select_device
     select_device(comm)
     if pixel:
-        from engine.pixel_exchange import PixelExchangeTrainer
-        return PixelExchangeTrainer(dataset, a.out, cfg, comm, transport=getattr(a, "transport", "auto"),
-                                    saturation=getattr(a, "saturation", "on") == "on",
-                                    consolidation=getattr(a, "consolidation", "on") == "on")
+        from engine.pixel_exchange import OffloadedPixelExchangeTrainer, PixelExchangeTrainer
+        pipeline = OffloadedPixelExchangeTrainer if caps else PixelExchangeTrainer
+        return pipeline(dataset, a.out, cfg, comm, transport=getattr(a, "transport", "auto"),
+                        saturation=getattr(a, "saturation", "on") == "on",
+                        consolidation=getattr(a, "consolidation", "on") == "on", **caps)
     from engine.gaussian_exchange import GaussianExchangeTrainer, OffloadedGaussianExchangeTrainer
     pipeline = OffloadedGaussianExchangeTrainer if caps else GaussianExchangeTrainer
     return pipeline(dataset, a.out, cfg, comm, batch_size=getattr(a, "batch_size", None),
@@ -316,7 +317,7 @@ def add_train_options(p):
     p.add_argument("--offload", choices=["none", "host", "disk"], default="none",
                    help="host: keep the model, its Adam moments and statistics in host memory and move only "
                         "each view's working set to the GPU (scenes larger than GPU memory; implies "
-                        "--visible-adam; under mpiexec each rank's shard so, with --exchange gaussian); disk: in "
+                        "--visible-adam; under mpiexec each rank's shard so, either exchange); disk: in "
                         "files in --offload-dir, host memory a cache of at most --host-memory (caps per rank)")
     p.add_argument("--offload-dir", default=None,
                    help="with --offload disk: the folder for the blocks' files (a fresh subfolder, removed at the "

@@ -31,7 +31,6 @@ one rank.  With the workload switches (engine/workload.py) each owner hides from
 projection the rows of its shard that the view skips: they are neither sent nor rendered.
 """
 
-from contextlib import contextmanager
 
 import numpy as np
 
@@ -46,7 +45,7 @@ from comm.sparse import exchange_dense, exchange_sparse
 
 from .distributed import RankedTrainer, balanced_bounds, even_bounds
 from .model import GaussianModel
-from .offload import BLOCK_ROWS, OutOfCore, OutOfCoreModel, check_offload_options
+from .offload import BLOCK_ROWS, OutOfCoreModel, OutOfCoreShard, check_offload_options
 from .strategy import STATISTICS
 from .trainer import PhaseClock
 from .workload import imbalance
@@ -393,7 +392,7 @@ class GaussianExchangeTrainer(RankedTrainer):
         return extra
 
 
-class OffloadedGaussianExchangeTrainer(OutOfCore, GaussianExchangeTrainer):
+class OffloadedGaussianExchangeTrainer(OutOfCoreShard, GaussianExchangeTrainer):
     """The pipeline above with each rank's shard out of core (``--offload`` under ``mpiexec``): the
     shard's Gaussians in blocks in host memory or on disk (``engine.offload``), the device holding
     the blocks that the batch's views see.  A step trains the working set of its batch as the shard
@@ -420,11 +419,6 @@ class OffloadedGaussianExchangeTrainer(OutOfCore, GaussianExchangeTrainer):
     def _betas(self):
         return super()._model_options()[1:]
 
-    def start_from(self, model_state, strategy_state=None):
-        super().start_from(model_state, strategy_state)  # this rank's shard, on the host
-        self._start_out_of_core(self.model, self._statistics_of(self.model, self.strategy_state))
-        self.strategy_state = {}
-
     def _batch(self):
         """The batch's views, and their working set of the shard as the step's model and statistics."""
         views = super()._batch()
@@ -443,35 +437,6 @@ class OffloadedGaussianExchangeTrainer(OutOfCore, GaussianExchangeTrainer):
         self._install(self.model, self._statistics_of(self.model, self.strategy_state))
         self.model, self.strategy_state = OutOfCoreModel(self), {}
         return events
-
-    def train_step(self):
-        before = self._counters()
-        loss, events = super().train_step()
-        after = self._counters()
-        self.stats.update({"resident_gaussians": self._in_pool.count, **{k: after[k] - before[k] for k in after}})
-        return loss, events
-
-    @contextmanager
-    def _whole_shard(self):
-        """The whole shard as ``model`` and ``strategy_state`` (in host memory) for what gathers them."""
-        held = self.model, self.strategy_state
-        self.model, self.strategy_state = self._gather_whole()
-        try:
-            yield
-        finally:
-            self.model, self.strategy_state = held
-
-    def gathered(self, which="params", root_only=False):
-        with self._whole_shard():
-            return super().gathered(which, root_only)
-
-    def gather_state(self):
-        with self._whole_shard():
-            return super().gather_state()
-
-    def view_model(self, most):
-        with self._whole_shard():
-            return super().view_model(most)
 
 
 def halo_ranges(bounds, tiles_x, n_tiles):

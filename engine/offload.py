@@ -52,6 +52,7 @@ import tempfile
 import threading
 import weakref
 from collections import OrderedDict, namedtuple
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -802,7 +803,7 @@ class OutOfCore:
                                      xp.asarray(slots * self.block_rows), xp.asarray(sizes))
             self.cache.moved_bytes += 8 * self.index.blocks + 16 * len(blocks)  # the slot map, the slots' rows, sizes
         self._waits.append(waited.stop())
-        upcoming = self.order[::-1][:len(views)] if len(self.order) >= len(views) else []
+        upcoming = self._upcoming_views(len(views))
         if upcoming and self.cache.slots < self.index.blocks:  # the next step's blocks, moved in while this step
             # trains (a guess: its boxes will grow); where the device holds every block nothing moves
             ahead = self._blocks_seen(upcoming, boxes)
@@ -810,6 +811,10 @@ class OutOfCore:
             if self.mode == "disk":
                 self.host.prefetch(ahead)
         return self._rows
+
+    def _upcoming_views(self, n):
+        """The next step's ``n`` training views, where known (the epoch's order holds them)."""
+        return self.order[::-1][:n] if len(self.order) >= n else []
 
     def _blocks_seen(self, views, boxes):
         """The blocks whose ``boxes`` the training ``views`` see."""
@@ -878,6 +883,50 @@ class OutOfCore:
         _backend.release_pinned()
         if _backend.on_gpu(self.backend):
             _backend.cap_device_memory(0)
+
+
+class OutOfCoreShard(OutOfCore):
+    """A rank's shard out of core under MPI, for either exchange (``engine.gaussian_exchange``,
+    ``engine.pixel_exchange``): the shard made on the host and cut into blocks at the start; the whole
+    shard gathered in host memory for what gathers the model (snapshots, the PLY, the viewer); a
+    step's traffic in its stats.  ``_in_pool``: the step's working set (None: the rank trained nothing)."""
+
+    _in_pool = None
+
+    def start_from(self, model_state, strategy_state=None):
+        super().start_from(model_state, strategy_state)  # this rank's shard, on the host
+        self._start_out_of_core(self.model, self._statistics_of(self.model, self.strategy_state))
+        self.strategy_state = {}
+
+    def train_step(self):
+        before = self._counters()
+        loss, events = super().train_step()
+        after = self._counters()
+        self.stats.update({"resident_gaussians": self._in_pool.count if self._in_pool is not None else 0,
+                           **{k: after[k] - before[k] for k in after}})
+        return loss, events
+
+    @contextmanager
+    def _whole_shard(self):
+        """The whole shard as ``model`` and ``strategy_state`` (in host memory) for what gathers them."""
+        held = self.model, self.strategy_state
+        self.model, self.strategy_state = self._gather_whole()
+        try:
+            yield
+        finally:
+            self.model, self.strategy_state = held
+
+    def gathered(self, which="params", root_only=False):
+        with self._whole_shard():
+            return super().gathered(which, root_only)
+
+    def gather_state(self):
+        with self._whole_shard():
+            return super().gather_state()
+
+    def view_model(self, most):
+        with self._whole_shard():
+            return super().view_model(most)
 
 
 class OffloadTrainer(OutOfCore, Trainer):

@@ -49,6 +49,7 @@ from numbasplat.rendering import image_from_tiles, image_tiles
 from .distributed import RankedTrainer, even_bounds
 from .gaussian_exchange import halo_ranges
 from .model import GaussianModel
+from .offload import BLOCK_ROWS, OutOfCoreModel, OutOfCoreShard, check_offload_options
 from .camera_path import centres
 from .partition import GROW_PX, SpatialPartition, cluster_boxes, visible_regions
 from .trainer import PhaseClock
@@ -218,11 +219,17 @@ class PixelExchangeTrainer(RankedTrainer):
         owner = self.partition.owner(means)
         mine = owner == self.rank
         rows = {w: {g: a[mine] for g, a in model_state[w].items()} for w in ("params", "m", "v") if w in model_state}
-        self.model = GaussianModel.from_state({**model_state, **rows}, self.backend)
+        backend = self._shard_backend()
+        self.model = GaussianModel.from_state({**model_state, **rows}, backend)
         counts = np.bincount(owner, minlength=self.size)
         self.offset, self.total = int(counts[:self.rank].sum()), len(means)
-        self.strategy_state = ({k: self.xp.asarray(a[mine]) for k, a in strategy_state.items()} if strategy_state
+        xp = _backend.array_module(backend)
+        self.strategy_state = ({k: xp.asarray(a[mine]) for k, a in strategy_state.items()} if strategy_state
                                else self.strategy.initialize_state())
+
+    def _shard_backend(self):
+        """Where this rank's shard lives between steps: on the device (out of core: the host)."""
+        return self.backend
 
     def _migrate(self):
         """Send the Gaussians whose centres left this rank's box to its owner, with their Adam moments
@@ -240,8 +247,9 @@ class PixelExchangeTrainer(RankedTrainer):
             moved[w] = {g: self._rows_to_owners(a, order, counts) for g, a in state[w].items()}
         strategy = {k: self._rows_to_owners(_backend.to_host(a), order, counts)
                     for k, a in self.strategy_state.items() if len(a) == len(dest)}
-        self.model = GaussianModel.from_state(moved, self.backend)
-        self.strategy_state = {k: self.xp.asarray(a) for k, a in strategy.items()}
+        backend = self._shard_backend()
+        self.model = GaussianModel.from_state(moved, backend)
+        self.strategy_state = {k: _backend.array_module(backend).asarray(a) for k, a in strategy.items()}
         self._count()
         return moving
 
@@ -306,7 +314,7 @@ class PixelExchangeTrainer(RankedTrainer):
 
     # ------------------------------------------------------------------ one step
     def train_step(self):
-        c, xp, model, me = self.cfg, self.xp, self.model, self.rank
+        c, xp, me = self.cfg, self.xp, self.rank
         clock = PhaseClock(self.backend, self._timing())
         views, parts = self._next_views()
         bg = self.step_background()
@@ -315,6 +323,7 @@ class PixelExchangeTrainer(RankedTrainer):
         plans = [ViewPlan(self.data.train[v].camera, parts[k], self.partition) for k, v in enumerate(views)]
         k_me = next((k for k, s in enumerate(parts) if me in s), None)  # the view I take part in, if any
         plan = plans[k_me] if k_me is not None else None  # (its participants are its composers)
+        model = self._step_model(views[k_me] if plan is not None else None)
         # 1. my partial image of my view: premultiplied colour and transmittance; the participant at
         # the back renders on the background (and composition adds none), so one rank's partial
         # image is the render itself
@@ -408,16 +417,11 @@ class PixelExchangeTrainer(RankedTrainer):
             clock.end("owner")
             model.adam.step(model.grads.data, cols, p.counts > 0 if c.visible_adam else None)
         else:
-            model.adam.step(model.grads.data, cols, xp.zeros(len(model), bool))  # (keeps Adam's step count)
+            self._idle_adam_step(model, cols)
         prev = self.step
         self.step += len(views)
         ctx = self.context(lr_means=lr["means"], prev_step=prev, offset=self.offset, total=self.total)
-        events = self.strategy.after_optimizer(model, self.strategy_state, self.step, ctx)
-        if "cloned" in events:
-            events.update(self._rebalance(), gaussians=self.total)
-            self._buckets = []  # boxes and Gaussians changed: plan the rest of the epoch anew
-        else:
-            self._migrate()
+        events = self._after_adam(model, ctx, lr)
         self._last_view = tuple(views)
         clock.end("optimizer")
         loss = float(self.exchange.allreduce_sum(np.array([float(loss)]))[0]) / len(views)
@@ -428,6 +432,26 @@ class PixelExchangeTrainer(RankedTrainer):
                       "tiles_saturated": int(marks[me].sum()) if marks is not None else 0,
                       **(self.saturation.counts if self.saturation else {}), **self.utilisation, **clock.stats()}
         return loss, events
+
+    def _step_model(self, view):
+        """The model that this step renders and updates for training view ``view`` (None: this rank
+        takes part in no view of the step): the shard."""
+        return self.model
+
+    def _idle_adam_step(self, model, cols):
+        """Adam's step for a rank in no view of the step: none of its Gaussians moves."""
+        model.adam.step(model.grads.data, cols, self.xp.zeros(len(model), bool))  # (keeps Adam's step count)
+
+    def _after_adam(self, model, ctx, lr):
+        """The strategy's refinements and resets, then the Gaussians that left their box to its owner
+        (after a refinement the tree rebuilt if unbalanced).  Collective.  -> the strategy's events."""
+        events = self.strategy.after_optimizer(model, self.strategy_state, self.step, ctx)
+        if "cloned" in events:
+            events.update(self._rebalance(), gaussians=self.total)
+            self._buckets = []  # boxes and Gaussians changed: plan the rest of the epoch anew
+        else:
+            self._migrate()
+        return events
 
     def _update_marks(self, views, plans, blocks):
         """Put the composers' new saturation marks (``blocks``: (view in the bucket, lo, hi, (P, hi - lo))
@@ -448,3 +472,61 @@ class PixelExchangeTrainer(RankedTrainer):
         if len(set(views)) > 1:
             raise RuntimeError(f"the ranks trained different views at step {self.step}: {views}")
         return {**super().log_extra(), "gaussians_total": self.total}
+
+
+class OffloadedPixelExchangeTrainer(OutOfCoreShard, PixelExchangeTrainer):
+    """The pipeline above with each rank's Gaussians out of core (``--offload`` with ``--exchange
+    pixel`` under ``mpiexec``): the rank's box's Gaussians in blocks in host memory or on disk
+    (``engine.offload``), the device holding the blocks that its view of the step sees.  A step
+    renders, back-propagates and updates that working set (visible-only Adam); Gaussians that left
+    the box can only be among its rows, so only they are checked, and where any rank's did, or the
+    strategy acts, every rank gathers its whole shard in host memory, migrates (and refines, and
+    rebuilds the tree) as in memory, and cuts it into blocks anew."""
+
+    def __init__(self, dataset, out_dir, cfg, comm, backend=None, log=print, transport="auto", saturation=True,
+                 revalidate_every=SATURATION_EPOCHS, consolidation=True, mode="host", offload_dir=None, host_memory=0,
+                 gpu_memory=0, prefetch=True, block_rows=BLOCK_ROWS):
+        check_offload_options(cfg, mode, offload_dir, host_memory, gpu_memory)
+        super().__init__(dataset, out_dir, cfg, comm, backend, log, transport, saturation, revalidate_every,
+                         consolidation)
+        self._init_out_of_core(mode, offload_dir, host_memory, gpu_memory, prefetch, block_rows)
+
+    def _shard_backend(self):
+        return "cpu"
+
+    def _boxes(self):
+        g = self._gather_whole()[0].gaussians  # (the whole shard on the host: once an epoch)
+        return self.comm.allgather(rank_boxes(g.means, g.scales))
+
+    def _upcoming_views(self, n):
+        """This rank's view in the next bucket of the epoch, where it has one."""
+        bucket = self._buckets[0] if self._buckets else []
+        return [v for v, ranks in bucket if self.rank in ranks][:n]
+
+    def _step_model(self, view):
+        self._in_pool = None
+        if view is None:
+            return None
+        self._in_pool = self._working_set([view])
+        self.model, self.strategy_state = self._load_working(self._in_pool)
+        return self.model
+
+    def _idle_adam_step(self, model, cols):
+        self._adam_steps += 1  # (the step count every rank's Adam shares)
+
+    def _after_adam(self, model, ctx, lr):
+        """The working set back to its blocks; where Gaussians left their box on any rank or the
+        strategy acts, on every rank's whole shard."""
+        leaving = 0
+        if self._in_pool is not None:
+            self._store_working(model, self.strategy_state, self._in_pool, lr["means"], lr["scales"])
+            leaving = int((self.partition.owner(model.group("means")) != self.rank).sum())
+        self.model, self.strategy_state = OutOfCoreModel(self), {}
+        leaving = int(self.exchange.allreduce_sum(np.array([float(leaving)]))[0])
+        if not leaving and not self.strategy.acts_at(self.step, ctx):
+            return {}
+        self.model, self.strategy_state = self._gather_whole()
+        events = super()._after_adam(self.model, ctx, lr)
+        self._install(self.model, self._statistics_of(self.model, self.strategy_state))
+        self.model, self.strategy_state = OutOfCoreModel(self), {}
+        return events

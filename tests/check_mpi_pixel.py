@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from comm import abort_on_error  # noqa: E402
-from engine.pixel_exchange import PixelExchangeTrainer  # noqa: E402
+from engine.pixel_exchange import OffloadedPixelExchangeTrainer, PixelExchangeTrainer  # noqa: E402
 from engine.trainer import TrainConfig  # noqa: E402
 from scenes import cluster_capture, slab_capture  # noqa: E402
 
@@ -24,10 +24,15 @@ with abort_on_error(comm):
         data, start = slab_capture(n_slabs=2, per_slab=150, views=4, size=48, opaque_top=True, distance=0.5)
     else:
         data, start = cluster_capture() if clusters else slab_capture()
+    densify = "densify" in sys.argv  # refinements at steps 4, 8 (grown, migrated, the tree rebuilt if unbalanced)
     cfg = TrainConfig(iterations=12 if opaque or clusters else 8, sh_degree=0, n_random_init=1, snapshot_every=0,
-                      log_every=4, background=(1.0, 1.0, 1.0), densify_from=10**6, visible_adam=clusters)
-    t = PixelExchangeTrainer(data, out, cfg, comm, backend="cpu", saturation="saturation-off" not in sys.argv,
-                             consolidation="consolidation-off" not in sys.argv)
+                      log_every=4, background=(1.0, 1.0, 1.0), densify_from=3 if densify else 10**6, densify_every=4,
+                      grad_threshold=1e-5, visible_adam=clusters)
+    pipeline, caps = PixelExchangeTrainer, {}
+    if "offload" in sys.argv:  # each rank's Gaussians out of core, in blocks of 8 rows
+        pipeline, caps = OffloadedPixelExchangeTrainer, {"mode": "host", "block_rows": 8}
+    t = pipeline(data, out, cfg, comm, backend="cpu", saturation="saturation-off" not in sys.argv,
+                 consolidation="consolidation-off" not in sys.argv, **caps)
     t.start_from({"params": start})
     if "rebalance" in sys.argv:  # every Gaussian moved into rank 0's box: they migrate, then the tree is rebuilt
         before = t.gathered()
@@ -53,7 +58,10 @@ with abort_on_error(comm):
     if comm.Get_rank() == 0 and clusters:
         print("steps", len(losses), "utilisation", {k: v for k, v in t.stats.items() if k.startswith("utilisation")})
     params = t.gathered()
-    if comm.Get_rank() == 0:
+    if comm.Get_rank() == 0 and densify:  # (grown: the rows as the ranks hold them)
+        np.savez(out / "final.npz", losses=np.array(losses), **params)
+        print("gaussians", len(params["means"]), "events", t.step)
+    elif comm.Get_rank() == 0:
         back = np.empty_like(order)
         back[order] = np.arange(len(order))
         np.savez(out / "final.npz", losses=np.array(losses), **{k: a[back] for k, a in params.items()})

@@ -316,7 +316,8 @@ def test_cli_batch_size_without_mpirun_trains_batched(dataset, tmp_path):
 
 def test_cli_offload_with_batches_offloads_the_shard(dataset, tmp_path):
     """--offload host with --batch-size (or under mpiexec) runs the batched pipeline with its shard out of
-    core (it stopped with an error before); --exchange pixel with --offload is refused by name."""
+    core (it stopped with an error before); --exchange auto with --offload under MPI is refused by name (the
+    exchange is chosen from a model in device memory)."""
     cap = tmp_path / "capture"
     write_blender_capture(cap, dataset)
     out = tmp_path / "out"
@@ -329,8 +330,8 @@ def test_cli_offload_with_batches_offloads_the_shard(dataset, tmp_path):
     assert log[-1]["step"] == 8 and log[-1]["moved_bytes"] > 0 and log[-1]["resident_gaussians"] > 0
     assert (out / "snapshot.h5").exists()
     r = run_cli("train", "--data", str(cap), "--out", str(tmp_path / "pixel"), "--iters", "2", "--quiet",
-                "--batch-size", "2", "--offload", "host", "--exchange", "pixel")
-    assert r.returncode != 0 and "--offload host under mpiexec trades Gaussians" in r.stderr
+                "--batch-size", "2", "--offload", "host", "--exchange", "auto")
+    assert r.returncode != 0 and "--offload host under mpiexec needs the exchange named" in r.stderr
     assert "Traceback" not in r.stderr
 
 
