@@ -26,9 +26,11 @@ One step, one view:
 3. where the strategy densifies or resets (``DefaultStrategy.acts_at``), the whole model is
    gathered in host memory, changed, and cut into blocks anew; snapshots gather it likewise.
 
-Under MPI each rank holds its shard of the Gaussian exchange so (``OutOfCore``, the part of the
-pipeline that both share; ``engine.gaussian_exchange.OffloadedGaussianExchangeTrainer``): a step's
-working set is what any view of its batch sees.
+Under MPI each rank holds its shard so (``OutOfCoreShard``): of the Gaussian exchange
+(``engine.gaussian_exchange.OffloadedGaussianExchangeTrainer``: a step's working set is what any view
+of its batch sees) or of the pixel exchange (``engine.pixel_exchange.OffloadedPixelExchangeTrainer``:
+the Gaussians of the rank's box that its view of the step sees).  ``OutOfCore`` is what the one-process
+pipeline (``OffloadTrainer``) and both share.
 
 Rows keep the in-memory model's order, so the working set binned and sorted on the device ties as
 the whole model would, and the strategy's random draws fall on the same Gaussians: offloaded
