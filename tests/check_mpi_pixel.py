@@ -27,13 +27,18 @@ with abort_on_error(comm):
     densify = "densify" in sys.argv  # refinements at steps 4, 8 (grown, migrated, the tree rebuilt if unbalanced)
     cfg = TrainConfig(iterations=12 if opaque or clusters else 8, sh_degree=0, n_random_init=1, snapshot_every=0,
                       log_every=4, background=(1.0, 1.0, 1.0), densify_from=3 if densify else 10**6, densify_every=4,
-                      grad_threshold=1e-5, visible_adam=clusters)
+                      grad_threshold=1e-5, visible_adam=clusters or "visible" in sys.argv)
+    if "wander" in sys.argv:  # means learning rates 3000x: Gaussians cross into other boxes and migrate
+        cfg.lr_means, cfg.lr_means_final = 3000 * cfg.lr_means, 3000 * cfg.lr_means_final
     pipeline, caps = PixelExchangeTrainer, {}
     if "offload" in sys.argv:  # each rank's Gaussians out of core, in blocks of 8 rows
         pipeline, caps = OffloadedPixelExchangeTrainer, {"mode": "host", "block_rows": 8}
     t = pipeline(data, out, cfg, comm, backend="cpu", saturation="saturation-off" not in sys.argv,
                  consolidation="consolidation-off" not in sys.argv, **caps)
     t.start_from({"params": start})
+    migrated = []  # the Gaussians each migration moved (over all ranks)
+    migrate = t._migrate
+    t._migrate = lambda: migrated.append(migrate()) or migrated[-1]
     if "rebalance" in sys.argv:  # every Gaussian moved into rank 0's box: they migrate, then the tree is rebuilt
         before = t.gathered()
         means = t.model.group("means")
@@ -60,7 +65,7 @@ with abort_on_error(comm):
     params = t.gathered()
     if comm.Get_rank() == 0 and densify:  # (grown: the rows as the ranks hold them)
         np.savez(out / "final.npz", losses=np.array(losses), **params)
-        print("gaussians", len(params["means"]), "events", t.step)
+        print("gaussians", len(params["means"]), "migrated", sum(migrated))
     elif comm.Get_rank() == 0:
         back = np.empty_like(order)
         back[order] = np.arange(len(order))
