@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|smoke [ITERS]|pixel P|offload [G]|offloadmpi P|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|smoke [ITERS]|pixel P|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -322,11 +322,12 @@ offload)  # issue 26: lego and fern, 2000 images, in memory with --visible-adam 
     [ "$g" = 0 ] && exit 0  # (G 0: no city)
     bash "$0" citysynth "$g" && bash "$0" offloadcity "$g" ;;
 offloadmpi)  # issue 26 under MPI: P ranks (sharing the GPUs there are) on lego, 2000 images, in memory with
-    # --visible-adam against --offload host (each rank's shard out of core): images/s, PSNR, bytes moved
-    p=${2:-2}
+    # --visible-adam against --offload host (each rank's shard out of core), EXCHANGE gaussian (default) or pixel:
+    # images/s, PSNR, bytes moved
+    p=${2:-2}; exchange=${3:-gaussian}
     for mode in memory host; do
-        extra=(--visible-adam); [ $mode = host ] && extra=(--offload host)
-        name=lego_${mode}_p$p; step "$name"
+        extra=(--visible-adam --exchange "$exchange"); [ $mode = host ] && extra=(--offload host --exchange "$exchange")
+        name=lego_${exchange}_${mode}_p$p; step "$name"
         timeout 200 mpiexec --allow-run-as-root --oversubscribe -n "$p" python3 run.py train --out "$R/$name" \
             --iters 2000 --eval --quiet "${LEGO[@]}" "${extra[@]}" > "$R/$name.txt" 2>&1
         echo "$name rc=$?: $(grep -av Warn "$R/$name.txt" | tail -1)"; offload_summary "$R/$name"
