@@ -34,6 +34,9 @@ Where the boxes are separated in depth along every ray, composing in box order i
 render's blend order, so P ranks train as one (tested); elsewhere Gaussians of two boxes
 interleave along a ray and blend in box order instead.  Traffic grows with the pixels, not the
 Gaussians in view.
+
+``OffloadedPixelExchangeTrainer`` (``--offload`` with ``--exchange pixel``) holds each rank's
+Gaussians out of core (``engine.offload``), the device the working set of its view of the step.
 """
 
 import numpy as np
