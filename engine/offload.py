@@ -887,6 +887,15 @@ class OutOfCore:
             _backend.cap_device_memory(0)
 
 
+def frustum_part(gaussians, camera):
+    """The Gaussians (host arrays) whose reach ``camera`` can see: all that can show in its image, in
+    their order, so that they render as the whole model does (evaluation of a model that need not fit
+    on the device)."""
+    reach = REACH * np.exp(gaussians.scales.max(axis=1, keepdims=True))
+    seen = visible_regions(gaussians.means - reach, gaussians.means + reach, camera, grow=GROW_PX)[1]
+    return gaussians.take(np.flatnonzero(seen))
+
+
 class OutOfCoreShard(OutOfCore):
     """A rank's shard out of core under MPI, for either exchange (``engine.gaussian_exchange``,
     ``engine.pixel_exchange``): the shard made on the host and cut into blocks at the start; the whole
@@ -929,6 +938,17 @@ class OutOfCoreShard(OutOfCore):
     def view_model(self, most):
         with self._whole_shard():
             return super().view_model(most)
+
+    def whole_model(self):
+        """Rank 0 gathers the parameters in host memory (the whole model need not fit on the device)."""
+        params = self.gathered("params", root_only=True)
+        return GaussianModel(params, "cpu") if self.rank == 0 else None
+
+    def view_image(self, gaussians, camera):
+        """A view rendered on the device from the part of ``gaussians`` (the whole model, in host
+        memory) that its frustum holds."""
+        seen = frustum_part(gaussians, camera)
+        return super().view_image(ns.Gaussians(**{k: self.xp.asarray(a) for k, a in seen.arrays().items()}), camera)
 
 
 class OffloadTrainer(OutOfCore, Trainer):

@@ -148,10 +148,11 @@ class Adam:
     def __post_init__(self):
         self.backend = self.backend or _backend.BACKEND
         xp = _backend.array_module(self.backend)
-        if self.m is None:
-            self.m = xp.zeros_like(self.params.data)
+        if self.m is None:  # (numpy's zeros are the system's zero pages until written: a model made only to be
+            # rendered or written takes no memory for its moments)
+            self.m = xp.zeros(self.params.data.shape, self.params.data.dtype)
         if self.v is None:
-            self.v = xp.zeros_like(self.params.data)
+            self.v = xp.zeros(self.params.data.shape, self.params.data.dtype)
         self.step_count = 0
         self._layout = None
 

@@ -441,6 +441,26 @@ def test_auto_view_order_tours_only_while_the_device_holds_under_half_the_blocks
     assert SingleGPUTrainer(dataset, tmp_path / "c", small_config(), backend="cpu").epoch_view_order() == "random"
 
 
+def test_the_part_of_a_model_a_frustum_holds_renders_as_the_whole(dataset):
+    """Evaluation under MPI with the model out of core renders, on the device, only the Gaussians whose
+    reach the view can see (the whole model stays in host memory): the image equals the whole
+    model's, and the Gaussians far off to the side and behind the camera are left out."""
+    import numbasplat as ns
+    from engine.demo import ground_truth
+    from engine.offload import frustum_part
+    from engine.outputs import render_image
+    g = ground_truth()
+    camera = dataset.train[0].camera
+    eye = -camera.viewmat[:3, :3].T @ camera.viewmat[:3, 3]
+    away = np.float32(eye + 40 * (eye - g.means.mean(0)))  # far behind the camera
+    extra = ns.Gaussians(np.repeat(away[None], 7, 0) + np.arange(7, dtype=np.float32)[:, None], g.scales[:7],
+                         g.quats[:7], g.opacities[:7], g.sh[:7])
+    whole = ns.Gaussians(**{k: np.concatenate([a, getattr(extra, k)]) for k, a in g.arrays().items()})
+    part = frustum_part(whole, camera)
+    assert len(part.means) <= len(g.means) < len(whole.means)
+    np.testing.assert_array_equal(render_image(part, camera, backend="cpu"), render_image(whole, camera, backend="cpu"))
+
+
 def test_a_device_cap_too_small_for_a_view_stops_with_the_size_it_needs(dataset, tmp_path):
     t = trained_until(dataset, tmp_path / "out", 10, gpu_memory=2 * 16 * (72 * 4 + 1500))  # 2 slots (less the index: 1)
     before = snapshot_bytes(tmp_path / "out")
