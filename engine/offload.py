@@ -755,6 +755,15 @@ class OutOfCore:
             budget = int(GPU_SHARE * (free + cupy.get_default_memory_pool().free_bytes()))
         return max(0, budget - DeviceCache.INDEX_BYTES * n) // self._slot_bytes()
 
+    def _whole_group(self, group):
+        """Parameter ``group`` (e.g. "means") of the whole model, host, in model order: read from the
+        host's one table without gathering the model where there is one (a few columns, not whole rows)."""
+        if self._whole is None and self.host.whole is not None:
+            self.cache.flush(self.index, self.host)
+            a, b = self.layout.columns[group]
+            return self.host.whole[self.index.starts[self.index.block] + self.index.position, a:b]
+        return getattr(self._gather_whole()[0].gaussians, group)
+
     def _images_bytes(self):
         """The device memory the training images take (on a GPU; host arrays count nothing)."""
         return sum(t.nbytes for t in self.targets if _backend.is_device(t))

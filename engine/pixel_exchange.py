@@ -498,8 +498,8 @@ class OffloadedPixelExchangeTrainer(OutOfCoreShard, PixelExchangeTrainer):
         return "cpu"
 
     def _boxes(self):
-        g = self._gather_whole()[0].gaussians  # (the whole shard on the host: once an epoch)
-        return self.comm.allgather(rank_boxes(g.means, g.scales))
+        means, scales = self._whole_group("means"), self._whole_group("scales")  # (columns of the host's table)
+        return self.comm.allgather(rank_boxes(means, scales))
 
     def _upcoming_views(self, n):
         """This rank's view in the next bucket of the epoch, where it has one."""

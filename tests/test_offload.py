@@ -441,6 +441,25 @@ def test_auto_view_order_tours_only_while_the_device_holds_under_half_the_blocks
     assert SingleGPUTrainer(dataset, tmp_path / "c", small_config(), backend="cpu").epoch_view_order() == "random"
 
 
+def test_a_parameter_group_read_from_the_host_table_is_the_whole_models(tmp_path):
+    """What the pixel exchange's boxes need of an out-of-core shard (its means and scales) comes from
+    the host's table without gathering the model, the device's changed blocks written back first:
+    equal to the gathered model's, while blocks move."""
+    from scenes import cluster_capture
+    data, start = cluster_capture(per_cluster=60, views=8)
+    t = OffloadTrainer(data, tmp_path, offload_config(sh_degree=0), backend="cpu", block_rows=8,
+                       gpu_memory=13 * 8 * (45 * 4 + 1500) + 16 * 120)  # 13 slots of 15 blocks
+    t.start_from({"params": start})
+    for _ in range(5):
+        t.train_step()
+    assert t.cache.slots < t.index.blocks and t.cache.dirty
+    means, scales = t._whole_group("means"), t._whole_group("scales")
+    g = t._gather_whole()[0].gaussians
+    np.testing.assert_array_equal(means, g.means)
+    np.testing.assert_array_equal(scales, g.scales)
+    assert not np.array_equal(means, start["means"])  # (it trained)
+
+
 def test_the_part_of_a_model_a_frustum_holds_renders_as_the_whole(dataset):
     """Evaluation under MPI with the model out of core renders, on the device, only the Gaussians whose
     reach the view can see (the whole model stays in host memory): the image equals the whole
