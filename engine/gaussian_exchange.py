@@ -432,11 +432,8 @@ class OffloadedGaussianExchangeTrainer(OutOfCoreShard, GaussianExchangeTrainer):
         self.model, self.strategy_state = OutOfCoreModel(self), {}
         if not self.strategy.acts_at(self.step, ctx):
             return {}
-        self.model, self.strategy_state = self._gather_whole()
-        events = super()._after_adam(ctx, lr_means, lr_scales)
-        self._install(self.model, self._statistics_of(self.model, self.strategy_state))
-        self.model, self.strategy_state = OutOfCoreModel(self), {}
-        return events
+        after_adam = super()._after_adam
+        return self._change_whole_shard(lambda: after_adam(ctx, lr_means, lr_scales))
 
 
 def halo_ranges(bounds, tiles_x, n_tiles):

@@ -101,6 +101,7 @@ class BlockIndex:
         self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
         self.position = np.empty(n, np.int64)
         self.position[self.by_block] = np.arange(n) - np.repeat(self.starts, self.sizes)
+        self.table_rows = self.starts[self.block] + self.position  # each Gaussian's row in the blocks' table
         self.lo, self.hi = cluster_boxes(means, log_scales, block_rows, order)  # (block b: rows order[b * block_rows:])
 
     def __len__(self):
@@ -459,7 +460,7 @@ class DeviceCache:
                 self.lru.move_to_end(b)
         self.incoming.clear()
         self.misses += len(missing)
-        self._move_in(missing, set(missing) | set(int(b) for b in blocks), index, host, None)
+        self._move_in(missing, set(int(b) for b in blocks), index, host, None)
 
     def prefetch(self, blocks, busy, index, host):
         """Move in those of ``blocks`` (the next step's) that are missing and fit beside ``busy`` (this
@@ -651,7 +652,7 @@ def check_offload_options(cfg, mode, offload_dir, host_memory, gpu_memory):
 class OutOfCore:
     """The model out of core, for a ``Trainer``: the blocks' tiers, the device's pool, and the working
     set of the views that a step trains.  Shared by the one-process pipeline (``OffloadTrainer``) and
-    each rank's shard under MPI (``engine.gaussian_exchange.OffloadedGaussianExchangeTrainer``).
+    each rank's shard under MPI (``OutOfCoreShard``).
     Between steps the trainer's ``model`` is an ``OutOfCoreModel``."""
 
     def _init_out_of_core(self, mode, offload_dir, host_memory, gpu_memory, prefetch, block_rows):
@@ -714,7 +715,7 @@ class OutOfCore:
         self._cuts += 1
         locked = self._locked[:shape[0]] if moving else None
         table = locked if locked is not None and model.xp is np else model.xp.empty(shape, np.float32)
-        self.layout.store(model, statistics, table, model.xp.asarray(index.starts[index.block] + index.position))
+        self.layout.store(model, statistics, table, model.xp.asarray(index.table_rows))
         host_table = table
         if _backend.is_device(table):
             host_table = locked if locked is not None else np.empty(shape, np.float32)
@@ -761,7 +762,7 @@ class OutOfCore:
         if self._whole is None and self.host.whole is not None:
             self.cache.flush(self.index, self.host)
             a, b = self.layout.columns[group]
-            return self.host.whole[self.index.starts[self.index.block] + self.index.position, a:b]
+            return self.host.whole[self.index.table_rows, a:b]
         return getattr(self._gather_whole()[0].gaussians, group)
 
     def _images_bytes(self):
@@ -776,7 +777,7 @@ class OutOfCore:
             index, table = self.index, self.host.whole
             rows = None
             if table is not None:  # the blocks' rows in model order, straight from the one table
-                rows = index.starts[index.block] + index.position
+                rows = index.table_rows
             else:
                 table = np.empty((len(index), self.layout.columns_total), np.float32)
                 for b in range(index.blocks):
@@ -925,6 +926,15 @@ class OutOfCoreShard(OutOfCore):
         self.stats.update({"resident_gaussians": self._in_pool.count if self._in_pool is not None else 0,
                            **{k: after[k] - before[k] for k in after}})
         return loss, events
+
+    def _change_whole_shard(self, change):
+        """``change()`` run with the whole shard in host memory as ``model`` and ``strategy_state``
+        (refinements, migrations), which is then cut into blocks anew.  -> what it returns."""
+        self.model, self.strategy_state = self._gather_whole()
+        result = change()
+        self._install(self.model, self._statistics_of(self.model, self.strategy_state))
+        self.model, self.strategy_state = OutOfCoreModel(self), {}
+        return result
 
     @contextmanager
     def _whole_shard(self):

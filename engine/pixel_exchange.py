@@ -528,8 +528,5 @@ class OffloadedPixelExchangeTrainer(OutOfCoreShard, PixelExchangeTrainer):
         leaving = int(self.exchange.allreduce_sum(np.array([float(leaving)]))[0])
         if not leaving and not self.strategy.acts_at(self.step, ctx):
             return {}
-        self.model, self.strategy_state = self._gather_whole()
-        events = super()._after_adam(self.model, ctx, lr)
-        self._install(self.model, self._statistics_of(self.model, self.strategy_state))
-        self.model, self.strategy_state = OutOfCoreModel(self), {}
-        return events
+        after_adam = super()._after_adam
+        return self._change_whole_shard(lambda: after_adam(self.model, ctx, lr))

@@ -115,7 +115,7 @@ class HostCopy:
             return
         import cupy
         a = cupy.ascontiguousarray(a)
-        self._host = np.frombuffer(cupy.cuda.alloc_pinned_memory(max(a.nbytes, 1)), a.dtype, a.size).reshape(a.shape)
+        self._host = pinned_empty(a.shape, a.dtype)
         stream = cupy.cuda.get_current_stream()
         cupy.cuda.runtime.memcpyAsync(self._host.ctypes.data, a.data.ptr, a.nbytes,
                                       cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
