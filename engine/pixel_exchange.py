@@ -47,6 +47,7 @@ from numbasplat.compose import compose, compose_backward
 from numbasplat.loss import l1_ssim_loss
 from numbasplat.math.geometry import T_MIN
 from numbasplat.math.tiles import TILE, TILE_PIXELS
+from numbasplat.optim import GROUPS
 from numbasplat.rendering import image_from_tiles, image_tiles
 
 from .distributed import RankedTrainer, even_bounds
@@ -236,23 +237,30 @@ class PixelExchangeTrainer(RankedTrainer):
 
     def _migrate(self):
         """Send the Gaussians whose centres left this rank's box to its owner, with their Adam moments
-        and strategy statistics: one all-to-all of rows.  -> how many moved over all ranks."""
-        dest = self.partition.owner(self.model.group("means"))  # on the device: only a count comes back
+        and strategy statistics: one all-to-all of the leaving rows alone, packed side by side as bytes
+        (every rank then holds the rows from lower ranks, its own kept rows, the rows from higher ranks:
+        a stable sort by owner on every rank).  -> how many moved over all ranks."""
+        model, xp = self.model, self.model.xp
+        dest = self.partition.owner(model.group("means"))  # on the device: only a count comes back
         moving = int(self.exchange.allreduce_sum(np.array([float((dest != self.rank).sum())]))[0])
         if moving == 0:
             return 0
-        dest = _backend.to_host(dest)
-        order = np.argsort(dest, kind="stable")  # kept rows stay in their order, arrivals follow by source
-        counts = np.bincount(dest, minlength=self.size).astype(np.int64)
-        state = self.model.state()
-        moved = {"step": state["step"]}
-        for w in ("params", "m", "v"):
-            moved[w] = {g: self._rows_to_owners(a, order, counts) for g, a in state[w].items()}
-        strategy = {k: self._rows_to_owners(_backend.to_host(a), order, counts)
-                    for k, a in self.strategy_state.items() if len(a) == len(dest)}
-        backend = self._shard_backend()
-        self.model = GaussianModel.from_state(moved, backend)
-        self.strategy_state = {k: _backend.array_module(backend).asarray(a) for k, a in strategy.items()}
+        n = len(dest)
+        order = xp.argsort(dest.astype(np.int64) * n + xp.arange(n, dtype=np.int64))  # by owner, then row
+        counts = _backend.to_host(xp.bincount(dest, minlength=self.size)).astype(np.int64)
+        first = int(counts[:self.rank].sum())
+        keep, last = order[first:first + counts[self.rank]], first + int(counts[self.rank])
+        columns = _migrating_columns(model, self.strategy_state, n)
+        send_counts = counts.copy()
+        send_counts[self.rank] = 0
+        arrived, got = self.exchange.alltoallv(_row_bytes(columns, xp.concatenate([order[:first], order[last:]])),
+                                               send_counts)
+        below = int(got[:self.rank].sum())
+        table = xp.concatenate([arrived[:below], _row_bytes(columns, keep), arrived[below:]])
+        moved = _from_row_bytes(table, columns)
+        state = {w: {g: moved[(w, g)] for g in GROUPS} for w in ("params", "m", "v")}
+        self.model = GaussianModel.from_state({**state, "step": model.adam.step_count}, self._shard_backend())
+        self.strategy_state = {k: a for (w, k), a in moved.items() if w == "strategy"}
         self._count()
         return moving
 
@@ -263,11 +271,6 @@ class PixelExchangeTrainer(RankedTrainer):
         counts = np.array(self.comm.allgather(len(self.model)))
         self.offset, self.total = int(counts[:self.rank].sum()), int(counts.sum())
         return counts
-
-    def _rows_to_owners(self, a, order, counts):
-        width = int(np.prod(a.shape[1:]))  # (a rank may hold no rows: no -1 in the shape)
-        got, _ = self.exchange.alltoallv(np.ascontiguousarray(a[order].reshape(len(a), width)), counts)
-        return got.reshape((-1,) + a.shape[1:])
 
     def _rebalance(self):
         """After densification: migrate what left its box, and rebuild the tree (every rank the same
@@ -530,3 +533,37 @@ class OffloadedPixelExchangeTrainer(OutOfCoreShard, PixelExchangeTrainer):
             return {}
         after_adam = super()._after_adam
         return self._change_whole_shard(lambda: after_adam(self.model, ctx, lr))
+
+
+def _migrating_columns(model, strategy_state, n):
+    """What a migrating Gaussian takes along: {(which, name): (n, ...) array} of its parameters, both
+    Adam moments and the strategy's per-Gaussian state (the arrays of ``n`` rows)."""
+    columns = {(w, g): model.group(g, w) for w in ("params", "m", "v") for g in GROUPS}
+    columns.update({("strategy", k): a for k, a in strategy_state.items() if len(a) == n})
+    return columns
+
+
+def _row_bytes(columns, rows):
+    """Rows ``rows`` of every array of ``columns``, their bytes side by side: one (len(rows), B) uint8
+    table, which one all-to-all moves whatever the arrays' dtypes."""
+    xp = _backend.array_module_of(rows)
+    parts = [xp.ascontiguousarray(xp.asarray(a)[rows]).reshape(len(rows), _width(a)).view(np.uint8)
+             for a in columns.values()]
+    return xp.concatenate(parts, axis=1) if parts else xp.zeros((len(rows), 0), np.uint8)
+
+
+def _from_row_bytes(table, columns):
+    """The arrays of ``_row_bytes``'s table: {key: array} shaped and typed as ``columns``' arrays."""
+    xp = _backend.array_module_of(table)
+    out, at = {}, 0
+    for key, a in columns.items():
+        width = _width(a) * a.dtype.itemsize
+        part = xp.ascontiguousarray(table[:, at:at + width])
+        out[key] = part.view(a.dtype).reshape((len(table),) + a.shape[1:])
+        at += width
+    return out
+
+
+def _width(a):
+    """The values in one row of ``a`` (1 for a 1D array)."""
+    return int(np.prod(a.shape[1:], dtype=np.int64))

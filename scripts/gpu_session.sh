@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|smoke [ITERS]|pixel P|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|smoke [ITERS]|pixel P|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -286,22 +286,27 @@ smoke)  # the new GPU paths once each, lego, one at a time (timed): in memory (d
         echo "$name rc=$?: $(grep -av Warn "$R/$name.txt" | tail -2 | tr '\n' ' ' | cut -c1-400)"
         rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders" "$R/$name/point_cloud"
     done ;;
-pixel)  # issue 25: pixel- against Gaussian-level exchange.  Bytes per image at P = 2, 4, 8 from one rank
-    # (run.py scaling --model-ranks, on lego and fern 7k models and the generated city), then 7k at P ranks
-    # sharing the GPU in both modes (quality and images/s; ranks share one GPU, so time is not a speed-up)
+pixel)  # issue 25: 7k test PSNR with the pixel exchange at P ranks sharing the GPU against one rank (target: within
+    # 0.1 dB), SCENES (default "lego fern") and SEEDS (default 0); ranks share one GPU, so time is not a speed-up
     p=${2:-2}
-    KEEP=1 train lego7k 7000 "${LEGO[@]}"; KEEP=1 train fern7k 7000 "${FERN[@]}"  # their snapshots: bytes
-    for m in lego7k fern7k; do
-        step "bytes $m"; timeout 120 python3 run.py scaling --model "$R/$m" --pipeline single --views 8 --iters 10 \
-            --model-ranks 2,4,8 > "$R/bytes_$m.txt" 2>&1; grep -A6 "pixel-level" "$R/bytes_$m.txt"
-    done
-    for mode in gaussian pixel; do  # one run at a time (four at once, eight processes on one GPU, ended none in 7.5 min)
-        for scene in fern lego; do
-            name=${scene}_${mode}_p$p; args=FERN[@]; [ $scene = lego ] && args=LEGO[@]
-            step "$name"; mpi "$p" --out "$R/$name" --iters 7000 --eval --quiet "${!args}" --exchange "$mode" \
+    for seed in ${SEEDS:-0}; do
+        for scene in ${SCENES:-lego fern}; do
+            args=FERN[@]; [ $scene = lego ] && args=LEGO[@]
+            step "${scene}_p1_s$seed"; train "${scene}_p1_s$seed" 7000 "${!args}" --seed "$seed"
+            name=${scene}_pixel_p${p}_s$seed; step "$name"
+            mpi "$p" --out "$R/$name" --iters 7000 --eval --quiet "${!args}" --exchange pixel --seed "$seed" \
                 > "$R/$name.txt" 2>&1
-            echo "$name: $(grep -v Warn "$R/$name.txt" | tail -1)"; rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders"
+            echo "$name: $(grep -av Warn "$R/$name.txt" | tail -1)"; rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders"
         done
+    done ;;
+pixelbytes)  # issue 25: bytes per image, pixel against Gaussian-level, at P = 2, 4, 8 from one rank (run.py scaling
+    # --model-ranks): lego and fern 7k models, and the generated city's ground truth (small preset, first 8 views)
+    KEEP=1 train lego7k 7000 "${LEGO[@]}"; KEEP=1 train fern7k 7000 "${FERN[@]}"  # their snapshots: bytes
+    timeout 120 python3 run.py synth --out /tmp/city_small --preset small --views 16 --quiet --force > /dev/null 2>&1
+    for m in lego7k fern7k city; do
+        src=(--model "$R/$m" --pipeline single); [ $m = city ] && src=(--data /tmp/city_small)
+        step "bytes $m"; timeout 200 python3 run.py scaling "${src[@]}" --views 8 --iters 10 \
+            --model-ranks 2,4,8 > "$R/bytes_$m.txt" 2>&1; grep -aA8 "pixel-level" "$R/bytes_$m.txt"
     done ;;
 offload)  # issue 26: lego and fern, 2000 images, in memory with --visible-adam against --offload host and --offload
     # disk (host memory 64 MiB: below the models' size); images/s from metrics.json (target >= 0.7x in memory's).
@@ -376,7 +381,7 @@ viewer)  # issue 28, headless: the viewer's frame latency per render mode at 1M 
     timeout 300 python3 scripts/viewer_bench.py slowdown "${LEGO[@]}" --iters 2000 --repeats 2 \
         > "$R/viewer_slowdown.txt" 2>&1
     cat "$R/viewer_slowdown.txt" ;;
-*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|smoke [ITERS]|pixel P|offload [G]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
+*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|smoke [ITERS]|pixel P|pixelbytes|offload [G]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
 esac
 step done
 (cd "$OUT" && tar czf "logs_$part.tgz" --exclude="*.h5" --exclude="*.ply" --exclude="*.png" --exclude="*.prof*" r && rm -rf r)

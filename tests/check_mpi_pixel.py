@@ -44,12 +44,20 @@ with abort_on_error(comm):
         means = t.model.group("means")
         means[:, 2] = np.remainder(means[:, 2] + 0.1, 1.5) - 0.1  # every slab dropped onto the lowest (box 0)
         shifted = t.gathered()
+        for g in ("means", "opacities", "sh"):  # moments and statistics that name their row: they must travel with it
+            t.model.group(g, "m")[...] = t.model.group(g) + 1
+            t.model.group(g, "v")[...] = t.model.group(g) + 2
+        t.strategy_state = {"grad": t.model.group("means")[:, 0] + 3, "count": np.arange(len(t.model), dtype=np.int32)}
         events = t._rebalance()
         counts = comm.allgather(len(t.model))
         after = t.gathered()
+        travelled = all(np.array_equal(t.model.group(g, w), t.model.group(g) + k)
+                        for g in ("means", "opacities", "sh") for w, k in (("m", 1), ("v", 2)))
+        travelled &= np.array_equal(t.strategy_state["grad"], t.model.group("means")[:, 0] + 3)
+        travelled = all(comm.allgather(travelled and t.strategy_state["count"].dtype == np.int32))
         if comm.Get_rank() == 0:
             same = all(np.array_equal(np.sort(after[k], axis=0), np.sort(shifted[k], axis=0)) for k in after)
-            print("rebalance", events, "counts", counts, "same rows", same)
+            print("rebalance", events, "counts", counts, "same rows", same, "moments travelled", travelled)
         sys.exit(0)
     order = np.argsort(t.partition.owner(start["means"]), kind="stable")  # the rows as the ranks hold them
     losses = []

@@ -143,10 +143,11 @@ def test_cli_exchange_pixel_offloads_each_ranks_gaussians(tmp_path):
 @pytest.mark.timeout(300)
 def test_gaussians_migrate_to_their_box_and_the_tree_is_rebuilt_when_unbalanced(tmp_path):
     """Every Gaussian moved into rank 0's box: they all migrate there, rank 0 then holds 3x the
-    mean, the tree is rebuilt over the new centres and the rows spread evenly again, none lost."""
+    mean, the tree is rebuilt over the new centres and the rows spread evenly again, none lost; each
+    Gaussian's Adam moments and strategy statistics travel with it (only the leaving rows are sent)."""
     text, _ = check(3, tmp_path, "rebalance", timeout=250)
     line = text.split("rebalance")[1]
-    assert "'rebuilt': True" in line and "same rows True" in line, text
+    assert "'rebuilt': True" in line and "same rows True" in line and "moments travelled True" in line, text
     counts = eval(line.split("counts")[1].split("same")[0])
     assert sum(counts) == 160 and max(counts) <= 1.1 * 160 / 3, counts
     assert int(line.split("'migrated': ")[1].split("}")[0].split(",")[0]) > 160 * 2 // 3  # all but box 0's, then more
