@@ -159,23 +159,25 @@ class GaussianExchangeTrainer(RankedTrainer):
 
     def _share_tiles(self, rendered, bounds, cam):
         """The rendered pixels the global loss needs from other ranks, by one all-to-all of 16x16 tiles
-        (``halo_ranges``: which).  ``rendered``: {view: image} of this rank's views (only its own
-        tiles right).  Returns {view: image} of its views, right on its tiles and their halo, 0
-        elsewhere."""
+        (``halo_ranges``: which; a rank's own tiles stay where they are).  ``rendered``: {view: image}
+        of this rank's views (right on its own tiles).  Returns {view: image} of its views, right on
+        its tiles and their halo (``rendered``'s own image where no other rank's tile is needed)."""
         xp = self.xp
         n_tiles = cam.tiles[0] * cam.tiles[1]
-        start, end, need_lo, need_hi = halo_ranges(bounds, cam.tiles[0], n_tiles)
-        me = self.rank
+        start, end, _, _ = halo_ranges(bounds, cam.tiles[0], n_tiles)
+        me, ranks = self.rank, np.arange(self.size)
+        end[ranks, ranks] = start[ranks, ranks]  # nothing to oneself
         parts = [xp.zeros((0, TILE * TILE * 3), np.float32)]
         for a, e in zip(start[me], end[me]):
             for b in _views_of(a, e, n_tiles):
                 parts.append(image_tiles(rendered[b], max(a - b * n_tiles, 0), min(e - b * n_tiles, n_tiles)))
         recv, _ = self.exchange.alltoallv(xp.concatenate(parts), end[me] - start[me], end[:, me] - start[:, me])
-        have = {}
-        for b in _views_of(need_lo[me], need_hi[me], n_tiles):
-            first, last = max(need_lo[me], b * n_tiles), min(need_hi[me], (b + 1) * n_tiles)
-            have[b] = image_from_tiles(recv[first - need_lo[me]:last - need_lo[me]], first - b * n_tiles,
-                                       cam.height, cam.width)
+        tiles = np.concatenate([np.arange(a, e) for a, e in zip(start[:, me], end[:, me])])  # recv's, in order
+        have = dict(rendered)
+        for b in np.unique(tiles // n_tiles):
+            rows = np.flatnonzero(tiles // n_tiles == b)
+            have[b] = image_from_tiles(recv[xp.asarray(rows)], tiles[rows] - b * n_tiles, cam.height, cam.width,
+                                       base=rendered[b])
         return have
 
     def train_step(self):

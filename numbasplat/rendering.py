@@ -353,14 +353,18 @@ def tiles_squared_error(image, target, first, last):
     return (e * e).sum()
 
 
-def image_from_tiles(rows, first, H, W, fill=0.0):
+def image_from_tiles(rows, first, H, W, fill=0.0, base=None):
     """An (H, W, C) image holding ``image_tiles`` rows as tiles first, first+1, ... (or as the tiles
-    of the index array ``first``); ``fill`` (a value, or one per channel) elsewhere."""
+    of the index array ``first``); ``fill`` (a value, or one per channel) elsewhere, or the pixels of
+    the (H, W, C) image ``base`` (left as it is)."""
     xp = _backend.array_module_of(rows)
     C = rows.shape[1] // TILE_PIXELS
     _, write = _tile_index(xp, H, W)
     flat = xp.empty((H * W + 1, C), rows.dtype)  # + the spare pixel
-    flat[...] = xp.asarray(fill, rows.dtype)
+    if base is None:
+        flat[...] = xp.asarray(fill, rows.dtype)
+    else:
+        flat[:H * W] = base.reshape(H * W, C)
     at = write[first:first + len(rows)] if np.ndim(first) == 0 else write[first]
     flat[at] = rows.reshape(len(rows), TILE_PIXELS, C)
     return flat[:H * W].reshape(H, W, C)
