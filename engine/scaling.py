@@ -42,6 +42,7 @@ from .trainer import PHASES, initial_arrays
 # rate less about 20% protocol overhead, as NCCL's maintainers give it (NVIDIA/nccl-tests issue
 # 212). BENCHMARKS.md holds exchange times, not bandwidths, to use instead.
 NVLINK_GBS = 370.0
+INFINIBAND_GBS = 25.0  # a 200 Gb/s InfiniBand link (HDR), GB/s per direction: the line rate (clusters)
 H200_BYTES = 141e9  # an H200's memory
 RECORD_BYTES = 4 * (go.PROJ_FIELDS + 1)  # a forward record: the projection and its tile count, float32
 GRAD_BYTES = 4 * go.GRAD_FIELDS          # a dense gradient row, float32
@@ -234,6 +235,9 @@ def _model_report(t, step, phases, peak, model_ranks, grad_comm, link_gbs, balan
         say(line)
     for line in model_table(predicted, step, t.batch, link_gbs, grad_comm):
         say(line)
+    for line in exchange_model_table(pixel, traffic, phases, step, t.batch,
+                                     {"NVLink": link_gbs, "IB 200Gb": INFINIBAND_GBS}):
+        say(line)
     report.update(traffic=traffic, predicted=predicted, pixel=pixel, consolidation=consolidation)
     return report
 
@@ -407,11 +411,14 @@ def step_traffic(g, cams, targets, ranks, sh_degree, background, lambda_dssim, b
 PIXEL_TILE_BYTES = 4 * 4 * TILE_PIXELS  # a partial tile forward (colour and transmittance), or its gradient back
 
 
-PixelTraffic = namedtuple("PixelTraffic", "forward backward full saturated")
+PixelTraffic = namedtuple("PixelTraffic", "forward backward full saturated rows isect composed views")
 PixelTraffic.__doc__ = """``pixel_traffic``'s (P, P) [source, destination] tile counts summed over the views: the
 partial tiles sent forward (the composer's range and halo that the source's Gaussians cover) and
 back (their gradients, the range alone); those that would go forward without the spatial
-reduction; and of the forward ones, those that saturation reduction skips (None: not counted)."""
+reduction; and of the forward ones, those that saturation reduction skips (None: not counted).
+The work, per rank (P,): the Gaussians of its box (``rows``), their tile intersections summed over
+the views (``isect``: its partial renders), the tiles it composes summed over the views
+(``composed``); ``views``: how many views were counted."""
 
 
 def pixel_traffic(g, cams, ranks, sh_degree, backend=None, saturation=False):
@@ -429,15 +436,18 @@ def pixel_traffic(g, cams, ranks, sh_degree, backend=None, saturation=False):
     part = SpatialPartition.build(means, ranks)
     owner = part.owner(means)
     forward, backward, full, saturated = (np.zeros((ranks, ranks), np.int64) for _ in range(4))
+    isect, composed = np.zeros(ranks, np.int64), np.zeros(ranks, np.int64)
     boxes = [g.take(xp.asarray(owner == r)) for r in range(ranks)]
     none = np.zeros(3, np.float32)
     for cam in cams:
         plan = ViewPlan(cam, range(ranks), part)  # every rank takes part (the view a step, unconsolidated)
         bounds, need_lo, need_hi = plan.bounds, plan.need_lo, plan.need_hi
         covered, trans = [], []
-        for box in boxes:
+        composed += np.diff(bounds)
+        for r, box in enumerate(boxes):
             p = ns.project(box, cam, sh_degree=sh_degree, backend=backend, check=False)
             b = ns.bin_tiles(p, backend)
+            isect[r] += int(b.n_isect)
             covered.append(_backend.to_host(b.ranges[:, 1] - b.ranges[:, 0]) > 0)
             if saturation:
                 trans.append(ns.rasterize(p, b, none, backend).trans)
@@ -450,7 +460,8 @@ def pixel_traffic(g, cams, ranks, sh_degree, backend=None, saturation=False):
             backward[r] += sent[bounds[1:]] - sent[bounds[:-1]]
             full[r] += need_hi - need_lo
             saturated[r] += skipped[need_hi] - skipped[need_lo]
-    return PixelTraffic(forward, backward, full, saturated if saturation else None)
+    return PixelTraffic(forward, backward, full, saturated if saturation else None,
+                        np.bincount(owner, minlength=ranks), isect, composed, len(cams))
 
 
 def view_utilisation(g, cams, ranks):
@@ -575,6 +586,57 @@ def predict_step(phases, step, traffic, grad_comm, link_bytes_per_s):
     work = fit * sum(phases[k][0] * shares[SCALES[k]] for k in SCALES if k in phases)
     link = traffic.link_bytes(grad_comm) / link_bytes_per_s
     return {"step": float((work + link).max() + fixed), "work": work, "link": link, "fixed": fixed}
+
+
+PIXEL_SCALES = {"project": "rows", "owner": "rows", "optimizer": "rows", "render": "isect", "backward": "isect",
+                "loss": "pixels"}
+"""How each phase of one rank rendering one view grows in the pixel-level pipeline (a key of
+``pixel_shares``): a rank projects, updates and renders its box's Gaussians, and composes its
+range of the view's tiles (composition and the loss)."""
+
+
+def pixel_shares(counts):
+    """Per rank, its part of the work of one rank rendering one view (``PIXEL_SCALES``)."""
+    return {"rows": counts.rows / max(counts.rows.sum(), 1), "isect": counts.isect / max(counts.isect.sum(), 1),
+            "pixels": counts.composed / max(counts.composed.sum(), 1)}
+
+
+def predict_pixel_step(phases, step, counts, link_bytes_per_s):
+    """The cost model of the pixel-level pipeline (one view a step, every rank taking part: no
+    consolidation, which the city's views leave at about 1) from one rank's measured ``phases`` and
+    ``step`` (as ``predict_step``) and ``counts`` (``PixelTraffic``): each phase scaled by the rank's
+    share of its work (``PIXEL_SCALES``), plus the link's time for the rank's partial tiles (the more
+    of sent and received, forward less what saturation skips, and back), one after the other; the
+    step's rest beyond its phases fixed as measured.  It leaves out the pipeline's own host work (its
+    plans, the allgathers of covered tiles, composition's launches), which the measured 2-rank runs
+    show to be most of its step on one shared GPU.  -> as ``predict_step``: seconds per view."""
+    scaled = sum(phases[k][0] for k in PIXEL_SCALES if k in phases)
+    fit = min(1.0, step / scaled) if scaled > 0 else 1.0
+    fixed = step - fit * scaled
+    shares = pixel_shares(counts)
+    work = fit * sum(phases[k][0] * shares[PIXEL_SCALES[k]] for k in PIXEL_SCALES if k in phases)
+    forward = counts.forward - (counts.saturated if counts.saturated is not None else 0)
+    tiles = off_diagonal(forward + counts.backward) / max(counts.views, 1)
+    link = rank_bytes(tiles * PIXEL_TILE_BYTES) / link_bytes_per_s
+    return {"step": float((work + link).max() + fixed), "work": work, "link": link, "fixed": fixed}
+
+
+def exchange_model_table(pixel, traffic, phases, step, views, links):
+    """The lines comparing both exchanges' modelled images/s for each link of ``links`` ({name: GB/s}):
+    the Gaussian-level pipeline's batch of P views a step (sparse gradients), the pixel-level one's one
+    view a step (``predict_pixel_step``)."""
+    lines = ["cost model, images/s of the Gaussian-level (sparse) against the pixel-level exchange "
+             f"(measured on 1 rank: {1e3 * step:.2f} ms, {views / step:.1f} images/s; host work of each "
+             "pipeline beyond one rank's left out):",
+             f"  {'P':>3s} " + " ".join(f"{name + ' gauss':>16s} {name + ' pixel':>16s}" for name in links)]
+    for p, counts in pixel.items():
+        cells = []
+        for gbs in links.values():
+            g = predict_step(phases, step, traffic[p], "sparse", gbs * 1e9)["step"]
+            x = predict_pixel_step(phases, step, counts, gbs * 1e9)["step"]
+            cells.append(f"{p / g:16.1f} {1 / x:16.1f}")
+        lines.append(f"  {p:3d} " + " ".join(cells))
+    return lines
 
 
 def model_table(predicted, step, views, link_gbs, grad_comm):

@@ -195,6 +195,36 @@ def test_cost_model_with_even_work_and_the_link():
     assert slow - times[2] == pytest.approx(busy.link_bytes("dense").max() / 1e9)
 
 
+def even_pixel_counts(P, views=2, tiles=100, isect=5000, sent_tiles=0):
+    """A ``PixelTraffic`` of P ranks whose work is split evenly, each sending every other ``sent_tiles``
+    partial tiles a view forward (and as many gradients back)."""
+    off = np.full((P, P), sent_tiles * views) - np.diag(np.full(P, sent_tiles * views))
+    return scaling.PixelTraffic(forward=off, backward=off, full=off, saturated=None, rows=np.full(P, 1000),
+                                isect=np.full(P, isect * views // P), composed=np.full(P, tiles * views // P),
+                                views=views)
+
+
+@pytest.mark.parametrize("step", [0.020, 0.010])
+def test_pixel_cost_model_splits_each_phase_by_its_work_and_adds_the_link(step):
+    one = scaling.predict_pixel_step(PHASE_TIMES, step, even_pixel_counts(1), 1e9)
+    assert one["step"] == pytest.approx(step) and one["link"].max() == 0  # one rank: the measured step
+    scaled = sum(t for t, _ in PHASE_TIMES.values())
+    fixed = step - min(1.0, step / scaled) * scaled
+    for P in (2, 4, 8):  # every phase a P-th on every rank; the rest fixed
+        m = scaling.predict_pixel_step(PHASE_TIMES, step, even_pixel_counts(P), 1e9)
+        assert m["step"] == pytest.approx(fixed + (step - fixed) / P)
+        busy = scaling.predict_pixel_step(PHASE_TIMES, step, even_pixel_counts(P, sent_tiles=10), 1e9)
+        # a rank sends 10 tiles to each of the P - 1 others and gets as many gradients back
+        sent = 2 * 10 * (P - 1) * scaling.PIXEL_TILE_BYTES
+        assert busy["step"] - m["step"] == pytest.approx(sent / 1e9)
+    # a rank with all the intersections renders all the view: the step is no shorter for its render
+    skewed = even_pixel_counts(2)._replace(isect=np.array([10000, 0]))
+    m = scaling.predict_pixel_step(PHASE_TIMES, step, skewed, 1e9)
+    fit = min(1.0, step / scaled)
+    assert m["work"][0] == pytest.approx(fit * (PHASE_TIMES["render"][0] + PHASE_TIMES["backward"][0]
+                                                + (scaled - PHASE_TIMES["render"][0] - PHASE_TIMES["backward"][0]) / 2))
+
+
 def test_largest_scene_grows_with_the_ranks_up_to_the_step_buffers():
     owner, render, device = 200.0, 100.0, 30e9
     fits = [scaling.largest_scene(owner, render, device, P) for P in (1, 2, 4, 8)]
@@ -252,14 +282,17 @@ def test_pixel_bytes_against_a_brute_force_count(scene, P):
     else:
         start, cams = wall_capture()
     g = ns.Gaussians(**start)
-    forward, backward, full, saturated = scaling.pixel_traffic(g, cams, P, 0, "cpu", saturation=True)
+    counts = scaling.pixel_traffic(g, cams, P, 0, "cpu", saturation=True)
+    forward, backward, full, saturated = counts[:4]
     part = SpatialPartition.build(start["means"], P)
     owner = part.owner(start["means"])
     want_f, want_b, want_full, want_s = (np.zeros((P, P), np.int64) for _ in range(4))
+    want_isect, want_composed = np.zeros(P, np.int64), np.zeros(P, np.int64)
     for cam in cams:
         tx, ty = cam.tiles
         n = tx * ty
         bounds = even_bounds(n, P)
+        want_composed += np.diff(bounds)
         _, _, need_lo, need_hi = halo_ranges(bounds, tx, n)
         reach = np.ones((cam.height, cam.width))  # the light reaching each box, front to back
         for r in part.front_to_back(centres([cam])[0]):
@@ -269,6 +302,7 @@ def test_pixel_bytes_against_a_brute_force_count(scene, P):
             something = (np.abs(image_tiles(partial, 0, n).reshape(n, -1, 4) - [0, 0, 0, 1]) > 0).any(axis=(1, 2))
             dark = image_tiles(reach[..., None], 0, n).reshape(n, -1).max(axis=1) < SATURATED
             reach = reach * f.render.trans
+            want_isect[r] += f.binning.n_isect
             for d in range(P):
                 want_f[r, d] += something[need_lo[d]:need_hi[d]].sum()
                 want_b[r, d] += something[bounds[d]:bounds[d + 1]].sum()
@@ -278,5 +312,10 @@ def test_pixel_bytes_against_a_brute_force_count(scene, P):
     np.testing.assert_array_equal(backward, want_b)
     np.testing.assert_array_equal(full, want_full)
     np.testing.assert_array_equal(saturated, want_s)
+    # the work the cost model scales by: each box's Gaussians, its partial renders' intersections, the tiles composed
+    np.testing.assert_array_equal(counts.rows, np.bincount(owner, minlength=P))
+    np.testing.assert_array_equal(counts.isect, want_isect)
+    np.testing.assert_array_equal(counts.composed, want_composed)
+    assert counts.views == len(cams)
     assert (forward <= full).all() and forward.sum() > 0 and (saturated.sum() > 0) == (scene == "wall")
     assert scaling.pixel_traffic(g, cams, P, 0, "cpu").saturated is None  # (not rendered unless asked)
