@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|smoke [ITERS]|pixel P|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -261,6 +261,23 @@ exposure)  # issue 24: the per-image colour correction where exposure varies: th
         train "city_exposure_$v" 7000 --data .data/city_exposure "${extra[@]}" &
     done
     wait ;;
+batchlr)  # issue 22's quality at batch 4: the large city (64 views, 1600x900), ITERS images (default 8000), batch 1
+    # against batch 4 at the learning-rate exponents EXPS (default "0.5 1.0"), the runs side by side on the GPU
+    iters=${2:-8000}
+    [ -d /tmp/city_large ] || timeout 150 python3 run.py synth --out /tmp/city_large --preset large --views 64 --quiet \
+        > /dev/null 2>&1
+    train city_b1 "$iters" --data /tmp/city_large &
+    for e in ${EXPS:-0.5 1.0}; do train "city_b4_e$e" "$iters" --data /tmp/city_large --batch-size 4 \
+        --batch-lr-exponent "$e" & done
+    wait ;;
+fernsched)  # issue 24: fern at 30k below its 7k result: the default against densification stopped at UNTIL (default
+    # "7000 3000"), fern and lego (one run each, side by side on the GPU: quality, not time)
+    for u in default ${UNTIL:-7000 3000}; do
+        extra=(); [ "$u" != default ] && extra=(--densify-until "$u")
+        train "fern30k_$u" 30000 "${FERN[@]}" "${extra[@]}" &
+        [ "$u" != default ] && train "lego30k_$u" 30000 "${LEGO[@]}" "${extra[@]}" &
+    done
+    wait ;;
 ref30k)  # issue 24: ours and the reference at 30k, SCENE (lego or fern), one at a time (timed; about 6 minutes)
     scene=$2; args=${scene^^}[@]
     where=(.data/lego blender); opts=(); [ "$scene" != lego ] && where=(.data/fern colmap) opts=(--images images_8)
@@ -381,7 +398,7 @@ viewer)  # issue 28, headless: the viewer's frame latency per render mode at 1M 
     timeout 300 python3 scripts/viewer_bench.py slowdown "${LEGO[@]}" --iters 2000 --repeats 2 \
         > "$R/viewer_slowdown.txt" 2>&1
     cat "$R/viewer_slowdown.txt" ;;
-*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|smoke [ITERS]|pixel P|pixelbytes|offload [G]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
+*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbytes|offload [G]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
 esac
 step done
 (cd "$OUT" && tar czf "logs_$part.tgz" --exclude="*.h5" --exclude="*.ply" --exclude="*.png" --exclude="*.prof*" r && rm -rf r)
