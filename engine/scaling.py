@@ -579,13 +579,19 @@ def predict_step(phases, step, traffic, grad_comm, link_bytes_per_s):
 
     Returns seconds per step, and its parts: per rank the work and the link's time; the
     fixed rest."""
-    scaled = sum(phases[k][0] for k in SCALES if k in phases)
-    fit = min(1.0, step / scaled) if scaled > 0 else 1.0
-    fixed = step - fit * scaled
-    shares = traffic.shares()
-    work = fit * sum(phases[k][0] * shares[SCALES[k]] for k in SCALES if k in phases)
+    work, fixed = scaled_work(phases, step, SCALES, traffic.shares())
     link = traffic.link_bytes(grad_comm) / link_bytes_per_s
     return {"step": float((work + link).max() + fixed), "work": work, "link": link, "fixed": fixed}
+
+
+def scaled_work(phases, step, scales, shares):
+    """Each rank's seconds of the phases named in ``scales`` (phase -> a key of ``shares``, per rank
+    its part of one rank's work), and the step's fixed rest: the measured ``step`` less its phases,
+    synced ``phases`` that add up to more than the step scaled down to it first."""
+    scaled = sum(phases[k][0] for k in scales if k in phases)
+    fit = min(1.0, step / scaled) if scaled > 0 else 1.0
+    work = fit * sum(phases[k][0] * shares[scales[k]] for k in scales if k in phases)
+    return work, step - fit * scaled
 
 
 PIXEL_SCALES = {"project": "rows", "owner": "rows", "optimizer": "rows", "render": "isect", "backward": "isect",
@@ -610,11 +616,7 @@ def predict_pixel_step(phases, step, counts, link_bytes_per_s):
     step's rest beyond its phases fixed as measured.  It leaves out the pipeline's own host work (its
     plans, the allgathers of covered tiles, composition's launches), which the measured 2-rank runs
     show to be most of its step on one shared GPU.  -> as ``predict_step``: seconds per view."""
-    scaled = sum(phases[k][0] for k in PIXEL_SCALES if k in phases)
-    fit = min(1.0, step / scaled) if scaled > 0 else 1.0
-    fixed = step - fit * scaled
-    shares = pixel_shares(counts)
-    work = fit * sum(phases[k][0] * shares[PIXEL_SCALES[k]] for k in PIXEL_SCALES if k in phases)
+    work, fixed = scaled_work(phases, step, PIXEL_SCALES, pixel_shares(counts))
     forward = counts.forward - (counts.saturated if counts.saturated is not None else 0)
     tiles = off_diagonal(forward + counts.backward) / max(counts.views, 1)
     link = rank_bytes(tiles * PIXEL_TILE_BYTES) / link_bytes_per_s
