@@ -47,8 +47,6 @@ def make_trainer(dataset, a, cfg, comm, exchange=None):
     if exchange == "auto":
         exchange = choose_exchange(dataset, cfg, comm)
     pixel = exchange == "pixel"
-    if pixel and getattr(a, "batch_size", None) is not None:
-        raise ValueError("--exchange pixel trains one view a step: leave out --batch-size")
     if offload == "none" and (getattr(a, "offload_dir", None) or getattr(a, "host_memory", None)
                               or getattr(a, "gpu_memory", None)):
         raise ValueError("--offload-dir, --host-memory and --gpu-memory are for --offload host or disk")
@@ -73,7 +71,8 @@ def make_trainer(dataset, a, cfg, comm, exchange=None):
         pipeline = OffloadedPixelExchangeTrainer if caps else PixelExchangeTrainer
         return pipeline(dataset, a.out, cfg, comm, transport=getattr(a, "transport", "auto"),
                         saturation=getattr(a, "saturation", "on") == "on",
-                        consolidation=getattr(a, "consolidation", "on") == "on", **caps)
+                        consolidation=getattr(a, "consolidation", "on") == "on",
+                        batch_size=getattr(a, "batch_size", None), **caps)
     from engine.gaussian_exchange import GaussianExchangeTrainer, OffloadedGaussianExchangeTrainer
     pipeline = OffloadedGaussianExchangeTrainer if caps else GaussianExchangeTrainer
     return pipeline(dataset, a.out, cfg, comm, batch_size=getattr(a, "batch_size", None),
@@ -313,7 +312,8 @@ def add_train_options(p):
     add_viewer_options(p)
     p.add_argument("--batch-size", type=count(1), default=None,
                    help="views per step (default: the number of MPI ranks; given without mpirun, the batched "
-                        "pipeline runs in one process)")
+                        "pipeline runs in one process); with --exchange pixel, the views in flight: buckets of "
+                        "views a step, their pixels in one exchange each way (default 1)")
     p.add_argument("--offload", choices=["none", "host", "disk"], default="none",
                    help="host: keep the model, its Adam moments and statistics in host memory and move only "
                         "each view's working set to the GPU (scenes larger than GPU memory; implies "
@@ -330,7 +330,7 @@ def add_train_options(p):
     p.add_argument("--exchange", choices=["gaussian", "pixel", "auto"], default="gaussian",
                    help="what ranks trade under MPI: Gaussians (owners send projected Gaussians to the ranks that "
                         "render their tiles; batch of one view a rank) or pixels (Splaxel: each rank owns a box of "
-                        "space and renders it, partial images are composed in depth order; one view a step), or "
+                        "space and renders it, partial images are composed in depth order; a view a step, or --batch-size), or "
                         "auto: the one moving fewer bytes an image, measured on the starting model at start-up and "
                         "again on the model at the end of each densification phase (the step before each opacity "
                         "reset, and --densify-until), where a change goes on from the snapshot (not with --viewer)")

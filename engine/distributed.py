@@ -2,12 +2,12 @@
 cuts of rows or tiles into contiguous ranges, one per rank, and ``RankedTrainer``, the part of a
 multi-rank ``Trainer`` that does not depend on how its step exchanges data."""
 import json
-import math
 from dataclasses import asdict
 
 import numpy as np
 
 from numbasplat import backend as _backend
+from numbasplat.loss import psnr_of_mse
 from numbasplat.rendering import tiles_squared_error
 
 from .model import GaussianModel
@@ -90,7 +90,7 @@ class RankedTrainer(Trainer):
         sse = float(self.exchange.allreduce_sum(np.array([sse]))[0])
         cam = self.data.train[0].camera
         mse = sse / (3 * cam.width * cam.height)
-        return math.inf if mse == 0 else -10.0 * math.log10(mse)
+        return psnr_of_mse(mse)
 
     def pipeline_fields(self):
         """{name: value} of the pipeline's own options that every rank must share (``check_ranks_agree``)."""

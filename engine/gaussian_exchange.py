@@ -121,8 +121,8 @@ class GaussianExchangeTrainer(RankedTrainer):
         return whole
 
     def _model_options(self):
-        """The backend, and Adam's betas raised to the batch size (Grendel's batched Adam)."""
-        return self.backend, 0.9 ** self.batch, 0.999 ** self.batch
+        """The backend, and Adam's betas (``adam_betas``)."""
+        return (self.backend,) + self.adam_betas()
 
     def pipeline_fields(self):
         return {"batch size": self.batch, "gradient exchange": self.grad_comm, "shard": self.shard}
@@ -417,9 +417,6 @@ class OffloadedGaussianExchangeTrainer(OutOfCoreShard, GaussianExchangeTrainer):
     def _model_options(self):
         """The shard is made on the host (then cut into blocks); the device sees working sets."""
         return ("cpu",) + super()._model_options()[1:]
-
-    def _betas(self):
-        return super()._model_options()[1:]
 
     def _batch(self):
         """The batch's views, and their working set of the shard as the step's model and statistics."""

@@ -670,10 +670,6 @@ class OutOfCore:
         self._waits = []  # those not yet read
         self._since_log = self._counters()
 
-    def _betas(self):
-        """Adam's betas of the models made from the rows (a batched pipeline raises them to its batch)."""
-        return 0.9, 0.999
-
     def _statistics_of(self, model, state):
         """The strategy's statistics of ``model``'s rows from ``state`` (host arrays; zeros where absent)."""
         statistics = self.strategy.fresh_statistics(np, len(model))
@@ -737,7 +733,7 @@ class OutOfCore:
         self.cache.copies.kernels_after()  # (the last blocks may still be on their way)
         every = np.arange(self.index.blocks)
         return self.layout.model(self.cache.pool, self._adam_steps, self.backend,
-                                 rows=self.cache.rows(every, len(self.index)), betas=self._betas())
+                                 rows=self.cache.rows(every, len(self.index)), betas=self.adam_betas())
 
     def _slot_bytes(self):
         """Device bytes a block slot takes: its rows' table, and room for them in a step's working set
@@ -782,7 +778,7 @@ class OutOfCore:
                 table = np.empty((len(index), self.layout.columns_total), np.float32)
                 for b in range(index.blocks):
                     table[index.members(b)] = self.host.get(b)
-            self._whole = self.layout.model(table, self._adam_steps, "cpu", rows=rows, betas=self._betas())
+            self._whole = self.layout.model(table, self._adam_steps, "cpu", rows=rows, betas=self.adam_betas())
         return self._whole
 
     def context(self, **step):
@@ -838,7 +834,7 @@ class OutOfCore:
         as it is where its rows are the same, else gathered from the pool."""
         if self._working is None or self._working[0] is not in_pool:
             self._working = (in_pool, *self.layout.model(self.cache.pool, self._adam_steps, self.backend,
-                                                         rows=in_pool.rows, betas=self._betas()))
+                                                         rows=in_pool.rows, betas=self.adam_betas()))
         return self._working[1:]
 
     def _store_working(self, working, statistics, in_pool, lr_means, lr_scales):

@@ -30,6 +30,15 @@ have disjoint participants (``consolidate``), and a step trains a bucket: each r
 at most one of its views, a rank in none moves none of its Gaussians, and the step counts the
 bucket's views.  Utilisation (active ranks / P) before and after goes to the log.
 
+Views in flight (``batch_size`` B): a step trains B buckets.  Each rank renders all its views of
+the step before the host waits for any, their pixels cross in one all-to-all each way, and Adam
+steps once on the mean of their gradients, its betas raised to B and its learning rates scaled by
+B ** ``batch_lr_exponent``, as the Gaussian-level batch of B views does (at P = 1 the same step,
+tested).  The step's fixed costs (the host's plans and collectives, the launches' latency) are
+paid once for B views, and the device renders the later views while the host reads the first's
+covered tiles.  (A FIFO with views of different steps in flight would overlap the exchanges too,
+at the price of gradients one step stale: not built.)
+
 Where the boxes are separated in depth along every ray, composing in box order is the single
 render's blend order, so P ranks train as one (tested); elsewhere Gaussians of two boxes
 interleave along a ray and blend in box order instead.  Traffic grows with the pixels, not the
@@ -38,6 +47,8 @@ Gaussians in view.
 ``OffloadedPixelExchangeTrainer`` (``--offload`` with ``--exchange pixel``) holds each rank's
 Gaussians out of core (``engine.offload``), the device the working set of its view of the step.
 """
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -96,6 +107,50 @@ class ViewPlan:
         tx = self.cam.tiles[0]
         top, bottom = int(self.need_lo[j]) // tx, -(-int(self.need_hi[j]) // tx)
         return top * TILE, min(bottom * TILE, self.cam.height), top * tx
+
+
+class PartialRender(NamedTuple):
+    """A rank's render of its box's Gaussians for one view of the step (``_render``)."""
+    projection: object
+    binning: object
+    raster: object
+    partial: object  # (H, W, 4): premultiplied colour and transmittance
+    covered: object  # (tiles,) bool: the tiles its Gaussians cover (the only ones it sends)
+    marks: object  # the view's saturation marks used, (ranks, tiles) bool, or None
+
+
+class TileMessages:
+    """The tiles one rank trades with every rank in one all-to-all, for all the step's views: per
+    rank, blocks of (the view's position in the step, its tile ids), in the order added (the step's
+    views in order, on both sides of a message).  A buffer holds each rank's blocks in rank order."""
+
+    def __init__(self, ranks):
+        self.blocks = [[] for _ in range(ranks)]
+
+    def add(self, rank, k, ids):
+        self.blocks[rank].append((k, ids))
+
+    def counts(self):
+        """Tiles to or from each rank."""
+        return np.array([sum(len(ids) for _, ids in blocks) for blocks in self.blocks], np.int64)
+
+    def gather(self, rows_of_block, xp, width=4 * TILE_PIXELS):
+        """The buffer of ``rows_of_block(rank, k, ids)``'s rows for every block, in the message order."""
+        parts = [rows_of_block(rank, k, ids) for rank, blocks in enumerate(self.blocks) for k, ids in blocks]
+        return xp.concatenate(parts) if parts else xp.zeros((0, width), np.float32)
+
+    def rows_of(self, k, rank=None):
+        """Where view ``k``'s tiles lie in a buffer laid out as this (from ``rank``, or from every
+        rank): (the buffer's row indices, their tile ids), both in the message order."""
+        rows, ids, at = [], [], 0
+        for r, blocks in enumerate(self.blocks):
+            for kk, block in blocks:
+                if kk == k and rank in (None, r):
+                    rows.append(np.arange(at, at + len(block)))
+                    ids.append(block)
+                at += len(block)
+        empty = np.zeros(0, np.int64)
+        return np.concatenate(rows + [empty]), np.concatenate(ids + [empty]).astype(np.int64)
 
 
 def rank_boxes(means, scales, rows=4096):
@@ -194,25 +249,28 @@ class PixelExchangeTrainer(RankedTrainer):
     rank's box of ``partition``."""
 
     def __init__(self, dataset, out_dir, cfg, comm, backend=None, log=print, transport="auto", saturation=True,
-                 revalidate_every=SATURATION_EPOCHS, consolidation=True):
+                 revalidate_every=SATURATION_EPOCHS, consolidation=True, batch_size=None):
         """``saturation``: skip the tiles that a view's boxes in front saturate (see ``Saturation``);
         their marks are made anew every ``revalidate_every`` epochs.  ``consolidation``: train views
-        whose participants are disjoint in the same step (``consolidate``); else one view a step."""
+        whose participants are disjoint in the same step (``consolidate``); else one view a step.
+        ``batch_size``: the views in flight, B buckets a step (default 1; see ``train_step``)."""
         if cfg.loss != "global":
             raise ValueError("--exchange pixel trains with --loss global for now")
         if cfg.strategy != "default":
             raise ValueError(f"--exchange pixel densifies with the default strategy, not {cfg.strategy!r}")
+        self.batch = batch_size or 1
         super().__init__(dataset, out_dir, cfg, comm, backend, log, transport)
-        self.batch = 1
         self.saturation = Saturation(self.size, revalidate_every) if saturation else None
         self.consolidation = consolidation
         self._buckets, self.utilisation = [], {}
         self.partition = None
         self.time_phases = None  # the phases synced at log steps (see _timing)
-        self.log(f"{self.size} ranks, pixel exchange, device buffers through: {self.exchange.transport.name}")
+        self.log(f"{self.size} ranks, pixel exchange, {self.batch} bucket(s) of views a step, device buffers "
+                 f"through: {self.exchange.transport.name}")
 
     def pipeline_fields(self):
-        return {"exchange": "pixel", "saturation": self.saturation is not None, "consolidation": self.consolidation}
+        return {"exchange": "pixel", "saturation": self.saturation is not None, "consolidation": self.consolidation,
+                "batch size": self.batch}
 
     # ------------------------------------------------------------------ ownership
     def start_from(self, model_state, strategy_state=None):
@@ -224,7 +282,7 @@ class PixelExchangeTrainer(RankedTrainer):
         mine = owner == self.rank
         rows = {w: {g: a[mine] for g, a in model_state[w].items()} for w in ("params", "m", "v") if w in model_state}
         backend = self._shard_backend()
-        self.model = GaussianModel.from_state({**model_state, **rows}, backend)
+        self.model = GaussianModel.from_state({**model_state, **rows}, backend, *self.adam_betas())
         counts = np.bincount(owner, minlength=self.size)
         self.offset, self.total = int(counts[:self.rank].sum()), len(means)
         xp = _backend.array_module(backend)
@@ -259,7 +317,8 @@ class PixelExchangeTrainer(RankedTrainer):
         table = xp.concatenate([arrived[:below], _row_bytes(columns, keep), arrived[below:]])
         moved = _from_row_bytes(table, columns)
         state = {w: {g: moved[(w, g)] for g in GROUPS} for w in ("params", "m", "v")}
-        self.model = GaussianModel.from_state({**state, "step": model.adam.step_count}, self._shard_backend())
+        self.model = GaussianModel.from_state({**state, "step": model.adam.step_count}, self._shard_backend(),
+                                              *self.adam_betas())
         self.strategy_state = {k: a for (w, k), a in moved.items() if w == "strategy"}
         self._count()
         return moving
@@ -299,12 +358,22 @@ class PixelExchangeTrainer(RankedTrainer):
         return participants(self._boxes(), [self.data.train[v].camera for v in views])
 
     def _next_views(self):
-        """The step's views and their participants: with consolidation the next bucket of the epoch
-        (``consolidate``: views whose participants are disjoint, trained side by side), else one
-        view that every rank takes part in.  ``order`` keeps the views of the epoch still to train,
+        """The step's views and their participants: ``batch`` buckets (the views in flight), each the
+        next bucket of the epoch with consolidation (``consolidate``: views whose participants are
+        disjoint, trained side by side), else one view that every rank takes part in; a rank takes
+        part in at most one view of a bucket.  ``order`` keeps the views of the epoch still to train,
         so a snapshot resumes the epoch."""
+        views, parts = [], []
+        for _ in range(self.batch):
+            bucket = self._next_bucket()
+            views += [v for v, _ in bucket]
+            parts += [s for _, s in bucket]
+        return views, parts
+
+    def _next_bucket(self):
+        """The next bucket of the epoch: [(view, its participants)]."""
         if not self.consolidation:
-            return [self.next_view()], [frozenset(range(self.size))]
+            return [(self.next_view(), frozenset(range(self.size)))]
         if not self._buckets:
             if not self.order:
                 self.order = list(self.rng.permutation(len(self.data.train)))
@@ -316,7 +385,7 @@ class PixelExchangeTrainer(RankedTrainer):
         bucket = self._buckets.pop(0)
         taken = {v for v, _ in bucket}
         self.order = [v for v in self.order if v not in taken]
-        return [v for v, _ in bucket], [s for _, s in bucket]
+        return bucket
 
     # ------------------------------------------------------------------ one step
     def train_step(self):
@@ -327,121 +396,150 @@ class PixelExchangeTrainer(RankedTrainer):
         none = np.zeros(3, np.float32)
         epoch = self.step // len(self.data.train)
         plans = [ViewPlan(self.data.train[v].camera, parts[k], self.partition) for k, v in enumerate(views)]
-        k_me = next((k for k, s in enumerate(parts) if me in s), None)  # the view I take part in, if any
-        plan = plans[k_me] if k_me is not None else None  # (its participants are its composers)
-        model = self._step_model(views[k_me] if plan is not None else None)
-        # 1. my partial image of my view: premultiplied colour and transmittance; the participant at
-        # the back renders on the background (and composition adds none), so one rank's partial
-        # image is the render itself
-        covered_mine = marks = None
-        if plan is not None:
-            view = views[k_me]
-            p = ns.project(model.gaussians, plan.cam, sh_degree=self.sh_degree_now(), antialias=c.antialias,
-                           backend=self.backend, check=False)
-            clock.end("project")
-            binning = ns.bin_tiles(p, backend=self.backend)
-            if self.saturation is not None:
-                marks = self.saturation.marks(view, epoch, plan.n_tiles)
-                if marks is not None and marks[me].any():  # saturated by the boxes in front: skipped
-                    binning.ranges[xp.asarray(marks[me])] = 0
-            r = ns.rasterize(p, binning, bg if plan.order[-1] == me else none, self.backend)
-            partial = xp.concatenate([r.image, r.trans[..., None]], axis=2)
-            covered_mine = _backend.to_host((binning.ranges[:, 1] - binning.ranges[:, 0]) > 0)
+        mine = [k for k, s in enumerate(parts) if me in s]  # the views I take part in (and compose a range of)
+        model = self._step_model([views[k] for k in mine])
+        # 1. my partial images of my views, all queued before the host waits for any
+        renders = {k: self._render(model, plans[k], views[k], epoch, bg if plans[k].order[-1] == me else none, clock)
+                   for k in mine}
         clock.end("render")
         # 2. every composer of a view gets the partial tiles of its range and their halo from each of
         # the view's participants, only those the participant covers (elsewhere its partial is
-        # nothing: colour 0, or the background at the back, and transmittance 1)
-        covered = self.comm.allgather(covered_mine)
+        # nothing: colour 0, or the background at the back, and transmittance 1): one message a rank
+        # for all the step's views
+        covered = self.comm.allgather({k: _backend.to_host(r.covered) for k, r in renders.items()})
 
-        def tiles(source, first, last):  # the tiles of first..last-1 that ``source`` sends
-            return first + np.flatnonzero(covered[source][first:last])
-        empty = np.zeros(0, np.int64)
-        send_ids, recv_ids = [empty] * self.size, [empty] * self.size
-        if plan is not None:
-            mine_j = plan.composers.index(me)
+        def tiles(source, k, first, last):  # the tiles of view k's first..last-1 that ``source`` sends
+            return first + np.flatnonzero(covered[source][k][first:last])
+        send, recv_tiles = TileMessages(self.size), TileMessages(self.size)
+        for k in mine:
+            plan, j_me = plans[k], plans[k].composers.index(me)
             for j, d in enumerate(plan.composers):
-                send_ids[d] = tiles(me, *plan.need(j))
-                recv_ids[d] = tiles(d, *plan.need(mine_j))
-        width = 4 * TILE_PIXELS
-        send = (xp.concatenate([image_tiles(partial, ids) for ids in send_ids]) if plan is not None
-                else xp.zeros((0, width), np.float32))
-        recv, _ = self.exchange.alltoallv(send, np.array([len(t) for t in send_ids]),
-                                          np.array([len(t) for t in recv_ids]))
+                send.add(d, k, tiles(me, k, *plan.need(j)))
+                recv_tiles.add(d, k, tiles(d, k, *plan.need(j_me)))
+        sent = send.gather(lambda d, k, ids: image_tiles(renders[k].partial, ids), xp)
+        recv, _ = self.exchange.alltoallv(sent, send.counts(), recv_tiles.counts())
         clock.end("forward_exchange")
-        # 3. compose my tiles of my view in its participants' order, my share of its loss, its gradients
-        loss, back_ids, back, mine = 0.0, [empty] * self.size, xp.zeros((0, width), np.float32), None
+        # 3. compose my tiles of each of my views in its participants' order, my share of its loss, and
+        # the gradients of each participant's partial image on my tiles that it covers
+        shares, back, returned, new_marks, grads = [], TileMessages(self.size), TileMessages(self.size), [], {}
         self._view0 = None
-        if plan is not None:  # on the band of rows that holds the tiles I need: the rest of the view is not mine
-            lo, hi = plan.range(mine_j)
-            y0, y1, first = plan.band(mine_j)
-            starts = np.concatenate([[0], np.cumsum([len(t) for t in recv_ids])])
-            nothing = np.array([0, 0, 0, 1], np.float32)
-            layers = [image_from_tiles(recv[starts[s]:starts[s + 1]], recv_ids[s] - first, y1 - y0, plan.cam.width,
-                                       fill=np.append(bg, 1).astype(np.float32) if s == plan.order[-1] else nothing)
-                      for s in plan.order]
-            colours = xp.stack([a[..., :3] for a in layers])
-            trans = xp.stack([a[..., 3] for a in layers])
-            band, _ = compose(colours, trans, none)
-            if self.saturation is not None and marks is None:  # a full composition: mark anew
-                mine = (k_me, lo, hi, Saturation.saturated(trans, plan.order, lo - first, hi - first, self.size))
-            image = xp.zeros((plan.cam.height, plan.cam.width, 3), band.dtype)  # the loss normalises by the view
-            image[y0:y1] = band
-            target = self.targets[view]
-            loss, d_image = l1_ssim_loss(image, target, c.lambda_dssim, backend=self.backend, tiles=(lo, hi),
-                                         lazy=True)
-            d_colours, d_trans = compose_backward(colours, trans, none, d_image[y0:y1])
-            if k_me == 0:
-                self._view0 = (image, target, lo, hi)
-            # ... and send each participant the gradients of its partial image on my tiles that it covers
-            grads = [None] * self.size
-            for k, s in enumerate(plan.order):
-                back_ids[s] = tiles(s, lo, hi)
-                grads[s] = image_tiles(xp.concatenate([d_colours[k], d_trans[k][..., None]], axis=2),
-                                       back_ids[s] - first)
-            back = xp.concatenate([g if g is not None else xp.zeros((0, width), np.float32) for g in grads])
-        if self.saturation is not None:
-            self._update_marks(views, plans, self.comm.allgather(mine))
-        clock.end("loss")
-        returned = [empty] * self.size
-        if plan is not None:
+        for k in mine:
+            plan = plans[k]
+            lo, hi = plan.range(plan.composers.index(me))
+            first = plan.band(plan.composers.index(me))[2]
+            share, d_layers, marks = self._compose(plan, k, views[k], recv, recv_tiles, bg, none, renders[k].marks)
+            shares.append(share)
+            if marks is not None:
+                new_marks.append((k, lo, hi, marks))
+            for layer, s in enumerate(plan.order):
+                ids = tiles(s, k, lo, hi)
+                back.add(s, k, ids)
+                grads[s, k] = image_tiles(d_layers[layer], ids - first)
             for j, d in enumerate(plan.composers):
-                returned[d] = tiles(me, *plan.range(j))
-        got, _ = self.exchange.alltoallv(back, np.array([len(t) for t in back_ids]),
-                                         np.array([len(t) for t in returned]))
+                returned.add(d, k, tiles(me, k, *plan.range(j)))
+        if self.saturation is not None:
+            self._update_marks(views, plans, [m for block in self.comm.allgather(new_marks) for m in block])
+        clock.end("loss")
+        sent_back = back.gather(lambda s, k, ids: grads[s, k], xp)
+        got, _ = self.exchange.alltoallv(sent_back, back.counts(), returned.counts())
         clock.end("backward_exchange")
-        # 4. my Gaussians: raster and projection backward, statistics, Adam (a rank in no view of the
-        # bucket moves none of its Gaussians), densification, ownership
+        # 4. my Gaussians: raster and projection backward of each view, statistics, Adam (a rank in no
+        # view of the step moves none of its Gaussians), densification, ownership
         lr, cols = self.learning_rates()
-        if plan is not None:
-            d_partial = image_from_tiles(got, np.concatenate(returned), plan.cam.height, plan.cam.width)
-            grad = ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d_partial[..., :3]),
-                                         d_alpha=-xp.ascontiguousarray(d_partial[..., 3]), backend=self.backend)
-            clock.end("backward")
-            ns.project_backward(model.gaussians, p, grad, model.grad_gaussians, accumulate=False, backend=self.backend)
+        lr_scale = self.batch ** c.batch_lr_exponent
+        if mine:
+            seen = None
+            for n, k in enumerate(mine):
+                p, binning, r = renders[k].projection, renders[k].binning, renders[k].raster
+                rows, ids = returned.rows_of(k)
+                d_partial = image_from_tiles(got[rows], ids, plans[k].cam.height, plans[k].cam.width)
+                grad = ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d_partial[..., :3]),
+                                             d_alpha=-xp.ascontiguousarray(d_partial[..., 3]), backend=self.backend)
+                clock.end("backward")
+                ns.project_backward(model.gaussians, p, grad, model.grad_gaussians, accumulate=n > 0,
+                                    backend=self.backend)
+                # densification sees each view's own screen gradient, not its 1/B share of the batch loss
+                self.strategy.after_backward(model, self.strategy_state, self.step, p, grad, self.batch)
+                if c.visible_adam:
+                    seen = p.counts > 0 if seen is None else seen | (p.counts > 0)
+                clock.end("owner")
             self.add_strategy_gradients()
-            self.strategy.after_backward(model, self.strategy_state, self.step, p, grad)
-            clock.end("owner")
-            model.adam.step(model.grads.data, cols, p.counts > 0 if c.visible_adam else None)
+            model.adam.step(model.grads.data, cols * lr_scale, seen)
         else:
             self._idle_adam_step(model, cols)
         prev = self.step
         self.step += len(views)
+        lr = {g: rate * lr_scale for g, rate in lr.items()}
         ctx = self.context(lr_means=lr["means"], prev_step=prev, offset=self.offset, total=self.total)
         events = self._after_adam(model, ctx, lr)
         self._last_view = tuple(views)
         clock.end("optimizer")
-        loss = float(self.exchange.allreduce_sum(np.array([float(loss)]))[0]) / len(views)
+        loss = float(self.exchange.allreduce_sum(np.array([sum(map(float, shares))]))[0]) / len(views)
         clock.end("reduce")
-        full = 0 if plan is None else sum(b - a for a, b in map(plan.need, range(len(plan.composers))))
-        self.stats = {"views": len(views), "pixel_bytes": int(send.nbytes + back.nbytes), "tiles_sent": int(len(send)),
-                      "tiles_full": full,
-                      "tiles_saturated": int(marks[me].sum()) if marks is not None else 0,
+        full = sum(b - a for k in mine for a, b in map(plans[k].need, range(len(plans[k].composers))))
+        saturated = sum(int(r.marks[me].sum()) for r in renders.values() if r.marks is not None)
+        self.stats = {"views": len(views), "pixel_bytes": int(sent.nbytes + sent_back.nbytes),
+                      "tiles_sent": int(len(sent)), "tiles_full": full, "tiles_saturated": saturated,
                       **(self.saturation.counts if self.saturation else {}), **self.utilisation, **clock.stats()}
         return loss, events
 
-    def _step_model(self, view):
-        """The model that this step renders and updates for training view ``view`` (None: this rank
-        takes part in no view of the step): the shard."""
+    def _render(self, model, plan, view, epoch, background, clock):
+        """My partial image of ``view`` (``plan``): premultiplied colour and transmittance on
+        ``background`` (the participant at the back renders on the view's background, and
+        composition adds none, so one rank's partial image is the render itself), the tiles that
+        the boxes in front saturate skipped.  -> a ``PartialRender``."""
+        c, xp, me = self.cfg, self.xp, self.rank
+        p = ns.project(model.gaussians, plan.cam, sh_degree=self.sh_degree_now(), antialias=c.antialias,
+                       backend=self.backend, check=False)
+        clock.end("project")
+        binning = ns.bin_tiles(p, backend=self.backend)
+        marks = self.saturation.marks(view, epoch, plan.n_tiles) if self.saturation is not None else None
+        if marks is not None and marks[me].any():  # saturated by the boxes in front: skipped
+            binning.ranges[xp.asarray(marks[me])] = 0
+        r = ns.rasterize(p, binning, background, self.backend)
+        partial = xp.concatenate([r.image, r.trans[..., None]], axis=2)
+        covered = (binning.ranges[:, 1] - binning.ranges[:, 0]) > 0
+        return PartialRender(p, binning, r, partial, covered, marks)
+
+    def _compose(self, plan, k, view, recv, recv_tiles, bg, none, marks):
+        """Compose my range of the tiles of training view ``view`` (the step's k-th; ``plan``) from the
+        partial tiles received (``recv``, laid out as ``recv_tiles``), on the band of rows that holds the
+        tiles I need (the rest of the view is not mine), and my share of its loss (``marks``: the view's
+        saturation marks used, None where it was composed in full, to mark anew).  -> (my share of the
+        loss, lazy; the gradients of each participant's partial band, in ``plan.order``, (rows, W, 4)
+        each; the new saturation marks of my range, or None)."""
+        c, xp = self.cfg, self.xp
+        j = plan.composers.index(self.rank)
+        lo, hi = plan.range(j)
+        y0, y1, first = plan.band(j)
+        nothing = np.array([0, 0, 0, 1], np.float32)
+        layers = []
+        for s in plan.order:
+            rows, ids = recv_tiles.rows_of(k, s)
+            layers.append(image_from_tiles(recv[rows], ids - first, y1 - y0, plan.cam.width,
+                                           fill=np.append(bg, 1).astype(np.float32) if s == plan.order[-1]
+                                           else nothing))
+        colours = xp.stack([a[..., :3] for a in layers])
+        trans = xp.stack([a[..., 3] for a in layers])
+        band, _ = compose(colours, trans, none)
+        new_marks = None
+        if self.saturation is not None and marks is None:  # a full composition: mark anew
+            new_marks = Saturation.saturated(trans, plan.order, lo - first, hi - first, self.size)
+        image = xp.zeros((plan.cam.height, plan.cam.width, 3), band.dtype)  # the loss normalises by the view
+        image[y0:y1] = band
+        target = self.targets[view]
+        loss, d_image = l1_ssim_loss(image, target, c.lambda_dssim, backend=self.backend, tiles=(lo, hi), lazy=True)
+        if self.batch > 1:
+            d_image *= np.float32(1.0 / self.batch)  # each view's 1/B share of the batch loss
+        d_colours, d_trans = compose_backward(colours, trans, none, d_image[y0:y1])
+        if k == 0:  # the step's first view: the progress PSNR's
+            self._view0 = (image, target, lo, hi)
+        d_layers = [xp.concatenate([d_colours[n], d_trans[n][..., None]], axis=2) for n in range(len(plan.order))]
+        return loss, d_layers, new_marks
+
+    def _step_model(self, views):
+        """The model that this step renders and updates for the training views ``views`` that this
+        rank takes part in (none: it takes part in no view of the step): the shard."""
         return self.model
 
     def _idle_adam_step(self, model, cols):
@@ -490,11 +588,11 @@ class OffloadedPixelExchangeTrainer(OutOfCoreShard, PixelExchangeTrainer):
     rebuilds the tree) as in memory, and cuts it into blocks anew."""
 
     def __init__(self, dataset, out_dir, cfg, comm, backend=None, log=print, transport="auto", saturation=True,
-                 revalidate_every=SATURATION_EPOCHS, consolidation=True, mode="host", offload_dir=None, host_memory=0,
-                 gpu_memory=0, prefetch=True, block_rows=BLOCK_ROWS):
+                 revalidate_every=SATURATION_EPOCHS, consolidation=True, batch_size=None, mode="host",
+                 offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True, block_rows=BLOCK_ROWS):
         check_offload_options(cfg, mode, offload_dir, host_memory, gpu_memory)
         super().__init__(dataset, out_dir, cfg, comm, backend, log, transport, saturation, revalidate_every,
-                         consolidation)
+                         consolidation, batch_size)
         self._init_out_of_core(mode, offload_dir, host_memory, gpu_memory, prefetch, block_rows)
 
     def _shard_backend(self):
@@ -505,15 +603,14 @@ class OffloadedPixelExchangeTrainer(OutOfCoreShard, PixelExchangeTrainer):
         return self.comm.allgather(rank_boxes(means, scales))
 
     def _upcoming_views(self, n):
-        """This rank's view in the next bucket of the epoch, where it has one."""
-        bucket = self._buckets[0] if self._buckets else []
-        return [v for v, ranks in bucket if self.rank in ranks][:n]
+        """This rank's views in the next step's buckets of the epoch, where it has any."""
+        return [v for bucket in self._buckets[:self.batch] for v, ranks in bucket if self.rank in ranks][:n]
 
-    def _step_model(self, view):
+    def _step_model(self, views):
         self._in_pool = None
-        if view is None:
+        if not views:
             return None
-        self._in_pool = self._working_set([view])
+        self._in_pool = self._working_set(views)
         self.model, self.strategy_state = self._load_working(self._in_pool)
         return self.model
 

@@ -29,7 +29,8 @@ import numpy as np
 import numbasplat as ns
 from numbasplat import backend as _backend
 from numbasplat.bench import load_scene, peak_device_bytes
-from numbasplat.loss import l1_ssim_loss
+from numbasplat.compose import compose
+from numbasplat.loss import l1_ssim_loss, psnr_of_mse
 from numbasplat.math import gaussian_ops as go
 from numbasplat.math.sparse import message_sizes
 from numbasplat.math.tiles import TILE_PIXELS
@@ -411,14 +412,17 @@ def step_traffic(g, cams, targets, ranks, sh_degree, background, lambda_dssim, b
 PIXEL_TILE_BYTES = 4 * 4 * TILE_PIXELS  # a partial tile forward (colour and transmittance), or its gradient back
 
 
-PixelTraffic = namedtuple("PixelTraffic", "forward backward full saturated rows isect composed views")
+PixelTraffic = namedtuple("PixelTraffic", "forward backward full saturated rows isect composed views order_mse")
 PixelTraffic.__doc__ = """``pixel_traffic``'s (P, P) [source, destination] tile counts summed over the views: the
 partial tiles sent forward (the composer's range and halo that the source's Gaussians cover) and
 back (their gradients, the range alone); those that would go forward without the spatial
 reduction; and of the forward ones, those that saturation reduction skips (None: not counted).
 The work, per rank (P,): the Gaussians of its box (``rows``), their tile intersections summed over
 the views (``isect``: its partial renders), the tiles it composes summed over the views
-(``composed``); ``views``: how many views were counted."""
+(``composed``); ``views``: how many views were counted.  ``order_mse``: the mean squared difference
+between the boxes' partial images composed in box order and the single render of all the Gaussians
+sorted per tile, over the views' pixels (the blend order's approximation on this model; None: not
+rendered)."""
 
 
 def pixel_traffic(g, cams, ranks, sh_degree, backend=None, saturation=False):
@@ -426,9 +430,9 @@ def pixel_traffic(g, cams, ranks, sh_degree, backend=None, saturation=False):
     over ``ranks`` boxes of a kd-tree over ``g``'s means, counted on this device as the pipeline
     counts them: a rank sends each composer the partial tiles of the composer's range and halo that
     its Gaussians cover, and gets back the gradients of those in the composer's range.  With
-    ``saturation`` each box's partial image is rendered too, and the tiles that the boxes in front
-    saturate (the marks a view's full composition makes, ``Saturation.saturated``) counted.
-    -> ``PixelTraffic``."""
+    ``saturation`` each box's partial image is rendered too, the tiles that the boxes in front
+    saturate (the marks a view's full composition makes, ``Saturation.saturated``) counted, and the
+    composition compared with the single render.  -> ``PixelTraffic``."""
     from .partition import SpatialPartition
     from .pixel_exchange import Saturation, ViewPlan
     xp = _backend.array_module(backend)
@@ -437,12 +441,13 @@ def pixel_traffic(g, cams, ranks, sh_degree, backend=None, saturation=False):
     owner = part.owner(means)
     forward, backward, full, saturated = (np.zeros((ranks, ranks), np.int64) for _ in range(4))
     isect, composed = np.zeros(ranks, np.int64), np.zeros(ranks, np.int64)
+    squared, pixels = 0.0, 0
     boxes = [g.take(xp.asarray(owner == r)) for r in range(ranks)]
     none = np.zeros(3, np.float32)
     for cam in cams:
         plan = ViewPlan(cam, range(ranks), part)  # every rank takes part (the view a step, unconsolidated)
         bounds, need_lo, need_hi = plan.bounds, plan.need_lo, plan.need_hi
-        covered, trans = [], []
+        covered, colours, trans = [], [], []
         composed += np.diff(bounds)
         for r, box in enumerate(boxes):
             p = ns.project(box, cam, sh_degree=sh_degree, backend=backend, check=False)
@@ -450,9 +455,18 @@ def pixel_traffic(g, cams, ranks, sh_degree, backend=None, saturation=False):
             isect[r] += int(b.n_isect)
             covered.append(_backend.to_host(b.ranges[:, 1] - b.ranges[:, 0]) > 0)
             if saturation:
-                trans.append(ns.rasterize(p, b, none, backend).trans)
-        marks = (Saturation.saturated(xp.stack([trans[r] for r in plan.order]), plan.order, 0, plan.n_tiles, ranks)
-                 if saturation else np.zeros((ranks, plan.n_tiles), bool))
+                r_ = ns.rasterize(p, b, none, backend)
+                colours.append(r_.image)
+                trans.append(r_.trans)
+        marks = np.zeros((ranks, plan.n_tiles), bool)
+        if saturation:
+            in_order = xp.stack([trans[r] for r in plan.order])
+            marks = Saturation.saturated(in_order, plan.order, 0, plan.n_tiles, ranks)
+            composite, _ = compose(xp.stack([colours[r] for r in plan.order]), in_order, none)
+            whole = ns.project(g, cam, sh_degree=sh_degree, backend=backend, check=False)
+            single = ns.rasterize(whole, ns.bin_tiles(whole, backend), none, backend).image
+            squared += float(((composite - single) ** 2).sum())
+            pixels += int(composite.size)
         for r in range(ranks):  # (running counts: a range's tiles are the difference at its ends)
             sent = np.concatenate([[0], np.cumsum(covered[r])])
             skipped = np.concatenate([[0], np.cumsum(covered[r] & marks[r])])
@@ -461,7 +475,8 @@ def pixel_traffic(g, cams, ranks, sh_degree, backend=None, saturation=False):
             full[r] += need_hi - need_lo
             saturated[r] += skipped[need_hi] - skipped[need_lo]
     return PixelTraffic(forward, backward, full, saturated if saturation else None,
-                        np.bincount(owner, minlength=ranks), isect, composed, len(cams))
+                        np.bincount(owner, minlength=ranks), isect, composed, len(cams),
+                        squared / pixels if saturation else None)
 
 
 def view_utilisation(g, cams, ranks):
@@ -504,9 +519,10 @@ def pixel_traffic_table(pixel, traffic, views):
     mb = 1e6
     lines = ["pixel-level exchange, MB crossing ranks per image (one view a step; the Gaussian-level "
              "pipeline's batch of P views divided by P), and the shares of the partial tiles that the spatial "
-             "reduction leaves unsent and, of those sent, that saturation reduction skips:",
+             "reduction leaves unsent and, of those sent, that saturation reduction skips; order PSNR: the "
+             "boxes' partial images composed in box order against the single render (dB):",
              f"  {'P':>3s} {'pixel fwd':>10s} {'pixel bwd':>10s} {'gauss fwd':>10s} {'gauss bwd sparse':>17s} "
-             f"{'unsent %':>9s} {'saturated %':>12s}"]
+             f"{'unsent %':>9s} {'saturated %':>12s} {'order PSNR':>11s}"]
     for p, counts in pixel.items():
         t = traffic[p]
         sent = off_diagonal(counts.forward).sum()
@@ -515,9 +531,10 @@ def pixel_traffic_table(pixel, traffic, views):
         unsent = 100.0 * (1 - sent / max(off_diagonal(counts.full).sum(), 1))
         saturated = ("-" if counts.saturated is None else
                      f"{100.0 * off_diagonal(counts.saturated).sum() / max(sent, 1):.1f}")
+        order = "-" if counts.order_mse is None else f"{psnr_of_mse(counts.order_mse):.2f}"
         lines.append(f"  {p:3d} {fwd:10.2f} {bwd:10.2f} {off_diagonal(t.forward_bytes()).sum() / t.views / mb:10.2f} "
                      f"{off_diagonal(t.backward_bytes('sparse')).sum() / t.views / mb:17.2f} {unsent:9.1f} "
-                     f"{saturated:>12s}")
+                     f"{saturated:>12s} {order:>11s}")
     return lines
 
 

@@ -471,6 +471,11 @@ class Trainer(ABC):
         return bool(every) and (self.step + self.batch) // every != self.step // every
 
     # ------------------------------------------------------------------ the step's schedules
+    def adam_betas(self):
+        """Adam's betas (3DGS's) raised to the batch size: a step of B views decays the moments as B
+        steps would (Grendel's batched Adam)."""
+        return 0.9 ** self.batch, 0.999 ** self.batch
+
     def next_view(self):
         """The next training view: every view once per epoch, in an order drawn from the RNG
         (``cfg.view_order``: a permutation, or a tour along the cameras)."""

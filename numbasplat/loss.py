@@ -89,5 +89,9 @@ def ssim(img, gt, backend=None):
 def psnr(img, gt):
     """-10 log10(MSE) for images in [0, 1]; numpy or CuPy input."""
     d = img.astype("float64") - gt.astype("float64")
-    mse = float((d * d).mean())
+    return psnr_of_mse(float((d * d).mean()))
+
+
+def psnr_of_mse(mse):
+    """The PSNR of a mean squared error over values in [0, 1] (inf where it is 0)."""
     return math.inf if mse == 0.0 else -10.0 * math.log10(mse)

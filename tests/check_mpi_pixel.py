@@ -34,7 +34,8 @@ with abort_on_error(comm):
     if "offload" in sys.argv:  # each rank's Gaussians out of core, in blocks of 8 rows
         pipeline, caps = OffloadedPixelExchangeTrainer, {"mode": "host", "block_rows": 8}
     t = pipeline(data, out, cfg, comm, backend="cpu", saturation="saturation-off" not in sys.argv,
-                 consolidation="consolidation-off" not in sys.argv, **caps)
+                 consolidation="consolidation-off" not in sys.argv, batch_size=2 if "batch2" in sys.argv else None,
+                 **caps)
     t.start_from({"params": start})
     migrated = []  # the Gaussians each migration moved (over all ranks)
     migrate = t._migrate

@@ -1,5 +1,6 @@
 """engine/pixel_exchange.py, Splaxel's pixel-level pipeline: one rank equals the single-process
-trainer exactly; 2 and 4 ranks (boxes separated in depth) equal one rank within 1e-5."""
+trainer exactly (with B views in flight, the batched pipeline's step); 2 and 4 ranks (boxes
+separated in depth) equal one rank within 1e-5."""
 import os
 import subprocess
 import sys
@@ -45,13 +46,32 @@ def test_one_rank_equals_the_single_process_trainer(tmp_path):
         np.testing.assert_array_equal(runs[1][k], a, err_msg=k)
 
 
+def test_views_in_flight_at_one_rank_are_the_batched_pipelines_step(tmp_path):
+    """``batch_size`` B at one rank: B views rendered, composed and back-propagated, one Adam step on
+    their mean gradient with batched Adam's betas and learning rates, as the Gaussian-level pipeline's
+    batch of B views in one process (``--batch-size B`` without mpirun) trains."""
+    from mpi4py import MPI
+    from engine.gaussian_exchange import GaussianExchangeTrainer
+    data, start = slab_capture(n_slabs=2, per_slab=30, views=3)
+    runs = []
+    for name, pipeline in (("gaussian", GaussianExchangeTrainer), ("pixel", PixelExchangeTrainer)):
+        t = pipeline(data, tmp_path / name, config(), MPI.COMM_SELF, backend="cpu", batch_size=2)
+        t.start_from({"params": start})
+        t.train(progress=False)
+        assert t.step == 6 and t.model.adam.step_count == 3
+        runs.append(t.model.host_arrays())
+    for k, a in runs[0].items():
+        np.testing.assert_allclose(runs[1][k], a, rtol=1e-5, atol=1e-7, err_msg=k)
+    assert not np.allclose(runs[1]["sh"], start["sh"])  # it trained
+
+
 @pytest.mark.mpi
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_ranks_of_depth_separated_boxes_train_as_one(tmp_path, ranks):
+@pytest.mark.parametrize("ranks, batch", [(2, 1), (4, 1), (2, 2)])
+def test_ranks_of_depth_separated_boxes_train_as_one(tmp_path, ranks, batch):
     finals = []
     for n in (1, ranks):
-        text, final = check(n, tmp_path / f"p{n}")
+        text, final = check(n, tmp_path / f"p{n}", *(["batch2"] if batch == 2 else []))
         finals.append(final)
         if n > 1:  # every rank held a slab's worth
             boxes = eval(text.split("boxes")[1])

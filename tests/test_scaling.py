@@ -201,7 +201,7 @@ def even_pixel_counts(P, views=2, tiles=100, isect=5000, sent_tiles=0):
     off = np.full((P, P), sent_tiles * views) - np.diag(np.full(P, sent_tiles * views))
     return scaling.PixelTraffic(forward=off, backward=off, full=off, saturated=None, rows=np.full(P, 1000),
                                 isect=np.full(P, isect * views // P), composed=np.full(P, tiles * views // P),
-                                views=views)
+                                views=views, order_mse=None)
 
 
 @pytest.mark.parametrize("step", [0.020, 0.010])
@@ -262,13 +262,28 @@ def wall_capture(size=40):
     return start, cams
 
 
-@pytest.mark.parametrize("scene,P", [("slabs", 2), ("slabs", 3), ("wall", 2)])
+def cloud_capture(size=40):
+    """A cube of large, half-transparent Gaussians seen by the wall's cameras: the kd-tree's cut
+    runs through it, so Gaussians of the two boxes interleave along the rays and composing the
+    boxes in order is not the single render's blend order.  -> (the arrays, the cameras)."""
+    start, cams = wall_capture(size)
+    rng = np.random.default_rng(4)
+    n = 120
+    start = {"means": rng.uniform(-1, 1, (n, 3)).astype(np.float32),
+             "scales": np.full((n, 3), np.log(0.35), np.float32), "quats": np.tile(np.float32([1, 0, 0, 0]), (n, 1)),
+             "opacities": np.zeros(n, np.float32), "sh": rng.normal(0, 0.5, (n, 1, 3)).astype(np.float32)}
+    return start, cams
+
+
+@pytest.mark.parametrize("scene,P", [("slabs", 2), ("slabs", 3), ("wall", 2), ("cloud", 2)])
 def test_pixel_bytes_against_a_brute_force_count(scene, P):
     """The pixel-level pipeline's tiles per step: those of each box's partial image that are not
     nothing (colour 0, transmittance 1), counted per composer's range with its halo (forward)
     and without (backward); and of the forward ones those whose every pixel the boxes in front leave
-    under SATURATED of the light (saturation reduction)."""
+    under SATURATED of the light (saturation reduction); and the partial images composed in box order
+    against the single render."""
     import numbasplat as ns
+    from numbasplat.compose import compose
     from engine.distributed import even_bounds
     from engine.gaussian_exchange import halo_ranges
     from engine.camera_path import centres
@@ -280,7 +295,7 @@ def test_pixel_bytes_against_a_brute_force_count(scene, P):
         data, start = slab_capture(n_slabs=3, per_slab=20, views=2, size=40)
         cams = [v.camera for v in data.train]
     else:
-        start, cams = wall_capture()
+        start, cams = (wall_capture if scene == "wall" else cloud_capture)()
     g = ns.Gaussians(**start)
     counts = scaling.pixel_traffic(g, cams, P, 0, "cpu", saturation=True)
     forward, backward, full, saturated = counts[:4]
@@ -288,7 +303,9 @@ def test_pixel_bytes_against_a_brute_force_count(scene, P):
     owner = part.owner(start["means"])
     want_f, want_b, want_full, want_s = (np.zeros((P, P), np.int64) for _ in range(4))
     want_isect, want_composed = np.zeros(P, np.int64), np.zeros(P, np.int64)
+    squared, pixels, black = 0.0, 0, np.zeros(3, np.float32)
     for cam in cams:
+        layers = []
         tx, ty = cam.tiles
         n = tx * ty
         bounds = even_bounds(n, P)
@@ -297,7 +314,8 @@ def test_pixel_bytes_against_a_brute_force_count(scene, P):
         reach = np.ones((cam.height, cam.width))  # the light reaching each box, front to back
         for r in part.front_to_back(centres([cam])[0]):
             box = ns.Gaussians(*(a[owner == r] for a in start.values()))
-            f = ns.render(box, cam, background=np.zeros(3, np.float32), backend="cpu")
+            f = ns.render(box, cam, background=black, backend="cpu")
+            layers.append(f)
             partial = np.concatenate([f.image, f.render.trans[..., None]], axis=2)
             something = (np.abs(image_tiles(partial, 0, n).reshape(n, -1, 4) - [0, 0, 0, 1]) > 0).any(axis=(1, 2))
             dark = image_tiles(reach[..., None], 0, n).reshape(n, -1).max(axis=1) < SATURATED
@@ -308,6 +326,10 @@ def test_pixel_bytes_against_a_brute_force_count(scene, P):
                 want_b[r, d] += something[bounds[d]:bounds[d + 1]].sum()
                 want_full[r, d] += need_hi[d] - need_lo[d]
                 want_s[r, d] += (something & dark)[need_lo[d]:need_hi[d]].sum()
+        composite, _ = compose(np.stack([f.image for f in layers]), np.stack([f.render.trans for f in layers]), black)
+        single = ns.render(g, cam, background=black, backend="cpu").image
+        squared += float(((composite - single) ** 2).sum())
+        pixels += composite.size
     np.testing.assert_array_equal(forward, want_f)
     np.testing.assert_array_equal(backward, want_b)
     np.testing.assert_array_equal(full, want_full)
@@ -318,4 +340,6 @@ def test_pixel_bytes_against_a_brute_force_count(scene, P):
     np.testing.assert_array_equal(counts.composed, want_composed)
     assert counts.views == len(cams)
     assert (forward <= full).all() and forward.sum() > 0 and (saturated.sum() > 0) == (scene == "wall")
+    assert counts.order_mse == pytest.approx(squared / pixels, rel=1e-6, abs=1e-15)
+    assert (counts.order_mse > 1e-6) == (scene == "cloud")  # only the cloud's boxes interleave along the rays
     assert scaling.pixel_traffic(g, cams, P, 0, "cpu").saturated is None  # (not rendered unless asked)
