@@ -330,7 +330,8 @@ def add_train_options(p):
     p.add_argument("--exchange", choices=["gaussian", "pixel", "auto"], default="gaussian",
                    help="what ranks trade under MPI: Gaussians (owners send projected Gaussians to the ranks that "
                         "render their tiles; batch of one view a rank) or pixels (Splaxel: each rank owns a box of "
-                        "space and renders it, partial images are composed in depth order; a view a step, or --batch-size), or "
+                        "space and renders it, partial images are composed in depth order; a view a step, or "
+                        "--batch-size), or "
                         "auto: the one moving fewer bytes an image, measured on the starting model at start-up and "
                         "again on the model at the end of each densification phase (the step before each opacity "
                         "reset, and --densify-until), where a change goes on from the snapshot (not with --viewer)")
