@@ -65,3 +65,50 @@ def test_visible_region_bounds_the_box_and_is_tight():
     assert grown[0] == tight[0] - 5 and grown[2] == tight[2] + 5
     assert visible_region(np.array([-1, -20, -1.0]), np.array([1, -10, 1.0]), cam, grow=3) is None  # behind
     assert visible_region(np.array([50, -1, -1.0]), np.array([60, 1, 1.0]), cam, grow=3) is None  # beside
+
+
+
+def reaching_across(points, reach, axis, value):
+    """Brute force: the Gaussians below a cut at ``value`` on ``axis`` whose reach passes it, times
+    those above whose reach passes it."""
+    x = points[:, axis]
+    below = x < value
+    return int((below & (x + reach > value)).sum()) * int((~below & (x - reach < value)).sum())
+
+
+def test_reaching_across_counts_both_sides_as_brute_force_does():
+    from engine.partition import reaching_across as counted
+    rng = np.random.default_rng(5)
+    x, reach = rng.normal(size=400), rng.uniform(0.01, 0.5, 400)
+    values = np.concatenate([rng.normal(size=50), x[:10]])  # (cuts through centres too)
+    want = [reaching_across(x[:, None], reach, 0, v) for v in values]
+    assert counted(x, reach, values).tolist() == want and max(want) > 0
+
+
+def test_a_cut_moves_off_the_balance_into_a_gap_rather_than_through_gaussians():
+    """Two clusters along x, 520 and 480 Gaussians with a gap between: the balanced cut runs through
+    the first; given their reach, the cut takes the gap (1.04x the share, within CUT_IMBALANCE)."""
+    from engine.partition import CUT_IMBALANCE
+    rng = np.random.default_rng(0)
+    points = np.concatenate([rng.uniform([0, 0, 0], [1, 0.3, 0.3], (520, 3)),
+                             rng.uniform([1.3, 0, 0], [2.3, 0.3, 0.3], (480, 3))])
+    reach = np.full(len(points), 0.1)
+    balanced, aware = SpatialPartition.build(points, 2), SpatialPartition.build(points, 2, reach)
+    assert 0.9 < balanced.root.value < 1.0 and reaching_across(points, reach, 0, balanced.root.value) > 100
+    assert aware.root.axis == 0 and 1.1 < aware.root.value < 1.2
+    assert reaching_across(points, reach, 0, aware.root.value) == 0
+    assert np.bincount(aware.owner(points)).tolist() == [520, 480] and aware.imbalance(points) <= CUT_IMBALANCE
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4, 8])
+def test_cuts_given_the_reach_cross_no_more_and_keep_the_count_within_the_slack(ranks):
+    from engine.partition import CUT_IMBALANCE, gaussian_reach
+    rng = np.random.default_rng(20 + ranks)
+    points = rng.normal(size=(5000, 3)) * [3.0, 1.0, 1.0]
+    reach = gaussian_reach(rng.normal(-3.0, 1.0, (5000, 3)))
+    balanced, aware = SpatialPartition.build(points, ranks), SpatialPartition.build(points, ranks, reach)
+    assert (reaching_across(points, reach, aware.root.axis, aware.root.value)
+            <= reaching_across(points, reach, 0, balanced.root.value))
+    assert aware.imbalance(points) <= CUT_IMBALANCE + ranks / 5000  # (integer counts)
+    probe = rng.uniform(-20, 20, size=(2000, 3))
+    assert (((probe[:, None] >= aware.lo) & (probe[:, None] < aware.hi)).all(axis=2).sum(axis=1) == 1).all()
