@@ -6,12 +6,6 @@ axis of the Gaussians' extent, the lower side taking floor(ranks / 2) of the ran
 gets about N / P Gaussians whatever P is.  The boxes cover all of space (the outer faces are at
 infinity), so a Gaussian that moves always has an owner.
 
-Given the Gaussians' reach, a cut may leave its sides off the balance by a few percent (every
-rank's count within ``CUT_IMBALANCE`` of its share), on any axis, where the fewest Gaussians of
-its two sides reach across it towards each other: boxes compose in their order, not in the
-Gaussians', so Gaussians of two boxes that overlap near their cut can blend out of depth order; a
-cut through empty space (a gap between objects, behind a wall) leaves none to do so.
-
 For a camera, the boxes' front-to-back order is the tree's near-side-first traversal from the
 camera's centre (a BSP tree's order): it holds for every ray of that camera, so partial images
 rendered box by box compose in that order.  ``visible_region`` bounds the pixels a box can touch
@@ -48,28 +42,28 @@ class SpatialPartition:
         self._bounds(root, np.full(3, -np.inf), np.full(3, np.inf))
 
     @classmethod
-    def build(cls, means, ranks, reach=None, slack=None):
-        """The tree of ``ranks`` boxes balanced by the count of ``means`` (N, 3); with ``reach`` (N,),
-        how far each Gaussian reaches past its centre (``gaussian_reach``), each cut is where the
-        fewest reach across it (``_cut``) with each side's count within 1 + ``slack`` of its share (by
-        default each of the tree's levels' share of ``CUT_IMBALANCE``)."""
+    def build(cls, means, ranks):
+        """The tree of ``ranks`` boxes balanced by the count of ``means`` (N, 3)."""
         if ranks < 1:
             raise ValueError(f"a partition needs at least one rank, got {ranks}")
         means = np.asarray(means, np.float64).reshape(-1, 3)
-        reach = None if reach is None else np.asarray(reach, np.float64).reshape(-1)
-        if slack is None:
-            slack = CUT_IMBALANCE ** (1.0 / max(1, int(np.ceil(np.log2(ranks))))) - 1.0
         next_rank = iter(range(ranks))
 
-        def split(rows, k):
+        def split(points, k):
             if k == 1:
                 return Node(rank=next(next_rank))
-            points = means[rows]
+            extent = points.max(axis=0) - points.min(axis=0) if len(points) else np.ones(3)
+            axis = int(np.argmax(extent))
+            order = np.sort(points[:, axis])
             low = k // 2
-            axis, value = _cut(points, None if reach is None else reach[rows], len(points) * low // k, slack)
+            cut = len(order) * low // k
+            if cut == 0:  # too few points to share: the lower side starts empty
+                value = float(order[0]) if len(order) else 0.0
+            else:  # between the cut's neighbours: the lower side holds ``cut`` points (ties aside)
+                value = float(0.5 * (order[cut - 1] + order[cut]))
             below = points[:, axis] < value
-            return Node(axis, value, split(rows[below], low), split(rows[~below], k - low))
-        return cls(split(np.arange(len(means)), ranks), ranks)
+            return Node(axis, value, split(points[below], low), split(points[~below], k - low))
+        return cls(split(means, ranks), ranks)
 
     def _bounds(self, node, lo, hi):
         if node.rank >= 0:
@@ -110,53 +104,6 @@ class SpatialPartition:
 
 REACH = 4.0   # a Gaussian reaches this many of its largest scale past its centre (the boxes a view may see)
 GROW_PX = 16  # and this many pixels more on screen (the screen-space blur, the projection's linearisation)
-CUT_IMBALANCE = 1.05  # a rank's count may exceed its share this much where cuts avoid crossing Gaussians
-
-
-def gaussian_reach(log_scales):
-    """(N,): how far each Gaussian reaches past its centre, ``REACH`` times its largest scale."""
-    return REACH * np.exp(np.asarray(log_scales, np.float64).reshape(-1, 3).max(axis=1))
-
-
-def _cut(points, reach, cut, slack):
-    """Where a node of ``points`` (n, 3) splits so that about ``cut`` of them lie below: (axis, value).
-    Without ``reach``: the longest axis, between the cut's neighbours.  With it: of the positions
-    between neighbours that leave each side within 1 + ``slack`` of its share, on every axis, the
-    one where the fewest of the two sides reach across it towards each other (``reaching_across``);
-    ties go to the longest axis and then to the balance."""
-    n = len(points)
-    extent = points.max(axis=0) - points.min(axis=0) if n else np.ones(3)
-    longest = int(np.argmax(extent))
-    if cut == 0:  # too few points to share: the lower side starts empty
-        return longest, float(np.min(points[:, longest])) if n else 0.0
-    if reach is None or n < 2:
-        order = np.sort(points[:, longest])
-        return longest, float(0.5 * (order[cut - 1] + order[cut]))  # the lower side holds ``cut`` (ties aside)
-    room = int(slack * min(cut, n - cut))
-    first, last = max(1, cut - room), min(n - 1, cut + room)
-    best = None
-    for axis in [longest] + [a for a in range(3) if a != longest]:
-        x = points[:, axis]
-        order = np.sort(x)
-        at = np.arange(first, last + 1)
-        values = 0.5 * (order[at - 1] + order[at])
-        score = reaching_across(x, reach, values, order)
-        k = int(np.lexsort((np.abs(at - cut), score))[0])  # the least, then the nearest the balance
-        if best is None or score[k] < best[0]:
-            best = (int(score[k]), axis, float(values[k]))
-    return best[1], best[2]
-
-
-def reaching_across(x, reach, values, order=None):
-    """For cuts at each of ``values`` on an axis (``x``: the Gaussians' coordinates on it, ``order``:
-    their sorted copy where at hand; ``reach`` > 0): the Gaussians below (x < value) whose reach passes
-    the cut, times those above whose reach passes it.  The pairs that can blend out of depth order
-    across the cut grow with it, and it is 0 where either side stays clear (a wall's face)."""
-    order = np.sort(x) if order is None else order
-    below = np.searchsorted(order, values, side="left")
-    below_across = below - np.searchsorted(np.sort(x + reach), values, side="right")
-    above_across = np.searchsorted(np.sort(x - reach), values, side="left") - below
-    return below_across.astype(np.int64) * above_across
 
 
 def morton_codes(points, bits=10):

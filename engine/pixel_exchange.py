@@ -66,7 +66,7 @@ from .gaussian_exchange import halo_ranges
 from .model import GaussianModel
 from .offload import BLOCK_ROWS, OutOfCoreModel, OutOfCoreShard, check_offload_options
 from .camera_path import centres
-from .partition import GROW_PX, SpatialPartition, cluster_boxes, gaussian_reach, visible_regions
+from .partition import GROW_PX, SpatialPartition, cluster_boxes, visible_regions
 from .trainer import PhaseClock
 
 REBALANCE = 1.1  # rebuild the tree after densification when the largest rank holds over this x the mean
@@ -275,9 +275,9 @@ class PixelExchangeTrainer(RankedTrainer):
     # ------------------------------------------------------------------ ownership
     def start_from(self, model_state, strategy_state=None):
         """Every rank holds the same whole state (the same seed, or the same snapshot, whatever P
-        wrote it), builds the same tree over its Gaussians and keeps those of its box."""
+        wrote it), builds the same tree over its means and keeps the Gaussians of its box."""
         means = model_state["params"]["means"]
-        self.partition = SpatialPartition.build(means, self.size, gaussian_reach(model_state["params"]["scales"]))
+        self.partition = SpatialPartition.build(means, self.size)
         owner = self.partition.owner(means)
         mine = owner == self.rank
         rows = {w: {g: a[mine] for g, a in model_state[w].items()} for w in ("params", "m", "v") if w in model_state}
@@ -333,15 +333,14 @@ class PixelExchangeTrainer(RankedTrainer):
 
     def _rebalance(self):
         """After densification: migrate what left its box, and rebuild the tree (every rank the same
-        one, from every rank's Gaussians) when the largest rank holds over ``REBALANCE`` x the mean.
+        one, from every rank's means) when the largest rank holds over ``REBALANCE`` x the mean.
         -> {"migrated": Gaussians moved, "rebuilt": whether the tree was} for the log."""
         moved = self._migrate()
         counts = self._count()
         rebuilt = bool(counts.max() > REBALANCE * max(counts.mean(), 1))
         if rebuilt:
-            mine = self.model.host_arrays()
-            every = np.concatenate(self.comm.allgather(np.hstack([mine["means"], mine["scales"]])))
-            self.partition = SpatialPartition.build(every[:, :3], self.size, gaussian_reach(every[:, 3:]))
+            means = np.concatenate(self.comm.allgather(self.model.host_arrays()["means"]))
+            self.partition = SpatialPartition.build(means, self.size)
             moved += self._migrate()
             if self.saturation is not None:  # marks are per box: new boxes, new marks
                 self.saturation.packed.clear()

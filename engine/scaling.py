@@ -427,17 +427,17 @@ rendered)."""
 
 def pixel_traffic(g, cams, ranks, sh_degree, backend=None, saturation=False):
     """The bytes of the pixel-level pipeline (``engine/pixel_exchange.py``) for each view of ``cams``
-    over ``ranks`` boxes of the pipeline's kd-tree over ``g``, counted on this device as the pipeline
+    over ``ranks`` boxes of a kd-tree over ``g``'s means, counted on this device as the pipeline
     counts them: a rank sends each composer the partial tiles of the composer's range and halo that
     its Gaussians cover, and gets back the gradients of those in the composer's range.  With
     ``saturation`` each box's partial image is rendered too, the tiles that the boxes in front
     saturate (the marks a view's full composition makes, ``Saturation.saturated``) counted, and the
     composition compared with the single render.  -> ``PixelTraffic``."""
-    from .partition import SpatialPartition, gaussian_reach
+    from .partition import SpatialPartition
     from .pixel_exchange import Saturation, ViewPlan
     xp = _backend.array_module(backend)
     means = _backend.to_host(g.means)
-    part = SpatialPartition.build(means, ranks, gaussian_reach(_backend.to_host(g.scales)))
+    part = SpatialPartition.build(means, ranks)
     owner = part.owner(means)
     forward, backward, full, saturated = (np.zeros((ranks, ranks), np.int64) for _ in range(4))
     isect, composed = np.zeros(ranks, np.int64), np.zeros(ranks, np.int64)
@@ -484,10 +484,10 @@ def view_utilisation(g, cams, ranks):
     means, on the views ``cams`` (an epoch): each view's participants (``pixel_exchange.participants``),
     its buckets (``consolidate``) -> ``utilisation``'s {"utilisation_before", "utilisation_after"}, with
     "steps" (the buckets) and "views"."""
-    from .partition import SpatialPartition, gaussian_reach
+    from .partition import SpatialPartition
     from .pixel_exchange import consolidate, participants, rank_boxes, utilisation
     means, scales = _backend.to_host(g.means), _backend.to_host(g.scales)
-    owner = SpatialPartition.build(means, ranks, gaussian_reach(scales)).owner(means)
+    owner = SpatialPartition.build(means, ranks).owner(means)
     parts = participants([rank_boxes(means[owner == r], scales[owner == r]) for r in range(ranks)], cams)
     buckets = consolidate(parts)
     return {**utilisation(parts, buckets, ranks), "steps": len(buckets), "views": len(cams)}

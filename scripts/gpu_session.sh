@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|cutorder|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -331,28 +331,6 @@ pixelbatch)  # issue 25: the pixel exchange's views in flight (--batch-size B): 
             > "$R/$name.txt" 2>&1
         offload_summary "$R/$name"; rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders"
     fi ;;
-cutorder)  # issue 25: the blend order's approximation (order PSNR) at P = 2, 4, 8 on one-rank 7k models of SCENES
-    # (default "lego fern"), the kd-tree's cuts balanced against cuts that cross the fewest Gaussians' reach
-    for scene in ${SCENES:-lego fern}; do
-        args=FERN[@]; [ $scene = lego ] && args=LEGO[@]
-        KEEP=1 train ${scene}7k 7000 "${!args}"
-        timeout 200 python3 - "$R/${scene}7k" <<'PY'
-import argparse, sys, tempfile
-from cli.evaluate import data_defaults, trained_model
-from engine import partition, scaling
-from numbasplat.loss import psnr_of_mse
-t = trained_model(argparse.Namespace(**dict.fromkeys(data_defaults()), model=sys.argv[1], out=tempfile.mkdtemp()))
-cams = [v.camera for v in t.data.train[:8]]
-aware = partition.SpatialPartition.build.__func__
-for rule in ("balanced", "reach"):
-    partition.SpatialPartition.build = classmethod(aware if rule == "reach" else lambda cls, m, r, *_: aware(cls, m, r))
-    for p in (2, 4, 8):
-        c = scaling.pixel_traffic(t.model.gaussians, cams, p, t.sh_degree_now(), t.backend, saturation=True)
-        mb = scaling.off_diagonal(c.forward + c.backward).sum() * scaling.PIXEL_TILE_BYTES / c.views / 1e6
-        print(f"{sys.argv[1].split('/')[-1]} {rule:8s} P={p}: order PSNR {psnr_of_mse(c.order_mse):.2f} dB, "
-              f"pixel {mb:.2f} MB an image, counts {c.rows.tolist()}")
-PY
-    done ;;
 pixelbytes)  # issue 25: bytes per image, pixel against Gaussian-level, at P = 2, 4, 8 from one rank (run.py scaling
     # --model-ranks): lego and fern 7k models, and the generated city's ground truth (small preset, first 8 views)
     KEEP=1 train lego7k 7000 "${LEGO[@]}"; KEEP=1 train fern7k 7000 "${FERN[@]}"  # their snapshots: bytes
@@ -435,7 +413,7 @@ viewer)  # issue 28, headless: the viewer's frame latency per render mode at 1M 
     timeout 300 python3 scripts/viewer_bench.py slowdown "${LEGO[@]}" --iters 2000 --repeats 2 \
         > "$R/viewer_slowdown.txt" 2>&1
     cat "$R/viewer_slowdown.txt" ;;
-*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|cutorder|pixelbytes|offload [G]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
+*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelbytes|offload [G]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
 esac
 step done
 (cd "$OUT" && tar czf "logs_$part.tgz" --exclude="*.h5" --exclude="*.ply" --exclude="*.png" --exclude="*.prof*" r && rm -rf r)

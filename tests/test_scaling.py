@@ -287,7 +287,7 @@ def test_pixel_bytes_against_a_brute_force_count(scene, P):
     from engine.distributed import even_bounds
     from engine.gaussian_exchange import halo_ranges
     from engine.camera_path import centres
-    from engine.partition import SpatialPartition, gaussian_reach
+    from engine.partition import SpatialPartition
     from engine.pixel_exchange import SATURATED
     from numbasplat.rendering import image_tiles
     from scenes import slab_capture
@@ -299,7 +299,7 @@ def test_pixel_bytes_against_a_brute_force_count(scene, P):
     g = ns.Gaussians(**start)
     counts = scaling.pixel_traffic(g, cams, P, 0, "cpu", saturation=True)
     forward, backward, full, saturated = counts[:4]
-    part = SpatialPartition.build(start["means"], P, gaussian_reach(start["scales"]))
+    part = SpatialPartition.build(start["means"], P)
     owner = part.owner(start["means"])
     want_f, want_b, want_full, want_s = (np.zeros((P, P), np.int64) for _ in range(4))
     want_isect, want_composed = np.zeros(P, np.int64), np.zeros(P, np.int64)
