@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -331,6 +331,17 @@ pixelbatch)  # issue 25: the pixel exchange's views in flight (--batch-size B): 
             > "$R/$name.txt" 2>&1
         offload_summary "$R/$name"; rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders"
     fi ;;
+pixelpolish)  # issue 25: does P = 4's shortfall come from the blend order? lego at P ranks (default 4): the pixel
+    # exchange to 7k, against the pixel exchange to STEPS (default 6000) and the Gaussian-level exchange (one view a
+    # step, the single render's blend order, the model is judged in) from its snapshot to 7k
+    p=${2:-4}; at=${STEPS:-6000}
+    step pixel; mpi "$p" --out "$R/pixel" --iters 7000 --eval --quiet "${LEGO[@]}" --exchange pixel > "$R/pixel.txt" 2>&1
+    echo "pixel to 7000: $(grep -av Warn "$R/pixel.txt" | tail -1)"
+    step polished; mpi "$p" --out "$R/polished" --iters "$at" --quiet "${LEGO[@]}" --exchange pixel > "$R/polished.txt" 2>&1
+    mpi "$p" --out "$R/polished" --iters 7000 --eval --quiet --resume "${LEGO[@]}" --exchange gaussian --batch-size 1 \
+        >> "$R/polished.txt" 2>&1
+    echo "pixel to $at, then gaussian to 7000: $(grep -av Warn "$R/polished.txt" | tail -1)"
+    rm -rf "$R"/*/snapshot.h5 "$R"/*/test_renders ;;
 pixelbytes)  # issue 25: bytes per image, pixel against Gaussian-level, at P = 2, 4, 8 from one rank (run.py scaling
     # --model-ranks): lego and fern 7k models, and the generated city's ground truth (small preset, first 8 views)
     KEEP=1 train lego7k 7000 "${LEGO[@]}"; KEEP=1 train fern7k 7000 "${FERN[@]}"  # their snapshots: bytes
@@ -413,7 +424,7 @@ viewer)  # issue 28, headless: the viewer's frame latency per render mode at 1M 
     timeout 300 python3 scripts/viewer_bench.py slowdown "${LEGO[@]}" --iters 2000 --repeats 2 \
         > "$R/viewer_slowdown.txt" 2>&1
     cat "$R/viewer_slowdown.txt" ;;
-*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelbytes|offload [G]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
+*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
 esac
 step done
 (cd "$OUT" && tar czf "logs_$part.tgz" --exclude="*.h5" --exclude="*.ply" --exclude="*.png" --exclude="*.prof*" r && rm -rf r)

@@ -117,13 +117,13 @@ def test_train_exchange_pixel_densifies_rebalances_and_resumes_on_other_ranks(tm
 
 @pytest.mark.mpi
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("scene", [("clusters",), ("visible", "wander")])
+@pytest.mark.parametrize("scene", [("clusters",), ("clusters", "batch2"), ("visible", "wander")])
 def test_ranks_offloading_their_boxes_train_as_in_memory(tmp_path, scene):
     """``--offload host`` with ``--exchange pixel``: each rank's Gaussians out of core (blocks of 8
-    rows), its view's working set on the device, with refinements (grown fourfold): two clusters seen
-    one at a time (a rank in no view some steps), and slabs whose Gaussians wander into the other box
-    and migrate there every step (the means' rates 3000x): equal to the ranks in memory with
-    visible-only Adam, bit for bit."""
+    rows), its views' working set on the device, with refinements (grown fourfold): two clusters seen
+    one at a time (a rank in no view some steps; with two buckets a step, a rank in up to two views),
+    and slabs whose Gaussians wander into the other box and migrate there every step (the means'
+    rates 3000x): equal to the ranks in memory with visible-only Adam, bit for bit."""
     runs = [check(2, tmp_path / name, *scene, "densify", *flags)
             for name, flags in (("memory", ()), ("offload", ("offload",)))]
     (text, memory), (_, offload) = runs
