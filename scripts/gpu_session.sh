@@ -209,17 +209,19 @@ ablate)  # 7k runs sharing the GPU (quality, not time): every scene x seed x var
     wait ;;
 blitz)  # issue 27: BlitzGS's switches on lego and fern 7k, seed S: base (today's defaults); imp: importance passes
     # (every 3000, pruning under IMP_T of the largest importance, densification weights); masks: the passes' view
-    # masks (no pruning); lod: the LOD gate at LOD_PX pixels; all: every one.  The 10 runs share the GPU (quality;
+    # masks (no pruning); lod: the LOD gate at LOD_PX pixels; all: every one; visible, allva: --visible-adam alone
+    # and with every one (VARIANTS: which, default "base imp masks lod all").  The 10 runs share the GPU (quality;
     # their times are shared too); with "serial" one at a time, for clean step and training times (about 3 min a
     # scene: SCENES="lego" or "fern" for one)
     seed=${2:-0}; imp_t=${IMP_T:-0.0001}; lod_px=${LOD_PX:-0.5}
     imp=(--importance-every 3000 --importance-prune "$imp_t"); masks=(--importance-every 3000 --view-masks on)
-    lod=(--lod-min-px "$lod_px"); all=("${imp[@]}" --view-masks on "${lod[@]}")
+    lod=(--lod-min-px "$lod_px"); all=("${imp[@]}" --view-masks on "${lod[@]}"); visible=(--visible-adam)
+    allva=("${all[@]}" --visible-adam)  # Adam over the rows a step drew alone: the fixed cost that dominates at 3 ms
     # compiles the kernels before any timed run: the pass's (one at 500) and the densification's (from 500)
     train warm 1100 "${LEGO[@]}" "${all[@]/3000/500}"
     for scene in ${SCENES:-lego fern}; do
         args=${scene^^}[@]
-        for v in base imp masks lod all; do
+        for v in ${VARIANTS:-base imp masks lod all}; do
             extra=${v}[@]; [ $v = base ] && extra=none[@]
             if [ "${3:-}" = serial ]; then
                 train "${scene}_${v}_s$seed" 7000 "${!args}" --seed "$seed" ${!extra+"${!extra}"}
@@ -235,7 +237,8 @@ blitzcity)  # issue 27: the generated city (small preset), 7k: today's defaults,
     [ -d .data/city ] || python3 run.py synth --out .data/city --preset small > "$R/synth.txt" 2>&1
     imp_t=${IMP_T:-0.0001}; lod_px=${LOD_PX:-0.5}
     imp=(--importance-every 3000 --importance-prune "$imp_t"); masks=(--importance-every 3000 --view-masks on)
-    lod=(--lod-min-px "$lod_px"); all=("${imp[@]}" --view-masks on "${lod[@]}")
+    lod=(--lod-min-px "$lod_px"); all=("${imp[@]}" --view-masks on "${lod[@]}"); visible=(--visible-adam)
+    allva=("${all[@]}" --visible-adam)
     for v in ${2:-base imp masks lod all}; do
         extra=${v}[@]; [ $v = base ] && extra=none[@]
         step "city $v"; train "city_$v" 7000 --data .data/city ${!extra+"${!extra}"}
