@@ -190,7 +190,7 @@ def recorded_settings(settings, t, comm):
         if recorded.get(k):
             recorded[k] = str(Path(recorded[k]).resolve())
     if recorded.get("batch_size") is None and comm is not None:
-        recorded["batch_size"] = t.batch  # the ranks' batch (one view a step with --exchange pixel)
+        recorded["batch_size"] = t.batch  # the ranks' batch (buckets of views a step with --exchange pixel)
     recorded.update(asdict(t.cfg))
     return recorded
 
