@@ -58,7 +58,7 @@ from numbasplat.compose import compose, compose_backward
 from numbasplat.loss import l1_ssim_loss
 from numbasplat.math.geometry import T_MIN
 from numbasplat.math.tiles import TILE, TILE_PIXELS
-from numbasplat.optim import GROUPS
+from numbasplat.optim import GROUPS, FlatParams
 from numbasplat.rendering import image_from_tiles, image_tiles
 
 from .distributed import RankedTrainer, even_bounds
@@ -297,29 +297,36 @@ class PixelExchangeTrainer(RankedTrainer):
         """Send the Gaussians whose centres left this rank's box to its owner, with their Adam moments
         and strategy statistics: one all-to-all of the leaving rows alone, packed side by side as bytes
         (every rank then holds the rows from lower ranks, its own kept rows, the rows from higher ranks:
-        a stable sort by owner on every rank).  -> how many moved over all ranks."""
+        a stable sort by owner on every rank).  The kept rows are copied once, group by group, into the
+        new shard's buffers.  -> how many moved over all ranks."""
         model, xp = self.model, self.model.xp
-        dest = self.partition.owner(model.group("means"))  # on the device: only a count comes back
-        moving = int(self.exchange.allreduce_sum(np.array([float((dest != self.rank).sum())]))[0])
+        dest = self.partition.owner(model.group("means"))  # on the device: only counts come back
+        leaving = dest != self.rank
+        moving = int(self.exchange.allreduce_sum(np.array([float(leaving.sum())]))[0])
         if moving == 0:
             return 0
         n = len(dest)
-        order = xp.argsort(dest.astype(np.int64) * n + xp.arange(n, dtype=np.int64))  # by owner, then row
-        counts = _backend.to_host(xp.bincount(dest, minlength=self.size)).astype(np.int64)
-        first = int(counts[:self.rank].sum())
-        keep, last = order[first:first + counts[self.rank]], first + int(counts[self.rank])
+        rows = xp.flatnonzero(leaving)
+        rows = rows[xp.argsort(dest[rows].astype(np.int64) * n + rows)]  # by owner, then row
+        send_counts = _backend.to_host(xp.bincount(dest[rows], minlength=self.size)).astype(np.int64)
         columns = _migrating_columns(model, self.strategy_state, n)
-        send_counts = counts.copy()
-        send_counts[self.rank] = 0
-        arrived, got = self.exchange.alltoallv(_row_bytes(columns, xp.concatenate([order[:first], order[last:]])),
-                                               send_counts)
+        arrived, got = self.exchange.alltoallv(_row_bytes(columns, rows), send_counts)
         below = int(got[:self.rank].sum())
-        table = xp.concatenate([arrived[:below], _row_bytes(columns, keep), arrived[below:]])
-        moved = _from_row_bytes(table, columns)
-        state = {w: {g: moved[(w, g)] for g in GROUPS} for w in ("params", "m", "v")}
-        self.model = GaussianModel.from_state({**state, "step": model.adam.step_count}, self._shard_backend(),
-                                              *self.adam_betas())
-        self.strategy_state = {k: a for (w, k), a in moved.items() if w == "strategy"}
+        incoming = _from_row_bytes(arrived, columns)
+        keep = xp.flatnonzero(~leaving)
+        kept = slice(below, below + len(keep))
+        flat = {w: FlatParams(len(keep) + len(arrived), model.sh_bases, xp) for w in ("params", "m", "v")}
+        strategy = {}
+        for (w, g), a in columns.items():
+            if w == "strategy":
+                new = strategy[g] = xp.empty((flat["params"].n,) + a.shape[1:], a.dtype)
+            else:
+                new = flat[w].view(g)
+            came = incoming[w, g]
+            new[:below], new[kept], new[kept.stop:] = came[:below], xp.asarray(a)[keep], came[below:]
+        self.model = GaussianModel.from_flat(flat["params"], flat["m"].data, flat["v"].data, model.adam.step_count,
+                                             self._shard_backend(), *self.adam_betas())
+        self.strategy_state = strategy
         self._count()
         return moving
 
