@@ -431,9 +431,8 @@ class PixelExchangeTrainer(RankedTrainer):
         shares, back, returned, new_marks, grads = [], TileMessages(self.size), TileMessages(self.size), [], {}
         self._view0 = None
         for k in mine:
-            plan = plans[k]
-            lo, hi = plan.range(plan.composers.index(me))
-            first = plan.band(plan.composers.index(me))[2]
+            plan, j_me = plans[k], plans[k].composers.index(me)
+            (lo, hi), first = plan.range(j_me), plan.band(j_me)[2]
             share, d_layers, marks = self._compose(plan, k, views[k], recv, recv_tiles, bg, none, renders[k].marks)
             shares.append(share)
             if marks is not None:

@@ -463,8 +463,7 @@ def pixel_traffic(g, cams, ranks, sh_degree, backend=None, saturation=False):
             in_order = xp.stack([trans[r] for r in plan.order])
             marks = Saturation.saturated(in_order, plan.order, 0, plan.n_tiles, ranks)
             composite, _ = compose(xp.stack([colours[r] for r in plan.order]), in_order, none)
-            whole = ns.project(g, cam, sh_degree=sh_degree, backend=backend, check=False)
-            single = ns.rasterize(whole, ns.bin_tiles(whole, backend), none, backend).image
+            single = ns.render(g, cam, sh_degree, none, backend=backend, check=False).render.image
             squared += float(((composite - single) ** 2).sum())
             pixels += int(composite.size)
         for r in range(ranks):  # (running counts: a range's tiles are the difference at its ends)
