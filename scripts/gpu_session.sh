@@ -232,16 +232,23 @@ blitz)  # issue 27: BlitzGS's switches on lego and fern 7k, seed S: base (today'
         wait
     done
     python3 scripts/workload_summary.py "$R"/*_s"$seed" ;;
-blitzcity)  # issue 27: the generated city (small preset), 7k: today's defaults, each switch alone, all together (serial;
-    # "blitzcity 'all base lod'": those variants, in that order)
-    [ -d .data/city ] || python3 run.py synth --out .data/city --preset small > "$R/synth.txt" 2>&1
+blitzcity)  # issue 27: the generated city (small preset; PRESET=large: the large one's 64 views at 1600x900, as
+    # batchlr), 7k: today's defaults, each switch alone, all together (serial; "blitzcity 'all base lod'": those
+    # variants, in that order; implod: the importance pass and the LOD gate without the view masks)
+    city=.data/city
+    if [ "${PRESET:-small}" = large ]; then
+        city=/tmp/city_large
+        [ -d $city ] || timeout 150 python3 run.py synth --out $city --preset large --views 64 --quiet > /dev/null 2>&1
+    fi
+    [ -d $city ] || python3 run.py synth --out $city --preset small > "$R/synth.txt" 2>&1
     imp_t=${IMP_T:-0.0001}; lod_px=${LOD_PX:-0.5}
     imp=(--importance-every 3000 --importance-prune "$imp_t"); masks=(--importance-every 3000 --view-masks on)
     lod=(--lod-min-px "$lod_px"); all=("${imp[@]}" --view-masks on "${lod[@]}"); visible=(--visible-adam)
-    allva=("${all[@]}" --visible-adam)
+    allva=("${all[@]}" --visible-adam); implod=("${imp[@]}" "${lod[@]}")
+    train warm 1100 --data $city "${all[@]/3000/500}"  # compiles every kernel before the timed runs
     for v in ${2:-base imp masks lod all}; do
         extra=${v}[@]; [ $v = base ] && extra=none[@]
-        step "city $v"; train "city_$v" 7000 --data .data/city ${!extra+"${!extra}"}
+        step "city $v"; train "city_$v" 7000 --data $city ${!extra+"${!extra}"}
     done
     python3 scripts/workload_summary.py "$R"/city_* ;;
 blitzmpi)  # issue 27: load imbalance of contiguous against parity shards, P ranks (fern, 2000 images, then the city)
