@@ -16,8 +16,8 @@ from ..math.blend import blend_step, dominant_step, store_pixel
 from ..math.sh import sh_basis, sh_basis_jacobian
 from ..math.tiles import TILE, tile_grid
 from .launch import F1, F2, F3, I1, I2, U1, array_module, kernel, per_item
-from .tile import (BLOCK, NF, NG, ONE, RED_ROWS, ZERO, backward_hit, chunk_hits, composite_chunks, field,
-                   flat_records, next_hit, pixel_of_tile, record_alpha, record_reaches)
+from .tile import (BLOCK, NF, NG, ONE, RED_ROWS, ZERO, add_over_warp, backward_hit, chunk_hits, composite_chunks,
+                   field, flat_records, next_hit, pixel_of_tile, record_alpha, record_reaches, warp_all)
 
 BATCH_WORDS = BLOCK * NF    # a batch of records in shared memory (a constant, as Numba needs)
 
@@ -307,11 +307,10 @@ def _contributions_kernel(proj, ids, ranges, W, H, tiles_x, dominant, total):
     """Each pixel's dominant Gaussian, and each Gaussian's contributions added into ``total``.
 
     As the forward kernel: the tile's records stream through shared memory a batch at a time,
-    front to back, until every pixel is done.  A thread walks every record of a batch (the
-    forward's warp culling only saves work, on records under the alpha threshold at all of the
-    warp's pixels: this pass runs once a view for pruning, not every step).  The batch's
-    contributions are summed per record by shared-memory atomics, then each record's sum is added
-    into ``total`` by one global atomic."""
+    front to back, until every pixel is done, and a warp visits only the records that may reach
+    its pixels (``chunk_hits``: the others are under the alpha threshold on all of them).  A
+    record's contributions are summed over the warp (``add_over_warp``), into a shared slot per
+    record of the batch, then each record's sum is added into ``total`` by one global atomic."""
     rec = cuda.shared.array(BATCH_WORDS, float32)
     rid = cuda.shared.array(BLOCK, int32)
     acc = cuda.shared.array(BLOCK, float32)  # per record of the batch: its contributions over the tile
@@ -328,14 +327,20 @@ def _contributions_kernel(proj, ids, ranges, W, H, tiles_x, dominant, total):
             _load(proj, ids, base + tid, rec, rid, tid)
         acc[tid] = ZERO
         cuda.syncthreads()
-        for j in range(int32(0), n):
-            if done:
+        for c in range(int32(0), n, int32(32)):
+            if warp_all(done):
                 break
-            w, T, done = blend_step(record_alpha(rec, NF, j, fx, fy)[0], T)
-            k, best, best_g = dominant_step(w, rec[field(j, go.RED, NF)], rec[field(j, go.GREEN, NF)],
-                                            rec[field(j, go.BLUE, NF)], rid[j], best, best_g)
-            if k > ZERO:
-                cuda.atomic.add(acc, j, k)
+            k = int32(c + lane)
+            hits = chunk_hits(k < n and record_reaches(rec, NF, k, x0, x1, y0, y1), int32(n - c))
+            while hits != 0:
+                h, hits = next_hit(hits)
+                j = int32(c + h)
+                mine = ZERO
+                if not done:
+                    w, T, done = blend_step(record_alpha(rec, NF, j, fx, fy)[0], T)
+                    mine, best, best_g = dominant_step(w, rec[field(j, go.RED, NF)], rec[field(j, go.GREEN, NF)],
+                                                       rec[field(j, go.BLUE, NF)], rid[j], best, best_g)
+                add_over_warp(acc, j, mine, lane)
         cuda.syncthreads()
         if tid < n and acc[tid] != ZERO:  # (slot tid is this thread's to load again next batch)
             cuda.atomic.add(total, rid[tid], acc[tid])

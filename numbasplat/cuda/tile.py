@@ -139,6 +139,12 @@ if SIM:
         return low.bit_length() - 1, m ^ low
 
     @cuda.jit(device=True)
+    def add_over_warp(acc, j, v, lane):
+        """``acc[j] += v`` from every thread (no shuffles here: one shared atomic a thread)."""
+        if v != ZERO:
+            cuda.atomic.add(acc, j, v)
+
+    @cuda.jit(device=True)
     def _reduce_add(grad, g, tid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11):
         """Block sum through shared memory (the simulator has no warp shuffles).
         ``grad`` is the flat (N * NG) view of the gradient records."""
@@ -186,6 +192,15 @@ else:
     def next_hit(m):
         """(index of the lowest set bit, m without it)."""
         return int32(cuda.ffs(m) - 1), uint32(m & uint32(m - uint32(1)))
+
+    @cuda.jit(device=True, inline=True)
+    def add_over_warp(acc, j, v, lane):
+        """``acc[j] += v`` summed over the warp first (5 shuffles), then one atomic from lane 0
+        instead of up to 32 on the same address.  Every lane of the warp must call it."""
+        for bit in (16, 8, 4, 2, 1):
+            v += cuda.shfl_xor_sync(FULL_MASK, v, bit)
+        if lane == 0 and v != ZERO:
+            cuda.atomic.add(acc, j, v)
 
     @cuda.jit(device=True, inline=True)
     def _fold(lane, bit, lo, hi):
