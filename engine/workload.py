@@ -221,9 +221,11 @@ class Workload:
         params = model_state["params"]
         g = ns.Gaussians(**{k: xp.asarray(a) for k, a in params.items()})
         cameras = [v.camera for v in trainer.data.train]
+        t0 = time.perf_counter()
         importance, skip = importance_scores(g, cameras, trainer.sh_degree_now(), trainer.cfg.antialias,
                                              self.mask_below, backend)
-        top = float(importance.max()) if len(importance) else 0.0
+        top = float(importance.max()) if len(importance) else 0.0  # (a sync: the renders are done)
+        render_seconds = time.perf_counter() - t0
         normalised = importance / top if top > 0 else importance
         keep = normalised >= self.prune if self.prune > 0 else xp.ones(len(g), bool)
         if not bool(keep.any()):  # never the whole model
@@ -236,7 +238,8 @@ class Workload:
         kept[IMPORTANCE_WEIGHT] = _backend.to_host(weights)[rows]
         kept[VIEW_SKIP] = _backend.to_host(skip)[rows]
         masked = float(np.unpackbits(kept[VIEW_SKIP], axis=1, count=len(cameras)).mean()) if len(rows) else 0.0
-        report = {"gaussians_before": len(keep), "gaussians": len(rows), "pruned": len(keep) - len(rows),
+        report = {"render_seconds": render_seconds,
+                  "gaussians_before": len(keep), "gaussians": len(rows), "pruned": len(keep) - len(rows),
                   "masked_fraction": masked, "weight_below_one": float((kept[IMPORTANCE_WEIGHT] < 1).mean())
                   if len(rows) else 0.0}
         return model_state, kept, report
