@@ -344,9 +344,12 @@ pixelbatch)  # issue 25: the pixel exchange's views in flight (--batch-size B): 
 pixelpolish)  # issue 25: does P = 4's shortfall come from the blend order? lego at P ranks (default 4): the pixel
     # exchange to 7k, against the pixel exchange to STEPS (default 6000) and the Gaussian-level exchange (one view a
     # step, the single render's blend order, the model is judged in) from its snapshot to 7k
+    # (NOBASE=1: the second leg alone, against an earlier run of the first)
     p=${2:-4}; at=${STEPS:-6000}
-    step pixel; mpi "$p" --out "$R/pixel" --iters 7000 --eval --quiet "${LEGO[@]}" --exchange pixel > "$R/pixel.txt" 2>&1
-    echo "pixel to 7000: $(grep -av Warn "$R/pixel.txt" | tail -1)"
+    if [ -z "${NOBASE:-}" ]; then
+        step pixel; mpi "$p" --out "$R/pixel" --iters 7000 --eval --quiet "${LEGO[@]}" --exchange pixel > "$R/pixel.txt" 2>&1
+        echo "pixel to 7000: $(grep -av Warn "$R/pixel.txt" | tail -1)"
+    fi
     step polished; mpi "$p" --out "$R/polished" --iters "$at" --quiet "${LEGO[@]}" --exchange pixel > "$R/polished.txt" 2>&1
     mpi "$p" --out "$R/polished" --iters 7000 --eval --quiet --resume "${LEGO[@]}" --exchange gaussian --batch-size 1 \
         >> "$R/polished.txt" 2>&1
