@@ -9,7 +9,7 @@ import numbasplat as ns
 from numbasplat import backend as _backend
 from numbasplat.loss import l1_ssim_loss, psnr
 
-from .model import GaussianModel
+from .model import GROUPS, GaussianModel
 from .trainer import PhaseClock, Trainer
 
 
@@ -24,6 +24,12 @@ class SingleGPUTrainer(Trainer):
 
     def gather_state(self):
         return self.model.state(), {k: _backend.to_host(a) for k, a in self.strategy_state.items()}
+
+    def whole_state(self):
+        """The model's own buffers and strategy state, on the device (the importance pass cuts its
+        rows there: no copies to the host and back)."""
+        groups = {w: {g: self.model.group(g, w) for g in GROUPS} for w in ("params", "m", "v")}
+        return {**groups, "step": self.model.adam.step_count}, dict(self.strategy_state)
 
     def whole_model(self):
         return self.model

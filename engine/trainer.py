@@ -413,6 +413,12 @@ class Trainer(ABC):
         """-> (the whole model's ``state()``, the strategy's state), host arrays, on the root rank;
         None on the others.  Collective: every rank calls it."""
 
+    def whole_state(self):
+        """What ``gather_state`` gives, for a pass that cuts the model's rows and starts again from
+        them (``start_from``): a pipeline holding the whole model in this process may give its own
+        device arrays instead of host copies (read them before changing the model).  Collective."""
+        return self.gather_state()
+
     @abstractmethod
     def whole_model(self):
         """The whole model (a ``GaussianModel``) on the root rank, which evaluates it; None on the

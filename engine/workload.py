@@ -203,7 +203,7 @@ class Workload:
         """The importance pass on ``trainer``'s whole model (collective): prune, weigh, mask, and
         start every rank from the result.  -> the events to log."""
         t0 = time.perf_counter()
-        gathered = trainer.gather_state()
+        gathered = trainer.whole_state()
         result = None
         if gathered is not None:
             result = self._score_whole(trainer, *gathered)
@@ -216,10 +216,11 @@ class Workload:
         return {"importance_pass": {**report, "seconds": seconds}, "gaussians": report["gaussians"]}
 
     def _score_whole(self, trainer, model_state, strategy_state):
-        """The pass on the root: host states in, host states out, and the pass's report."""
+        """The pass on the root: the whole states in (``Trainer.whole_state``: host arrays, or a
+        single process's device arrays), the kept rows of them out, and the pass's report."""
         xp, backend = trainer.xp, trainer.backend
         params = model_state["params"]
-        g = ns.Gaussians(**{k: xp.asarray(a) for k, a in params.items()})
+        g = ns.Gaussians(**{k: xp.asarray(a) for k, a in params.items()})  # (no copy where on the device)
         cameras = [v.camera for v in trainer.data.train]
         t0 = time.perf_counter()
         importance, skip = importance_scores(g, cameras, trainer.sh_degree_now(), trainer.cfg.antialias,
@@ -231,13 +232,19 @@ class Workload:
         if not bool(keep.any()):  # never the whole model
             keep = xp.ones(len(g), bool)
         weights = densify_weights(importance, xp)
-        rows = _backend.to_host(xp.flatnonzero(keep))
-        model_state = {**{w: {k: a[rows] for k, a in model_state[w].items()} for w in ("params", "m", "v")},
+        rows = xp.flatnonzero(keep)
+        if _backend.array_module_of(params["means"]) is not xp:  # host states (gathered): host results
+            rows = _backend.to_host(rows)
+
+        def kept_rows(a):  # on the states' side
+            return _backend.to_host(a)[rows] if isinstance(rows, np.ndarray) else a[rows]
+        model_state = {**{w: {k: kept_rows(a) for k, a in model_state[w].items()} for w in ("params", "m", "v")},
                        "step": model_state["step"]}
-        kept = {k: a[rows] for k, a in strategy_state.items() if k in STATISTICS and len(a) == len(keep)}
-        kept[IMPORTANCE_WEIGHT] = _backend.to_host(weights)[rows]
-        kept[VIEW_SKIP] = _backend.to_host(skip)[rows]
-        masked = float(np.unpackbits(kept[VIEW_SKIP], axis=1, count=len(cameras)).mean()) if len(rows) else 0.0
+        kept = {k: kept_rows(a) for k, a in strategy_state.items() if k in STATISTICS and len(a) == len(keep)}
+        kept[IMPORTANCE_WEIGHT] = kept_rows(weights)
+        kept[VIEW_SKIP] = kept_rows(skip)
+        masked = (float(np.unpackbits(_backend.to_host(kept[VIEW_SKIP]), axis=1, count=len(cameras)).mean())
+                  if len(rows) else 0.0)
         report = {"render_seconds": render_seconds,
                   "gaussians_before": len(keep), "gaussians": len(rows), "pruned": len(keep) - len(rows),
                   "masked_fraction": masked, "weight_below_one": float((kept[IMPORTANCE_WEIGHT] < 1).mean())
