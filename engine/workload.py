@@ -97,21 +97,27 @@ def set_view_bit(packed, view, rows_set, xp):
     packed[:, view // 8] |= rows_set.astype(np.uint8) << np.uint8(7 - view % 8)
 
 
-def importance_scores(g, cameras, sh_degree, antialias, mask_below, backend=None):
+def importance_scores(g, cameras, sh_degree, antialias, mask_below, backend=None, clock=None):
     """-> (importance (N,) float64: each Gaussian's sum of ``T alpha`` over the pixels of every
     view, skip (N, ceil(V / 8)) uint8: bit v set where its sum in view v is under ``mask_below``),
     on the backend's arrays: every view projected, binned and composited by the contributions
-    kernel on unit colours (forward only)."""
+    kernel on unit colours (forward only).  ``clock``: a ``trainer.PhaseClock`` that times the
+    stages, summed over the views (scripts/pass_profile.py)."""
     xp = _backend.array_module(backend)
     n = len(g)
     total = xp.zeros(n, np.float64)
     skip = xp.zeros((n, (len(cameras) + 7) // 8), np.uint8)
+    mark = clock.end if clock is not None else (lambda stage: None)
     for v, cam in enumerate(cameras):
         p = ns.project(g, cam, sh_degree=sh_degree, antialias=antialias, backend=backend, check=False)
+        mark("project")
         b = ns.bin_tiles(p, backend=backend)
+        mark("bin")
         _, weight = ns.contributions(p, b, backend=backend, colour=False)
+        mark("contributions")
         total += weight
         set_view_bit(skip, v, weight < mask_below, xp)
+        mark("masks")
     return total, skip
 
 
@@ -232,12 +238,11 @@ class Workload:
         if not bool(keep.any()):  # never the whole model
             keep = xp.ones(len(g), bool)
         weights = densify_weights(importance, xp)
-        rows = xp.flatnonzero(keep)
-        if _backend.array_module_of(params["means"]) is not xp:  # host states (gathered): host results
-            rows = _backend.to_host(rows)
+        on_host = _backend.array_module_of(params["means"]) is not xp  # gathered states: host results
+        rows = _backend.to_host(xp.flatnonzero(keep)) if on_host else xp.flatnonzero(keep)
 
         def kept_rows(a):  # on the states' side
-            return _backend.to_host(a)[rows] if isinstance(rows, np.ndarray) else a[rows]
+            return (_backend.to_host(a) if on_host else a)[rows]
         model_state = {**{w: {k: kept_rows(a) for k, a in model_state[w].items()} for w in ("params", "m", "v")},
                        "step": model_state["step"]}
         kept = {k: kept_rows(a) for k, a in strategy_state.items() if k in STATISTICS and len(a) == len(keep)}

@@ -235,12 +235,13 @@ blitz)  # issue 27: BlitzGS's switches on lego and fern 7k, seed S: base (today'
 blitzcity)  # issue 27: the generated city (small preset; PRESET=large: the large one's 64 views at 1600x900, as
     # batchlr), 7k: today's defaults, each switch alone, all together (serial; "blitzcity 'all base lod'": those
     # variants, in that order; implod: the importance pass and the LOD gate without the view masks)
-    city=.data/city
     if [ "${PRESET:-small}" = large ]; then
         city=/tmp/city_large
         [ -d $city ] || timeout 150 python3 run.py synth --out $city --preset large --views 64 --quiet > /dev/null 2>&1
+    else
+        city=.data/city
+        [ -d $city ] || python3 run.py synth --out $city --preset small > "$R/synth.txt" 2>&1
     fi
-    [ -d $city ] || python3 run.py synth --out $city --preset small > "$R/synth.txt" 2>&1
     imp_t=${IMP_T:-0.0001}; lod_px=${LOD_PX:-0.5}
     imp=(--importance-every 3000 --importance-prune "$imp_t"); masks=(--importance-every 3000 --view-masks on)
     lod=(--lod-min-px "$lod_px"); all=("${imp[@]}" --view-masks on "${lod[@]}"); visible=(--visible-adam)

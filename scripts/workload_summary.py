@@ -1,7 +1,7 @@
 """One line per training run of the BlitzGS ablation (scripts/gpu_session.sh blitz): test PSNR,
-training seconds, the importance passes' seconds and share (and their renders' seconds), the mean Gaussians drawn per view
-(the log's ``drawn_per_view``, where a switch was on; else the model's mean size), the final count
-and, under MPI, the mean ``projected_imbalance``.
+training seconds, the importance passes' seconds and share (and their renders' seconds), the mean
+Gaussians drawn per view (the log's ``drawn_per_view``, where a switch was on; else the model's mean
+size), the final count and, under MPI, the mean ``projected_imbalance``.
 
     python scripts/workload_summary.py OUT_DIR [OUT_DIR ...]
 """
@@ -34,8 +34,8 @@ def summary(out):
     steps = records[-1]["step"] if records else 0
     share = 100 * passes / max(train, 1e-9)
     line = (f"{out.name}: PSNR {metrics.get('psnr', float('nan')):.2f} dB, {train:.1f} s training "
-            f"({1e3 * train / max(steps, 1):.2f} ms a step; {steady_ms(records):.2f} in the second half), passes {passes:.1f} s ({share:.1f}%; "
-            f"their renders {rendering:.1f} s), "
+            f"({1e3 * train / max(steps, 1):.2f} ms a step; {steady_ms(records):.2f} in the second half), "
+            f"passes {passes:.1f} s ({share:.1f}%; their renders {rendering:.1f} s), "
             f"{per_view}, final {metrics.get('gaussians', '?')} Gaussians")
     if imbalance:
         line += f", projected imbalance {sum(imbalance) / len(imbalance):.3f}"
