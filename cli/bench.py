@@ -25,7 +25,8 @@ def cmd_scaling(a):
         raise ValueError(f"--pipeline single runs on one rank, not {comm.Get_size()}: leave it out under mpiexec")
     options = dict(iters=a.iters, warmup=a.warmup, grad_comm=a.grad_comm, transport=a.transport,
                    model_ranks=a.model_ranks, link_gbs=a.link_gbs or scaling.NVLINK_GBS,
-                   balanced=a.model_bounds == "balanced", loss=a.loss)
+                   balanced=a.model_bounds == "balanced", loss=a.loss, timeline=a.timeline,
+                   timeline_trace=a.timeline_trace)
     with tempfile.TemporaryDirectory(prefix="scaling-") as tmp:  # --model's trainer writes nothing there
         if comm is None:
             return scaling.run(_workload(a, scaling, tmp), **options)
@@ -240,6 +241,11 @@ def add_commands(sub):
     c.add_argument("--link-gbs", type=positive, default=None, metavar="GB/s",
                    help="the cost model's link, gigabytes per second per GPU and direction (default: NCCL's "
                         "effective NVLink 4 bandwidth, engine/scaling.py NVLINK_GBS)")
+    c.add_argument("--timeline", type=count(0), default=0, metavar="STEPS",
+                   help="then this many steps under CUPTI (needs torch): kernels, device busy and idle time and "
+                        "host waits per step (engine/timeline.py)")
+    c.add_argument("--timeline-trace", default=None, metavar="FILE.json.gz",
+                   help="with --timeline: also write the trace there (Perfetto or chrome://tracing open it)")
     c.set_defaults(fn=cmd_scaling)
     i = sub.add_parser("info", help="print the backend, GPU, MPI and versions")
     i.set_defaults(fn=cmd_info)

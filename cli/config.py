@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .args import count, fraction, nonnegative, percent, positive
 
-COMMAND_LINE_ONLY = ("config", "resume", "quiet", "viewer", "port", "host")  # what this invocation does, not a
+COMMAND_LINE_ONLY = ("config", "resume", "quiet", "viewer", "port", "host", "timeline")  # what this invocation does, not a
                                                                              # setting of the run
 NOT_RECORDED = COMMAND_LINE_ONLY + ("out",)         # cfg.json lies in OUT: a copy of the run goes elsewhere
 

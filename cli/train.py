@@ -156,6 +156,12 @@ def train_model(dataset, a, cfg, settings=None):
             print(f"resumed from {snap} at step {t.step}")
     if settings is not None and t.is_root:
         write_settings(t.out / "cfg.json", recorded_settings(settings, t, comm))
+    if getattr(a, "timeline", None):
+        from engine.timeline import TrainingTimeline
+        rank = comm.Get_rank() if comm is not None else 0
+        name = "timeline.json.gz" if comm is None else f"timeline_rank{rank}.json.gz"
+        say = print if comm is None else (lambda line: print(f"rank {rank}: {line}"))
+        t.step_hooks.append(TrainingTimeline(*a.timeline, keep=Path(a.out) / name, log=say))
     if getattr(a, "viewer", False):
         from engine.viewer import DEFAULT_HOST, DEFAULT_PORT, live_viewer
         t.live_view = live_viewer(t, a.port or DEFAULT_PORT, a.host or DEFAULT_HOST)
@@ -310,6 +316,9 @@ def add_train_options(p):
                    help="serve the model in the browser while it trains (the viewer extra; rank 0 under MPI; "
                         "--port, --host); it takes at most about 5%% of the training's time")
     add_viewer_options(p)
+    p.add_argument("--timeline", type=step_window, default=None, metavar="START:STEPS",
+                   help="record STEPS steps after step START under CUPTI (needs torch): print kernels, device busy "
+                        "and idle time and host waits per step, keep the trace in OUT/timeline.json.gz (Perfetto)")
     p.add_argument("--batch-size", type=count(1), default=None,
                    help="views per step (default: the number of MPI ranks; given without mpirun, the batched "
                         "pipeline runs in one process); with --exchange pixel, the views in flight: buckets of "
@@ -350,6 +359,17 @@ def add_train_options(p):
                    help="how GPU buffers cross ranks under MPI: auto picks a CUDA-aware MPI, else NCCL when "
                         "every rank has its own GPU, else copies through host memory")
     add_config_options(p)
+
+
+def step_window(text):
+    """argparse type of ``--timeline``: START:STEPS, two integers (START >= 0, STEPS >= 2)."""
+    try:
+        start, steps = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START:STEPS (two integers), got {text!r}") from None
+    if start < 0 or steps < 2:
+        raise argparse.ArgumentTypeError(f"START must be at least 0 and STEPS at least 2, got {text!r}")
+    return start, steps
 
 
 def train_parser():

@@ -37,6 +37,7 @@ from numbasplat.math.tiles import TILE_PIXELS
 
 from .distributed import balanced_bounds, even_bounds
 from .gaussian_exchange import halo_ranges
+from . import timeline as timeline_module
 from .trainer import PHASES, initial_arrays
 
 # NCCL's effective NVLink 4 bandwidth (H100, H200), GB/s per GPU and direction: the 450 GB/s line
@@ -130,15 +131,19 @@ def model_workload(trainer, views=None):
 
 
 def run(workload, iters=30, warmup=5, comm=None, grad_comm="sparse", transport="auto", backend=None,
-        model_ranks=(), link_gbs=NVLINK_GBS, balanced=True, loss="global", out=print):
+        model_ranks=(), link_gbs=NVLINK_GBS, balanced=True, loss="global", timeline=0,
+        timeline_trace=None, out=print):
     """Train ``workload`` (or a benchmark scene's path) and report: images per second, the phase
     table per rank, and on one rank the peak device memory and, for each of ``model_ranks``, the
     bytes a step of the Gaussian-exchange pipeline would move over that many ranks and the step
     time the cost model (``predict_step``) gives for them.  ``comm``: the ranks (None: the
     single-GPU pipeline; ``COMM_SELF``: the batched one on one rank).  ``balanced``: the modelled
     renderers' tile ranges balance the batch's intersections (else even).  Returns the report's
-    numbers (rank 0's; the others return None).  ``loss``: the training loss (``tile``: the fused
-    kernel on GPUs)."""
+    numbers (rank 0's; the others return None).  Each timed step starts and ends synced (its
+    median is the step's time); then ``iters`` steps run back to back, as in training, where the
+    host queues a step while the device still works on the last (their mean: the throughput).  ``loss``: the training loss (``tile``: the fused
+    kernel on GPUs).  ``timeline``: that many more steps (one rank) under CUPTI (``engine.timeline``):
+    kernels, device busy and idle time, and host waits per step; the trace kept at ``timeline_trace``."""
     from engine.trainer import TrainConfig
     if not isinstance(workload, Workload):
         workload = scene_workload(workload, backend=backend)
@@ -173,11 +178,21 @@ def run(workload, iters=30, warmup=5, comm=None, grad_comm="sparse", transport="
                 steps.append(time.perf_counter() - t0)
                 losses.append(loss)  # read after the timing: reading a LazyLoss syncs
         peak = peak_device_bytes()
+        _sync(t, comm)
+        t0 = time.perf_counter()
+        for _ in range(iters):  # as training runs: the host queues the next step while the device works
+            t.train_step()
+        _sync(t, comm)
+        back_to_back = (time.perf_counter() - t0) / iters
         phases = []
         t.time_phases = True  # then the phases, on steps synced at their boundaries
         for _ in range(min(iters, 10)):
             t.train_step()
             phases.append(t.stats)
+        t.time_phases = False
+        traced = None
+        if timeline:
+            traced = timeline_module.summarize(timeline_module.record(t.train_step, timeline, timeline_trace))
         per_rank = comm.gather(phases, root=0) if comm is not None else [phases]
         if rank != 0:
             return None
@@ -189,8 +204,14 @@ def run(workload, iters=30, warmup=5, comm=None, grad_comm="sparse", transport="
         medians = [phase_medians(ph) for ph in per_rank]
         for line in phase_table(medians, len(phases)):
             say(line)
-        say(f"step {1e3 * med:.2f} ms, {t.batch / med:.1f} images/s")
-        report = {"step": med, "images_per_s": t.batch / med, "phases": medians, "gaussians": n}
+        say(f"step {1e3 * med:.2f} ms, {t.batch / med:.1f} images/s; back to back (no sync between steps, as "
+            f"training runs) {1e3 * back_to_back:.2f} ms, {t.batch / back_to_back:.1f} images/s")
+        report = {"step": med, "images_per_s": t.batch / med, "phases": medians, "gaussians": n,
+                  "back_to_back_step": back_to_back}
+        if traced:
+            for line in timeline_module.report_lines(traced):
+                say(line)
+            report["timeline"] = traced
         if size == 1:
             report.update(_model_report(t, med, medians[0], peak, model_ranks, grad_comm, link_gbs, balanced, say))
     return report

@@ -4,18 +4,90 @@ The step: render the view, L1 + SSIM loss (or ``--loss tile``: L1 + S3IM per
 tile, fused with forward and backward on GPUs), backward through
 rasterization and projection, the strategy's statistics, fused Adam, the
 strategy's densification; each a phase of ``trainer.PHASES`` (``stats``).
+On a GPU the step bins its view into room kept for it (``BinningRoom``), so
+that the host queues whole steps without waiting for the device.
 """
 import numbasplat as ns
 from numbasplat import backend as _backend
+from numbasplat.rendering import INT32_MAX
 from numbasplat.loss import l1_ssim_loss, psnr
 
 from .model import GROUPS, GaussianModel
 from .trainer import PhaseClock, Trainer
 
 
+class BinningRoom:
+    """Room for each view's tile intersections, so that a step bins without reading their total
+    back (``bin_tiles(room=)``): that read is a device sync, after which the GPU idles while the
+    host queues the rest of the step.
+
+    A view's room is its last total, scaled by the model's growth since, times ``MARGIN``, plus
+    ``SLACK``; a view not binned before is binned exactly (one sync).  Each step's total is copied
+    to the host as it is binned and read when the next step bins (by then it has arrived).  A view
+    whose intersections did not fit had its step skipped on the device (``Binning.overflow``:
+    Adam and the strategy's statistics leave that step out); it is counted in ``overflows``, and
+    its room is set from the total it had."""
+    MARGIN = 1.2
+    SLACK = 4096
+
+    def __init__(self):
+        self.last = {}       # view -> (its intersections, the model's Gaussians) when it was last binned
+        self.pending = None  # (view, Gaussians, room, HostCopy of its total) of the last step
+        self.overflows = 0
+
+    def room(self, view, gaussians):
+        """Slots for ``view``'s intersections with a model of ``gaussians`` (None: bin exactly)."""
+        if view not in self.last:
+            return None
+        total, then = self.last[view]
+        return min(int(self.MARGIN * total * max(gaussians / max(then, 1), 1.0)) + self.SLACK, INT32_MAX)
+
+    def bin(self, p, view, backend=None):
+        """``bin_tiles`` of the projection ``p`` of view ``view`` into its room."""
+        self.settle()
+        n = len(p.counts)
+        room = self.room(view, n)
+        b = ns.bin_tiles(p, backend=backend, room=room)
+        if room is None:
+            self.last[view] = (b.n_isect, n)
+        else:
+            self.pending = (view, n, room, _backend.HostCopy(b.total))
+        return b
+
+    def settle(self):
+        """Read the last step's total, and count its overflow."""
+        if self.pending is not None:
+            view, n, room, copy = self.pending
+            self.pending = None
+            total = int(copy.get()[0])
+            self.last[view] = (total, n)
+            self.overflows += total > room
+
+
 class SingleGPUTrainer(Trainer):
     """``Trainer`` with the whole model in this process (on the GPU, or the CPU backend)."""
     culls_views = True
+    binning_room = None  # bin into kept room (``BinningRoom``): None on GPUs only; True, False always, never
+    _room = None
+
+    def _bin(self, p, view):
+        """This step's binning: into the view's room where ``binning_room`` says so and no colour
+        correction is trained (its per-image update sees the render and has no skip flag)."""
+        wanted = _backend.on_gpu(self.backend) if self.binning_room is None else self.binning_room
+        if not wanted or self.appearance is not None:
+            return ns.bin_tiles(p, backend=self.backend)
+        if self._room is None:
+            self._room = BinningRoom()
+        return self._room.bin(p, view, self.backend)
+
+    def log_extra(self):
+        """The steps skipped because their intersections outgrew their room, once there are any."""
+        extra = super().log_extra()
+        if self._room is not None:
+            self._room.settle()
+            if self._room.overflows:
+                extra["binning_overflows"] = self._room.overflows
+        return extra
 
     def start_from(self, model_state, strategy_state=None):
         self.model = GaussianModel.from_state(model_state, self.backend)
@@ -47,7 +119,7 @@ class SingleGPUTrainer(Trainer):
                        check=False)  # checked at log steps: a sync
         self.workload.cull(p, g, self.strategy_state, i, self.backend)  # what its mask and LOD gate skip
         clock.end("project")
-        b = ns.bin_tiles(p, backend=self.backend)
+        b = self._bin(p, i)
         if c.loss == "tile":
             image, grad, loss = self._tile_loss_step(p, b, target, bg)
             clock.end("render")
@@ -65,11 +137,11 @@ class SingleGPUTrainer(Trainer):
         ns.project_backward(g, p, grad, model.grad_gaussians, accumulate=False, backend=self.backend)
         self._progress_view = (image, target)
         self.add_strategy_gradients()  # on top of what the backward wrote
-        strategy.after_backward(model, self.strategy_state, self.step, p, grad)
+        strategy.after_backward(model, self.strategy_state, self.step, p, grad, skip=b.overflow)
         clock.end("owner")
         lr, cols = self.learning_rates()
         visible = p.counts > 0 if c.visible_adam else None
-        model.adam.step(model.grads.data, cols, visible)
+        model.adam.step(model.grads.data, cols, visible, skip=b.overflow)
         self.step += 1
         events = strategy.after_optimizer(model, self.strategy_state, self.step, self.context(lr_means=lr["means"]))
         clock.end("optimizer")

@@ -11,7 +11,7 @@ pruning, BlitzGS's importance scores) can be added as further classes:
 
     initialize_state()                            a new state (its rows are made as the model's size is known)
     loss_gradients(model, state)                  optional regulariser gradients, added before Adam
-    after_backward(model, state, step, projection, grad, scale)
+    after_backward(model, state, step, projection, grad, scale, skip)
                                                   see one view's screen-space gradients (x scale)
     after_optimizer(model, state, step, ctx)      after Adam: densify, prune, reset, perturb;
                                                   returns a dict of what it did
@@ -146,9 +146,10 @@ class DefaultStrategy(RefineSchedule):
     def loss_gradients(self, model, state):
         return None
 
-    def after_backward(self, model, state, step, projection, grad, scale=1.0):
+    def after_backward(self, model, state, step, projection, grad, scale=1.0, skip=None):
         """Accumulate the norm of ``scale`` x the screen-space mean gradient, in NDC units as 3DGS does
-        (``scale``: a batch's view sees its gradient, not its 1/B share of the batch loss)."""
+        (``scale``: a batch's view sees its gradient, not its 1/B share of the batch loss); nothing
+        where the (1,) device flag ``skip`` is set (the optimizer's ``skip``)."""
         xp = model.xp
         if "grad" not in state or len(state["grad"]) != len(model):
             self._fresh(state, xp, len(model))
@@ -159,6 +160,8 @@ class DefaultStrategy(RefineSchedule):
         gx = grad[:, cols[0]] * (0.5 * cam.width * scale)
         gy = grad[:, cols[1]] * (0.5 * cam.height * scale)
         visible = projection.counts > 0
+        if skip is not None:
+            visible &= skip == 0
         state["grad"] += xp.where(visible, xp.sqrt(gx * gx + gy * gy), 0.0).astype(np.float32)
         state["count"] += visible.astype(np.int32)
         radius = projection.radii.max(axis=1).astype(np.float32)
@@ -255,7 +258,7 @@ class MCMCStrategy(RefineSchedule):
         """Nothing: MCMC reads only the model."""
         return {}
 
-    def after_backward(self, model, state, step, projection, grad, scale=1.0):
+    def after_backward(self, model, state, step, projection, grad, scale=1.0, skip=None):
         pass
 
     def loss_gradients(self, model, state):

@@ -155,9 +155,12 @@ class Adam:
             self.v = xp.zeros(self.params.data.shape, self.params.data.dtype)
         self.step_count = 0
         self._layout = None
+        self._no_skip = xp.zeros(1, np.int32)
 
-    def step(self, grads, lr_columns, visible=None):
-        """One update; ``grads`` is a flat buffer like ``params.data``; ``visible`` an (N,) bool mask."""
+    def step(self, grads, lr_columns, visible=None, skip=None):
+        """One update; ``grads`` is a flat buffer like ``params.data``; ``visible`` an (N,) bool mask.
+        ``skip``: a (1,) int32 device flag; where it is set the device leaves parameters and moments
+        as they are (a step whose render was cut short, known only on the device: no sync)."""
         xp = _backend.array_module(self.backend)
         p = self.params
         if self._layout is None:
@@ -168,6 +171,7 @@ class Adam:
         use_visible = visible is not None
         vis = visible if use_visible else xp.ones(1, np.bool_)
         args = (p.data, grads, self.m, self.v, *self._layout, lrs, vis, use_visible,
+                self._no_skip if skip is None else skip,
                 np.float32(self.b1), np.float32(self.b2), np.float32(self.eps),
                 np.float32(1 - self.b1 ** t), np.float32(1 - self.b2 ** t))
         if p.size:

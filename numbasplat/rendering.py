@@ -89,7 +89,9 @@ class Projection:
 class Binning:
     ids: object          # (M,) int32 Gaussian of each intersection, sorted by (tile, depth)
     ranges: object       # (tiles, 2) int32 [start, end) into ids
-    n_isect: int
+    n_isect: int         # M: the intersections, or with ``bin_tiles(room=)`` the slots they were binned into
+    total: object = None     # (1,) int64 on the device: the intersections (with ``room``, maybe more than M)
+    overflow: object = None  # with ``room``: (1,) int32 on the device, 1 if the intersections did not fit
 
 
 @dataclass
@@ -151,7 +153,7 @@ def _stable_argsort(xp, a):
     return xp.argsort(a, kind="stable") if xp is np else xp.argsort(a)
 
 
-def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1):
+def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, room=None):
     """Every tile-Gaussian intersection, sorted by (tile, depth); per-tile ranges.
 
     Two short sorts instead of one of 64-bit (tile, depth) keys: the visible
@@ -160,6 +162,11 @@ def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1):
     Gaussian index order, as a single stable key sort would.  ``total``, the
     sum of ``p.counts`` where the caller knows it, saves reading it back (a sync).
 
+    ``room`` bins without knowing the total (no sync either): into that many slots.
+    If the total does not fit, the Gaussians from the first one that does not fit
+    (in depth order) on are left out, and ``Binning.overflow`` (a device flag) says
+    so; ``Binning.total`` holds the total on the device, to read later.
+
     Records of several views of one size (a renderer's batch under MPI) bin at
     once with ``view_of`` (each record's view, int32) and ``n_views``: view b's
     tile t is then tile b * tiles + t of the ranges.
@@ -167,34 +174,44 @@ def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1):
     kernels, xp = _dispatch(backend)
     tx, ty = p.camera.tiles
     n_tiles = tx * ty
-    # culled Gaussians sort last and emit nothing (no data-dependent compaction: no device sync)
-    depth = xp.where(p.counts > 0, p.proj[:, go.DEPTH], np.inf).astype(np.float32, copy=False)
+    n = len(p.counts)
+    depth = xp.empty(n, np.float32)  # culled Gaussians sort last and emit nothing (no compaction: no sync)
+    if n:
+        kernels.depth_keys(p.proj, p.counts, depth)
     order = _stable_argsort(xp, depth)
-    counts = p.counts[order]
-    ends = xp.cumsum(counts, dtype=np.int64)
-    if total is None or xp is np:  # (free on the CPU, where the tests check the callers' totals)
-        known, total = total, int(ends[-1]) if len(ends) else 0
-        if known is not None and known != total:
-            raise ValueError(f"bin_tiles: total {known} given, but the counts add up to {total}")
-    if total > INT32_MAX:
-        raise ValueError(f"{total} tile-Gaussian intersections exceed the int32 limit; "
-                         "render at a lower resolution or with fewer/smaller Gaussians")
-    ids = xp.empty(total, np.int32)
-    tile_of = xp.empty(total, np.uint32)
-    if total:
-        offsets = (ends - counts).astype(np.int32)
-        kernels.emit_intersections(p.proj, order, p.counts, offsets, TILE, tx, ty, p.camera.width,
-                                   p.camera.height, 0, tile_of, ids)
+    ends = xp.cumsum(p.counts[order], dtype=np.int64)
+    device_total = ends[-1:] if n else xp.zeros(1, np.int64)
+    if room is not None:
+        if not 0 <= int(room) <= INT32_MAX:
+            raise ValueError(f"bin_tiles: room must be 0..{INT32_MAX} slots, got {room}")
+        slots = int(room) if n else 0
+    else:
+        if total is None or xp is np:  # (free on the CPU, where the tests check the callers' totals)
+            known, total = total, int(device_total[0])
+            if known is not None and known != total:
+                raise ValueError(f"bin_tiles: total {known} given, but the counts add up to {total}")
+        if total > INT32_MAX:
+            raise ValueError(f"{total} tile-Gaussian intersections exceed the int32 limit; "
+                             "render at a lower resolution or with fewer/smaller Gaussians")
+        slots = int(total)
+    # slots left unwritten (room to spare) keep the pad tile, which sorts after every tile, and
+    # Gaussian 0 (a valid row for the CPU backward's per-slot rows, which stay 0 there)
+    ids = xp.zeros(slots, np.int32) if room is not None else xp.empty(slots, np.int32)
+    tile_of = xp.full(slots, n_tiles, np.uint32) if room is not None else xp.empty(slots, np.uint32)
+    overflow = xp.zeros(1, np.int32)
+    if n:
+        kernels.emit_intersections(p.proj, order, p.counts, ends, TILE, tx, ty, p.camera.width, p.camera.height,
+                                   0, slots, tile_of, ids, overflow)
+    ranges = xp.zeros((n_views * n_tiles, 2), np.int32)  # empty tiles: [0, 0)
+    if slots:
         if n_views > 1:  # the views' tiles one after another; the pad id (n_tiles) after them all
             tile_of = xp.where(tile_of < n_tiles, tile_of + view_of[ids].astype(np.uint32) * np.uint32(n_tiles),
                                np.uint32(n_views * n_tiles)).astype(np.uint32, copy=False)
         keys = tile_of.astype(np.uint16) if n_views * n_tiles < 2**16 else tile_of
         perm = _stable_argsort(xp, keys)
         ids = ids[perm]
-        tile_of = tile_of[perm]
-    edges = xp.searchsorted(tile_of, xp.arange(n_views * n_tiles + 1, dtype=np.uint32)).astype(np.int32)
-    ranges = xp.stack([edges[:-1], edges[1:]], axis=1)
-    return Binning(ids, xp.ascontiguousarray(ranges), total)
+        kernels.tile_ranges(tile_of, perm, ranges)
+    return Binning(ids, ranges, slots, device_total, overflow if room is not None else None)
 
 
 def route_plan(p: Projection, view, first_tile, bounds, plan, backend=None):

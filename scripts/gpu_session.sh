@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|hostab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -425,6 +425,48 @@ fits)  # issue 26 where the model fits: /tmp/city_G from its ground truth in mem
         grep -ao '"peak_device_bytes": [0-9.e+]*' "$R/fits_${g}_$mode/metrics.json"
         rm -rf "$R/fits_${g}_$mode"/{snapshot.h5,point_cloud,test}
     done ;;
+hostshare)  # issues 22 and 27: where a step's time goes (run.py scaling --timeline: CUPTI through torch), on a fern
+    # 7k model (trained first: its 7k time and PSNR) and the 1M benchmark scene, with the global and the tile loss
+    [ -f .data/b1m.npz ] || python3 .data/scene_gen.py .data/b1m.npz --n 1000000 --res 1297x840 > /dev/null
+    [ -d "$R/f7" ] || KEEP=1 train f7 7000 "${FERN[@]}"
+    for loss in global tile; do
+        for src in fern 1m; do
+            what=(--model "$R/f7" --pipeline single --views 8); [ $src = 1m ] && what=(--scene .data/b1m.npz)
+            step "$src, $loss loss"
+            timeout 240 python3 run.py scaling "${what[@]}" --loss $loss --timeline 20 > "$R/host_${src}_$loss.txt" 2>&1
+            grep -aA30 "^phases" "$R/host_${src}_$loss.txt" | grep -av "^  *[0-9.]* *[A-Za-z_]*(" | head -16
+            grep -aA14 "^timeline" "$R/host_${src}_$loss.txt"; grep -a -i "error" "$R/host_${src}_$loss.txt" | tail -3
+        done
+    done ;;
+hostab)  # issues 22 and 27: this tree against OLD (an older checkout in a folder here; the data shared), one at
+    # a time: run.py scaling on a fern 7k model and the 1M scene (twice each, interleaved; steps synced one at a time,
+    # then back to back; a CUPTI timeline of the new tree), then fern 7k training in each tree
+    old=${OLD:?OLD=folder of the older checkout}; top=$PWD; R=$(cd "$R" && pwd)
+    [ -f .data/b1m.npz ] || python3 .data/scene_gen.py .data/b1m.npz --n 1000000 --res 1297x840 > /dev/null
+    [ -d "$R/f7" ] || KEEP=1 train f7 7000 "${FERN[@]}"
+    (cd "$old" && timeout 100 python3 run.py scaling --scene ../.data/b1m.npz --iters 3 --warmup 1 > /dev/null 2>&1)
+    for round in 1 2; do
+        for tree in new old; do
+            for src in fern 1m; do
+                what=(--model "$R/f7" --pipeline single --views 8)
+                [ $src = 1m ] && what=(--scene "$top/.data/b1m.npz")
+                extra=(); [ $tree = new ] && [ $round = 2 ] && extra=(--timeline 20)
+                dir=.; [ $tree = old ] && dir=$old
+                (cd "$dir" && timeout 200 python3 run.py scaling "${what[@]}" --iters 50 "${extra[@]}") \
+                    > "$R/ab_${src}_${tree}_$round.txt" 2>&1
+                echo "$src $tree $round: $(grep -a "^step" "$R/ab_${src}_${tree}_$round.txt")"
+                grep -a "^timeline" "$R/ab_${src}_${tree}_$round.txt"; grep -a -i "error" "$R/ab_${src}_${tree}_$round.txt" | tail -2
+            done
+        done
+    done
+    for tree in new old; do
+        dir=.; [ $tree = old ] && dir=$old
+        (cd "$dir" && timeout 200 python3 run.py train --out "$R/fern_$tree" --iters 7000 --eval --quiet \
+            --data "$top/.data/fern" --images images_8 > "$R/fern_$tree.txt" 2>&1)
+        echo "fern 7k, $tree tree: $(grep -av Warn "$R/fern_$tree.txt" | tail -1)"
+        grep -ao '"binning_overflows": [0-9]*' "$R/fern_$tree/log.jsonl" | tail -1
+        rm -rf "$R/fern_$tree"/{snapshot.h5,test_renders,point_cloud}
+    done ;;
 viewer)  # issue 28, headless: the viewer's frame latency per render mode at 1M Gaussians and 1920x1080 (render,
     # to the host, JPEG), then the training slowdown of train --viewer's hook on lego, 2000 images, with a client
     # whose camera moves every step (always wanting a frame); bound 10% (about a minute and a half).
@@ -438,7 +480,7 @@ viewer)  # issue 28, headless: the viewer's frame latency per render mode at 1M 
     timeout 300 python3 scripts/viewer_bench.py slowdown "${LEGO[@]}" --iters 2000 --repeats 2 \
         > "$R/viewer_slowdown.txt" 2>&1
     cat "$R/viewer_slowdown.txt" ;;
-*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
+*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|hostab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
 esac
 step done
 (cd "$OUT" && tar czf "logs_$part.tgz" --exclude="*.h5" --exclude="*.ply" --exclude="*.png" --exclude="*.prof*" r && rm -rf r)

@@ -73,6 +73,8 @@ def compare_adam(steps=3):
         grads = rng.normal(size=a.size).astype(np.float32)
         oa.step(grads, lrs, vis)
         ob.step(xp.asarray(grads), lrs, None if vis is None else xp.asarray(vis))
+        ob.step(xp.asarray(grads), lrs, skip=xp.ones(1, np.int32))  # skipped: leaves the state
+        ob.step_count -= 1
     print("adam")
     failures = []
     for key, got, ref in (("params", b.data, a.data), ("m", ob.m, oa.m), ("v", ob.v, oa.v)):
@@ -80,6 +82,31 @@ def compare_adam(steps=3):
         print(f"  {key:12s} {'ok' if err <= GRAD_TOL else 'FAIL'} err={err:.2e} (tol {GRAD_TOL:g})")
         if err > GRAD_TOL:
             failures.append("adam " + key)
+    return failures
+
+
+def compare_binning_room():
+    """Binning into room (``bin_tiles(room=)``) on both backends: with room to spare and with too
+    little, the same ranges, the same Gaussians in them, the same overflow flag and total."""
+    xp = array_module("cuda")
+    g, cam = edge_case_scene(n=40, seed=10, dtype=np.float32), look_at_camera(W=37, H=29)
+    failures = []
+    total = None
+    for name, spare in (("spare", 9), ("short", -5)):
+        out = {}
+        for backend, put in (("cpu", np.asarray), ("cuda", xp.asarray)):
+            p = ns.project(ns.Gaussians(**{k: put(a) for k, a in g.arrays().items()}), cam, backend=backend)
+            if total is None:
+                total = ns.bin_tiles(p, backend=backend).n_isect
+            b = ns.bin_tiles(p, backend=backend, room=total + spare)
+            ranges = to_host(b.ranges)
+            out[backend] = (ranges, [list(to_host(b.ids)[s:e]) for s, e in ranges], int(to_host(b.overflow)[0]),
+                            int(to_host(b.total)[0]))
+        ok = (np.array_equal(out["cpu"][0], out["cuda"][0]) and out["cpu"][1:] == out["cuda"][1:]
+              and out["cpu"][2] == (spare < 0) and out["cpu"][3] == total)
+        print(f"binning into room, {name}: {'ok' if ok else 'FAIL'}")
+        if not ok:
+            failures.append("binning room " + name)
     return failures
 
 
@@ -248,6 +275,7 @@ def main(sizes=((37, 29, 40), (48, 32, 150))):  # (W, H, Gaussians): 150 spans t
     print("empty scene")
     failures += compare(empty, look_at_camera(W=20, H=17), (0.3, 0.3, 0.3), False, seed=9)
     failures += compare_adam()
+    failures += compare_binning_room()
     failures += compare_routes()
     failures += compare_contributions()
     failures += compare_cull()

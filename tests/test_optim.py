@@ -54,6 +54,22 @@ def test_fused_adam_matches_numpy(visible_only):
         np.testing.assert_array_equal(flat.view("means")[never], start["means"][never])
 
 
+def test_adam_skip_flag_leaves_the_state():
+    """A set skip flag (a device flag on GPUs) leaves parameters and moments as they are."""
+    g = edge_case_scene(n=9, dtype=np.float32)
+    flat = FlatParams.from_gaussians(g)
+    opt = Adam(flat, backend="cpu")
+    lrs = column_lrs(LR, flat.sh_bases)
+    grads = np.random.default_rng(1).normal(size=flat.size).astype(np.float32)
+    opt.step(grads, lrs)
+    state = [a.copy() for a in (flat.data, opt.m, opt.v)]
+    opt.step(grads, lrs, skip=np.ones(1, np.int32))
+    for a, b in zip(state, (flat.data, opt.m, opt.v)):
+        np.testing.assert_array_equal(a, b)
+    opt.step(grads, lrs, skip=np.zeros(1, np.int32))
+    assert not np.array_equal(state[0], flat.data)
+
+
 def test_adam_step_bound_holds_and_is_reached():
     """The fused Adam's steps (visible-only, rows skipping steps) never move a parameter by more than
     ``adam_step_bound`` learning rates; gradients growing by b2 / b1 a step (where Cauchy-Schwarz is

@@ -6,6 +6,7 @@ from numba import njit
 import numbasplat as ns
 from numbasplat import rendering as rz
 from numbasplat.cuda.tile import WARP_H, WARP_W
+from numbasplat.math import gaussian_ops as go
 from numbasplat.math.blend import gaussian_alpha, reaches_box
 from numbasplat.math.geometry import ALPHA_MIN
 from tests.scenes import edge_case_scene, look_at_camera
@@ -133,6 +134,38 @@ def test_binning_takes_a_known_total_and_checks_it():
     np.testing.assert_array_equal(b.ranges, ref.ranges)
     with pytest.raises(ValueError, match=f"total {ref.n_isect + 1} given, but the counts add up to {ref.n_isect}"):
         ns.bin_tiles(p, backend="cpu", total=ref.n_isect + 1)
+
+
+def _ranged(b):
+    return [list(b.ids[s:e]) for s, e in b.ranges]
+
+
+def test_binning_into_room():
+    """With room to spare, binning into room lists what exact binning lists; with too little, the
+    Gaussians (in depth order) from the first whose intersections do not all fit are left out,
+    the overflow flag is set, and the device total is the whole count."""
+    g, cam = edge_case_scene(n=30, seed=2), look_at_camera()
+    p = ns.project(g, cam, backend="cpu")
+    exact = ns.bin_tiles(p, backend="cpu")
+    assert exact.overflow is None and int(exact.total[0]) == exact.n_isect > 0
+    for room in (exact.n_isect, exact.n_isect + 7):
+        b = ns.bin_tiles(p, backend="cpu", room=room)
+        assert b.n_isect == room and b.overflow[0] == 0 and int(b.total[0]) == exact.n_isect
+        np.testing.assert_array_equal(b.ranges[:, 1] - b.ranges[:, 0], exact.ranges[:, 1] - exact.ranges[:, 0])
+        assert _ranged(b) == _ranged(exact)
+    depth = np.where(p.counts > 0, p.proj[:, go.DEPTH], np.inf).astype(np.float32)
+    order = np.argsort(depth, kind="stable")
+    ends = np.cumsum(p.counts[order])
+    for room in (exact.n_isect - 1, int(ends[len(ends) // 3]) + 1, 0):
+        b = ns.bin_tiles(p, backend="cpu", room=room)
+        assert b.overflow[0] == 1 and int(b.total[0]) == exact.n_isect
+        kept = set(order[ends <= room])
+        want = [[i for i in ids if i in kept] for ids in _ranged(exact)]
+        assert _ranged(b) == want
+        fit = ends[ends <= room]
+        assert sum(map(len, want)) == (int(fit[-1]) if len(fit) else 0)
+    with pytest.raises(ValueError, match="room must be"):
+        ns.bin_tiles(p, backend="cpu", room=-1)
 
 
 def test_views_binned_together_as_each_alone():

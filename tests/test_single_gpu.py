@@ -1,7 +1,9 @@
-"""The single-GPU pipeline's step: the tile loss trains, and its weight is its own."""
+"""The single-GPU pipeline's step: the tile loss trains, and its weight is its own; binning into
+kept room trains as exact binning does, and a step whose intersections outgrow it is skipped."""
+import numpy as np
 import pytest
 
-from engine.single_gpu import SingleGPUTrainer
+from engine.single_gpu import BinningRoom, SingleGPUTrainer
 from test_trainer import dataset, small_config  # noqa: F401 (a fixture)
 
 
@@ -25,3 +27,44 @@ def test_tile_loss_weight_is_its_own(dataset, tmp_path):
     l1_only = first_loss(lambda_s3im=0.0)
     assert abs(l1_only - base) > 1e-4
     assert l1_only == pytest.approx(first_loss("global", lambda_dssim=0.0), rel=1e-6)
+
+
+def _trained(dataset, path, binning_room, steps=30, room=None):
+    t = SingleGPUTrainer(dataset, path, small_config(iterations=steps), backend="cpu")
+    t.binning_room = binning_room
+    t.init_model()
+    if room is not None:
+        t._room = room
+    t.train(progress=False)
+    return t
+
+
+def test_binning_into_room_trains_as_exact_binning(dataset, tmp_path):
+    """30 steps over the training views (densifying; 20 steps binned into room): the same model,
+    to the bit, and no overflow."""
+    exact = _trained(dataset, tmp_path / "exact", False)
+    roomy = _trained(dataset, tmp_path / "room", True)
+    assert roomy._room.pending is None and roomy._room.overflows == 0
+    assert len(roomy._room.last) == len(dataset.train) == 10
+    for k, a in exact.model.gaussians.arrays().items():
+        np.testing.assert_array_equal(roomy.model.gaussians.arrays()[k], a, err_msg=k)
+
+
+class _NoRoom(BinningRoom):
+    """Every view seen before gets 1 slot: its step overflows."""
+    def room(self, view, gaussians):
+        return None if view not in self.last else 1
+
+
+def test_a_step_that_outgrows_its_room_is_skipped(dataset, tmp_path):
+    """After the first pass over the 10 training views (binned exactly), every step overflows: Adam leaves
+    the model alone and the strategy's statistics do not count the step; the log says how many."""
+    t = _trained(dataset, tmp_path, True, steps=10, room=_NoRoom())
+    before = {k: a.copy() for k, a in t.model.gaussians.arrays().items()}
+    count = t.strategy_state["count"].copy()
+    t.cfg.iterations = 14
+    t.train(progress=False)
+    assert t.log_extra()["binning_overflows"] == 4
+    for k, a in before.items():
+        np.testing.assert_array_equal(t.model.gaussians.arrays()[k], a, err_msg=k)
+    np.testing.assert_array_equal(t.strategy_state["count"], count)

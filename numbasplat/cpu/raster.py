@@ -16,6 +16,7 @@ from ..math.jit import shared
 
 _ops = go.build(njit(cache=True))  # not inlined: parfors cannot analyse the inlined tuple math
 project_one, visit_tiles, project_backward_one = _ops.project, _ops.visit_tiles, _ops.project_backward
+depth_key_one, emit_one, range_edges_one = _ops.depth_key, _ops.emit, _ops.range_edges
 cull_one = _ops.cull
 route_one, route_fill_one = _ops.route, _ops.route_fill
 _store_pixel = njit(cache=True)(store_pixel)
@@ -36,11 +37,22 @@ def cull(means, scales, cam, skip, byte, shift, min_px, sigmas, radii, counts):
 
 
 @njit(parallel=True, cache=True)
-def emit_intersections(proj, order, counts, offsets, tile, tiles_x, tiles_y, W, H, key_base, tile_ids, ids):
+def depth_keys(proj, counts, keys):
+    for n in prange(proj.shape[0]):
+        depth_key_one(n, proj, counts, keys)
+
+
+@njit(parallel=True, cache=True)
+def emit_intersections(proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids, ids,
+                       overflow):
     for k in prange(order.shape[0]):
-        n = order[k]
-        if counts[n] > 0:
-            visit_tiles(n, proj, tile, tiles_x, tiles_y, W, H, key_base, offsets[k], counts[n], tile_ids, ids, True)
+        emit_one(k, proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids, ids, overflow)
+
+
+@njit(parallel=True, cache=True)
+def tile_ranges(tile_of, perm, ranges):
+    for i in prange(perm.shape[0]):
+        range_edges_one(i, tile_of, perm, ranges)
 
 
 @njit(parallel=True, cache=True)

@@ -22,7 +22,8 @@ from .tile import (BLOCK, NF, NG, ONE, RED_ROWS, ZERO, add_over_warp, backward_h
 BATCH_WORDS = BLOCK * NF    # a batch of records in shared memory (a constant, as Numba needs)
 
 _ops = go.build(cuda.jit(device=True))
-project_one, visit_tiles, cull_one = _ops.project, _ops.visit_tiles, _ops.cull
+project_one, cull_one = _ops.project, _ops.cull
+depth_key_one, emit_one, range_edges_one = _ops.depth_key, _ops.emit, _ops.range_edges
 geometry_backward_one = _ops.geometry_backward
 view_direction, colour_grad = _ops.view_direction, _ops.colour_grad
 route_one, route_fill_one = _ops.route, _ops.route_fill
@@ -52,13 +53,25 @@ def cull(means, scales, cam, skip, byte, shift, min_px, sigmas, radii, counts):
     _cull_kernel[per_item(means.shape[0])](means, scales, cam, skip, byte, shift, min_px, sigmas, radii, counts)
 
 
-@kernel(F2, "int64[::1]", I1, I1, "int64", "int64", "int64", "int64", "int64", "int64", U1, I1)
-def _emit_kernel(proj, order, counts, offsets, tile, tiles_x, tiles_y, W, H, key_base, tile_ids, ids):
+@kernel(F2, I1, F1)
+def _depth_key_kernel(proj, counts, keys):
+    n = cuda.grid(1)
+    if n < proj.shape[0]:
+        depth_key_one(n, proj, counts, keys)
+
+
+@kernel(F2, "int64[::1]", I1, "int64[::1]", "int64", "int64", "int64", "int64", "int64", "int64", "int64", U1, I1, I1)
+def _emit_kernel(proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids, ids, overflow):
     k = cuda.grid(1)
     if k < order.shape[0]:
-        n = order[k]
-        if counts[n] > 0:
-            visit_tiles(n, proj, tile, tiles_x, tiles_y, W, H, key_base, offsets[k], counts[n], tile_ids, ids, True)
+        emit_one(k, proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids, ids, overflow)
+
+
+@kernel(U1, "int64[::1]", I2)
+def _tile_ranges_kernel(tile_of, perm, ranges):
+    i = cuda.grid(1)
+    if i < perm.shape[0]:
+        range_edges_one(i, tile_of, perm, ranges)
 
 
 SH_BLOCK = 128  # Gaussians per block of the SH backward kernel
@@ -201,9 +214,18 @@ def project(means, quats, scales, logits, sh, degree, cam, W, H, antialias, tile
                                               tile, tiles_x, tiles_y, proj, radii, counts)
 
 
-def emit_intersections(proj, order, counts, offsets, tile, tiles_x, tiles_y, W, H, key_base, tile_ids, ids):
-    _emit_kernel[per_item(order.shape[0])](proj, order, counts, offsets, tile, tiles_x, tiles_y, W, H, key_base,
-                                           tile_ids, ids)
+def depth_keys(proj, counts, keys):
+    _depth_key_kernel[per_item(proj.shape[0])](proj, counts, keys)
+
+
+def emit_intersections(proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids, ids,
+                       overflow):
+    _emit_kernel[per_item(order.shape[0])](proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room,
+                                           tile_ids, ids, overflow)
+
+
+def tile_ranges(tile_of, perm, ranges):
+    _tile_ranges_kernel[per_item(perm.shape[0])](tile_of, perm, ranges)
 
 
 def project_backward(means, quats, scales, logits, sh, degree, cam, W, H, antialias, proj, counts, grad,

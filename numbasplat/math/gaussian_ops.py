@@ -105,6 +105,38 @@ def build(jit):
         return k
 
     @jit
+    def depth_key_body(n, proj, counts, keys):
+        """Gaussian n's binning sort key: its depth, or infinity if it touches no tile (it sorts last
+        and emits nothing)."""
+        keys[n] = proj[n, DEPTH] if counts[n] > 0 else f32(math.inf)
+
+    @jit
+    def emit_body(k, proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids, ids,
+                  overflow):
+        """Emit the intersections of the k-th Gaussian in depth order (``order``) into slots
+        [ends[k] - counts, ends[k]) (``ends``: the running count in that order) when they all fit in
+        the ``room`` slots; the last Gaussian writes overflow[0] = 1 if the total does not fit."""
+        n = order[k]
+        c = counts[n]
+        end = ends[k]
+        if c > 0 and end <= room:
+            visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, key_base, end - c, c, tile_ids, ids, True)
+        if k == order.shape[0] - 1:
+            overflow[0] = 1 if end > room else 0
+
+    @jit
+    def range_edges_body(i, tile_of, perm, ranges):
+        """Where the i-th intersection in sorted order (``tile_of[perm[i]]``) starts or ends its tile's
+        run, write that edge of the tile's row of ``ranges`` (rows of empty tiles stay as they are;
+        pad ids past the last row land nowhere)."""
+        t = tile_of[perm[i]]
+        if t < ranges.shape[0]:
+            if i == 0 or tile_of[perm[i - 1]] != t:
+                ranges[t, 0] = i
+            if i == perm.shape[0] - 1 or tile_of[perm[i + 1]] != t:
+                ranges[t, 1] = i + 1
+
+    @jit
     def owner_of(bounds, t):
         """The rank whose tile range holds tile t: the last d with bounds[d] <= t (bounds ascending,
         bounds[0] = 0 <= t < bounds[-1]; empty ranges are skipped)."""
@@ -296,7 +328,8 @@ def build(jit):
         geometry_backward_body(n, means, quats, scales, logits, cam, W, H, antialias, counts, grad, gx, gy, gz,
                                d_means, d_quats, d_scales, d_logits, accumulate)
 
-    return SimpleNamespace(visit_tiles=visit_tiles_body, project=project_body, cull=cull_body, route=route_body,
+    return SimpleNamespace(visit_tiles=visit_tiles_body, depth_key=depth_key_body, emit=emit_body,
+                           range_edges=range_edges_body, project=project_body, cull=cull_body, route=route_body,
                            route_fill=route_fill_body,
                            project_backward=project_backward_body,
                            view_direction=view_direction, colour_grad=colour_grad,

@@ -1,0 +1,173 @@
+"""A device timeline of a few training steps: where a step's time goes between the host and the GPU.
+
+Nsight Systems is not on every GPU machine; CUPTI is, through ``torch.profiler`` (an optional
+dependency, used by this measurement alone).  CUPTI records every kernel, copy and memset of the
+process, whichever library launched it (Numba, CuPy), and the host's CUDA API calls.  From those
+``summarize`` gives, per step: the kernels launched, the device's busy time (the union of its
+kernels' and copies' intervals) and idle time, and the host's calls that wait for the device
+(synchronisations and blocking copies) with their count and time.  A step whose device idles is
+bound by its host: fewer launches and waits shorten it, fewer Gaussians do not.
+"""
+import gzip
+import json
+import tempfile
+from pathlib import Path
+
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+HOST_API_CATEGORIES = ("cuda_runtime", "cuda_driver")
+WAITS = ("Synchronize", "cuMemcpyDtoH_v2", "cudaMemcpy ", "cuMemcpyDtoH")  # host calls that wait for the device
+STEP_MARK = "numbasplat_step"
+
+
+def _profiler():
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity, profile, record_function
+    except ImportError as e:
+        raise SystemExit(f"error: the timeline needs torch (torch.profiler records CUPTI's trace): {e}")
+    return torch, profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]), record_function
+
+
+def _events(prof, keep):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        text = path.read_text()
+    if keep:
+        with gzip.open(keep, "wt") as f:
+            f.write(text)
+    return json.loads(text)["traceEvents"]
+
+
+def record(step, steps, keep=None):
+    """Run ``step()`` ``steps`` times under CUPTI, each in a host range named ``STEP_MARK``; the
+    device is waited for before and after, not between steps (as in training).  -> the trace's
+    events (chrome trace format), also written to the path ``keep`` if given (gzipped JSON that
+    Perfetto and chrome://tracing open)."""
+    from numbasplat import backend as _backend
+    torch, prof, record_function = _profiler()
+    _backend.synchronize("cuda")
+    with prof:
+        for _ in range(steps):
+            with record_function(STEP_MARK):
+                step()
+        _backend.synchronize("cuda")
+    torch.cuda.synchronize()
+    return _events(prof, keep)
+
+
+class TrainingTimeline:
+    """A ``Trainer.step_hooks`` hook (``run.py train --timeline START:STEPS``): records steps START + 1
+    to START + STEPS of the training itself under CUPTI (a step mark from the end of one step's
+    loop to the end of the next: the loop's own work included), then logs ``report_lines`` and
+    keeps the trace at ``keep``.  Steps under the profiler run slower; training goes on after."""
+
+    def __init__(self, start, steps, keep=None, log=print):
+        if start < 0 or steps < 2:
+            raise ValueError(f"--timeline START:STEPS needs START >= 0 and STEPS >= 2, got {start}:{steps}")
+        self.start, self.steps, self.keep, self.log = start, steps, keep, log
+        self.prof = self.mark = None
+
+    def __call__(self, trainer, record=None):
+        step = trainer.step
+        if step == self.start and self.prof is None:
+            self.torch, self.prof, self._record_function = _profiler()
+            self.prof.__enter__()
+        elif self.prof is not None and self.mark is not None:
+            self.mark.__exit__(None, None, None)
+            self.mark = None
+        if self.prof is None:
+            return
+        if step < self.start + self.steps:
+            self.mark = self._record_function(STEP_MARK)
+            self.mark.__enter__()
+            return
+        self.torch.cuda.synchronize()
+        self.prof.__exit__(None, None, None)
+        prof, self.prof = self.prof, None
+        self.start = -1  # done: never again
+        for line in report_lines(summarize(_events(prof, self.keep))):
+            self.log(line)
+
+
+def _union_length(intervals):
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def summarize(events):
+    """Per step (median over the steps, milliseconds): the host's time, the device's busy time
+    and the step's device idle time, kernels launched, and the host's waits for the device
+    (count and time).  Also the most launched kernels of the run, with their launches per step.
+    Steps are the host ranges ``record`` marks; the device's work is counted to the step whose
+    launch calls it came from (CUPTI's correlation ids)."""
+    import statistics
+    marks = sorted((e["ts"], e["ts"] + e["dur"]) for e in events  # (the host's ranges: not their GPU copies)
+                   if e.get("ph") == "X" and e.get("name") == STEP_MARK and e.get("cat") == "user_annotation")
+    if not marks:
+        raise ValueError("the trace holds no steps")
+
+    def step_of(ts):
+        for i, (a, b) in enumerate(marks):
+            if a <= ts <= b:
+                return i
+        return None
+    api = [e for e in events if e.get("ph") == "X" and e.get("cat") in HOST_API_CATEGORIES]
+    launched_in = {}
+    for e in api:
+        corr = e.get("args", {}).get("correlation")
+        s = step_of(e["ts"])
+        if corr is not None and s is not None:
+            launched_in[corr] = s
+    device = [e for e in events if e.get("ph") == "X" and e.get("cat") in DEVICE_CATEGORIES]
+    per_step = [{"busy": [], "kernels": 0, "waits": 0, "wait_us": 0.0, "names": {}} for _ in marks]
+    for e in device:
+        s = launched_in.get(e.get("args", {}).get("correlation"))
+        if s is None:
+            continue
+        per_step[s]["busy"].append((e["ts"], e["ts"] + e["dur"]))
+        if e["cat"] == "kernel":
+            per_step[s]["kernels"] += 1
+            per_step[s]["names"][e["name"]] = per_step[s]["names"].get(e["name"], 0) + 1
+    for e in api:
+        s = step_of(e["ts"])
+        if s is not None and any(w in e["name"] for w in WAITS):
+            per_step[s]["waits"] += 1
+            per_step[s]["wait_us"] += e["dur"]
+    # the step's span on the device: from its first work to the next step's first work (the last: its own end)
+    starts = [min(a for a, _ in p["busy"]) if p["busy"] else None for p in per_step]
+    rows = []
+    for i, p in enumerate(per_step):
+        if not p["busy"] or i + 1 >= len(per_step) or starts[i + 1] is None:
+            continue
+        span = starts[i + 1] - starts[i]
+        busy = _union_length(p["busy"])
+        rows.append({"host_ms": (marks[i][1] - marks[i][0]) / 1e3, "device_span_ms": span / 1e3,
+                     "device_busy_ms": busy / 1e3, "device_idle_ms": (span - busy) / 1e3,
+                     "kernels": p["kernels"], "waits": p["waits"], "wait_ms": p["wait_us"] / 1e3})
+    if not rows:
+        raise ValueError("the trace has too few steps with device work (at least 2 are needed)")
+    summary = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    names = {}
+    for p in per_step:
+        for k, v in p["names"].items():
+            names[k] = names.get(k, 0) + v
+    top = sorted(names.items(), key=lambda kv: -kv[1])[:12]
+    summary["top_kernels"] = [(k, v / len(per_step)) for k, v in top]
+    summary["steps"] = len(rows)
+    return summary
+
+
+def report_lines(summary):
+    s = summary
+    lines = [f"timeline (CUPTI, median of {s['steps']} unsynced steps): host {s['host_ms']:.2f} ms a step; "
+             f"device span {s['device_span_ms']:.2f} ms, busy {s['device_busy_ms']:.2f}, idle "
+             f"{s['device_idle_ms']:.2f}; {s['kernels']:.0f} kernels; {s['waits']:.0f} host waits "
+             f"({s['wait_ms']:.2f} ms)",
+             "  most launched kernels (launches a step):"]
+    lines += [f"    {n:6.1f}  {name[:100]}" for name, n in s["top_kernels"]]
+    return lines
