@@ -141,9 +141,10 @@ def run(workload, iters=30, warmup=5, comm=None, grad_comm="sparse", transport="
     renderers' tile ranges balance the batch's intersections (else even).  Returns the report's
     numbers (rank 0's; the others return None).  Each timed step starts and ends synced (its
     median is the step's time); then ``iters`` steps run back to back, as in training, where the
-    host queues a step while the device still works on the last (their mean: the throughput).  ``loss``: the training loss (``tile``: the fused
-    kernel on GPUs).  ``timeline``: that many more steps (one rank) under CUPTI (``engine.timeline``):
-    kernels, device busy and idle time, and host waits per step; the trace kept at ``timeline_trace``."""
+    host queues a step while the device still works on the last (their mean: the throughput).
+    ``loss``: the training loss (``tile``: the fused kernel on GPUs).  ``timeline``: that many more
+    steps (one rank) under CUPTI (``engine.timeline``): kernels, device busy and idle time, and
+    host waits per step; the trace kept at ``timeline_trace``."""
     from engine.trainer import TrainConfig
     if not isinstance(workload, Workload):
         workload = scene_workload(workload, backend=backend)

@@ -24,6 +24,7 @@ import numpy as np
 from numbasplat.backend import to_host
 from numbasplat.math import gaussian_ops as go
 from numbasplat.math.geometry import ALPHA_MIN
+from numbasplat.rendering import screen_gradient_stats
 
 from .model import inverse_sigmoid
 
@@ -155,17 +156,9 @@ class DefaultStrategy(RefineSchedule):
             self._fresh(state, xp, len(model))
         if step >= self.refine_stop:
             return
-        cam = projection.camera
         cols = (go.ABS_U, go.ABS_V) if self.absgrad else (go.U, go.V)
-        gx = grad[:, cols[0]] * (0.5 * cam.width * scale)
-        gy = grad[:, cols[1]] * (0.5 * cam.height * scale)
-        visible = projection.counts > 0
-        if skip is not None:
-            visible &= skip == 0
-        state["grad"] += xp.where(visible, xp.sqrt(gx * gx + gy * gy), 0.0).astype(np.float32)
-        state["count"] += visible.astype(np.int32)
-        radius = projection.radii.max(axis=1).astype(np.float32)
-        xp.maximum(state["max_radius"], radius, out=state["max_radius"])
+        screen_gradient_stats(projection, grad, scale, cols, state["grad"], state["count"], state["max_radius"],
+                              skip, model.backend)
 
     def resets_at(self, step, ctx):
         """Whether ``after_optimizer`` resets the opacities at ``step``."""

@@ -330,6 +330,21 @@ def project_backward(g: Gaussians, p: Projection, grad, out: Gaussians = None, a
     return out
 
 
+def screen_gradient_stats(p: Projection, grad, scale, columns, sums, seen, max_radius, skip=None, backend=None):
+    """Densification statistics of one view, in one pass over its Gaussians: add each visible
+    Gaussian's screen-space gradient norm (record columns ``columns``, in NDC units: times half the
+    image's width and height, and ``scale``) into ``sums`` (N,) float32 and one into ``seen`` (N,)
+    int32, and raise ``max_radius`` (N,) float32 to its larger radius; the norms and counts are left
+    out where the (1,) int32 device flag ``skip`` is set (a step the optimizer skips)."""
+    kernels, xp = _dispatch(backend)
+    if skip is None:
+        skip = _constant(xp, np.zeros(1, np.int32))
+    if len(p.counts):
+        kernels.screen_stats(grad, p.counts, p.radii, int(columns[0]), int(columns[1]),
+                             np.float32(0.5 * p.camera.width * scale), np.float32(0.5 * p.camera.height * scale),
+                             skip, sums, seen, max_radius)
+
+
 _TILE_INDEX = {}
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|hostab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|hostab|traintimeline|fernab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -455,7 +455,7 @@ hostab)  # issues 22 and 27: this tree against OLD (an older checkout in a folde
                 (cd "$dir" && timeout 200 python3 run.py scaling "${what[@]}" --iters 50 "${extra[@]}") \
                     > "$R/ab_${src}_${tree}_$round.txt" 2>&1
                 echo "$src $tree $round: $(grep -a "^step" "$R/ab_${src}_${tree}_$round.txt")"
-                grep -a "^timeline" "$R/ab_${src}_${tree}_$round.txt"; grep -a -i "error" "$R/ab_${src}_${tree}_$round.txt" | tail -2
+                f="$R/ab_${src}_${tree}_$round.txt"; grep -a "^timeline" "$f"; grep -a -i "error" "$f" | tail -2
             done
         done
     done
@@ -466,6 +466,34 @@ hostab)  # issues 22 and 27: this tree against OLD (an older checkout in a folde
         echo "fern 7k, $tree tree: $(grep -av Warn "$R/fern_$tree.txt" | tail -1)"
         grep -ao '"binning_overflows": [0-9]*' "$R/fern_$tree/log.jsonl" | tail -1
         rm -rf "$R/fern_$tree"/{snapshot.h5,test_renders,point_cloud}
+    done ;;
+traintimeline)  # issues 22 and 27: CUPTI timelines of fern's training itself (steps 5001-5030), this tree and
+    # OLD (an older checkout in a folder here, the data shared), one at a time
+    old=${OLD:?OLD=folder of the older checkout}; top=$PWD; R=$(cd "$R" && pwd)
+    for tree in new old; do
+        dir=.; [ $tree = old ] && dir=$old
+        (cd "$dir" && timeout 200 python3 run.py train --out "$R/tl_$tree" --iters 7000 --eval --quiet \
+            --data "$top/.data/fern" --images images_8 --timeline 5000:30 > "$R/tl_$tree.txt" 2>&1)
+        echo "fern 7k, $tree tree: $(grep -av Warn "$R/tl_$tree.txt" | tail -1)"
+        grep -a -A13 "^timeline" "$R/tl_$tree.txt"; grep -a -i "error" "$R/tl_$tree.txt" | tail -2
+        rm -rf "$R/tl_$tree"/{snapshot.h5,test_renders,point_cloud}
+    done ;;
+fernab)  # issues 22 and 27: fern 7k training end to end, this tree against OLD (an older checkout in a folder here,
+    # the data shared), interleaved, ROUNDS times (default 2): time, PSNR and the steps skipped for binning room
+    old=${OLD:?OLD=folder of the older checkout}; top=$PWD; R=$(cd "$R" && pwd)
+    for dir in . "$old"; do  # compiles each tree's kernels (densification's from step 500) before the timed runs
+        (cd "$dir" && timeout 120 python3 run.py train --out /tmp/warm --iters 700 --quiet --data "$top/.data/fern" \
+            --images images_8 > /dev/null 2>&1); rm -rf /tmp/warm
+    done
+    for round in $(seq "${ROUNDS:-2}"); do
+        for tree in new old; do
+            dir=.; [ $tree = old ] && dir=$old
+            (cd "$dir" && timeout 150 python3 run.py train --out "$R/fern_${tree}_$round" --iters 7000 --eval \
+                --quiet --data "$top/.data/fern" --images images_8 > "$R/fern_${tree}_$round.txt" 2>&1)
+            echo "fern 7k, $tree tree, round $round: $(grep -av Warn "$R/fern_${tree}_$round.txt" | tail -1)"
+            grep -ao '"binning_overflows": [0-9]*' "$R/fern_${tree}_$round/log.jsonl" | tail -1
+            rm -rf "$R/fern_${tree}_$round"/{snapshot.h5,test_renders,point_cloud}
+        done
     done ;;
 viewer)  # issue 28, headless: the viewer's frame latency per render mode at 1M Gaussians and 1920x1080 (render,
     # to the host, JPEG), then the training slowdown of train --viewer's hook on lego, 2000 images, with a client
@@ -480,7 +508,7 @@ viewer)  # issue 28, headless: the viewer's frame latency per render mode at 1M 
     timeout 300 python3 scripts/viewer_bench.py slowdown "${LEGO[@]}" --iters 2000 --repeats 2 \
         > "$R/viewer_slowdown.txt" 2>&1
     cat "$R/viewer_slowdown.txt" ;;
-*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|hostab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
+*) echo "usage: $0 checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|hostab|traintimeline|fernab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P" >&2; exit 2 ;;
 esac
 step done
 (cd "$OUT" && tar czf "logs_$part.tgz" --exclude="*.h5" --exclude="*.ply" --exclude="*.png" --exclude="*.prof*" r && rm -rf r)

@@ -110,6 +110,30 @@ def compare_binning_room():
     return failures
 
 
+def compare_screen_stats():
+    """The densification statistics of a view (``screen_gradient_stats``) on both backends, with the
+    skip flag clear and set."""
+    xp = array_module("cuda")
+    g, cam = edge_case_scene(n=40, seed=10, dtype=np.float32), look_at_camera(W=37, H=29)
+    grad = np.random.default_rng(5).normal(size=(40, 12)).astype(np.float32)
+    failures = []
+    for skip in (0, 1):
+        out = {}
+        for backend, put in (("cpu", np.asarray), ("cuda", xp.asarray)):
+            p = ns.project(ns.Gaussians(**{k: put(a) for k, a in g.arrays().items()}), cam, backend=backend)
+            sums, seen = put(np.ones(40, np.float32)), put(np.ones(40, np.int32))
+            radius = put(np.full(40, 3.0, np.float32))
+            ns.rendering.screen_gradient_stats(p, put(grad), 0.5, (10, 11), sums, seen, radius,
+                                               put(np.full(1, skip, np.int32)), backend)
+            out[backend] = [to_host(a) for a in (sums, seen, radius)]
+        ok = (rel(out["cuda"][0], out["cpu"][0]) <= GRAD_TOL and all(np.array_equal(a, b) for a, b in
+              zip(out["cuda"][1:], out["cpu"][1:])) and (out["cpu"][1] > 1).any() != bool(skip))
+        print(f"screen gradient stats, skip {skip}: {'ok' if ok else 'FAIL'}")
+        if not ok:
+            failures.append(f"screen stats skip {skip}")
+    return failures
+
+
 def compare_reach_boxes():
     """The out-of-core blocks' boxes (``numbasplat.optim.reach_boxes``, a thread block a segment, one
     of them empty) on both backends, within float32 rounding."""
@@ -276,6 +300,7 @@ def main(sizes=((37, 29, 40), (48, 32, 150))):  # (W, H, Gaussians): 150 spans t
     failures += compare(empty, look_at_camera(W=20, H=17), (0.3, 0.3, 0.3), False, seed=9)
     failures += compare_adam()
     failures += compare_binning_room()
+    failures += compare_screen_stats()
     failures += compare_routes()
     failures += compare_contributions()
     failures += compare_cull()

@@ -11,7 +11,7 @@ import numpy as np
 from .loss import as_images, l1_ssim, ssim_forward
 from .optim import adam, move_rows, pool_rows, reach_boxes
 from .raster import (contributions, cull, depth_keys, emit_intersections, project, project_backward,
-                     raster_backward, raster_forward, route, route_fill, tile_ranges)
+                     raster_backward, raster_forward, route, route_fill, screen_stats, tile_ranges)
 from .sparse import decode_add, encode, scatter_add
 from .tile_loss import tile_loss
 
@@ -35,7 +35,7 @@ def launch_count():
     return None
 
 
-__all__ = ["FUSED_TILE_LOSS", "adam", "array_module", "as_images", "contributions", "cull", "decode_add", "depth_keys",
-           "emit_intersections", "encode", "fused_layout", "l1_ssim", "launch_count", "move_rows", "pool_rows",
+__all__ = ["FUSED_TILE_LOSS", "adam", "array_module", "as_images", "contributions", "cull", "decode_add",
+           "depth_keys", "emit_intersections", "encode", "fused_layout", "l1_ssim", "launch_count", "move_rows", "pool_rows",
            "project", "project_backward", "raster_backward", "raster_forward", "reach_boxes", "route", "route_fill",
-           "scatter_add", "ssim_forward", "tile_loss", "tile_ranges"]
+           "scatter_add", "screen_stats", "ssim_forward", "tile_loss", "tile_ranges"]

@@ -17,6 +17,7 @@ from ..math.jit import shared
 _ops = go.build(njit(cache=True))  # not inlined: parfors cannot analyse the inlined tuple math
 project_one, visit_tiles, project_backward_one = _ops.project, _ops.visit_tiles, _ops.project_backward
 depth_key_one, emit_one, range_edges_one = _ops.depth_key, _ops.emit, _ops.range_edges
+screen_stats_one = _ops.screen_stats
 cull_one = _ops.cull
 route_one, route_fill_one = _ops.route, _ops.route_fill
 _store_pixel = njit(cache=True)(store_pixel)
@@ -53,6 +54,12 @@ def emit_intersections(proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, 
 def tile_ranges(tile_of, perm, ranges):
     for i in prange(perm.shape[0]):
         range_edges_one(i, tile_of, perm, ranges)
+
+
+@njit(parallel=True, cache=True)
+def screen_stats(grad, counts, radii, col_u, col_v, sx, sy, skip, sums, seen, max_radius):
+    for n in prange(grad.shape[0]):
+        screen_stats_one(n, grad, counts, radii, col_u, col_v, sx, sy, skip, sums, seen, max_radius)
 
 
 @njit(parallel=True, cache=True)

@@ -24,6 +24,7 @@ BATCH_WORDS = BLOCK * NF    # a batch of records in shared memory (a constant, a
 _ops = go.build(cuda.jit(device=True))
 project_one, cull_one = _ops.project, _ops.cull
 depth_key_one, emit_one, range_edges_one = _ops.depth_key, _ops.emit, _ops.range_edges
+screen_stats_one = _ops.screen_stats
 geometry_backward_one = _ops.geometry_backward
 view_direction, colour_grad = _ops.view_direction, _ops.colour_grad
 route_one, route_fill_one = _ops.route, _ops.route_fill
@@ -72,6 +73,18 @@ def _tile_ranges_kernel(tile_of, perm, ranges):
     i = cuda.grid(1)
     if i < perm.shape[0]:
         range_edges_one(i, tile_of, perm, ranges)
+
+
+@kernel(F2, I1, I2, "int64", "int64", "float32", "float32", I1, F1, I1, F1)
+def _screen_stats_kernel(grad, counts, radii, col_u, col_v, sx, sy, skip, sums, seen, max_radius):
+    n = cuda.grid(1)
+    if n < grad.shape[0]:
+        screen_stats_one(n, grad, counts, radii, col_u, col_v, sx, sy, skip, sums, seen, max_radius)
+
+
+def screen_stats(grad, counts, radii, col_u, col_v, sx, sy, skip, sums, seen, max_radius):
+    _screen_stats_kernel[per_item(grad.shape[0])](grad, counts, radii, col_u, col_v, sx, sy, skip, sums, seen,
+                                                  max_radius)
 
 
 SH_BLOCK = 128  # Gaussians per block of the SH backward kernel

@@ -137,6 +137,20 @@ def build(jit):
                 ranges[t, 1] = i + 1
 
     @jit
+    def screen_stats_body(n, grad, counts, radii, col_u, col_v, sx, sy, skip, sums, seen, max_radius):
+        """Add Gaussian n's screen-space gradient norm (columns ``col_u``, ``col_v`` of its record,
+        scaled by ``sx``, ``sy``) into ``sums`` and a view into ``seen`` if it is visible and the
+        step is not skipped (skip[0] == 0); raise ``max_radius`` to its larger radius."""
+        if counts[n] > 0 and skip[0] == 0:
+            gx = grad[n, col_u] * sx
+            gy = grad[n, col_v] * sy
+            sums[n] += math.sqrt(gx * gx + gy * gy)
+            seen[n] += 1
+        r = max(radii[n, 0], radii[n, 1])
+        if r > max_radius[n]:
+            max_radius[n] = r
+
+    @jit
     def owner_of(bounds, t):
         """The rank whose tile range holds tile t: the last d with bounds[d] <= t (bounds ascending,
         bounds[0] = 0 <= t < bounds[-1]; empty ranges are skipped)."""
@@ -329,7 +343,8 @@ def build(jit):
                                d_means, d_quats, d_scales, d_logits, accumulate)
 
     return SimpleNamespace(visit_tiles=visit_tiles_body, depth_key=depth_key_body, emit=emit_body,
-                           range_edges=range_edges_body, project=project_body, cull=cull_body, route=route_body,
+                           range_edges=range_edges_body, screen_stats=screen_stats_body, project=project_body,
+                           cull=cull_body, route=route_body,
                            route_fill=route_fill_body,
                            project_backward=project_backward_body,
                            view_direction=view_direction, colour_grad=colour_grad,
