@@ -36,9 +36,10 @@ class StoppedTogether(SystemExit):
     orderly exit with the signal's code, not a failure for ``abort_on_error`` to spread."""
 
 
-def make_trainer(dataset, a, cfg, comm, exchange=None):
+def make_trainer(dataset, a, cfg, comm, exchange=None, batch_size=None):
     """The pipeline the options and the ranks ask for: one process (in GPU memory, or ``--offload
-    host``), or over MPI ranks, trading Gaussians or pixels (``--exchange``; ``exchange``: this one)."""
+    host``), or over MPI ranks, trading Gaussians or pixels (``--exchange``; ``exchange``: this one;
+    ``batch_size``: this batch, not ``--batch-size``'s)."""
     exchange = exchange or getattr(a, "exchange", "gaussian")
     offload = getattr(a, "offload", "none") or "none"
     if offload != "none" and comm is not None and exchange == "auto":
@@ -72,10 +73,10 @@ def make_trainer(dataset, a, cfg, comm, exchange=None):
         return pipeline(dataset, a.out, cfg, comm, transport=getattr(a, "transport", "auto"),
                         saturation=getattr(a, "saturation", "on") == "on",
                         consolidation=getattr(a, "consolidation", "on") == "on",
-                        batch_size=getattr(a, "batch_size", None), **caps)
+                        batch_size=batch_size or getattr(a, "batch_size", None), **caps)
     from engine.gaussian_exchange import GaussianExchangeTrainer, OffloadedGaussianExchangeTrainer
     pipeline = OffloadedGaussianExchangeTrainer if caps else GaussianExchangeTrainer
-    return pipeline(dataset, a.out, cfg, comm, batch_size=getattr(a, "batch_size", None),
+    return pipeline(dataset, a.out, cfg, comm, batch_size=batch_size or getattr(a, "batch_size", None),
                     grad_comm=getattr(a, "grad_comm", "sparse"), transport=getattr(a, "transport", "auto"),
                     shard=getattr(a, "shard", "contiguous"), **caps)
 
@@ -132,12 +133,37 @@ def train_choosing_exchange(t, dataset, a, cfg, comm, progress, choose=choose_ex
     return t
 
 
+def polish_in_render_order(t, dataset, a, cfg, comm, progress):
+    """``--polish-steps N`` under MPI with the pixel exchange: train to N steps before the end, then
+    the last N steps with the Gaussian-level exchange at one view a step, whose blend order is the
+    single render's, the order the model is judged and viewed in (the boxes' order costs lego about
+    0.3 dB at P = 4: BENCHMARKS.md, issue 25).  The pipelines hand over through the snapshot the
+    stop writes, as ``--exchange auto``'s do.  -> the trainer of the last steps."""
+    from engine.trainer import SNAPSHOT
+    steps = getattr(a, "polish_steps", 0) or 0
+    if not steps or comm is None or exchange_of(t) != "pixel":
+        return t
+    at = max(cfg.iterations - steps, t.step)
+    t.train(progress=progress, until=at)  # (writes the snapshot, also where it has nothing to train)
+    hooks = t.step_hooks
+    t = make_trainer(dataset, a, cfg, comm, "gaussian", batch_size=1)
+    t.load_snapshot(t.out / SNAPSHOT)
+    t.step_hooks = hooks
+    if comm.Get_rank() == 0:
+        print(f"--polish-steps {steps}: steps {at + 1} to {cfg.iterations} with the Gaussian-level exchange, "
+              "one view a step")
+    return t
+
+
 def train_model(dataset, a, cfg, settings=None):
     """Train on ``dataset`` with the pipeline for the ranks at hand; ``settings`` (the command's
     options) are written with the trainer's config to ``OUT/cfg.json`` before the first step."""
     from engine.pruning import train_then_prune
     from engine.trainer import SNAPSHOT, Interrupted
     comm = mpi_comm(batched=getattr(a, "batch_size", None) is not None)
+    if getattr(a, "polish_steps", 0) and getattr(a, "exchange", "gaussian") == "gaussian":
+        raise ValueError("--polish-steps is for --exchange pixel (or auto): the Gaussian-level exchange renders "
+                         "in the single render's order already")
     t = make_trainer(dataset, a, cfg, comm)
     if getattr(a, "init_ply", None):
         from data.ply import load_ply
@@ -170,6 +196,7 @@ def train_model(dataset, a, cfg, settings=None):
         progress = not getattr(a, "quiet", False) and root
         if getattr(a, "exchange", None) == "auto" and comm is not None and not getattr(a, "viewer", False):
             t = train_choosing_exchange(t, dataset, a, cfg, comm, progress)
+        t = polish_in_render_order(t, dataset, a, cfg, comm, progress)
         t.pruning = train_then_prune(t, progress=progress)  # (metrics.json's)
     except Interrupted as e:  # SIGINT, SIGTERM or SIGHUP
         if not e.saved:  # a second Ctrl-C
@@ -344,6 +371,10 @@ def add_train_options(p):
                         "auto: the one moving fewer bytes an image, measured on the starting model at start-up and "
                         "again on the model at the end of each densification phase (the step before each opacity "
                         "reset, and --densify-until), where a change goes on from the snapshot (not with --viewer)")
+    p.add_argument("--polish-steps", type=count(0), default=0, metavar="N",
+                   help="with --exchange pixel (or auto ending on it) under mpiexec: train the last N steps with the "
+                        "Gaussian-level exchange, one view a step, in the single render's blend order (the order the "
+                        "model is judged and viewed in; the boxes' order costs quality at 4 ranks and more)")
     p.add_argument("--saturation", choices=["on", "off"], default="on",
                    help="with --exchange pixel: on later visits of a view, skip the tiles that the boxes in front "
                         "of a rank's own saturate (marks made anew every 4 epochs)")

@@ -1,7 +1,9 @@
 """Run by tests/test_pixel_exchange.py under mpiexec: ``--exchange auto``'s hand-overs.  A run whose
 chooser flips the exchange at every decision step (train_choosing_exchange) against the same run
 made by hand: each leg trained to its step, the other pipeline resumed from its snapshot.  Rank 0
-prints the exchanges chosen and whether the two final models and steps are equal."""
+prints the exchanges chosen and whether the two final models and steps are equal.  Then
+``--polish-steps 4`` (polish_in_render_order) against the same by hand: the pixel exchange to step
+10, the Gaussian-level one at batch 1 resumed from its snapshot to 14."""
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,7 +13,8 @@ from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cli.train import exchange_decision_steps, exchange_of, make_trainer, train_choosing_exchange  # noqa: E402
+from cli.train import (exchange_decision_steps, exchange_of, make_trainer, polish_in_render_order,  # noqa: E402
+                       train_choosing_exchange)
 from comm import abort_on_error  # noqa: E402
 from engine.demo import make_dataset  # noqa: E402
 from engine.trainer import SNAPSHOT, TrainConfig  # noqa: E402
@@ -57,3 +60,26 @@ with abort_on_error(comm):
         same = all(np.array_equal(a[w][g], b[w][g]) for w in ("params", "m", "v") for g in a["params"])
         print("decisions", steps, "chosen", chosen, "last", exchange_of(t), "same", same,
               "gaussians", len(a["params"]["means"]), len(b["params"]["means"]))
+
+    def plain():
+        cfg = config()
+        cfg.densify_until = 0
+        return cfg
+
+    cfg = plain()
+    a = SimpleNamespace(out=str(out / "polish"), polish_steps=4)
+    t = polish_in_render_order(trainer("polish", "pixel", cfg), data, a, cfg, comm, False)
+    polished_by = (exchange_of(t), t.batch, t.step)
+    t.train(progress=False)
+    polished = t.gather_state()
+    cfg = plain()
+    t = trainer("polish_hand", "pixel", cfg)
+    t.train(progress=False, until=10)
+    t = make_trainer(data, SimpleNamespace(out=str(out / "polish_hand")), cfg, comm, "gaussian", batch_size=1)
+    t.load_snapshot(out / "polish_hand" / SNAPSHOT)
+    t.train(progress=False)
+    by_hand = t.gather_state()
+    if comm.Get_rank() == 0:
+        (a, _), (b, _) = polished, by_hand
+        same = all(np.array_equal(a[w][g], b[w][g]) for w in ("params", "m", "v") for g in a["params"])
+        print("polish", polished_by, "same", same)

@@ -319,3 +319,5 @@ def test_exchange_auto_hands_over_through_the_snapshot(tmp_path):
     line = next(x for x in r.stdout.splitlines() if x.startswith("decisions"))
     assert line.startswith("decisions [3, 7, 10] chosen [(4, 'pixel'), (7, 'gaussian'), (11, 'pixel')] "
                            "last pixel same True"), line
+    # --polish-steps 4: the Gaussian-level exchange at one view a step from step 10, as by hand
+    assert "polish ('gaussian', 1, 10) same True" in r.stdout, r.stdout
