@@ -9,8 +9,8 @@ that the host queues whole steps without waiting for the device.
 """
 import numbasplat as ns
 from numbasplat import backend as _backend
-from numbasplat.rendering import INT32_MAX
 from numbasplat.loss import l1_ssim_loss, psnr
+from numbasplat.rendering import INT32_MAX
 
 from .model import GROUPS, GaussianModel
 from .trainer import PhaseClock, Trainer
@@ -67,7 +67,7 @@ class BinningRoom:
 class SingleGPUTrainer(Trainer):
     """``Trainer`` with the whole model in this process (on the GPU, or the CPU backend)."""
     culls_views = True
-    binning_room = None  # bin into kept room (``BinningRoom``): None on GPUs only; True, False always, never
+    binning_room = None  # bin into kept room (``BinningRoom``)? None: on GPUs; True: always (tests); False: never
     _room = None
 
     def _bin(self, p, view):

@@ -481,13 +481,12 @@ traintimeline)  # issues 22 and 27: CUPTI timelines of fern's training itself (s
 fernab)  # issues 22 and 27: fern 7k training end to end, this tree against OLD (an older checkout in a folder here,
     # the data shared), interleaved, ROUNDS times (default 2): time, PSNR and the steps skipped for binning room
     old=${OLD:?OLD=folder of the older checkout}; top=$PWD; R=$(cd "$R" && pwd)
-    for dir in . "$old"; do  # compiles each tree's kernels (densification's from step 500) before the timed runs
-        (cd "$dir" && timeout 120 python3 run.py train --out /tmp/warm --iters 700 --quiet --data "$top/.data/fern" \
-            --images images_8 > /dev/null 2>&1); rm -rf /tmp/warm
-    done
     for round in $(seq "${ROUNDS:-2}"); do
         for tree in new old; do
             dir=.; [ $tree = old ] && dir=$old
+            [ "$round" = 1 ] && (cd "$dir" && timeout 120 python3 run.py train --out /tmp/warm --iters 700 --quiet \
+                --data "$top/.data/fern" --images images_8 > /dev/null 2>&1)  # compiles the tree's kernels first
+            rm -rf /tmp/warm
             (cd "$dir" && timeout 150 python3 run.py train --out "$R/fern_${tree}_$round" --iters 7000 --eval \
                 --quiet --data "$top/.data/fern" --images images_8 > "$R/fern_${tree}_$round.txt" 2>&1)
             echo "fern 7k, $tree tree, round $round: $(grep -av Warn "$R/fern_${tree}_$round.txt" | tail -1)"

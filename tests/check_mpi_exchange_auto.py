@@ -21,6 +21,14 @@ from engine.trainer import SNAPSHOT, TrainConfig  # noqa: E402
 
 out = Path(sys.argv[1])
 comm = MPI.COMM_WORLD
+
+
+def same_state(a, b):
+    """Whether two ``gather_state`` results hold the same parameters and moments, bit for bit."""
+    (a, _), (b, _) = a, b
+    return all(np.array_equal(a[w][g], b[w][g]) for w in ("params", "m", "v") for g in a["params"])
+
+
 with abort_on_error(comm):
     data = make_dataset(size=32, n_views=10, backend="cpu")
 
@@ -56,10 +64,8 @@ with abort_on_error(comm):
     t.train(progress=False)
     hand = t.gather_state()
     if comm.Get_rank() == 0:
-        (a, _), (b, _) = auto, hand
-        same = all(np.array_equal(a[w][g], b[w][g]) for w in ("params", "m", "v") for g in a["params"])
-        print("decisions", steps, "chosen", chosen, "last", exchange_of(t), "same", same,
-              "gaussians", len(a["params"]["means"]), len(b["params"]["means"]))
+        print("decisions", steps, "chosen", chosen, "last", exchange_of(t), "same", same_state(auto, hand),
+              "gaussians", len(auto[0]["params"]["means"]), len(hand[0]["params"]["means"]))
 
     def plain():
         cfg = config()
@@ -80,6 +86,4 @@ with abort_on_error(comm):
     t.train(progress=False)
     by_hand = t.gather_state()
     if comm.Get_rank() == 0:
-        (a, _), (b, _) = polished, by_hand
-        same = all(np.array_equal(a[w][g], b[w][g]) for w in ("params", "m", "v") for g in a["params"])
-        print("polish", polished_by, "same", same)
+        print("polish", polished_by, "same", same_state(polished, by_hand))
