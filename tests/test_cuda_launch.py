@@ -25,6 +25,7 @@ KERNEL_NAMES = {
     "_route_fill_kernel", "_raster_forward_kernel", "_raster_backward_kernel", "_contributions_kernel",  # raster
     "_fused_kernel", "_ssim_fwd_kernel", "_ssim_bwd_kernel", "_tile_loss_kernel", "_adam_kernel",
     "_count_kernel", "_pack_kernel", "_unpack_add_kernel", "_scatter_add_kernel",  # sparse
+    "_depth_key_kernel", "_tile_ranges_kernel", "_screen_stats_kernel",  # binning, the strategy's statistics
 }
 
 

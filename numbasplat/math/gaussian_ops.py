@@ -146,7 +146,7 @@ def build(jit):
             gy = grad[n, col_v] * sy
             sums[n] += math.sqrt(gx * gx + gy * gy)
             seen[n] += 1
-        r = max(radii[n, 0], radii[n, 1])
+        r = f32(max(radii[n, 0], radii[n, 1]))  # (compared as float32: int32 against float32 is float64)
         if r > max_radius[n]:
             max_radius[n] = r
 
