@@ -36,6 +36,6 @@ def launch_count():
 
 
 __all__ = ["FUSED_TILE_LOSS", "adam", "array_module", "as_images", "contributions", "cull", "decode_add",
-           "depth_keys", "emit_intersections", "encode", "fused_layout", "l1_ssim", "launch_count", "move_rows", "pool_rows",
-           "project", "project_backward", "raster_backward", "raster_forward", "reach_boxes", "route", "route_fill",
-           "scatter_add", "screen_stats", "ssim_forward", "tile_loss", "tile_ranges"]
+           "depth_keys", "emit_intersections", "encode", "fused_layout", "l1_ssim", "launch_count", "move_rows",
+           "pool_rows", "project", "project_backward", "raster_backward", "raster_forward", "reach_boxes", "route",
+           "route_fill", "scatter_add", "screen_stats", "ssim_forward", "tile_loss", "tile_ranges"]
