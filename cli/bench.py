@@ -20,6 +20,9 @@ def cmd_scaling(a):
         raise SystemExit(f"error: benchmark scene not found: {a.scene} (make one with shared/bench/scene_gen.py)")
     import tempfile
     from engine import scaling
+    if a.timeline:
+        from engine.timeline import check_available
+        check_available()  # before the workload renders
     comm = mpi_comm(batched=a.pipeline == "gaussian-exchange")
     if a.pipeline == "single" and comm is not None:
         raise ValueError(f"--pipeline single runs on one rank, not {comm.Get_size()}: leave it out under mpiexec")

@@ -253,6 +253,9 @@ def run_training(a, settings):
     from engine.outputs import split_dir
     from engine.trainer import SNAPSHOT
     from numbasplat.backend import BACKEND
+    if a.timeline:
+        from engine.timeline import check_available
+        check_available()  # before the capture loads
     output_folder(a.out)
     cfg = config_from_args(a)
     # every view trains unless --eval (Inria's split) or --test-every holds some out

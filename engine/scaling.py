@@ -153,6 +153,8 @@ def run(workload, iters=30, warmup=5, comm=None, grad_comm="sparse", transport="
     if model_ranks and size > 1:
         raise ValueError("--model-ranks models P ranks from a run on one rank: run it without mpiexec")
     say = out if rank == 0 else (lambda *a, **k: None)
+    if timeline:
+        timeline_module.check_available(backend)
     start = workload.start
     n = len(start["means"])
     degree = ns.Gaussians(**start).sh_degree()

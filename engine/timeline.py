@@ -19,6 +19,16 @@ WAITS = ("Synchronize", "cuMemcpyDtoH_v2", "cudaMemcpy ", "cuMemcpyDtoH")  # hos
 STEP_MARK = "numbasplat_step"
 
 
+def check_available(backend=None):
+    """Raise SystemExit with the reason where no timeline can be recorded: ``backend`` (None: the
+    process default) is not a GPU's, or torch is missing."""
+    from numbasplat import backend as _backend
+    if not _backend.on_gpu(backend):
+        raise SystemExit(f"error: --timeline records a GPU's steps; this run's backend is "
+                         f"{backend or _backend.BACKEND}{' (the CUDA simulator)' if _backend.SIM else ''}")
+    _profiler()
+
+
 def _profiler():
     try:
         import torch
@@ -65,6 +75,7 @@ class TrainingTimeline:
     def __init__(self, start, steps, keep=None, log=print):
         if start < 0 or steps < 2:
             raise ValueError(f"--timeline START:STEPS needs START >= 0 and STEPS >= 2, got {start}:{steps}")
+        check_available()
         self.start, self.steps, self.keep, self.log = start, steps, keep, log
         self.prof = self.mark = None
 

@@ -76,6 +76,7 @@ def test_training_timeline_hook_marks_the_steps_after_start(monkeypatch):
     fake = _Fake(log)
     _Fake.trainer = trainer = SimpleNamespace(step=0)
     monkeypatch.setattr(tl, "_profiler", lambda: (fake, fake, fake))
+    monkeypatch.setattr(tl, "check_available", lambda backend=None: None)
     monkeypatch.setattr(tl, "_events", lambda prof, keep: _trace())
     hook = tl.TrainingTimeline(2, 3, log=lines.append)
     for trainer.step in range(1, 9):
@@ -94,3 +95,18 @@ def test_timeline_option_is_checked():
     for bad in ("100", "a:b", "-1:5", "10:1"):
         with pytest.raises(Exception, match="START"):
             train_parser().parse_args([f"--timeline={bad}"])
+
+
+def test_timeline_without_a_gpu_is_one_clear_error(tmp_path):
+    """On the CPU backend ``--timeline`` stops before anything loads, naming the backend."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = {**__import__("os").environ, "NUMBASPLAT_BACKEND": "cpu"}
+    r = subprocess.run([sys.executable, str(root / "run.py"), "train", "--data", str(tmp_path / "none"), "--out",
+                        str(tmp_path / "out"), "--timeline", "1:2"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines()[-1] == "error: --timeline records a GPU's steps; this run's backend is cpu"
+    assert not (tmp_path / "out").exists()
