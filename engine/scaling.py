@@ -35,9 +35,9 @@ from numbasplat.math import gaussian_ops as go
 from numbasplat.math.sparse import message_sizes
 from numbasplat.math.tiles import TILE_PIXELS
 
+from . import timeline as timeline_module
 from .distributed import balanced_bounds, even_bounds
 from .gaussian_exchange import halo_ranges
-from . import timeline as timeline_module
 from .trainer import PHASES, initial_arrays
 
 # NCCL's effective NVLink 4 bandwidth (H100, H200), GB/s per GPU and direction: the 450 GB/s line

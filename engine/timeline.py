@@ -26,16 +26,23 @@ def check_available(backend=None):
     if not _backend.on_gpu(backend):
         raise SystemExit(f"error: --timeline records a GPU's steps; this run's backend is "
                          f"{backend or _backend.BACKEND}{' (the CUDA simulator)' if _backend.SIM else ''}")
-    _profiler()
+    _torch()
+
+
+def _torch():
+    try:
+        import torch
+        import torch.profiler
+    except ImportError as e:
+        raise SystemExit(f"error: the timeline needs torch (torch.profiler records CUPTI's trace): {e}")
+    return torch
 
 
 def _profiler():
-    try:
-        import torch
-        from torch.profiler import ProfilerActivity, profile, record_function
-    except ImportError as e:
-        raise SystemExit(f"error: the timeline needs torch (torch.profiler records CUPTI's trace): {e}")
-    return torch, profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]), record_function
+    """(torch, a new CUPTI profiler of host and device activity, torch's ``record_function``)."""
+    torch = _torch()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    return torch, torch.profiler.profile(activities=activities), torch.profiler.record_function
 
 
 def _events(prof, keep):
@@ -55,14 +62,13 @@ def record(step, steps, keep=None):
     events (chrome trace format), also written to the path ``keep`` if given (gzipped JSON that
     Perfetto and chrome://tracing open)."""
     from numbasplat import backend as _backend
-    torch, prof, record_function = _profiler()
+    _, prof, record_function = _profiler()
     _backend.synchronize("cuda")
     with prof:
         for _ in range(steps):
             with record_function(STEP_MARK):
                 step()
-        _backend.synchronize("cuda")
-    torch.cuda.synchronize()
+        _backend.synchronize("cuda")  # (inside: the last steps' kernels are in the trace)
     return _events(prof, keep)
 
 

@@ -440,7 +440,7 @@ hostshare)  # issues 22 and 27: where a step's time goes (run.py scaling --timel
     done ;;
 hostab)  # issues 22 and 27: this tree against OLD (an older checkout in a folder here; the data shared), one at
     # a time: run.py scaling on a fern 7k model and the 1M scene (twice each, interleaved; steps synced one at a time,
-    # then back to back; a CUPTI timeline of the new tree), then fern 7k training in each tree
+    # then back to back; a CUPTI timeline of the new tree); training end to end is the fernab part
     old=${OLD:?OLD=folder of the older checkout}; top=$PWD; R=$(cd "$R" && pwd)
     [ -f .data/b1m.npz ] || python3 .data/scene_gen.py .data/b1m.npz --n 1000000 --res 1297x840 > /dev/null
     [ -d "$R/f7" ] || KEEP=1 train f7 7000 "${FERN[@]}"
@@ -458,14 +458,6 @@ hostab)  # issues 22 and 27: this tree against OLD (an older checkout in a folde
                 f="$R/ab_${src}_${tree}_$round.txt"; grep -a "^timeline" "$f"; grep -a -i "error" "$f" | tail -2
             done
         done
-    done
-    for tree in new old; do
-        dir=.; [ $tree = old ] && dir=$old
-        (cd "$dir" && timeout 200 python3 run.py train --out "$R/fern_$tree" --iters 7000 --eval --quiet \
-            --data "$top/.data/fern" --images images_8 > "$R/fern_$tree.txt" 2>&1)
-        echo "fern 7k, $tree tree: $(grep -av Warn "$R/fern_$tree.txt" | tail -1)"
-        grep -ao '"binning_overflows": [0-9]*' "$R/fern_$tree/log.jsonl" | tail -1
-        rm -rf "$R/fern_$tree"/{snapshot.h5,test_renders,point_cloud}
     done ;;
 traintimeline)  # issues 22 and 27: CUPTI timelines of fern's training itself (steps 5001-5030), this tree and
     # OLD (an older checkout in a folder here, the data shared), one at a time
