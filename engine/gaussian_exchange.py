@@ -297,9 +297,8 @@ class GaussianExchangeTrainer(RankedTrainer):
         model.adam.step(model.grads.data, cols * lr_scale, seen)
         prev = self.step
         self.step += self.batch
-        # shards change only in start_from and _reorder_after_refine, which set offset and total
-        ctx = self.context(lr_means=lr["means"] * lr_scale, prev_step=prev, offset=self.offset, total=self.total,
-                           stride=self.stride)
+        # shards change only in start_from and _reorder_after_refine, which set offset and stride
+        ctx = self.context(lr_means=lr["means"] * lr_scale, prev_step=prev, offset=self.offset, stride=self.stride)
         if ctx.max_gaussians:  # --max-gaussians caps the whole model: each owner grows to its share
             ctx.max_gaussians = int(np.bincount(self._owners(np.arange(ctx.max_gaussians), ctx.max_gaussians),
                                                 minlength=self.size)[self.rank])

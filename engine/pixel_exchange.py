@@ -476,7 +476,7 @@ class PixelExchangeTrainer(RankedTrainer):
         prev = self.step
         self.step += len(views)
         lr = {g: rate * lr_scale for g, rate in lr.items()}
-        ctx = self.context(lr_means=lr["means"], prev_step=prev, offset=self.offset, total=self.total)
+        ctx = self.context(lr_means=lr["means"], prev_step=prev, offset=self.offset)
         events = self._after_adam(model, ctx, lr)
         self._last_view = tuple(views)
         clock.end("optimizer")

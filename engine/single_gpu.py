@@ -7,6 +7,8 @@ strategy's densification; each a phase of ``trainer.PHASES`` (``stats``).
 On a GPU the step bins its view into room kept for it (``BinningRoom``), so
 that the host queues whole steps without waiting for the device.
 """
+import numpy as np
+
 import numbasplat as ns
 from numbasplat import backend as _backend
 from numbasplat.loss import l1_ssim_loss, psnr
@@ -34,6 +36,7 @@ class BinningRoom:
         self.last = {}       # view -> (its intersections, the model's Gaussians) when it was last binned
         self.pending = None  # (view, Gaussians, room, HostCopy of its total) of the last step
         self.overflows = 0
+        self._total = _backend.pinned_empty(1, np.int64)  # each step's total lands here (read before the next)
 
     def room(self, view, gaussians):
         """Slots for ``view``'s intersections with a model of ``gaussians`` (None: bin exactly)."""
@@ -51,7 +54,7 @@ class BinningRoom:
         if room is None:
             self.last[view] = (b.n_isect, n)
         else:
-            self.pending = (view, n, room, _backend.HostCopy(b.total))
+            self.pending = (view, n, room, _backend.HostCopy(b.total, into=self._total))
         return b
 
     def settle(self):

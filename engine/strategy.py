@@ -24,6 +24,7 @@ import numpy as np
 from numbasplat.backend import to_host
 from numbasplat.math import gaussian_ops as go
 from numbasplat.math.geometry import ALPHA_MIN
+from numbasplat.optim import row_normals
 from numbasplat.rendering import screen_gradient_stats
 
 from .model import inverse_sigmoid
@@ -48,17 +49,16 @@ class Context:
     Steps count images.  A batch advances them by B, so schedules fire when a
     multiple is crossed (``prev_step`` < k * every <= ``step``).  With the
     Gaussians sharded over ranks, this rank's rows are global rows
-    ``offset + stride * (0 .. len(model) - 1)`` of ``total`` (contiguous shards: stride 1;
-    index-parity shards: offset the rank, stride the rank count); random draws are made for
-    all ``total`` rows on every rank so results do not depend on the sharding.
+    ``offset + stride * (0 .. len(model) - 1)`` (contiguous shards: stride 1;
+    index-parity shards: offset the rank, stride the rank count); random draws are
+    functions of the global row (``normal``), so results do not depend on the sharding.
     """
     scene_scale: float
     rng: np.random.Generator
     max_gaussians: int = 0     # 0: no cap (besides the memory guard)
-    free_bytes: int = 0        # device memory left, 0 if unknown
+    free_bytes: object = 0     # device memory left (0: unknown), or a function measuring it (``free_device_bytes``)
     prev_step: int = None      # default: step - 1
     offset: int = 0
-    total: int = 0             # default: len(model)
     lr_means: float = 0.0      # the means' learning rate of the Adam step just taken (MCMC's noise scales with it)
     stride: int = 1            # global row of local row j: offset + stride * j
 
@@ -71,11 +71,18 @@ class Context:
         prev = step - 1 if self.prev_step is None else self.prev_step
         return prev < at <= step
 
+    def free_device_bytes(self):
+        """The device memory left (0: unknown), measured when asked: a driver call, which a step
+        that does not refine never makes."""
+        return self.free_bytes() if callable(self.free_bytes) else self.free_bytes
+
     def normal(self, model, rows, shape):
-        """Standard normal draws for local ``rows``, identical whatever the sharding."""
-        total = self.total or len(model)
-        draws = self.rng.standard_normal((total,) + shape).astype(np.float32)
-        return model.xp.asarray(draws[self.offset + self.stride * to_host(rows)])
+        """Standard normal draws of ``shape`` for each of the local ``rows``, identical whatever the
+        sharding: one key from ``rng`` (the same on every rank), each draw a function of the key and
+        its global row (``row_normals``), drawn on the model's device."""
+        key = int(self.rng.integers(2**63))
+        draws = row_normals(key, rows, math.prod(shape), self.offset, self.stride, model.backend)
+        return draws.reshape((len(draws),) + tuple(shape))
 
 
 STATISTICS = ("grad", "count", "max_radius")  # the default strategy's statistics since its last refinement
@@ -98,8 +105,9 @@ def growth_allowed(n_now, n_new, ctx):
     """The memory guard: stop growing near the cap or the device's capacity."""
     if ctx.max_gaussians and n_now + n_new > ctx.max_gaussians:
         return max(0, ctx.max_gaussians - n_now)
-    if ctx.free_bytes and n_new * BYTES_PER_GAUSSIAN > 0.8 * ctx.free_bytes:
-        return max(0, int(0.8 * ctx.free_bytes / BYTES_PER_GAUSSIAN))
+    free = ctx.free_device_bytes()
+    if free and n_new * BYTES_PER_GAUSSIAN > 0.8 * free:
+        return max(0, int(0.8 * free / BYTES_PER_GAUSSIAN))
     return n_new
 
 
@@ -337,7 +345,7 @@ class MCMCStrategy(RefineSchedule):
         g = model.gaussians
         opacity = _sigmoid(xp, g.opacities)
         gate = 1.0 / (1.0 + xp.exp(100.0 * (opacity - self.min_opacity)))
-        eps = xp.asarray(ctx.rng.standard_normal((len(model), 3)).astype(np.float32))
+        eps = ctx.normal(model, xp.arange(len(model)), (3,))
         sigma2 = xp.exp(2.0 * g.scales)
         noise = _quat_rotate(xp, g.quats, sigma2 * eps)
         g.means[...] += (self.noise_lr * ctx.lr_means) * gate[:, None] * noise

@@ -41,6 +41,13 @@ from .workload import Workload
 SNAPSHOT = "snapshot.h5"
 
 
+def _free_device_bytes():
+    """The GPU's free memory plus what CuPy's pool holds unused (the memory guard's measure)."""
+    import cupy
+    free, _ = cupy.cuda.runtime.memGetInfo()
+    return free + cupy.get_default_memory_pool().free_bytes()
+
+
 def initial_arrays(data, cfg, rng):
     """The Gaussians training starts from: the capture's SfM points, else random points in its box (or
     around its cameras), drawn from ``rng``."""
@@ -516,11 +523,7 @@ class Trainer(ABC):
     def context(self, **step):
         """The strategy's ``Context``: the scene scale, the RNG, the memory guard's limits, and a
         pipeline's ``step`` fields (the step's learning rate, this rank's rows)."""
-        free = 0
-        if _backend.on_gpu(self.backend):
-            import cupy
-            free_dev, _ = cupy.cuda.runtime.memGetInfo()
-            free = free_dev + cupy.get_default_memory_pool().free_bytes()
+        free = _free_device_bytes if _backend.on_gpu(self.backend) else 0
         return Context(self.data.scene_scale, self.rng, self.cfg.max_gaussians, free, **step)
 
     def add_strategy_gradients(self, model=None, state=None):

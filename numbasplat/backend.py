@@ -106,16 +106,20 @@ def to_host(a):
 class HostCopy:
     """A device array on its way to the host: the copy is queued now (into pinned memory) and
     waited for in ``get()``, so the host can queue more GPU work before it waits (a plain
-    ``to_host`` leaves the GPU idle until the host has caught up).  Numpy arrays pass through."""
+    ``to_host`` leaves the GPU idle until the host has caught up).  Numpy arrays pass through.
+    ``into``: a ``pinned_empty`` array of ``a``'s shape and dtype to copy into, for a caller that
+    copies every step and reads each copy before it queues the next (no page-locked allocation)."""
 
-    def __init__(self, a):
+    def __init__(self, a, into=None):
         self._event = None
         if not is_device(a):
             self._host = np.asarray(a)
             return
         import cupy
         a = cupy.ascontiguousarray(a)
-        self._host = pinned_empty(a.shape, a.dtype)
+        if into is not None and (into.shape != a.shape or into.dtype != a.dtype):
+            raise ValueError(f"HostCopy: into is {into.dtype}{into.shape}, the array {a.dtype}{a.shape}")
+        self._host = pinned_empty(a.shape, a.dtype) if into is None else into
         stream = cupy.cuda.get_current_stream()
         cupy.cuda.runtime.memcpyAsync(self._host.ctypes.data, a.data.ptr, a.nbytes,
                                       cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)

@@ -107,6 +107,19 @@ def reach_boxes(table, starts, sizes, means_col, scales_col, reach_sigmas, backe
     return lo, hi
 
 
+def row_normals(key, rows, width, offset=0, stride=1, backend=None):
+    """-> (len(rows), ``width``) float32 standard normal draws on ``rows``' device, in one kernel:
+    row j's are those of global row ``offset + stride * rows[j]`` under ``key`` (an int below 2**63;
+    ``numbasplat.math.noise``), so a rank holding some rows of a sharded model draws what one process
+    holding them all would, and nothing is drawn for rows it does not hold."""
+    backend = backend or _backend.backend_of(rows)
+    xp = _backend.array_module(backend)
+    rows = xp.ascontiguousarray(rows, dtype=np.int64)
+    out = xp.empty((len(rows), int(width)), np.float32)
+    _backend.kernels(backend).row_normals(int(key), int(offset), int(stride), rows, out)
+    return out
+
+
 def adam_step_bound(b1=0.9, b2=0.999):
     """The most one Adam step can move a parameter, in units of its learning rate, whatever the
     gradients: |m_hat / sqrt(v_hat)| <= (1 - b1) / sqrt((1 - b2) (1 - b1^2 / b2)), by Cauchy-Schwarz
@@ -156,6 +169,7 @@ class Adam:
         self.step_count = 0
         self._layout = None
         self._no_skip = xp.zeros(1, np.int32)
+        self._no_mask = xp.ones(1, np.bool_)  # the visible mask's argument where there is none
 
     def step(self, grads, lr_columns, visible=None, skip=None):
         """One update; ``grads`` is a flat buffer like ``params.data``; ``visible`` an (N,) bool mask.
@@ -169,7 +183,7 @@ class Adam:
         t = self.step_count
         lrs = xp.asarray(np.asarray(lr_columns, np.float32))
         use_visible = visible is not None
-        vis = visible if use_visible else xp.ones(1, np.bool_)
+        vis = visible if use_visible else self._no_mask
         args = (p.data, grads, self.m, self.v, *self._layout, lrs, vis, use_visible,
                 self._no_skip if skip is None else skip,
                 np.float32(self.b1), np.float32(self.b2), np.float32(self.eps),

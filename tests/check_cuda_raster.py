@@ -166,6 +166,19 @@ def compare_pool_rows():
     return [] if ok else ["pool rows"]
 
 
+def compare_row_normals():
+    """Densification's noise (``numbasplat.optim.row_normals``: a thread per element on the GPU) on
+    both backends, parity-sharded rows: within the float32 rounding of log, cos and sqrt."""
+    from numbasplat.optim import row_normals
+    xp = array_module("cuda")
+    rows = np.arange(0, 3000, 3, dtype=np.int64)
+    want = row_normals(2**62 + 12345, rows, 6, 1, 4, "cpu")
+    got = to_host(row_normals(2**62 + 12345, xp.asarray(rows), 6, 1, 4, "cuda"))
+    ok = np.allclose(got, want, rtol=1e-5, atol=1e-5)
+    print(f"row normals {'ok' if ok else 'FAIL'} (largest |z| {np.abs(want).max():.2f})")
+    return [] if ok else ["row normals"]
+
+
 def compare_block_moves(steps=40):
     """The out-of-core blocks' moves (``engine.offload.DeviceCache``) on the GPU against numpy: each
     step fetches its blocks, queues the next step's on the copy stream (``prefetch``), and changes its
@@ -306,6 +319,7 @@ def main(sizes=((37, 29, 40), (48, 32, 150))):  # (W, H, Gaussians): 150 spans t
     failures += compare_cull()
     failures += compare_reach_boxes()
     failures += compare_pool_rows()
+    failures += compare_row_normals()
     failures += compare_block_moves()
     print("FAILED: " + ", ".join(failures) if failures else "all CUDA checks passed")
     return 1 if failures else 0

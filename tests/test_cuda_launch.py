@@ -26,6 +26,7 @@ KERNEL_NAMES = {
     "_fused_kernel", "_ssim_fwd_kernel", "_ssim_bwd_kernel", "_tile_loss_kernel", "_adam_kernel",
     "_count_kernel", "_pack_kernel", "_unpack_add_kernel", "_scatter_add_kernel",  # sparse
     "_depth_key_kernel", "_tile_ranges_kernel", "_screen_stats_kernel",  # binning, the strategy's statistics
+    "_row_normals_kernel",  # densification's noise
 }
 
 
@@ -45,6 +46,29 @@ def test_all_kernels_compile_to_ptx(monkeypatch):
         ptx, _ = numba_cuda.compile_ptx(fn, sig, cc=(9, 0))
         assert ".entry" in ptx, name
         assert re.search(r"\.f64\b", ptx.split(".entry", 1)[1]) is None, f"{name} computes in float64"
+        layout = launch.param_layout(ptx)  # what a launch packs: a field per declared parameter
+        entry = ptx.split(".entry", 1)[1]
+        assert len(layout.format.lstrip("<").replace("x", "")) == entry[:entry.index(")")].count(".param"), name
+
+
+def test_param_layout_aligns_each_parameter():
+    """The launch buffer's layout from a PTX entry: each scalar at a multiple of its size (a bool
+    byte, then a pointer 7 bytes on), signed 64-bit integers, float32 and float64."""
+    from numbasplat.cuda.launch import param_layout
+    ptx = """.visible .entry k(
+        .param .u8 k_param_0,
+        .param .u64 k_param_1,
+        .param .f32 k_param_2,
+        .param .s32 k_param_3,
+        .param .f64 k_param_4
+    )
+    { ret; }"""
+    layout = param_layout(ptx)
+    assert layout.format == "<B" + "x" * 7 + "qfid" and layout.size == 32
+    packed = layout.pack(1, 2**47 + 3, 1.5, -2, 0.25)
+    assert packed[0] == 1 and int.from_bytes(packed[8:16], "little") == 2**47 + 3
+    with pytest.raises(RuntimeError, match="not a scalar"):
+        param_layout(".entry k(\n .param .align 8 .b8 k_param_0[16]\n)")
 
 
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from conftest import run_sim
-from numbasplat.optim import Adam, FlatParams, adam_step_bound, column_lrs, exp_decay
+from numbasplat.optim import Adam, FlatParams, adam_step_bound, column_lrs, exp_decay, row_normals
 from tests.scenes import edge_case_scene
 
 LR = {"means": 1e-3, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "sh": 2.5e-3}
@@ -132,3 +132,34 @@ def test_cuda_adam_matches_cpu_in_simulator():
         np.testing.assert_allclose(ob.v, oa.v, rtol=1e-6, atol=1e-12)
         print("adam ok")
     """)
+
+
+def test_row_normals_are_standard_normal():
+    """300k draws: mean, spread, the one- and two-sigma masses and the tails of N(0, 1); columns and
+    neighbouring rows uncorrelated; another key, other draws."""
+    z = row_normals(7, np.arange(100_000), 3)
+    assert z.shape == (100_000, 3) and z.dtype == np.float32 and np.isfinite(z).all()
+    flat = z.astype(np.float64).ravel()
+    assert abs(flat.mean()) < 0.01 and abs(flat.std() - 1) < 0.01
+    assert abs((np.abs(flat) < 1).mean() - 0.6827) < 0.005 and abs((np.abs(flat) < 2).mean() - 0.9545) < 0.003
+    assert 2e-4 < (np.abs(flat) > 3.5).mean() < 7e-4  # 4.65e-4 expected
+    assert abs(np.corrcoef(z[:, 0], z[:, 1])[0, 1]) < 0.01 and abs(np.corrcoef(z[:-1, 0], z[1:, 0])[0, 1]) < 0.01
+    other = row_normals(8, np.arange(100_000), 3)
+    assert abs(np.corrcoef(z.ravel(), other.ravel())[0, 1]) < 0.01
+
+
+def test_row_normals_follow_the_global_row_whatever_the_sharding():
+    """A row's draws are those of its global row: contiguous shards (offsets) and index-parity
+    shards (offset the rank, stride the rank count) draw exactly what one process holding every
+    row draws, and a subset of rows (the split Gaussians) draws their rows' values."""
+    n, key = 1001, 2**63 - 1
+    whole = row_normals(key, np.arange(n), 6)
+    assert np.array_equal(np.concatenate([row_normals(key, np.arange(k), 6, offset=o)
+                                          for o, k in ((0, 400), (400, 601))]), whole)
+    for ranks in (2, 3):
+        for r in range(ranks):
+            local = np.arange(len(range(r, n, ranks)))
+            assert np.array_equal(row_normals(key, local, 6, offset=r, stride=ranks), whole[r::ranks])
+    some = np.array([5, 17, 999])
+    assert np.array_equal(row_normals(key, some, 6), whole[some])
+    assert row_normals(key, np.zeros(0, np.int64), 6).shape == (0, 6)

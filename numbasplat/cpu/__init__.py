@@ -9,7 +9,7 @@ API (through ``numbasplat.backend.kernels``) calls either.  It has no fused rast
 import numpy as np
 
 from .loss import as_images, l1_ssim, ssim_forward
-from .optim import adam, move_rows, pool_rows, reach_boxes
+from .optim import adam, move_rows, pool_rows, reach_boxes, row_normals
 from .raster import (contributions, cull, depth_keys, emit_intersections, project, project_backward,
                      raster_backward, raster_forward, route, route_fill, screen_stats, tile_ranges)
 from .sparse import decode_add, encode, scatter_add
@@ -38,4 +38,4 @@ def launch_count():
 __all__ = ["FUSED_TILE_LOSS", "adam", "array_module", "as_images", "contributions", "cull", "decode_add",
            "depth_keys", "emit_intersections", "encode", "fused_layout", "l1_ssim", "launch_count", "move_rows",
            "pool_rows", "project", "project_backward", "raster_backward", "raster_forward", "reach_boxes", "route",
-           "route_fill", "scatter_add", "screen_stats", "ssim_forward", "tile_loss", "tile_ranges"]
+           "route_fill", "row_normals", "scatter_add", "screen_stats", "ssim_forward", "tile_loss", "tile_ranges"]

@@ -1,10 +1,12 @@
 """Fused Adam over the flat parameter buffer: one ``njit`` loop, parallel over elements; and the moves
 of rows between a row table and the flat buffers (``numbasplat.math.rows``), the rows of a pool of
-block slots that a set of blocks holds, and the boxes that row segments reach."""
+block slots that a set of blocks holds, the boxes that row segments reach, and Gaussian noise for
+rows by their global index (``numbasplat.math.noise``)."""
 import numpy as np
 from numba import njit, prange
 
 from ..math.adam import adam_lr, adam_update
+from ..math.noise import hashed_normal
 from ..math.rows import flat_element, pool_row, row_reach
 
 _adam_lr = njit(inline="always")(adam_lr)
@@ -84,3 +86,14 @@ def reach_boxes(table, starts, sizes, means_col, scales_col, reach_sigmas, lo, h
                 c = table[r, means_col + d]
                 lo[b, d] = min(lo[b, d], c - reach)
                 hi[b, d] = max(hi[b, d], c + reach)
+
+
+@njit(parallel=True, cache=True)
+def row_normals(key, offset, stride, rows, out):
+    """``out[j, c]``: the standard normal draw under ``key`` for column c of global row
+    ``offset + stride * rows[j]`` (element (global row) * width + c, width ``out.shape[1]``)."""
+    width = out.shape[1]
+    for j in prange(rows.shape[0]):
+        first = (offset + stride * rows[j]) * width
+        for c in range(width):
+            out[j, c] = hashed_normal(key, first + c)

@@ -13,7 +13,7 @@ from . import launch
 from .fused import fused_budget, fused_layout, fused_raster_loss_backward
 from .launch import array_module
 from .loss import as_images, l1_ssim, ssim_forward
-from .optim import adam, move_rows, pool_rows, reach_boxes
+from .optim import adam, move_rows, pool_rows, reach_boxes, row_normals
 from .raster import (contributions, cull, depth_keys, emit_intersections, project, project_backward,
                      raster_backward, raster_forward, route, route_fill, screen_stats, tile_ranges)
 from .sparse import decode_add, encode, scatter_add
@@ -30,5 +30,5 @@ def launch_count():
 __all__ = ["FUSED_TILE_LOSS", "adam", "array_module", "as_images", "contributions", "cull", "decode_add", "depth_keys",
            "emit_intersections", "encode", "fused_budget", "fused_layout", "fused_raster_loss_backward", "l1_ssim",
            "launch_count", "move_rows", "pool_rows", "project", "project_backward", "raster_backward", "raster_forward",
-           "reach_boxes", "route", "route_fill", "scatter_add", "screen_stats", "ssim_forward", "tile_loss",
-           "tile_ranges"]
+           "reach_boxes", "route", "route_fill", "row_normals", "scatter_add", "screen_stats", "ssim_forward",
+           "tile_loss", "tile_ranges"]

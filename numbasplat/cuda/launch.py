@@ -3,9 +3,12 @@
 A Numba launch spends much of a small kernel's time in Python (argument typing,
 ctypes conversion, and a stream sync for every CuPy argument).  On a real GPU a
 ``Kernel`` is compiled once by Numba to PTX for its one signature, loaded as a
-CuPy module and launched through CuPy, with the arguments flattened the way
+CuPy module and launched with ``cuLaunchKernel``, its arguments flattened the way
 Numba's ABI lays them out (an array is meminfo, parent, size, itemsize, data,
-shape..., strides...).  The simulator launches through Numba as usual.
+shape..., strides...) and packed into one buffer at the offsets the PTX declares
+(``param_layout``): one ``struct`` call, where CuPy's launch wraps each of a
+kernel's hundred-odd scalars in an object.  The simulator launches through Numba
+as usual.
 
 Compilation waits for the first launch, so importing needs no GPU; ``KERNELS``
 lists every (python function, signature) so tests can compile them to PTX.
@@ -18,9 +21,11 @@ first run after a change pays the compilation.
 Also here, for every CUDA kernel module: the signature type strings (``F1``...),
 ``array_module`` (where the kernels' arrays live) and ``as_numba``.
 """
+import ctypes
 import hashlib
 import os
 import re
+import struct
 import sys
 import tempfile
 from pathlib import Path
@@ -97,14 +102,39 @@ def _array_params(a, _cache={}):
     if p is None:
         if len(_cache) > 4096:
             _cache.clear()
-        p = tuple(np.uint64(x) for x in (0, 0, a.size, a.dtype.itemsize, a.data.ptr, *a.shape, *a.strides))
+        p = (0, 0, a.size, a.dtype.itemsize, a.data.ptr, *a.shape, *a.strides)
         _cache[key] = p
     return p
 
 
+_PARAM_FORMATS = {("f", 4): "f", ("f", 8): "d", ("s", 1): "b", ("s", 2): "h", ("s", 4): "i", ("s", 8): "q",
+                  **{(k, n): c for k in "ub" for n, c in ((1, "B"), (2, "H"), (4, "I"), (8, "q"))}}
+
+
+def param_layout(ptx):
+    """The entry's parameters as one packed buffer (a ``struct.Struct``), each scalar at its own
+    alignment, the layout ``cuLaunchKernel`` reads from ``CU_LAUNCH_PARAM_BUFFER_POINTER``.  64-bit
+    integers pack signed (pointers and sizes fit; strides may be negative)."""
+    entry = re.search(r"\.entry\s+\w+\s*\(", ptx)
+    params = ptx[entry.end():ptx.index(")", entry.end())]
+    fmt, offset = "<", 0
+    for decl in re.findall(r"\.param\s+[^,]*", params):
+        m = re.fullmatch(r"\.param\s+\.([fsub])(8|16|32|64)\s+\S+\s*", decl)
+        if m is None:
+            raise RuntimeError(f"kernel parameter {decl.strip()!r}: not a scalar of a known type")
+        size = int(m.group(2)) // 8
+        pad = -offset % size
+        fmt += "x" * pad + _PARAM_FORMATS[m.group(1), size]
+        offset += pad + size
+    return struct.Struct(fmt)
+
+
+_LAUNCH_PARAM_END, _LAUNCH_PARAM_BUFFER_POINTER, _LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2  # cuda.h's markers
+
+
 def _scalar(ty):
     if ty == types.boolean:
-        return np.bool_
+        return int
     if ty == types.float32:
         return np.float32
     if ty == types.float64:
@@ -141,11 +171,12 @@ class Kernel:
         if n_params != expected:
             raise RuntimeError(f"{self.fn.__name__}: PTX takes {n_params} parameters, expected {expected}; "
                                "this numba-cuda lays kernel arguments out differently")
+        layout = param_layout(ptx)
         module = cupy.cuda.function.Module()
         module.load(ptx.encode())
         func = module.get_function(entry.group(1))
         casts = [None if isinstance(t, types.Array) else _scalar(t) for t in argtypes]
-
+        launch_kernel, current_stream = cupy.cuda.driver.launchKernel, cupy.cuda.get_current_stream
         opted = [0]
 
         def launch(grid, block, args, shared=0):
@@ -158,7 +189,13 @@ class Kernel:
                     flat.extend(_array_params(a))
                 else:
                     flat.append(cast(a))
-            func(grid, block, tuple(flat), shared_mem=shared)
+            # the buffer and its description live until the call returns: the driver copies them at launch
+            buffer = ctypes.create_string_buffer(layout.pack(*flat), layout.size)
+            size = ctypes.c_size_t(layout.size)
+            extra = (ctypes.c_void_p * 5)(_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(buffer),
+                                          _LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(size), _LAUNCH_PARAM_END)
+            launch_kernel(func.ptr, *grid, *(1,) * (3 - len(grid)), *block, *(1,) * (3 - len(block)), shared,
+                          current_stream().ptr, 0, ctypes.addressof(extra))
             if SYNC_CHECK:
                 try:
                     cupy.cuda.runtime.deviceSynchronize()

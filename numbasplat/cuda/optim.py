@@ -1,11 +1,13 @@
 """Fused Adam over the flat parameter buffer: one CUDA kernel, a thread per element; and the moves of
 rows between a row table and the flat buffers (``numbasplat.math.rows``), a thread per table element;
-the rows of a pool of block slots that a set of blocks holds; and the boxes that row segments reach,
-a block per segment."""
+the rows of a pool of block slots that a set of blocks holds; the boxes that row segments reach,
+a block per segment; and Gaussian noise for rows by their global index (``numbasplat.math.noise``),
+a thread per element."""
 import numpy as np
 from numba import cuda, float32, int32
 
 from ..math.adam import adam_lr, adam_update
+from ..math.noise import hashed_normal
 from ..math.rows import flat_element, pool_row, row_reach
 from .launch import F1, F2, I1, I2, L1, array_module, kernel, per_item
 
@@ -112,3 +114,18 @@ def reach_boxes(table, starts, sizes, means_col, scales_col, reach_sigmas, lo, h
     if starts.shape[0]:
         _reach_boxes_kernel[starts.shape[0], BOX_THREADS](table, starts, sizes, means_col, scales_col,
                                                           reach_sigmas, lo, hi)
+
+
+@kernel("int64", "int64", "int64", L1, F2)
+def _row_normals_kernel(key, offset, stride, rows, out):
+    width = out.shape[1]
+    i = cuda.grid(1)
+    if i < rows.shape[0] * width:
+        j, c = i // width, i % width
+        out[j, c] = hashed_normal(key, (offset + stride * rows[j]) * width + c)
+
+
+def row_normals(key, offset, stride, rows, out):
+    """The standard normal draws of ``numbasplat.cpu.row_normals``, a thread per element."""
+    if rows.shape[0]:
+        _row_normals_kernel[per_item(rows.shape[0] * out.shape[1])](key, offset, stride, rows, out)

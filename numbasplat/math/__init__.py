@@ -6,5 +6,5 @@ and its VJP.  ``sh``: the spherical-harmonics basis.  ``blend``: per-pixel compo
 VJP.  ``gaussian_ops``: the per-Gaussian kernel bodies and the record layouts.  ``ssim``: the
 per-pixel SSIM, S3IM and L1 math of the losses.  ``adam``: one Adam update.  ``tiles``: the
 16x16 tile size and tile arithmetic.  ``sparse``: the layout of the zero-eliding gradient
-messages.
+messages.  ``noise``: counter-based Gaussian noise (a draw per element index, whatever the sharding).
 """
