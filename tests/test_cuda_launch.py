@@ -118,18 +118,18 @@ def test_ptx_cache_key_follows_the_kernels_own_module(tmp_path, monkeypatch):
 def test_ptx_cache_key_covers_every_file_of_the_package(tmp_path):
     """A kernel compiles from its module, cuda/'s shared device functions and numbasplat.math: the
     key hashes the whole package, so editing (or moving) any of its files changes it."""
-    from numbasplat.cuda import launch
-    assert (launch.PACKAGE / "math" / "geometry.py").is_file()
+    from numbasplat.math.jit import PACKAGE, package_digest
+    assert (PACKAGE / "math" / "geometry.py").is_file()
     copy = tmp_path / "numbasplat"
-    shutil.copytree(launch.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    before = launch.package_digest(copy)
-    assert before == launch.package_digest(launch.PACKAGE)
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    before = package_digest(copy)
+    assert before == package_digest(PACKAGE)
     geometry = copy / "math" / "geometry.py"
     geometry.write_text(geometry.read_text() + "\n# edited\n")
-    edited = launch.package_digest(copy)
+    edited = package_digest(copy)
     assert edited != before
     geometry.rename(copy / "math" / "geometry_moved.py")
-    assert launch.package_digest(copy) != edited
+    assert package_digest(copy) != edited
 
 
 def _ptxas():

@@ -8,6 +8,8 @@ API (through ``numbasplat.backend.kernels``) calls either.  It has no fused rast
 """
 import numpy as np
 
+from ..math.jit import drop_stale_caches
+from . import loss, optim, raster, sparse, tile_loss as _tile_loss
 from .loss import as_images, l1_ssim, ssim_forward
 from .optim import adam, move_rows, pool_rows, reach_boxes, row_normals
 from .raster import (contributions, cull, depth_keys, emit_intersections, project, project_backward,
@@ -16,6 +18,8 @@ from .sparse import decode_add, encode, scatter_add
 from .tile_loss import tile_loss
 
 FUSED_TILE_LOSS = False
+
+drop_stale_caches([loss, optim, raster, sparse, _tile_loss])  # the kernels inline numbasplat.math (other files)
 
 
 def array_module():

@@ -34,7 +34,7 @@ import numpy as np
 from numba import cuda, types
 from numba.core import sigutils
 
-from ..math.jit import SIM
+from ..math.jit import SIM, package_digest
 
 F1 = "float32[::1]"
 F2 = "float32[:, ::1]"
@@ -234,18 +234,6 @@ def with_max_registers(ptx, n):
     entry = re.search(r"\.entry\s+\w+\s*\(", ptx)
     params_end = ptx.index(")", entry.end())
     return f"{ptx[:params_end + 1]}\n.maxnreg {int(n)}{ptx[params_end + 1:]}"
-
-
-PACKAGE = Path(__file__).resolve().parents[1]  # numbasplat/
-
-
-def package_digest(root=PACKAGE):
-    """Hash of every source file under ``root``: its path relative to ``root`` and its contents
-    (a kernel compiles from its own module, cuda/'s device functions and numbasplat.math)."""
-    h = hashlib.sha256()
-    for f in sorted(root.rglob("*.py")):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()
 
 
 def _source_digest(fn, _package=[]):
