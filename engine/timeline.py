@@ -10,6 +10,7 @@ bound by its host: fewer launches and waits shorten it, fewer Gaussians do not.
 """
 import gzip
 import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -119,7 +120,8 @@ def _union_length(intervals):
 def summarize(events):
     """Per step (median over the steps, milliseconds): the host's time, the device's busy time
     and the step's device idle time, kernels launched, and the host's waits for the device
-    (count and time).  Also the most launched kernels of the run, with their launches per step.
+    (count and time).  Also the kernels of the run by device time (``kernel_name``s, the longest
+    ``TOP_KERNELS``), with their milliseconds and launches per step.
     Steps are the host ranges ``record`` marks; the device's work is counted to the step whose
     launch calls it came from (CUPTI's correlation ids)."""
     import statistics
@@ -141,7 +143,8 @@ def summarize(events):
         if corr is not None and s is not None:
             launched_in[corr] = s
     device = [e for e in events if e.get("ph") == "X" and e.get("cat") in DEVICE_CATEGORIES]
-    per_step = [{"busy": [], "kernels": 0, "waits": 0, "wait_us": 0.0, "names": {}} for _ in marks]
+    per_step = [{"busy": [], "kernels": 0, "waits": 0, "wait_us": 0.0} for _ in marks]
+    by_kernel = {}  # short name -> [launches, microseconds] over the steps
     for e in device:
         s = launched_in.get(e.get("args", {}).get("correlation"))
         if s is None:
@@ -149,7 +152,9 @@ def summarize(events):
         per_step[s]["busy"].append((e["ts"], e["ts"] + e["dur"]))
         if e["cat"] == "kernel":
             per_step[s]["kernels"] += 1
-            per_step[s]["names"][e["name"]] = per_step[s]["names"].get(e["name"], 0) + 1
+            k = by_kernel.setdefault(kernel_name(e["name"]), [0, 0.0])
+            k[0] += 1
+            k[1] += e["dur"]
     for e in api:
         s = step_of(e["ts"])
         if s is not None and any(w in e["name"] for w in WAITS):
@@ -169,14 +174,24 @@ def summarize(events):
     if not rows:
         raise ValueError("the trace has too few steps with device work (at least 2 are needed)")
     summary = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    names = {}
-    for p in per_step:
-        for k, v in p["names"].items():
-            names[k] = names.get(k, 0) + v
-    top = sorted(names.items(), key=lambda kv: -kv[1])[:12]
-    summary["top_kernels"] = [(k, v / len(per_step)) for k, v in top]
+    top = sorted(by_kernel.items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS]
+    summary["top_kernels"] = [(k, us / 1e3 / len(per_step), n / len(per_step)) for k, (n, us) in top]
     summary["steps"] = len(rows)
     return summary
+
+
+TOP_KERNELS = 16  # kernels listed in a report, the longest first
+
+
+def kernel_name(name):
+    """A kernel's name without what makes it unreadable: Numba's ``numbasplat::cuda::raster::
+    _project_kernel[abi:...]...`` as ``raster._project_kernel``, others without their template
+    arguments, return type and CUB's versioned namespace."""
+    m = re.match(r"(?:void )?numbasplat::cuda::(\w+)::(\w+)", name)
+    if m:
+        return f"{m.group(1)}.{m.group(2)}"
+    short = re.sub(r"^void ", "", name.split("<", 1)[0])
+    return re.sub(r"::CUB_\w+::", "::", short)
 
 
 def report_lines(summary):
@@ -185,6 +200,6 @@ def report_lines(summary):
              f"device span {s['device_span_ms']:.2f} ms, busy {s['device_busy_ms']:.2f}, idle "
              f"{s['device_idle_ms']:.2f}; {s['kernels']:.0f} kernels; {s['waits']:.0f} host waits "
              f"({s['wait_ms']:.2f} ms)",
-             "  most launched kernels (launches a step):"]
-    lines += [f"    {n:6.1f}  {name[:100]}" for name, n in s["top_kernels"]]
+             "  kernels by device time (ms a step, launches a step):"]
+    lines += [f"    {ms:7.3f} {n:5.1f}  {name[:100]}" for name, ms, n in s["top_kernels"]]
     return lines

@@ -37,8 +37,19 @@ def test_summary_of_a_trace():
     assert s["device_busy_ms"] == pytest.approx(0.019)  # 15 us of the overlapping kernels + 4 us of copy
     assert s["device_idle_ms"] == pytest.approx(1.0 - 0.019)
     assert s["kernels"] == 2 and s["waits"] == 1 and s["wait_ms"] == pytest.approx(0.02)
-    assert dict(s["top_kernels"]) == {"kern_a": 1.0, "kern_b": 1.0}
-    assert "2 kernels" in report_lines(s)[0]
+    assert s["top_kernels"] == [("kern_a", pytest.approx(0.01), 1.0), ("kern_b", pytest.approx(0.01), 1.0)]
+    assert "2 kernels" in report_lines(s)[0] and "kern_a" in report_lines(s)[2]
+
+
+def test_kernel_names_are_made_readable():
+    """Numba's mangled kernels, CUB's templates and CuPy's elementwise kernels, as a report lists them."""
+    from engine.timeline import kernel_name
+    assert kernel_name("numbasplat::cuda::raster::_project_kernel[abi:v1][abi:cw51cXT](Array<float, 2>)") == \
+        "raster._project_kernel"
+    assert kernel_name("void cub::CUB_300102_SM_750_800_900::detail::radix_sort::DeviceRadixSortOnesweepKernel"
+                       "<cub::detail::radix::policy_hub<unsigned short>, false>(int*)") == \
+        "cub::detail::radix_sort::DeviceRadixSortOnesweepKernel"
+    assert kernel_name("cupy_take") == "cupy_take"
 
 
 def test_a_trace_without_steps_is_an_error():
