@@ -127,7 +127,7 @@ def test_ranks_offloading_their_boxes_train_as_in_memory(tmp_path, scene):
     runs = [check(2, tmp_path / name, *scene, "densify", *flags)
             for name, flags in (("memory", ()), ("offload", ("offload",)))]
     (text, memory), (_, offload) = runs
-    assert len(memory["means"]) == 320  # it refined
+    assert len(memory["means"]) > 200  # it refined (from 80 or 160 rows; about 320 after)
     if "wander" in scene:
         assert int(text.split("migrated")[1]) > 50, text
     for k, a in memory.items():
