@@ -87,3 +87,20 @@ def test_mcmc_perturbs_the_means_after_every_step():
     before, after = means_after(1e-3)
     assert not np.allclose(after[0], before[0]) and np.allclose(after[1], before[1], atol=1e-6)
     np.testing.assert_array_equal(*means_after(0.0))
+
+
+def test_the_memory_guard_measures_the_device_only_when_a_refinement_asks():
+    """``Context.free_bytes`` may be a function (the trainer's driver call): a step that does not
+    refine never calls it; a refinement caps its growth at 0.8 of what it reports."""
+    from engine.strategy import BYTES_PER_GAUSSIAN, growth_allowed
+
+    def never():
+        raise AssertionError("measured the device on a step without a refinement")
+    model = model_of([2.0, 2.0], [0.001, 0.5])
+    s = DefaultStrategy()
+    state = s.initialize_state()
+    s._fresh(state, np, 2)
+    assert s.after_optimizer(model, state, 550, Context(1.0, np.random.default_rng(0), free_bytes=never)) == {}
+    ctx = Context(1.0, np.random.default_rng(0), free_bytes=lambda: 100 * BYTES_PER_GAUSSIAN)
+    assert ctx.free_device_bytes() == 100 * BYTES_PER_GAUSSIAN
+    assert growth_allowed(0, 1000, ctx) == 80 and growth_allowed(0, 10, ctx) == 10
