@@ -67,6 +67,7 @@ def test_param_layout_aligns_each_parameter():
     assert layout.format == "<B" + "x" * 7 + "qfid" and layout.size == 32
     packed = layout.pack(1, 2**47 + 3, 1.5, -2, 0.25)
     assert packed[0] == 1 and int.from_bytes(packed[8:16], "little") == 2**47 + 3
+    assert param_layout(".entry k(\n .param .u64 .ptr .global .align 4 k_param_0,\n .param .f32 k_param_1\n)").size == 12
     with pytest.raises(RuntimeError, match="not a scalar"):
         param_layout(".entry k(\n .param .align 8 .b8 k_param_0[16]\n)")
 

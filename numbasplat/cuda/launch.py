@@ -119,7 +119,8 @@ def param_layout(ptx):
     params = ptx[entry.end():ptx.index(")", entry.end())]
     fmt, offset = "<", 0
     for decl in re.findall(r"\.param\s+[^,]*", params):
-        m = re.fullmatch(r"\.param\s+\.([fsub])(8|16|32|64)\s+\S+\s*", decl)
+        m = re.fullmatch(r"\.param\s+\.([fsub])(8|16|32|64)\s+(?:\.ptr\s+(?:\.\w+\s+)?(?:\.align\s+\d+\s+)?)?\S+\s*",
+                         decl)  # (a pointer's state space and alignment, where a compiler writes them)
         if m is None:
             raise RuntimeError(f"kernel parameter {decl.strip()!r}: not a scalar of a known type")
         size = int(m.group(2)) // 8
