@@ -266,9 +266,9 @@ def run_training(a, settings):
         print("\n".join(dataset.summary(None if a.init_ply else cfg.n_random_init)))
         if a.init_ply:
             print(f"initial Gaussians: from {a.init_ply} (--init-ply), not the points above")
-        hint = slow_cpu_hint(dataset, BACKEND)
-        if hint:
-            print(hint)
+        for hint in (slow_cpu_hint(dataset, BACKEND), None if cfg.appearance else exposure_hint(dataset)):
+            if hint:
+                print(hint)
     t = train_model(dataset, a, cfg, settings)
     if dataset.test:
         summary = t.evaluate(save_dir=split_dir(a.out, "test", t.step) if a.eval else None)
@@ -299,6 +299,17 @@ def keep_viewer_open(t):
         pass
     finally:
         viewer.close()
+
+
+def exposure_hint(dataset):
+    """One line when the training images' exposure varies (``engine.appearance.exposure_spread`` above
+    ``EXPOSURE_SPREAD_HINT``): ``--appearance`` corrects it per image; None otherwise."""
+    from engine.appearance import EXPOSURE_SPREAD_HINT, exposure_spread
+    spread = exposure_spread(dataset)
+    if spread is None or spread <= EXPOSURE_SPREAD_HINT:
+        return None
+    return (f"note: the training images' exposure or white balance varies (spread {spread:.2f} of log gain, "
+            f"over {EXPOSURE_SPREAD_HINT}): --appearance corrects it per image (README)")
 
 
 def slow_cpu_hint(dataset, backend):

@@ -14,6 +14,45 @@ import numpy as np
 
 from numbasplat import backend as _backend
 
+EXPOSURE_SPREAD_HINT = 0.14  # ``exposure_spread`` above which ``run.py train`` suggests --appearance (BENCHMARKS.md)
+
+
+def exposure_spread(data, max_views=64, max_points=20_000, seed=0):
+    """How much the training images' exposure and white balance vary, from the capture's SfM points:
+    each image's gain per channel is the median over the points it sees of log(pixel / point colour)
+    (a point's colour is its observations' mean, so a steady capture's gains are all near 0); the
+    spread is the standard deviation of the gains over the images, averaged over the channels.
+    Occluded points sample other surfaces, which the median mostly ignores.  Up to ``max_views``
+    images and ``max_points`` points, drawn with ``seed``.  None where the capture has no points
+    (random initial points) or fewer than 2 images with 20 usable samples."""
+    points, colours = np.asarray(data.points, np.float64), np.asarray(data.colors, np.float64)
+    if len(points) == 0:
+        return None
+    rng = np.random.default_rng(seed)
+    if len(points) > max_points:
+        keep = rng.choice(len(points), max_points, replace=False)
+        points, colours = points[keep], colours[keep]
+    views = data.train
+    if len(views) > max_views:
+        views = [views[i] for i in sorted(rng.choice(len(views), max_views, replace=False))]
+    gains = []
+    for v in views:
+        cam = v.camera
+        x = points @ cam.viewmat[:3, :3].T + cam.viewmat[:3, 3]
+        z = np.maximum(x[:, 2], 1e-9)
+        u = np.floor(cam.fx * x[:, 0] / z + cam.cx).astype(np.int64)
+        w = np.floor(cam.fy * x[:, 1] / z + cam.cy).astype(np.int64)
+        seen = (x[:, 2] > 1e-6) & (u >= 0) & (u < cam.width) & (w >= 0) & (w < cam.height)
+        pixel = np.asarray(v.image, np.float64)[w[seen], u[seen]]
+        colour = colours[seen]
+        usable = (colour > 0.05).all(axis=1) & (pixel > 0.02).all(axis=1)  # (dark values: no ratio to trust)
+        if usable.sum() >= 20:
+            gains.append(np.median(np.log(pixel[usable] / colour[usable]), axis=0))
+    if len(gains) < 2:
+        return None
+    return float(np.std(gains, axis=0).mean())
+
+
 IDENTITY = np.concatenate([np.eye(3).ravel(), np.zeros(3)]).astype(np.float32)  # a row: A row-major, then b
 WIDTH = len(IDENTITY)
 

@@ -101,3 +101,33 @@ def test_appearance_refuses_several_ranks(tmp_path):
     data = make_dataset(size=16, n_views=2, backend="cpu")
     with pytest.raises(ValueError, match="--appearance runs in one process"):
         GaussianExchangeTrainer(data, tmp_path, small_config(appearance=True), MPI.COMM_SELF, backend="cpu")
+
+
+def _gained_capture(gains, points=True):
+    """Grey points (colour 0.5) on a plane 4 in front of cameras looking down +z, each image a flat
+    0.5 times its per-channel gain: the exposure spread is the gains' log spread."""
+    from data.scene import View, build_dataset
+    from numbasplat.rendering import Camera
+    rng = np.random.default_rng(0)
+    pts = np.c_[rng.uniform(-1, 1, (500, 2)), np.full(500, 4.0)]
+    views = []
+    for i, g in enumerate(gains):
+        view = np.eye(4)
+        view[0, 3] = 0.01 * i
+        image = np.ascontiguousarray(np.broadcast_to(0.5 * np.asarray(g, np.float32), (24, 32, 3)))
+        views.append(View(f"v{i}.png", image, Camera(view, 20.0, 20.0, 16.0, 12.0, 32, 24)))
+    pts = pts if points else np.zeros((0, 3))
+    return build_dataset(views, [], pts, np.full((len(pts), 3), 0.5), "test", "test")
+
+
+def test_exposure_spread_measures_the_images_gains():
+    """Steady images give 0, per-channel gains exp(0.2 z) about 0.2 (the std of their logs), and a
+    capture without points no measure."""
+    from engine.appearance import EXPOSURE_SPREAD_HINT, exposure_spread
+    assert exposure_spread(_gained_capture([(1, 1, 1)] * 6)) == pytest.approx(0.0, abs=1e-6)
+    z = np.random.default_rng(1).normal(size=(40, 3))
+    gains = np.clip(np.exp(0.2 * z), 0.1, 1.9)  # (images stay within [0, 1])
+    want = float(np.log(gains).std(axis=0).mean())
+    assert exposure_spread(_gained_capture(gains)) == pytest.approx(want, rel=1e-3)
+    assert want > EXPOSURE_SPREAD_HINT
+    assert exposure_spread(_gained_capture([(1, 1, 1)] * 6, points=False)) is None

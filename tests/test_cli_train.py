@@ -85,3 +85,13 @@ def test_out_naming_a_file_is_one_error_naming_out(capture, tmp_path, capsys):
         assert cli.main(["train", "--data", str(capture), "--out", str(out)]) == 1
         err = capsys.readouterr().err
         assert err == f"error: --out {out}: {what}, not a folder; give an output folder\n", err
+
+
+def test_exposure_hint_names_appearance_where_exposure_varies():
+    """``run.py train``'s note: where the images' gains vary (engine.appearance.exposure_spread over
+    its threshold) it suggests --appearance; a steady capture gets none."""
+    from cli.train import exposure_hint
+    from test_appearance import _gained_capture
+    z = np.random.default_rng(1).normal(size=(40, 3))
+    assert "--appearance" in exposure_hint(_gained_capture(np.clip(np.exp(0.2 * z), 0.1, 1.9)))
+    assert exposure_hint(_gained_capture([(1, 1, 1)] * 6)) is None
