@@ -43,7 +43,7 @@ def exposure_spread(data, max_views=64, max_points=20_000, seed=0):
         u = np.floor(cam.fx * x[:, 0] / z + cam.cx).astype(np.int64)
         w = np.floor(cam.fy * x[:, 1] / z + cam.cy).astype(np.int64)
         seen = (x[:, 2] > 1e-6) & (u >= 0) & (u < cam.width) & (w >= 0) & (w < cam.height)
-        pixel = np.asarray(v.image, np.float64)[w[seen], u[seen]]
+        pixel = np.asarray(v.image)[w[seen], u[seen]].astype(np.float64)  # (the samples alone, not the image)
         colour = colours[seen]
         usable = (colour > 0.05).all(axis=1) & (pixel > 0.02).all(axis=1)  # (dark values: no ratio to trust)
         if usable.sum() >= 20:
