@@ -58,6 +58,15 @@ def initial_arrays(data, cfg, rng):
     return init_from_points(data.points, data.colors, cfg.sh_degree, rng=rng, n_random=cfg.n_random_init, box=box)
 
 
+def means_decay_steps(iterations):
+    """The default length of the means' learning-rate decay (to ``lr_means_final``): twice the run,
+    at most Inria's 30k.  The means then still move at the end of a short run, but less than on
+    Inria's 30k schedule, where a 7k run is the start of a 30k one and ends with its means' rate at a
+    third of the initial; a decay over the run alone (gsplat's) stops them too early.  Measured at 7k
+    on lego, fern and the generated cities in BENCHMARKS.md; a run of 15k or more keeps the 30k decay."""
+    return min(2 * iterations, 30_000)
+
+
 @dataclass
 class TrainConfig:
     """A run's settings; the defaults are the reference 3DGS implementation's.  Every field is a
@@ -72,7 +81,7 @@ class TrainConfig:
     lambda_s3im: float | None = None  # tile loss: the weight of S3IM; None: ``s3im_weight`` of the data
     lr_means: float = 1.6e-4          # the means' learning rate (x scene scale), decaying to lr_means_final
     lr_means_final: float = 1.6e-6    # the means' learning rate (x scene scale) at step lr_means_steps
-    lr_means_steps: int = 30_000      # the decay's length, whatever the run's: a 7k run is the start of a 30k one
+    lr_means_steps: int | None = None # the decay's length in steps (default: twice the run, at most 30k)
     lr_scales: float = 5e-3           # the learning rate of the log-scales
     lr_quats: float = 1e-3            # the learning rate of the rotations (quaternions)
     lr_opacities: float = 5e-2        # the learning rate of the opacity logits
@@ -252,6 +261,8 @@ class Trainer(ABC):
     def __init__(self, dataset, out_dir, cfg: TrainConfig, backend=None, log=print):
         if cfg.lambda_s3im is None:
             cfg = replace(cfg, lambda_s3im=s3im_weight(dataset))
+        if cfg.lr_means_steps is None:
+            cfg = replace(cfg, lr_means_steps=means_decay_steps(cfg.iterations))
         if cfg.view_order not in VIEW_ORDERS:
             raise ValueError(f"--view-order {cfg.view_order}: unknown (one of {', '.join(VIEW_ORDERS)})")
         self.data = dataset

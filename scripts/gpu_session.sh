@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|hostab|traintimeline|fernab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|hostab|traintimeline|fernab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -196,11 +196,13 @@ recipe)  # issue 24: the reference (gsplat 1.5.3) alone, timed; then the recipe'
     wait ;;
 ablate)  # 7k runs sharing the GPU (quality, not time): every scene x seed x variant, e.g.
     # ablate "lego fern city:0" "0 1" "base f" ITERS (SCENE:SEEDS overrides the seeds, comma-separated);
-    # variants as in recipe, plus f: no screen-size prune alone
+    # variants as in recipe, plus f: no screen-size prune alone, g: the means' rate decaying over the run alone,
+    # h: over twice the run
     scenes=$2; variants=$4; iters=${5:-7000}
     [[ " $scenes " == *" city"* ]] && [ ! -d .data/city ] && python3 run.py synth --out .data/city --preset small > /dev/null
     a=(--no-opacity-reset); b=("${a[@]}" --max-screen-size 0); c=("${b[@]}" --lr-means-steps "$iters")
-    d=("${c[@]}" --distortion ignore); e=("${c[@]}" --appearance); f=(--max-screen-size 0)
+    d=("${c[@]}" --distortion ignore); e=("${c[@]}" --appearance); f=(--max-screen-size 0); g=(--lr-means-steps "$iters")
+    h=(--lr-means-steps $((2 * iters)))
     for item in $scenes; do scene=${item%%:*}; seeds=$3; [[ $item == *:* ]] && seeds=${item#*:} && seeds=${seeds//,/ }
     for seed in $seeds; do for v in $variants; do
         args=${scene^^}[@]; extra=${v}[@]; [ $v = base ] && extra=none[@]
@@ -289,6 +291,39 @@ fernsched)  # issue 24: fern at 30k below its 7k result: the default against den
         [ "$u" != default ] && train "lego30k_$u" 30000 "${LEGO[@]}" "${extra[@]}" &
     done
     wait ;;
+refside)  # issue 24: the reference (gsplat 1.5.3) and ours one at a time (timed), 7k (ITERS), on SCENES among
+    # fern (images_8), fern4 (images_4: stage it, without lego, to fit the carry), lego, city (the small preset,
+    # generated in /tmp), then ours again for each of SEEDS (default "1 2") sharing the GPU (quality, not time);
+    # NO_REFERENCE=1: ours only
+    scenes=${2:-city}; seeds=${3:-1 2}; iters=${ITERS:-7000}
+    export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/torch_ext
+    CITY=(--data /tmp/city_small)
+    for scene in $scenes; do
+        case $scene in
+            lego) where=(.data/lego blender) ;;
+            fern) where=(.data/fern colmap --images images_8) ;;
+            fern4) where=(.data/fern colmap --images images_4) ;;
+            city) where=(/tmp/city_small colmap)
+                  [ -d /tmp/city_small ] || { step "synth"; timeout 200 python3 run.py synth --out /tmp/city_small \
+                      --preset small --quiet > "$R/synth.txt" 2>&1; } ;;
+        esac
+        if [ -n "${NO_REFERENCE:-}" ]; then :  # ours only
+        elif [ ! -d /tmp/torch_ext ]; then  # compiles gsplat's CUDA extension once a machine
+            step "compiling gsplat"; timeout 400 python3 .data/ref_trainer.py "${where[@]:0:2}" 2 "${where[@]:2}" \
+                > "$R/ref_compile.txt" 2>&1; tail -2 "$R/ref_compile.txt"
+        fi
+        if [ -z "${NO_REFERENCE:-}" ]; then
+            step "$scene: reference"
+            timeout "${REF_TIMEOUT:-400}" python3 .data/ref_trainer.py "${where[@]:0:2}" "$iters" "${where[@]:2}" \
+                > "$R/${scene}_reference.txt" 2>&1
+            tail -1 "$R/${scene}_reference.txt"
+        fi
+        args=${scene^^}[@]
+        step "$scene: ours"; train "${scene}_s0" "$iters" "${!args}" --seed 0
+        for seed in $seeds; do train "${scene}_s$seed" "$iters" "${!args}" --seed "$seed" & done
+        wait
+        python3 scripts/workload_summary.py "$R/${scene}"_s*/
+    done ;;
 ref30k)  # issue 24: ours and the reference at 30k, SCENE (lego or fern), one at a time (timed; about 6 minutes)
     scene=$2; args=${scene^^}[@]
     where=(.data/lego blender); opts=(); [ "$scene" != lego ] && where=(.data/fern colmap) opts=(--images images_8)

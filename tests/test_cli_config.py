@@ -4,6 +4,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import typing
 from dataclasses import dataclass
 
 import pytest
@@ -40,8 +41,9 @@ def test_every_field_is_a_flag_with_help_and_its_default():
             assert getattr(p.parse_args([flag, "2"]), f.name) == 2, f.name
         elif isinstance(f.default, tuple):
             assert getattr(p.parse_args([flag, "0.5", "0.5", "0.5"]), f.name) == [0.5] * 3, f.name
-        elif not isinstance(f.default, str):  # a float, or None (lambda_s3im)
-            assert getattr(p.parse_args([flag, "0.5"]), f.name) == 0.5, f.name
+        elif not isinstance(f.default, str):  # a float, or None (lambda_s3im: a float; lr_means_steps: an int)
+            value = 2 if int in typing.get_args(f.type) else 0.5
+            assert getattr(p.parse_args([flag, str(value)]), f.name) == value, f.name
         with pytest.raises((argparse.ArgumentError, SystemExit)):
             p.parse_args([flag, "-1"])  # no setting is negative
 
@@ -64,7 +66,7 @@ def test_flags_reach_the_config(resolved):
     assert (settings["resolution"], settings["max_width"], settings["test_every"]) == (2, 0, 4)
     assert "resume" not in settings and "config" not in settings
     # what is not given keeps its default
-    assert (cfg.lr_means_steps, cfg.strategy, settings["format"], settings["eval"]) == (30_000, "default", "auto", False)
+    assert (cfg.lr_means_steps, cfg.strategy, settings["format"], settings["eval"]) == (None, "default", "auto", False)
 
 
 def test_the_strategy_takes_the_densification_settings(tmp_path):

@@ -54,16 +54,26 @@ def test_resume_matches_uninterrupted_run(dataset, tmp_path):
     np.testing.assert_array_equal(whole.model.host_arrays("v")["means"], resumed.model.host_arrays("v")["means"])
 
 
-def test_reference_schedule_details(dataset, tmp_path):
-    """3DGS's choices that decide quality at 7k: the means LR decays over 30k steps whatever the run's
-    length, white backgrounds reset opacities at the first refinement too, and nothing refines or
-    resets at the last step (nothing would train what it changed)."""
-    t = SingleGPUTrainer(dataset, tmp_path, small_config(iterations=7000))
+@pytest.mark.parametrize("iterations, steps, at, rate", [
+    (7000, None, 7000, 1.6e-5),    # twice the run: 1.6e-4 * 0.01 ** (7 / 14) at its end
+    (7000, 7000, 7000, 1.6e-6),    # an explicit length: over the run, gsplat's
+    (30000, None, 15000, 1.6e-5),  # 15k and more: Inria's 30k decay, half-way at 15k
+    (60000, None, 45000, 1.6e-6),  # past the decay's end: its final rate
+])
+def test_means_learning_rate_decay(dataset, tmp_path, iterations, steps, at, rate):
+    """The means' rate decays to 1/100 over ``lr_means_steps``, by default twice the run, at most 30k
+    (``means_decay_steps``), and the trainer's config records the length it used."""
+    t = SingleGPUTrainer(dataset, tmp_path, small_config(iterations=iterations, lr_means_steps=steps))
     t.init_model()
-    t.step = 7000
-    lr, _ = t.learning_rates()
-    scale = dataset.scene_scale
-    assert lr["means"] > 1e-5 * scale  # 30k decay: 1.6e-4 * 0.01 ** (7 / 30) = 5.5e-5, not the final 1.6e-6
+    t.step = at
+    assert t.cfg.lr_means_steps == (steps or min(2 * iterations, 30_000))
+    assert t.learning_rates()[0]["means"] == pytest.approx(rate * dataset.scene_scale)
+
+
+def test_reference_schedule_details(dataset, tmp_path):
+    """3DGS's choices that decide quality at 7k: white backgrounds reset opacities at the first
+    refinement too, and nothing refines or resets at the last step (nothing would train what it changed)."""
+    t = SingleGPUTrainer(dataset, tmp_path, small_config(iterations=7000))
     s = t.strategy
     assert s.reset_at_start and s.refine_stop == 7000
     assert not SingleGPUTrainer(dataset, tmp_path, small_config(background=(0.0, 0.0, 0.0))).strategy.reset_at_start
