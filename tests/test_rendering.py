@@ -206,6 +206,51 @@ def test_emission_respects_projected_counts():
             assert len(ranged) == ref.n_isect - 1 and (ranged != n).sum() == (ref.ids != n).sum()
 
 
+def _tile_min_form(X0, X1, X2, x0, x1, y0, y1):
+    """float64: the least X0 x^2 + 2 X1 x y + X2 y^2 over the box [x0, x1] x [y0, y1] (convex: 0 if
+    the box holds the origin, else on an edge, where it is a 1D quadratic)."""
+    if x0 <= 0 <= x1 and y0 <= 0 <= y1:
+        return 0.0
+    def edge(A, B, C, d, lo, hi):  # least A d^2 + 2 B d e + C e^2 over e in [lo, hi]
+        e = min(hi, max(lo, -B * d / C))
+        return A * d * d + 2 * B * d * e + C * e * e
+    return min(edge(X0, X1, X2, x0, y0, y1), edge(X0, X1, X2, x1, y0, y1),
+               edge(X2, X1, X0, y0, x0, x1), edge(X2, X1, X0, y1, x0, x1))
+
+
+def test_row_span_is_the_exact_tile_test():
+    """The tiles that binning emits per row (``row_span``) are those where some pixel centre has
+    the Gaussian at alpha >= 1/255, by a float64 test of every tile, for small, huge, thin,
+    rotated and off-screen ellipses; only tiles within 1e-3 of the threshold may differ."""
+    from numbasplat.math.geometry import ellipse_rows, row_span
+    rng = np.random.default_rng(3)
+    W, H, tile = 203, 131, 16
+    tiles_x, tiles_y = -(-W // tile), -(-H // tile)
+    checked = 0
+    for case in range(400):
+        sx, sy = np.exp(rng.uniform(-1, 5, 2))  # half-axes of 0.4 to 150 px: a tile to the whole image
+        theta = rng.uniform(0, np.pi)
+        c, s_ = np.cos(theta), np.sin(theta)
+        R = np.array([[c, -s_], [s_, c]])
+        cov = R @ np.diag([sx * sx, sy * sy]) @ R.T
+        X = np.linalg.inv(cov)
+        X0, X1, X2 = np.float32(X[0, 0]), np.float32(X[0, 1]), np.float32(X[1, 1])
+        u, v = rng.uniform(-60, W + 60), rng.uniform(-60, H + 60)
+        ext = np.float32(rng.uniform(1, 11))
+        det = X0 * X2 - X1 * X1  # the 2D covariance diagonal, as binning's footprint gives it
+        rows = ellipse_rows(X0, X1, X2, ext, X2 / det, X0 / det)
+        for ty in range(tiles_y):
+            a, b = row_span(np.float32(u), np.float32(v), X0, X1, rows, ty, tile, tiles_x, W, H)
+            y0, y1 = ty * tile + 0.5 - v, min(ty * tile + tile, H) - 0.5 - v
+            for tx in range(tiles_x):
+                x0, x1 = tx * tile + 0.5 - u, min(tx * tile + tile, W) - 0.5 - u
+                q = _tile_min_form(float(X0), float(X1), float(X2), x0, x1, y0, y1)
+                if abs(q - ext) > 1e-3 * ext:
+                    assert (a <= tx <= b) == (q < ext), (case, ty, tx, q, ext, a, b)
+                    checked += q < ext
+    assert checked > 2000  # tiles reached, over every case
+
+
 def test_project_backward_adds_or_overwrites():
     g, cam = edge_case_scene(n=12), look_at_camera()
     frame = ns.render(g, cam, backend="cpu")

@@ -33,8 +33,7 @@ _store_pixel = cuda.jit(device=True, inline=True)(store_pixel)
 
 # --------------------------------------------------------------------------- per Gaussian
 
-@kernel(F2, F2, F2, F1, F3, "int64", F1, "int64", "int64", "boolean", "int64", "int64", "int64", F2, I2, I1,
-        max_registers=64)  # 68 otherwise: 3 blocks per SM instead of 4
+@kernel(F2, F2, F2, F1, F3, "int64", F1, "int64", "int64", "boolean", "int64", "int64", "int64", F2, I2, I1)
 def _project_kernel(means, quats, scales, logits, sh, degree, cam, W, H, antialias, tile, tiles_x, tiles_y,
                     proj, radii, counts):
     n = cuda.grid(1)

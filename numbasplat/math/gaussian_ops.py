@@ -87,17 +87,24 @@ def build(jit):
         tiles``, which sorts after every real tile and lands in no range."""
         u = proj[n, U]
         v = proj[n, V]
-        ext, cov_a, cov_c = footprint(u, v, proj[n, CA], proj[n, CB], proj[n, CC], proj[n, OPAC])
+        ca, cb, cc = proj[n, CA], proj[n, CB], proj[n, CC]
+        ext, cov_a, cov_c = footprint(u, v, ca, cb, cc, proj[n, OPAC])
         k = 0
         if ext > f32(0.0):
             tx0, tx1, ty0, ty1 = geo.tile_rect(u, v, cov_a, cov_c, ext, tile, tiles_x, tiles_y)
+            rows = geo.ellipse_rows(ca, cb, cc, ext, cov_a, cov_c)
             for ty in range(ty0, ty1 + 1):
-                for tx in range(tx0, tx1 + 1):
-                    if geo.ellipse_hits_tile(u, v, proj[n, CA], proj[n, CB], proj[n, CC], ext, tx, ty, tile, W, H):
-                        if write and k < limit:
-                            tile_ids[o + k] = key_base + ty * tiles_x + tx
-                            ids[o + k] = n
-                        k += 1
+                a, b = geo.row_span(u, v, ca, cb, rows, ty, tile, tiles_x, W, H)
+                a = max(a, tx0)  # within the bounding box, as the routing's plan (route_body) assumes
+                b = min(b, tx1)
+                if not write:
+                    k += max(b - a + 1, 0)
+                    continue
+                for tx in range(a, b + 1):
+                    if k < limit:
+                        tile_ids[o + k] = key_base + ty * tiles_x + tx
+                        ids[o + k] = n
+                    k += 1
         if write:
             for j in range(k, limit):
                 tile_ids[o + j] = key_base + tiles_x * tiles_y

@@ -302,26 +302,37 @@ def tile_rect(u, v, cov_a, cov_c, ext, tile, tiles_x, tiles_y):
 
 
 @shared
-def _edge_min(X0, X1, X2, d, lo, hi):
-    """Min over e in [lo, hi] of the quadratic form at (d, e): X0 d^2 + 2 X1 d e + X2 e^2."""
-    e = min(hi, max(lo, -X1 * d / X2))
-    return X0 * d * d + f32(2.0) * X1 * d * e + X2 * e * e
+def ellipse_rows(X0, X1, X2, ext, cov_a, cov_c):
+    """What ``row_span`` needs of the ellipse X0 x^2 + 2 X1 x y + X2 y^2 <= ext (2D covariance
+    diagonal ``cov_a``, ``cov_c``), computed once a Gaussian: (its half-height, squared and not,
+    the y of its leftmost point (the rightmost is at minus that), sqrt(X0 X2 - X1^2))."""
+    hy2 = ext * cov_c
+    return hy2, math.sqrt(hy2), X1 * math.sqrt(ext * cov_a) / X2, math.sqrt(X0 * X2 - X1 * X1)
 
 
 @shared
-def ellipse_hits_tile(u, v, X0, X1, X2, ext, tx, ty, tile, W, H):
-    """Exact test: does any pixel centre box of the tile have alpha >= 1/255?
+def row_span(u, v, X0, X1, rows, ty, tile, tiles_x, W, H):
+    """Inclusive range (a, b) of the tiles of row ty that the ellipse around (u, v) (``rows``:
+    ``ellipse_rows`` of it) reaches at a pixel centre; empty if a > b.
 
-    The quadratic form is convex, so its minimum over the tile's box of pixel
-    centres is 0 when the mean is inside, else attained on one of the 4 edges.
-    """
-    x0 = f32(tx * tile) + f32(0.5) - u
-    x1 = f32(min(tx * tile + tile, W)) - f32(0.5) - u
-    y0 = f32(ty * tile) + f32(0.5) - v
-    y1 = f32(min(ty * tile + tile, H)) - f32(0.5) - v
-    if x0 <= f32(0.0) <= x1 and y0 <= f32(0.0) <= y1:
-        return True
-    q = min(_edge_min(X0, X1, X2, x0, y0, y1), _edge_min(X0, X1, X2, x1, y0, y1))
-    q = min(q, _edge_min(X2, X1, X0, y0, x0, x1))
-    q = min(q, _edge_min(X2, X1, X0, y1, x0, x1))
-    return q <= ext
+    The ellipse's part within the row's band of pixel centres is convex, so its x-extent is one
+    interval [xl, xr]: each arc's extreme over the band, at the ellipse's leftmost or rightmost
+    point clamped into the band (the arcs are convex and concave in y).  A tile is reached where
+    its span of pixel centres meets that interval: the exact per-tile test (some pixel centre at
+    alpha >= 1/255) for the whole row at once, in a constant number of operations, so a Gaussian
+    over thousands of tiles costs its rows, not its tiles."""
+    hy2, hy, y_peak, root = rows
+    ya = max(f32(ty * tile) + f32(0.5) - v, -hy)
+    yb = min(f32(min(ty * tile + tile, H)) - f32(0.5) - v, hy)
+    if ya > yb:
+        return 0, -1
+    y_left = min(max(y_peak, ya), yb)
+    y_right = min(max(-y_peak, ya), yb)
+    xl = u + (-X1 * y_left - root * math.sqrt(max(hy2 - y_left * y_left, f32(0.0)))) / X0
+    xr = u + (-X1 * y_right + root * math.sqrt(max(hy2 - y_right * y_right, f32(0.0)))) / X0
+    if xl > f32(W) - f32(0.5):             # right of the last pixel centre
+        return 0, -1
+    t = f32(tile)
+    a = max(0, int(math.ceil((xl + f32(0.5) - t) / t)))     # first tile whose last centre >= xl
+    b = min(tiles_x - 1, int(math.floor((xr - f32(0.5)) / t)))  # last tile whose first centre <= xr
+    return a, b
