@@ -15,6 +15,7 @@ import numpy as np
 from numbasplat import backend as _backend
 
 EXPOSURE_SPREAD_HINT = 0.14  # ``exposure_spread`` above which ``run.py train`` suggests --appearance (BENCHMARKS.md)
+VISIBILITY_CELL = 0.05       # ``exposure_spread``'s squares for the points' visibility, as a fraction of the width
 
 
 def exposure_spread(data, max_views=64, max_points=20_000, seed=0):
@@ -22,9 +23,11 @@ def exposure_spread(data, max_views=64, max_points=20_000, seed=0):
     each image's gain per channel is the median over the points it sees of log(pixel / point colour)
     (a point's colour is its observations' mean, so a steady capture's gains are all near 0); the
     spread is the standard deviation of the gains over the images, averaged over the channels.
-    Occluded points sample other surfaces, which the median mostly ignores.  Up to ``max_views``
-    images and ``max_points`` points, drawn with ``seed``.  None where the capture has no points
-    (random initial points) or fewer than 2 images with 20 usable samples."""
+    A point counts as seen where it is in front of the others that fall in its cell of the image
+    (``in_front``): a point behind a nearer surface samples that surface's colour, and in a street
+    view of a city most points in the frustum are hidden so (a steady city read 0.16 without it).
+    Up to ``max_views`` images and ``max_points`` points, drawn with ``seed``.  None where the capture
+    has no points (random initial points) or fewer than 2 images with 20 usable samples."""
     points, colours = np.asarray(data.points, np.float64), np.asarray(data.colors, np.float64)
     if len(points) == 0:
         return None
@@ -42,7 +45,8 @@ def exposure_spread(data, max_views=64, max_points=20_000, seed=0):
         z = np.maximum(x[:, 2], 1e-9)
         u = np.floor(cam.fx * x[:, 0] / z + cam.cx).astype(np.int64)
         w = np.floor(cam.fy * x[:, 1] / z + cam.cy).astype(np.int64)
-        seen = (x[:, 2] > 1e-6) & (u >= 0) & (u < cam.width) & (w >= 0) & (w < cam.height)
+        seen = np.flatnonzero((x[:, 2] > 1e-6) & (u >= 0) & (u < cam.width) & (w >= 0) & (w < cam.height))
+        seen = seen[in_front(u[seen], w[seen], z[seen], cell=max(cam.width * VISIBILITY_CELL, 1.0))]
         pixel = np.asarray(v.image)[w[seen], u[seen]].astype(np.float64)  # (the samples alone, not the image)
         colour = colours[seen]
         usable = (colour > 0.05).all(axis=1) & (pixel > 0.02).all(axis=1)  # (dark values: no ratio to trust)
@@ -51,6 +55,19 @@ def exposure_spread(data, max_views=64, max_points=20_000, seed=0):
     if len(gains) < 2:
         return None
     return float(np.std(gains, axis=0).mean())
+
+
+def in_front(u, w, z, cell, slack=0.1):
+    """Which of the points at pixels (u, w) and depths z are in front in their square of ``cell``
+    pixels: within ``slack`` (relative) of the nearest depth there.  A z-buffer of the points, which
+    keeps a surface's points and drops those behind it where the surface has points of its own."""
+    if len(z) == 0:
+        return np.zeros(0, bool)
+    cols = int(u.max() // cell) + 1
+    square = (w // cell).astype(np.int64) * cols + (u // cell).astype(np.int64)
+    nearest = np.full(int(square.max()) + 1, np.inf)
+    np.minimum.at(nearest, square, z)
+    return z <= nearest[square] * (1 + slack)
 
 
 IDENTITY = np.concatenate([np.eye(3).ravel(), np.zeros(3)]).astype(np.float32)  # a row: A row-major, then b

@@ -131,3 +131,15 @@ def test_exposure_spread_measures_the_images_gains():
     assert exposure_spread(_gained_capture(gains)) == pytest.approx(want, rel=1e-3)
     assert want > EXPOSURE_SPREAD_HINT
     assert exposure_spread(_gained_capture([(1, 1, 1)] * 6, points=False)) is None
+
+
+def test_in_front_keeps_the_nearest_points_of_each_square():
+    """The exposure spread's visibility: in each square of ``cell`` pixels the points within 10% of
+    the nearest depth count as seen, those farther behind do not; other squares are apart."""
+    from engine.appearance import in_front
+    u = np.array([0, 3, 1, 9, 12, 12])
+    w = np.array([0, 2, 1, 0, 0, 9])
+    z = np.array([1.0, 1.05, 2.0, 5.0, 1.0, 3.0])  # square (0, 0): 1, 1.05 seen, 2 behind; the rest alone
+    np.testing.assert_array_equal(in_front(u, w, z, cell=4.0), [True, True, False, True, True, True])
+    np.testing.assert_array_equal(in_front(u, w, z, cell=16.0), [True, True, False, False, True, False])
+    assert in_front(u[:0], w[:0], z[:0], cell=4.0).shape == (0,)
