@@ -474,16 +474,23 @@ hostshare)  # issues 22 and 27: where a step's time goes (run.py scaling --timel
         done
     done ;;
 citytimeline)  # issues 22 and 27: where the large city's training step goes (CUPTI timeline of steps 5001-5020: kernels
-    # by device time, host and idle), today's defaults and the importance pass with the LOD gate (implod)
+    # by device time, host and idle), today's defaults and the importance pass with the LOD gate (implod); with
+    # OLD=folder (an older checkout here), that tree's too, interleaved, both on the 30k decay (binning row by row:
+    # 1a80d5d against 8752be4)
     [ -d /tmp/city_large ] || timeout 150 python3 run.py synth --out /tmp/city_large --preset large --views 64 --quiet \
         > /dev/null 2>&1
+    R=$(cd "$R" && pwd)
     for v in base implod; do
-        extra=(); [ $v = implod ] && extra=(--importance-every 3000 --importance-prune 0.0001 --lod-min-px 0.5)
-        step "city $v"
-        timeout 150 python3 run.py train --data /tmp/city_large --out "$R/ct_$v" --iters 5200 --quiet \
-            --timeline 5000:20 "${extra[@]}" > "$R/ct_$v.txt" 2>&1
-        grep -a -A18 "^timeline" "$R/ct_$v.txt"; grep -a -i "error" "$R/ct_$v.txt" | tail -2
-        rm -rf "$R/ct_$v"/{snapshot.h5,point_cloud}
+        for tree in new ${OLD:+old}; do
+            extra=(); [ $v = implod ] && extra=(--importance-every 3000 --importance-prune 0.0001 --lod-min-px 0.5)
+            [ -n "${OLD:-}" ] && extra+=(--lr-means-steps 30000)  # the same schedule in both trees
+            name=ct_${v}_$tree; dir=.; [ $tree = old ] && dir=$OLD
+            step "city $v ($tree)"
+            (cd "$dir" && timeout 150 python3 run.py train --data /tmp/city_large --out "$R/$name" --iters 5200 \
+                --quiet --timeline 5000:20 "${extra[@]}" > "$R/$name.txt" 2>&1)
+            grep -a -A18 "^timeline" "$R/$name.txt"; grep -a -i "error" "$R/$name.txt" | tail -2
+            rm -rf "$R/$name"/{snapshot.h5,point_cloud}
+        done
     done ;;
 hostab)  # issues 22 and 27: this tree against OLD (an older checkout in a folder here; the data shared), one at
     # a time: run.py scaling on a fern 7k model and the 1M scene (twice each, interleaved; steps synced one at a time,
