@@ -237,8 +237,8 @@ def test_row_span_is_the_exact_tile_test():
         X0, X1, X2 = np.float32(X[0, 0]), np.float32(X[0, 1]), np.float32(X[1, 1])
         u, v = rng.uniform(-60, W + 60), rng.uniform(-60, H + 60)
         ext = np.float32(rng.uniform(1, 11))
-        det = X0 * X2 - X1 * X1  # the 2D covariance diagonal, as binning's footprint gives it
-        rows = ellipse_rows(X0, X1, X2, ext, X2 / det, X0 / det)
+        det = X0 * X2 - X1 * X1
+        rows = ellipse_rows(X0, X1, X2, ext, X2 / det, X0 / det)  # the covariance diagonal as footprint's
         for ty in range(tiles_y):
             a, b = row_span(np.float32(u), np.float32(v), X0, X1, rows, ty, tile, tiles_x, W, H)
             y0, y1 = ty * tile + 0.5 - v, min(ty * tile + tile, H) - 0.5 - v
