@@ -293,11 +293,11 @@ fernsched)  # issue 24: fern at 30k below its 7k result: the default against den
     wait ;;
 refside)  # issue 24: the reference (gsplat 1.5.3) and ours one at a time (timed), 7k (ITERS), on SCENES among
     # fern (images_8), fern4 (images_4: stage it, without lego, to fit the carry), lego, city (the small preset,
-    # generated in /tmp), then ours again for each of SEEDS (default "1 2") sharing the GPU (quality, not time);
+    # generated in /tmp), citylarge (the large preset's 64 views at 1600x900), then ours again for each of SEEDS (default "1 2") sharing the GPU (quality, not time);
     # NO_REFERENCE=1: ours only
     scenes=${2:-city}; seeds=${3:-1 2}; iters=${ITERS:-7000}
     export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/torch_ext
-    CITY=(--data /tmp/city_small)
+    CITY=(--data /tmp/city_small); CITYLARGE=(--data /tmp/city_1600)
     for scene in $scenes; do
         case $scene in
             lego) where=(.data/lego blender) ;;
@@ -306,6 +306,9 @@ refside)  # issue 24: the reference (gsplat 1.5.3) and ours one at a time (timed
             city) where=(/tmp/city_small colmap)
                   [ -d /tmp/city_small ] || { step "synth"; timeout 200 python3 run.py synth --out /tmp/city_small \
                       --preset small --quiet > "$R/synth.txt" 2>&1; } ;;
+            citylarge) where=(/tmp/city_1600 colmap)  # rendered at 1600x900: the reference does not downscale
+                  [ -d /tmp/city_1600 ] || { step "synth"; timeout 200 python3 run.py synth --out /tmp/city_1600 \
+                      --preset large --views 64 --res 1600x900 --quiet > "$R/synth.txt" 2>&1; } ;;
         esac
         if [ -n "${NO_REFERENCE:-}" ]; then :  # ours only
         elif [ ! -d /tmp/torch_ext ]; then  # compiles gsplat's CUDA extension once a machine
