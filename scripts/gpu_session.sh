@@ -478,18 +478,19 @@ hostshare)  # issues 22 and 27: where a step's time goes (run.py scaling --timel
     done ;;
 citytimeline)  # issues 22 and 27: where the large city's training step goes (CUPTI timeline of steps 5001-5020: kernels
     # by device time, host and idle), today's defaults and the importance pass with the LOD gate (implod); with
-    # OLD=folder (an older checkout here), that tree's too, interleaved, both on the 30k decay (binning row by row:
-    # 1a80d5d against 8752be4)
-    [ -d /tmp/city_large ] || timeout 150 python3 run.py synth --out /tmp/city_large --preset large --views 64 --quiet \
+    # OLD=folder (an older checkout here), that tree's too, interleaved, both on the 30k decay; VARIANTS (default
+    # "base implod"); CITY_RES=1600x900 renders the city at that size (as refside's citylarge) instead of 1920x1080
+    city=/tmp/city_large; res=(); [ -n "${CITY_RES:-}" ] && city=/tmp/city_${CITY_RES%x*} res=(--res "$CITY_RES")
+    [ -d $city ] || timeout 150 python3 run.py synth --out $city --preset large --views 64 "${res[@]}" --quiet \
         > /dev/null 2>&1
     R=$(cd "$R" && pwd)
-    for v in base implod; do
+    for v in ${VARIANTS:-base implod}; do
         for tree in new ${OLD:+old}; do
             extra=(); [ $v = implod ] && extra=(--importance-every 3000 --importance-prune 0.0001 --lod-min-px 0.5)
             [ -n "${OLD:-}" ] && extra+=(--lr-means-steps 30000)  # the same schedule in both trees
             name=ct_${v}_$tree; dir=.; [ $tree = old ] && dir=$OLD
             step "city $v ($tree)"
-            (cd "$dir" && timeout 150 python3 run.py train --data /tmp/city_large --out "$R/$name" --iters 5200 \
+            (cd "$dir" && timeout 150 python3 run.py train --data $city --out "$R/$name" --iters 5200 \
                 --quiet --timeline 5000:20 "${extra[@]}" > "$R/$name.txt" 2>&1)
             grep -a -A18 "^timeline" "$R/$name.txt"; grep -a -i "error" "$R/$name.txt" | tail -2
             rm -rf "$R/$name"/{snapshot.h5,point_cloud}

@@ -85,28 +85,50 @@ def compare_adam(steps=3):
     return failures
 
 
+def wide_scene(n=300, seed=11, grow=6.0):
+    """``edge_case_scene`` with its Gaussians ``grow`` times larger, seen at 320x224 (20x14 tiles):
+    from a few tiles to the whole image, so binning emits narrow Gaussians a thread each and wide
+    ones (``EMIT_WIDE`` tiles or more) a warp each, in the same blocks."""
+    g = edge_case_scene(n=n, seed=seed, dtype=np.float32)
+    g.scales += np.float32(np.log(grow))
+    return g, look_at_camera(W=320, H=224)
+
+
 def compare_binning_room():
     """Binning into room (``bin_tiles(room=)``) on both backends: with room to spare and with too
-    little, the same ranges, the same Gaussians in them, the same overflow flag and total."""
+    little, the same ranges, the same Gaussians in them, the same overflow flag and total; on a
+    small image, and on the wide scene (most Gaussians over many tiles)."""
+    failures = []
+    for scene in ("small", "wide"):
+        g, cam = ((edge_case_scene(n=40, seed=10, dtype=np.float32), look_at_camera(W=37, H=29))
+                  if scene == "small" else wide_scene())
+        failures += _compare_binning_room(g, cam, scene)
+    return failures
+
+
+def _compare_binning_room(g, cam, scene):
+    from numbasplat.cuda.raster import EMIT_WIDE
     xp = array_module("cuda")
-    g, cam = edge_case_scene(n=40, seed=10, dtype=np.float32), look_at_camera(W=37, H=29)
     failures = []
     total = None
-    for name, spare in (("spare", 9), ("short", -5)):
+    for name, spare in (("exact", None), ("spare", 9), ("short", -5)):
         out = {}
         for backend, put in (("cpu", np.asarray), ("cuda", xp.asarray)):
             p = ns.project(ns.Gaussians(**{k: put(a) for k, a in g.arrays().items()}), cam, backend=backend)
             if total is None:
                 total = ns.bin_tiles(p, backend=backend).n_isect
-            b = ns.bin_tiles(p, backend=backend, room=total + spare)
+                wide = int((to_host(p.counts) >= EMIT_WIDE).sum())
+            b = ns.bin_tiles(p, backend=backend, room=None if spare is None else total + spare)
             ranges = to_host(b.ranges)
-            out[backend] = (ranges, [list(to_host(b.ids)[s:e]) for s, e in ranges], int(to_host(b.overflow)[0]),
-                            int(to_host(b.total)[0]))
+            out[backend] = (ranges, [list(to_host(b.ids)[s:e]) for s, e in ranges],
+                            0 if spare is None else int(to_host(b.overflow)[0]), int(to_host(b.total)[0]))
         ok = (np.array_equal(out["cpu"][0], out["cuda"][0]) and out["cpu"][1:] == out["cuda"][1:]
-              and out["cpu"][2] == (spare < 0) and out["cpu"][3] == total)
-        print(f"binning into room, {name}: {'ok' if ok else 'FAIL'}")
+              and out["cpu"][2] == (spare is not None and spare < 0) and out["cpu"][3] == total)
+        ok &= scene == "small" or wide >= 50  # the wide scene must exercise the warps' emission
+        print(f"binning {scene}, {name}: {'ok' if ok else 'FAIL'} ({total} intersections, {wide} Gaussians over "
+              f"{EMIT_WIDE} tiles or more)")
         if not ok:
-            failures.append("binning room " + name)
+            failures.append(f"binning {scene} {name}")
     return failures
 
 

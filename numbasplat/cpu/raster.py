@@ -47,7 +47,8 @@ def depth_keys(proj, counts, keys):
 def emit_intersections(proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids, ids,
                        overflow):
     for k in prange(order.shape[0]):
-        emit_one(k, proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids, ids, overflow)
+        emit_one(k, proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids, ids, overflow,
+                 0, 1)
 
 
 @njit(parallel=True, cache=True)

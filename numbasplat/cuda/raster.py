@@ -15,7 +15,7 @@ from ..math import gaussian_ops as go
 from ..math.blend import blend_step, dominant_step, store_pixel
 from ..math.sh import sh_basis, sh_basis_jacobian
 from ..math.tiles import TILE, tile_grid
-from .launch import F1, F2, F3, I1, I2, U1, array_module, kernel, per_item
+from .launch import F1, F2, F3, I1, I2, THREADS, U1, array_module, kernel, per_item
 from .tile import (BLOCK, NF, NG, ONE, RED_ROWS, ZERO, add_over_warp, backward_hit, chunk_hits, composite_chunks,
                    field, flat_records, next_hit, pixel_of_tile, record_alpha, record_reaches, warp_all)
 
@@ -60,11 +60,32 @@ def _depth_key_kernel(proj, counts, keys):
         depth_key_one(n, proj, counts, keys)
 
 
+EMIT_WIDE = 16  # a Gaussian over this many tiles or more is emitted by its whole warp
+
+
 @kernel(F2, "int64[::1]", I1, "int64[::1]", "int64", "int64", "int64", "int64", "int64", "int64", "int64", U1, I1, I1)
 def _emit_kernel(proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids, ids, overflow):
+    """A thread per Gaussian in depth order, except that a warp emits its wide Gaussians (EMIT_WIDE
+    tiles or more) together, one at a time, its lanes writing consecutive slots of each tile row:
+    one thread over thousands of tiles would hold its warp (and its block) that long, with stores
+    to 32 scattered places per instruction.  No shuffles: the wide ones' indices go through shared
+    memory (a block barrier, which the simulator has and every thread reaches)."""
+    wide = cuda.shared.array(THREADS, int32)
     k = cuda.grid(1)
+    t = cuda.threadIdx.x
+    wide[t] = -1
     if k < order.shape[0]:
-        emit_one(k, proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids, ids, overflow)
+        if counts[order[k]] >= EMIT_WIDE:
+            wide[t] = k
+        else:
+            emit_one(k, proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids, ids,
+                     overflow, 0, 1)
+    cuda.syncthreads()
+    lane = t % 32
+    for j in range(t - lane, t - lane + 32):
+        if wide[j] >= 0:  # the same for every lane of the warp
+            emit_one(wide[j], proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids,
+                     ids, overflow, lane, 32)
 
 
 @kernel(U1, "int64[::1]", I2)

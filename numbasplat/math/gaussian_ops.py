@@ -76,7 +76,8 @@ def build(jit):
         return g0, g1, g2
 
     @jit
-    def visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, key_base, o, limit, tile_ids, ids, write):
+    def visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, key_base, o, limit, tile_ids, ids, write,
+                         first, stride):
         """Count (write=False) or emit (write=True) the tiles hit by Gaussian n.
 
         Emitting writes (global tile id, Gaussian id) pairs into slots
@@ -84,7 +85,9 @@ def build(jit):
         passes are compiled into different kernels, where the compiler may
         fuse float operations differently, so a boundary tile can flip: never
         write past ``limit``, and pad a shortfall with tile id ``key_base +
-        tiles``, which sorts after every real tile and lands in no range."""
+        tiles``, which sorts after every real tile and lands in no range.
+        ``stride`` threads may share the writing: this one writes the slots
+        ``first``, ``first + stride``, ... of each row's run (one thread: 0, 1)."""
         u = proj[n, U]
         v = proj[n, V]
         ca, cb, cc = proj[n, CA], proj[n, CB], proj[n, CC]
@@ -100,13 +103,14 @@ def build(jit):
                 if not write:
                     k += max(b - a + 1, 0)
                     continue
-                for tx in range(a, b + 1):
-                    if k < limit:
-                        tile_ids[o + k] = key_base + ty * tiles_x + tx
-                        ids[o + k] = n
-                    k += 1
+                for tx in range(a + first, b + 1, stride):
+                    j = k + tx - a
+                    if j < limit:
+                        tile_ids[o + j] = key_base + ty * tiles_x + tx
+                        ids[o + j] = n
+                k += max(b - a + 1, 0)
         if write:
-            for j in range(k, limit):
+            for j in range(k + first, limit, stride):
                 tile_ids[o + j] = key_base + tiles_x * tiles_y
                 ids[o + j] = n
         return k
@@ -119,16 +123,18 @@ def build(jit):
 
     @jit
     def emit_body(k, proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids, ids,
-                  overflow):
+                  overflow, first, stride):
         """Emit the intersections of the k-th Gaussian in depth order (``order``) into slots
         [ends[k] - counts, ends[k]) (``ends``: the running count in that order) when they all fit in
-        the ``room`` slots; the last Gaussian writes overflow[0] = 1 if the total does not fit."""
+        the ``room`` slots; the last Gaussian writes overflow[0] = 1 if the total does not fit.
+        ``first``, ``stride``: this thread's share of the writes (``visit_tiles_body``)."""
         n = order[k]
         c = counts[n]
         end = ends[k]
         if c > 0 and end <= room:
-            visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, key_base, end - c, c, tile_ids, ids, True)
-        if k == order.shape[0] - 1:
+            visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, key_base, end - c, c, tile_ids, ids, True,
+                             first, stride)
+        if k == order.shape[0] - 1 and first == 0:
             overflow[0] = 1 if end > room else 0
 
     @jit
@@ -235,7 +241,7 @@ def build(jit):
         proj[n, OPAC] = opacity
         proj[n, DEPTH] = depth
         # tile counting reads the stored (rounded) record back, exactly as emission will
-        cnt = visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, 0, 0, 0, counts, counts, False)
+        cnt = visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, 0, 0, 0, counts, counts, False, 0, 1)
         if cnt > 0:
             ext, cov_a, cov_c = footprint(proj[n, U], proj[n, V], proj[n, CA], proj[n, CB], proj[n, CC], opacity)
             radii[n, 0] = int(math.ceil(math.sqrt(ext * cov_a)))
