@@ -55,18 +55,18 @@ def test_resume_matches_uninterrupted_run(dataset, tmp_path):
 
 
 @pytest.mark.parametrize("iterations, steps, at, rate", [
-    (7000, None, 7000, 1.6e-5),    # twice the run: 1.6e-4 * 0.01 ** (7 / 14) at its end
-    (7000, 7000, 7000, 1.6e-6),    # an explicit length: over the run, gsplat's
-    (30000, None, 15000, 1.6e-5),  # 15k and more: Inria's 30k decay, half-way at 15k
-    (60000, None, 45000, 1.6e-6),  # past the decay's end: its final rate
+    (7000, None, 7000, 1.6e-6),    # over the run: its final rate at its end
+    (7000, 14000, 7000, 1.6e-5),   # an explicit length, twice the run: 1.6e-4 * 0.01 ** (7 / 14) at its end
+    (30000, None, 15000, 1.6e-5),  # 30k: Inria's decay, half-way at 15k
+    (60000, None, 45000, 1.6e-6),  # longer: the decay still ends at 30k, then its final rate
 ])
 def test_means_learning_rate_decay(dataset, tmp_path, iterations, steps, at, rate):
-    """The means' rate decays to 1/100 over ``lr_means_steps``, by default twice the run, at most 30k
+    """The means' rate decays to 1/100 over ``lr_means_steps``, by default the run, at most 30k
     (``means_decay_steps``), and the trainer's config records the length it used."""
     t = SingleGPUTrainer(dataset, tmp_path, small_config(iterations=iterations, lr_means_steps=steps))
     t.init_model()
     t.step = at
-    assert t.cfg.lr_means_steps == (steps or min(2 * iterations, 30_000))
+    assert t.cfg.lr_means_steps == (steps or min(iterations, 30_000))
     assert t.learning_rates()[0]["means"] == pytest.approx(rate * dataset.scene_scale)
 
 
