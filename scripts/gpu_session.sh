@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|hostab|traintimeline|fernab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|hostab|traintimeline|fernab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -63,6 +63,19 @@ stalls)  # where the fused step's kernels' warps wait (Nsight Compute sections; 
         -k "regex:fused_kernel|sh_backward|geometry_backward|adam" --launch-skip 8 --launch-count 4 \
         python3 run.py bench --scene .data/b1m.npz --loss tile --iters 2 --warmup 2 "${@:2}" > "$R/stalls.txt" 2>&1
     grep -aE "^  [a-z_:]+::|Duration|Issued Ipc|Warp Cycles Per Issued|Registers Per|Achieved Occ|Memory Throughput|stalled" "$R/stalls.txt" | cut -c1-160 ;;
+emitncu)  # issue 27: why the large city's binning emit costs 0.8 ms a step even with a seventh of the Gaussians
+    # drawn (implod) where the benchmark scenes' emit takes 0.3 ms per million Gaussians: Nsight Compute sections of
+    # the emit and raster backward kernels at step 5000 of a city run (CITY_RES=1600x900: as citytimeline)
+    city=/tmp/city_large; res=(); [ -n "${CITY_RES:-}" ] && city=/tmp/city_${CITY_RES%x*} res=(--res "$CITY_RES")
+    [ -d $city ] || timeout 150 python3 run.py synth --out $city --preset large --views 64 "${res[@]}" --quiet \
+        > /dev/null 2>&1
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    timeout 400 "$ncu" --clock-control none --section WarpStateStats --section SchedulerStats --section Occupancy \
+        --section LaunchStats --section MemoryWorkloadAnalysis --section SourceCounters \
+        -k "regex:_emit_kernel|_raster_backward_kernel" --launch-skip 10000 --launch-count 2 \
+        python3 run.py train --data $city --out "$R/emitncu" --iters 5010 --quiet "${@:2}" > "$R/emitncu.txt" 2>&1
+    grep -aE "^  [a-zA-Z_:.0-9]+|Duration|Issued Ipc|Warp Cycles Per Issued|Registers Per|Achieved Occ|Memory Throughput|stalled|Grid Size|Block Size|Branch" \
+        "$R/emitncu.txt" | cut -c1-160 ;;
 lego30k) train warm 700 "${LEGO[@]}"; train lego30k 30000 "${LEGO[@]}" ;;
 fern30k) train warm 700 "${FERN[@]}"; train fern30k 30000 "${FERN[@]}" ;;
 mpi)  # fern and lego at P ranks sharing the GPU (P = 1 is the plain train part above)
@@ -214,7 +227,7 @@ blitz)  # issue 27: BlitzGS's switches on lego and fern 7k, seed S: base (today'
     # masks (no pruning); lod: the LOD gate at LOD_PX pixels; all: every one; visible, allva: --visible-adam alone
     # and with every one (VARIANTS: which, default "base imp masks lod all").  The 10 runs share the GPU (quality;
     # their times are shared too); with "serial" one at a time, for clean step and training times (about 3 min a
-    # scene: SCENES="lego" or "fern" for one)
+    # scene at 7k: SCENES="lego" or "fern" for one); ITERS: the runs' length (default 7000; 30000: a scene a call)
     seed=${2:-0}; imp_t=${IMP_T:-0.0001}; lod_px=${LOD_PX:-0.5}
     imp=(--importance-every 3000 --importance-prune "$imp_t"); masks=(--importance-every 3000 --view-masks on)
     lod=(--lod-min-px "$lod_px"); all=("${imp[@]}" --view-masks on "${lod[@]}"); visible=(--visible-adam)
@@ -226,9 +239,9 @@ blitz)  # issue 27: BlitzGS's switches on lego and fern 7k, seed S: base (today'
         for v in ${VARIANTS:-base imp masks lod all}; do
             extra=${v}[@]; [ $v = base ] && extra=none[@]
             if [ "${3:-}" = serial ]; then
-                train "${scene}_${v}_s$seed" 7000 "${!args}" --seed "$seed" ${!extra+"${!extra}"}
+                train "${scene}_${v}_s$seed" "${ITERS:-7000}" "${!args}" --seed "$seed" ${!extra+"${!extra}"}
             else
-                train "${scene}_${v}_s$seed" 7000 "${!args}" --seed "$seed" ${!extra+"${!extra}"} &
+                train "${scene}_${v}_s$seed" "${ITERS:-7000}" "${!args}" --seed "$seed" ${!extra+"${!extra}"} &
             fi
         done
         wait
