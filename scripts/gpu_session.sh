@@ -339,6 +339,8 @@ refside)  # issue 24: the reference (gsplat 1.5.3) and ours one at a time (timed
         for seed in $seeds; do train "${scene}_s$seed" "$iters" "${!args}" --seed "$seed" & done
         wait
         python3 scripts/workload_summary.py "$R/${scene}"_s*/
+        [ -n "${NO_REFERENCE:-}" ] || python3 scripts/side_by_side.py "$R/${scene}_s0" "$R/${scene}_reference.txt" \
+            --every "${EVERY:-1000}"
     done ;;
 ref30k)  # issue 24: ours and the reference at 30k, SCENE (lego or fern), one at a time (timed; about 6 minutes)
     scene=$2; args=${scene^^}[@]
