@@ -8,7 +8,8 @@ mkdir -p .data/fern
 cp -r "$src/lego" .data/
 cp -r "$src/fern/images_8" "$src/fern/images_4" "$src/fern/sparse" .data/fern/
 cp "$src/../bench/scene_gen.py" .data/ 2>/dev/null || true
-if cp "$src/../peer/ref_trainer.py" "$src/../peer/colmap_read.py" .data/ 2>/dev/null; then  # the reference, run beside ours (never imported)
+# the reference, run beside ours (never imported)
+if cp "$src/../peer/ref_trainer.py" "$src/../peer/colmap_read.py" .data/ 2>/dev/null; then
     patch -s .data/ref_trainer.py scripts/ref_trainer_log.patch  # its log every 100 steps (scripts/side_by_side.py)
 fi
 du -sh .data
