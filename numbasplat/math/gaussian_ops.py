@@ -100,14 +100,12 @@ def build(jit):
                 a, b = geo.row_span(u, v, ca, cb, rows, ty, tile, tiles_x, W, H)
                 a = max(a, tx0)  # within the bounding box, as the routing's plan (route_body) assumes
                 b = min(b, tx1)
-                if not write:
-                    k += max(b - a + 1, 0)
-                    continue
-                for tx in range(a + first, b + 1, stride):
-                    j = k + tx - a
-                    if j < limit:
-                        tile_ids[o + j] = key_base + ty * tiles_x + tx
-                        ids[o + j] = n
+                if write:
+                    for tx in range(a + first, b + 1, stride):
+                        j = k + tx - a
+                        if j < limit:
+                            tile_ids[o + j] = key_base + ty * tiles_x + tx
+                            ids[o + j] = n
                 k += max(b - a + 1, 0)
         if write:
             for j in range(k + first, limit, stride):
