@@ -28,12 +28,19 @@ class BinningRoom:
     to the host as it is binned and read when the next step bins (by then it has arrived).  A view
     whose intersections did not fit had its step skipped on the device (``Binning.overflow``:
     Adam and the strategy's statistics leave that step out); it is counted in ``overflows``, and
-    its room is set from the total it had."""
+    its room is set from the total it had.
+
+    An opacity reset shrinks every Gaussian's reach (it follows the opacity), so the totals fall,
+    then climb back faster than the model grows as the opacities recover: ``hold_totals`` keeps
+    each view's room at least what it took before the reset for its next ``HOLD_VISITS`` binnings
+    (on the generated city the skipped steps came in bursts right after each reset)."""
     MARGIN = 1.2
     SLACK = 4096
+    HOLD_VISITS = 4
 
     def __init__(self):
         self.last = {}       # view -> (its intersections, the model's Gaussians) when it was last binned
+        self.held = {}       # view -> [its intersections before a reset, binnings left to hold them]
         self.pending = None  # (view, Gaussians, room, HostCopy of its total) of the last step
         self.overflows = 0
         self._total = _backend.pinned_empty(1, np.int64)  # each step's total lands here (read before the next)
@@ -43,13 +50,23 @@ class BinningRoom:
         if view not in self.last:
             return None
         total, then = self.last[view]
-        return min(int(self.MARGIN * total * max(gaussians / max(then, 1), 1.0)) + self.SLACK, INT32_MAX)
+        total = max(total * max(gaussians / max(then, 1), 1.0), self.held.get(view, (0,))[0])
+        return min(int(self.MARGIN * total) + self.SLACK, INT32_MAX)
+
+    def hold_totals(self):
+        """After an opacity reset: each view's room keeps its total from before it for a while."""
+        self.settle()
+        self.held = {view: [total, self.HOLD_VISITS] for view, (total, _) in self.last.items()}
 
     def bin(self, p, view, backend=None):
         """``bin_tiles`` of the projection ``p`` of view ``view`` into its room."""
         self.settle()
         n = len(p.counts)
         room = self.room(view, n)
+        if view in self.held:
+            self.held[view][1] -= 1
+            if not self.held[view][1]:
+                del self.held[view]
         b = ns.bin_tiles(p, backend=backend, room=room)
         if room is None:
             self.last[view] = (b.n_isect, n)
@@ -147,6 +164,8 @@ class SingleGPUTrainer(Trainer):
         model.adam.step(model.grads.data, cols, visible, skip=b.overflow)
         self.step += 1
         events = strategy.after_optimizer(model, self.strategy_state, self.step, self.context(lr_means=lr["means"]))
+        if self._room is not None and events.get("opacity_reset"):
+            self._room.hold_totals()
         clock.end("optimizer")
         self.stats = clock.stats()
         return loss, events

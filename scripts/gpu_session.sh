@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|hostab|traintimeline|fernab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|hostab|traintimeline|fernab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -76,6 +76,8 @@ emitncu)  # issue 27: why the large city's binning emit costs 0.8 ms a step even
         python3 run.py train --data $city --out "$R/emitncu" --iters 5010 --quiet "${@:2}" > "$R/emitncu.txt" 2>&1
     keep="^  [a-zA-Z_:.0-9]+|Duration|Issued Ipc|Warp Cycles Per Issued|Registers Per|Achieved Occ"
     grep -aE "$keep|Memory Throughput|stalled|Grid Size|Block Size|Branch" "$R/emitncu.txt" | cut -c1-160 ;;
+default7k)  # issue 24: today's default timed on lego and fern 7k, one at a time after a warm-up
+    train warm 700 "${LEGO[@]}"; train lego7k 7000 "${LEGO[@]}"; train fern7k 7000 "${FERN[@]}" ;;
 lego30k) train warm 700 "${LEGO[@]}"; train lego30k 30000 "${LEGO[@]}" ;;
 fern30k) train warm 700 "${FERN[@]}"; train fern30k 30000 "${FERN[@]}" ;;
 mpi)  # fern and lego at P ranks sharing the GPU (P = 1 is the plain train part above)
@@ -308,7 +310,7 @@ refside)  # issue 24: the reference (gsplat 1.5.3) and ours one at a time (timed
     # fern (images_8), fern4 (images_4: stage it, without lego, to fit the carry), lego, city (the small preset,
     # generated in /tmp), citylarge (the large preset's 64 views at 1600x900), then ours again for each of SEEDS (default "1 2") sharing the GPU (quality, not time);
     # NO_REFERENCE=1: ours only
-    scenes=${2:-city}; seeds=${3:-1 2}; iters=${ITERS:-7000}
+    scenes=${2:-city}; seeds=${3-1 2}; iters=${ITERS:-7000}
     export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/torch_ext
     CITY=(--data /tmp/city_small); CITYLARGE=(--data /tmp/city_1600)
     for scene in $scenes; do
