@@ -27,8 +27,9 @@ class BinningRoom:
     ``SLACK``; a view not binned before is binned exactly (one sync).  Each step's total is copied
     to the host as it is binned and read when the next step bins (by then it has arrived).  A view
     whose intersections did not fit had its step skipped on the device (``Binning.overflow``:
-    Adam and the strategy's statistics leave that step out); it is counted in ``overflows``, and
-    its room is set from the total it had.
+    Adam and the strategy's statistics leave that step out); it is counted in ``overflows``, its
+    room is set from the total it had, and it waits in ``skipped`` for the trainer to train it
+    again (next step), so that no view loses its turn.
 
     An opacity reset shrinks every Gaussian's reach (it follows the opacity), so the totals fall,
     then climb back faster than the model grows as the opacities recover: ``hold_totals`` keeps
@@ -43,6 +44,7 @@ class BinningRoom:
         self.held = {}       # view -> [its intersections before a reset, binnings left to hold them]
         self.pending = None  # (view, Gaussians, room, HostCopy of its total) of the last step
         self.overflows = 0
+        self.skipped = []    # views whose step was skipped, not yet trained again
         self._total = _backend.pinned_empty(1, np.int64)  # each step's total lands here (read before the next)
 
     def room(self, view, gaussians):
@@ -81,7 +83,9 @@ class BinningRoom:
             self.pending = None
             total = int(copy.get()[0])
             self.last[view] = (total, n)
-            self.overflows += total > room
+            if total > room:
+                self.overflows += 1
+                self.skipped.append(view)
 
 
 class SingleGPUTrainer(Trainer):
@@ -98,7 +102,10 @@ class SingleGPUTrainer(Trainer):
             return ns.bin_tiles(p, backend=self.backend)
         if self._room is None:
             self._room = BinningRoom()
-        return self._room.bin(p, view, self.backend)
+        b = self._room.bin(p, view, self.backend)
+        while self._room.skipped:  # the last step's view did not fit: it trains next (popped from the end)
+            self.order.append(self._room.skipped.pop())
+        return b
 
     def log_extra(self):
         """The steps skipped because their intersections outgrew their room, once there are any."""

@@ -90,6 +90,36 @@ class _NoRoom(BinningRoom):
         return None if view not in self.last else 1
 
 
+class _OnceTooSmall(BinningRoom):
+    """The first view seen twice gets 1 slot on its second binning, then room as usual; the views
+    binned are kept in order."""
+    def __init__(self):
+        super().__init__()
+        self.binned, self.short = [], None
+
+    def room(self, view, gaussians):
+        if view in self.last and self.short is None:
+            self.short = view
+            return 1
+        return super().room(view, gaussians)
+
+    def bin(self, p, view, backend=None):
+        self.binned.append(view)
+        return super().bin(p, view, backend)
+
+
+def test_a_skipped_view_trains_again_next_step(dataset, tmp_path):
+    """A view whose intersections outgrew its room is trained again at the next step but one (its
+    overflow is read as the next step bins), so every view keeps its turns in the epoch."""
+    t = _trained(dataset, tmp_path, True, steps=16, room=_OnceTooSmall())
+    room = t._room
+    assert room.overflows == 1 and not room.skipped
+    at = room.binned.index(room.short, 10)  # its second binning (the second epoch's first), the one skipped
+    assert at == 10 and room.binned[at + 2] == room.short and room.short not in room.binned[11:12]
+    counts = np.bincount(room.binned, minlength=10)
+    assert counts[room.short] == 3 and counts.sum() == 16
+
+
 def test_a_step_that_outgrows_its_room_is_skipped(dataset, tmp_path):
     """After the first pass over the 10 training views (binned exactly), every step overflows: Adam leaves
     the model alone and the strategy's statistics do not count the step; the log says how many."""
