@@ -28,8 +28,8 @@ class BinningRoom:
     to the host as it is binned and read when the next step bins (by then it has arrived).  A view
     whose intersections did not fit had its step skipped on the device (``Binning.overflow``:
     Adam and the strategy's statistics leave that step out); it is counted in ``overflows``, its
-    room is set from the total it had, and it waits in ``skipped`` for the trainer to train it
-    again (next step), so that no view loses its turn.
+    room is set from the total it had, and it waits in ``skipped`` for the trainer, which trains
+    it again at the step after the one that read the overflow, so that no view loses its turn.
 
     An opacity reset shrinks every Gaussian's reach (it follows the opacity), so the totals fall,
     then climb back faster than the model grows as the opacities recover: ``hold_totals`` keeps
