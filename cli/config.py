@@ -48,6 +48,8 @@ FLAGS = {
                         help="with --loss tile: the weight l of (1 - l) L1 + l (1 - S3IM) (default 0.5 where the "
                              "images have alpha, objects on a plain background such as Blender scenes; else 0.2)"),
     "lr_means_steps": dict(type=count(1)),
+    "opacity_reg": dict(type=nonnegative),
+    "scale_reg": dict(type=nonnegative),
     "strategy": dict(choices=["default", "mcmc"], help="densification: 3DGS's (default) or 3DGS as MCMC"),
     "cap_max": dict(type=count(1)),
     "max_gaussians": dict(help="memory guard: stop growing at N Gaussians (0: the device's capacity)"),

@@ -80,6 +80,9 @@ class RankedTrainer(Trainer):
         self.total = 0  # the whole model's Gaussians (start_from sets it)
         self._view0 = None  # (image, target, first tile, end tile) of this rank's share of the step's first view
 
+    def gaussian_total(self):
+        return self.total
+
     def progress_psnr(self):
         """The step's first view's PSNR from the ranks' summed squared errors on their tiles (no image
         is gathered, ``_view0``).  Collective, like ``log_extra``: every rank logs the same steps."""

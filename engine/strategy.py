@@ -10,7 +10,7 @@ The interface is small so that other schemes (ByteSplat's hardware-aware
 pruning, BlitzGS's importance scores) can be added as further classes:
 
     initialize_state()                            a new state (its rows are made as the model's size is known)
-    loss_gradients(model, state)                  optional regulariser gradients, added before Adam
+    loss_gradients(model, state, total)           the regularisers' gradients (``Regularisers``), added before Adam
     after_backward(model, state, step, projection, grad, scale, skip)
                                                   see one view's screen-space gradients (x scale)
     after_optimizer(model, state, step, ctx)      after Adam: densify, prune, reset, perturb;
@@ -124,7 +124,33 @@ class RefineSchedule:
 
 
 @dataclass
-class DefaultStrategy(RefineSchedule):
+class Regularisers:
+    """L1 regularisers that push the Gaussians' opacities and scales down (3DGS as MCMC's; gsplat's
+    ``opacity_reg`` and ``scale_reg``): opacity_reg * mean(sigmoid(o)) + scale_reg * mean(exp(s)),
+    the means over the whole model's Gaussians (the scales' over their 3 axes too); 0 turns one off.
+    They fight what a few training views let the model fit: floaters and overgrown Gaussians."""
+    opacity_reg: float = 0.0
+    scale_reg: float = 0.0
+
+    def loss_gradients(self, model, state, total=None):
+        """Their gradients for ``model``'s rows (``total``: the whole model's Gaussians, where
+        ``model`` is a rank's shard or a working set; default its own), or None where both are off."""
+        if not (self.opacity_reg or self.scale_reg):
+            return None
+        xp = model.xp
+        g = model.gaussians
+        n = max(len(model) if total is None else total, 1)
+        out = {}
+        if self.opacity_reg:
+            o = g.opacities  # sigmoid' = sigmoid(o) sigmoid(-o): 1 - sigmoid(o) loses its digits as o grows
+            out["opacities"] = (self.opacity_reg / n) * _sigmoid(xp, o) * _sigmoid(xp, -o)
+        if self.scale_reg:
+            out["scales"] = (self.scale_reg / (3 * n)) * xp.exp(g.scales)
+        return out
+
+
+@dataclass
+class DefaultStrategy(Regularisers, RefineSchedule):
     """Adaptive density control of the reference 3DGS implementation."""
     grad_threshold: float = 2e-4
     reset_every: int = 3000
@@ -151,9 +177,6 @@ class DefaultStrategy(RefineSchedule):
     @classmethod
     def _fresh(cls, state, xp, n):
         state.update(cls.fresh_statistics(xp, n))
-
-    def loss_gradients(self, model, state):
-        return None
 
     def after_backward(self, model, state, step, projection, grad, scale=1.0, skip=None):
         """Accumulate the norm of ``scale`` x the screen-space mean gradient, in NDC units as 3DGS does
@@ -238,7 +261,7 @@ class DefaultStrategy(RefineSchedule):
 
 
 @dataclass
-class MCMCStrategy(RefineSchedule):
+class MCMCStrategy(Regularisers, RefineSchedule):
     """3DGS as MCMC (Kheradmand et al. 2024), with a hard cap on the number of Gaussians.
 
     Dead Gaussians (opacity below ``min_opacity``) are moved onto live ones
@@ -261,15 +284,6 @@ class MCMCStrategy(RefineSchedule):
 
     def after_backward(self, model, state, step, projection, grad, scale=1.0, skip=None):
         pass
-
-    def loss_gradients(self, model, state):
-        """Gradients of opacity_reg * mean(sigmoid(o)) + scale_reg * mean(exp(s))."""
-        xp = model.xp
-        g = model.gaussians
-        n = max(len(model), 1)
-        s = _sigmoid(xp, g.opacities)
-        return {"opacities": (self.opacity_reg / n) * s * (1.0 - s),
-                "scales": (self.scale_reg / (3 * n)) * xp.exp(g.scales)}
 
     def _relocation(self, xp, opacity, scales, ratio):
         """New opacity and scale of a source sampled ``ratio - 1`` extra times (Eq. 9 of the paper)."""

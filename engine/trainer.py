@@ -91,8 +91,9 @@ class TrainConfig:
                                       # the higher bands train 20x slower
     strategy: str = "default"         # default | mcmc
     cap_max: int = 1_000_000          # mcmc: the most Gaussians
-    mcmc_opacity_reg: float = 0.01    # mcmc: the weight of the L1 regulariser on opacities
-    mcmc_scale_reg: float = 0.01      # mcmc: the weight of the L1 regulariser on scales
+    opacity_reg: float | None = None  # the weight of the L1 regulariser on opacities (None: 0.01 with mcmc, 0 with
+                                      # default, as gsplat)
+    scale_reg: float | None = None    # the weight of the L1 regulariser on scales (None: 0.01 with mcmc, 0 with default)
     mcmc_noise_lr: float = 5e5        # mcmc: the scale of the noise on the means (x their learning rate)
     max_gaussians: int = 0            # memory guard for the default strategy (0: device capacity)
     absgrad: bool = False             # default strategy: densify on the absolute screen-space gradients
@@ -300,6 +301,7 @@ class Trainer(ABC):
 
     def _make_strategy(self):
         c = self.cfg
+        regs = {k: getattr(c, k) for k in ("opacity_reg", "scale_reg") if getattr(c, k) is not None}
         if c.strategy == "default":
             # no refinement or opacity reset at the last step: nothing would train what they change
             return DefaultStrategy(grad_threshold=c.grad_threshold, refine_start=c.densify_from,
@@ -307,10 +309,9 @@ class Trainer(ABC):
                                    reset_every=c.opacity_reset_every, prune_opacity=c.prune_opacity,
                                    max_screen_size=c.max_screen_size, reset=c.opacity_reset,
                                    percent_dense=c.percent_dense, absgrad=c.absgrad,
-                                   reset_at_start=tuple(c.background) == (1.0, 1.0, 1.0))
+                                   reset_at_start=tuple(c.background) == (1.0, 1.0, 1.0), **regs)
         if c.strategy == "mcmc":
-            return MCMCStrategy(cap_max=c.cap_max, opacity_reg=c.mcmc_opacity_reg, scale_reg=c.mcmc_scale_reg,
-                                noise_lr=c.mcmc_noise_lr)
+            return MCMCStrategy(cap_max=c.cap_max, noise_lr=c.mcmc_noise_lr, **regs)
         raise ValueError(f"unknown strategy {c.strategy!r} (default or mcmc)")
 
     # ------------------------------------------------------------------ the recipe
@@ -539,11 +540,16 @@ class Trainer(ABC):
         free = _free_device_bytes if _backend.on_gpu(self.backend) else 0
         return Context(self.data.scene_scale, self.rng, self.cfg.max_gaussians, free, **step)
 
+    def gaussian_total(self):
+        """The whole model's Gaussians (``RankedTrainer``: over every rank's shard)."""
+        return len(self.model)
+
     def add_strategy_gradients(self, model=None, state=None):
         """Add the strategy's regularisers' gradients to the gradient buffers of ``model`` (default: the
         trainer's; ``state`` its strategy state) before Adam."""
         model = self.model if model is None else model
-        extra = self.strategy.loss_gradients(model, self.strategy_state if state is None else state)
+        extra = self.strategy.loss_gradients(model, self.strategy_state if state is None else state,
+                                             self.gaussian_total())
         if extra:
             for k, v in extra.items():
                 getattr(model.grad_gaussians, k)[...] += v

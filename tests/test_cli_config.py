@@ -78,9 +78,11 @@ def test_the_strategy_takes_the_densification_settings(tmp_path):
     s = SingleGPUTrainer(ds, tmp_path, cfg, backend="cpu").strategy
     assert (s.refine_start, s.refine_stop, s.refine_every, s.reset_every, s.prune_opacity, s.percent_dense,
             s.grad_threshold) == (100, 700, 50, 400, 0.01, 0.02, 3e-4)
-    cfg = TrainConfig(strategy="mcmc", cap_max=99, mcmc_opacity_reg=0.5, mcmc_scale_reg=0.25, mcmc_noise_lr=7.0)
+    cfg = TrainConfig(strategy="mcmc", cap_max=99, opacity_reg=0.5, scale_reg=0.25, mcmc_noise_lr=7.0)
     s = SingleGPUTrainer(ds, tmp_path, cfg, backend="cpu").strategy
     assert (s.cap_max, s.opacity_reg, s.scale_reg, s.noise_lr) == (99, 0.5, 0.25, 7.0)
+    s = SingleGPUTrainer(ds, tmp_path, TrainConfig(scale_reg=0.2), backend="cpu").strategy
+    assert (type(s).__name__, s.opacity_reg, s.scale_reg) == ("DefaultStrategy", 0.0, 0.2)
 
 
 def write(path, settings):

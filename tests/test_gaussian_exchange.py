@@ -417,3 +417,14 @@ def test_workload_switches_ranks_match_one(tmp_path):
         got, log = launch(n, tmp_path / f"p{n}{shard}", "sparse", "blitz", *(["parity"] if shard == "parity" else []))
         np.testing.assert_allclose(losses(tmp_path / f"p{n}{shard}"), losses(tmp_path / "p1"), rtol=1e-5)
         assert_same_model(got, ref, (n, shard))
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(900)
+def test_regularisers_ranks_match_one(tmp_path):
+    """The opacity and scale regularisers average over the whole model, so each owner's rows get
+    what one process gives them: P = 2 ends with one rank's parameters."""
+    ref, log = launch(1, tmp_path / "p1", "sparse", "regs")
+    got, log = launch(2, tmp_path / "p2", "sparse", "regs")
+    np.testing.assert_allclose(losses(tmp_path / "p2"), losses(tmp_path / "p1"), rtol=1e-5)
+    assert_same_model(got, ref, 2)

@@ -104,3 +104,37 @@ def test_the_memory_guard_measures_the_device_only_when_a_refinement_asks():
     ctx = Context(1.0, np.random.default_rng(0), free_bytes=lambda: 100 * BYTES_PER_GAUSSIAN)
     assert ctx.free_device_bytes() == 100 * BYTES_PER_GAUSSIAN
     assert growth_allowed(0, 1000, ctx) == 80 and growth_allowed(0, 10, ctx) == 10
+
+
+def test_regularisers_gradients_match_finite_differences_over_the_whole_model():
+    """opacity_reg * mean(sigmoid(o)) + scale_reg * mean(exp(s)) in float64: the hand-written
+    gradients against central differences, including saturated opacities and tiny and huge scales;
+    a shard's rows (``total``: the whole model's count) get the whole model's gradients; the default
+    strategy has them off (None), MCMC on at gsplat's 0.01."""
+    logits = np.array([-12.0, -1.0, 0.0, 2.5, 15.0])
+    scales = np.array([1e-4, 0.01, 0.3, 2.0, 40.0])
+    model = model_of(logits, scales)
+    reg = DefaultStrategy(opacity_reg=0.3, scale_reg=0.7)
+    grads = reg.loss_gradients(model, {})
+    n = len(logits)
+
+    def opacity_term(o):  # one Gaussian's share of the loss (the others' shares do not depend on it)
+        return 0.3 / n / (1 + np.exp(-o))
+
+    def scale_term(x):  # one Gaussian's one axis
+        return 0.7 / (3 * n) * np.exp(x)
+
+    s64 = np.log(scales.astype(np.float32)).astype(np.float64)
+    for i in range(n):
+        h = 1e-5
+        fd = (opacity_term(logits[i] + h) - opacity_term(logits[i] - h)) / (2 * h)
+        np.testing.assert_allclose(grads["opacities"][i], fd, rtol=1e-5, atol=1e-12)
+        fd = (scale_term(s64[i] + h) - scale_term(s64[i] - h)) / (2 * h)
+        np.testing.assert_allclose(grads["scales"][i], fd, rtol=1e-5)
+    shard = reg.loss_gradients(model, {}, total=4 * n)  # these rows as a quarter of a 4n-Gaussian model
+    for k in grads:
+        np.testing.assert_allclose(shard[k], grads[k] / 4, rtol=1e-6)
+    assert DefaultStrategy().loss_gradients(model, {}) is None
+    only = DefaultStrategy(scale_reg=0.7).loss_gradients(model, {})
+    assert set(only) == {"scales"}
+    assert (MCMCStrategy().opacity_reg, MCMCStrategy().scale_reg) == (0.01, 0.01)
