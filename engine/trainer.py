@@ -91,9 +91,9 @@ class TrainConfig:
                                       # the higher bands train 20x slower
     strategy: str = "default"         # default | mcmc
     cap_max: int = 1_000_000          # mcmc: the most Gaussians
-    opacity_reg: float | None = None  # the weight of the L1 regulariser on opacities (None: 0.01 with mcmc, 0 with
-                                      # default, as gsplat)
-    scale_reg: float | None = None    # the weight of the L1 regulariser on scales (None: 0.01 with mcmc, 0 with default)
+    opacity_reg: float | None = None  # the weight of the L1 regulariser on opacities (unset: 0.01 with mcmc, 0 with
+                                      # the default strategy, as gsplat)
+    scale_reg: float | None = None    # the weight of the L1 regulariser on scales (unset: as opacity_reg's)
     mcmc_noise_lr: float = 5e5        # mcmc: the scale of the noise on the means (x their learning rate)
     max_gaussians: int = 0            # memory guard for the default strategy (0: device capacity)
     absgrad: bool = False             # default strategy: densify on the absolute screen-space gradients
