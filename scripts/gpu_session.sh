@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|hostab|traintimeline|fernab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|hostab|traintimeline|fernab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -78,6 +78,14 @@ emitncu)  # issue 27: why the large city's binning emit costs 0.8 ms a step even
     grep -aE "$keep|Memory Throughput|stalled|Grid Size|Block Size|Branch" "$R/emitncu.txt" | cut -c1-160 ;;
 default7k)  # issue 24: today's default timed on lego and fern 7k, one at a time after a warm-up
     train warm 700 "${LEGO[@]}"; train lego7k 7000 "${LEGO[@]}"; train fern7k 7000 "${FERN[@]}" ;;
+regs30k)  # issue 24: fern at 30k under its 7k result: the L1 regularisers on opacities and scales (W, default
+    # 0.01) against the default, fern and lego, 30k, the four runs sharing the GPU (quality, not time)
+    w=${2:-0.01}; regs=(--opacity-reg "$w" --scale-reg "$w")
+    for scene in FERN LEGO; do
+        args=$scene[@]
+        train "${scene,,}_base" 30000 "${!args}" & train "${scene,,}_regs" 30000 "${!args}" "${regs[@]}" &
+    done
+    wait ;;
 lego30k) train warm 700 "${LEGO[@]}"; train lego30k 30000 "${LEGO[@]}" ;;
 fern30k) train warm 700 "${FERN[@]}"; train fern30k 30000 "${FERN[@]}" ;;
 mpi)  # fern and lego at P ranks sharing the GPU (P = 1 is the plain train part above)
