@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|hostab|traintimeline|fernab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|traintimeline|fernab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -520,6 +520,28 @@ citytimeline)  # issues 22 and 27: where the large city's training step goes (CU
                 --quiet --timeline 5000:20 "${extra[@]}" > "$R/$name.txt" 2>&1)
             grep -a -A18 "^timeline" "$R/$name.txt"; grep -a -i "error" "$R/$name.txt" | tail -2
             rm -rf "$R/$name"/{snapshot.h5,point_cloud}
+        done
+    done ;;
+benchab)  # this tree against OLD (an older checkout in a folder here): run.py bench's full step on the 1M and 6M
+    # scenes, the trees interleaved, ROUNDS times (default 2), each after a compiling warm-up
+    old=${OLD:?OLD=folder of the older checkout}; top=$PWD
+    for spec in "1000000 1297x840" "6000000 1920x1080"; do
+        set -- $spec; f=.data/bench_$1_$2.npz
+        [ -f "$f" ] || python3 .data/scene_gen.py "$f" --n "$1" --res "$2" > /dev/null
+    done
+    for tree in new old; do  # compiles the kernels of both trees first
+        dir=.; [ $tree = old ] && dir=$old
+        (cd "$dir" && timeout 150 python3 run.py bench --scene "$top/.data/bench_1000000_1297x840.npz" --iters 2) \
+            > /dev/null 2>&1
+    done
+    for round in $(seq "${ROUNDS:-2}"); do
+        for tree in new old; do
+            for f in .data/bench_1000000_1297x840.npz .data/bench_6000000_1920x1080.npz; do
+                dir=.; [ $tree = old ] && dir=$old
+                name=$(basename "$f" .npz)_${tree}_$round
+                (cd "$dir" && timeout 150 python3 run.py bench --scene "$top/$f" --iters 20) > "$R/$name.txt" 2>&1
+                echo "$name: $(grep -a "step_ms\|full step" "$R/$name.txt" | tr '\n' ' ')"
+            done
         done
     done ;;
 hostab)  # issues 22 and 27: this tree against OLD (an older checkout in a folder here; the data shared), one at
