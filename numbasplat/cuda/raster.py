@@ -65,14 +65,22 @@ EMIT_WIDE = 16  # a Gaussian over this many tiles or more is emitted by its whol
 
 @kernel(F2, "int64[::1]", I1, "int64[::1]", "int64", "int64", "int64", "int64", "int64", "int64", "int64", U1, I1, I1)
 def _emit_kernel(proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids, ids, overflow):
-    """A thread per Gaussian in depth order, except that a warp emits its wide Gaussians (EMIT_WIDE
-    tiles or more) together, one at a time, its lanes writing consecutive slots of each tile row:
-    one thread over thousands of tiles would hold its warp (and its block) that long, with stores
-    to 32 scattered places per instruction.  No shuffles: the wide ones' indices go through shared
-    memory (a block barrier, which the simulator has and every thread reaches)."""
+    """A thread per Gaussian, except that a warp emits its wide Gaussians (EMIT_WIDE tiles or more)
+    together, one at a time, its lanes writing consecutive slots of each tile row: one thread over
+    thousands of tiles would hold its warp (and its block) that long, with stores to 32 scattered
+    places per instruction.  No shuffles: the wide ones' indices go through shared memory (a block
+    barrier, which the simulator has and every thread reaches).
+
+    Warp w's lane l takes the Gaussian l * warps + w in depth order, not 32 w + l: the wide ones
+    cluster in depth order (the near ones), and a warp that took a run of them would emit them
+    one after another while the rest of the grid had finished.  Slots come from ``ends``, so which
+    thread takes a Gaussian changes no output."""
     wide = cuda.shared.array(THREADS, int32)
-    k = cuda.grid(1)
     t = cuda.threadIdx.x
+    lane = t % 32
+    warp = cuda.grid(1) // 32
+    warps = (order.shape[0] + 31) // 32
+    k = lane * warps + warp if warp < warps else order.shape[0]
     wide[t] = -1
     if k < order.shape[0]:
         if counts[order[k]] >= EMIT_WIDE:
@@ -81,7 +89,6 @@ def _emit_kernel(proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_ba
             emit_one(k, proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids, ids,
                      overflow, 0, 1)
     cuda.syncthreads()
-    lane = t % 32
     for j in range(t - lane, t - lane + 32):
         if wide[j] >= 0:  # the same for every lane of the warp
             emit_one(wide[j], proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids,
