@@ -61,6 +61,7 @@ def _depth_key_kernel(proj, counts, keys):
 
 
 EMIT_WIDE = 16  # a Gaussian over this many tiles or more is emitted by its whole warp
+EMIT_RUN = 4    # Gaussians consecutive in depth order that a warp's lanes take together (32 / EMIT_RUN runs)
 
 
 @kernel(F2, "int64[::1]", I1, "int64[::1]", "int64", "int64", "int64", "int64", "int64", "int64", "int64", U1, I1, I1)
@@ -71,16 +72,17 @@ def _emit_kernel(proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_ba
     places per instruction.  No shuffles: the wide ones' indices go through shared memory (a block
     barrier, which the simulator has and every thread reaches).
 
-    Warp w's lane l takes the Gaussian l * warps + w in depth order, not 32 w + l: the wide ones
-    cluster in depth order (the near ones), and a warp that took a run of them would emit them
-    one after another while the rest of the grid had finished.  Slots come from ``ends``, so which
-    thread takes a Gaussian changes no output."""
+    A warp takes 32 / EMIT_RUN runs of EMIT_RUN Gaussians consecutive in depth order, spread over
+    the order (run a of warp w is the run a * warps + w), not 32 consecutive ones: the wide ones
+    cluster in depth order (the near ones), and a warp that took a cluster would emit them one
+    after another while the rest of the grid had finished; within a run, lanes write neighbouring
+    slots.  Slots come from ``ends``, so which thread takes a Gaussian changes no output."""
     wide = cuda.shared.array(THREADS, int32)
     t = cuda.threadIdx.x
     lane = t % 32
     warp = cuda.grid(1) // 32
     warps = (order.shape[0] + 31) // 32
-    k = lane * warps + warp if warp < warps else order.shape[0]
+    k = ((lane // EMIT_RUN) * warps + warp) * EMIT_RUN + lane % EMIT_RUN if warp < warps else order.shape[0]
     wide[t] = -1
     if k < order.shape[0]:
         if counts[order[k]] >= EMIT_WIDE:
