@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|traintimeline|fernab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|city30k ours|reference|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -353,6 +353,20 @@ refside)  # issue 24: the reference (gsplat 1.5.3) and ours one at a time (timed
         [ -n "${NO_REFERENCE:-}" ] || python3 scripts/side_by_side.py "$R/${scene}_s0" "$R/${scene}_reference.txt" \
             --every "${EVERY:-1000}"
     done ;;
+city30k)  # issue 24: the large city (64 views generated at 1600x900, as refside's citylarge) at 30k, one side a
+    # call (each 5-9 minutes): "ours" (timed after a compiling warm-up; then builds gsplat's extension for the next
+    # call) or "reference" (gsplat 1.5.3 alone, timed, on the machine whose call before built it)
+    city=/tmp/city_1600; export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/torch_ext
+    [ -d $city ] || { step "synth"; timeout 200 python3 run.py synth --out $city --preset large --views 64 \
+        --res 1600x900 --quiet > "$R/synth.txt" 2>&1; }
+    case ${2:-ours} in
+        ours) train warm 700 --data $city; step "ours"; train citylarge30k 30000 --data $city
+              python3 scripts/workload_summary.py "$R/citylarge30k" 2>&1 | tail -3
+              step "building gsplat"; timeout 200 python3 .data/ref_trainer.py $city colmap 2 > "$R/ref_compile.txt" 2>&1
+              tail -1 "$R/ref_compile.txt" ;;
+        reference) step "reference"; timeout "${REF_TIMEOUT:-570}" python3 .data/ref_trainer.py $city colmap 30000 \
+              > "$R/citylarge30k_reference.txt" 2>&1; tail -2 "$R/citylarge30k_reference.txt" ;;
+    esac ;;
 ref30k)  # issue 24: ours and the reference at 30k, SCENE (lego or fern), one at a time (timed; about 6 minutes)
     scene=$2; args=${scene^^}[@]
     where=(.data/lego blender); opts=(); [ "$scene" != lego ] && where=(.data/fern colmap) opts=(--images images_8)
@@ -591,6 +605,16 @@ fernab)  # issues 22 and 27: fern 7k training end to end, this tree against OLD 
             grep -ao '"binning_overflows": [0-9]*' "$R/fern_${tree}_$round/log.jsonl" | tail -1
             rm -rf "$R/fern_${tree}_$round"/{snapshot.h5,test_renders,point_cloud}
         done
+    done ;;
+cityab)  # issues 22 and 27: the large city (64 views generated at 1600x900) at 7k end to end, this tree against
+    # OLD (an older checkout in a folder here), one at a time, each after a compiling warm-up: time, PSNR, ms a step
+    old=${OLD:?OLD=folder of the older checkout}; R=$(cd "$R" && pwd); city=/tmp/city_1600
+    [ -d $city ] || { step "synth"; timeout 200 python3 run.py synth --out $city --preset large --views 64 \
+        --res 1600x900 --quiet > "$R/synth.txt" 2>&1; }
+    for tree in new old; do
+        dir=.; [ $tree = old ] && dir=$old
+        (cd "$dir" && train warm 700 --data $city > /dev/null && train "city_$tree" 7000 --data $city)
+        python3 scripts/workload_summary.py "$R/city_$tree" 2>&1 | tail -1
     done ;;
 viewer)  # issue 28, headless: the viewer's frame latency per render mode at 1M Gaussians and 1920x1080 (render,
     # to the host, JPEG), then the training slowdown of train --viewer's hook on lego, 2000 images, with a client
