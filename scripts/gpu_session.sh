@@ -44,6 +44,12 @@ LEGO=(--data .data/lego --white-background)
 FERN=(--data .data/fern --images images_8)
 FERN4=(--data .data/fern --images images_4)
 CITY=(--data .data/city)  # the generator's small preset (made on the machine: ablate makes it when asked for)
+LARGE_CITY=/tmp/city_1600  # the large preset's 64 views at 1600x900 (the reference does not downscale)
+CITYLARGE=(--data $LARGE_CITY)
+large_city() {  # generates the large city on this machine unless a call before did
+    [ -d $LARGE_CITY ] || { step "synth"; timeout 200 python3 run.py synth --out $LARGE_CITY --preset large --views 64 \
+        --res 1600x900 --quiet > "$R/synth.txt" 2>&1; }
+}
 
 case "$part" in
 checks) OUT=$R bash scripts/gpu_check.sh .data/scene_gen.py 2>&1 | grep -E "passed|FAIL|ok|step_ms" ;;
@@ -79,9 +85,11 @@ emitncu)  # issue 27: why the large city's binning emit costs 0.8 ms a step even
 default7k)  # issue 24: today's default timed on lego and fern 7k, one at a time after a warm-up
     train warm 700 "${LEGO[@]}"; train lego7k 7000 "${LEGO[@]}"; train fern7k 7000 "${FERN[@]}" ;;
 regs30k)  # issue 24: fern at 30k under its 7k result: the L1 regularisers on opacities and scales (W, default
-    # 0.01) against the default, fern and lego, 30k, the four runs sharing the GPU (quality, not time)
+    # 0.01) against the default, 30k, on SCENES (default "FERN LEGO"; CITYLARGE: the large city, also below its 7k
+    # at 30k), the runs sharing the GPU (quality, not time)
     w=${2:-0.01}; regs=(--opacity-reg "$w" --scale-reg "$w")
-    for scene in FERN LEGO; do
+    [[ "${SCENES:-}" == *CITYLARGE* ]] && large_city
+    for scene in ${SCENES:-FERN LEGO}; do
         args=$scene[@]
         train "${scene,,}_base" 30000 "${!args}" & train "${scene,,}_regs" 30000 "${!args}" "${regs[@]}" &
     done
@@ -320,7 +328,7 @@ refside)  # issue 24: the reference (gsplat 1.5.3) and ours one at a time (timed
     # NO_REFERENCE=1: ours only
     scenes=${2:-city}; seeds=${3-1 2}; iters=${ITERS:-7000}
     export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/torch_ext
-    CITY=(--data /tmp/city_small); CITYLARGE=(--data /tmp/city_1600)
+    CITY=(--data /tmp/city_small)
     for scene in $scenes; do
         case $scene in
             lego) where=(.data/lego blender) ;;
@@ -329,9 +337,7 @@ refside)  # issue 24: the reference (gsplat 1.5.3) and ours one at a time (timed
             city) where=(/tmp/city_small colmap)
                   [ -d /tmp/city_small ] || { step "synth"; timeout 200 python3 run.py synth --out /tmp/city_small \
                       --preset small --quiet > "$R/synth.txt" 2>&1; } ;;
-            citylarge) where=(/tmp/city_1600 colmap)  # rendered at 1600x900: the reference does not downscale
-                  [ -d /tmp/city_1600 ] || { step "synth"; timeout 200 python3 run.py synth --out /tmp/city_1600 \
-                      --preset large --views 64 --res 1600x900 --quiet > "$R/synth.txt" 2>&1; } ;;
+            citylarge) where=($LARGE_CITY colmap); large_city ;;
         esac
         if [ -n "${NO_REFERENCE:-}" ]; then :  # ours only
         else  # builds gsplat's CUDA extension, or finds it built: never in the timed run (a call that reinstalled
@@ -356,9 +362,7 @@ refside)  # issue 24: the reference (gsplat 1.5.3) and ours one at a time (timed
 city30k)  # issue 24: the large city (64 views generated at 1600x900, as refside's citylarge) at 30k, one side a
     # call (each 5-9 minutes): "ours" (timed after a compiling warm-up; then builds gsplat's extension for the next
     # call) or "reference" (gsplat 1.5.3 alone, timed, on the machine whose call before built it)
-    city=/tmp/city_1600; export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/torch_ext
-    [ -d $city ] || { step "synth"; timeout 200 python3 run.py synth --out $city --preset large --views 64 \
-        --res 1600x900 --quiet > "$R/synth.txt" 2>&1; }
+    city=$LARGE_CITY; export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/torch_ext; large_city
     case ${2:-ours} in
         ours) train warm 700 --data $city; step "ours"; train citylarge30k 30000 --data $city
               python3 scripts/workload_summary.py "$R/citylarge30k" 2>&1 | tail -3
@@ -608,9 +612,7 @@ fernab)  # issues 22 and 27: fern 7k training end to end, this tree against OLD 
     done ;;
 cityab)  # issues 22 and 27: the large city (64 views generated at 1600x900) at 7k end to end, this tree against
     # OLD (an older checkout in a folder here), one at a time, each after a compiling warm-up: time, PSNR, ms a step
-    old=${OLD:?OLD=folder of the older checkout}; R=$(cd "$R" && pwd); city=/tmp/city_1600
-    [ -d $city ] || { step "synth"; timeout 200 python3 run.py synth --out $city --preset large --views 64 \
-        --res 1600x900 --quiet > "$R/synth.txt" 2>&1; }
+    old=${OLD:?OLD=folder of the older checkout}; R=$(cd "$R" && pwd); city=$LARGE_CITY; large_city
     for tree in new old; do
         dir=.; [ $tree = old ] && dir=$old
         (cd "$dir" && train warm 700 --data $city > /dev/null && train "city_$tree" 7000 --data $city)
