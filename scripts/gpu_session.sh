@@ -226,11 +226,13 @@ recipe)  # issue 24: the reference (gsplat 1.5.3) alone, timed; then the recipe'
     done
     wait ;;
 ablate)  # 7k runs sharing the GPU (quality, not time): every scene x seed x variant, e.g.
-    # ablate "lego fern city:0" "0 1" "base f" ITERS (SCENE:SEEDS overrides the seeds, comma-separated);
+    # ablate "lego fern city:0" "0 1" "base f" ITERS (SCENE:SEEDS overrides the seeds, comma-separated; citylarge:
+    # the large city);
     # variants as in recipe, plus f: no screen-size prune alone, g: the means' rate decaying over the run alone,
     # h: over twice the run
     scenes=$2; variants=$4; iters=${5:-7000}
-    [[ " $scenes " == *" city"* ]] && [ ! -d .data/city ] && python3 run.py synth --out .data/city --preset small > /dev/null
+    [[ " $scenes " =~ \ city[:\ ] ]] && [ ! -d .data/city ] && python3 run.py synth --out .data/city --preset small > /dev/null
+    [[ " $scenes " == *" citylarge"* ]] && large_city  # 3 seeds at 30k: ablate "citylarge:1,2" "" base 30000
     a=(--no-opacity-reset); b=("${a[@]}" --max-screen-size 0); c=("${b[@]}" --lr-means-steps "$iters")
     d=("${c[@]}" --distortion ignore); e=("${c[@]}" --appearance); f=(--max-screen-size 0); g=(--lr-means-steps "$iters")
     h=(--lr-means-steps $((2 * iters)))
