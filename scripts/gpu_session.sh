@@ -44,11 +44,13 @@ LEGO=(--data .data/lego --white-background)
 FERN=(--data .data/fern --images images_8)
 FERN4=(--data .data/fern --images images_4)
 CITY=(--data .data/city)  # the generator's small preset (made on the machine: ablate makes it when asked for)
-LARGE_CITY=/tmp/city_1600  # the large preset's 64 views at 1600x900 (the reference does not downscale)
-CITYLARGE=(--data $LARGE_CITY)
-large_city() {  # generates the large city on this machine unless a call before did
-    [ -d $LARGE_CITY ] || { step "synth"; timeout 200 python3 run.py synth --out $LARGE_CITY --preset large --views 64 \
-        --res 1600x900 --quiet > "$R/synth.txt" 2>&1; }
+CITYLARGE=(--data /tmp/city_1600)  # the large preset's 64 views at 1600x900 (made by large_city below)
+large_city() {  # the large preset's 64 views rendered at RES (default 1600x900, which the reference trains on: it
+    # does not downscale; the preset's own 1920x1080 the trainer downscales to 1600 wide) in $city = /tmp/city_WIDTH,
+    # generated unless a call before on this machine did
+    local res=${1:-1600x900}; city=/tmp/city_${res%x*}
+    [ -d $city ] || { step "synth $res"; timeout 200 python3 run.py synth --out $city --preset large --views 64 \
+        --res "$res" --quiet > "$R/synth.txt" 2>&1; }
 }
 
 case "$part" in
@@ -72,9 +74,7 @@ stalls)  # where the fused step's kernels' warps wait (Nsight Compute sections; 
 emitncu)  # issue 27: why the large city's binning emit costs 0.8 ms a step even with a seventh of the Gaussians
     # drawn (implod) where the benchmark scenes' emit takes 0.3 ms per million Gaussians: Nsight Compute sections of
     # the emit and raster backward kernels at step 5000 of a city run (CITY_RES=1600x900: as citytimeline)
-    city=/tmp/city_large; res=(); [ -n "${CITY_RES:-}" ] && city=/tmp/city_${CITY_RES%x*} res=(--res "$CITY_RES")
-    [ -d $city ] || timeout 150 python3 run.py synth --out $city --preset large --views 64 "${res[@]}" --quiet \
-        > /dev/null 2>&1
+    large_city "${CITY_RES:-1920x1080}"
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     timeout 400 "$ncu" --clock-control none --section WarpStateStats --section SchedulerStats --section Occupancy \
         --section LaunchStats --section MemoryWorkloadAnalysis --section SourceCounters \
@@ -271,8 +271,7 @@ blitzcity)  # issue 27: the generated city (small preset; PRESET=large: the larg
     # batchlr), 7k: today's defaults, each switch alone, all together (serial; "blitzcity 'all base lod'": those
     # variants, in that order; implod: the importance pass and the LOD gate without the view masks)
     if [ "${PRESET:-small}" = large ]; then
-        city=/tmp/city_large
-        [ -d $city ] || timeout 150 python3 run.py synth --out $city --preset large --views 64 --quiet > /dev/null 2>&1
+        large_city 1920x1080
     else
         city=.data/city
         [ -d $city ] || python3 run.py synth --out $city --preset small > "$R/synth.txt" 2>&1
@@ -310,10 +309,9 @@ exposure)  # issue 24: the per-image colour correction where exposure varies: th
 batchlr)  # issue 22's quality at batch 4: the large city (64 views, 1600x900), ITERS images (default 8000), batch 1
     # against batch 4 at the learning-rate exponents EXPS (default "0.5 1.0"), the runs side by side on the GPU
     iters=${2:-8000}
-    [ -d /tmp/city_large ] || timeout 150 python3 run.py synth --out /tmp/city_large --preset large --views 64 --quiet \
-        > /dev/null 2>&1
-    train city_b1 "$iters" --data /tmp/city_large &
-    for e in ${EXPS:-0.5 1.0}; do train "city_b4_e$e" "$iters" --data /tmp/city_large --batch-size 4 \
+    large_city 1920x1080
+    train city_b1 "$iters" --data $city &
+    for e in ${EXPS:-0.5 1.0}; do train "city_b4_e$e" "$iters" --data $city --batch-size 4 \
         --batch-lr-exponent "$e" & done
     wait ;;
 fernsched)  # issue 24: fern at 30k below its 7k result: the default against densification stopped at UNTIL (default
@@ -339,7 +337,7 @@ refside)  # issue 24: the reference (gsplat 1.5.3) and ours one at a time (timed
             city) where=(/tmp/city_small colmap)
                   [ -d /tmp/city_small ] || { step "synth"; timeout 200 python3 run.py synth --out /tmp/city_small \
                       --preset small --quiet > "$R/synth.txt" 2>&1; } ;;
-            citylarge) where=($LARGE_CITY colmap); large_city ;;
+            citylarge) large_city; where=($city colmap) ;;
         esac
         if [ -n "${NO_REFERENCE:-}" ]; then :  # ours only
         else  # builds gsplat's CUDA extension, or finds it built: never in the timed run (a call that reinstalled
@@ -364,7 +362,7 @@ refside)  # issue 24: the reference (gsplat 1.5.3) and ours one at a time (timed
 city30k)  # issue 24: the large city (64 views generated at 1600x900, as refside's citylarge) at 30k, one side a
     # call (each 5-9 minutes): "ours" (timed after a compiling warm-up; then builds gsplat's extension for the next
     # call) or "reference" (gsplat 1.5.3 alone, timed, on the machine whose call before built it)
-    city=$LARGE_CITY; export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/torch_ext; large_city
+    export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/torch_ext; large_city
     case ${2:-ours} in
         ours) train warm 700 --data $city; step "ours"; train citylarge30k 30000 --data $city
               python3 scripts/workload_summary.py "$R/citylarge30k" 2>&1 | tail -3
@@ -526,9 +524,7 @@ citytimeline)  # issues 22 and 27: where the large city's training step goes (CU
     # by device time, host and idle), today's defaults and the importance pass with the LOD gate (implod); with
     # OLD=folder (an older checkout here), that tree's too, interleaved, both on the 30k decay; VARIANTS (default
     # "base implod"); CITY_RES=1600x900 renders the city at that size (as refside's citylarge) instead of 1920x1080
-    city=/tmp/city_large; res=(); [ -n "${CITY_RES:-}" ] && city=/tmp/city_${CITY_RES%x*} res=(--res "$CITY_RES")
-    [ -d $city ] || timeout 150 python3 run.py synth --out $city --preset large --views 64 "${res[@]}" --quiet \
-        > /dev/null 2>&1
+    large_city "${CITY_RES:-1920x1080}"
     R=$(cd "$R" && pwd)
     for v in ${VARIANTS:-base implod}; do
         for tree in new ${OLD:+old}; do
@@ -614,7 +610,7 @@ fernab)  # issues 22 and 27: fern 7k training end to end, this tree against OLD 
     done ;;
 cityab)  # issues 22 and 27: the large city (64 views generated at 1600x900) at 7k end to end, this tree against
     # OLD (an older checkout in a folder here), one at a time, each after a compiling warm-up: time, PSNR, ms a step
-    old=${OLD:?OLD=folder of the older checkout}; R=$(cd "$R" && pwd); city=$LARGE_CITY; large_city
+    old=${OLD:?OLD=folder of the older checkout}; R=$(cd "$R" && pwd); large_city
     for tree in new old; do
         dir=.; [ $tree = old ] && dir=$old
         (cd "$dir" && train warm 700 --data $city > /dev/null && train "city_$tree" 7000 --data $city)
