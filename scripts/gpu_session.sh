@@ -252,9 +252,11 @@ blitz)  # issue 27: BlitzGS's switches on lego and fern 7k, seed S: base (today'
     imp=(--importance-every 3000 --importance-prune "$imp_t"); masks=(--importance-every 3000 --view-masks on)
     lod=(--lod-min-px "$lod_px"); all=("${imp[@]}" --view-masks on "${lod[@]}"); visible=(--visible-adam)
     allva=("${all[@]}" --visible-adam)  # Adam over the rows a step drew alone: the fixed cost that dominates at 3 ms
-    # compiles the kernels before any timed run: the pass's (one at 500) and the densification's (from 500)
-    train warm 1100 "${LEGO[@]}" "${all[@]/3000/500}"
-    for scene in ${SCENES:-lego fern}; do
+    # compiles the kernels before any timed run: the pass's (one at 500) and the densification's (from 500), on
+    # the first of SCENES (so a call stages only the scenes it runs)
+    scenes=${SCENES:-lego fern}; first=${scenes%% *}; args=${first^^}[@]
+    train warm 1100 "${!args}" "${all[@]/3000/500}"
+    for scene in $scenes; do
         args=${scene^^}[@]
         for v in ${VARIANTS:-base imp masks lod all}; do
             extra=${v}[@]; [ $v = base ] && extra=none[@]
