@@ -69,6 +69,7 @@ FLAGS = {
     "view_masks": dict(choices=["on", "off"]),
     "view_mask_below": dict(type=positive),
     "lod_min_px": dict(metavar="R"),
+    "targets": dict(choices=["auto", "float32", "uint8"]),
 }
 
 

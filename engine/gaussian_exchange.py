@@ -238,30 +238,31 @@ class GaussianExchangeTrainer(RankedTrainer):
             p = ns.Projection(cams[b], None, recv, None, counts, degree, c.antialias)
             view = ns.Binning(binning.ids, binning.ranges[b * n_tiles:(b + 1) * n_tiles], binning.n_isect)
             first, last = max(lo - b * n_tiles, 0), min(hi - b * n_tiles, n_tiles)  # my tiles of view b
+            target = self.targets[views[b]]
             if tile_loss:  # forward, loss share and backward of my tiles (fused on GPUs)
                 mine = np.zeros(n_tiles, bool)
                 mine[first:last] = True
                 share, _, image, self.tile_stats = rasterize_tile_loss(
-                    p, view, self.targets[views[b]], xp.asarray(perms[b]), c.lambda_s3im, bg,
+                    p, view, target, xp.asarray(perms[b]), c.lambda_s3im, bg,
                     want_image=b == 0, backend=self.backend, tiles=mine, lazy=True, grad=G)
                 shares.append(share)
             else:
                 r = ns.rasterize(p, view, bg, self.backend)
-                frames.append((b, first, last, p, view, r))
+                frames.append((b, first, last, p, view, r, target))
                 image = rendered[b] = r.image
             if b == 0:  # the progress PSNR's share, computed at log steps only (progress_psnr)
-                self._view0 = (image, self.targets[views[0]], first, last)
+                self._view0 = (image, target, first, last)
         clock.end("render")
         have = {} if tile_loss else self._share_tiles(rendered, bounds, cams[0])
         clock.end("halo_exchange")
         d_images = []
-        for b, first, last, p, view, r in frames:  # global loss: the share of my tiles
-            lb, d = l1_ssim_loss(have[b], self.targets[views[b]], c.lambda_dssim, backend=self.backend,
+        for b, first, last, p, view, r, target in frames:  # global loss: the share of my tiles
+            lb, d = l1_ssim_loss(have[b], target, c.lambda_dssim, backend=self.backend,
                                  tiles=(first, last), lazy=True)
             shares.append(lb)
             d_images.append(d)
         clock.end("loss")
-        for (b, first, last, p, view, r), d in zip(frames, d_images):
+        for (b, first, last, p, view, r, _), d in zip(frames, d_images):
             ns.rasterize_backward(p, view, r, d, grad=G, backend=self.backend)
         if self.batch > 1:
             G *= np.float32(1.0 / self.batch)  # each view's 1/B share of the batch loss

@@ -763,7 +763,7 @@ class OutOfCore:
 
     def _images_bytes(self):
         """The device memory the training images take (on a GPU; host arrays count nothing)."""
-        return sum(t.nbytes for t in self.targets if _backend.is_device(t))
+        return self.targets.device_bytes
 
     def _gather_whole(self):
         """-> (the whole model on the host, its statistics): the device's changed blocks written back
@@ -1024,12 +1024,13 @@ class OffloadTrainer(OutOfCore, Trainer):
         b = ns.bin_tiles(p, backend=self.backend)
         r = ns.rasterize(p, b, self.step_background(), self.backend)
         clock.end("render")
-        loss, d_img = l1_ssim_loss(r.image, self.targets[i], c.lambda_dssim, backend=self.backend, lazy=True)
+        target = self.targets[i]
+        loss, d_img = l1_ssim_loss(r.image, target, c.lambda_dssim, backend=self.backend, lazy=True)
         clock.end("loss")
         grad = ns.rasterize_backward(p, b, r, d_img, backend=self.backend)
         clock.end("backward")
         ns.project_backward(g, p, grad, working.grad_gaussians, accumulate=False, backend=self.backend)
-        self._progress_view = (r.image, self.targets[i])
+        self._progress_view = (r.image, target)
         self.add_strategy_gradients(working, stats)  # the strategy's gradients and statistics: of the working set
         self.strategy.after_backward(working, stats, self.step, p, grad)
         lr, cols = self.learning_rates()

@@ -225,7 +225,7 @@ def _model_report(t, step, phases, peak, model_ranks, grad_comm, link_gbs, balan
     step and the cost model for each of ``model_ranks``."""
     report = {}
     model_bytes = t.model.nbytes() + sum(int(a.nbytes) for a in t.strategy_state.values())
-    target_bytes = sum(int(a.nbytes) for a in t.targets)
+    target_bytes = t.targets.nbytes
     n = len(t.model)
     if peak:
         owner, render = model_bytes / n, max(peak - target_bytes - model_bytes, 0) / n

@@ -35,6 +35,7 @@ from .appearance import ColourCorrection
 from .model import init_from_points
 from .outputs import TensorBoardLog, lpips_metric, render_image, save_png, write_model_outputs
 from .strategy import Context, DefaultStrategy, MCMCStrategy
+from .targets import Targets
 from .view_order import VIEW_ORDERS, epoch_order
 from .workload import Workload
 
@@ -138,6 +139,10 @@ class TrainConfig:
     appearance: bool = False          # a per-image affine colour correction that the loss sees, for captures
                                       # whose exposure varies (engine/appearance.py; not for held-out views)
     lr_appearance: float = 1e-3       # the learning rate of the colour corrections
+    targets: str = "auto"             # the training images on the GPU: float32, or uint8 (a quarter of the
+                                      # memory, rounded to 8 bits: exact for 8-bit images the loader left as
+                                      # they were); auto: uint8 where float32 would take over an
+                                      # eighth of the GPU's memory (engine/targets.py)
     snapshot_every: int = 5000        # write OUT/snapshot.h5 every this many steps (0: at the end only)
     log_every: int = 100              # a line of OUT/log.jsonl every this many steps
     tensorboard: bool = False         # the log's scalars as TensorBoard events in OUT too (tensorboardX)
@@ -281,7 +286,9 @@ class Trainer(ABC):
         self.peak_pool_bytes = 0
         self.strategy = self._make_strategy()
         self.strategy_state = self.strategy.initialize_state()
-        self.targets = [self.xp.asarray(v.image) for v in dataset.train]
+        self.targets = Targets([v.image for v in dataset.train], cfg.targets, self.backend)
+        if self.targets.describe():
+            self.log(self.targets.describe())
         self.stats = {}  # the last step's phase times (PhaseClock) and a pipeline's exchange statistics
         self.order = []
         self.model = None
