@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -95,6 +95,16 @@ regs30k)  # issue 24: fern at 30k under its 7k result: the L1 regularisers on op
     done
     wait ;;
 lego30k) train warm 700 "${LEGO[@]}"; train lego30k 30000 "${LEGO[@]}" ;;
+targets)  # issue 22: the training images kept at 8 bits on the GPU (--targets uint8) against float32: 8-bit
+    # images widen exactly on the device, then fern 7k (8-bit files, undistorted: rounded) timed both ways, one at
+    # a time after a warm-up
+    python3 -c "
+import numpy as np; from engine.targets import Targets
+u = np.random.default_rng(0).integers(0, 256, (900, 1600, 3), dtype=np.uint8)
+im = u.astype(np.float32) * np.float32(1 / 255); t = Targets([im], 'uint8', 'cuda')
+assert t.format == 'uint8' and t.device_bytes == u.nbytes; assert (t[0].get() == im).all(); print('targets ok')"
+    train warm 700 "${FERN[@]}"
+    for f in float32 uint8 float32 uint8; do train "fern_$f" 7000 "${FERN[@]}" --targets $f; done ;;
 fern30k) train warm 700 "${FERN[@]}"; train fern30k 30000 "${FERN[@]}" ;;
 mpi)  # fern and lego at P ranks sharing the GPU (P = 1 is the plain train part above)
     p=$2; shift 2
