@@ -38,6 +38,7 @@ from .scene import DataError, Provenance, View, make_camera
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 NO_DISTORTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)   # k1, k2, k3, k4, p1, p2
 DISTORTION = ("undistort", "ignore")            # what loading does with a camera's distortion
+EIGHT_BIT_LEVEL = np.float32(1.0 / 255.0)      # an 8-bit file's level u loads as u x this (float32)
 
 
 def is_image_file(path):
@@ -67,12 +68,12 @@ def _to_float_rgb(im, background):
         gray = np.clip(np.asarray(im, np.float32), 0.0, 1.0)
         return np.ascontiguousarray(np.repeat(gray[..., None], 3, axis=2), np.float32), False
     if _has_alpha(im):
-        rgba = np.asarray(im.convert("RGBA"), np.float32) * np.float32(1.0 / 255.0)
+        rgba = np.asarray(im.convert("RGBA"), np.float32) * EIGHT_BIT_LEVEL
         a = rgba[..., 3:4]
         bg = np.asarray(background, np.float32).reshape(1, 1, 3)
         rgb = rgba[..., :3] * a + bg * (1.0 - a)
         return np.ascontiguousarray(rgb, np.float32), bool((a < 1.0).any())
-    rgb = np.asarray(im.convert("RGB"), np.float32) * np.float32(1.0 / 255.0)
+    rgb = np.asarray(im.convert("RGB"), np.float32) * EIGHT_BIT_LEVEL
     return np.ascontiguousarray(rgb, np.float32), False
 
 

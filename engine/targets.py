@@ -4,8 +4,8 @@ The loss reads float32, 12 bytes a pixel.  A capture of many large views fills a
 before it holds a Gaussian (the large city's 1312 training views at 1600x900 take 23 GB), so
 they may be kept at 8 bits a channel instead, 3 bytes a pixel, and widened to float32 when a step
 reads one (one elementwise launch).  The rounding is exact for 8-bit images that the loader
-neither resized, undistorted nor composited on a background (it made them u / 255 in float32, as
-the widening does), and within half a level (1/510) for the others.
+neither resized, undistorted nor composited on a background (it made them u x
+``EIGHT_BIT_LEVEL``, as the widening does), and within half a level (1/510) for the others.
 
 ``cfg.targets``: float32, uint8, or auto, which keeps uint8 where float32 targets would take more
 than ``AUTO_SHARE`` of the GPU's memory, and float32 on the CPU backend (its arrays are the
@@ -13,11 +13,11 @@ loader's own: no copy to save).
 """
 import numpy as np
 
+from data.images import EIGHT_BIT_LEVEL
 from numbasplat import backend as _backend
 
 FORMATS = ("auto", "float32", "uint8")
 AUTO_SHARE = 1 / 8          # auto: uint8 where float32 targets would take more than this of the GPU
-_LEVEL = np.float32(1.0 / 255.0)  # the loader's own factor (data/images.py), so 8-bit images widen exactly
 
 
 def choose_format(requested, float32_bytes, device_bytes):
@@ -60,7 +60,7 @@ class Targets:
 
     def __getitem__(self, i):
         a = self._stored[i]
-        return a if self.format == "float32" else self.xp.multiply(a, _LEVEL, dtype=np.float32)
+        return a if self.format == "float32" else self.xp.multiply(a, EIGHT_BIT_LEVEL, dtype=np.float32)
 
     @property
     def nbytes(self):

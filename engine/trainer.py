@@ -287,8 +287,9 @@ class Trainer(ABC):
         self.strategy = self._make_strategy()
         self.strategy_state = self.strategy.initialize_state()
         self.targets = Targets([v.image for v in dataset.train], cfg.targets, self.backend)
-        if self.targets.describe():
-            self.log(self.targets.describe())
+        note = self.targets.describe()
+        if note:
+            self.log(note)
         self.stats = {}  # the last step's phase times (PhaseClock) and a pipeline's exchange statistics
         self.order = []
         self.model = None

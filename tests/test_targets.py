@@ -7,18 +7,19 @@ import numpy as np
 import pytest
 
 from engine.single_gpu import SingleGPUTrainer
+from data.images import EIGHT_BIT_LEVEL
 from engine.targets import AUTO_SHARE, Targets, choose_format
 from test_trainer import dataset, small_config  # noqa: F401 (a fixture)
 
 
 def _eight_bit(rng, shape=(5, 7, 3)):
     """An image as the loader makes an 8-bit file of: u / 255 in float32 (data/images.py)."""
-    return rng.integers(0, 256, shape, dtype=np.uint8).astype(np.float32) * np.float32(1.0 / 255.0)
+    return rng.integers(0, 256, shape, dtype=np.uint8).astype(np.float32) * EIGHT_BIT_LEVEL
 
 
 def test_eight_bit_images_come_back_exactly():
     rng = np.random.default_rng(0)
-    ends = np.array([[[0, 255, 254]]], np.uint8).astype(np.float32) * np.float32(1.0 / 255.0)
+    ends = np.array([[[0, 255, 254]]], np.uint8).astype(np.float32) * EIGHT_BIT_LEVEL
     images = [_eight_bit(rng) for _ in range(3)] + [ends]
     t = Targets(images, "uint8", backend="cpu")
     assert t.format == "uint8" and len(t) == 4
@@ -60,7 +61,7 @@ def test_auto_keeps_float32_unless_they_would_crowd_the_gpu():
 def test_training_on_eight_bit_targets_equals_float32(dataset, tmp_path):
     """The same capture at 8 bits: 20 steps with the targets kept as uint8 end with the model that
     float32 targets give, to the bit; on the capture's own (rendered, not 8-bit) images they differ."""
-    views = [dataclasses.replace(v, image=np.rint(v.image * 255).astype(np.float32) * np.float32(1 / 255))
+    views = [dataclasses.replace(v, image=np.rint(v.image * 255).astype(np.float32) * EIGHT_BIT_LEVEL)
              for v in dataset.train]
     eight_bit = dataclasses.replace(dataset, train=views)
 
