@@ -182,12 +182,15 @@ def train_model(dataset, a, cfg, settings=None):
             print(f"resumed from {snap} at step {t.step}")
     if settings is not None and t.is_root:
         write_settings(t.out / "cfg.json", recorded_settings(settings, t, comm))
+    rank = comm.Get_rank() if comm is not None else 0
+    say = print if comm is None else (lambda line: print(f"rank {rank}: {line}"))  # a measurement's report lines
     if getattr(a, "timeline", None):
         from engine.timeline import TrainingTimeline
-        rank = comm.Get_rank() if comm is not None else 0
         name = "timeline.json.gz" if comm is None else f"timeline_rank{rank}.json.gz"
-        say = print if comm is None else (lambda line: print(f"rank {rank}: {line}"))
         t.step_hooks.append(TrainingTimeline(*a.timeline, keep=Path(a.out) / name, log=say))
+    if getattr(a, "host_profile", None):
+        from engine.timeline import HostProfile
+        t.step_hooks.append(HostProfile(*a.host_profile, log=say))
     if getattr(a, "viewer", False):
         from engine.viewer import DEFAULT_HOST, DEFAULT_PORT, live_viewer
         t.live_view = live_viewer(t, a.port or DEFAULT_PORT, a.host or DEFAULT_HOST)
@@ -360,6 +363,9 @@ def add_train_options(p):
     p.add_argument("--timeline", type=step_window, default=None, metavar="START:STEPS",
                    help="record STEPS steps after step START under CUPTI (needs torch): print kernels, device busy "
                         "and idle time and host waits per step, keep the trace in OUT/timeline.json.gz (Perfetto)")
+    p.add_argument("--host-profile", type=step_window, default=None, metavar="START:STEPS",
+                   help="profile the host's Python over STEPS steps after step START and print the functions by "
+                        "their own time a step (where --timeline finds a step bound by its host)")
     p.add_argument("--batch-size", type=count(1), default=None,
                    help="views per step (default: the number of MPI ranks; given without mpirun, the batched "
                         "pipeline runs in one process); with --exchange pixel, the views in flight: buckets of "
@@ -407,7 +413,7 @@ def add_train_options(p):
 
 
 def step_window(text):
-    """argparse type of ``--timeline``: START:STEPS, two integers (START >= 0, STEPS >= 2)."""
+    """argparse type of ``--timeline`` and ``--host-profile``: START:STEPS, two integers (START >= 0, STEPS >= 2)."""
     try:
         start, steps = (int(x) for x in text.split(":"))
     except ValueError:

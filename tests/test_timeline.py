@@ -121,3 +121,33 @@ def test_timeline_without_a_gpu_is_one_clear_error(tmp_path):
     assert r.returncode != 0
     assert r.stderr.strip().splitlines()[-1] == "error: --timeline records a GPU's steps; this run's backend is cpu"
     assert not (tmp_path / "out").exists()
+
+
+def test_host_profile_hook_profiles_only_its_steps():
+    """``--host-profile 2:3`` profiles the steps after step 2 to step 5 and reports the Python run
+    there, per step: a function called once a step inside the window shows 1.0 calls a step, one
+    called only outside it does not show."""
+    from types import SimpleNamespace
+
+    import engine.timeline as tl
+
+    def inside_the_window():
+        return sum(range(2000))
+
+    def outside_the_window():
+        return sum(range(2000))
+
+    lines = []
+    hook = tl.HostProfile(2, 3, log=lines.append)
+    trainer = SimpleNamespace(step=0)
+    for trainer.step in range(1, 9):
+        (inside_the_window if 2 < trainer.step <= 5 else outside_the_window)()  # steps 3, 4, 5
+        hook(trainer)
+    assert lines[0].startswith("host profile (3 steps):")
+    row = next(x for x in lines if "inside_the_window" in x)
+    assert row.split()[1] == "1.0"
+    assert not any("outside_the_window" in x for x in lines)
+    with pytest.raises(ValueError, match="STEPS >= 2"):
+        tl.HostProfile(0, 1)
+    from cli.train import train_parser
+    assert train_parser().parse_args(["--host-profile", "100:20"]).host_profile == (100, 20)
