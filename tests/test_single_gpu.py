@@ -132,3 +132,50 @@ def test_a_step_that_outgrows_its_room_is_skipped(dataset, tmp_path):
     for k, a in before.items():
         np.testing.assert_array_equal(t.model.gaussians.arrays()[k], a, err_msg=k)
     np.testing.assert_array_equal(t.strategy_state["count"], count)
+
+
+class _Total:
+    """A HostCopy stand-in: the total a binning found."""
+
+    def __init__(self, total):
+        self.total = total
+
+    def get(self):
+        return [self.total]
+
+
+def _visits(room, totals_of, rounds, views, gaussians=1000):
+    """``rounds`` passes over ``views`` views in turn, view v's total at binning k ``totals_of(v, k)``:
+    -> the binnings whose total outgrew the room they were given."""
+    k, outgrown = 0, 0
+    for _ in range(rounds):
+        for v in range(views):
+            room.settle()
+            slots = room.room(v, gaussians)
+            total = totals_of(v, k)
+            outgrown += slots is not None and total > slots
+            room.record(v, gaussians, slots, total if slots is None else _Total(total))
+            k += 1
+    room.settle()
+    return outgrown
+
+
+def test_room_learns_how_fast_totals_grow_between_rare_visits():
+    """Totals growing 0.05% a binning with the model unchanged, 1000 views in turn (SLACK 0): a
+    view's total has grown 65% by its next visit, past the margin (1.2), so every revisit outgrew
+    a room from its last total alone; the learned rate (ln 1.0005 a binning) covers the gap from
+    the first revisits on (one outgrown of 3000), a room never grows past MAX_DRIFT, and falling
+    totals (an opacity reset) leave the room at the last total's."""
+    grow = lambda v, k: int(200_000 * 1.0005 ** k)  # noqa: E731
+    room = BinningRoom()
+    room.SLACK = 0
+    fixed = BinningRoom()
+    fixed.SLACK, fixed.DRIFT_WEIGHT = 0, 0.0  # today's room without the drift: the rate stays 0
+    assert _visits(fixed, grow, 4, 1000) == 3000
+    assert _visits(room, grow, 4, 1000) <= 2
+    assert room.rate == pytest.approx(np.log(1.0005), rel=1e-3)
+    room.last[0], room.visited[0] = (1000, 1000), room.binnings - 10**6  # a view unseen for a million binnings
+    assert room.room(0, 1000) == int(room.MARGIN * 1000 * room.MAX_DRIFT)
+    shrink = BinningRoom()  # totals that fall (an opacity reset): the room stays its last total's
+    _visits(shrink, lambda v, k: int(200_000 * 0.999 ** k), 3, 100)
+    assert shrink.rate < 0 and shrink.room(0, 1000) == int(shrink.MARGIN * shrink.last[0][0]) + shrink.SLACK
