@@ -31,13 +31,6 @@ class BinningRoom:
     room is set from the total it had, and it waits in ``skipped`` for the trainer, which trains
     it again at the step after the one that read the overflow, so that no view loses its turn.
 
-    A view's intersections also grow faster than the model as training widens and firms its
-    Gaussians, which matters where a view comes back rarely (the large preset's 1312 views: once
-    in about 1300 steps).  ``rate`` learns that growth from every revisit: the log of a view's
-    total over what its last total and the model's growth gave, per binning since its last, as a
-    ratio of running averages (long gaps weigh most); a room is scaled by exp(rate x the view's
-    gap), at most ``MAX_DRIFT`` (and never below 1), so memory stays bounded.
-
     An opacity reset shrinks every Gaussian's reach (it follows the opacity), so the totals fall,
     then climb back faster than the model grows as the opacities recover: ``hold_totals`` keeps
     each view's room at least what it took before the reset for its next ``HOLD_VISITS`` binnings
@@ -45,40 +38,21 @@ class BinningRoom:
     MARGIN = 1.2
     SLACK = 4096
     HOLD_VISITS = 4
-    MAX_DRIFT = 2.0      # the most a room grows for the drift between a view's visits
-    DRIFT_WEIGHT = 0.05  # each revisit's weight in the running averages that give ``rate``
 
     def __init__(self):
         self.last = {}       # view -> (its intersections, the model's Gaussians) when it was last binned
         self.held = {}       # view -> [its intersections before a reset, binnings left to hold them]
-        self.pending = None  # (view, Gaussians, room, HostCopy of its total, expected total, gap) of the last step
+        self.pending = None  # (view, Gaussians, room, HostCopy of its total) of the last step
         self.overflows = 0
-        self.binnings = 0
-        self.visited = {}    # view -> the index of its last binning (binnings counts them all)
-        self._log_growth = self._gap = 0.0  # running averages over revisits: rate = their ratio
         self.skipped = []    # views whose step was skipped, not yet trained again
         self._total = _backend.pinned_empty(1, np.int64)  # each step's total lands here (read before the next)
 
-    @property
-    def rate(self):
-        """The learned growth of a view's intersections per binning, past the model's growth."""
-        return self._log_growth / self._gap if self._gap else 0.0
-
-    def _expected(self, view, gaussians):
-        """(``view``'s last total scaled by the model's growth since, binnings since its last began), or None."""
+    def room(self, view, gaussians):
+        """Slots for ``view``'s intersections with a model of ``gaussians`` (None: bin exactly)."""
         if view not in self.last:
             return None
         total, then = self.last[view]
-        return total * max(gaussians / max(then, 1), 1.0), self.binnings - self.visited.get(view, self.binnings)
-
-    def room(self, view, gaussians):
-        """Slots for ``view``'s intersections with a model of ``gaussians`` (None: bin exactly)."""
-        expected = self._expected(view, gaussians)
-        if expected is None:
-            return None
-        total, gap = expected
-        drift = np.exp(min(max(self.rate * gap, 0.0), np.log(self.MAX_DRIFT)))
-        total = max(total * drift, self.held.get(view, (0,))[0])
+        total = max(total * max(gaussians / max(then, 1), 1.0), self.held.get(view, (0,))[0])
         return min(int(self.MARGIN * total) + self.SLACK, INT32_MAX)
 
     def hold_totals(self):
@@ -96,31 +70,19 @@ class BinningRoom:
             if not self.held[view][1]:
                 del self.held[view]
         b = ns.bin_tiles(p, backend=backend, room=room)
-        self.record(view, n, room, b.n_isect if room is None else _backend.HostCopy(b.total, into=self._total))
-        return b
-
-    def record(self, view, gaussians, room, total):
-        """Note a binning of ``view`` with a model of ``gaussians``: into ``room`` slots, ``total``
-        (its intersections) a HostCopy that the next ``settle`` reads; or, room None, exactly."""
         if room is None:
-            self.last[view] = (total, gaussians)
+            self.last[view] = (b.n_isect, n)
         else:
-            expected, gap = self._expected(view, gaussians)
-            self.pending = (view, gaussians, room, total, expected, gap)
-        self.visited[view] = self.binnings
-        self.binnings += 1
+            self.pending = (view, n, room, _backend.HostCopy(b.total, into=self._total))
+        return b
 
     def settle(self):
         """Read the last step's total, and count its overflow."""
         if self.pending is not None:
-            view, n, room, copy, expected, gap = self.pending
+            view, n, room, copy = self.pending
             self.pending = None
             total = int(copy.get()[0])
             self.last[view] = (total, n)
-            if total > 0 and expected > 0 and gap > 0:
-                w = self.DRIFT_WEIGHT
-                self._log_growth += w * (np.log(total / expected) - self._log_growth)
-                self._gap += w * (gap - self._gap)
             if total > room:
                 self.overflows += 1
                 self.skipped.append(view)
