@@ -7,6 +7,8 @@ process, whichever library launched it (Numba, CuPy), and the host's CUDA API ca
 kernels' and copies' intervals) and idle time, and the host's calls that wait for the device
 (synchronisations and blocking copies) with their count and time.  A step whose device idles is
 bound by its host: fewer launches and waits shorten it, fewer Gaussians do not.
+``HostProfile`` then says which Python code holds such a step (Python's own profiler, no GPU
+needed).
 """
 import gzip
 import json
