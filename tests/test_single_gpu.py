@@ -51,8 +51,9 @@ def test_binning_into_room_trains_as_exact_binning(dataset, tmp_path):
 
 
 def test_room_holds_the_totals_from_before_an_opacity_reset():
-    """After a reset a view's room stays at least its total from before it for its next HOLD_VISITS
-    binnings, then follows its own totals again; a view first seen after the reset bins exactly."""
+    """After a reset a view's room stays at least its total from before it, grown with the model
+    since, for its next HOLD_VISITS binnings, then follows its own totals again; a view first seen
+    after the reset bins exactly."""
     room = BinningRoom()
     room.last = {0: (1000, 100), 1: (50, 100)}
     room.hold_totals()
@@ -60,9 +61,9 @@ def test_room_holds_the_totals_from_before_an_opacity_reset():
     held = int(room.MARGIN * 1000) + room.SLACK
     for _ in range(room.HOLD_VISITS):
         assert room.room(0, 100) == held
-        assert room.room(0, 600) == int(room.MARGIN * 200 * 6) + room.SLACK  # the model's growth past it still counts
-        room.held[0][1] -= 1  # what bin() does at each binning
-        if not room.held[0][1]:
+        assert room.room(0, 600) == int(room.MARGIN * 1000 * 6) + room.SLACK  # the model's growth since counts
+        room.held[0][2] -= 1  # what bin() does at each binning
+        if not room.held[0][2]:
             del room.held[0]
     assert room.room(0, 100) == int(room.MARGIN * 200) + room.SLACK
     assert room.room(1, 100) == int(room.MARGIN * 50) + room.SLACK and room.room(2, 100) is None
@@ -79,7 +80,7 @@ def test_binning_into_room_across_opacity_resets_trains_as_exact_binning(dataset
         t.train(progress=False, until=26)
         return t
     exact, roomy = trained(False, tmp_path / "exact"), trained(True, tmp_path / "room")
-    assert roomy._room.held and all(0 < left <= roomy._room.HOLD_VISITS for _, left in roomy._room.held.values())
+    assert roomy._room.held and all(0 < left <= roomy._room.HOLD_VISITS for _, _, left in roomy._room.held.values())
     for k, a in exact.model.gaussians.arrays().items():
         np.testing.assert_array_equal(roomy.model.gaussians.arrays()[k], a, err_msg=k)
 
