@@ -34,9 +34,8 @@ class BinningRoom:
     An opacity reset shrinks every Gaussian's reach (it follows the opacity), so the totals fall,
     then climb back faster than the model grows as the opacities recover: ``hold_totals`` keeps
     each view's room at least what it took before the reset, grown with the model since, for its
-    next ``HOLD_VISITS`` binnings (on the generated city the skipped steps came in bursts right
-    after each reset; on a city of 1312 views, replayed on the CPU, all 55 of 7000 came in the
-    2300 steps after the reset at 3000, while the model grew past the size the held totals had)."""
+    next ``HOLD_VISITS`` binnings (the skipped steps come in the epochs right after a reset, while
+    densification still grows the model: BENCHMARKS.md, Large scenes)."""
     MARGIN = 1.2
     SLACK = 4096
     HOLD_VISITS = 4
@@ -53,11 +52,11 @@ class BinningRoom:
         """Slots for ``view``'s intersections with a model of ``gaussians`` (None: bin exactly)."""
         if view not in self.last:
             return None
-        total, then = self.last[view]
-        total = total * max(gaussians / max(then, 1), 1.0)
-        if view in self.held:  # (grown with the model since, as the last total is)
-            held, held_then, _ = self.held[view]
-            total = max(total, held * max(gaussians / max(held_then, 1), 1.0))
+        def grown(total, then):  # a total taken with a model of ``then`` Gaussians, scaled to today's
+            return total * max(gaussians / max(then, 1), 1.0)
+        total = grown(*self.last[view])
+        if view in self.held:
+            total = max(total, grown(*self.held[view][:2]))
         return min(int(self.MARGIN * total) + self.SLACK, INT32_MAX)
 
     def hold_totals(self):
