@@ -70,6 +70,7 @@ FLAGS = {
     "view_mask_below": dict(type=positive),
     "lod_min_px": dict(metavar="R"),
     "targets": dict(choices=["auto", "float32", "uint8"]),
+    "step_graphs": dict(choices=["on", "off"]),
 }
 
 

@@ -118,9 +118,10 @@ class GaussianModel:
     def _install(self, params, m=None, v=None):
         self.params = params
         self.grads = params.like(self.xp.zeros(params.size, np.float32))
-        step = self.adam.step_count if hasattr(self, "adam") else 0
+        old = getattr(self, "adam", None)
         self.adam = Adam(params, self.b1, self.b2, backend=self.backend, m=m, v=v)  # (m, v None: zeros)
-        self.adam.step_count = step
+        if old is not None:  # the step count, and the device values a step graph reads (engine.step_graphs)
+            self.adam.step_count, self.adam._scalars = old.step_count, old._scalars
 
     def __len__(self):
         return self.params.n

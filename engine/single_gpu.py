@@ -15,6 +15,7 @@ from numbasplat.loss import l1_ssim_loss, psnr
 from numbasplat.rendering import INT32_MAX
 
 from .model import GROUPS, GaussianModel
+from .step_graphs import StepGraphs, array_key
 from .trainer import PhaseClock, Trainer
 
 
@@ -43,7 +44,7 @@ class BinningRoom:
     def __init__(self):
         self.last = {}       # view -> (its intersections, the model's Gaussians) when it was last binned
         self.held = {}       # view -> [its intersections before a reset, the model's Gaussians then, binnings left]
-        self.pending = None  # (view, Gaussians, room, HostCopy of its total) of the last step
+        self.pending = None  # (view, Gaussians, room, the event after its total's copy) of the last step
         self.overflows = 0
         self.skipped = []    # views whose step was skipped, not yet trained again
         self._total = _backend.pinned_empty(1, np.int64)  # each step's total lands here (read before the next)
@@ -64,28 +65,59 @@ class BinningRoom:
         self.settle()
         self.held = {view: [total, then, self.HOLD_VISITS] for view, (total, then) in self.last.items()}
 
-    def bin(self, p, view, backend=None):
-        """``bin_tiles`` of the projection ``p`` of view ``view`` into its room."""
+    def fits(self, view, gaussians, room):
+        """Whether ``room`` slots (a step graph's: ``engine.step_graphs``) still hold the intersections
+        that ``room(view, gaussians)`` expects with half its margin and ``SLACK`` to spare (the whole
+        margin would capture the graph again at nearly every binning, none left more steps skipped)."""
+        wanted = self.room(view, gaussians)
+        if wanted is None:
+            return False
+        expected = (wanted - self.SLACK) / self.MARGIN
+        return room >= (1 + (self.MARGIN - 1) / 2) * expected + self.SLACK
+
+    def plan(self, view, gaussians):
+        """Before binning ``view``: read the last step's total, count this binning against the held
+        totals.  -> its room (None: bin exactly)."""
         self.settle()
-        n = len(p.counts)
-        room = self.room(view, n)
+        room = self.room(view, gaussians)
         if view in self.held:
             self.held[view][2] -= 1
             if not self.held[view][2]:
                 del self.held[view]
+        return room
+
+    def bin_into(self, p, room, backend=None):
+        """The device's part: ``bin_tiles`` of the projection ``p`` into ``room``, its total queued
+        for the host (a step graph captures this)."""
         b = ns.bin_tiles(p, backend=backend, room=room)
+        if room is not None:
+            _backend.queue_to_host(b.total, self._total)
+        return b
+
+    def record(self, view, gaussians, room, exact_total=None):
+        """After the step is queued: the total of an exact binning (``room`` None), or the room's
+        total to read when the next step bins."""
         if room is None:
-            self.last[view] = (b.n_isect, n)
+            self.last[view] = (exact_total, gaussians)
         else:
-            self.pending = (view, n, room, _backend.HostCopy(b.total, into=self._total))
+            self.pending = (view, gaussians, room, _backend.stream_event())
+
+    def bin(self, p, view, backend=None):
+        """``bin_tiles`` of the projection ``p`` of view ``view`` into its room."""
+        n = len(p.counts)
+        room = self.plan(view, n)
+        b = self.bin_into(p, room, backend)
+        self.record(view, n, room, b.n_isect)
         return b
 
     def settle(self):
         """Read the last step's total, and count its overflow."""
         if self.pending is not None:
-            view, n, room, copy = self.pending
+            view, n, room, event = self.pending
             self.pending = None
-            total = int(copy.get()[0])
+            if event is not None:
+                event.synchronize()
+            total = int(self._total[0])
             self.last[view] = (total, n)
             if total > room:
                 self.overflows += 1
@@ -97,23 +129,30 @@ class SingleGPUTrainer(Trainer):
     culls_views = True
     binning_room = None  # bin into kept room (``BinningRoom``)? None: on GPUs; True: always (tests); False: never
     _room = None
+    _graphs = None       # the step graphs (``engine.step_graphs``), once a step may use them
 
-    def _bin(self, p, view):
-        """This step's binning: into the view's room where ``binning_room`` says so and no colour
-        correction is trained (its per-image update sees the render and has no skip flag)."""
+    def _room_for(self, view):
+        """Binning room for this step's view (``BinningRoom.plan``), where ``binning_room`` says so
+        and no colour correction is trained (its per-image update sees the render and has no skip
+        flag); the view of a step skipped for room goes back in the order (trains next).
+        -> (room: None bins exactly, whether the step bins into room at all)."""
         wanted = _backend.on_gpu(self.backend) if self.binning_room is None else self.binning_room
         if not wanted or self.appearance is not None:
-            return ns.bin_tiles(p, backend=self.backend)
+            return None, False
         if self._room is None:
             self._room = BinningRoom()
-        b = self._room.bin(p, view, self.backend)
+        room = self._room.plan(view, len(self.model))
         while self._room.skipped:  # the last step's view did not fit: it trains next (popped from the end)
             self.order.append(self._room.skipped.pop())
-        return b
+        return room, True
 
     def log_extra(self):
-        """The steps skipped because their intersections outgrew their room, once there are any."""
+        """The steps skipped because their intersections outgrew their room, once there are any; the
+        steps replayed from a graph and the graphs captured, so far."""
         extra = super().log_extra()
+        if self._graphs is not None:
+            extra.update(graph_replays=self._graphs.replays, graph_captures=self._graphs.captures,
+                         graph_capture_seconds=round(self._graphs.capture_seconds, 3))
         if self._room is not None:
             self._room.settle()
             if self._room.overflows:
@@ -121,6 +160,8 @@ class SingleGPUTrainer(Trainer):
         return extra
 
     def start_from(self, model_state, strategy_state=None):
+        if self._graphs is not None:
+            self._graphs.clear()
         self.model = GaussianModel.from_state(model_state, self.backend)
         self.strategy_state = ({k: self.xp.asarray(a) for k, a in strategy_state.items()} if strategy_state
                                else self.strategy.initialize_state())
@@ -138,19 +179,54 @@ class SingleGPUTrainer(Trainer):
         return self.model
 
     def train_step(self):
-        c, model, strategy = self.cfg, self.model, self.strategy
-        clock = PhaseClock(self.backend, self._timing())
+        """The host's part of the step around its device work (``_device_step``), which a step graph
+        captures and replays (``engine.step_graphs``) where ``_graphs_now`` allows."""
+        model, strategy = self.model, self.strategy
+        timed = self._timing()
+        clock = PhaseClock(self.backend, timed)
         i = self.next_view()
-        view = self.data.train[i]
         bg = self.step_background()
         degree = self.sh_degree_now()
+        lr, cols = self.learning_rates()
+        model.adam.set_step(cols)  # on the device, where the step's Adam reads them
+        room, roomed = self._room_for(i)
+        step = lambda room, captured: self._device_step(i, bg, degree, room, roomed, clock, sample=not captured)  # noqa: E731
+        graphs = self._graphs_now(timed)
+        if graphs is None:
+            (image, loss, total), room = step(room, False), room
+        else:
+            key = (len(model), degree, self.step >= getattr(strategy, "refine_stop", 0), bg.tobytes(),
+                   array_key([model.params.data, model.grads.data, model.adam.m, model.adam.v,
+                              *self.strategy_state.values()]))
+            kept = lambda room, captured: (None, *step(room, captured)[1:]) if captured else step(room, False)  # noqa: E731
+            (image, loss, total), room = graphs.run(i, key, room, lambda r: self._room.fits(i, len(model), r), kept)
+        if roomed:
+            self._room.record(i, len(model), room, total)
+        if image is not None:  # (a graph keeps its loss, not its render: the last step run as usual shows)
+            self._progress_view = (image, self.targets[i])
+        self.step += 1
+        events = strategy.after_optimizer(model, self.strategy_state, self.step, self.context(lr_means=lr["means"]))
+        if events and self._graphs is not None:
+            self._graphs.clear()
+        if self._room is not None and events.get("opacity_reset"):
+            self._room.hold_totals()
+        clock.end("optimizer")
+        self.stats = clock.stats()
+        return loss, events
+
+    def _device_step(self, i, bg, degree, room, roomed, clock, sample=True):
+        """View ``i``'s render, loss, backward, the strategy's statistics and Adam's update, on the
+        device alone: nothing here reads a device value or changes the host's state, so that a step
+        graph can replay it (``room``, ``roomed``: ``_room_for``'s; ``sample``: the workload may count
+        the Gaussians drawn).  -> (the render, the loss, the intersections of an exact binning)."""
+        c, model, strategy = self.cfg, self.model, self.strategy
         g = model.gaussians
         target = self.targets[i]  # random_background changes the render only, as in 3DGS
-        p = ns.project(g, view.camera, sh_degree=degree, antialias=c.antialias, backend=self.backend,
+        p = ns.project(g, self.data.train[i].camera, sh_degree=degree, antialias=c.antialias, backend=self.backend,
                        check=False)  # checked at log steps: a sync
-        self.workload.cull(p, g, self.strategy_state, i, self.backend)  # what its mask and LOD gate skip
+        self.workload.cull(p, g, self.strategy_state, i, self.backend, sample)  # what its mask and LOD gate skip
         clock.end("project")
-        b = self._bin(p, i)
+        b = self._room.bin_into(p, room, self.backend) if roomed else ns.bin_tiles(p, backend=self.backend)
         if c.loss == "tile":
             image, grad, loss = self._tile_loss_step(p, b, target, bg)
             clock.end("render")
@@ -166,20 +242,26 @@ class SingleGPUTrainer(Trainer):
             grad = ns.rasterize_backward(p, b, r, d_img, backend=self.backend)
             clock.end("backward")
         ns.project_backward(g, p, grad, model.grad_gaussians, accumulate=False, backend=self.backend)
-        self._progress_view = (image, target)
         self.add_strategy_gradients()  # on top of what the backward wrote
         strategy.after_backward(model, self.strategy_state, self.step, p, grad, skip=b.overflow)
         clock.end("owner")
-        lr, cols = self.learning_rates()
         visible = p.counts > 0 if c.visible_adam else None
-        model.adam.step(model.grads.data, cols, visible, skip=b.overflow)
-        self.step += 1
-        events = strategy.after_optimizer(model, self.strategy_state, self.step, self.context(lr_means=lr["means"]))
-        if self._room is not None and events.get("opacity_reset"):
-            self._room.hold_totals()
-        clock.end("optimizer")
-        self.stats = clock.stats()
-        return loss, events
+        model.adam.update(model.grads.data, visible, skip=b.overflow)
+        return image, loss, (b.n_isect if room is None else None)
+
+    def _graphs_now(self, timed):
+        """The step graphs where this step may use one: on a GPU with ``cfg.step_graphs`` on, binning
+        into room, the global loss (the tile loss draws its arrangements on the host), no colour
+        correction or random background (a step's own host values), and not a timed step (its
+        phases are synced).  None otherwise."""
+        c = self.cfg
+        if self._graphs is None:
+            wanted = (c.step_graphs == "on" and _backend.on_gpu(self.backend) and self.binning_room is not False
+                      and c.loss != "tile" and self.appearance is None and not c.random_background)
+            if not wanted:
+                return None
+            self._graphs = StepGraphs()
+        return None if timed else self._graphs
 
     def _tile_loss_step(self, p, b, target, bg):
         """Rasterize, tile-local loss and raster backward (ByteSplat's fused kernel on GPUs).

@@ -139,6 +139,8 @@ class TrainConfig:
     appearance: bool = False          # a per-image affine colour correction that the loss sees, for captures
                                       # whose exposure varies (engine/appearance.py; not for held-out views)
     lr_appearance: float = 1e-3       # the learning rate of the colour corrections
+    step_graphs: str = "on"           # on a GPU, a single process replays each view's step as a CUDA graph
+                                      # (engine/step_graphs.py): one launch where Python queued ~35
     targets: str = "auto"             # the training images on the GPU: float32, or uint8 (a quarter of the
                                       # memory, rounded to 8 bits: exact for 8-bit images the loader left as
                                       # they were); auto: uint8 where float32 would take over an

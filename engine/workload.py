@@ -177,10 +177,11 @@ class Workload:
         return any(prev < s <= step for s in self._schedule[1])
 
     # ------------------------------------------------------------------ the view level
-    def cull(self, p, g, state, view, backend):
+    def cull(self, p, g, state, view, backend, sample=True):
         """Hide from ``p``, the projection for training view ``view`` of the Gaussians ``g`` (a model
         or a shard, ``state`` its strategy state), those that its mask or the LOD gate skips
-        (``ns.cull``: in place, no sync).  -> ``p``."""
+        (``ns.cull``: in place, no sync).  ``sample``: the view may be counted in ``drawn_per_view``
+        (not in a step graph, whose replays would not count).  -> ``p``."""
         if not self.on:
             return p
         if self.culls:
@@ -188,6 +189,8 @@ class Workload:
             if skip is not None and len(skip) != len(g):
                 skip = None  # (no pass has scored these rows yet)
             ns.cull(p, g, skip, view, self.lod_px, backend)
+        if not sample:
+            return p
         if self._seen % DRAWN_SAMPLE_EVERY == 0:  # a sample of the views: the count costs two launches
             self._drawn = self._drawn + _backend.array_module_of(p.counts).count_nonzero(p.counts)  # read at the log
             self._views += 1

@@ -120,10 +120,8 @@ class HostCopy:
         if into is not None and (into.shape != a.shape or into.dtype != a.dtype):
             raise ValueError(f"HostCopy: into is {into.dtype}{into.shape}, the array {a.dtype}{a.shape}")
         self._host = pinned_empty(a.shape, a.dtype) if into is None else into
-        stream = cupy.cuda.get_current_stream()
-        cupy.cuda.runtime.memcpyAsync(self._host.ctypes.data, a.data.ptr, a.nbytes,
-                                      cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
-        self._event = stream.record()
+        queue_to_host(a, self._host)
+        self._event = cupy.cuda.get_current_stream().record()
         self._source = a  # kept until the copy is done
 
     def get(self):
@@ -132,6 +130,68 @@ class HostCopy:
             self._event.synchronize()
             self._event = self._source = None
         return self._host
+
+
+class DeviceValues:
+    """A small device array that the host rewrites every step without a sync, at a fixed address
+    (a captured step graph reads it there: ``engine.step_graphs``).  ``write(values)`` queues a
+    copy from one of ``SLOTS`` page-locked buffers, each reused only once its last copy is done
+    (an upload from pageable memory may wait for the GPU to idle; a new array each step would
+    move).  A numpy array on the CPU backend and in the simulator, written in place."""
+    SLOTS = 8
+
+    def __init__(self, n, dtype=np.float32, backend=None):
+        self.array = array_module(backend).zeros(n, dtype)
+        self._device = is_device(self.array)
+        if self._device:
+            self._slots = [None] * self.SLOTS  # made at their first use
+            self._done = [None] * self.SLOTS
+            self._next = 0
+
+    def write(self, values):
+        """Queue ``values`` (n of them) into ``array`` on the current stream; -> ``array``."""
+        if not self._device:
+            self.array[...] = values
+            return self.array
+        import cupy
+        k = self._next
+        self._next = (k + 1) % self.SLOTS
+        if self._done[k] is not None:
+            self._done[k].synchronize()
+        if self._slots[k] is None:
+            self._slots[k] = pinned_empty(self.array.shape, self.array.dtype)
+        slot = self._slots[k]
+        slot[...] = values
+        stream = cupy.cuda.get_current_stream()
+        cupy.cuda.runtime.memcpyAsync(self.array.data.ptr, slot.ctypes.data, slot.nbytes,
+                                      cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
+        self._done[k] = stream.record()
+        return self.array
+
+
+def queue_to_host(a, into):
+    """Queue the copy of the contiguous array ``a`` into the host array ``into`` (page-locked, of its
+    shape and dtype) on the current stream; a plain copy for numpy."""
+    if not is_device(a):
+        into[...] = a
+        return
+    import cupy
+    cupy.cuda.runtime.memcpyAsync(into.ctypes.data, a.data.ptr, a.nbytes, cupy.cuda.runtime.memcpyDeviceToHost,
+                                  cupy.cuda.get_current_stream().ptr)
+
+
+def stream_event():
+    """An event recorded now on the current stream (None on the CPU and in the simulator):
+    ``.synchronize()`` waits for what was queued before it."""
+    if not on_gpu():
+        return None
+    import cupy
+    return cupy.cuda.get_current_stream().record()
+
+
+def address(a):
+    """Where the data of ``a`` (a device or a numpy array) starts."""
+    return a.data.ptr if is_device(a) else a.__array_interface__["data"][0]
 
 
 def pinned_empty(shape, dtype=np.float32):

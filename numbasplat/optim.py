@@ -168,25 +168,40 @@ class Adam:
             self.v = xp.zeros(self.params.data.shape, self.params.data.dtype)
         self.step_count = 0
         self._layout = None
+        self._scalars = None  # the step's per-column rates and bias corrections, at a fixed device address
         self._no_skip = xp.zeros(1, np.int32)
         self._no_mask = xp.ones(1, np.bool_)  # the visible mask's argument where there is none
 
-    def step(self, grads, lr_columns, visible=None, skip=None):
-        """One update; ``grads`` is a flat buffer like ``params.data``; ``visible`` an (N,) bool mask.
-        ``skip``: a (1,) int32 device flag; where it is set the device leaves parameters and moments
-        as they are (a step whose render was cut short, known only on the device: no sync)."""
-        xp = _backend.array_module(self.backend)
-        p = self.params
-        if self._layout is None:
-            self._layout = tuple(xp.asarray(a) for a in p.layout(lr_columns))
+    def set_step(self, lr_columns):
+        """Count a step and write its learning rates (per column) and bias corrections to the device,
+        where ``update`` reads them: a step graph (``engine.step_graphs``) captures ``update``, and
+        replays it with each step's values."""
         self.step_count += 1
         t = self.step_count
-        lrs = xp.asarray(np.asarray(lr_columns, np.float32))
+        values = np.concatenate([np.asarray(lr_columns, np.float32), [1 - self.b1 ** t, 1 - self.b2 ** t]])
+        if self._scalars is None or self._scalars.array.shape != values.shape:
+            self._scalars = _backend.DeviceValues(len(values), np.float32, self.backend)
+        self._scalars.write(values)
+
+    def step(self, grads, lr_columns, visible=None, skip=None):
+        """One update (``set_step`` then ``update``)."""
+        self.set_step(lr_columns)
+        self.update(grads, visible, skip)
+
+    def update(self, grads, visible=None, skip=None):
+        """The update of the step ``set_step`` wrote; ``grads`` is a flat buffer like ``params.data``;
+        ``visible`` an (N,) bool mask.  ``skip``: a (1,) int32 device flag; where it is set the device
+        leaves parameters and moments as they are (a step whose render was cut short, known only on
+        the device: no sync)."""
+        xp = _backend.array_module(self.backend)
+        p = self.params
+        scalars = self._scalars.array
+        if self._layout is None:
+            self._layout = tuple(xp.asarray(a) for a in p.layout(scalars[:-2]))
         use_visible = visible is not None
         vis = visible if use_visible else self._no_mask
-        args = (p.data, grads, self.m, self.v, *self._layout, lrs, vis, use_visible,
+        args = (p.data, grads, self.m, self.v, *self._layout, scalars[:-2], vis, use_visible,
                 self._no_skip if skip is None else skip,
-                np.float32(self.b1), np.float32(self.b2), np.float32(self.eps),
-                np.float32(1 - self.b1 ** t), np.float32(1 - self.b2 ** t))
+                np.float32(self.b1), np.float32(self.b2), np.float32(self.eps), scalars[-2:])
         if p.size:
             _backend.kernels(self.backend).adam(*args)

@@ -32,10 +32,10 @@ class CountingRoom(BinningRoom):
         self.slots = self.found = self.binnings = 0
         self.overflow_steps = []
 
-    def bin(self, p, view, backend=None):
-        b = super().bin(p, view, backend)
+    def plan(self, view, gaussians):
+        room = super().plan(view, gaussians)
         self.binnings += 1
-        return b
+        return room
 
     def settle(self):
         pending, before = self.pending, self.overflows

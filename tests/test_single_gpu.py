@@ -104,9 +104,9 @@ class _OnceTooSmall(BinningRoom):
             return 1
         return super().room(view, gaussians)
 
-    def bin(self, p, view, backend=None):
+    def plan(self, view, gaussians):
         self.binned.append(view)
-        return super().bin(p, view, backend)
+        return super().plan(view, gaussians)
 
 
 def test_a_skipped_view_trains_again_a_step_later(dataset, tmp_path):

@@ -17,15 +17,16 @@ _adam_lr = cuda.jit(device=True, inline=True)(adam_lr)
 
 
 @kernel(F1, F1, F1, F1, I1, I1, I1, F1, "boolean[::1]", "boolean", I1,
-        "float32", "float32", "float32", "float32", "float32", fastmath=True)
-def _adam_kernel(params, grads, m, v, bounds, widths, col0, lrs, visible, use_visible, skip, b1, b2, eps, bc1, bc2):
+        "float32", "float32", "float32", F1, fastmath=True)
+def _adam_kernel(params, grads, m, v, bounds, widths, col0, lrs, visible, use_visible, skip, b1, b2, eps, corrections):
     """Adam streams 28 bytes per element, so it is bound by its instructions unless they are
     few: fast division and square root (within 1e-6 of the CPU's), no division by a variable."""
     i = int32(cuda.grid(1))
     if i < params.shape[0] and skip[0] == 0:
         lr = _adam_lr(i, bounds, widths, col0, lrs, visible, use_visible)
         if lr >= ZERO:
-            params[i], m[i], v[i] = adam_update(params[i], grads[i], m[i], v[i], lr, b1, b2, eps, bc1, bc2)
+            params[i], m[i], v[i] = adam_update(params[i], grads[i], m[i], v[i], lr, b1, b2, eps,
+                                                  corrections[0], corrections[1])
 
 
 def adam(params, *args):

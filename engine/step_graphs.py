@@ -1,0 +1,97 @@
+"""CUDA graphs of the single-GPU training step: the host queues a whole step in one launch.
+
+A step of fern's size is bound by its host: Python queues some 35 launches and array calls in
+more time than the device takes to run them (BENCHMARKS.md, BlitzGS).  From one step of a view to
+the next while the model keeps its size, the step's device work is the same launches with the
+same arguments: what changes each step (the learning rates, Adam's bias corrections) the host
+writes to device memory that the step reads (``Adam.set_step``).  So ``StepGraphs`` runs a view's
+first step since its key changed as usual, captures its next into a CUDA graph
+(``cudaStreamBeginCapture``) and launches it, and replays that graph at every later step of the
+view: one launch in place of the step's Python.
+
+A graph keeps the addresses it was captured with.  The step's scratch arrays then come from a
+memory pool of the graphs' own, which nothing else allocates from; every view's graph shares it
+(one stream runs them one at a time).  What a graph's step returns (the loss) stays allocated
+with it, for the host to read after a replay.  The arrays a step reads and writes in
+place (the model, its gradients, Adam's moments and values, the strategy's statistics, the
+targets, the cameras) stay where they are while the key holds: the key names the Gaussians, the
+SH degree and those arrays' addresses, and the trainer drops every graph when the model or the
+strategy state changes (``clear``).  A view's room for its tile intersections
+(``single_gpu.BinningRoom``) is fixed in its graph: the graph is captured again when the view's
+room no longer fits.
+
+On the CPU backend and in the simulator there are no graphs: ``StepGraphs(simulate=True)``
+(tests) replays the captured call itself, so that a test sees the trainer's host work split from
+its device work as a real graph would need it.
+"""
+import time
+from dataclasses import dataclass
+
+from numbasplat import backend as _backend
+
+
+@dataclass
+class _Entry:
+    key: tuple
+    room: object = None     # the binning room the graph was captured with
+    graph: object = None    # a cupy.cuda.graph.Graph, or (simulate) the captured call
+    outputs: object = None  # what the captured step returned, kept allocated with the graph
+
+
+class StepGraphs:
+    """Per training view, the step's device work as a CUDA graph (see the module's docstring)."""
+
+    def __init__(self, simulate=False):
+        self.simulate = simulate
+        self._entries = {}
+        self._pool = self._stream = None
+        self.captures = self.replays = 0
+        self.capture_seconds = 0.0  # the host's time capturing (the captured steps' own work included)
+
+    def clear(self):
+        """Drop every graph (the model or the strategy state changed) and the scratch they shared."""
+        self._entries.clear()
+        if self._pool is not None:
+            self._pool.free_all_blocks()
+
+    def run(self, view, key, room, fits, step):
+        """``view``'s step: ``step(room, captured)`` -> its outputs (device arrays), called as is the
+        first time for ``key``, captured and launched the next, replayed after while ``fits(room)``
+        holds for the room it was captured with (``room``: the view's room now).  -> (outputs, the
+        room the step binned into)."""
+        e = self._entries.get(view)
+        if e is None or e.key != key or room is None:
+            self._entries[view] = _Entry(key)
+            return step(room, False), room
+        if e.graph is None or not fits(e.room):
+            t0 = time.perf_counter()
+            e.room, e.graph, e.outputs = room, *self._capture(lambda: step(room, True))
+            self.capture_seconds += time.perf_counter() - t0
+            self.captures += 1
+        else:
+            self.replays += 1
+        if self.simulate:
+            e.outputs = e.graph()
+        else:
+            e.graph.launch(self._stream)
+        return e.outputs, e.room
+
+    def _capture(self, call):
+        if self.simulate:
+            return call, None  # (the outputs come from each replay)
+        import cupy
+        if self._pool is None:
+            self._pool = cupy.cuda.MemoryPool()
+            self._stream = cupy.cuda.Stream()  # blocking: ordered with the default stream's work
+        with self._stream, cupy.cuda.using_allocator(self._pool.malloc):
+            self._stream.begin_capture(cupy.cuda.runtime.streamCaptureModeRelaxed)
+            try:
+                outputs = call()
+            finally:
+                graph = self._stream.end_capture()
+        return graph, outputs
+
+
+def array_key(arrays):
+    """The addresses and shapes of ``arrays``: a graph that reads or writes them holds while these do."""
+    return tuple((_backend.address(a), a.shape) for a in arrays)

@@ -1,0 +1,76 @@
+"""Step graphs on a GPU (engine/step_graphs.py): training with each view's step replayed from a
+CUDA graph against training without, from the same start and seed.
+
+The backward's float atomics make two runs of the same training differ in their last bits, and
+training grows the difference; so the graphed run's distance from a plain run is compared with a
+second plain run's distance from the first (the noise floor), and so are their test PSNRs.  The
+runs densify and reset the opacities, so the graphs are dropped and captured again on the way.
+GPU only: the simulator has no graphs (tests/test_step_graphs.py checks the trainer's side).
+
+    python tests/check_cuda_graphs.py [--data DIR [--images images_8]] [--steps 1500]
+"""
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.single_gpu import SingleGPUTrainer  # noqa: E402
+from engine.trainer import TrainConfig  # noqa: E402
+from numbasplat.backend import to_host  # noqa: E402
+
+
+def trained(data, graphs, steps, out):
+    cfg = TrainConfig(iterations=steps, step_graphs="on" if graphs else "off", snapshot_every=0, log_every=100,
+                      background=(1.0, 1.0, 1.0))
+    t = SingleGPUTrainer(data, out, cfg)
+    t.strategy.refine_start, t.strategy.refine_every, t.strategy.reset_every = 200, 100, steps // 2
+    t.init_model()
+    t.train(progress=False)
+    params = {k: to_host(a) for k, a in t.model.gaussians.arrays().items()}
+    return t, params, t.evaluate(lpips=False)["psnr"]
+
+
+def distance(a, b):
+    """The largest relative difference over the parameter groups (None: different sizes)."""
+    if len(a["means"]) != len(b["means"]):
+        return None
+    return max(float(np.linalg.norm(a[k] - b[k]) / max(np.linalg.norm(b[k]), 1e-12)) for k in a)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", help="a capture (default: the built-in demo scene, 64x64)")
+    ap.add_argument("--images", default=None)
+    ap.add_argument("--steps", type=int, default=1500)
+    a = ap.parse_args(argv)
+    if a.data:
+        from data import load_dataset
+        data = load_dataset(a.data, images=a.images, test_every=8)
+    else:
+        from engine.demo import make_dataset
+        data = make_dataset(size=64, n_views=24)
+    with tempfile.TemporaryDirectory() as tmp:
+        plain, p_params, p_psnr = trained(data, False, a.steps, Path(tmp) / "plain")
+        again, a_params, a_psnr = trained(data, False, a.steps, Path(tmp) / "again")
+        graphed, g_params, g_psnr = trained(data, True, a.steps, Path(tmp) / "graphs")
+    g = graphed._graphs
+    floor, d = distance(a_params, p_params), distance(g_params, p_params)
+    print(f"{a.steps} steps, {len(plain.model)} / {len(again.model)} / {len(graphed.model)} Gaussians at the end "
+          f"(plain, plain again, graphs); {g.captures} captures, {g.replays} replays")
+    print(f"test PSNR: plain {p_psnr:.3f}, plain again {a_psnr:.3f}, graphs {g_psnr:.3f} dB")
+    print(f"training: plain {plain.train_seconds:.2f} s, plain again {again.train_seconds:.2f} s, "
+          f"graphs {graphed.train_seconds:.2f} s")
+    print(f"parameters' distance from the plain run: plain again {floor}, graphs {d}")
+    ok = g.replays > 0 and abs(g_psnr - p_psnr) <= max(0.1, 3 * abs(a_psnr - p_psnr))
+    if d is not None and floor is not None:
+        ok = ok and d <= 3 * floor + 1e-5
+    print("step graphs: ok" if ok else "step graphs: FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

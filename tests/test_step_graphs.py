@@ -1,0 +1,71 @@
+"""Step graphs (engine/step_graphs.py) on the CPU: the single-GPU trainer's host work split from
+its device work so that a replayed step trains as a step run as usual, and when a graph is
+captured, replayed, captured again and dropped.  The CUDA graphs themselves run on the GPU only
+(tests/check_cuda_graphs.py)."""
+import numpy as np
+
+from engine.single_gpu import BinningRoom, SingleGPUTrainer
+from engine.step_graphs import StepGraphs, array_key
+from test_trainer import dataset, small_config  # noqa: F401 (a fixture)
+
+
+def _trained(dataset, path, graphs):
+    """56 steps over the 10 views densifying from step 4 every 25, an opacity reset at 50, binning into room."""
+    t = SingleGPUTrainer(dataset, path, small_config(iterations=60), backend="cpu")
+    t.strategy.refine_start, t.strategy.refine_every, t.strategy.reset_every = 4, 25, 50
+    t.binning_room = True
+    if graphs:
+        t._graphs = StepGraphs(simulate=True)
+    t.init_model()
+    t.train(progress=False, until=56)
+    return t
+
+
+def test_replayed_steps_train_as_steps_run_as_usual(dataset, tmp_path):
+    """The same model to the bit, with the step of a view seen before replayed from its capture
+    (the call as captured, its view, room and SH degree fixed) wherever the key held."""
+    plain, graphed = _trained(dataset, tmp_path / "plain", False), _trained(dataset, tmp_path / "graphs", True)
+    assert graphed._graphs.captures > 0 and graphed._graphs.replays > 0
+    assert graphed.model.adam.step_count == plain.model.adam.step_count == 56
+    for k, a in plain.model.gaussians.arrays().items():
+        np.testing.assert_array_equal(graphed.model.gaussians.arrays()[k], a, err_msg=k)
+    for k, a in plain.strategy_state.items():
+        np.testing.assert_array_equal(graphed.strategy_state[k], a, err_msg=k)
+
+
+def test_a_graph_is_run_captured_replayed_and_captured_again():
+    """First sight of a key: run as is; the next: captured and launched; then replayed while the
+    room fits; captured again when it does not, when the key changes, and after ``clear``."""
+    calls = []
+    def step(room, captured):
+        calls.append((room, captured))
+        return len(calls)
+    graphs = StepGraphs(simulate=True)
+    fits = lambda room: room >= 10  # noqa: E731
+    assert graphs.run(0, "k", 10, fits, step) == (1, 10) and calls[-1] == (10, False)
+    assert graphs.run(0, "k", 12, fits, step) == (2, 12) and graphs.captures == 1
+    assert graphs.run(0, "k", 11, fits, step) == (3, 12) and graphs.replays == 1  # the captured room
+    assert calls[-1] == (12, True)
+    fits = lambda room: room >= 20  # noqa: E731
+    assert graphs.run(0, "k", 25, fits, step) == (4, 25) and graphs.captures == 2
+    assert graphs.run(0, "other", 25, fits, step) == (5, 25) and calls[-1] == (25, False)
+    assert graphs.run(1, "k", None, fits, step) == (6, None) and calls[-1] == (None, False)  # no room: as is
+    graphs.clear()
+    assert graphs.run(0, "other", 25, fits, step) == (7, 25) and calls[-1] == (25, False)
+    assert graphs.captures == 2 and graphs.replays == 1
+
+
+def test_room_fits_while_it_leaves_half_the_margin_and_the_slack():
+    room = BinningRoom()
+    room.last = {0: (1000, 100)}
+    half = 1 + (room.MARGIN - 1) / 2
+    assert room.fits(0, 100, int(half * 1000) + room.SLACK) and not room.fits(0, 100, int(half * 1000) - 1 + room.SLACK)
+    assert room.fits(0, 100, room.room(0, 100))  # a room as given fits
+    assert not room.fits(0, 200, int(half * 1000) + room.SLACK)  # the model doubled since: so does the total
+    assert not room.fits(1, 100, 10**9)  # a view never binned bins exactly
+
+
+def test_array_key_follows_address_and_shape():
+    a = np.zeros(8, np.float32)
+    assert array_key([a]) == array_key([a]) != array_key([a.copy()])
+    assert array_key([a]) != array_key([a[:4]])
