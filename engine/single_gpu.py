@@ -153,6 +153,9 @@ class SingleGPUTrainer(Trainer):
         if self._graphs is not None:
             extra.update(graph_replays=self._graphs.replays, graph_captures=self._graphs.captures,
                          graph_capture_seconds=round(self._graphs.capture_seconds, 3))
+            if self._graphs.failures:
+                extra.update(graph_capture_failures=self._graphs.failures,
+                             graph_capture_failure=self._graphs.last_failure)
         if self._room is not None:
             self._room.settle()
             if self._room.overflows:
@@ -193,7 +196,7 @@ class SingleGPUTrainer(Trainer):
         step = lambda room, captured: self._device_step(i, bg, degree, room, roomed, clock, sample=not captured)  # noqa: E731
         graphs = self._graphs_now(timed)
         if graphs is None:
-            (image, loss, total), room = step(room, False), room
+            image, loss, total = step(room, False)
         else:
             key = (len(model), degree, self.step >= getattr(strategy, "refine_stop", 0), bg.tobytes(),
                    array_key([model.params.data, model.grads.data, model.adam.m, model.adam.v,
@@ -216,8 +219,8 @@ class SingleGPUTrainer(Trainer):
 
     def _device_step(self, i, bg, degree, room, roomed, clock, sample=True):
         """View ``i``'s render, loss, backward, the strategy's statistics and Adam's update, on the
-        device alone: nothing here reads a device value or changes the host's state, so that a step
-        graph can replay it (``room``, ``roomed``: ``_room_for``'s; ``sample``: the workload may count
+        device alone: nothing here reads a device value or changes the host's state (but the tile
+        loss's statistics, a loss never captured), so that a step graph can replay it (``room``, ``roomed``: ``_room_for``'s; ``sample``: the workload may count
         the Gaussians drawn).  -> (the render, the loss, the intersections of an exact binning)."""
         c, model, strategy = self.cfg, self.model, self.strategy
         g = model.gaussians

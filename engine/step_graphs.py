@@ -18,7 +18,9 @@ targets, the cameras) stay where they are while the key holds: the key names the
 SH degree and those arrays' addresses, and the trainer drops every graph when the model or the
 strategy state changes (``clear``).  A view's room for its tile intersections
 (``single_gpu.BinningRoom``) is fixed in its graph: the graph is captured again when the view's
-room no longer fits.
+room no longer fits.  A step that cannot be captured (one that would upload from the host, such
+as a camera the constants' cache let go) runs as usual until its key changes, and the log says
+why (``graph_capture_failures``).
 
 On the CPU backend and in the simulator there are no graphs: ``StepGraphs(simulate=True)``
 (tests) replays the captured call itself, so that a test sees the trainer's host work split from
@@ -36,6 +38,7 @@ class _Entry:
     room: object = None     # the binning room the graph was captured with
     graph: object = None    # a cupy.cuda.graph.Graph, or (simulate) the captured call
     outputs: object = None  # what the captured step returned, kept allocated with the graph
+    uncapturable: bool = False  # its capture failed: run as usual until the key changes
 
 
 class StepGraphs:
@@ -47,6 +50,7 @@ class StepGraphs:
         self._pool = self._stream = None
         self.captures = self.replays = 0
         self.capture_seconds = 0.0  # the host's time capturing (the captured steps' own work included)
+        self.failures, self.last_failure = 0, None  # captures that failed (their steps ran as usual), and why
 
     def clear(self):
         """Drop every graph (the model or the strategy state changed) and the scratch they shared."""
@@ -60,13 +64,21 @@ class StepGraphs:
         holds for the room it was captured with (``room``: the view's room now).  -> (outputs, the
         room the step binned into)."""
         e = self._entries.get(view)
-        if e is None or e.key != key or room is None:
-            self._entries[view] = _Entry(key)
+        if e is None or e.key != key or room is None or e.uncapturable:
+            if e is None or e.key != key:
+                self._entries[view] = _Entry(key)
             return step(room, False), room
         if e.graph is None or not fits(e.room):
             t0 = time.perf_counter()
-            e.room, e.graph, e.outputs = room, *self._capture(lambda: step(room, True))
+            try:
+                e.room, e.graph, e.outputs = room, *self._capture(lambda: step(room, True))
+            except Exception as error:  # noqa: BLE001 (run as usual: a real error raises again there)
+                e.graph, e.outputs, e.uncapturable = None, None, True
+                self.failures += 1
+                self.last_failure = f"{type(error).__name__}: {error}"
             self.capture_seconds += time.perf_counter() - t0
+            if e.uncapturable:
+                return step(room, False), room
             self.captures += 1
         else:
             self.replays += 1

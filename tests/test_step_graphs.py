@@ -69,3 +69,20 @@ def test_array_key_follows_address_and_shape():
     a = np.zeros(8, np.float32)
     assert array_key([a]) == array_key([a]) != array_key([a.copy()])
     assert array_key([a]) != array_key([a[:4]])
+
+
+def test_a_step_that_cannot_be_captured_runs_as_usual_until_its_key_changes():
+    calls = []
+    def step(room, captured):
+        if captured:
+            raise RuntimeError("the current stream is capturing, so H2D transfers are disallowed")
+        calls.append(room)
+        return len(calls)
+    graphs = StepGraphs(simulate=True)
+    graphs._capture = lambda call: call()  # a capture that runs the step, as a real one records it
+    fits = lambda room: True  # noqa: E731
+    assert [graphs.run(0, "k", 10, fits, step)[0] for _ in range(3)] == [1, 2, 3]
+    assert graphs.failures == 1 and "H2D" in graphs.last_failure and graphs.captures == 0
+    graphs.run(0, "new", 10, fits, step)
+    graphs.run(0, "new", 10, fits, step)
+    assert graphs.failures == 2 and len(calls) == 5
