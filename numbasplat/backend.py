@@ -137,16 +137,15 @@ class DeviceValues:
     (a captured step graph reads it there: ``engine.step_graphs``).  ``write(values)`` queues a
     copy from one of ``SLOTS`` page-locked buffers, each reused only once its last copy is done
     (an upload from pageable memory may wait for the GPU to idle; a new array each step would
-    move).  A numpy array on the CPU backend and in the simulator, written in place."""
+    move).  The buffers are shared by every instance of a size and kept for the process, so that
+    an instance dropped while its copy is queued (a working model's Adam) leaves the buffer alone.
+    A numpy array on the CPU backend and in the simulator, written in place."""
     SLOTS = 8
+    _rings = {}  # (size, dtype) -> [slots, the event after each slot's last copy, the next slot]
 
     def __init__(self, n, dtype=np.float32, backend=None):
         self.array = array_module(backend).zeros(n, dtype)
         self._device = is_device(self.array)
-        if self._device:
-            self._slots = [None] * self.SLOTS  # made at their first use
-            self._done = [None] * self.SLOTS
-            self._next = 0
 
     def write(self, values):
         """Queue ``values`` (n of them) into ``array`` on the current stream; -> ``array``."""
@@ -154,19 +153,20 @@ class DeviceValues:
             self.array[...] = values
             return self.array
         import cupy
-        k = self._next
-        self._next = (k + 1) % self.SLOTS
-        if self._done[k] is not None:
-            self._done[k].synchronize()
-        if self._slots[k] is None:
-            self._slots[k] = pinned_empty(self.array.shape, self.array.dtype)
-        slot = self._slots[k]
-        slot[...] = values
+        a = self.array
+        ring = self._rings.setdefault((a.size, a.dtype.str), [[None] * self.SLOTS, [None] * self.SLOTS, 0])
+        slots, done, k = ring
+        ring[2] = (k + 1) % self.SLOTS
+        if done[k] is not None:
+            done[k].synchronize()
+        if slots[k] is None:
+            slots[k] = pinned_empty(a.shape, a.dtype)
+        slots[k][...] = values
         stream = cupy.cuda.get_current_stream()
-        cupy.cuda.runtime.memcpyAsync(self.array.data.ptr, slot.ctypes.data, slot.nbytes,
-                                      cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
-        self._done[k] = stream.record()
-        return self.array
+        cupy.cuda.runtime.memcpyAsync(a.data.ptr, slots[k].ctypes.data, a.nbytes, cupy.cuda.runtime.memcpyHostToDevice,
+                                      stream.ptr)
+        done[k] = stream.record()
+        return a
 
 
 def queue_to_host(a, into):

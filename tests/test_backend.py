@@ -45,6 +45,14 @@ def test_device_helpers_on_the_cpu():
     assert not backend.is_device(a) and backend.array_module_of(a) is np
     assert backend.HostCopy(a).get() is a
     assert backend.kernels("cpu").launch_count() is None
+    into = np.empty(3)
+    backend.queue_to_host(a, into)
+    assert (into == a).all() and backend.stream_event() is None and backend.address(a) == a.ctypes.data
+    values = backend.DeviceValues(2, np.float32, "cpu")
+    where = backend.address(values.array)
+    for step in range(3):  # rewritten in place, where a step graph would read it
+        assert values.write([step, -step]) is values.array and backend.address(values.array) == where
+        assert values.array.tolist() == [step, -step]
 
 
 @pytest.mark.sim
