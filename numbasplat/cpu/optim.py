@@ -16,7 +16,7 @@ _adam_lr = njit(inline="always")(adam_lr)
 def adam(params, grads, m, v, bounds, widths, col0, lrs, visible, use_visible, skip, b1, b2, eps, corrections):
     """One Adam step of every element of ``params``: ``bounds``, ``widths``, ``col0`` are the
     layout of ``FlatParams``, ``lrs`` the per-column rates, ``corrections`` the two bias
-    corrections (arrays on the device, so that a captured step reads each step's: ``Adam.step``);
+    corrections (arrays on the device, so that a captured step reads each step's: ``Adam.set_step``);
     none where skip[0] is set."""
     if skip[0] != 0:
         return
