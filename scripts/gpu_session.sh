@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|graphsab [S]|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -604,6 +604,12 @@ traintimeline)  # issues 22 and 27: CUPTI timelines of fern's training itself (s
         grep -a -A13 "^timeline" "$R/tl_$tree.txt"; grep -a -i "error" "$R/tl_$tree.txt" | tail -2
         rm -rf "$R/tl_$tree"/{snapshot.h5,test_renders,point_cloud}
     done ;;
+graphsab)  # issues 22 and 27: step graphs off against on (engine/step_graphs.py), fern at ITERS (default 30000), seed
+    # S (default 0), one at a time after a compiling warm-up; then the GPU check of graphed against plain training
+    train warm 700 "${FERN[@]}"
+    for g in off on; do train "fern_graphs_$g" "${ITERS:-30000}" "${FERN[@]}" --seed "${2:-0}" --step-graphs $g; done
+    python3 scripts/workload_summary.py "$R"/fern_graphs_*
+    python3 tests/check_cuda_graphs.py | grep -v "^model:" ;;
 fernab)  # issues 22 and 27: fern 7k training end to end, this tree against OLD (an older checkout in a folder here,
     # the data shared), interleaved, ROUNDS times (default 2): time, PSNR and the steps skipped for binning room
     old=${OLD:?OLD=folder of the older checkout}; top=$PWD; R=$(cd "$R" && pwd)
