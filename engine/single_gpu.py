@@ -203,6 +203,7 @@ class SingleGPUTrainer(Trainer):
                               *self.strategy_state.values()]))
             kept = lambda room, captured: (None, *step(room, captured)[1:]) if captured else step(room, False)  # noqa: E731
             (image, loss, total), room = graphs.run(i, key, room, lambda r: self._room.fits(i, len(model), r), kept)
+            loss = loss.again()  # (the graph keeps its loss unread: each replay's is read from its sums)
         if roomed:
             self._room.record(i, len(model), room, total)
         if image is not None:  # (a graph keeps its loss, not its render: the last step run as usual shows)

@@ -66,6 +66,13 @@ class LazyLoss:
     def __init__(self, partials, finish):
         self._partials, self._finish, self._value = partials, finish, None
 
+    def again(self):
+        """A loss over the same partial sums, not yet read: a step graph writes them again at each
+        replay (``engine.step_graphs``), and each replay's loss is read from them afresh."""
+        if self._partials is None:
+            raise RuntimeError("LazyLoss.again: this loss was read, and its partial sums let go")
+        return LazyLoss(self._partials, self._finish)
+
     def __float__(self):
         if self._value is None:
             self._value = float(self._finish(_backend.to_host(self._partials).astype(np.float64)))

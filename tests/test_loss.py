@@ -139,6 +139,19 @@ def test_lazy_loss_reads_the_same_value():
         np.testing.assert_array_equal(d_lazy, d)
 
 
+def test_lazy_loss_again_reads_its_sums_afresh():
+    """A step graph's kept loss: each ``again()`` reads the partial sums as they are then; a loss
+    already read has let them go."""
+    partials = np.array([[1.0, 2.0], [3.0, 4.0]])
+    kept = loss.LazyLoss(partials, lambda sums: sums.sum())
+    first = kept.again()
+    assert float(first) == 10.0
+    partials[0, 0] = 11.0  # the next replay's sums
+    assert float(kept.again()) == 20.0 and float(first) == 10.0
+    with pytest.raises(RuntimeError, match="read"):
+        first.again()
+
+
 def test_psnr():
     img, gt = make_pair(12, 10, np.float32, seed=5)
     mse = np.mean((img.astype(np.float64) - gt.astype(np.float64)) ** 2)
