@@ -9,15 +9,16 @@ from engine.step_graphs import StepGraphs, array_key
 from test_trainer import dataset, small_config  # noqa: F401 (a fixture)
 
 
-def _trained(dataset, path, graphs):
-    """56 steps over the 10 views densifying from step 4 every 25, an opacity reset at 50, binning into room."""
-    t = SingleGPUTrainer(dataset, path, small_config(iterations=60), backend="cpu")
-    t.strategy.refine_start, t.strategy.refine_every, t.strategy.reset_every = 4, 25, 50
+def _trained(dataset, path, graphs, until=56, refine_every=25, **settings):
+    """``until`` steps over the 10 views densifying from step 4 every ``refine_every``, an opacity reset
+    at 50, binning into room."""
+    t = SingleGPUTrainer(dataset, path, small_config(iterations=until + 4, **settings), backend="cpu")
+    t.strategy.refine_start, t.strategy.refine_every, t.strategy.reset_every = 4, refine_every, 50
     t.binning_room = True
     if graphs:
         t._graphs = StepGraphs(simulate=True)
     t.init_model()
-    t.train(progress=False, until=56)
+    t.train(progress=False, until=until)
     return t
 
 
@@ -31,6 +32,18 @@ def test_replayed_steps_train_as_steps_run_as_usual(dataset, tmp_path):
         np.testing.assert_array_equal(graphed.model.gaussians.arrays()[k], a, err_msg=k)
     for k, a in plain.strategy_state.items():
         np.testing.assert_array_equal(graphed.strategy_state[k], a, err_msg=k)
+
+
+def test_replayed_steps_with_every_blitzgs_switch_train_as_steps_run_as_usual(dataset, tmp_path):
+    """With importance passes (every 40 steps and near the end; each starts the trainer from its
+    result: the graphs are dropped), view masks and the LOD gate, 86 steps: the same model to the bit."""
+    blitz = dict(until=86, refine_every=100, importance_every=40, importance_prune=1e-4, view_masks="on",
+                 lod_min_px=0.5)
+    plain = _trained(dataset, tmp_path / "plain", False, **blitz)
+    graphed = _trained(dataset, tmp_path / "graphs", True, **blitz)
+    assert graphed.workload.seconds > 0 and graphed._graphs.replays > 0
+    for k, a in plain.model.gaussians.arrays().items():
+        np.testing.assert_array_equal(graphed.model.gaussians.arrays()[k], a, err_msg=k)
 
 
 def test_a_graph_is_run_captured_replayed_and_captured_again():
