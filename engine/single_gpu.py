@@ -193,7 +193,11 @@ class SingleGPUTrainer(Trainer):
         lr, cols = self.learning_rates()
         model.adam.set_step(cols)  # on the device, where the step's Adam reads them
         room, roomed = self._room_for(i)
-        step = lambda room, captured: self._device_step(i, bg, degree, room, roomed, clock, sample=not captured)  # noqa: E731
+
+        def step(room, captured):  # the device's part (a captured step keeps its loss, not its render)
+            image, loss, total = self._device_step(i, bg, degree, room, roomed, clock, sample=not captured)
+            return (None if captured else image), loss, total
+
         graphs = self._graphs_now(timed)
         if graphs is None:
             image, loss, total = step(room, False)
@@ -201,8 +205,8 @@ class SingleGPUTrainer(Trainer):
             key = (len(model), degree, self.step >= getattr(strategy, "refine_stop", 0), bg.tobytes(),
                    array_key([model.params.data, model.grads.data, model.adam.m, model.adam.v,
                               *self.strategy_state.values()]))
-            kept = lambda room, captured: (None, *step(room, captured)[1:]) if captured else step(room, False)  # noqa: E731
-            (image, loss, total), room = graphs.run(i, key, room, lambda r: self._room.fits(i, len(model), r), kept)
+            fits = lambda captured_room: self._room.fits(i, len(model), captured_room)  # noqa: E731
+            (image, loss, total), room = graphs.run(i, key, room, fits, step)
             loss = loss.again()  # (the graph keeps its loss unread: each replay's is read from its sums)
         if roomed:
             self._room.record(i, len(model), room, total)
@@ -221,8 +225,9 @@ class SingleGPUTrainer(Trainer):
     def _device_step(self, i, bg, degree, room, roomed, clock, sample=True):
         """View ``i``'s render, loss, backward, the strategy's statistics and Adam's update, on the
         device alone: nothing here reads a device value or changes the host's state (but the tile
-        loss's statistics, a loss never captured), so that a step graph can replay it (``room``, ``roomed``: ``_room_for``'s; ``sample``: the workload may count
-        the Gaussians drawn).  -> (the render, the loss, the intersections of an exact binning)."""
+        loss's statistics, a loss never captured), so that a step graph can replay it.  ``room``,
+        ``roomed``: ``_room_for``'s; ``sample``: the workload may count the Gaussians drawn.
+        -> (the render, the loss, the intersections of an exact binning)."""
         c, model, strategy = self.cfg, self.model, self.strategy
         g = model.gaussians
         target = self.targets[i]  # random_background changes the render only, as in 3DGS
