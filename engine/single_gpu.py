@@ -49,8 +49,9 @@ class BinningRoom:
         self.skipped = []    # views whose step was skipped, not yet trained again
         self._total = _backend.pinned_empty(1, np.int64)  # each step's total lands here (read before the next)
 
-    def room(self, view, gaussians):
-        """Slots for ``view``'s intersections with a model of ``gaussians`` (None: bin exactly)."""
+    def expected(self, view, gaussians):
+        """The intersections ``view`` is expected to have with a model of ``gaussians``: its last
+        total (and one held from before a reset), grown with the model since (None: never binned)."""
         if view not in self.last:
             return None
         def grown(total, then):  # a total taken with a model of ``then`` Gaussians, scaled to today's
@@ -58,7 +59,12 @@ class BinningRoom:
         total = grown(*self.last[view])
         if view in self.held:
             total = max(total, grown(*self.held[view][:2]))
-        return min(int(self.MARGIN * total) + self.SLACK, INT32_MAX)
+        return total
+
+    def room(self, view, gaussians):
+        """Slots for ``view``'s intersections with a model of ``gaussians`` (None: bin exactly)."""
+        total = self.expected(view, gaussians)
+        return None if total is None else min(int(self.MARGIN * total) + self.SLACK, INT32_MAX)
 
     def hold_totals(self):
         """After an opacity reset: each view's room keeps its total from before it for a while."""
@@ -67,13 +73,10 @@ class BinningRoom:
 
     def fits(self, view, gaussians, room):
         """Whether ``room`` slots (a step graph's: ``engine.step_graphs``) still hold the intersections
-        that ``room(view, gaussians)`` expects with half its margin and ``SLACK`` to spare (the whole
-        margin would capture the graph again at nearly every binning, none left more steps skipped)."""
-        wanted = self.room(view, gaussians)
-        if wanted is None:
-            return False
-        expected = (wanted - self.SLACK) / self.MARGIN
-        return room >= (1 + (self.MARGIN - 1) / 2) * expected + self.SLACK
+        ``expected`` with half the margin and ``SLACK`` to spare (the whole margin would capture the
+        graph again at nearly every binning, none would leave more steps skipped)."""
+        total = self.expected(view, gaussians)
+        return total is not None and room >= (1 + (self.MARGIN - 1) / 2) * total + self.SLACK
 
     def plan(self, view, gaussians):
         """Before binning ``view``: read the last step's total, count this binning against the held

@@ -64,9 +64,10 @@ class StepGraphs:
         holds for the room it was captured with (``room``: the view's room now).  -> (outputs, the
         room the step binned into)."""
         e = self._entries.get(view)
-        if e is None or e.key != key or room is None or e.uncapturable:
-            if e is None or e.key != key:
-                self._entries[view] = _Entry(key)
+        if e is None or e.key != key:
+            self._entries[view] = _Entry(key)
+            return step(room, False), room
+        if room is None or e.uncapturable:
             return step(room, False), room
         if e.graph is None or not fits(e.room):
             t0 = time.perf_counter()
