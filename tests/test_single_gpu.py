@@ -62,7 +62,7 @@ def test_room_holds_the_totals_from_before_an_opacity_reset():
     for _ in range(room.HOLD_VISITS):
         assert room.room(0, 100) == held
         assert room.room(0, 600) == int(room.MARGIN * 1000 * 6) + room.SLACK  # the model's growth since counts
-        room.held[0][2] -= 1  # what bin() does at each binning
+        room.held[0][2] -= 1  # what plan() does at each binning
         if not room.held[0][2]:
             del room.held[0]
     assert room.room(0, 100) == int(room.MARGIN * 200) + room.SLACK
