@@ -262,6 +262,10 @@ blitz)  # issue 27: BlitzGS's switches on lego and fern 7k, seed S: base (today'
     imp=(--importance-every 3000 --importance-prune "$imp_t"); masks=(--importance-every 3000 --view-masks on)
     lod=(--lod-min-px "$lod_px"); all=("${imp[@]}" --view-masks on "${lod[@]}"); visible=(--visible-adam)
     allva=("${all[@]}" --visible-adam)  # Adam over the rows a step drew alone: the fixed cost that dominates at 3 ms
+    # every switch but one (nolod, nomasks), or with a finer gate (allfine: LOD at LOD_FINE, default 0.25 px) or
+    # masks of what adds under 1e-6 alone (allm6): which switch costs lego its quality
+    nolod=("${imp[@]}" --view-masks on); nomasks=("${imp[@]}" "${lod[@]}")
+    allfine=("${imp[@]}" --view-masks on --lod-min-px "${LOD_FINE:-0.25}"); allm6=("${all[@]}" --view-mask-below 1e-6)
     # compiles the kernels before any timed run: the pass's (one at 500) and the densification's (from 500), on
     # the first of SCENES (so a call stages only the scenes it runs)
     scenes=${SCENES:-lego fern}; first=${scenes%% *}; args=${first^^}[@]
@@ -607,7 +611,7 @@ traintimeline)  # issues 22 and 27: CUPTI timelines of fern's training itself (s
 graphsab)  # issues 22 and 27: step graphs off against on (engine/step_graphs.py), fern at ITERS (default 30000), seed
     # S (default 0), one at a time after a compiling warm-up; then the GPU check of graphed against plain training
     train warm 700 "${FERN[@]}"
-    for g in off on; do train "fern_graphs_$g" "${ITERS:-30000}" "${FERN[@]}" --seed "${2:-0}" --step-graphs $g; done
+    for g in ${GRAPHS:-off on}; do train "fern_graphs_$g" "${ITERS:-30000}" "${FERN[@]}" --seed "${2:-0}" --step-graphs $g; done
     python3 scripts/workload_summary.py "$R"/fern_graphs_*
     python3 tests/check_cuda_graphs.py | grep -v "^model:" ;;
 fernab)  # issues 22 and 27: fern 7k training end to end, this tree against OLD (an older checkout in a folder here,
