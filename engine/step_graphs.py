@@ -5,9 +5,10 @@ more time than the device takes to run them (BENCHMARKS.md, BlitzGS).  From one 
 the next while the model keeps its size, the step's device work is the same launches with the
 same arguments: what changes each step (the learning rates, Adam's bias corrections) the host
 writes to device memory that the step reads (``Adam.set_step``).  So ``StepGraphs`` runs a view's
-first step since its key changed as usual, captures its next into a CUDA graph
-(``cudaStreamBeginCapture``) and launches it, and replays that graph at every later step of the
-view: one launch in place of the step's Python.
+very first step as usual (it compiles kernels and caches the view's constants on the device),
+captures its step into a CUDA graph (``cudaStreamBeginCapture``) and launches it whenever its key
+has changed since (a densification changes it every few visits), and replays that graph at every
+later step of the view: one launch in place of the step's Python.
 
 A graph keeps the addresses it was captured with.  The step's scratch arrays then come from a
 memory pool of the graphs' own, which nothing else allocates from; every view's graph shares it
@@ -47,6 +48,7 @@ class StepGraphs:
     def __init__(self, simulate=False):
         self.simulate = simulate
         self._entries = {}
+        self._seen = set()  # the views stepped once as usual (their next steps may be captured)
         self._pool = self._stream = None
         self.captures = self.replays = 0
         self.capture_seconds = 0.0  # the host's time capturing (the captured steps' own work included)
@@ -60,13 +62,15 @@ class StepGraphs:
 
     def run(self, view, key, room, fits, step):
         """``view``'s step: ``step(room, captured)`` -> its outputs (device arrays), called as is the
-        first time for ``key``, captured and launched the next, replayed after while ``fits(room)``
-        holds for the room it was captured with (``room``: the view's room now).  -> (outputs, the
-        room the step binned into)."""
+        view's first time, captured and launched at its first step with ``key``, replayed after while
+        ``fits(room)`` holds for the room it was captured with (``room``: the view's room now).
+        -> (outputs, the room the step binned into)."""
+        if view not in self._seen:
+            self._seen.add(view)
+            return step(room, False), room
         e = self._entries.get(view)
         if e is None or e.key != key:
-            self._entries[view] = _Entry(key)
-            return step(room, False), room
+            self._entries[view] = e = _Entry(key)
         if room is None or e.uncapturable:
             return step(room, False), room
         if e.graph is None or not fits(e.room):

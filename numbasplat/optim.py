@@ -182,6 +182,9 @@ class Adam:
         if self._scalars is None or self._scalars.array.shape != values.shape:
             self._scalars = _backend.DeviceValues(len(values), np.float32, self.backend)
         self._scalars.write(values)
+        if self._layout is None:  # (here, not in ``update``: a captured update cannot upload it)
+            xp = _backend.array_module(self.backend)
+            self._layout = tuple(xp.asarray(a) for a in self.params.layout(lr_columns))
 
     def step(self, grads, lr_columns, visible=None, skip=None):
         """One update (``set_step`` then ``update``)."""
@@ -193,11 +196,8 @@ class Adam:
         ``visible`` an (N,) bool mask.  ``skip``: a (1,) int32 device flag; where it is set the device
         leaves parameters and moments as they are (a step whose render was cut short, known only on
         the device: no sync)."""
-        xp = _backend.array_module(self.backend)
         p = self.params
         scalars = self._scalars.array
-        if self._layout is None:
-            self._layout = tuple(xp.asarray(a) for a in p.layout(scalars[:-2]))
         use_visible = visible is not None
         vis = visible if use_visible else self._no_mask
         args = (p.data, grads, self.m, self.v, *self._layout, scalars[:-2], vis, use_visible,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|graphsab [S]|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|graphsab [S]|hostprof|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -266,6 +266,7 @@ blitz)  # issue 27: BlitzGS's switches on lego and fern 7k, seed S: base (today'
     # masks of what adds under 1e-6 alone (allm6): which switch costs lego its quality
     nolod=("${imp[@]}" --view-masks on); nomasks=("${imp[@]}" "${lod[@]}")
     allfine=("${imp[@]}" --view-masks on --lod-min-px "${LOD_FINE:-0.25}"); allm6=("${all[@]}" --view-mask-below 1e-6)
+    maskslod=("${masks[@]}" "${lod[@]}"); allp5=(--importance-every 3000 --importance-prune 1e-5 --view-masks on "${lod[@]}")
     # compiles the kernels before any timed run: the pass's (one at 500) and the densification's (from 500), on
     # the first of SCENES (so a call stages only the scenes it runs)
     scenes=${SCENES:-lego fern}; first=${scenes%% *}; args=${first^^}[@]
@@ -608,6 +609,14 @@ traintimeline)  # issues 22 and 27: CUPTI timelines of fern's training itself (s
         grep -a -A13 "^timeline" "$R/tl_$tree.txt"; grep -a -i "error" "$R/tl_$tree.txt" | tail -2
         rm -rf "$R/tl_$tree"/{snapshot.h5,test_renders,point_cloud}
     done ;;
+hostprof)  # issues 22 and 27: where the host's time goes (cProfile) in fern's training at ITERS (default 7000) with
+    # every BlitzGS switch: the functions by their own time and by their time with callees, to $OUT/hostprof.txt
+    timeout 300 python3 -m cProfile -o "$R/prof" run.py train --out "$R/prof_run" --iters "${ITERS:-7000}" --quiet \
+        "${FERN[@]}" --importance-every 3000 --importance-prune 1e-4 --view-masks on --lod-min-px 0.5 > "$R/prof.txt" 2>&1
+    tail -1 "$R/prof.txt"
+    python3 -c "import pstats, sys; s = pstats.Stats('$R/prof', stream=sys.stdout); s.sort_stats('tottime').print_stats(40)
+s.sort_stats('cumtime').print_stats(70)" > "$OUT/hostprof.txt" 2>&1
+    tail -1 "$R/prof_run/log.jsonl"; rm -rf "$R/prof_run" ;;
 graphsab)  # issues 22 and 27: step graphs off against on (engine/step_graphs.py), fern at ITERS (default 30000), seed
     # S (default 0), one at a time after a compiling warm-up; then the GPU check of graphed against plain training
     train warm 700 "${FERN[@]}"

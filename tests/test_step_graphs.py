@@ -47,8 +47,8 @@ def test_replayed_steps_with_every_blitzgs_switch_train_as_steps_run_as_usual(da
 
 
 def test_a_graph_is_run_captured_replayed_and_captured_again():
-    """First sight of a key: run as is; the next: captured and launched; then replayed while the
-    room fits; captured again when it does not, when the key changes, and after ``clear``."""
+    """A view's first step: run as is; its next: captured and launched; then replayed while the room
+    fits; captured again at once when it does not, when the key changes, and after ``clear``."""
     calls = []
     def step(room, captured):
         calls.append((room, captured))
@@ -61,11 +61,13 @@ def test_a_graph_is_run_captured_replayed_and_captured_again():
     assert calls[-1] == (12, True)
     fits = lambda room: room >= 20  # noqa: E731
     assert graphs.run(0, "k", 25, fits, step) == (4, 25) and graphs.captures == 2
-    assert graphs.run(0, "other", 25, fits, step) == (5, 25) and calls[-1] == (25, False)
-    assert graphs.run(1, "k", None, fits, step) == (6, None) and calls[-1] == (None, False)  # no room: as is
+    assert graphs.run(0, "other", 26, fits, step) == (5, 26) and calls[-1] == (26, True) and graphs.captures == 3
+    assert graphs.run(1, "k", None, fits, step) == (6, None) and calls[-1] == (None, False)  # first sight: as is
+    assert graphs.run(1, "k", None, fits, step) == (7, None) and calls[-1] == (None, False)  # no room: as is
     graphs.clear()
-    assert graphs.run(0, "other", 25, fits, step) == (7, 25) and calls[-1] == (25, False)
-    assert graphs.captures == 2 and graphs.replays == 1
+    assert graphs.run(0, "other", 25, fits, step) == (8, 25) and calls[-1] == (25, True)
+    assert graphs.run(0, "other", 25, fits, step) == (9, 25) and graphs.replays == 2
+    assert graphs.captures == 4
 
 
 def test_room_fits_while_it_leaves_half_the_margin_and_the_slack():
@@ -96,6 +98,6 @@ def test_a_step_that_cannot_be_captured_runs_as_usual_until_its_key_changes():
     fits = lambda room: True  # noqa: E731
     assert [graphs.run(0, "k", 10, fits, step)[0] for _ in range(3)] == [1, 2, 3]
     assert graphs.failures == 1 and "H2D" in graphs.last_failure and graphs.captures == 0
-    graphs.run(0, "new", 10, fits, step)
+    graphs.run(0, "new", 10, fits, step)  # a new key: captured again (and failing, run as usual)
     graphs.run(0, "new", 10, fits, step)
     assert graphs.failures == 2 and len(calls) == 5
