@@ -133,6 +133,7 @@ class SingleGPUTrainer(Trainer):
     binning_room = None  # bin into kept room (``BinningRoom``)? None: on GPUs; True: always (tests); False: never
     _room = None
     _graphs = None       # the step graphs (``engine.step_graphs``), once a step may use them
+    _random_bg = None    # with ``random_background`` and step graphs: the device values each step's is written to
 
     def _room_for(self, view):
         """Binning room for this step's view (``BinningRoom.plan``), where ``binning_room`` says so
@@ -202,10 +203,16 @@ class SingleGPUTrainer(Trainer):
             return (None if captured else image), loss, total
 
         graphs = self._graphs_now(timed)
+        if self._graphs is not None and self.cfg.random_background:  # the graphs read it on the device
+            if self._random_bg is None:
+                on_gpu = _backend.on_gpu(self.backend)  # (the render's precision there: float32)
+                self._random_bg = _backend.DeviceValues(3, np.float32 if on_gpu else np.float64, self.backend)
+            bg = self._random_bg.write(bg)
         if graphs is None:
             image, loss, total = step(room, False)
         else:
-            key = (len(model), degree, self.step >= getattr(strategy, "refine_stop", 0), bg.tobytes(),
+            key = (len(model), degree, self.step >= getattr(strategy, "refine_stop", 0),
+                   "random" if self.cfg.random_background else bg.tobytes(),
                    array_key([model.params.data, model.grads.data, model.adam.m, model.adam.v,
                               *self.strategy_state.values()]))
             fits = lambda captured_room: self._room.fits(i, len(model), captured_room)  # noqa: E731
@@ -264,12 +271,12 @@ class SingleGPUTrainer(Trainer):
     def _graphs_now(self, timed):
         """The step graphs where this step may use one: on a GPU with ``cfg.step_graphs`` on, binning
         into room, the global loss (the tile loss draws its arrangements on the host), no colour
-        correction or random background (a step's own host values), and not a timed step (its
-        phases are synced).  None otherwise."""
+        correction (its per-image values live on the host), and not a timed step (its phases are
+        synced).  None otherwise."""
         c = self.cfg
         if self._graphs is None:
             wanted = (c.step_graphs == "on" and _backend.on_gpu(self.backend) and self.binning_room is not False
-                      and c.loss != "tile" and self.appearance is None and not c.random_background)
+                      and c.loss != "tile" and self.appearance is None)
             if not wanted:
                 return None
             self._graphs = StepGraphs()

@@ -237,6 +237,12 @@ def route_fill(p: Projection, view, plan, slot, send, route, backend=None):
 
 
 def _background(xp, background, dtype):
+    """The background as the kernels take it: a device copy of 3 host values, or (a trainer's
+    ``DeviceValues`` that it rewrites each step) a (3,) array of the backend's kind and ``dtype``
+    as it is."""
+    if _backend.array_module_of(background) is xp and xp is not np and background.shape == (3,) \
+            and background.dtype == dtype:
+        return background
     bg = np.zeros(3) if background is None else np.asarray(background, np.float64).reshape(-1)
     if bg.shape != (3,) or not np.isfinite(bg).all():
         raise ValueError(f"background must be 3 finite values, got {background!r}")

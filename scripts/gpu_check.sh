@@ -12,8 +12,10 @@ rc=0
 python3 run.py info | tee "$OUT/info.txt"
 python3 tests/check_cuda_raster.py 2>&1 | tee "$OUT/check_cuda_raster.txt" || rc=1
 python3 tests/check_cuda_fused.py 2>&1 | tee "$OUT/check_cuda_fused.txt" || rc=1
-python3 tests/check_cuda_graphs.py 2>&1 | grep -v "^model:" | tee "$OUT/check_cuda_graphs.txt"
-grep -q "step graphs: ok" "$OUT/check_cuda_graphs.txt" || rc=1
+for bg in "" --random-background; do
+    python3 tests/check_cuda_graphs.py $bg 2>&1 | grep -v "^model:" | tee "$OUT/check_cuda_graphs$bg.txt"
+    grep -q "step graphs: ok" "$OUT/check_cuda_graphs$bg.txt" || rc=1
+done
 # the GPU machine's Open MPI is not CUDA-aware: device buffers are staged through pinned host memory
 mpiexec --allow-run-as-root -n 2 python3 tests/check_mpi_comm.py --device 2>&1 | tee "$OUT/check_comm.txt" || rc=1
 for spec in "1000000 1297x840" "6000000 1920x1080"; do

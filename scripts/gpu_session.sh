@@ -622,7 +622,8 @@ graphsab)  # issues 22 and 27: step graphs off against on (engine/step_graphs.py
     train warm 700 "${FERN[@]}"
     for g in ${GRAPHS:-off on}; do train "fern_graphs_$g" "${ITERS:-30000}" "${FERN[@]}" --seed "${2:-0}" --step-graphs $g; done
     python3 scripts/workload_summary.py "$R"/fern_graphs_*
-    python3 tests/check_cuda_graphs.py | grep -v "^model:" ;;
+    python3 tests/check_cuda_graphs.py | grep -v "^model:"
+    python3 tests/check_cuda_graphs.py --random-background | grep -v "^model:" ;;
 fernab)  # issues 22 and 27: fern 7k training end to end, this tree against OLD (an older checkout in a folder here,
     # the data shared), interleaved, ROUNDS times (default 2): time, PSNR and the steps skipped for binning room
     old=${OLD:?OLD=folder of the older checkout}; top=$PWD; R=$(cd "$R" && pwd)

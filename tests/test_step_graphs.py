@@ -46,6 +46,16 @@ def test_replayed_steps_with_every_blitzgs_switch_train_as_steps_run_as_usual(da
         np.testing.assert_array_equal(graphed.model.gaussians.arrays()[k], a, err_msg=k)
 
 
+def test_replayed_steps_on_random_backgrounds_train_as_steps_run_as_usual(dataset, tmp_path):
+    """Each step's random background is written to device values that the captured step reads: the
+    same model to the bit as steps run as usual on the same backgrounds."""
+    plain = _trained(dataset, tmp_path / "plain", False, until=30, random_background=True)
+    graphed = _trained(dataset, tmp_path / "graphs", True, until=30, random_background=True)
+    assert graphed._graphs.replays > 0 and graphed._random_bg is not None
+    for k, a in plain.model.gaussians.arrays().items():
+        np.testing.assert_array_equal(graphed.model.gaussians.arrays()[k], a, err_msg=k)
+
+
 def test_a_graph_is_run_captured_replayed_and_captured_again():
     """A view's first step: run as is; its next: captured and launched; then replayed while the room
     fits; captured again at once when it does not, when the key changes, and after ``clear``."""
