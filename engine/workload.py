@@ -39,6 +39,7 @@ every rank from the pruned model with its weights and masks (``Trainer.start_fro
 under any pipeline that supports the switches (``Trainer.culls_views``) and any rank count.  Its
 time is logged (``importance_pass`` records of OUT/log.jsonl) and summed (``seconds``).
 """
+import dataclasses
 import math
 import time
 
@@ -97,12 +98,13 @@ def set_view_bit(packed, view, rows_set, xp):
     packed[:, view // 8] |= rows_set.astype(np.uint8) << np.uint8(7 - view % 8)
 
 
-def importance_scores(g, cameras, sh_degree, antialias, mask_below, backend=None, clock=None):
+def importance_scores(g, cameras, sh_degree, antialias, mask_below, backend=None, clock=None, lod=None):
     """-> (importance (N,) float64: each Gaussian's sum of ``T alpha`` over the pixels of every
     view, skip (N, ceil(V / 8)) uint8: bit v set where its sum in view v is under ``mask_below``),
     on the backend's arrays: every view projected, binned and composited by the contributions
     kernel on unit colours (forward only).  ``clock``: a ``trainer.PhaseClock`` that times the
-    stages, summed over the views (scripts/pass_profile.py)."""
+    stages, summed over the views (scripts/pass_profile.py).  ``lod``: a ``LodReach`` to tell what
+    the LOD gate keeps from training (the renders here never skip)."""
     xp = _backend.array_module(backend)
     n = len(g)
     total = xp.zeros(n, np.float64)
@@ -110,6 +112,7 @@ def importance_scores(g, cameras, sh_degree, antialias, mask_below, backend=None
     mark = clock.end if clock is not None else (lambda stage: None)
     for v, cam in enumerate(cameras):
         p = ns.project(g, cam, sh_degree=sh_degree, antialias=antialias, backend=backend, check=False)
+        gated = lod.gated(p, g, backend) if lod is not None else None
         mark("project")
         b = ns.bin_tiles(p, backend=backend)
         mark("bin")
@@ -117,8 +120,50 @@ def importance_scores(g, cameras, sh_degree, antialias, mask_below, backend=None
         mark("contributions")
         total += weight
         set_view_bit(skip, v, weight < mask_below, xp)
+        if gated is not None:
+            lod.add(weight, gated)
         mark("masks")
     return total, skip
+
+
+class LodReach:
+    """What the LOD gate (``--lod-min-px``) keeps from training, told by the importance pass: a
+    gated Gaussian gets no gradient in that view, yet it still renders there at evaluation (with
+    the rasterizer's 0.3-pixel blur a sub-pixel Gaussian draws a dot at its full opacity).  Over the
+    pass's views: the share of the rendered weight (``T alpha``) that the gate hid, and the
+    Gaussians it hid from every view that draws them (they no longer train at all)."""
+
+    def __init__(self, n, min_px, xp):
+        self.min_px, self.xp = min_px, xp
+        self.drawn = xp.zeros(n, bool)    # drawn in some view
+        self.trained = xp.zeros(n, bool)  # drawn, and not gated, in some view
+        self.hidden_weight = xp.zeros((), np.float64)
+        self.weight = xp.zeros((), np.float64)
+
+    def gated(self, p, g, backend):
+        """(N,) bool: the Gaussians that projection ``p`` draws and the gate hides from it."""
+        drawn = p.counts > 0
+        q = dataclasses.replace(p, radii=p.radii.copy(), counts=p.counts.copy())
+        ns.cull(q, g, None, 0, self.min_px, backend)
+        self.drawn |= drawn
+        self.trained |= q.counts > 0
+        return drawn & (q.counts == 0)
+
+    def add(self, weight, gated):
+        """A view's ``T alpha`` sums, and what of them the gate hid."""
+        self.weight += weight.sum()
+        self.hidden_weight += (weight * gated).sum()  # (no boolean index: that would sync)
+
+    def report(self, kept=None):
+        """{"lod_hidden_weight": the share of the views' rendered weight that the gate hid from
+        training, "lod_untrained": the Gaussians drawn in some view and hidden from each (of the
+        rows ``kept``, where given)}."""
+        untrained = self.drawn & ~self.trained
+        if kept is not None:
+            untrained = untrained[kept]
+        weight = float(self.weight)
+        return {"lod_hidden_weight": float(self.hidden_weight) / weight if weight > 0 else 0.0,
+                "lod_untrained": int(untrained.sum())}
 
 
 def densify_weights(importance, xp):
@@ -232,8 +277,9 @@ class Workload:
         g = ns.Gaussians(**{k: xp.asarray(a) for k, a in params.items()})  # (no copy where on the device)
         cameras = [v.camera for v in trainer.data.train]
         t0 = time.perf_counter()
+        lod = LodReach(len(g), self.lod_px, xp) if self.lod_px > 0 else None
         importance, skip = importance_scores(g, cameras, trainer.sh_degree_now(), trainer.cfg.antialias,
-                                             self.mask_below, backend)
+                                             self.mask_below, backend, lod=lod)
         top = float(importance.max()) if len(importance) else 0.0  # (a sync: the renders are done)
         render_seconds = time.perf_counter() - t0
         normalised = importance / top if top > 0 else importance
@@ -256,7 +302,7 @@ class Workload:
         report = {"render_seconds": render_seconds,
                   "gaussians_before": len(keep), "gaussians": len(rows), "pruned": len(keep) - len(rows),
                   "masked_fraction": masked, "weight_below_one": float((kept[IMPORTANCE_WEIGHT] < 1).mean())
-                  if len(rows) else 0.0}
+                  if len(rows) else 0.0, **(lod.report(keep) if lod is not None else {})}
         return model_state, kept, report
 
 
@@ -267,5 +313,5 @@ def imbalance(per_rank):
     return float(counts.max() / mean) if mean > 0 else math.nan
 
 
-__all__ = ["RECOVERY_SHARE", "Workload", "densify_weights", "imbalance", "importance_scores", "opacity_resets",
+__all__ = ["RECOVERY_SHARE", "LodReach", "Workload", "densify_weights", "imbalance", "importance_scores", "opacity_resets",
            "scoring_steps", "set_view_bit", "view_bit"]

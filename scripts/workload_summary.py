@@ -1,7 +1,8 @@
 """One line per training run of the BlitzGS ablation (scripts/gpu_session.sh blitz): test PSNR,
 training seconds, the importance passes' seconds and share (and their renders' seconds), the mean
 Gaussians drawn per view (the log's ``drawn_per_view``, where a switch was on; else the model's mean
-size), the final count and, under MPI, the mean ``projected_imbalance``.
+size), the final count, under MPI the mean ``projected_imbalance``, and with the LOD gate what it kept
+from training at each pass (``engine.workload.LodReach``).
 
     python scripts/workload_summary.py OUT_DIR [OUT_DIR ...]
 """
@@ -39,6 +40,10 @@ def summary(out):
             f"{per_view}, final {metrics.get('gaussians', '?')} Gaussians")
     if imbalance:
         line += f", projected imbalance {sum(imbalance) / len(imbalance):.3f}"
+    lod = [r["importance_pass"] for r in records if "lod_untrained" in r.get("importance_pass", {})]
+    if lod:  # what the LOD gate kept from training, at each pass: share of the rendered weight, rows
+        line += ", LOD hid " + " / ".join(f"{p['lod_hidden_weight']:.2%} ({p['lod_untrained']:,} untrained)"
+                                          for p in lod)
     return line
 
 

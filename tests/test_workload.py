@@ -12,7 +12,7 @@ from engine.model import GaussianModel
 from engine.single_gpu import SingleGPUTrainer
 from engine.strategy import IMPORTANCE_WEIGHT, VIEW_SKIP, Context, DefaultStrategy
 from engine.trainer import SNAPSHOT, TrainConfig
-from engine.workload import (Workload, densify_weights, importance_scores, opacity_resets, scoring_steps,
+from engine.workload import (LodReach, Workload, densify_weights, importance_scores, opacity_resets, scoring_steps,
                              set_view_bit, view_bit)
 from tests.scenes import edge_case_scene, look_at_camera
 from tests.test_contributions import reference_contributions
@@ -150,6 +150,37 @@ def test_lod_gate_skips_the_fine_gaussians_and_the_render_moves_by_their_share()
     for factor, hidden in ((0.999, False), (1.001, True)):
         _, p = culled(g, cam, Workload(TrainConfig(lod_min_px=float(foot[k]) * factor), 1), {})
         assert (p.counts[k] == 0) == hidden, (factor, foot[k])
+
+
+def test_the_pass_tells_what_the_lod_gate_keeps_from_training():
+    """``LodReach`` against the float64 footprints and the brute-force compositing: the share of the
+    views' T alpha on Gaussians the gate hides where they are drawn, and the Gaussians hidden from
+    every view that draws them; the pass's renders themselves do not change."""
+    g = edge_case_scene(n=30, seed=5, dtype=np.float32)
+    g.scales[20:30] = np.log(0.002)  # fine ones: hidden from every view
+    cams = [shifted_camera(dx) for dx in (0.3, -0.5)]
+    feet = [footprint_reference(g, cam) for cam in cams]
+    sizes = np.sort(np.concatenate([f[:20] for f in feet]))
+    min_px = float(sizes[19] + sizes[20]) / 2  # between the scene's footprints: some rows hidden, some drawn
+    assert sizes[20] - sizes[19] > 1e-4 * sizes[20]
+    lod = LodReach(len(g), min_px, np)
+    total, skip = importance_scores(g, cams, 3, False, 0.05, backend="cpu", lod=lod)
+    np.testing.assert_array_equal(total, importance_scores(g, cams, 3, False, 0.05, backend="cpu")[0])
+    hidden = weight = 0.0
+    drawn, trained = np.zeros(len(g), bool), np.zeros(len(g), bool)
+    for cam, foot in zip(cams, feet):
+        p = ns.project(g, cam, backend="cpu")
+        _, per_view = reference_contributions(unit_colour(p))
+        gated = (p.counts > 0) & (foot < min_px)
+        hidden, weight = hidden + per_view[gated].sum(), weight + per_view.sum()
+        drawn |= p.counts > 0
+        trained |= (p.counts > 0) & ~gated
+    report = lod.report()
+    assert 0 < report["lod_hidden_weight"] < 1 and 10 <= report["lod_untrained"] < (drawn).sum()
+    np.testing.assert_allclose(report["lod_hidden_weight"], hidden / weight, rtol=1e-5)
+    assert report["lod_untrained"] == (drawn & ~trained).sum()
+    keep = np.arange(len(g)) >= 25
+    assert lod.report(keep)["lod_untrained"] == (drawn & ~trained)[keep].sum()
 
 
 def test_cull_reads_the_views_bit_and_checks_its_mask():
