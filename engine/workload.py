@@ -134,7 +134,7 @@ class LodReach:
     Gaussians it hid from every view that draws them (they no longer train at all)."""
 
     def __init__(self, n, min_px, xp):
-        self.min_px, self.xp = min_px, xp
+        self.min_px = min_px
         self.drawn = xp.zeros(n, bool)    # drawn in some view
         self.trained = xp.zeros(n, bool)  # drawn, and not gated, in some view
         self.hidden_weight = xp.zeros((), np.float64)
@@ -313,5 +313,5 @@ def imbalance(per_rank):
     return float(counts.max() / mean) if mean > 0 else math.nan
 
 
-__all__ = ["RECOVERY_SHARE", "LodReach", "Workload", "densify_weights", "imbalance", "importance_scores", "opacity_resets",
-           "scoring_steps", "set_view_bit", "view_bit"]
+__all__ = ["RECOVERY_SHARE", "LodReach", "Workload", "densify_weights", "imbalance", "importance_scores",
+           "opacity_resets", "scoring_steps", "set_view_bit", "view_bit"]
