@@ -88,6 +88,7 @@ class Context:
 STATISTICS = ("grad", "count", "max_radius")  # the default strategy's statistics since its last refinement
 IMPORTANCE_WEIGHT = "importance_weight"  # (N,) float32: BlitzGS's densification weight (engine/workload.py)
 VIEW_SKIP = "view_skip"  # (N, ceil(views / 8)) uint8: bit v (np.packbits' order) set: view v skips the Gaussian
+LOD_SPARE = "lod_spare"  # (N,) uint8: 1 where the LOD gate spares the Gaussian (no training view would train it)
 
 
 def carry_rows(state, rows):
@@ -166,7 +167,8 @@ class DefaultStrategy(Regularisers, RefineSchedule):
         """The statistics since the last refinement, per Gaussian: the summed screen-space gradient
         norm ("grad"), the views that saw it ("count") and its largest radius in pixels ("max_radius");
         made (zero) at the first ``after_backward``, when the model's size is known.  The importance
-        pass (engine/workload.py) adds ``IMPORTANCE_WEIGHT`` and ``VIEW_SKIP``, which refinements carry."""
+        pass (engine/workload.py) adds ``IMPORTANCE_WEIGHT``, ``VIEW_SKIP`` and ``LOD_SPARE``, which
+        refinements carry."""
         return {}
 
     @staticmethod

@@ -32,7 +32,11 @@ Three switches, each off by default (``TrainConfig``), each measurable alone and
   for it: those whose footprint ``3 max(exp(scales)) max(fx, fy) / d`` (the 3-sigma radius in
   pixels of its largest axis at distance ``d`` from the camera centre; on the optical axis the
   projection's 3-sigma radius, before its 0.3-pixel blur) is under R (``ns.cull``, in the same
-  pass as the masks).  Evaluation renders never skip (``Trainer.view_image`` renders everything).
+  pass as the masks).  Evaluation renders never skip (``Trainer.view_image`` renders everything),
+  and there the rasterizer's blur draws a sub-pixel Gaussian as a dot at its full opacity: so with
+  the importance pass on, each pass finds the Gaussians that the gate hides from every training
+  view that draws them (``LodReach``), which would never train yet still draw, and the gate spares
+  them until the next pass (``LOD_SPARE``, carried by refinements to the rows they make).
 
 The pass runs on the root rank for the whole model (``Trainer.gather_state``), which then starts
 every rank from the pruned model with its weights and masks (``Trainer.start_from``): the same
@@ -48,7 +52,7 @@ import numpy as np
 import numbasplat as ns
 from numbasplat import backend as _backend
 
-from .strategy import IMPORTANCE_WEIGHT, STATISTICS, VIEW_SKIP
+from .strategy import IMPORTANCE_WEIGHT, LOD_SPARE, STATISTICS, VIEW_SKIP
 
 
 def scoring_steps(iterations, every, waits=()):
@@ -154,13 +158,14 @@ class LodReach:
         self.weight += weight.sum()
         self.hidden_weight += (weight * gated).sum()  # (no boolean index: that would sync)
 
+    def untrained(self):
+        """(N,) bool: the Gaussians drawn in some view and hidden from each."""
+        return self.drawn & ~self.trained
+
     def report(self, kept=None):
         """{"lod_hidden_weight": the share of the views' rendered weight that the gate hid from
-        training, "lod_untrained": the Gaussians drawn in some view and hidden from each (of the
-        rows ``kept``, where given)}."""
-        untrained = self.drawn & ~self.trained
-        if kept is not None:
-            untrained = untrained[kept]
+        training, "lod_untrained": the ``untrained`` Gaussians (of the rows ``kept``, where given)}."""
+        untrained = self.untrained() if kept is None else self.untrained()[kept]
         weight = float(self.weight)
         return {"lod_hidden_weight": float(self.hidden_weight) / weight if weight > 0 else 0.0,
                 "lod_untrained": int(untrained.sum())}
@@ -233,7 +238,10 @@ class Workload:
             skip = state.get(VIEW_SKIP) if self.masks else None
             if skip is not None and len(skip) != len(g):
                 skip = None  # (no pass has scored these rows yet)
-            ns.cull(p, g, skip, view, self.lod_px, backend)
+            spare = state.get(LOD_SPARE) if self.lod_px > 0 else None
+            if spare is not None and len(spare) != len(g):
+                spare = None
+            ns.cull(p, g, skip, view, self.lod_px, backend, spare)
         if not sample:
             return p
         if self._seen % DRAWN_SAMPLE_EVERY == 0:  # a sample of the views: the count costs two launches
@@ -297,6 +305,8 @@ class Workload:
         kept = {k: kept_rows(a) for k, a in strategy_state.items() if k in STATISTICS and len(a) == len(keep)}
         kept[IMPORTANCE_WEIGHT] = kept_rows(weights)
         kept[VIEW_SKIP] = kept_rows(skip)
+        if lod is not None:  # the gate spares, until the next pass, what it would keep from every view
+            kept[LOD_SPARE] = kept_rows(lod.untrained().astype(np.uint8))
         masked = (float(np.unpackbits(_backend.to_host(kept[VIEW_SKIP]), axis=1, count=len(cameras)).mean())
                   if len(rows) else 0.0)
         report = {"render_seconds": render_seconds,

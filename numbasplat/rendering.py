@@ -129,22 +129,27 @@ def project(g: Gaussians, camera: Camera, sh_degree=None, antialias=False, backe
 LOD_SIGMAS = 3.0  # ``cull``'s footprint: this many standard deviations of the largest axis
 
 
-def cull(p: Projection, g: Gaussians, skip=None, bit=0, min_px=0.0, backend=None):
+def cull(p: Projection, g: Gaussians, skip=None, bit=0, min_px=0.0, backend=None, spare=None):
     """Hide rows of the projection ``p`` of ``g`` in place (no tiles, radius 0), so that binning,
     rasterization and ``project_backward`` pass over them (their gradients are 0): those with bit
     ``bit`` set in their row of ``skip`` ((N, bytes) uint8, np.packbits' order; None: none), and,
     with ``min_px`` > 0, those whose footprint (``LOD_SIGMAS`` standard deviations of the largest
     axis times the larger focal length over the distance to the camera centre) is under
-    ``min_px`` pixels.  One pass over the rows, with no sync: culling after projection rather
-    than gathering the kept rows before it.  -> ``p``."""
+    ``min_px`` pixels, but the rows where ``spare`` ((N,) uint8; None: none) is set.  One pass over
+    the rows, with no sync: culling after projection rather than gathering the kept rows before
+    it.  -> ``p``."""
     kernels, xp = _dispatch(backend)
     if skip is None:
         skip = xp.zeros((0, 1), np.uint8)
     elif skip.shape[0] != len(g) or not 0 <= bit < 8 * skip.shape[1]:
         raise ValueError(f"cull: skip of shape {skip.shape} has no bit {bit} for each of {len(g)} rows")
+    if spare is None:
+        spare = xp.zeros(0, np.uint8)
+    elif spare.shape != (len(g),) or spare.dtype != np.uint8:
+        raise ValueError(f"cull: spare must be ({len(g)},) uint8, got {spare.shape} {spare.dtype}")
     if len(g):
         kernels.cull(g.means, g.scales, p.cam, skip, bit // 8, 7 - bit % 8, np.float32(min_px),
-                     np.float32(LOD_SIGMAS), p.radii, p.counts)
+                     np.float32(LOD_SIGMAS), spare, p.radii, p.counts)
     return p
 
 

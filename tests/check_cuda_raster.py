@@ -265,20 +265,22 @@ def compare_routes():
 
 
 def compare_cull():
-    """``ns.cull`` on both backends: a mask over two bytes (bit 11), the LOD gate, both, and
-    neither: the same rows hidden, exactly."""
+    """``ns.cull`` on both backends: a mask over two bytes (bit 11), the LOD gate, both, the gate
+    sparing every third row, and neither: the same rows hidden, exactly."""
     xp = array_module("cuda")
     g = edge_case_scene(n=90, seed=14, dtype=np.float32)
     g.scales[::4] -= 3.0  # fine ones for the gate
     cam = look_at_camera(W=33, H=27)
     skip = np.packbits(np.random.default_rng(15).random((90, 16)) < 0.3, axis=1)
+    spare = (np.arange(90) % 3 == 0).astype(np.uint8)
     failures = []
-    for name, mask, min_px in (("mask", skip, 0.0), ("lod", None, 1.5), ("both", skip, 1.5), ("none", None, 0.0)):
+    for name, mask, min_px, spared in (("mask", skip, 0.0, None), ("lod", None, 1.5, None), ("both", skip, 1.5, None),
+                                       ("spare", skip, 1.5, spare), ("none", None, 0.0, None)):
         out = {}
         for backend, put in (("cpu", np.asarray), ("cuda", xp.asarray)):
             gg = ns.Gaussians(**{k: put(a) for k, a in g.arrays().items()})
             p = ns.cull(ns.project(gg, cam, backend=backend), gg, None if mask is None else put(mask), 11, min_px,
-                        backend)
+                        backend, None if spared is None else put(spared))
             out[backend] = (to_host(p.counts), to_host(p.radii))
         same = all(np.array_equal(a, b) for a, b in zip(out["cpu"], out["cuda"]))
         print(f"cull {name}: {'ok' if same else 'FAIL'} ({int((out['cpu'][0] > 0).sum())} of 90 drawn)")

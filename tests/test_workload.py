@@ -10,7 +10,7 @@ import pytest
 import numbasplat as ns
 from engine.model import GaussianModel
 from engine.single_gpu import SingleGPUTrainer
-from engine.strategy import IMPORTANCE_WEIGHT, VIEW_SKIP, Context, DefaultStrategy
+from engine.strategy import IMPORTANCE_WEIGHT, LOD_SPARE, VIEW_SKIP, Context, DefaultStrategy
 from engine.trainer import SNAPSHOT, TrainConfig
 from engine.workload import (LodReach, Workload, densify_weights, importance_scores, opacity_resets, scoring_steps,
                              set_view_bit, view_bit)
@@ -150,6 +150,17 @@ def test_lod_gate_skips_the_fine_gaussians_and_the_render_moves_by_their_share()
     for factor, hidden in ((0.999, False), (1.001, True)):
         _, p = culled(g, cam, Workload(TrainConfig(lod_min_px=float(foot[k]) * factor), 1), {})
         assert (p.counts[k] == 0) == hidden, (factor, foot[k])
+    # the rows the pass spares (LOD_SPARE) stay drawn; the masks still hide theirs
+    spare = np.zeros(len(g), np.uint8)
+    spare[tiny[::2]] = 1
+    _, p = culled(g, cam, Workload(TrainConfig(lod_min_px=0.5), 1), {LOD_SPARE: spare})
+    np.testing.assert_array_equal(p.counts, np.where(np.isin(np.arange(len(g)), tiny[1::2]), 0, full.counts))
+    bits = np.zeros((len(g), 8), bool)
+    bits[tiny[0], 0] = True
+    _, p = culled(g, cam, masked_workload(lod_min_px=0.5), {LOD_SPARE: spare, VIEW_SKIP: np.packbits(bits, axis=1)})
+    assert p.counts[tiny[0]] == 0 and (p.counts[tiny[2::2]] == full.counts[tiny[2::2]]).all()
+    with pytest.raises(ValueError, match="spare"):
+        ns.cull(ns.project(g, cam, backend="cpu"), g, None, 0, 0.5, "cpu", spare=spare[:-1])
 
 
 def test_the_pass_tells_what_the_lod_gate_keeps_from_training():
@@ -312,6 +323,31 @@ def test_every_switch_trains_logs_and_resumes_as_if_never_stopped(dataset, tmp_p
     a, b = whole.model.host_arrays(), resumed.model.host_arrays()
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_the_pass_spares_what_the_lod_gate_would_keep_from_every_view(dataset, tmp_path):
+    """After a pass the state's ``LOD_SPARE`` marks the rows the pass found hidden from every view
+    drawing them (its ``lod_untrained``), those views draw them, and a snapshot keeps the marks."""
+    cfg = small_config(importance_every=12, lod_min_px=6.0)  # coarse: a fifth of the rows are under it everywhere
+    t = fast_refine(SingleGPUTrainer(dataset, tmp_path / "a", cfg, backend="cpu"))
+    t.train(progress=False, until=12)
+    record = [json.loads(line) for line in (tmp_path / "a" / "log.jsonl").read_text().splitlines()][-1]
+    spare = t.strategy_state[LOD_SPARE]
+    assert spare.dtype == np.uint8 and spare.shape == (len(t.model),)
+    assert int(spare.sum()) == record["importance_pass"]["lod_untrained"] > 0
+    g = t.model.gaussians
+    drawn = np.zeros(len(g), bool)
+    for v, view in enumerate(dataset.train):
+        full, p = culled(g, view.camera, t.workload, t.strategy_state, v)
+        drawn |= full.counts > 0
+        np.testing.assert_array_equal(p.counts[spare == 1], full.counts[spare == 1])
+        bare, _ = culled(g, view.camera, t.workload, {}, v)  # without the marks the gate hides them
+        assert not t.workload.cull(bare, g, {}, v, "cpu").counts[spare == 1].any()
+    assert drawn[spare == 1].all()
+    t.save_snapshot()
+    resumed = SingleGPUTrainer(dataset, tmp_path / "a", cfg, backend="cpu")
+    resumed.load_snapshot(tmp_path / "a" / SNAPSHOT)
+    np.testing.assert_array_equal(resumed.strategy_state[LOD_SPARE], spare)
 
 
 def test_cli_flags_and_their_defaults():

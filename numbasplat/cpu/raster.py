@@ -32,9 +32,9 @@ def project(means, quats, scales, logits, sh, degree, cam, W, H, antialias, tile
 
 
 @njit(parallel=True, cache=True)
-def cull(means, scales, cam, skip, byte, shift, min_px, sigmas, radii, counts):
+def cull(means, scales, cam, skip, byte, shift, min_px, sigmas, spare, radii, counts):
     for n in prange(means.shape[0]):
-        cull_one(n, means, scales, cam, skip, byte, shift, min_px, sigmas, radii, counts)
+        cull_one(n, means, scales, cam, skip, byte, shift, min_px, sigmas, spare, radii, counts)
 
 
 @njit(parallel=True, cache=True)

@@ -42,15 +42,16 @@ def _project_kernel(means, quats, scales, logits, sh, degree, cam, W, H, antiali
                     proj, radii, counts)
 
 
-@kernel(F2, F2, F1, "uint8[:, ::1]", "int64", "int64", "float32", "float32", I2, I1)
-def _cull_kernel(means, scales, cam, skip, byte, shift, min_px, sigmas, radii, counts):
+@kernel(F2, F2, F1, "uint8[:, ::1]", "int64", "int64", "float32", "float32", "uint8[::1]", I2, I1)
+def _cull_kernel(means, scales, cam, skip, byte, shift, min_px, sigmas, spare, radii, counts):
     n = cuda.grid(1)
     if n < means.shape[0]:
-        cull_one(n, means, scales, cam, skip, byte, shift, min_px, sigmas, radii, counts)
+        cull_one(n, means, scales, cam, skip, byte, shift, min_px, sigmas, spare, radii, counts)
 
 
-def cull(means, scales, cam, skip, byte, shift, min_px, sigmas, radii, counts):
-    _cull_kernel[per_item(means.shape[0])](means, scales, cam, skip, byte, shift, min_px, sigmas, radii, counts)
+def cull(means, scales, cam, skip, byte, shift, min_px, sigmas, spare, radii, counts):
+    _cull_kernel[per_item(means.shape[0])](means, scales, cam, skip, byte, shift, min_px, sigmas, spare, radii,
+                                           counts)
 
 
 @kernel(F2, I1, F1)

@@ -248,12 +248,13 @@ def build(jit):
 
 
     @jit
-    def cull_body(n, means, scales, cam, skip, byte, shift, min_px, sigmas, radii, counts):
+    def cull_body(n, means, scales, cam, skip, byte, shift, min_px, sigmas, spare, radii, counts):
         """Hide Gaussian n from a projection (no tiles, radius 0) where bit (``byte``, ``shift``)
         of its row of ``skip`` is set (an empty ``skip``: no bits) or its ``footprint_px`` is
-        under ``min_px``: binning, rasterization and the projection's backward then skip it."""
+        under ``min_px`` and ``spare[n]`` is 0 (an empty ``spare``: none spared): binning,
+        rasterization and the projection's backward then skip it."""
         hide = skip.shape[0] > n and (skip[n, byte] >> shift) & 1 == 1
-        if not hide and min_px > f32(0.0):
+        if not hide and min_px > f32(0.0) and not (spare.shape[0] > n and spare[n] != 0):
             focal = max(cam[12], cam[13])
             hide = geo.footprint_px(means[n, 0] - cam[16], means[n, 1] - cam[17], means[n, 2] - cam[18],
                                     scales[n, 0], scales[n, 1], scales[n, 2], focal, sigmas) < min_px
