@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|graphsab [S]|hostprof|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|graphsab [S]|pending [S]|hostprof|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -609,6 +609,16 @@ traintimeline)  # issues 22 and 27: CUPTI timelines of fern's training itself (s
         grep -a -A13 "^timeline" "$R/tl_$tree.txt"; grep -a -i "error" "$R/tl_$tree.txt" | tail -2
         rm -rf "$R/tl_$tree"/{snapshot.h5,test_renders,point_cloud}
     done ;;
+pending)  # issues 22 and 27, what 2026-12-04 left untimed (one call, about 5 min): fern 30k seed S (default 0),
+    # today's defaults against every BlitzGS switch (a view captured at its first step after a change, the LOD gate's
+    # spare), one at a time after a compiling warm-up; the GPU check of step graphs, plain and on random backgrounds
+    all=(--importance-every 3000 --importance-prune 1e-4 --view-masks on --lod-min-px 0.5)
+    train warm 1100 "${FERN[@]}" "${all[@]/3000/500}"
+    train "fern_base_s${2:-0}" 30000 "${FERN[@]}" --seed "${2:-0}"
+    train "fern_all_s${2:-0}" 30000 "${FERN[@]}" --seed "${2:-0}" "${all[@]}"
+    python3 scripts/workload_summary.py "$R"/fern_*_s"${2:-0}"
+    for r in "$R"/fern_*_s"${2:-0}"; do echo "${r##*/}: $(tail -1 "$r/log.jsonl" | grep -o '"graph_[a-z_]*": [^,}]*' | tr '\n' ' ')"; done
+    for bg in "" --random-background; do python3 tests/check_cuda_graphs.py $bg | grep -v "^model:"; done ;;
 hostprof)  # issues 22 and 27: where the host's time goes (cProfile) in fern's training at ITERS (default 7000) with
     # every BlitzGS switch: the functions by their own time and by their time with callees, to $OUT/hostprof.txt
     timeout 300 python3 -m cProfile -o "$R/prof" run.py train --out "$R/prof_run" --iters "${ITERS:-7000}" --quiet \
