@@ -135,7 +135,8 @@ class TrainConfig:
     view_mask_below: float = 1 / 255  # BlitzGS: a view's mask holds the Gaussians whose T * alpha sum in it
                                       # is below this
     lod_min_px: float = 0.0           # BlitzGS: a training view skips Gaussians whose 3-sigma footprint is
-                                      # under this many pixels (0: none; evaluation renders all)
+                                      # under this many pixels (0: none; evaluation renders all; each
+                                      # importance pass spares those it would hide from every view)
     appearance: bool = False          # a per-image affine colour correction that the loss sees, for captures
                                       # whose exposure varies (engine/appearance.py; not for held-out views)
     lr_appearance: float = 1e-3       # the learning rate of the colour corrections
