@@ -31,6 +31,8 @@ class BinningRoom:
     Adam and the strategy's statistics leave that step out); it is counted in ``overflows``, its
     room is set from the total it had, and it waits in ``skipped`` for the trainer, which trains
     it again at the step after the one that read the overflow, so that no view loses its turn.
+    A step calls ``plan`` (host), ``bin_into`` (device: what a step graph captures) and ``record``
+    (host).
 
     An opacity reset shrinks every Gaussian's reach (it follows the opacity), so the totals fall,
     then climb back faster than the model grows as the opacities recover: ``hold_totals`` keeps
@@ -104,14 +106,6 @@ class BinningRoom:
             self.last[view] = (exact_total, gaussians)
         else:
             self.pending = (view, gaussians, room, _backend.stream_event())
-
-    def bin(self, p, view, backend=None):
-        """``bin_tiles`` of the projection ``p`` of view ``view`` into its room."""
-        n = len(p.counts)
-        room = self.plan(view, n)
-        b = self.bin_into(p, room, backend)
-        self.record(view, n, room, b.n_isect)
-        return b
 
     def settle(self):
         """Read the last step's total, and count its overflow."""
