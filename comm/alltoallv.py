@@ -354,15 +354,19 @@ def fail_all(comm, exc, code=1):
     """Print the traceback and ``rank R: <message>`` to stderr, then MPI_Abort every rank.
 
     An exception on one rank would otherwise leave the others blocked forever
-    in their next collective; Abort makes mpiexec end them all, non-zero.
+    in their next collective; Abort makes mpiexec end them all, non-zero.  A deliberate exit and
+    a failed MPI call (what a rank sees when another one dies) get their line alone.
     """
     comm = comm if comm is not None else MPI.COMM_WORLD
     line = f"rank {comm.Get_rank()}: {type(exc).__name__}: {exc}\n"
-    if isinstance(exc, SystemExit):  # a deliberate exit with a message: no traceback
+    if isinstance(exc, SystemExit):  # a deliberate exit with a message
         line = f"rank {comm.Get_rank()}: {exc}\n"
+    elif isinstance(exc, MPI.Exception):
+        line = (f"rank {comm.Get_rank()}: an MPI call failed ({exc}); another rank has probably ended "
+                f"(killed, out of memory or failed): its own output says why\n")
     try:
         sys.stdout.flush()
-        tb = "" if isinstance(exc, SystemExit) else "".join(
+        tb = "" if isinstance(exc, (SystemExit, MPI.Exception)) else "".join(
             traceback.format_exception(type(exc), exc, exc.__traceback__))
         # One write, the summary first: mpiexec may stop forwarding output as soon as the abort
         # reaches it, so give it a moment to read the pipe (seen losing the message otherwise).

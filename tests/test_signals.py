@@ -174,3 +174,32 @@ def test_signals_stop_every_rank_with_one_snapshot(capture, tmp_path):
         arrays, attrs = read_snapshot(out / SNAPSHOT)
         assert attrs["step"] % 2 == 0 and np.isfinite(arrays["params/means"]).all()
     check_snapshot_resumes(capture, out, text)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("exchange", ["gaussian", "pixel"])
+def test_a_killed_rank_ends_every_rank_and_keeps_the_last_snapshot(capture, tmp_path, exchange):
+    """A rank that dies without a word (SIGKILL: the OOM killer, a lost node) ends the whole job with an
+    error, in either exchange, instead of leaving the others waiting in a collective; the snapshot
+    written before it is whole and resumes."""
+    out = tmp_path / exchange
+    survivors = {}
+
+    def kill_rank_1(p):
+        ranks = mpi_ranks(p.pid)
+        assert sorted(ranks) == [0, 1], ranks
+        survivors.update(ranks)
+        os.kill(ranks[1], signal.SIGKILL)
+    cmd = [mpiexec_path(), "-n", "2", sys.executable, "run.py",
+           *train_args(capture, out, "--iters", "100000", "--snapshot-every", "2", "--exchange", exchange)]
+    code, text = stop_when_training(cmd, out, kill_rank_1, timeout=300)
+    assert code != 0 and "Traceback" not in text, text
+    time.sleep(1)
+    alive = [pid for pid in survivors.values() if Path(f"/proc/{pid}").exists()
+             and Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"]
+    assert not alive, f"ranks {alive} outlived mpiexec:\n{text}"
+    step = read_snapshot(out / SNAPSHOT)[1]["step"]
+    assert step >= 2 and step % 2 == 0
+    r = run_cli(*train_args(capture, out, "--resume", "--iters", str(step + 2), "--exchange", exchange))
+    assert r.returncode == 0 and f"resumed from {out / SNAPSHOT} at step {step}" in r.stdout, r.stdout + r.stderr
