@@ -27,7 +27,9 @@ Three switches, each off by default (``TrainConfig``), each measurable alone and
   view hides its masked rows from its projection (``Workload.cull``, ``ns.cull``: one pass over
   the rows on the device, no gather and no sync): they cost neither binning nor rasterization, and
   their gradients are zero for the step (with ``--visible-adam`` Adam leaves them alone, as any
-  Gaussian the view does not see).
+  Gaussian the view does not see).  The densification statistics still count the view for them,
+  with no gradient, as a run without masks counts it (where their gradient is negligible): the mean
+  gradient over only the views that do not mask a Gaussian would densify the masked model more.
 * **Distance-based LOD gate** (``--lod-min-px R``, view level): a view skips the Gaussians too fine
   for it: those whose footprint ``3 max(exp(scales)) max(fx, fy) / d`` (the 3-sigma radius in
   pixels of its largest axis at distance ``d`` from the camera centre; on the optical axis the

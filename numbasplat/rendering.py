@@ -130,14 +130,15 @@ LOD_SIGMAS = 3.0  # ``cull``'s footprint: this many standard deviations of the l
 
 
 def cull(p: Projection, g: Gaussians, skip=None, bit=0, min_px=0.0, backend=None, spare=None):
-    """Hide rows of the projection ``p`` of ``g`` in place (no tiles, radius 0), so that binning,
+    """Hide rows of the projection ``p`` of ``g`` in place (no tiles), so that binning,
     rasterization and ``project_backward`` pass over them (their gradients are 0): those with bit
-    ``bit`` set in their row of ``skip`` ((N, bytes) uint8, np.packbits' order; None: none), and,
-    with ``min_px`` > 0, those whose footprint (``LOD_SIGMAS`` standard deviations of the largest
-    axis times the larger focal length over the distance to the camera centre) is under
-    ``min_px`` pixels, but the rows where ``spare`` ((N,) uint8; None: none) is set.  One pass over
-    the rows, with no sync: culling after projection rather than gathering the kept rows before
-    it.  -> ``p``."""
+    ``bit`` set in their row of ``skip`` ((N, bytes) uint8, np.packbits' order; None: none), which
+    keep their radius (the densification statistics still count the view: ``screen_gradient_stats``),
+    and, with ``min_px`` > 0, those whose footprint (``LOD_SIGMAS`` standard deviations of the
+    largest axis times the larger focal length over the distance to the camera centre) is under
+    ``min_px`` pixels, but the rows where ``spare`` ((N,) uint8; None: none) is set (radius 0).
+    One pass over the rows, with no sync: culling after projection rather than gathering the kept
+    rows before it.  -> ``p``."""
     kernels, xp = _dispatch(backend)
     if skip is None:
         skip = xp.zeros((0, 1), np.uint8)
@@ -342,11 +343,12 @@ def project_backward(g: Gaussians, p: Projection, grad, out: Gaussians = None, a
 
 
 def screen_gradient_stats(p: Projection, grad, scale, columns, sums, seen, max_radius, skip=None, backend=None):
-    """Densification statistics of one view, in one pass over its Gaussians: add each visible
+    """Densification statistics of one view, in one pass over its Gaussians: add each drawn
     Gaussian's screen-space gradient norm (record columns ``columns``, in NDC units: times half the
-    image's width and height, and ``scale``) into ``sums`` (N,) float32 and one into ``seen`` (N,)
-    int32, and raise ``max_radius`` (N,) float32 to its larger radius; the norms and counts are left
-    out where the (1,) int32 device flag ``skip`` is set (a step the optimizer skips)."""
+    image's width and height, and ``scale``) into ``sums`` (N,) float32, one into ``seen`` (N,)
+    int32 for each Gaussian in view (a radius: drawn, or hidden by the view's mask, ``cull``), and
+    raise ``max_radius`` (N,) float32 to its larger radius; the norms and counts are left out where
+    the (1,) int32 device flag ``skip`` is set (a step the optimizer skips)."""
     kernels, xp = _dispatch(backend)
     if skip is None:
         skip = _constant(xp, np.zeros(1, np.int32))

@@ -134,15 +134,19 @@ def _compare_binning_room(g, cam, scene):
 
 def compare_screen_stats():
     """The densification statistics of a view (``screen_gradient_stats``) on both backends, with the
-    skip flag clear and set."""
+    skip flag clear and set, and with a view mask hiding every other row (counted, with no gradient)."""
     xp = array_module("cuda")
     g, cam = edge_case_scene(n=40, seed=10, dtype=np.float32), look_at_camera(W=37, H=29)
     grad = np.random.default_rng(5).normal(size=(40, 12)).astype(np.float32)
+    mask = np.packbits((np.arange(40) % 2 == 0)[:, None], axis=1)
     failures = []
-    for skip in (0, 1):
+    for skip, masked in ((0, False), (1, False), (0, True)):
         out = {}
         for backend, put in (("cpu", np.asarray), ("cuda", xp.asarray)):
-            p = ns.project(ns.Gaussians(**{k: put(a) for k, a in g.arrays().items()}), cam, backend=backend)
+            gg = ns.Gaussians(**{k: put(a) for k, a in g.arrays().items()})
+            p = ns.project(gg, cam, backend=backend)
+            if masked:
+                ns.cull(p, gg, put(mask), 0, 0.0, backend)
             sums, seen = put(np.ones(40, np.float32)), put(np.ones(40, np.int32))
             radius = put(np.full(40, 3.0, np.float32))
             ns.rendering.screen_gradient_stats(p, put(grad), 0.5, (10, 11), sums, seen, radius,
@@ -150,9 +154,11 @@ def compare_screen_stats():
             out[backend] = [to_host(a) for a in (sums, seen, radius)]
         ok = (rel(out["cuda"][0], out["cpu"][0]) <= GRAD_TOL and all(np.array_equal(a, b) for a, b in
               zip(out["cuda"][1:], out["cpu"][1:])) and (out["cpu"][1] > 1).any() != bool(skip))
-        print(f"screen gradient stats, skip {skip}: {'ok' if ok else 'FAIL'}")
+        if masked:  # the hidden rows in view are counted without their gradient
+            ok = ok and (out["cpu"][1][::2] > 1).any() and (out["cpu"][0][::2] == 1).all()
+        print(f"screen gradient stats, skip {skip}{', masked' if masked else ''}: {'ok' if ok else 'FAIL'}")
         if not ok:
-            failures.append(f"screen stats skip {skip}")
+            failures.append(f"screen stats skip {skip}{' masked' if masked else ''}")
     return failures
 
 

@@ -150,14 +150,16 @@ def build(jit):
     @jit
     def screen_stats_body(n, grad, counts, radii, col_u, col_v, sx, sy, skip, sums, seen, max_radius):
         """Add Gaussian n's screen-space gradient norm (columns ``col_u``, ``col_v`` of its record,
-        scaled by ``sx``, ``sy``) into ``sums`` and a view into ``seen`` if it is visible and the
-        step is not skipped (skip[0] == 0); raise ``max_radius`` to its larger radius."""
-        if counts[n] > 0 and skip[0] == 0:
-            gx = grad[n, col_u] * sx
-            gy = grad[n, col_v] * sy
-            sums[n] += math.sqrt(gx * gx + gy * gy)
-            seen[n] += 1
+        scaled by ``sx``, ``sy``) into ``sums`` if it is drawn, and a view into ``seen`` if it is in
+        view (a radius: drawn, or hidden by its view mask, ``cull_body``), where the step is not
+        skipped (skip[0] == 0); raise ``max_radius`` to its larger radius."""
         r = f32(max(radii[n, 0], radii[n, 1]))  # (compared as float32: int32 against float32 is float64)
+        if r > f32(0.0) and skip[0] == 0:
+            if counts[n] > 0:
+                gx = grad[n, col_u] * sx
+                gy = grad[n, col_v] * sy
+                sums[n] += math.sqrt(gx * gx + gy * gy)
+            seen[n] += 1
         if r > max_radius[n]:
             max_radius[n] = r
 
@@ -249,17 +251,23 @@ def build(jit):
 
     @jit
     def cull_body(n, means, scales, cam, skip, byte, shift, min_px, sigmas, spare, radii, counts):
-        """Hide Gaussian n from a projection (no tiles, radius 0) where bit (``byte``, ``shift``)
-        of its row of ``skip`` is set (an empty ``skip``: no bits) or its ``footprint_px`` is
-        under ``min_px`` and ``spare[n]`` is 0 (an empty ``spare``: none spared): binning,
-        rasterization and the projection's backward then skip it."""
-        hide = skip.shape[0] > n and (skip[n, byte] >> shift) & 1 == 1
-        if not hide and min_px > f32(0.0) and not (spare.shape[0] > n and spare[n] != 0):
+        """Hide Gaussian n from a projection (no tiles) where bit (``byte``, ``shift``) of its row of
+        ``skip`` is set (an empty ``skip``: no bits) or its ``footprint_px`` is under ``min_px`` and
+        ``spare[n]`` is 0 (an empty ``spare``: none spared): binning, rasterization and the
+        projection's backward then skip it.  The LOD gate also takes its radius; a view mask leaves
+        it, so that the densification statistics count the view (``screen_stats_body``) as a run
+        without masks does, where the Gaussian's gradient in it is negligible (the mask's rows add
+        under ``view_mask_below`` to it): otherwise a Gaussian's mean gradient would be taken over
+        the views where it shows most, and the masks would densify the model more."""
+        masked = skip.shape[0] > n and (skip[n, byte] >> shift) & 1 == 1
+        gated = False
+        if not masked and min_px > f32(0.0) and not (spare.shape[0] > n and spare[n] != 0):
             focal = max(cam[12], cam[13])
-            hide = geo.footprint_px(means[n, 0] - cam[16], means[n, 1] - cam[17], means[n, 2] - cam[18],
-                                    scales[n, 0], scales[n, 1], scales[n, 2], focal, sigmas) < min_px
-        if hide:
+            gated = geo.footprint_px(means[n, 0] - cam[16], means[n, 1] - cam[17], means[n, 2] - cam[18],
+                                     scales[n, 0], scales[n, 1], scales[n, 2], focal, sigmas) < min_px
+        if masked or gated:
             counts[n] = 0
+        if gated:
             radii[n, 0] = 0
             radii[n, 1] = 0
 
