@@ -237,13 +237,10 @@ class Workload:
         if not self.on:
             return p
         if self.culls:
-            skip = state.get(VIEW_SKIP) if self.masks else None
-            if skip is not None and len(skip) != len(g):
-                skip = None  # (no pass has scored these rows yet)
-            spare = state.get(LOD_SPARE) if self.lod_px > 0 else None
-            if spare is not None and len(spare) != len(g):
-                spare = None
-            ns.cull(p, g, skip, view, self.lod_px, backend, spare)
+            def scored(key, wanted):  # a pass's rows for these Gaussians (None: off, or no pass scored them yet)
+                rows = state.get(key) if wanted else None
+                return rows if rows is not None and len(rows) == len(g) else None
+            ns.cull(p, g, scored(VIEW_SKIP, self.masks), view, self.lod_px, backend, scored(LOD_SPARE, self.lod_px > 0))
         if not sample:
             return p
         if self._seen % DRAWN_SAMPLE_EVERY == 0:  # a sample of the views: the count costs two launches

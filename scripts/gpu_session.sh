@@ -612,12 +612,12 @@ traintimeline)  # issues 22 and 27: CUPTI timelines of fern's training itself (s
 pending)  # issues 22 and 27, what 2026-12-04 left untimed (one call, about 5 min): fern 30k seed S (default 0),
     # today's defaults against every BlitzGS switch (a view captured at its first step after a change, the LOD gate's
     # spare), one at a time after a compiling warm-up; the GPU check of step graphs, plain and on random backgrounds
-    all=(--importance-every 3000 --importance-prune 1e-4 --view-masks on --lod-min-px 0.5)
+    all=(--importance-every 3000 --importance-prune 1e-4 --view-masks on --lod-min-px 0.5); s=${2:-0}
     train warm 1100 "${FERN[@]}" "${all[@]/3000/500}"
-    train "fern_base_s${2:-0}" 30000 "${FERN[@]}" --seed "${2:-0}"
-    train "fern_all_s${2:-0}" 30000 "${FERN[@]}" --seed "${2:-0}" "${all[@]}"
-    python3 scripts/workload_summary.py "$R"/fern_*_s"${2:-0}"
-    for r in "$R"/fern_*_s"${2:-0}"; do echo "${r##*/}: $(tail -1 "$r/log.jsonl" | grep -o '"graph_[a-z_]*": [^,}]*' | tr '\n' ' ')"; done
+    train "fern_base_s$s" 30000 "${FERN[@]}" --seed "$s"
+    train "fern_all_s$s" 30000 "${FERN[@]}" --seed "$s" "${all[@]}"
+    python3 scripts/workload_summary.py "$R"/fern_*_s"$s"
+    for r in "$R"/fern_*_s"$s"; do echo "${r##*/}: $(tail -1 "$r/log.jsonl" | grep -o '"graph_[a-z_]*": [^,}]*' | tr '\n' ' ')"; done
     for bg in "" --random-background; do python3 tests/check_cuda_graphs.py $bg | grep -v "^model:"; done ;;
 hostprof)  # issues 22 and 27: where the host's time goes (cProfile) in fern's training at ITERS (default 7000) with
     # every BlitzGS switch: the functions by their own time and by their time with callees, to $OUT/hostprof.txt
