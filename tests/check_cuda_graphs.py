@@ -2,9 +2,15 @@
 CUDA graph against training without, from the same start and seed.
 
 The backward's float atomics make two runs of the same training differ in their last bits, and
-training grows the difference; so the graphed run's distance from a plain run is compared with a
-second plain run's distance from the first (the noise floor), and so are their test PSNRs.  The
-runs densify and reset the opacities, so the graphs are dropped and captured again on the way.
+training grows the difference; so the graphed run is compared with a second plain run (the noise
+floor) twice.  Before the first densification (step ``REFINE_START``) the models still have the
+same rows: the graphed parameters' distance from the plain run's must be within 3x the second plain
+run's (every view is captured and replayed by then).  After it the runs densify and reset the
+opacities (the graphs are dropped and captured again on the way), and their sizes part: there the
+test PSNRs are compared, with a floor of ``PSNR_FLOOR`` dB, since one pair of plain runs is a poor
+measure of their spread (on 2026-12-05's H200 two plain runs of this check differed by 0.02-0.41 dB,
+and by 0.3-2.9 dB on random backgrounds, whose test views keep the white background of training's
+targets).
 GPU only: the simulator has no graphs (tests/test_step_graphs.py checks the trainer's side).
 
     python tests/check_cuda_graphs.py [--data DIR [--images images_8]] [--steps 1500] [--random-background]
@@ -23,15 +29,25 @@ from engine.trainer import TrainConfig  # noqa: E402
 from numbasplat.backend import to_host  # noqa: E402
 
 
+REFINE_START = 200  # the first densification (every 100 steps after), from the start of the runs
+PSNR_FLOOR = {False: 0.5, True: 3.0}  # dB, by random_background (see the module's docstring)
+
+
 def trained(data, graphs, steps, out, random_background=False):
+    """-> (trainer, its parameters before the first densification, at the end, its test PSNR)."""
     cfg = TrainConfig(iterations=steps, step_graphs="on" if graphs else "off", snapshot_every=0, log_every=100,
                       background=(1.0, 1.0, 1.0), random_background=random_background)
     t = SingleGPUTrainer(data, out, cfg)
-    t.strategy.refine_start, t.strategy.refine_every, t.strategy.reset_every = 200, 100, steps // 2
+    t.strategy.refine_start, t.strategy.refine_every, t.strategy.reset_every = REFINE_START, 100, steps // 2
     t.init_model()
+    t.train(progress=False, until=REFINE_START)
+    early = parameters(t)
     t.train(progress=False)
-    params = {k: to_host(a) for k, a in t.model.gaussians.arrays().items()}
-    return t, params, t.evaluate(lpips=False)["psnr"]
+    return t, early, parameters(t), t.evaluate(lpips=False)["psnr"]
+
+
+def parameters(trainer):
+    return {k: to_host(a) for k, a in trainer.model.gaussians.arrays().items()}
 
 
 def distance(a, b):
@@ -57,22 +73,25 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         runs = [trained(data, graphs, a.steps, Path(tmp) / name, a.random_background)
                 for graphs, name in ((False, "plain"), (False, "again"), (True, "graphs"))]
-    (plain, p_params, p_psnr), (again, a_params, a_psnr), (graphed, g_params, g_psnr) = runs
+    (plain, p_early, p_params, p_psnr), (again, a_early, a_params, a_psnr), (graphed, g_early, g_params, g_psnr) = runs
     g = graphed._graphs
     if g is None:
         print("step graphs: FAIL (none were used: the check needs a GPU)")
         return 1
-    floor, d = distance(a_params, p_params), distance(g_params, p_params)
+    floor, d = distance(a_early, p_early), distance(g_early, p_early)
+    if floor is None or d is None:
+        print(f"step graphs: FAIL (the models' sizes differ at step {REFINE_START}, before any densification)")
+        return 1
     print(f"{a.steps} steps, {len(plain.model)} / {len(again.model)} / {len(graphed.model)} Gaussians at the end "
           f"(plain, plain again, graphs); {g.captures} captures, {g.replays} replays, {g.failures} failed captures"
           + (f" (the last: {g.last_failure})" if g.failures else ""))
     print(f"test PSNR: plain {p_psnr:.3f}, plain again {a_psnr:.3f}, graphs {g_psnr:.3f} dB")
     print(f"training: plain {plain.train_seconds:.2f} s, plain again {again.train_seconds:.2f} s, "
           f"graphs {graphed.train_seconds:.2f} s")
-    print(f"parameters' distance from the plain run: plain again {floor}, graphs {d}")
-    ok = g.replays > 0 and not g.failures and abs(g_psnr - p_psnr) <= max(0.1, 3 * abs(a_psnr - p_psnr))
-    if d is not None and floor is not None:
-        ok = ok and d <= 3 * floor + 1e-5
+    print(f"parameters' distance from the plain run at step {REFINE_START}: plain again {floor:.3g}, graphs {d:.3g}; "
+          f"at the end: plain again {distance(a_params, p_params)}, graphs {distance(g_params, p_params)}")
+    tolerance = max(PSNR_FLOOR[a.random_background], 3 * abs(a_psnr - p_psnr))
+    ok = (g.replays > 0 and not g.failures and d <= 3 * floor + 1e-5 and abs(g_psnr - p_psnr) <= tolerance)
     print("step graphs: ok" if ok else "step graphs: FAIL")
     return 0 if ok else 1
 
