@@ -201,6 +201,8 @@ class GaussianExchangeTrainer(RankedTrainer):
         lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
         device_bounds = xp.asarray(bounds)
         # 1. project the shard for every camera, less what each view's mask and LOD gate skip
+        for i in views:
+            self.workload.viewed(i, self.backend)
         projs = [self.workload.cull(ns.project(g, cam, sh_degree=degree, antialias=c.antialias, backend=self.backend,
                                                check=False), g, self.strategy_state, i, self.backend)
                  for i, cam in zip(views, cams)]

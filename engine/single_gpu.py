@@ -191,9 +191,10 @@ class SingleGPUTrainer(Trainer):
         lr, cols = self.learning_rates()
         model.adam.set_step(cols)  # on the device, where the step's Adam reads them
         room, roomed = self._room_for(i)
+        self.workload.viewed(i, self.backend)
 
         def step(room, captured):  # the device's part (a captured step keeps its loss, not its render)
-            image, loss, total = self._device_step(i, bg, degree, room, roomed, clock, sample=not captured)
+            image, loss, total = self._device_step(i, bg, degree, room, roomed, clock)
             return (None if captured else image), loss, total
 
         graphs = self._graphs_now(timed)
@@ -226,18 +227,18 @@ class SingleGPUTrainer(Trainer):
         self.stats = clock.stats()
         return loss, events
 
-    def _device_step(self, i, bg, degree, room, roomed, clock, sample=True):
+    def _device_step(self, i, bg, degree, room, roomed, clock):
         """View ``i``'s render, loss, backward, the strategy's statistics and Adam's update, on the
         device alone: nothing here reads a device value or changes the host's state (but the tile
         loss's statistics, a loss never captured), so that a step graph can replay it.  ``room``,
-        ``roomed``: ``_room_for``'s; ``sample``: the workload may count the Gaussians drawn.
+        ``roomed``: ``_room_for``'s.
         -> (the render, the loss, the intersections of an exact binning)."""
         c, model, strategy = self.cfg, self.model, self.strategy
         g = model.gaussians
         target = self.targets[i]  # random_background changes the render only, as in 3DGS
         p = ns.project(g, self.data.train[i].camera, sh_degree=degree, antialias=c.antialias, backend=self.backend,
                        check=False)  # checked at log steps: a sync
-        self.workload.cull(p, g, self.strategy_state, i, self.backend, sample)  # what its mask and LOD gate skip
+        self.workload.cull(p, g, self.strategy_state, i, self.backend)  # what its mask and LOD gate skip
         clock.end("project")
         b = self._room.bin_into(p, room, self.backend) if roomed else ns.bin_tiles(p, backend=self.backend)
         if c.loss == "tile":

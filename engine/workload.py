@@ -79,7 +79,7 @@ def scoring_steps(iterations, every, waits=()):
     return sorted(set(steps))
 
 
-DRAWN_SAMPLE_EVERY = 4  # the log's Gaussians drawn per view: counted on every 4th view (a count is 2 launches)
+DRAWN_SAMPLE_EVERY = 4  # the log's Gaussians drawn per view: counted on the views 0, 4, 8... (a count is 2 launches)
 RECOVERY_SHARE = 6  # a pass waits a sixth of the reset period after a reset (500 of 3DGS's 3000 steps)
 
 
@@ -203,8 +203,7 @@ class Workload:
             raise ValueError("--importance-prune needs --importance-every N (the pass that prunes)")
         self.seconds = 0.0     # the passes' time, all together
         self.passes = 0
-        self._drawn, self._views = 0, 0  # Gaussians drawn (a tile or more), views counted, since the last log
-        self._seen = 0  # views culled, all told
+        self._drawn, self._views = None, 0  # Gaussians drawn (a tile or more), views counted, since the last log
         self._schedule = (None, [])  # ((the run length, the strategy), its scoring steps)
 
     @property
@@ -229,11 +228,21 @@ class Workload:
         return any(prev < s <= step for s in self._schedule[1])
 
     # ------------------------------------------------------------------ the view level
-    def cull(self, p, g, state, view, backend, sample=True):
+    def viewed(self, view, backend):
+        """The host's count of a training step of ``view`` (before its device work, which a step graph
+        may replay): the views of ``drawn_per_view``'s sample, every ``DRAWN_SAMPLE_EVERY``-th view."""
+        if not self.on:
+            return
+        if self._drawn is None:  # a device total that the steps add to in place (so a graph's replays add too)
+            self._drawn = _backend.array_module(backend).zeros((), np.int64)
+        if view % DRAWN_SAMPLE_EVERY == 0:
+            self._views += 1
+
+    def cull(self, p, g, state, view, backend):
         """Hide from ``p``, the projection for training view ``view`` of the Gaussians ``g`` (a model
         or a shard, ``state`` its strategy state), those that its mask or the LOD gate skips
-        (``ns.cull``: in place, no sync).  ``sample``: the view may be counted in ``drawn_per_view``
-        (not in a step graph, whose replays would not count).  -> ``p``."""
+        (``ns.cull``: in place, no sync), and add what it draws to ``drawn_per_view``'s total where
+        the view is in the sample (``viewed``).  -> ``p``."""
         if not self.on:
             return p
         if self.culls:
@@ -241,22 +250,20 @@ class Workload:
                 rows = state.get(key) if wanted else None
                 return rows if rows is not None and len(rows) == len(g) else None
             ns.cull(p, g, scored(VIEW_SKIP, self.masks), view, self.lod_px, backend, scored(LOD_SPARE, self.lod_px > 0))
-        if not sample:
-            return p
-        if self._seen % DRAWN_SAMPLE_EVERY == 0:  # a sample of the views: the count costs two launches
-            self._drawn = self._drawn + _backend.array_module_of(p.counts).count_nonzero(p.counts)  # read at the log
-            self._views += 1
-        self._seen += 1
+        if self._drawn is not None and view % DRAWN_SAMPLE_EVERY == 0:  # two launches, on the device alone
+            xp = _backend.array_module_of(p.counts)
+            xp.add(self._drawn, xp.count_nonzero(p.counts), out=self._drawn)
         return p
 
     def log_fields(self):
         """{"drawn_per_view": the mean Gaussians drawn (on a tile or more) per view since the last
-        call, over every ``DRAWN_SAMPLE_EVERY``-th view} with a switch on (none where no view was
-        counted), then start counting again."""
-        if not self.on:
+        call, over the steps of every ``DRAWN_SAMPLE_EVERY``-th view} with a switch on (none where no
+        view was counted), then start counting again (a sync)."""
+        if not self.on or self._drawn is None:
             return {}
         drawn, views = float(self._drawn), self._views
-        self._drawn, self._views = 0, 0
+        self._drawn.fill(0)
+        self._views = 0
         return {"drawn_per_view": drawn / views} if views else {}
 
     # ------------------------------------------------------------------ the model level

@@ -2,6 +2,8 @@
 its device work so that a replayed step trains as a step run as usual, and when a graph is
 captured, replayed, captured again and dropped.  The CUDA graphs themselves run on the GPU only
 (tests/check_cuda_graphs.py)."""
+import json
+
 import numpy as np
 
 from engine.single_gpu import BinningRoom, SingleGPUTrainer
@@ -44,6 +46,10 @@ def test_replayed_steps_with_every_blitzgs_switch_train_as_steps_run_as_usual(da
     assert graphed.workload.seconds > 0 and graphed._graphs.replays > 0
     for k, a in plain.model.gaussians.arrays().items():
         np.testing.assert_array_equal(graphed.model.gaussians.arrays()[k], a, err_msg=k)
+    # the Gaussians drawn per view are counted in replayed steps too: every log step has the plain run's
+    drawn = [[(r["step"], r.get("drawn_per_view")) for r in map(json.loads, (tmp_path / run / "log.jsonl").open())]
+             for run in ("plain", "graphs")]
+    assert drawn[0] == drawn[1] and all(d is not None and d > 0 for _, d in drawn[1]), drawn
 
 
 def test_replayed_steps_on_random_backgrounds_train_as_steps_run_as_usual(dataset, tmp_path):
