@@ -267,6 +267,12 @@ blitz)  # issue 27: BlitzGS's switches on lego and fern 7k, seed S: base (today'
     nolod=("${imp[@]}" --view-masks on); nomasks=("${imp[@]}" "${lod[@]}")
     allfine=("${imp[@]}" --view-masks on --lod-min-px "${LOD_FINE:-0.25}"); allm6=("${all[@]}" --view-mask-below 1e-6)
     maskslod=("${masks[@]}" "${lod[@]}"); allp5=(--importance-every 3000 --importance-prune 1e-5 --view-masks on "${lod[@]}")
+    # a smaller model while densification grows it (fern's step follows its size, not what a view draws: a
+    # forward-facing capture's views each see nearly all of it): pruning at 3e-4 or 1e-3 of the largest
+    # importance (allp3, allp10), or the passes every 1500 steps (allf)
+    allp3=(--importance-every 3000 --importance-prune 3e-4 --view-masks on "${lod[@]}")
+    allp10=(--importance-every 3000 --importance-prune 1e-3 --view-masks on "${lod[@]}")
+    allf=(--importance-every 1500 --importance-prune "$imp_t" --view-masks on "${lod[@]}")
     # compiles the kernels before any timed run: the pass's (one at 500) and the densification's (from 500), on
     # the first of SCENES (so a call stages only the scenes it runs)
     scenes=${SCENES:-lego fern}; first=${scenes%% *}; args=${first^^}[@]
