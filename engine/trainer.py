@@ -267,7 +267,7 @@ class Trainer(ABC):
     is_root = True  # writes the logs and outputs (rank 0 under MPI)
     batch = 1  # views per step (a batched pipeline sets its batch size)
     time_phases = False  # sync at the phase boundaries (PhaseClock): True every step, False never, None at log steps
-    culls_views = False  # runs the workload switches (engine/workload.py): its step renders ``workload.select``'s rows
+    culls_views = False  # runs the workload switches (engine/workload.py): its step hides what ``workload.cull`` skips
 
     def __init__(self, dataset, out_dir, cfg: TrainConfig, backend=None, log=print):
         if cfg.lambda_s3im is None:
