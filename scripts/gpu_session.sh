@@ -308,7 +308,7 @@ blitzcity)  # issue 27: the generated city (small preset; PRESET=large: the larg
         extra=${v}[@]; [ $v = base ] && extra=none[@]
         step "city $v"; train "city_$v" 7000 --data $city ${!extra+"${!extra}"}
     done
-    python3 scripts/workload_summary.py "$R"/city_* ;;
+    python3 scripts/workload_summary.py "$R"/city_*/ ;;
 blitzmpi)  # issue 27: load imbalance of contiguous against parity shards, P ranks (fern, 2000 images, then the city)
     p=${2:-2}
     [ -d .data/city ] || python3 run.py synth --out .data/city --preset small > "$R/synth.txt" 2>&1

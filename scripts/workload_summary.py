@@ -1,5 +1,6 @@
 """One line per training run of the BlitzGS ablation (scripts/gpu_session.sh blitz): test PSNR,
-training seconds, the importance passes' seconds and share (and their renders' seconds), the mean
+training seconds, ms a step and the mean model size over each half of the run, the importance
+passes' seconds and share (and their renders' seconds), the mean
 Gaussians drawn per view (the log's ``drawn_per_view``, where a switch was on; else the model's mean
 size), the final count, under MPI the mean ``projected_imbalance``, and with the LOD gate what it kept
 from training at each pass (``engine.workload.LodReach``).
@@ -11,12 +12,20 @@ import sys
 from pathlib import Path
 
 
-def steady_ms(records):
-    """Milliseconds a step over the log's second half: past the compilations of the first steps."""
+def halves(records):
+    """(ms a step, mean Gaussians) over the log's first and second halves: a run's step follows its
+    model's size, which densification grows in the first half and the passes prune (the first half's
+    time includes the first steps' compilations)."""
     if len(records) < 2:
-        return float("nan")
-    half = next(r for r in records if r["step"] >= records[-1]["step"] // 2)
-    return 1e3 * (records[-1]["time"] - half["time"]) / max(records[-1]["step"] - half["step"], 1)
+        return [(float("nan"), float("nan"))] * 2
+    mid = next(r for r in records if r["step"] >= records[-1]["step"] // 2)
+    out = []
+    for part, (t0, s0), (t1, s1) in ((lambda r: r["step"] <= mid["step"], (0.0, 0), (mid["time"], mid["step"])),
+                                     (lambda r: r["step"] > mid["step"], (mid["time"], mid["step"]),
+                                      (records[-1]["time"], records[-1]["step"]))):
+        sizes = [r.get("gaussians_total", r["gaussians"]) for r in records if part(r)]
+        out.append((1e3 * (t1 - t0) / max(s1 - s0, 1), sum(sizes) / max(len(sizes), 1)))
+    return out
 
 
 def summary(out):
@@ -34,8 +43,10 @@ def summary(out):
     rendering = sum(r["importance_pass"].get("render_seconds", 0.0) for r in records if "importance_pass" in r)
     steps = records[-1]["step"] if records else 0
     share = 100 * passes / max(train, 1e-9)
+    (first_ms, first_n), (second_ms, second_n) = halves(records)
     line = (f"{out.name}: PSNR {metrics.get('psnr', float('nan')):.2f} dB, {train:.1f} s training "
-            f"({1e3 * train / max(steps, 1):.2f} ms a step; {steady_ms(records):.2f} in the second half), "
+            f"({1e3 * train / max(steps, 1):.2f} ms a step; {first_ms:.2f} in the first half at {first_n:,.0f} "
+            f"Gaussians, {second_ms:.2f} in the second at {second_n:,.0f}), "
             f"passes {passes:.1f} s ({share:.1f}%; their renders {rendering:.1f} s), "
             f"{per_view}, final {metrics.get('gaussians', '?')} Gaussians")
     if imbalance:
