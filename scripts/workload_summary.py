@@ -19,13 +19,12 @@ def halves(records):
     if len(records) < 2:
         return [(float("nan"), float("nan"))] * 2
     mid = next(r for r in records if r["step"] >= records[-1]["step"] // 2)
-    out = []
-    for part, (t0, s0), (t1, s1) in ((lambda r: r["step"] <= mid["step"], (0.0, 0), (mid["time"], mid["step"])),
-                                     (lambda r: r["step"] > mid["step"], (mid["time"], mid["step"]),
-                                      (records[-1]["time"], records[-1]["step"]))):
-        sizes = [r.get("gaussians_total", r["gaussians"]) for r in records if part(r)]
-        out.append((1e3 * (t1 - t0) / max(s1 - s0, 1), sum(sizes) / max(len(sizes), 1)))
-    return out
+
+    def over(rows, start, end):
+        sizes = [r.get("gaussians_total", r["gaussians"]) for r in rows]
+        return 1e3 * (end["time"] - start["time"]) / max(end["step"] - start["step"], 1), sum(sizes) / max(len(sizes), 1)
+    return (over([r for r in records if r["step"] <= mid["step"]], {"time": 0.0, "step": 0}, mid),
+            over([r for r in records if r["step"] > mid["step"]], mid, records[-1]))
 
 
 def summary(out):
