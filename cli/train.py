@@ -70,6 +70,12 @@ def make_trainer(dataset, a, cfg, comm, exchange=None, batch_size=None):
     if pixel:
         from engine.pixel_exchange import OffloadedPixelExchangeTrainer, PixelExchangeTrainer
         pipeline = OffloadedPixelExchangeTrainer if caps else PixelExchangeTrainer
+        ahead = getattr(a, "render_ahead", 0) or 0
+        if ahead:
+            if caps:
+                raise ValueError(f"--render-ahead with --offload {offload}: each step loads its own working set, "
+                                 "so no step can be rendered ahead of it")
+            caps = {"render_ahead": ahead}
         return pipeline(dataset, a.out, cfg, comm, transport=getattr(a, "transport", "auto"),
                         saturation=getattr(a, "saturation", "on") == "on",
                         consolidation=getattr(a, "consolidation", "on") == "on",
@@ -164,6 +170,9 @@ def train_model(dataset, a, cfg, settings=None):
     if getattr(a, "polish_steps", 0) and getattr(a, "exchange", "gaussian") == "gaussian":
         raise ValueError("--polish-steps is for --exchange pixel (or auto): the Gaussian-level exchange renders "
                          "in the single render's order already")
+    if getattr(a, "render_ahead", 0) and getattr(a, "exchange", "gaussian") == "gaussian":
+        raise ValueError("--render-ahead is for --exchange pixel (or auto): the Gaussian-level exchange renders "
+                         "no step ahead")
     t = make_trainer(dataset, a, cfg, comm)
     if getattr(a, "init_ply", None):
         from data.ply import load_ply
@@ -398,6 +407,11 @@ def add_train_options(p):
     p.add_argument("--saturation", choices=["on", "off"], default="on",
                    help="with --exchange pixel: on later visits of a view, skip the tiles that the boxes in front "
                         "of a rank's own saturate (marks made anew every 4 epochs)")
+    p.add_argument("--render-ahead", type=count(0), default=0, metavar="K",
+                   help="with --exchange pixel: render the next K steps' views before this step's pixels travel (a "
+                        "FIFO of steps in flight: the device renders while the host plans and waits for the "
+                        "exchanges), their gradients K steps stale; the pipeline empties every 100 steps and where "
+                        "the strategy acts (default 0: none)")
     p.add_argument("--consolidation", choices=["on", "off"], default="on",
                    help="with --exchange pixel: train the views whose ranks are disjoint (each sees other boxes) "
                         "side by side in one step, planned each epoch; off: one view a step")

@@ -36,8 +36,19 @@ steps once on the mean of their gradients, its betas raised to B and its learnin
 B ** ``batch_lr_exponent``, as the Gaussian-level batch of B views does (at P = 1 the same step,
 tested).  The step's fixed costs (the host's plans and collectives, the launches' latency) are
 paid once for B views, and the device renders the later views while the host reads the first's
-covered tiles.  (A FIFO with views of different steps in flight would overlap the exchanges too,
-at the price of gradients one step stale: not built.)
+covered tiles.
+
+Steps in flight (``render_ahead`` K, a FIFO of steps): each step first queues the partial images
+of the next K steps' views, then exchanges, composes and back-propagates the oldest, so that the
+device renders ahead while the host plans the oldest step's messages and waits for its
+collectives.  A step rendered ahead is rendered from the parameters before the K updates in front
+of it, and its backward runs after them: its gradient is K steps stale (as in pipelined data
+parallelism without weight stashing: no copy of the parameters is kept).  The pipeline empties
+where the loop or the strategy acts after a step (a stop, a snapshot, a refinement or reset, an
+importance pass) and every ``SETTLE_EVERY`` images, where the Gaussians that left their box
+migrate (between those points rows stay where the renders in flight saw them): a run resumed
+from a snapshot goes on as the whole run, and a snapshot written mid-flight (a stop signal)
+drops the steps in flight and puts their views back.
 
 Where the boxes are separated in depth along every ray, composing in box order is the single
 render's blend order, so P ranks train as one (tested); elsewhere Gaussians of two boxes
@@ -48,6 +59,8 @@ Gaussians in view.
 Gaussians out of core (``engine.offload``), the device the working set of its view of the step.
 """
 
+import copy
+from collections import deque
 from typing import NamedTuple
 
 import numpy as np
@@ -70,6 +83,7 @@ from .partition import GROW_PX, SpatialPartition, cluster_boxes, visible_regions
 from .trainer import PhaseClock
 
 REBALANCE = 1.1  # rebuild the tree after densification when the largest rank holds over this x the mean
+SETTLE_EVERY = 100  # with steps rendered ahead: the pipeline empties (and migrates) every this many images
 SATURATION_EPOCHS = 4  # a view's saturation marks are made anew every this many epochs
 # the light under which a box behind is skipped.  Not the rasterizer's cut-off T_MIN (1e-4), as
 # Splaxel's: our rasterizer ends a pixel before its transmittance would drop under T_MIN, so a
@@ -115,8 +129,26 @@ class PartialRender(NamedTuple):
     binning: object
     raster: object
     partial: object  # (H, W, 4): premultiplied colour and transmittance
-    covered: object  # (tiles,) bool: the tiles its Gaussians cover (the only ones it sends)
+    covered: object  # (tiles,) bool: the tiles its Gaussians cover (the only ones it sends), a ``HostCopy``
     marks: object  # the view's saturation marks used, (ranks, tiles) bool, or None
+
+
+class StepInFlight(NamedTuple):
+    """A step whose views are drawn and whose partial images are queued (``_start_step``), its pixels
+    not yet exchanged."""
+    views: list  # the training views of its buckets
+    plans: list  # each view's ``ViewPlan``
+    mine: list  # the views (positions in ``views``) that this rank takes part in
+    model: object  # the model rendered (the shard; out of core: the working set)
+    renders: dict  # {position: my ``PartialRender``}
+    background: object  # the step's background
+    first: int  # the images trained before it
+    drawn_from: tuple  # (the RNG's state, the epoch's order, its buckets, the utilisation) before its views were drawn
+
+    @property
+    def end(self):
+        """The images trained after it."""
+        return self.first + len(self.views)
 
 
 class TileMessages:
@@ -249,11 +281,15 @@ class PixelExchangeTrainer(RankedTrainer):
     rank's box of ``partition``."""
 
     def __init__(self, dataset, out_dir, cfg, comm, backend=None, log=print, transport="auto", saturation=True,
-                 revalidate_every=SATURATION_EPOCHS, consolidation=True, batch_size=None):
+                 revalidate_every=SATURATION_EPOCHS, consolidation=True, batch_size=None, render_ahead=0):
         """``saturation``: skip the tiles that a view's boxes in front saturate (see ``Saturation``);
         their marks are made anew every ``revalidate_every`` epochs.  ``consolidation``: train views
         whose participants are disjoint in the same step (``consolidate``); else one view a step.
-        ``batch_size``: the views in flight, B buckets a step (default 1; see ``train_step``)."""
+        ``batch_size``: the views in flight, B buckets a step (default 1).  ``render_ahead``: the steps
+        rendered before this one's pixels travel, their gradients as many steps stale (see
+        ``train_step``)."""
+        if int(render_ahead) != render_ahead or render_ahead < 0:
+            raise ValueError(f"--render-ahead {render_ahead}: the steps rendered ahead, 0 or more")
         if cfg.loss != "global":
             raise ValueError("--exchange pixel trains with --loss global for now")
         if cfg.strategy != "default":
@@ -263,14 +299,16 @@ class PixelExchangeTrainer(RankedTrainer):
         self.saturation = Saturation(self.size, revalidate_every) if saturation else None
         self.consolidation = consolidation
         self._buckets, self.utilisation = [], {}
+        self.render_ahead, self._in_flight = int(render_ahead), deque()  # (StepInFlight, oldest first)
         self.partition = None
         self.time_phases = None  # the phases synced at log steps (see _timing)
-        self.log(f"{self.size} ranks, pixel exchange, {self.batch} bucket(s) of views a step, device buffers "
+        ahead = f", {self.render_ahead} step(s) rendered ahead" if self.render_ahead else ""
+        self.log(f"{self.size} ranks, pixel exchange, {self.batch} bucket(s) of views a step{ahead}, device buffers "
                  f"through: {self.exchange.transport.name}")
 
     def pipeline_fields(self):
         return {"exchange": "pixel", "saturation": self.saturation is not None, "consolidation": self.consolidation,
-                "batch size": self.batch}
+                "batch size": self.batch, "render ahead": self.render_ahead}
 
     # ------------------------------------------------------------------ ownership
     def start_from(self, model_state, strategy_state=None):
@@ -396,24 +434,70 @@ class PixelExchangeTrainer(RankedTrainer):
 
     # ------------------------------------------------------------------ one step
     def train_step(self):
-        c, xp, me = self.cfg, self.xp, self.rank
+        """The oldest step in flight: its pixels exchanged and composed, its Gaussians back-propagated
+        and updated.  With ``render_ahead`` K the next K steps' views are rendered first (from the
+        parameters as they are now, before this step's update), so that the device renders them while
+        the host plans and waits for this step's exchanges; the pipeline empties (no step rendered
+        ahead past it) where the loop or the strategy acts after a step (``_settles_after``)."""
         clock = PhaseClock(self.backend, self._timing())
+        flight = self._in_flight
+        if not flight:
+            flight.append(self._start_step(self.step, clock))
+        while len(flight) <= self.render_ahead and not self._settles_after(flight[-1]):
+            flight.append(self._start_step(flight[-1].end, clock))
+        clock.end("render")
+        return self._finish_step(flight.popleft(), clock)
+
+    def _start_step(self, first, clock):
+        """Step 1 of the module's docstring: draw the views of the step that begins at image ``first``
+        and queue my partial images of those I take part in (kept on the device until the step is
+        trained).  -> its ``StepInFlight``."""
+        drawn_from = (copy.deepcopy(self.rng.bit_generator.state), list(self.order),
+                      [list(bucket) for bucket in self._buckets], dict(self.utilisation))
         views, parts = self._next_views()
         bg = self.step_background()
         none = np.zeros(3, np.float32)
-        epoch = self.step // len(self.data.train)
+        epoch, degree = first // len(self.data.train), self.sh_degree_now(first)
         plans = [ViewPlan(self.data.train[v].camera, parts[k], self.partition) for k, v in enumerate(views)]
-        mine = [k for k, s in enumerate(parts) if me in s]  # the views I take part in (and compose a range of)
+        mine = [k for k, s in enumerate(parts) if self.rank in s]  # the views I take part in (and compose a range of)
         model = self._step_model([views[k] for k in mine])
-        # 1. my partial images of my views, all queued before the host waits for any
-        renders = {k: self._render(model, plans[k], views[k], epoch, bg if plans[k].order[-1] == me else none, clock)
-                   for k in mine}
-        clock.end("render")
+        renders = {k: self._render(model, plans[k], views[k], epoch, degree,
+                                   bg if plans[k].order[-1] == self.rank else none, clock) for k in mine}
+        return StepInFlight(views, plans, mine, model, renders, bg, first, drawn_from)
+
+    def _settles_after(self, step):
+        """Whether no step may be rendered ahead past ``step`` (a ``StepInFlight``): where the training
+        loop stops, snapshots or scores the Gaussians, where the strategy refines or resets them, and
+        every ``SETTLE_EVERY`` images, where the Gaussians that left their box migrate (rows that move
+        would leave a render in flight pointing at others).  The same on every rank."""
+        first, end, c = step.first, step.end, self.cfg
+        crossed = lambda every: every > 0 and first // every != end // every  # noqa: E731
+        until = min(self.train_until or c.iterations, c.iterations)
+        return (end >= until or crossed(c.snapshot_every) or crossed(SETTLE_EVERY)
+                or self.strategy.acts_at(end, self.context(prev_step=first))
+                or self.workload.scores_after(first, end, self.strategy))
+
+    def save_snapshot(self, path=None):
+        """The snapshot of the steps trained: steps rendered ahead and not trained (a stop signal came
+        mid-flight) are dropped, the RNG and the epoch's views put back as they were before the oldest
+        was drawn, so that a resumed run draws and renders them again."""
+        if self._in_flight:
+            state, self.order, self._buckets, self.utilisation = self._in_flight[0].drawn_from
+            self.rng.bit_generator.state = state
+            self._in_flight.clear()
+        super().save_snapshot(path)
+
+    def _finish_step(self, flight, clock):
+        """Steps 2-4 of the module's docstring for the step in flight ``flight``.  -> (loss, events)."""
+        c, xp, me = self.cfg, self.xp, self.rank
+        views, plans, mine, model, renders, bg = (flight.views, flight.plans, flight.mine, flight.model,
+                                                  flight.renders, flight.background)
+        none = np.zeros(3, np.float32)
         # 2. every composer of a view gets the partial tiles of its range and their halo from each of
         # the view's participants, only those the participant covers (elsewhere its partial is
         # nothing: colour 0, or the background at the back, and transmittance 1): one message a rank
         # for all the step's views
-        covered = self.comm.allgather({k: _backend.to_host(r.covered) for k, r in renders.items()})
+        covered = self.comm.allgather({k: r.covered.get() for k, r in renders.items()})
 
         def tiles(source, k, first, last):  # the tiles of view k's first..last-1 that ``source`` sends
             return first + np.flatnonzero(covered[source][k][first:last])
@@ -489,13 +573,13 @@ class PixelExchangeTrainer(RankedTrainer):
                       **(self.saturation.counts if self.saturation else {}), **self.utilisation, **clock.stats()}
         return loss, events
 
-    def _render(self, model, plan, view, epoch, background, clock):
-        """My partial image of ``view`` (``plan``): premultiplied colour and transmittance on
-        ``background`` (the participant at the back renders on the view's background, and
-        composition adds none, so one rank's partial image is the render itself), the tiles that
+    def _render(self, model, plan, view, epoch, sh_degree, background, clock):
+        """My partial image of ``view`` (``plan``) at ``sh_degree``: premultiplied colour and
+        transmittance on ``background`` (the participant at the back renders on the view's background,
+        and composition adds none, so one rank's partial image is the render itself), the tiles that
         the boxes in front saturate skipped.  -> a ``PartialRender``."""
         c, xp, me = self.cfg, self.xp, self.rank
-        p = ns.project(model.gaussians, plan.cam, sh_degree=self.sh_degree_now(), antialias=c.antialias,
+        p = ns.project(model.gaussians, plan.cam, sh_degree=sh_degree, antialias=c.antialias,
                        backend=self.backend, check=False)
         clock.end("project")
         binning = ns.bin_tiles(p, backend=self.backend)
@@ -504,7 +588,7 @@ class PixelExchangeTrainer(RankedTrainer):
             binning.ranges[xp.asarray(marks[me])] = 0
         r = ns.rasterize(p, binning, background, self.backend)
         partial = xp.concatenate([r.image, r.trans[..., None]], axis=2)
-        covered = (binning.ranges[:, 1] - binning.ranges[:, 0]) > 0
+        covered = _backend.HostCopy((binning.ranges[:, 1] - binning.ranges[:, 0]) > 0)
         return PartialRender(p, binning, r, partial, covered, marks)
 
     def _compose(self, plan, k, view, recv, recv_tiles, bg, none, marks):
@@ -554,12 +638,13 @@ class PixelExchangeTrainer(RankedTrainer):
 
     def _after_adam(self, model, ctx, lr):
         """The strategy's refinements and resets, then the Gaussians that left their box to its owner
-        (after a refinement the tree rebuilt if unbalanced).  Collective.  -> the strategy's events."""
+        (after a refinement the tree rebuilt if unbalanced; with steps rendered ahead, only where the
+        pipeline is empty: ``_settles_after``).  Collective.  -> the strategy's events."""
         events = self.strategy.after_optimizer(model, self.strategy_state, self.step, ctx)
         if "cloned" in events:
             events.update(self._rebalance(), gaussians=self.total)
             self._buckets = []  # boxes and Gaussians changed: plan the rest of the epoch anew
-        else:
+        elif not self._in_flight:
             self._migrate()
         return events
 
@@ -598,7 +683,7 @@ class OffloadedPixelExchangeTrainer(OutOfCoreShard, PixelExchangeTrainer):
                  offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True, block_rows=BLOCK_ROWS):
         check_offload_options(cfg, mode, offload_dir, host_memory, gpu_memory)
         super().__init__(dataset, out_dir, cfg, comm, backend, log, transport, saturation, revalidate_every,
-                         consolidation, batch_size)
+                         consolidation, batch_size)  # (no steps rendered ahead: each step loads its own working set)
         self._init_out_of_core(mode, offload_dir, host_memory, gpu_memory, prefetch, block_rows)
 
     def _shard_backend(self):

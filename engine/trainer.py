@@ -295,6 +295,7 @@ class Trainer(ABC):
             self.log(note)
         self.stats = {}  # the last step's phase times (PhaseClock) and a pipeline's exchange statistics
         self.order = []
+        self.train_until = None  # the step where the current ``train`` stops (None: cfg.iterations)
         self.model = None
         self.signals = StopSignals()
         # called after every step as hook(trainer, the log record or None), each returning the seconds it
@@ -333,6 +334,7 @@ class Trainer(ABC):
         writes the snapshot together, then raise ``Interrupted`` (see ``StopSignals``)."""
         c = self.cfg
         until = c.iterations if until is None else min(until, c.iterations)
+        self.train_until = until  # (a pipeline with steps in flight empties there)
         if self.model is None:
             self.init_model()
         self.check_ranks_agree()
@@ -532,9 +534,9 @@ class Trainer(ABC):
         c = self.cfg
         return self.rng.random(3) if c.random_background else np.asarray(c.background, np.float64)
 
-    def sh_degree_now(self):
-        """The SH degree trained at this step: one band more every ``sh_increase_every`` steps."""
-        return min(self.cfg.sh_degree, self.step // self.cfg.sh_increase_every)
+    def sh_degree_now(self, step=None):
+        """The SH degree trained at this step (or at ``step``): one band more every ``sh_increase_every`` steps."""
+        return min(self.cfg.sh_degree, (self.step if step is None else step) // self.cfg.sh_increase_every)
 
     def learning_rates(self):
         """-> ({group: learning rate}, per-column rates for Adam): the means' decays over ``lr_means_steps``."""

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|graphsab [S]|pending [S]|hostprof|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelahead P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|graphsab [S]|pending [S]|hostprof|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -446,6 +446,23 @@ pixelbatch)  # issue 25: the pixel exchange's views in flight (--batch-size B): 
         mpi "$p" --out "$R/$name" --iters 7000 --eval --quiet "${LEGO[@]}" --exchange pixel --batch-size "${BEST:-4}" \
             > "$R/$name.txt" 2>&1
         offload_summary "$R/$name"; rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders"
+    fi ;;
+pixelahead)  # issue 25: the pixel exchange's steps in flight (--render-ahead K): lego images/s over the second half
+    # of 2000 images at P ranks (one GPU each where there are P, else sharing) for each K of AHEADS, then 7k test PSNR
+    # at P for K = 0 and BEST (default 1; none: no 7k runs)
+    p=${2:-2}
+    for k in ${AHEADS:-0 1 2}; do
+        name=lego_pixel_p${p}_ahead$k; step "$name"
+        mpi "$p" --out "$R/$name" --iters 2000 --quiet "${LEGO[@]}" --exchange pixel --render-ahead "$k" > "$R/$name.txt" 2>&1
+        offload_summary "$R/$name"; rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders"
+    done
+    if [ "${BEST:-1}" != none ]; then
+        for k in 0 "${BEST:-1}"; do
+            name=lego_pixel_p${p}_ahead${k}_7k; step "$name"
+            mpi "$p" --out "$R/$name" --iters 7000 --eval --quiet "${LEGO[@]}" --exchange pixel --render-ahead "$k" \
+                > "$R/$name.txt" 2>&1
+            offload_summary "$R/$name"; rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders"
+        done
     fi ;;
 pixelpolish)  # issue 25: does P = 4's shortfall come from the blend order? lego at P ranks (default 4): the pixel
     # exchange to 7k, against the pixel exchange to STEPS (default 6000) and the Gaussian-level exchange (one view a

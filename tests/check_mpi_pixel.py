@@ -33,13 +33,18 @@ with abort_on_error(comm):
     pipeline, caps = PixelExchangeTrainer, {}
     if "offload" in sys.argv:  # each rank's Gaussians out of core, in blocks of 8 rows
         pipeline, caps = OffloadedPixelExchangeTrainer, {"mode": "host", "block_rows": 8}
+    if "ahead1" in sys.argv:  # a step rendered ahead; "settle2": the pipeline empties every 2 images (and migrates)
+        caps["render_ahead"] = 1
+        if "settle2" in sys.argv:
+            import engine.pixel_exchange
+            engine.pixel_exchange.SETTLE_EVERY = 2
     t = pipeline(data, out, cfg, comm, backend="cpu", saturation="saturation-off" not in sys.argv,
                  consolidation="consolidation-off" not in sys.argv, batch_size=2 if "batch2" in sys.argv else None,
                  **caps)
     t.start_from({"params": start})
-    migrated = []  # the Gaussians each migration moved (over all ranks)
+    migrated, in_flight = [], []  # the Gaussians each migration moved (over all ranks); the steps in flight then
     migrate = t._migrate
-    t._migrate = lambda: migrated.append(migrate()) or migrated[-1]
+    t._migrate = lambda: in_flight.append(len(t._in_flight)) or migrated.append(migrate()) or migrated[-1]
     if "rebalance" in sys.argv:  # every Gaussian moved into rank 0's box: they migrate, then the tree is rebuilt
         before = t.gathered()
         means = t.model.group("means")
@@ -74,7 +79,8 @@ with abort_on_error(comm):
     params = t.gathered()
     if comm.Get_rank() == 0 and densify:  # (grown: the rows as the ranks hold them)
         np.savez(out / "final.npz", losses=np.array(losses), **params)
-        print("gaussians", len(params["means"]), "migrated", sum(migrated))
+        print("gaussians", len(params["means"]), "migrations", len(migrated), "in flight", sum(in_flight),
+              "migrated", sum(migrated))
     elif comm.Get_rank() == 0:
         back = np.empty_like(order)
         back[order] = np.arange(len(order))

@@ -95,3 +95,11 @@ def test_exposure_hint_names_appearance_where_exposure_varies():
     z = np.random.default_rng(1).normal(size=(40, 3))
     assert "--appearance" in exposure_hint(_gained_capture(np.clip(np.exp(0.2 * z), 0.1, 1.9)))
     assert exposure_hint(_gained_capture([(1, 1, 1)] * 6)) is None
+
+
+def test_render_ahead_outside_the_pixel_exchange_is_one_error(capture, tmp_path, capsys):
+    """``--render-ahead`` renders the pixel exchange's next steps: with the Gaussian-level exchange it
+    is one error naming it, not a silent no-op."""
+    assert cli.main(["train", "--data", str(capture), "--out", str(tmp_path), "--render-ahead", "1"]) == 1
+    assert capsys.readouterr().err == ("error: --render-ahead is for --exchange pixel (or auto): the Gaussian-level "
+                                       "exchange renders no step ahead\n")

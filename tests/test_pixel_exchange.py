@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -65,13 +67,87 @@ def test_views_in_flight_at_one_rank_are_the_batched_pipelines_step(tmp_path):
     assert not np.allclose(runs[1]["sh"], start["sh"])  # it trained
 
 
+def _run_recording(tmp_path, name, ahead, cfg=None):
+    """One rank's pixel pipeline with ``ahead`` steps rendered ahead on the slab capture -> (the trainer,
+    [(the first image of each step started, the means it rendered)], [the means after 0, 1, ... images])."""
+    from mpi4py import MPI
+    data, start = slab_capture(n_slabs=2, per_slab=30, views=3)
+    t = PixelExchangeTrainer(data, tmp_path / name, cfg or config(), MPI.COMM_SELF, backend="cpu",
+                             render_ahead=ahead)
+    t.start_from({"params": start})
+    rendered, after = [], [start["means"].copy()]
+    begin, finish = t._start_step, t._finish_step
+    t._start_step = lambda first, clock: rendered.append((first, t.model.group("means").copy())) or begin(first, clock)
+    t._finish_step = lambda flight, clock: (finish(flight, clock), after.append(t.model.group("means").copy()))[0]
+    return t, rendered, after
+
+
+@pytest.mark.parametrize("ahead", [0, 1, 2])
+def test_a_step_rendered_ahead_renders_the_parameters_from_before_the_updates_in_front_of_it(tmp_path, ahead):
+    """With K steps rendered ahead, the step that starts at image f renders the parameters as they were
+    after image f - K (its gradient K steps stale); with none, those after image f."""
+    t, rendered, after = _run_recording(tmp_path, f"k{ahead}", ahead)
+    t.train(progress=False)
+    assert t.step == 6 and [f for f, _ in rendered] == list(range(6)) and len(after) == 7
+    for first, means in rendered:
+        np.testing.assert_array_equal(means, after[max(first - ahead, 0)], err_msg=str(first))
+        if ahead and first > ahead:
+            assert not np.array_equal(means, after[first]), first  # (the updates it missed moved the means)
+    assert not t._in_flight  # emptied at the end
+
+
+def test_steps_rendered_ahead_where_the_pipeline_empties_every_step_train_as_none(tmp_path, monkeypatch):
+    import engine.pixel_exchange as px
+    finals = []
+    for ahead in (0, 1):
+        t, _, _ = _run_recording(tmp_path, f"settled{ahead}", ahead)
+        if ahead:
+            monkeypatch.setattr(px, "SETTLE_EVERY", 1)
+        t.train(progress=False)
+        finals.append(t.model.host_arrays())
+    for k, a in finals[0].items():
+        np.testing.assert_array_equal(finals[1][k], a, err_msg=k)
+
+
+def test_steps_rendered_ahead_resume_from_a_snapshot_as_the_whole_run(tmp_path):
+    """The pipeline empties at a snapshot step: stopped there and resumed, a run with a step rendered
+    ahead ends as the whole run.  A snapshot written mid-flight (a stop signal) drops the step in
+    flight and puts its views and the RNG back, as a run without steps ahead holds them then."""
+    from mpi4py import MPI
+    from engine.snapshot import read_snapshot
+    cfg = replace(config(), snapshot_every=3)
+    whole, started, _ = _run_recording(tmp_path, "whole", 1, cfg)
+    whole.train(progress=False)
+    assert [f for f, _ in started] == list(range(6))  # (none rendered ahead past the snapshot, to be dropped)
+    first, _, _ = _run_recording(tmp_path, "parts", 1, cfg)
+    first.train(progress=False, until=3)
+    assert first.step == 3 and not first._in_flight
+    second = PixelExchangeTrainer(first.data, tmp_path / "parts", cfg, MPI.COMM_SELF, backend="cpu", render_ahead=1)
+    second.load_snapshot(tmp_path / "parts" / "snapshot.h5")
+    second.train(progress=False)
+    for k, a in whole.model.host_arrays().items():
+        np.testing.assert_array_equal(second.model.host_arrays()[k], a, err_msg=k)
+    held = {}
+    for ahead in (0, 1):
+        t, _, _ = _run_recording(tmp_path, f"mid{ahead}", ahead)
+        while t.step < 2:
+            t.train_step()
+        assert len(t._in_flight) == ahead
+        t.save_snapshot()
+        assert not t._in_flight
+        _, attrs = read_snapshot(str(tmp_path / f"mid{ahead}" / "snapshot.h5"))
+        held[ahead] = (list(attrs["order"]), str(attrs["rng"]), t.rng.random())
+    assert held[1] == held[0]
+
+
 @pytest.mark.mpi
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("ranks, batch", [(2, 1), (4, 1), (2, 2)])
-def test_ranks_of_depth_separated_boxes_train_as_one(tmp_path, ranks, batch):
+@pytest.mark.parametrize("ranks, flags", [(2, ()), (4, ()), (2, ("batch2",)), (2, ("ahead1",))])
+def test_ranks_of_depth_separated_boxes_train_as_one(tmp_path, ranks, flags):
+    """(With a batch of 2 buckets a step, or a step rendered ahead, the same at P ranks as at one.)"""
     finals = []
     for n in (1, ranks):
-        text, final = check(n, tmp_path / f"p{n}", *(["batch2"] if batch == 2 else []))
+        text, final = check(n, tmp_path / f"p{n}", *flags)
         finals.append(final)
         if n > 1:  # every rank held a slab's worth
             boxes = eval(text.split("boxes")[1])
@@ -86,10 +162,12 @@ def test_ranks_of_depth_separated_boxes_train_as_one(tmp_path, ranks, batch):
 
 @pytest.mark.mpi
 @pytest.mark.timeout(600)
-def test_train_exchange_pixel_densifies_rebalances_and_resumes_on_other_ranks(tmp_path):
+@pytest.mark.parametrize("ahead", [0, 1])
+def test_train_exchange_pixel_densifies_rebalances_and_resumes_on_other_ranks(tmp_path, ahead):
     """``mpiexec -n 2 run.py train --exchange pixel`` with densification (the Gaussians migrate to
     their boxes' owners and the tree is rebuilt when one rank holds over 1.1x the mean), a
-    snapshot and PLY of the whole model; resumed on one process it repartitions and goes on."""
+    snapshot and PLY of the whole model; resumed on one process it repartitions and goes on.  With
+    a step rendered ahead (``--render-ahead 1``) the same."""
     import json
     from engine.demo import make_dataset
     from test_trainer import write_blender_capture
@@ -97,7 +175,7 @@ def test_train_exchange_pixel_densifies_rebalances_and_resumes_on_other_ranks(tm
     write_blender_capture(cap, make_dataset(size=32, n_views=10, backend="cpu"))
     args = [sys.executable, "run.py", "train", "--data", str(cap), "--white-background", "--out", str(out), "--quiet",
             "--sh-degree", "1", "--init-points", "400", "--densify-from", "4", "--densify-every", "8",
-            "--grad-threshold", "1e-5", "--exchange", "pixel", "--saturation", "off"]
+            "--grad-threshold", "1e-5", "--exchange", "pixel", "--saturation", "off", "--render-ahead", str(ahead)]
     env = dict(os.environ, NUMBASPLAT_BACKEND="cpu", NUMBA_NUM_THREADS="1")
     r = subprocess.run([mpiexec_path(), "-n", "2", *args, "--iters", "24"], capture_output=True, text=True,
                        timeout=500, env=env, cwd=REPO_ROOT)
@@ -108,7 +186,8 @@ def test_train_exchange_pixel_densifies_rebalances_and_resumes_on_other_ranks(tm
     assert sum(rec["migrated"] for rec in grown) > 0, grown  # children and moved centres changed boxes
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["gaussians"] == log[-1]["gaussians_total"] and np.isfinite(metrics["psnr"])
-    assert json.loads((out / "cfg.json").read_text())["batch_size"] == 1
+    recorded = json.loads((out / "cfg.json").read_text())
+    assert recorded["batch_size"] == 1 and recorded["render_ahead"] == ahead
     r = subprocess.run([*args, "--iters", "28", "--resume"], capture_output=True, text=True, timeout=500, env=env,
                        cwd=REPO_ROOT)
     assert r.returncode == 0 and "resumed from" in r.stdout, r.stdout + r.stderr
@@ -132,6 +211,19 @@ def test_ranks_offloading_their_boxes_train_as_in_memory(tmp_path, scene):
         assert int(text.split("migrated")[1]) > 50, text
     for k, a in memory.items():
         np.testing.assert_array_equal(offload[k], a, err_msg=k)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(600)
+def test_steps_rendered_ahead_migrate_and_refine_only_where_the_pipeline_is_empty(tmp_path):
+    """2 ranks, a step rendered ahead, slabs whose Gaussians wander into the other box, refinements
+    at images 4 and 8 and the pipeline emptied every 2 images: the Gaussians migrate there and only
+    there (never under a render in flight, whose rows they would move), and the model trains."""
+    text, final = check(2, tmp_path, "visible", "wander", "densify", "ahead1", "settle2")
+    line = text.split("gaussians")[1]
+    migrations, in_flight, moved = (int(line.split(k)[1].split()[0]) for k in ("migrations", "in flight", "migrated"))
+    assert migrations >= 4 and in_flight == 0 and moved > 50, text  # at images 2, 4 (refined: again if rebuilt), 6, 8
+    assert len(final["means"]) > 200 and all(np.isfinite(a).all() for a in final.values())
 
 
 @pytest.mark.mpi
@@ -251,6 +343,13 @@ def test_pixel_exchange_refuses_what_it_does_not_do(tmp_path):
             setattr(cfg, k, v)
         with pytest.raises(ValueError, match=message):
             PixelExchangeTrainer(data, tmp_path, cfg, MPI.COMM_SELF, backend="cpu")
+    with pytest.raises(ValueError, match="--render-ahead -1"):
+        PixelExchangeTrainer(data, tmp_path, config(), MPI.COMM_SELF, backend="cpu", render_ahead=-1)
+    from types import SimpleNamespace
+    from cli.train import make_trainer
+    offloading = SimpleNamespace(out=str(tmp_path), exchange="pixel", offload="host", render_ahead=1)
+    with pytest.raises(ValueError, match="--render-ahead with --offload host: each step loads its own working set"):
+        make_trainer(data, offloading, config(), MPI.COMM_SELF)
 
 
 @pytest.mark.mpi
