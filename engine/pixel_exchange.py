@@ -313,7 +313,9 @@ class PixelExchangeTrainer(RankedTrainer):
     # ------------------------------------------------------------------ ownership
     def start_from(self, model_state, strategy_state=None):
         """Every rank holds the same whole state (the same seed, or the same snapshot, whatever P
-        wrote it), builds the same tree over its means and keeps the Gaussians of its box."""
+        wrote it), builds the same tree over its means and keeps the Gaussians of its box (steps in
+        flight, which render the model replaced, are dropped)."""
+        self._drop_in_flight()
         means = model_state["params"]["means"]
         self.partition = SpatialPartition.build(means, self.size)
         owner = self.partition.owner(means)
@@ -478,14 +480,17 @@ class PixelExchangeTrainer(RankedTrainer):
                 or self.workload.scores_after(first, end, self.strategy))
 
     def save_snapshot(self, path=None):
-        """The snapshot of the steps trained: steps rendered ahead and not trained (a stop signal came
-        mid-flight) are dropped, the RNG and the epoch's views put back as they were before the oldest
-        was drawn, so that a resumed run draws and renders them again."""
+        """The snapshot of the steps trained (``_drop_in_flight``: a stop signal may come mid-flight)."""
+        self._drop_in_flight()
+        super().save_snapshot(path)
+
+    def _drop_in_flight(self):
+        """Drop the steps rendered ahead and not trained, and put the RNG and the epoch's views back as
+        they were before the oldest was drawn, so that they are drawn and rendered again."""
         if self._in_flight:
             state, self.order, self._buckets, self.utilisation = self._in_flight[0].drawn_from
             self.rng.bit_generator.state = state
             self._in_flight.clear()
-        super().save_snapshot(path)
 
     def _finish_step(self, flight, clock):
         """Steps 2-4 of the module's docstring for the step in flight ``flight``.  -> (loss, events)."""
