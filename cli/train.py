@@ -410,8 +410,8 @@ def add_train_options(p):
     p.add_argument("--render-ahead", type=count(0), default=0, metavar="K",
                    help="with --exchange pixel: render the next K steps' views before this step's pixels travel (a "
                         "FIFO of steps in flight: the device renders while the host plans and waits for the "
-                        "exchanges), their gradients K steps stale; the pipeline empties every 100 steps and where "
-                        "the strategy acts (default 0: none)")
+                        "exchanges), their gradients K steps stale (one step ahead cost lego 0.2 dB in a CPU test); the "
+                        "pipeline empties every 100 steps and where the strategy acts (default 0: none)")
     p.add_argument("--consolidation", choices=["on", "off"], default="on",
                    help="with --exchange pixel: train the views whose ranks are disjoint (each sees other boxes) "
                         "side by side in one step, planned each epoch; off: one view a step")
