@@ -71,15 +71,13 @@ def make_trainer(dataset, a, cfg, comm, exchange=None, batch_size=None):
         from engine.pixel_exchange import OffloadedPixelExchangeTrainer, PixelExchangeTrainer
         pipeline = OffloadedPixelExchangeTrainer if caps else PixelExchangeTrainer
         ahead = getattr(a, "render_ahead", 0) or 0
-        if ahead:
-            if caps:
-                raise ValueError(f"--render-ahead with --offload {offload}: each step loads its own working set, "
-                                 "so no step can be rendered ahead of it")
-            caps = {"render_ahead": ahead}
+        if ahead and caps:
+            raise ValueError(f"--render-ahead with --offload {offload}: each step loads its own working set, "
+                             "so no step can be rendered ahead of it")
         return pipeline(dataset, a.out, cfg, comm, transport=getattr(a, "transport", "auto"),
                         saturation=getattr(a, "saturation", "on") == "on",
                         consolidation=getattr(a, "consolidation", "on") == "on",
-                        batch_size=batch_size or getattr(a, "batch_size", None), **caps)
+                        batch_size=batch_size or getattr(a, "batch_size", None), **(caps or {"render_ahead": ahead}))
     from engine.gaussian_exchange import GaussianExchangeTrainer, OffloadedGaussianExchangeTrainer
     pipeline = OffloadedGaussianExchangeTrainer if caps else GaussianExchangeTrainer
     return pipeline(dataset, a.out, cfg, comm, batch_size=batch_size or getattr(a, "batch_size", None),
