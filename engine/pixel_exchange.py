@@ -59,7 +59,6 @@ Gaussians in view.
 Gaussians out of core (``engine.offload``), the device the working set of its view of the step.
 """
 
-import copy
 from collections import deque
 from typing import NamedTuple
 
@@ -80,7 +79,7 @@ from .model import GaussianModel
 from .offload import BLOCK_ROWS, OutOfCoreModel, OutOfCoreShard, check_offload_options
 from .camera_path import centres
 from .partition import GROW_PX, SpatialPartition, cluster_boxes, visible_regions
-from .trainer import PhaseClock
+from .trainer import PhaseClock, crossed
 
 REBALANCE = 1.1  # rebuild the tree after densification when the largest rank holds over this x the mean
 SETTLE_EVERY = 100  # with steps rendered ahead: the pipeline empties (and migrates) every this many images
@@ -143,7 +142,8 @@ class StepInFlight(NamedTuple):
     renders: dict  # {position: my ``PartialRender``}
     background: object  # the step's background
     first: int  # the images trained before it
-    drawn_from: tuple  # (the RNG's state, the epoch's order, its buckets, the utilisation) before its views were drawn
+    drawn_from: tuple  # (the RNG's state, the epoch's order, its buckets, the utilisation) before its views were
+    # drawn; None without steps rendered ahead
 
     @property
     def end(self):
@@ -454,8 +454,10 @@ class PixelExchangeTrainer(RankedTrainer):
         """Step 1 of the module's docstring: draw the views of the step that begins at image ``first``
         and queue my partial images of those I take part in (kept on the device until the step is
         trained).  -> its ``StepInFlight``."""
-        drawn_from = (copy.deepcopy(self.rng.bit_generator.state), list(self.order),
-                      [list(bucket) for bucket in self._buckets], dict(self.utilisation))
+        drawn_from = None  # (only a step that may be dropped in flight keeps what its draws changed)
+        if self.render_ahead:
+            drawn_from = (self.rng.bit_generator.state, list(self.order), [list(b) for b in self._buckets],
+                          dict(self.utilisation))
         views, parts = self._next_views()
         bg = self.step_background()
         none = np.zeros(3, np.float32)
@@ -469,15 +471,12 @@ class PixelExchangeTrainer(RankedTrainer):
 
     def _settles_after(self, step):
         """Whether no step may be rendered ahead past ``step`` (a ``StepInFlight``): where the training
-        loop stops, snapshots or scores the Gaussians, where the strategy refines or resets them, and
-        every ``SETTLE_EVERY`` images, where the Gaussians that left their box migrate (rows that move
-        would leave a render in flight pointing at others).  The same on every rank."""
-        first, end, c = step.first, step.end, self.cfg
-        crossed = lambda every: every > 0 and first // every != end // every  # noqa: E731
-        until = min(self.train_until or c.iterations, c.iterations)
-        return (end >= until or crossed(c.snapshot_every) or crossed(SETTLE_EVERY)
-                or self.strategy.acts_at(end, self.context(prev_step=first))
-                or self.workload.scores_after(first, end, self.strategy))
+        loop acts (``loop_acts_after``), where the strategy refines or resets the Gaussians, and every
+        ``SETTLE_EVERY`` images, where the Gaussians that left their box migrate (rows that move would
+        leave a render in flight pointing at others).  The same on every rank."""
+        first, end = step.first, step.end
+        return (self.loop_acts_after(first, end) or crossed(first, end, SETTLE_EVERY)
+                or self.strategy.acts_at(end, self.context(prev_step=first)))
 
     def save_snapshot(self, path=None):
         """The snapshot of the steps trained (``_drop_in_flight``: a stop signal may come mid-flight)."""

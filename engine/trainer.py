@@ -59,6 +59,11 @@ def initial_arrays(data, cfg, rng):
     return init_from_points(data.points, data.colors, cfg.sh_degree, rng=rng, n_random=cfg.n_random_init, box=box)
 
 
+def crossed(prev, step, every):
+    """Whether going from image ``prev`` to ``step`` crosses a multiple of ``every`` (0: none does)."""
+    return bool(every) and prev // every != step // every
+
+
 def means_decay_steps(iterations):
     """The default length of the means' learning-rate decay (to ``lr_means_final``): the run, at
     most Inria's 30k (gsplat's rule).  On Inria's 30k schedule a 7k run is the start of a 30k one and
@@ -358,9 +363,8 @@ class Trainer(ABC):
                 bar.update(self.step)
                 if events:
                     self._device_memory_peak(release_cache=True)
-                crossed = lambda every: every and prev // every != self.step // every  # noqa: E731
                 rec = None
-                if crossed(c.log_every) or events or self.step == c.iterations:
+                if crossed(prev, self.step, c.log_every) or events or self.step == c.iterations:
                     loss = float(loss)  # a LazyLoss: read at log steps only (a device sync)
                     self._check_finite(loss)
                     p = self.progress_psnr()
@@ -375,7 +379,7 @@ class Trainer(ABC):
                 for hook in self.step_hooks:
                     t0 += hook(self, rec) or 0.0  # (time paused is not training time)
                 signum = self.stop_signal()
-                if (crossed(c.snapshot_every) and self.step < c.iterations) or signum:
+                if (crossed(prev, self.step, c.snapshot_every) and self.step < c.iterations) or signum:
                     self.train_seconds += time.perf_counter() - t0
                     t0 = time.perf_counter()
                     self.save_snapshot()
@@ -495,6 +499,15 @@ class Trainer(ABC):
     def check_ranks_agree(self):
         """Stop with one message if the ranks were given different options or see other data
         (a pipeline of one process has nothing to compare).  Collective."""
+
+    def loop_acts_after(self, prev, step):
+        """Whether ``train``'s loop does more after a step from image ``prev`` to ``step`` than log it:
+        it stops there (its ``until``), writes a snapshot or runs an importance pass (where a pipeline
+        with steps in flight empties)."""
+        c = self.cfg
+        until = min(self.train_until or c.iterations, c.iterations)
+        return (step >= until or crossed(prev, step, c.snapshot_every)
+                or self.workload.scores_after(prev, step, self.strategy))
 
     def stop_signal(self):
         """The signal to stop for at this step boundary (0: none; see ``StopSignals``): here this
