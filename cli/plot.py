@@ -13,7 +13,8 @@ import json
 from pathlib import Path
 
 CURVES = (("loss", "loss", [("loss", "training loss")]),
-          ("psnr", "PSNR (dB)", [("psnr/train", "train (step's view)"), ("psnr/test", "test")]),
+          ("psnr", "PSNR (dB)", [("psnr/train", "train (step's view)"), ("psnr/train_views", "train (5 views)"),
+                                      ("psnr/test", "test")]),
           ("gaussians", "Gaussians", [("gaussians", "Gaussians")]),
           ("step_time", "ms per step", [("step_seconds", "ms per step")]))
 

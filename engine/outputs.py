@@ -232,12 +232,15 @@ def _load_lpips():
 
 # ------------------------------------------------------------------ the training log's scalars
 def log_scalars(rec, prev=None):
-    """The curves of one record of log.jsonl: loss, training PSNR (the step's view), the Gaussian
+    """The curves of one record of log.jsonl: loss, training PSNR (the step's view; with
+    ``--eval-every`` also the test views' and 5 training views'), the Gaussian
     count (of the whole model under MPI) and, given the previous record, seconds per step."""
     out = {"loss": rec.get("loss"), "psnr/train": rec.get("psnr"),
            "gaussians": rec.get("gaussians_total", rec.get("gaussians"))}
     if "test_psnr" in rec:
         out["psnr/test"] = rec["test_psnr"]
+    if "train_psnr" in rec:
+        out["psnr/train_views"] = rec["train_psnr"]
     if prev is not None and rec["step"] > prev["step"] and "time" in rec and "time" in prev:
         out["step_seconds"] = (rec["time"] - prev["time"]) / (rec["step"] - prev["step"])
     return {k: float(v) for k, v in out.items() if v is not None}

@@ -153,6 +153,8 @@ class TrainConfig:
                                       # eighth of the GPU's memory (engine/targets.py)
     snapshot_every: int = 5000        # write OUT/snapshot.h5 every this many steps (0: at the end only)
     log_every: int = 100              # a line of OUT/log.jsonl every this many steps
+    eval_every: int = 0               # every this many steps, the test views' PSNR and SSIM and that of up to 5
+                                      # training views into log.jsonl, as Inria's test_iterations (0: never)
     tensorboard: bool = False         # the log's scalars as TensorBoard events in OUT too (tensorboardX)
     view_order: str = "auto"          # each epoch's order of the views: random (3DGS), trajectory (a tour along the
                                       # cameras: consecutive views see much the same), auto: trajectory when
@@ -363,13 +365,19 @@ class Trainer(ABC):
                 bar.update(self.step)
                 if events:
                     self._device_memory_peak(release_cache=True)
+                scores = {}
+                if crossed(prev, self.step, c.eval_every):
+                    t_eval = time.perf_counter()
+                    scores = self.scores_during_training()
+                    t0 += time.perf_counter() - t_eval  # (scoring is not training time)
                 rec = None
-                if crossed(prev, self.step, c.log_every) or events or self.step == c.iterations:
+                if crossed(prev, self.step, c.log_every) or events or scores or self.step == c.iterations:
                     loss = float(loss)  # a LazyLoss: read at log steps only (a device sync)
                     self._check_finite(loss)
                     p = self.progress_psnr()
                     rec = {"step": self.step, "loss": loss, "psnr": p, "gaussians": len(self.model),
-                           "time": self.train_seconds + time.perf_counter() - t0, **events, **self.log_extra()}
+                           "time": self.train_seconds + time.perf_counter() - t0, **events, **scores,
+                           **self.log_extra()}
                     if logf:
                         logf.write(json.dumps(rec) + "\n")
                         logf.flush()
@@ -630,6 +638,22 @@ class Trainer(ABC):
         if self.workload.passes:
             summary["importance_seconds"] = self.workload.seconds
         return summary
+
+    def scores_during_training(self):
+        """``--eval-every``'s log fields: test_psnr and test_ssim over the test views (where the capture
+        holds some out), train_psnr over up to 5 training views spread through the split (fixed, so
+        that the curve compares like with like).  Collective; the root rank's fields, {} on the others."""
+        train = self.data.train[::max(1, -(-len(self.data.train) // 5))]
+        fields = {}
+        for name, views in (("test", self.data.test), ("train", train)):
+            if not views:
+                continue
+            res = self.evaluate(views, lpips=False)
+            if res is not None:
+                fields[f"{name}_psnr"] = res["psnr"]
+                if name == "test":
+                    fields["test_ssim"] = res["ssim"]
+        return fields
 
     def view_image(self, gaussians, camera):
         """``gaussians`` (the whole model's) rendered from ``camera`` for evaluation, clipped to [0, 1]."""
