@@ -154,7 +154,8 @@ class TrainConfig:
     snapshot_every: int = 5000        # write OUT/snapshot.h5 every this many steps (0: at the end only)
     log_every: int = 100              # a line of OUT/log.jsonl every this many steps
     eval_every: int = 0               # every this many steps, the test views' PSNR and SSIM and that of up to 5
-                                      # training views into log.jsonl, as Inria's test_iterations (0: never)
+                                      # training views into log.jsonl, as Inria's test_iterations (0: never; not
+                                      # at a step that reset the opacities, when every Gaussian is translucent)
     tensorboard: bool = False         # the log's scalars as TensorBoard events in OUT too (tensorboardX)
     view_order: str = "auto"          # each epoch's order of the views: random (3DGS), trajectory (a tour along the
                                       # cameras: consecutive views see much the same), auto: trajectory when
@@ -366,7 +367,7 @@ class Trainer(ABC):
                 if events:
                     self._device_memory_peak(release_cache=True)
                 scores = {}
-                if crossed(prev, self.step, c.eval_every):
+                if crossed(prev, self.step, c.eval_every) and not events.get("opacity_reset"):
                     t_eval = time.perf_counter()
                     scores = self.scores_during_training()
                     t0 += time.perf_counter() - t_eval  # (scoring is not training time)

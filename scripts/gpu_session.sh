@@ -38,6 +38,17 @@ print(f"{out.name}: {n / secs:.1f} images/s ({steady:.1f} in the second half), p
       + ", ".join(f"{k} {last[k]:.4g}" for k in keys if k in last))
 PY
 }
+half_images() {  # DIR/images_4: DIR/images_2 at half size (issue 57's runs), unless made before
+    [ -d "$1/images_4" ] || python3 - "$1" <<'PY'
+import sys
+from pathlib import Path
+from PIL import Image
+root = Path(sys.argv[1]); tmp = root / "images_4.tmp"; tmp.mkdir(exist_ok=True)
+for f in sorted((root / "images_2").iterdir()):
+    im = Image.open(f); im.resize((im.width // 2, im.height // 2), Image.LANCZOS).save(tmp / f.name, quality=95)
+tmp.rename(root / "images_4")
+PY
+}
 mpi_run() { local p=$1; shift; mpiexec --allow-run-as-root --oversubscribe -n "$p" python3 "$@"; }
 mpi() { local p=$1; shift; mpi_run "$p" run.py train "$@"; }
 LEGO=(--data .data/lego --white-background)
@@ -691,47 +702,37 @@ viewer)  # issue 28, headless: the viewer's frame latency per render mode at 1M 
     timeout 300 python3 scripts/viewer_bench.py slowdown "${LEGO[@]}" --iters 2000 --repeats 2 \
         > "$R/viewer_slowdown.txt" 2>&1
     cat "$R/viewer_slowdown.txt" ;;
-curves)  # issue 57: 30k runs scored every 1000 steps (test PSNR, and 5 training views': --eval-every), ours per
-    # VARIANT and the reference (REF=0: none), every run sharing the GPU under MPS (quality, not time): CAPTURES
-    # (default "helmet mouse"; .data/NAME staged with images_2 and sparse), at half of images_2 (images_4, made here)
-    # unless HALF=0.  Variants: base, noreset (--no-opacity-reset: the reference never resets), nographs
-    # (--step-graphs off), and ITERS (default 30000), SEED (default 0)
-    iters=${ITERS:-30000}; seed=${SEED:-0}
+curves)  # issue 57: runs scored every EVAL (default 1000) steps (test PSNR, and 5 training views': --eval-every),
+    # ours per VARIANT and SEED and the reference (REF=0: none; seed 0 alone, its own), every run sharing the GPU under
+    # MPS (quality, not time).  CAPTURES (default "helmet mouse"): .data/NAME staged with images_2 and sparse, trained
+    # at half of images_2 (images_4, made here), or NAME@images_2 at images_2.  VARIANTS: base, noreset
+    # (--no-opacity-reset: the reference never resets), nographs (--step-graphs off), regs (opacity and scale
+    # regularisers at 0.01); ITERS (default 30000), SEEDS (default 0).  Runs are named CAPTURE[@IMAGES]_VARIANT_ITERSk_sSEED
+    iters=${ITERS:-30000}; k=$((iters / 1000))k
     nvidia-cuda-mps-control -d 2>/dev/null && step "MPS on"
     export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/torch_ext REF_EVAL_EVERY=${EVAL:-1000}
-    noreset=(--no-opacity-reset); nographs=(--step-graphs off); undecayed=(--lr-means-steps 300000)
-    imgs=images_2; [ "${HALF:-1}" = 1 ] && imgs=images_4
-    for cap in ${CAPTURES:-helmet mouse}; do
-        [ $imgs = images_4 ] && python3 - ".data/$cap" <<'PY'
-import sys
-from pathlib import Path
-from PIL import Image
-root = Path(sys.argv[1]); out = root / "images_4"; out.mkdir(exist_ok=True)
-for f in sorted((root / "images_2").iterdir()):
-    im = Image.open(f); im.resize((im.width // 2, im.height // 2), Image.LANCZOS).save(out / f.name, quality=95)
-PY
+    noreset=(--no-opacity-reset); nographs=(--step-graphs off); regs=(--opacity-reg 0.01 --scale-reg 0.01)
+    for c in ${CAPTURES:-helmet mouse}; do
+        cap=${c%@*}; imgs=images_4; [ "$c" != "$cap" ] && imgs=${c#*@}
+        [ $imgs = images_4 ] && half_images .data/$cap
         for v in ${VARIANTS:-base}; do
             extra=${v}[@]; [ $v = base ] && extra=none[@]
-            KEEP=1 TRAIN_TIMEOUT=${TRAIN_TIMEOUT:-500} train "${cap}_${v}_s$seed" "$iters" --data .data/$cap --images $imgs \
-                --seed "$seed" --eval-every "${EVAL:-1000}" ${!extra+"${!extra}"} &
+            for seed in ${SEEDS:-0}; do
+                KEEP=1 TRAIN_TIMEOUT=${TRAIN_TIMEOUT:-500} train "${c/@images_2/_full}_${v}_${k}_s$seed" "$iters" \
+                    --data .data/$cap --images $imgs --seed "$seed" --eval-every "${EVAL:-1000}" ${!extra+"${!extra}"} &
+            done
         done
     done
-    for cap in ${CAPTURES:-helmet mouse}; do
+    for c in ${CAPTURES:-helmet mouse}; do
         [ "${REF:-1}" = 1 ] || break
+        cap=${c%@*}; imgs=images_4; [ "$c" != "$cap" ] && imgs=${c#*@}
         [ -d /tmp/torch_ext ] || { step "building gsplat"; timeout 300 python3 .data/ref_trainer.py .data/$cap colmap 2 \
             --images $imgs > "$R/ref_compile.txt" 2>&1; tail -1 "$R/ref_compile.txt"; }
         timeout "${REF_TIMEOUT:-500}" python3 .data/ref_trainer.py .data/$cap colmap "$iters" --images $imgs \
-            > "$R/${cap}_reference.txt" 2>&1 &
+            > "$R/${c/@images_2/_full}_reference_$k.txt" 2>&1 &
     done
     wait
-    for f in $(ls "$R"/*_reference.txt 2>/dev/null); do echo "$(basename "$f"): $(grep -a test_psnr "$f" | python3 -c "
-import json, sys
-print(' '.join(f\"{r['step'] / 1000:g}k {r['test_psnr']:.2f}\" for r in map(json.loads, sys.stdin)))") | $(tail -1 "$f")"; done
-    for d in "$R"/*_s$seed/; do echo "$(basename "$d"): $(python3 -c "
-import json, sys
-rs = [json.loads(x) for x in open(sys.argv[1] + '/log.jsonl')]
-print(' '.join(f\"{r['step'] / 1000:g}k {r['test_psnr']:.2f}/{r['train_psnr']:.2f}/{r['gaussians'] // 1000}\" for r in rs if 'test_psnr' in r))" "$d")"; done
-    for d in "$R"/*_s$seed/; do rm -rf "$d"/point_cloud "$d"/snapshot.h5 "$d"/test; done ;;
+    [ -n "${INNER:-}" ] || python3 scripts/quality_table.py "$R" ;;
 *) echo "usage: $(sed -n 3p "$0" | sed "s/^# *//")" >&2; exit 2 ;;
 esac
 step done
