@@ -64,20 +64,26 @@ def crossed(prev, step, every):
     return bool(every) and prev // every != step // every
 
 
+SHORTEST_DECAY = 7_000
+"""The shortest default decay of the means' learning rate: a run shorter than this decays as the
+start of a run this long (BENCHMARKS.md, "The means' learning rate on short runs")."""
+
+
 def means_decay_steps(iterations):
-    """The default length of the means' learning-rate decay (to ``lr_means_final``): the run, at
-    most Inria's 30k (gsplat's rule).  On Inria's 30k schedule a 7k run is the start of a 30k one and
-    ends with its means still moving at a third of their initial rate, which cost the generated
-    cities 1.7-2.0 dB; twice the run gains lego 0.5 dB over this but costs the large city 1.0 dB.
-    Measured at 7k on lego, fern and the generated cities in BENCHMARKS.md."""
-    return min(iterations, 30_000)
+    """The default length of the means' learning-rate decay (to ``lr_means_final``): the run (gsplat's
+    rule), at least ``SHORTEST_DECAY`` and at most Inria's 30k.  On Inria's 30k schedule a 7k run is
+    the start of a 30k one and ends with its means still moving at a third of their initial rate, which
+    cost the generated cities 1.7-2.0 dB; a decay over a run much shorter than 7k stops the means
+    before they reach their places (the demo: 26-29 dB over its 2000 steps against 36-37 over 7000).
+    Measured in BENCHMARKS.md."""
+    return min(max(iterations, SHORTEST_DECAY), 30_000)
 
 
 @dataclass
 class TrainConfig:
     """A run's settings; the defaults are the reference 3DGS implementation's but for two, each
     measured on every scene we have (README): no screen-size prune, and the means' learning rate
-    decaying over the run (at most 30k steps, as gsplat's).  Every field is a flag of ``run.py train`` (its
+    decaying over the run (at least 7k and at most 30k steps).  Every field is a flag of ``run.py train`` (its
     name with dashes) and a key of its ``--config`` file, and the comment beside a field (with the
     comment lines below it in the same column) is that flag's help."""
     iterations: int = 30_000          # training steps, in images
@@ -89,7 +95,7 @@ class TrainConfig:
     lambda_s3im: float | None = None  # tile loss: the weight of S3IM; None: ``s3im_weight`` of the data
     lr_means: float = 1.6e-4          # the means' learning rate (x scene scale), decaying to lr_means_final
     lr_means_final: float = 1.6e-6    # the means' learning rate (x scene scale) at step lr_means_steps
-    lr_means_steps: int | None = None # the decay's length in steps (default: the run, at most 30k)
+    lr_means_steps: int | None = None # the decay's length in steps (default: the run, at least 7k, at most 30k)
     lr_scales: float = 5e-3           # the learning rate of the log-scales
     lr_quats: float = 1e-3            # the learning rate of the rotations (quaternions)
     lr_opacities: float = 5e-2        # the learning rate of the opacity logits

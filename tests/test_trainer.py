@@ -56,18 +56,42 @@ def test_resume_matches_uninterrupted_run(dataset, tmp_path):
 
 @pytest.mark.parametrize("iterations, steps, at, rate", [
     (7000, None, 7000, 1.6e-6),    # over the run: its final rate at its end
+    (2000, None, 2000, 1.6e-4 * 0.01 ** (2 / 7)),  # shorter than 7k: the start of a 7k decay
     (7000, 14000, 7000, 1.6e-5),   # an explicit length, twice the run: 1.6e-4 * 0.01 ** (7 / 14) at its end
     (30000, None, 15000, 1.6e-5),  # 30k: Inria's decay, half-way at 15k
     (60000, None, 45000, 1.6e-6),  # longer: the decay still ends at 30k, then its final rate
 ])
 def test_means_learning_rate_decay(dataset, tmp_path, iterations, steps, at, rate):
-    """The means' rate decays to 1/100 over ``lr_means_steps``, by default the run, at most 30k
-    (``means_decay_steps``), and the trainer's config records the length it used."""
+    """The means' rate decays to 1/100 over ``lr_means_steps``, by default the run, at least 7k and at
+    most 30k (``means_decay_steps``), and the trainer's config records the length it used."""
     t = SingleGPUTrainer(dataset, tmp_path, small_config(iterations=iterations, lr_means_steps=steps))
     t.init_model()
     t.step = at
-    assert t.cfg.lr_means_steps == (steps or min(iterations, 30_000))
+    assert t.cfg.lr_means_steps == (steps or min(max(iterations, 7000), 30_000))
     assert t.learning_rates()[0]["means"] == pytest.approx(rate * dataset.scene_scale)
+
+
+def test_eval_every_scores_test_and_training_views(dataset, tmp_path):
+    """``--eval-every N`` logs the test views' PSNR and SSIM and 5 training views' PSNR at every multiple
+    of N (as Inria's test_iterations), equal to ``evaluate`` of the model at that step, but not at a
+    step that reset the opacities; the curve reaches ``run.py plot``'s scalars."""
+    from engine.outputs import log_scalars
+    t = fast_refine(SingleGPUTrainer(dataset, tmp_path, small_config(iterations=30, eval_every=5, log_every=100),
+                                     backend="cpu"))
+    t.train(progress=False, until=10)
+    recs = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if "test_psnr" in r] == [10]  # (step 5 reset the opacities: white background)
+    assert recs[-1]["test_psnr"] == pytest.approx(t.evaluate(lpips=False)["psnr"])
+    train_views = dataset.train[::-(-len(dataset.train) // 5)]
+    assert 1 < len(train_views) <= 5
+    assert recs[-1]["train_psnr"] == pytest.approx(t.evaluate(train_views, lpips=False)["psnr"])
+    assert 0 < recs[-1]["test_ssim"] <= 1
+    assert {"psnr/test", "psnr/train_views"} <= set(log_scalars(recs[-1]))
+    t.train(progress=False)
+    recs = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    scored = [r["step"] for r in recs if "test_psnr" in r]
+    resets = [r["step"] for r in recs if r.get("opacity_reset")]
+    assert resets == [5, 25] and scored == [10, 15, 20, 30]
 
 
 def test_reference_schedule_details(dataset, tmp_path):
