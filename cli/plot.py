@@ -1,8 +1,10 @@
 """``plot``: PNG curves of a training run from its OUT/log.jsonl.
 
     OUT/plots/loss.png         the training loss
-    OUT/plots/psnr.png         training PSNR (the step's view) and test PSNR (log records that
-                               have it, and OUT/metrics.json's at the iteration it scored)
+    OUT/plots/psnr.png         training PSNR (the step's view), test PSNR (log records that
+                               have it, and OUT/metrics.json's at the iteration it scored) and
+                               the test PSNR of the runs named by --compare (another run's
+                               folder, or the JSON lines of scripts/ref_trainer_log.patch)
     OUT/plots/gaussians.png    the Gaussian count (the whole model's under MPI)
     OUT/plots/step_time.png    milliseconds per step between log records
 
@@ -58,6 +60,22 @@ def series(records, final=None):
     return out
 
 
+def compared_curve(path):
+    """-> (label, (steps, test PSNRs)) of a run to draw beside this one: a training output folder (its
+    log.jsonl) or a file of JSON-lines records (the reference trainer's, patched to score its test
+    views: ``test_psnr`` at some steps)."""
+    path = Path(path)
+    log = path / "log.jsonl" if path.is_dir() else path
+    if not log.is_file():
+        raise SystemExit(f"error: --compare {path}: no training log there (a training output folder, or a "
+                         "file of JSON-lines records)")
+    records, _ = read_log(log)
+    points = [(r["step"], float(r["test_psnr"])) for r in records if r.get("test_psnr") is not None]
+    if not points:
+        raise SystemExit(f"error: --compare {path}: its log has no test PSNR (train with --eval-every N)")
+    return path.stem if path.is_file() else path.name, tuple(map(list, zip(*points)))
+
+
 def cmd_plot(a):
     model = Path(a.model)
     log = model / "log.jsonl"
@@ -78,6 +96,7 @@ def cmd_plot(a):
     except json.JSONDecodeError:
         final = None
     data = series(records, final)
+    others = [compared_curve(path) for path in a.compare or ()]
     out = Path(a.out) if a.out else model / "plots"
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -87,11 +106,14 @@ def cmd_plot(a):
             if key in data:
                 steps, values = data[key]
                 ax.plot(steps, values, label=label, marker="o" if len(steps) < 3 else None)
+        if name == "psnr":
+            for label, (steps, values) in others:
+                ax.plot(steps, values, label=f"test: {label}", linestyle="--", marker="o" if len(steps) < 3 else None)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.set_title(f"{ylabel}: {model.name}")
         ax.grid(alpha=0.3)
-        if len(lines) > 1:
+        if len(lines) > 1 or (name == "psnr" and others):
             ax.legend()
         fig.tight_layout()
         fig.savefig(out / f"{name}.png")
@@ -105,4 +127,7 @@ def add_commands(sub):
     p = sub.add_parser("plot", help="PNG curves of a training run (loss, PSNR, Gaussians, step time)")
     p.add_argument("--model", required=True, help="training output folder (holds log.jsonl)")
     p.add_argument("--out", default=None, help="folder for the PNG files (default MODEL/plots)")
+    p.add_argument("--compare", nargs="+", metavar="RUN", default=None,
+                   help="draw these runs' test PSNR on psnr.png too: training output folders, or files of "
+                        "JSON-lines records with test_psnr (the reference trainer's, scripts/ref_trainer_log.patch)")
     p.set_defaults(fn=cmd_plot)

@@ -341,15 +341,21 @@ def slow_cpu_hint(dataset, backend):
             f"use --resolution {factor} or a GPU")
 
 
+def demo_config(iterations=None):
+    """The demo's settings: the defaults but for its length (2000 steps), SH degree 1, random initial
+    points and a white background (tests/test_quality_guard.py holds its quality)."""
+    from engine.trainer import TrainConfig
+    return TrainConfig(iterations=iterations or 2000, sh_degree=1, sh_increase_every=500, n_random_init=3000,
+                       background=(1.0, 1.0, 1.0), snapshot_every=0, log_every=50)
+
+
 def cmd_demo(a):
     """The default command: train the built-in procedural scene and print its test PSNR."""
     import tempfile
     from engine.demo import make_dataset
-    from engine.trainer import TrainConfig
     print("NumbaSplat demo: rendering the built-in scene (the first run compiles kernels: about a minute)")
     dataset = make_dataset()
-    cfg = TrainConfig(iterations=a.iterations or 2000, sh_degree=1, sh_increase_every=500, n_random_init=3000,
-                      background=(1.0, 1.0, 1.0), snapshot_every=0, log_every=50)
+    cfg = demo_config(a.iterations)
     a.out = a.out or tempfile.mkdtemp(prefix="numbasplat-demo-")
     t = train_model(dataset, a, cfg)
     write_metrics(t.evaluate(), a.out)

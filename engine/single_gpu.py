@@ -215,8 +215,8 @@ class SingleGPUTrainer(Trainer):
             loss = loss.again()  # (the graph keeps its loss unread: each replay's is read from its sums)
         if roomed:
             self._room.record(i, len(model), room, total)
-        if image is not None:  # (a graph keeps its loss, not its render: the last step run as usual shows)
-            self._progress_view = (image, self.targets[i])
+        # (a graph keeps its loss, not its render: progress_psnr renders a replayed step's view when asked)
+        self._progress_view = (image, i)
         self.step += 1
         events = strategy.after_optimizer(model, self.strategy_state, self.step, self.context(lr_means=lr["means"]))
         if events and self._graphs is not None:
@@ -290,5 +290,9 @@ class SingleGPUTrainer(Trainer):
         return image, grad, loss
 
     def progress_psnr(self):
-        image, target = self._progress_view
-        return psnr(image, target)
+        """PSNR of the last step's view: its render, or where a step graph replayed the step (which
+        keeps no render), the view rendered now, after the step's update."""
+        image, i = self._progress_view
+        if image is None:
+            image = self.view_image(self.model.gaussians, self.data.train[i].camera)
+        return psnr(image, self.targets[i])

@@ -66,3 +66,25 @@ def test_plot_names_what_is_missing(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(SystemExit, match=r"plot needs matplotlib: pip install -e '\.\[plot\]'"):
         cli.main(["plot", "--model", str(tmp_path)])
+
+
+def test_compared_curve_reads_a_run_folder_or_the_references_lines(tmp_path):
+    """--compare draws another run's test PSNR: a training output folder's log, or the reference trainer's
+    JSON lines (its summary line, which has no step, skipped); a log without test PSNR is one clear error."""
+    from cli.plot import compared_curve
+    run = tmp_path / "ours"
+    run.mkdir()
+    (run / "log.jsonl").write_text("\n".join(json.dumps({"step": s, "loss": 0.1, "psnr": 20, "test_psnr": 20 + s / 1000})
+                                             for s in (1000, 2000)) + "\n")
+    ref = tmp_path / "helmet_reference_30k.txt"
+    ref.write_text('{"step": 100, "loss": 0.2, "psnr": 18}\n{"step": 1000, "loss": 0.1, "psnr": 19, "test_psnr": 21.5}\n'
+                   '{"scene": "helmet", "psnr": 21.5, "train_s": 3.0}\n')
+    assert compared_curve(run) == ("ours", ([1000, 2000], [21.0, 22.0]))
+    assert compared_curve(ref) == ("helmet_reference_30k", ([1000], [21.5]))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    write_run(plain)
+    with pytest.raises(SystemExit, match="no test PSNR"):
+        compared_curve(tmp_path / "plain")
+    with pytest.raises(SystemExit, match="no training log"):
+        compared_curve(tmp_path / "missing")

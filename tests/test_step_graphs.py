@@ -36,6 +36,19 @@ def test_replayed_steps_train_as_steps_run_as_usual(dataset, tmp_path):
         np.testing.assert_array_equal(graphed.strategy_state[k], a, err_msg=k)
 
 
+def test_the_log_psnr_of_a_replayed_step_is_its_views_psnr_now(dataset, tmp_path):
+    """A replayed step keeps no render: the log's PSNR (the last step's view) is that view rendered
+    after the step, not the last render of a step run as usual (which stayed in every record)."""
+    from numbasplat.loss import psnr
+    t = _trained(dataset, tmp_path, True, until=40)
+    image, view = t._progress_view
+    assert image is None and t._graphs.replays > 0
+    now = psnr(t.view_image(t.model.gaussians, t.data.train[view].camera), t.targets[view])
+    assert t.progress_psnr() == now
+    logged = [json.loads(x)["psnr"] for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert len(set(logged)) == len(logged), logged
+
+
 def test_replayed_steps_with_every_blitzgs_switch_train_as_steps_run_as_usual(dataset, tmp_path):
     """With importance passes (every 40 steps and near the end; each starts the trainer from its
     result: the graphs are dropped), view masks and the LOD gate, 86 steps: the same model to the bit."""
