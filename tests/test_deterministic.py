@@ -3,6 +3,8 @@ the CPU backend and the default backward, the same bits at every call, no float 
 the CPU the flag's way in (the config, the CLI, the rendering API, step graphs, the benchmark) and
 the options it refuses, each combination one error naming it."""
 import json
+import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -123,3 +125,24 @@ def test_bench_takes_the_flag(tmp_path, capsys):
         cmd_bench(SimpleNamespace(**{**vars(args), "loss": "tile"}))
     with pytest.raises(ValueError, match="--deterministic cannot be combined with --loss tile"):
         bench.run(str(path), iters=1, warmup=0, loss="tile", deterministic=True, backend="cpu")
+
+
+@pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", reason="simulator has no compiler")
+def test_the_gpu_kernels_of_the_fixed_order_add_no_float_with_an_atomic(monkeypatch):
+    """The simulator runs its own variant of the warp sums (no shuffles): the real kernels' PTX for
+    sm_90 shows that with --deterministic nothing is added into a float by an atomic, where the
+    default backward does (so the pattern is live)."""
+    from test_cuda_launch import _ptx_available
+    if not _ptx_available():
+        pytest.skip("no NVVM (install numba-cuda[cu12])")
+    from numba import cuda as numba_cuda
+    from numba.cuda import dispatcher
+    monkeypatch.setattr(dispatcher, "get_current_device", lambda: SimpleNamespace(compute_capability=(9, 0)))
+    from numbasplat.cuda import raster
+
+    def float_atomics(k):
+        ptx, _ = numba_cuda.compile_ptx(k.fn, k.sig, cc=(9, 0), fastmath=k.fastmath)
+        return re.findall(r"\b(?:atom|red)\.[\w.]*\.f(?:16|32|64)\b", ptx)
+    assert float_atomics(raster._raster_backward_kernel)
+    assert float_atomics(raster._raster_backward_fixed_kernel) == []
+    assert float_atomics(raster._slot_sum_kernel) == []
