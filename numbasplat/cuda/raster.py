@@ -6,6 +6,9 @@ gradients with coalesced row access, then the geometry).  The raster kernels run
 thread block per tile and stream the tile's depth-sorted Gaussians through shared memory in
 batches of ``BLOCK``, built on the per-tile device functions of ``tile`` (shared with the
 fused kernel); so does the contributions kernel (each pixel's dominant Gaussian, for pruning).
+The raster backward is compiled twice from one source: adding gradients with float atomics, and
+(``--deterministic``) into a slot per intersection and warp, summed per Gaussian in a fixed order
+(``_raster_backward``, ``_slot_sum_kernel``).
 The entry points below take the same arguments as ``numbasplat.cpu``'s.
 """
 import numpy as np

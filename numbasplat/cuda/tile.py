@@ -10,8 +10,7 @@ backward pass sums every Gaussian's gradient across the warp (a transpose reduct
 before one atomic instruction per warp, or (``fixed``: deterministic training) a plain store of the
 warp's sum into its own slot, which a second kernel adds up in a fixed order; the CUDA simulator has
 no shuffles, so there the sum goes through shared memory, and a few other functions have simulator
-variants too.  The per-pixel
-math is ``numbasplat.math.blend``'s, shared with the CPU backend.
+variants too.  The per-pixel math is ``numbasplat.math.blend``'s, shared with the CPU backend.
 """
 from numba import cuda, float32, int32, uint32
 
