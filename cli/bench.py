@@ -10,8 +10,11 @@ def cmd_bench(a):
     if not os.path.isfile(a.scene):
         raise SystemExit(f"error: benchmark scene not found: {a.scene} "
                          "(make one with shared/bench/scene_gen.py)")
+    if a.deterministic and a.loss == "tile":
+        raise SystemExit("error: --deterministic cannot be combined with --loss tile (its fused kernel adds "
+                         "gradients with atomics)")
     bench.run(a.scene, iters=a.iters, warmup=a.warmup, sh_degree=a.sh_degree, profile=a.profile, loss=a.loss,
-              fuse=not a.no_fuse)
+              fuse=not a.no_fuse, deterministic=a.deterministic)
 
 
 def cmd_scaling(a):
@@ -216,6 +219,8 @@ def add_commands(sub):
     b.add_argument("--profile", action="store_true", help="also print the host-side Python profile")
     b.add_argument("--loss", choices=["global", "tile"], default="global")
     b.add_argument("--no-fuse", action="store_true", help="with --loss tile: the unfused kernels only")
+    b.add_argument("--deterministic", action="store_true",
+                   help="binning and raster backward as train --deterministic runs them (a fixed order of sums)")
     b.set_defaults(fn=cmd_bench)
     c = sub.add_parser("scaling", help="training images/s and the step's phases on a benchmark scene or a dataset, "
                                        "one rank or many (mpiexec); on one rank bytes per step and a cost model")

@@ -91,10 +91,10 @@ class BinningRoom:
                 del self.held[view]
         return room
 
-    def bin_into(self, p, room, backend=None):
+    def bin_into(self, p, room, backend=None, deterministic=False):
         """The device's part: ``bin_tiles`` of the projection ``p`` into ``room``, its total queued
         for the host (a step graph captures this)."""
-        b = ns.bin_tiles(p, backend=backend, room=room)
+        b = ns.bin_tiles(p, backend=backend, room=room, deterministic=deterministic)
         if room is not None:
             _backend.queue_to_host(b.total, self._total)
         return b
@@ -122,8 +122,16 @@ class BinningRoom:
 
 
 class SingleGPUTrainer(Trainer):
-    """``Trainer`` with the whole model in this process (on the GPU, or the CPU backend)."""
+    """``Trainer`` with the whole model in this process (on the GPU, or the CPU backend).
+
+    ``--deterministic`` (``cfg.deterministic``): binned and raster backward in a fixed order
+    (``rasterize_backward(deterministic=True)``), so a run of one seed and data gives the same bits
+    every time; the rest of the step is so already (each Gaussian's projection backward, statistics
+    and Adam update are its own thread's, the loss's sums are per tile and added on the host, the
+    binning's sorts are stable, densification's draws are functions of a key and the row).  Its
+    slot buffer is scratch of the step, so a step graph captures it with the rest."""
     culls_views = True
+    supports_deterministic = True  # (``trainer.refuse_nondeterministic``)
     binning_room = None  # bin into kept room (``BinningRoom``)? None: on GPUs; True: always (tests); False: never
     _room = None
     _graphs = None       # the step graphs (``engine.step_graphs``), once a step may use them
@@ -240,7 +248,9 @@ class SingleGPUTrainer(Trainer):
                        check=False)  # checked at log steps: a sync
         self.workload.cull(p, g, self.strategy_state, i, self.backend)  # what its mask and LOD gate skip
         clock.end("project")
-        b = self._room.bin_into(p, room, self.backend) if roomed else ns.bin_tiles(p, backend=self.backend)
+        fixed = c.deterministic
+        b = (self._room.bin_into(p, room, self.backend, deterministic=fixed) if roomed
+             else ns.bin_tiles(p, backend=self.backend, deterministic=fixed))
         if c.loss == "tile":
             image, grad, loss = self._tile_loss_step(p, b, target, bg)
             clock.end("render")
@@ -253,7 +263,7 @@ class SingleGPUTrainer(Trainer):
             if corrected:
                 d_img = self.appearance.backward(d_img, r.image, i)
             clock.end("loss")
-            grad = ns.rasterize_backward(p, b, r, d_img, backend=self.backend)
+            grad = ns.rasterize_backward(p, b, r, d_img, backend=self.backend, deterministic=fixed)
             clock.end("backward")
         ns.project_backward(g, p, grad, model.grad_gaussians, accumulate=False, backend=self.backend)
         self.add_strategy_gradients()  # on top of what the backward wrote

@@ -167,6 +167,9 @@ class TrainConfig:
                                       # cameras: consecutive views see much the same), auto: trajectory when
                                       # offloading and the device cannot hold every block, else random
     seed: int = 0                     # the random seed (the views' order, random points, densification)
+    deterministic: bool = False       # the same bits at every run of one seed and data: on a GPU the raster backward
+                                      # sums each Gaussian's gradient in a fixed order, not by float atomics (384
+                                      # bytes of scratch per tile intersection; one process, the global loss)
     n_random_init: int = 100_000      # random points to start from when the capture has no SfM points
 
 
@@ -180,6 +183,25 @@ rendered tiles that the global loss needs from other renderers; the loss and its
 gradient; the raster backward; the gradients' exchange back to the owners; the owners'
 projection backward and the strategy's statistics; Adam and densification; the ranks' sum of
 the loss and the tile costs."""
+
+
+def refuse_nondeterministic(cfg, trainer):
+    """Raise one ValueError naming ``--deterministic`` and every option of ``cfg`` or the pipeline
+    ``trainer`` whose float sums depend on the order atomics come in (the gradients of the fused
+    tile-loss kernel, the contribution totals of pruning and of the importance pass), or that is
+    not made deterministic (offloading, the MPI ranks' exchanges): only ``SingleGPUTrainer`` is."""
+    refused = []
+    if cfg.loss != "global":
+        refused.append(f"--loss {cfg.loss} (its fused kernel adds gradients with atomics)")
+    if cfg.prune != "none":
+        refused.append(f"--prune {cfg.prune} (its contribution totals are added with atomics)")
+    if cfg.importance_every:
+        refused.append(f"--importance-every {cfg.importance_every} (its contribution totals are added with atomics)")
+    if not getattr(trainer, "supports_deterministic", False):
+        refused.append(f"the {type(trainer).__name__} pipeline (--offload, or MPI ranks and --exchange: "
+                       "only one process holding the whole model is deterministic)")
+    if refused:
+        raise ValueError("--deterministic cannot be combined with " + "; ".join(refused))
 
 
 class PhaseClock:
@@ -290,6 +312,8 @@ class Trainer(ABC):
             cfg = replace(cfg, lr_means_steps=means_decay_steps(cfg.iterations))
         if cfg.view_order not in VIEW_ORDERS:
             raise ValueError(f"--view-order {cfg.view_order}: unknown (one of {', '.join(VIEW_ORDERS)})")
+        if cfg.deterministic:
+            refuse_nondeterministic(cfg, self)
         self.data = dataset
         self.cfg = cfg
         self.out = Path(out_dir)

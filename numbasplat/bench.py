@@ -124,7 +124,10 @@ def peak_device_bytes():
 
 
 def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile=False, loss="global",
-        fuse=True, out=print):
+        fuse=True, deterministic=False, out=print):
+    if deterministic and loss == "tile":
+        raise ValueError("--deterministic cannot be combined with --loss tile (its fused kernel adds gradients "
+                         "with atomics)")
     backend = backend or _backend.BACKEND
     xp = _backend.array_module(backend)
     kernels = _backend.kernels(backend)
@@ -148,7 +151,7 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
         m = [clock.mark()]
         p = project(g, cam, sh_degree, backend=backend, check=False)
         m.append(clock.mark())
-        b = bin_tiles(p, backend)
+        b = bin_tiles(p, backend, deterministic=deterministic)
         m.append(clock.mark())
         if loss == "tile":
             perms = xp.asarray(s3im_permutations(rng, 10))
@@ -160,7 +163,7 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
             m.append(clock.mark())
             loss_value, d_img = l1_ssim_loss(r.image, target, backend=backend, lazy=True)  # as in training
             m.append(clock.mark())
-            rec = rasterize_backward(p, b, r, d_img, backend=backend)
+            rec = rasterize_backward(p, b, r, d_img, backend=backend, deterministic=deterministic)
             m.append(clock.mark())
         project_backward(g, p, rec, gg, accumulate=False, backend=backend)
         m.append(clock.mark())
@@ -180,7 +183,8 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
     med = {k: statistics.median(v) for k, v in times.items()}
     n = len(g_host)
     out(f"scene: {n} Gaussians, {cam.width}x{cam.height}, backend {backend}, loss {loss} "
-        f"{'(fused where it fits)' if loss == 'tile' and fuse else ''}, {iters} iterations (median ms), "
+        f"{'(fused where it fits)' if loss == 'tile' and fuse else ''}"
+        f"{', deterministic' if deterministic else ''}, {iters} iterations (median ms), "
         f"intersections {b.n_isect}, loss value {float(loss_value):.4f}")
     for s in STAGES:
         if loss == "tile" and s in ("loss", "raster_bwd"):

@@ -92,6 +92,11 @@ class Binning:
     n_isect: int         # M: the intersections, or with ``bin_tiles(room=)`` the slots they were binned into
     total: object = None     # (1,) int64 on the device: the intersections (with ``room``, maybe more than M)
     overflow: object = None  # with ``room``: (1,) int32 on the device, 1 if the intersections did not fit
+    # ``bin_tiles(deterministic=True)`` keeps what ``rasterize_backward(deterministic=True)`` sums by:
+    perm: object = None      # (M,) int64 the slot each sorted intersection was emitted at (a Gaussian's are
+                             # contiguous: ends[k] - counts[order[k]], ..., ends[k] - 1)
+    order: object = None     # (N,) int64 the Gaussians in depth order
+    ends: object = None      # (N,) int64 the running count of tiles in that order
 
 
 @dataclass
@@ -159,7 +164,7 @@ def _stable_argsort(xp, a):
     return xp.argsort(a, kind="stable") if xp is np else xp.argsort(a)
 
 
-def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, room=None):
+def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, room=None, deterministic=False):
     """Every tile-Gaussian intersection, sorted by (tile, depth); per-tile ranges.
 
     Two short sorts instead of one of 64-bit (tile, depth) keys: the visible
@@ -176,6 +181,10 @@ def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, 
     Records of several views of one size (a renderer's batch under MPI) bin at
     once with ``view_of`` (each record's view, int32) and ``n_views``: view b's
     tile t is then tile b * tiles + t of the ranges.
+
+    ``deterministic``: the binning also keeps the permutation from emitted to sorted
+    intersections, the depth order and its running counts (``Binning.perm``, ``order``,
+    ``ends``), by which ``rasterize_backward(deterministic=True)`` sums in a fixed order.
     """
     kernels, xp = _dispatch(backend)
     tx, ty = p.camera.tiles
@@ -217,7 +226,11 @@ def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, 
         perm = _stable_argsort(xp, keys)
         ids = ids[perm]
         kernels.tile_ranges(tile_of, perm, ranges)
-    return Binning(ids, ranges, slots, device_total, overflow if room is not None else None)
+    b = Binning(ids, ranges, slots, device_total, overflow if room is not None else None)
+    if deterministic:
+        b.perm = perm if slots else xp.zeros(0, np.int64)
+        b.order, b.ends = order, ends
+    return b
 
 
 def route_plan(p: Projection, view, first_tile, bounds, plan, backend=None):
@@ -311,8 +324,14 @@ def contributions(p: Projection, b: Binning, backend=None, colour=True):
 
 
 def rasterize_backward(p: Projection, b: Binning, r: Render, d_image, d_alpha=None, d_depth=None, grad=None,
-                       backend=None):
-    """Screen-space gradient records (N, GRAD_FIELDS), added into ``grad`` if given."""
+                       backend=None, deterministic=False):
+    """Screen-space gradient records (N, GRAD_FIELDS), added into ``grad`` if given.
+
+    ``deterministic``: the same bits at every run (``b`` from ``bin_tiles(deterministic=True)``).
+    On a GPU each Gaussian's gradient is otherwise added up over its tiles' warps by float atomics,
+    in an order that varies from run to run; here the warps' sums go to a slot each and are added
+    per Gaussian in a fixed order (``numbasplat.cuda.raster.raster_backward``; 384 bytes of
+    scratch per intersection).  The CPU backend's sums are in a fixed order either way."""
     kernels, xp = _dispatch(backend)
     W, H = p.camera.width, p.camera.height
     dtype = p.proj.dtype
@@ -320,9 +339,15 @@ def rasterize_backward(p: Projection, b: Binning, r: Render, d_image, d_alpha=No
         grad = xp.zeros((p.proj.shape[0], go.GRAD_FIELDS), dtype)
     d_alpha = xp.zeros((H, W), dtype) if d_alpha is None else d_alpha
     d_depth = xp.zeros((H, W), dtype) if d_depth is None else d_depth
+    fixed = None
+    if deterministic:
+        if b.perm is None:
+            raise ValueError("rasterize_backward(deterministic=True) needs the binning of "
+                             "bin_tiles(deterministic=True)")
+        fixed = (b.perm, b.order, b.ends, p.counts)
     if b.n_isect:
         kernels.raster_backward(p.proj, b.ids, b.ranges, W, H, TILE, p.camera.tiles[0], r.background, r.trans,
-                                r.last, d_image, d_alpha, d_depth, grad)
+                                r.last, d_image, d_alpha, d_depth, grad, fixed=fixed)
     return grad
 
 
@@ -487,19 +512,21 @@ class Frame:
 
 
 def render(g: Gaussians, camera: Camera, sh_degree=None, background=None, antialias=False, backend=None,
-           check=None):
-    """Project, bin and rasterize; ``check=False`` skips the finiteness check (a device sync)."""
+           check=None, deterministic=False):
+    """Project, bin and rasterize; ``check=False`` skips the finiteness check (a device sync);
+    ``deterministic``: binned for ``render_backward(deterministic=True)``."""
     p = project(g, camera, sh_degree, antialias, backend, check)
-    b = bin_tiles(p, backend)
+    b = bin_tiles(p, backend, deterministic=deterministic)
     return Frame(p, b, rasterize(p, b, background, backend))
 
 
 def render_backward(g: Gaussians, frame: Frame, d_image, d_alpha=None, d_depth=None, out=None, accumulate=False,
-                    backend=None):
+                    backend=None, deterministic=False):
     """Parameter gradients and the screen-space gradient records of one render.
 
     Gradients are written into ``out`` (a new ``Gaussians`` if None), or added
-    to it with ``accumulate=True`` (several views per step)."""
+    to it with ``accumulate=True`` (several views per step).  ``deterministic``: the same bits
+    at every run (``rasterize_backward``; the frame from ``render(deterministic=True)``)."""
     grad = rasterize_backward(frame.projection, frame.binning, frame.render, d_image, d_alpha, d_depth,
-                              backend=backend)
+                              backend=backend, deterministic=deterministic)
     return project_backward(g, frame.projection, grad, out, accumulate=accumulate, backend=backend), grad

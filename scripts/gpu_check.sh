@@ -12,6 +12,8 @@ rc=0
 python3 run.py info | tee "$OUT/info.txt"
 python3 tests/check_cuda_raster.py 2>&1 | tee "$OUT/check_cuda_raster.txt" || rc=1
 python3 tests/check_cuda_fused.py 2>&1 | tee "$OUT/check_cuda_fused.txt" || rc=1
+python3 tests/check_deterministic_raster.py 2>&1 | tee "$OUT/check_deterministic_raster.txt" || rc=1
+python3 tests/check_deterministic.py 2>&1 | tee "$OUT/check_deterministic.txt" || rc=1
 for bg in "" --random-background; do
     python3 tests/check_cuda_graphs.py $bg 2>&1 | grep -v "^model:" | tee "$OUT/check_cuda_graphs$bg.txt"
     grep -q "step graphs: ok" "$OUT/check_cuda_graphs$bg.txt" || rc=1
@@ -23,5 +25,7 @@ for spec in "1000000 1297x840" "6000000 1920x1080"; do
     f=.data/bench_$1_$2.npz
     [ -f "$f" ] || python3 "$gen" "$f" --n "$1" --res "$2"
     python3 run.py bench --scene "$f" --iters "${ITERS:-20}" 2>&1 | tee "$OUT/bench_$1_$2.txt" || rc=1
+    python3 run.py bench --scene "$f" --iters "${ITERS:-20}" --deterministic 2>&1 \
+        | tee "$OUT/bench_$1_$2_deterministic.txt" || rc=1
 done
 exit $rc

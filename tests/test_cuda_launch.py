@@ -27,6 +27,7 @@ KERNEL_NAMES = {
     "_count_kernel", "_pack_kernel", "_unpack_add_kernel", "_scatter_add_kernel",  # sparse
     "_depth_key_kernel", "_tile_ranges_kernel", "_screen_stats_kernel",  # binning, the strategy's statistics
     "_row_normals_kernel",  # densification's noise
+    "_raster_backward_fixed_kernel", "_slot_sum_kernel",  # the raster backward of --deterministic
 }
 
 

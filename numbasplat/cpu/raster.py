@@ -188,8 +188,15 @@ def scatter_add_rows(ids, rows, out):
             out[g, f] += rows[i, f]
 
 
-def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad):
-    """Add each Gaussian's screen-space gradient record into ``grad`` (N, GRAD_FIELDS)."""
+def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad,
+                    fixed=None):
+    """Add each Gaussian's screen-space gradient record into ``grad`` (N, GRAD_FIELDS).
+
+    Deterministic as it is, so ``fixed`` (the CUDA backend's order of summation for
+    ``--deterministic``) is not needed: each intersection's row is written by the one thread
+    that takes its tile, in pixel order, and the rows are added per Gaussian in sorted order by
+    one thread; no ``prange`` reduction, so neither the thread count nor the schedule changes a
+    bit."""
     rows = np.zeros((ids.shape[0], grad.shape[1]), grad.dtype)
     _raster_backward_isect(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, rows)
     scatter_add_rows(ids, rows, grad)

@@ -131,7 +131,8 @@ def _fused_kernel(proj, ids, ranges, W, H, tiles_x, bg, target, perms, repeats, 
                 h, hits = next_hit(hits)
                 j = int32(top - 1 - h)
                 T, s0, s1, s2, sd = backward_hit(rec, CACHED, j - shift, fx, fy, j < stop, T, s0, s1, s2, sd,
-                                                 dc0, dc1, dc2, ZERO, ZERO, False, grad, ids, start + j, tid, red)
+                                                 dc0, dc1, dc2, ZERO, ZERO, False, grad, ids, start + j, tid, red,
+                                                 False, grad, 0)
         hi = lo
 
 

@@ -6,6 +6,9 @@ gradients with coalesced row access, then the geometry).  The raster kernels run
 thread block per tile and stream the tile's depth-sorted Gaussians through shared memory in
 batches of ``BLOCK``, built on the per-tile device functions of ``tile`` (shared with the
 fused kernel); so does the contributions kernel (each pixel's dominant Gaussian, for pruning).
+The raster backward is compiled twice from one source: adding gradients with float atomics, and
+(``--deterministic``) into a slot per intersection and warp, summed per Gaussian in a fixed order
+(``_raster_backward``, ``_slot_sum_kernel``).
 The entry points below take the same arguments as ``numbasplat.cpu``'s.
 """
 import numpy as np
@@ -15,9 +18,10 @@ from ..math import gaussian_ops as go
 from ..math.blend import blend_step, dominant_step, store_pixel
 from ..math.sh import sh_basis, sh_basis_jacobian
 from ..math.tiles import TILE, tile_grid
-from .launch import F1, F2, F3, I1, I2, THREADS, U1, array_module, kernel, per_item
-from .tile import (BLOCK, NF, NG, ONE, RED_ROWS, ZERO, add_over_warp, backward_hit, chunk_hits, composite_chunks,
-                   field, flat_records, next_hit, pixel_of_tile, record_alpha, record_reaches, warp_all)
+from .launch import F1, F2, F3, I1, I2, L1, THREADS, U1, array_module, kernel, per_item
+from .tile import (BLOCK, NF, NG, ONE, RED_ROWS, WARPS, ZERO, add_over_warp, backward_hit, chunk_hits,
+                   composite_chunks, field, flat_records, next_hit, pixel_of_tile, record_alpha, record_reaches,
+                   warp_all)
 
 BATCH_WORDS = BLOCK * NF    # a batch of records in shared memory (a constant, as Numba needs)
 
@@ -322,49 +326,88 @@ def _raster_forward_kernel(proj, ids, ranges, W, H, tiles_x, bg, image, trans, d
         _store_pixel(image, trans, depth, last, py, px, r, g, b, T, d, stop, bg)
 
 
-@kernel(F2, I1, I2, "int64", "int64", "int64", F1, F2, I2, F3, F2, F2, F1, fastmath=True)
-def _raster_backward_kernel(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad):
-    rec = cuda.shared.array(BATCH_WORDS, float32)
-    rid = cuda.shared.array(BLOCK, int32)
-    red = cuda.shared.array((NG, RED_ROWS), float32)
-    block_last = cuda.shared.array(1, int32)
-    tid, lane, px, py, inside, start, end, x0, x1, y0, y1, fx, fy = _tile_pixel(ranges, tiles_x, W, H)
-    if tid == 0:
-        block_last[0] = start
-    cuda.syncthreads()
-    T_end = dc0 = dc1 = dc2 = dd = da_end = ZERO  # outside the image (where no hit counts: my_last = start)
-    my_last = start
-    if inside:
-        T_end = trans[py, px]
-        dc0 = d_image[py, px, 0]
-        dc1 = d_image[py, px, 1]
-        dc2 = d_image[py, px, 2]
-        dd = d_depth[py, px]
-        da_end = d_alpha[py, px] * T_end
-        my_last = last[py, px]
-        cuda.atomic.max(block_last, 0, my_last)
-    cuda.syncthreads()
-    end = block_last[0]  # nothing behind the block's last contributor matters
-    T = T_end
-    s0 = T_end * bg[0]
-    s1 = T_end * bg[1]
-    s2 = T_end * bg[2]
-    sd = ZERO
-    for top in range(end, start, int32(-BLOCK)):  # int32 counters, as in the forward pass
-        lo = int32(max(start, top - BLOCK))
-        if top - 1 - tid >= lo:
-            _load(proj, ids, top - 1 - tid, rec, rid, tid)
+def _raster_backward(fixed):
+    """The raster backward kernel; ``fixed`` (a constant of its compilation, so the kernel without
+    it has no trace of it): each warp stores its sum of a record's gradient into the record's own
+    slot of ``slots`` ((intersections, WARPS, NG) flat, zeroed; the slot of the record at sorted
+    position p is ``perm[p]``, the position it was emitted at) instead of adding it into ``grad``
+    with an atomic, whose order varies from run to run; ``_slot_sum_kernel`` then adds each
+    Gaussian's slots into ``grad`` in a fixed order."""
+    def kernel_fn(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad, perm, slots):
+        rec = cuda.shared.array(BATCH_WORDS, float32)
+        rid = cuda.shared.array(BLOCK, int32)
+        red = cuda.shared.array((NG, RED_ROWS), float32)
+        block_last = cuda.shared.array(1, int32)
+        tid, lane, px, py, inside, start, end, x0, x1, y0, y1, fx, fy = _tile_pixel(ranges, tiles_x, W, H)
+        if tid == 0:
+            block_last[0] = start
         cuda.syncthreads()
-        n = int32(top - lo)
-        for c in range(int32(0), n, int32(32)):  # as in the forward pass: only the warp's hits
-            k = int32(c + lane)
-            hits = chunk_hits(k < n and record_reaches(rec, NF, k, x0, x1, y0, y1), int32(n - c))
-            while hits != 0:
-                h, hits = next_hit(hits)
-                j = int32(c + h)
-                T, s0, s1, s2, sd = backward_hit(rec, NF, j, fx, fy, top - 1 - j < my_last, T, s0, s1, s2, sd,
-                                                 dc0, dc1, dc2, dd, da_end, True, grad, rid, j, tid, red)
+        T_end = dc0 = dc1 = dc2 = dd = da_end = ZERO  # outside the image (where no hit counts: my_last = start)
+        my_last = start
+        if inside:
+            T_end = trans[py, px]
+            dc0 = d_image[py, px, 0]
+            dc1 = d_image[py, px, 1]
+            dc2 = d_image[py, px, 2]
+            dd = d_depth[py, px]
+            da_end = d_alpha[py, px] * T_end
+            my_last = last[py, px]
+            cuda.atomic.max(block_last, 0, my_last)
         cuda.syncthreads()
+        end = block_last[0]  # nothing behind the block's last contributor matters
+        T = T_end
+        s0 = T_end * bg[0]
+        s1 = T_end * bg[1]
+        s2 = T_end * bg[2]
+        sd = ZERO
+        for top in range(end, start, int32(-BLOCK)):  # int32 counters, as in the forward pass
+            lo = int32(max(start, top - BLOCK))
+            if top - 1 - tid >= lo:
+                _load(proj, ids, top - 1 - tid, rec, rid, tid)
+            cuda.syncthreads()
+            n = int32(top - lo)
+            for c in range(int32(0), n, int32(32)):  # as in the forward pass: only the warp's hits
+                k = int32(c + lane)
+                hits = chunk_hits(k < n and record_reaches(rec, NF, k, x0, x1, y0, y1), int32(n - c))
+                while hits != 0:
+                    h, hits = next_hit(hits)
+                    j = int32(c + h)
+                    slot = perm[top - 1 - j] if fixed else 0
+                    T, s0, s1, s2, sd = backward_hit(rec, NF, j, fx, fy, top - 1 - j < my_last, T, s0, s1, s2, sd,
+                                                     dc0, dc1, dc2, dd, da_end, True, grad, rid, j, tid, red,
+                                                     fixed, slots, slot)
+            cuda.syncthreads()
+
+    name = "_raster_backward_fixed_kernel" if fixed else "_raster_backward_kernel"
+    kernel_fn.__name__ = kernel_fn.__qualname__ = name  # (its PTX cache key and its KERNELS entry)
+    return kernel(F2, I1, I2, "int64", "int64", "int64", F1, F2, I2, F3, F2, F2, F1, L1, F1,
+                  fastmath=True)(kernel_fn)
+
+
+_raster_backward_kernel = _raster_backward(False)
+_raster_backward_fixed_kernel = _raster_backward(True)
+
+
+@kernel(F1, L1, I1, L1, F1)
+def _slot_sum_kernel(slots, order, counts, ends, grad):
+    """A thread per Gaussian (the k-th in depth order): the sum of its gradient slots, its
+    intersections' as emitted (``ends[k] - counts``, ..., ``ends[k] - 1``: contiguous) and each
+    intersection's WARPS warps, in that order for each field, added into its record of ``grad``
+    (flat (N * NG)).  The order is fixed, so the sums are the same bits at every run."""
+    k = cuda.grid(1)
+    if k < order.shape[0]:
+        n = order[k]
+        c = counts[n]
+        e = ends[k]
+        if c > 0 and e * (WARPS * NG) <= slots.shape[0]:  # (with binning room, those that did not fit: none)
+            acc = cuda.local.array(NG, float32)
+            for f in range(NG):
+                acc[f] = ZERO
+            for row in range((e - c) * WARPS, e * WARPS):
+                for f in range(NG):
+                    acc[f] += slots[row * NG + f]
+            for f in range(NG):
+                grad[n * NG + f] += acc[f]
 
 
 @kernel(F2, I1, I2, "int64", "int64", "int64", I2, F1, fastmath=True)
@@ -418,9 +461,36 @@ def raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, dep
                                                            depth, last)
 
 
-def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad):
-    _raster_backward_kernel[tile_grid(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, trans, last,
-                                                            d_image, d_alpha, d_depth, flat_records(grad))
+_NO_SLOTS = {}
+
+
+def _no_slots():
+    """The (unread) slot arguments of the raster backward kernel without ``fixed``."""
+    xp = array_module()
+    if xp not in _NO_SLOTS:
+        _NO_SLOTS[xp] = (xp.zeros(1, np.int64), xp.zeros(1, np.float32))
+    return _NO_SLOTS[xp]
+
+
+def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad,
+                    fixed=None):
+    """Add each Gaussian's screen-space gradient record into ``grad`` (N, NG): with float atomics
+    in whatever order the warps come, or, with ``fixed`` = (perm, order, ends, counts) (the
+    binning's permutation from emitted to sorted intersections, its depth order, the running
+    count of tiles in that order, the projection's tile counts), in a fixed order: the warps'
+    sums into a slot each (``_raster_backward``), then a thread per Gaussian adds its slots
+    (``_slot_sum_kernel``).  The slots take WARPS * NG floats (384 bytes) per intersection."""
+    flat = flat_records(grad)
+    if fixed is None:
+        perm, slots = _no_slots()
+        _raster_backward_kernel[tile_grid(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, trans, last,
+                                                                d_image, d_alpha, d_depth, flat, perm, slots)
+        return
+    perm, order, ends, counts = fixed
+    slots = array_module().zeros(perm.shape[0] * WARPS * NG, np.float32)
+    _raster_backward_fixed_kernel[tile_grid(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, trans, last,
+                                                                  d_image, d_alpha, d_depth, flat, perm, slots)
+    _slot_sum_kernel[per_item(order.shape[0])](slots, order, counts, ends, flat)
 
 
 def contributions(proj, ids, ranges, W, H, tile, tiles_x, dominant, total):

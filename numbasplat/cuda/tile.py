@@ -7,9 +7,10 @@ of the tile (``pixel_of_tile``).  Records are streamed through
 shared memory 32 at a time: each lane tests one against its warp's box (``blend.reaches_box``)
 and the warp visits only those that can reach a pixel (``chunk_hits``, ``next_hit``).  The
 backward pass sums every Gaussian's gradient across the warp (a transpose reduction by shuffles)
-before one atomic instruction per warp; the CUDA simulator has no shuffles, so there the sum goes
-through shared memory, and a few other functions have simulator variants too.  The per-pixel
-math is ``numbasplat.math.blend``'s, shared with the CPU backend.
+before one atomic instruction per warp, or (``fixed``: deterministic training) a plain store of the
+warp's sum into its own slot, which a second kernel adds up in a fixed order; the CUDA simulator has
+no shuffles, so there the sum goes through shared memory, and a few other functions have simulator
+variants too.  The per-pixel math is ``numbasplat.math.blend``'s, shared with the CPU backend.
 """
 from numba import cuda, float32, int32, uint32
 
@@ -24,6 +25,7 @@ WARP_W, WARP_H = 8, 4       # a warp's pixels in its tile: 8x4 meets fewer Gauss
 FULL_MASK = 0xFFFFFFFF
 NF = go.PROJ_FIELDS
 NG = go.GRAD_FIELDS
+WARPS = BLOCK // 32         # warps of a tile block: the slots a record's gradient has with ``fixed``
 
 ALPHA_MIN = float32(geo.ALPHA_MIN)
 HALF = float32(0.5)
@@ -145,14 +147,23 @@ if SIM:
             cuda.atomic.add(acc, j, v)
 
     @cuda.jit(device=True)
-    def _reduce_add(grad, g, tid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11):
+    def _reduce_add(grad, g, tid, red, fixed, slots, slot, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11):
         """Block sum through shared memory (the simulator has no warp shuffles).
-        ``grad`` is the flat (N * NG) view of the gradient records."""
+        ``grad`` is the flat (N * NG) view of the gradient records.  ``fixed``: each warp's sum
+        (its 32 threads' values, in lane order) stored into its slot of ``slots`` instead."""
         v = (v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
         for f in range(NG):
             red[f, tid] = v[f]
         cuda.syncthreads()
-        if tid < NG:
+        if fixed:
+            if tid < WARPS * NG:
+                w = tid // NG
+                f = tid - w * NG
+                s = ZERO
+                for k in range(w * 32, w * 32 + 32):
+                    s += red[f, k]
+                slots[(slot * WARPS + w) * NG + f] = s
+        elif tid < NG:
             s = ZERO
             for k in range(BLOCK):
                 s += red[tid, k]
@@ -216,8 +227,9 @@ else:
         return _fold(lane, bit, x0, y0), _fold(lane, bit, x1, y1), _fold(lane, bit, x2, y2)
 
     @cuda.jit(device=True, inline=True)
-    def _reduce_add(grad, g, tid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11):
-        """Warp sum of 12 values in 13 shuffles, then one atomic instruction.
+    def _reduce_add(grad, g, tid, red, fixed, slots, slot, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11):
+        """Warp sum of 12 values in 13 shuffles, then one atomic instruction (``fixed``: a store
+        into the warp's slot ``slot`` of ``slots``, (slots, WARPS, NG) flat, no atomic).
 
         Each step halves the values a lane carries (12, 6, 3, then 2 with a zero
         pad, 1) and the lanes sharing them, so even lane L ends with the warp sum
@@ -236,15 +248,20 @@ else:
         k = (lane >> 1) & 3  # 2 b2 + b1
         if lane & 1 == 0 and k < 3:
             f = 6 * ((lane >> 4) & 1) + 3 * ((lane >> 3) & 1) + k
-            cuda.atomic.add(grad, uint32(g) * uint32(NG) + uint32(f), d)
+            if fixed:
+                slots[(slot * WARPS + (tid >> 5)) * NG + f] = d
+            else:
+                cuda.atomic.add(grad, uint32(g) * uint32(NG) + uint32(f), d)
 
 
 @cuda.jit(device=True, inline=True)
 def backward_hit(rec, stride, j, fx, fy, counts, T, s0, s1, s2, sd, dc0, dc1, dc2, dd, da_end, depth_terms,
-                 grad, ids, at, tid, red):
+                 grad, ids, at, tid, red, fixed, slots, slot):
     """One hit of a backward pass: record j un-blended from this thread's pixel (``counts``: it is
     in front of the pixel's last contributor), its gradient summed over the warp into record
-    ``ids[at]`` of ``grad``.  The raster and fused kernels share it.  Returns (T, s0, s1, s2, sd)."""
+    ``ids[at]`` of ``grad``, or with ``fixed`` (a compile-time constant) stored into the warp's
+    slot of intersection ``slot`` in ``slots`` (``_reduce_add``).  The raster and fused kernels
+    share it.  Returns (T, s0, s1, s2, sd)."""
     alpha, vis, dx, dy = record_alpha(rec, stride, j, fx, fy)
     valid = counts and alpha >= ALPHA_MIN
     if warp_any(valid):  # the other lanes take alpha 0 and no gradient: exact zeros, no branch
@@ -255,7 +272,7 @@ def backward_hit(rec, stride, j, fx, fy, counts, T, s0, s1, s2, sd, dc0, dc1, dc
             rec[field(j, go.CB, stride)], rec[field(j, go.CC, stride)], rec[field(j, go.RED, stride)],
             rec[field(j, go.GREEN, stride)], rec[field(j, go.BLUE, stride)], z,
             T, s0, s1, s2, sd, dc0 * m, dc1 * m, dc2 * m, dd * m, da_end * m, depth_terms)
-        _reduce_add(grad, ids[at], tid, red, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
+        _reduce_add(grad, ids[at], tid, red, fixed, slots, slot, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11)
     return T, s0, s1, s2, sd
 
 
