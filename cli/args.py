@@ -189,3 +189,26 @@ def mpi_comm(batched=False):
     if MPI.COMM_WORLD.Get_size() > 1:
         return MPI.COMM_WORLD
     return MPI.COMM_SELF if batched else None
+
+
+def steps(text):
+    """argparse type: training steps, integers of at least 1 separated by commas ("7000,30000"), or 0
+    for none.  -> a sorted tuple."""
+    items = [t for t in str(text).replace(" ", "").split(",") if t]
+    try:
+        values = [int(t) for t in items]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected steps separated by commas (7000,30000), got {text!r}") from None
+    if values == [0]:
+        return ()
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"steps must be at least 1 (or 0 for none), got {text!r}")
+    return tuple(sorted(set(values)))
+
+
+class MergeSteps(argparse.Action):
+    """``--save-at 7000,30000`` and ``--save-at 7000 30000`` (a config file's list) alike: the steps
+    of every value, merged and sorted."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, tuple(sorted({s for v in values for s in v})))

@@ -26,7 +26,7 @@ import tokenize
 import typing
 from pathlib import Path
 
-from .args import count, fraction, nonnegative, percent, positive
+from .args import MergeSteps, count, fraction, nonnegative, percent, positive, steps
 
 # what this invocation does, not a setting of the run
 COMMAND_LINE_ONLY = ("config", "resume", "quiet", "viewer", "port", "host", "timeline")
@@ -71,6 +71,8 @@ FLAGS = {
     "lod_min_px": dict(metavar="R"),
     "targets": dict(choices=["auto", "float32", "uint8"]),
     "step_graphs": dict(choices=["on", "off"]),
+    "save_at": dict(type=steps, nargs="+", action=MergeSteps, metavar="N[,N...]"),
+    "eval_at": dict(type=steps, nargs="+", action=MergeSteps, metavar="N[,N...]"),
 }
 
 

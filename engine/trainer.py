@@ -64,6 +64,11 @@ def crossed(prev, step, every):
     return bool(every) and prev // every != step // every
 
 
+def reached_any(prev, step, steps):
+    """Whether going from image ``prev`` to ``step`` reaches one of ``steps`` (prev < s <= step)."""
+    return any(prev < s <= step for s in steps)
+
+
 SHORTEST_DECAY = 7_000
 """The shortest default decay of the means' learning rate: a run shorter than this decays as the
 start of a run this long (BENCHMARKS.md, "The means' learning rate on short runs")."""
@@ -159,6 +164,10 @@ class TrainConfig:
                                       # eighth of the GPU's memory (engine/targets.py)
     snapshot_every: int = 5000        # write OUT/snapshot.h5 every this many steps (0: at the end only)
     log_every: int = 100              # a line of OUT/log.jsonl every this many steps
+    save_at: tuple = (7_000, 30_000)  # also write the model at these steps (OUT/point_cloud/iteration_N, as Inria's
+                                      # save_iterations; 0: only at the end)
+    eval_at: tuple = (7_000, 30_000)  # also score the views at these steps, as --eval-every (Inria's test_iterations;
+                                      # 0: none)
     eval_every: int = 0               # every this many steps, the test views' PSNR and SSIM and that of up to 5
                                       # training views into log.jsonl, as Inria's test_iterations (0: never; not
                                       # at a step that reset the opacities, when every Gaussian is translucent)
@@ -397,7 +406,8 @@ class Trainer(ABC):
                 if events:
                     self._device_memory_peak(release_cache=True)
                 scores = {}
-                if crossed(prev, self.step, c.eval_every) and not events.get("opacity_reset"):
+                if ((crossed(prev, self.step, c.eval_every) or reached_any(prev, self.step, c.eval_at))
+                        and not events.get("opacity_reset")):
                     t_eval = time.perf_counter()
                     scores = self.scores_during_training()
                     t0 += time.perf_counter() - t_eval  # (scoring is not training time)
@@ -417,6 +427,10 @@ class Trainer(ABC):
                     bar.show(loss, p, rec.get("gaussians_total", len(self.model)), self.progress_extra(rec))
                 for hook in self.step_hooks:
                     t0 += hook(self, rec) or 0.0  # (time paused is not training time)
+                if reached_any(prev, self.step, c.save_at) and self.step < c.iterations:  # (the end writes it anyway)
+                    t_save = time.perf_counter()
+                    write_model_outputs(self)
+                    t0 += time.perf_counter() - t_save
                 signum = self.stop_signal()
                 if (crossed(prev, self.step, c.snapshot_every) and self.step < c.iterations) or signum:
                     self.train_seconds += time.perf_counter() - t0

@@ -39,6 +39,8 @@ def test_every_field_is_a_flag_with_help_and_its_default():
             assert getattr(p.parse_args(["--no-" + flag[2:]]), f.name) is False
         elif isinstance(f.default, int):
             assert getattr(p.parse_args([flag, "2"]), f.name) == 2, f.name
+        elif isinstance(f.default, tuple) and f.name.endswith("_at"):  # training steps (--save-at, --eval-at)
+            assert getattr(p.parse_args([flag, "7", "3,5"]), f.name) == (3, 5, 7), f.name
         elif isinstance(f.default, tuple):
             assert getattr(p.parse_args([flag, "0.5", "0.5", "0.5"]), f.name) == [0.5] * 3, f.name
         elif not isinstance(f.default, str):  # a float, or None (lambda_s3im: a float; lr_means_steps: an int)

@@ -94,6 +94,31 @@ def test_eval_every_scores_test_and_training_views(dataset, tmp_path):
     assert resets == [5, 25] and scored == [10, 15, 20, 30]
 
 
+def test_save_at_and_eval_at_write_models_and_scores_mid_run(dataset, tmp_path):
+    """``--save-at`` writes the model at its steps in Inria's layout (the end's too), ``--eval-at`` scores
+    the views at its steps (Inria's save_iterations and test_iterations; both 7000,30000 by default)."""
+    assert TrainConfig().save_at == TrainConfig().eval_at == (7000, 30000)
+    t = SingleGPUTrainer(dataset, tmp_path, small_config(iterations=30, save_at=(10, 20), eval_at=(15,), log_every=100),
+                         backend="cpu")
+    t.train(progress=False)
+    saved = sorted(int(p.name.split("_")[1]) for p in (tmp_path / "point_cloud").iterdir())
+    assert saved == [10, 20, 30]
+    recs = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if "test_psnr" in r] == [15]
+
+
+def test_save_at_and_eval_at_flags():
+    """The steps as Inria writes them (commas), as a config file's list, or 0 for none; bad ones named."""
+    from cli.train import train_parser
+    p = train_parser()
+    assert p.parse_args(["--save-at", "30000,7000"]).save_at == (7000, 30000)
+    assert p.parse_args(["--eval-at", "7000", "12000,30000"]).eval_at == (7000, 12000, 30000)
+    assert p.parse_args(["--save-at", "0"]).save_at == ()
+    for bad in ("7k", "-5"):
+        with pytest.raises(Exception, match="steps"):
+            p.parse_args(["--save-at", bad])
+
+
 def test_reference_schedule_details(dataset, tmp_path):
     """3DGS's choices that decide quality at 7k: white backgrounds reset opacities at the first
     refinement too, and nothing refines or resets at the last step (nothing would train what it changed)."""
