@@ -266,6 +266,11 @@ class TensorBoardLog:
         self.writer.flush()  # log steps are rare: nothing is lost if the run is killed
         self.prev = rec
 
+    def image(self, tag, img, step):
+        """An (H, W, 3) render in [0, 1] as an image event (a scored view, as Inria's train.py logs)."""
+        self.writer.add_image(tag, np.clip(np.asarray(img, np.float32), 0.0, 1.0), step, dataformats="HWC")
+        self.writer.flush()
+
     def close(self):
         self.writer.close()
 

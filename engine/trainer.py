@@ -424,6 +424,9 @@ class Trainer(ABC):
                         logf.flush()
                     if tensorboard:
                         tensorboard.write(rec)
+                        if scores:
+                            tensorboard.image("test/view_0" if self.data.test else "train/view_0",
+                                              self.scored_image, self.step)
                     bar.show(loss, p, rec.get("gaussians_total", len(self.model)), self.progress_extra(rec))
                 for hook in self.step_hooks:
                     t0 += hook(self, rec) or 0.0  # (time paused is not training time)
@@ -685,10 +688,15 @@ class Trainer(ABC):
         return summary
 
     def scores_during_training(self):
-        """``--eval-every``'s log fields: test_psnr and test_ssim over the test views (where the capture
-        holds some out), train_psnr over up to 5 training views spread through the split (fixed, so
-        that the curve compares like with like).  Collective; the root rank's fields, {} on the others."""
+        """``--eval-every``'s and ``--eval-at``'s log fields: test_psnr and test_ssim over the test views
+        (where the capture holds some out), train_psnr over up to 5 training views spread through the
+        split (fixed, so that the curve compares like with like); ``scored_image`` the first scored
+        view's render (host).  Collective; the root rank's fields, {} on the others."""
         train = self.data.train[::max(1, -(-len(self.data.train) // 5))]
+        model = self.whole_model()  # (collective) the first scored view's render, for TensorBoard
+        first = (self.data.test or train)[0]
+        self.scored_image = (None if model is None else
+                             _backend.to_host(self.view_image(model.gaussians, first.camera)))
         fields = {}
         for name, views in (("test", self.data.test), ("train", train)):
             if not views:

@@ -30,10 +30,11 @@ INRIA_CAMERA_KEYS = ["id", "img_name", "width", "height", "position", "rotation"
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A 20-step run (two log records) with the TensorBoard log when tensorboardX is there."""
+    """A 20-step run (two log records, the views scored at the second) with the TensorBoard log when
+    tensorboardX is there."""
     out = tmp_path_factory.mktemp("run")
     dataset = make_dataset(size=32, n_views=12, backend="cpu")
-    cfg = small_config(iterations=20, tensorboard=HAS_TENSORBOARDX)
+    cfg = small_config(iterations=20, tensorboard=HAS_TENSORBOARDX, eval_at=(20,))
     return SingleGPUTrainer(dataset, out, cfg, backend="cpu", log=lambda *a: None).train(progress=False)
 
 
@@ -223,7 +224,9 @@ def read_events(folder):
 def test_training_logs_tensorboard_scalars_beside_the_jsonl_log(trained):
     events = read_events(trained.out)
     log = [json.loads(line) for line in (trained.out / "log.jsonl").read_text().splitlines()]
-    assert sorted(events) == ["gaussians", "loss", "psnr/train", "step_seconds"]
+    assert sorted(events) == ["gaussians", "loss", "psnr/test", "psnr/train", "psnr/train_views", "step_seconds",
+                              "test/view_0"]  # (the scores and the scored view's render at step 20)
+    assert events["psnr/test"][0] == (20, pytest.approx(log[1]["test_psnr"]))
     assert [s for s, _ in events["loss"]] == [r["step"] for r in log] == [10, 20]
     np.testing.assert_allclose([v for _, v in events["loss"]], [r["loss"] for r in log], rtol=1e-6)
     assert events["step_seconds"][0][1] == pytest.approx((log[1]["time"] - log[0]["time"]) / 10, rel=1e-5)
