@@ -1,6 +1,7 @@
 """cli/train.py: what a run on a user's capture says and writes: the loaded data, the hold-out
 options, OUT/cfg.json (a config file that repeats the run), the slow-CPU hint, a bad --out."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -103,3 +104,34 @@ def test_render_ahead_outside_the_pixel_exchange_is_one_error(capture, tmp_path,
     assert cli.main(["train", "--data", str(capture), "--out", str(tmp_path), "--render-ahead", "1"]) == 1
     assert capsys.readouterr().err == ("error: --render-ahead is for --exchange pixel (or auto): the Gaussian-level "
                                        "exchange renders no step ahead\n")
+
+
+class TwoRanksWhoseAbortReturns:
+    """COMM_WORLD of rank 0 of two, whose MPI_Abort returns, as MPICH's may before the process dies."""
+    aborted = None
+
+    def Get_size(self):
+        return 2
+
+    def Get_rank(self):
+        return 0
+
+    def Abort(self, code):
+        self.aborted = code
+
+
+def test_a_rank_failing_under_mpi_ends_with_its_error_line_alone(monkeypatch, capsys):
+    """A rank's bad input under mpiexec: its ``error:`` line, MPI_Abort, and the process ends with the
+    code there, even where MPI_Abort returns (issue 58: an UnboundLocalError traceback followed)."""
+    world = TwoRanksWhoseAbortReturns()
+    monkeypatch.setattr(train, "mpi_comm", lambda batched=False: world)
+
+    def bad_input(a, settings):
+        raise ValueError("bad input")
+    monkeypatch.setattr(train, "run_training", bad_input)
+    monkeypatch.setattr("comm.alltoallv.ABORT_GRACE_S", 0)
+    monkeypatch.setattr(os, "_exit", lambda code: exit(code))   # (end the call, not pytest)
+    with pytest.raises(SystemExit) as ended:
+        cli.main(["train", "--data", "capture", "--out", "out"])
+    assert (ended.value.code, world.aborted) == (1, 1)
+    assert capsys.readouterr().err == "rank 0: error: bad input\n"
