@@ -12,6 +12,7 @@ hold nested dicts or the 128-bit integers of a numpy RNG state (JSON can).
 import hashlib
 import json
 import os
+import re
 
 import h5py
 import numpy as np
@@ -37,16 +38,45 @@ def _json_default(o):
 
 
 def write_snapshot(path, arrays, attrs):
-    """Atomically write ``arrays`` ({"group/name": ndarray}) and JSON ``attrs`` to ``path``."""
+    """Atomically write ``arrays`` ({"group/name": ndarray}) and JSON ``attrs`` to ``path``.
+
+    A disk without room for the arrays is refused before HDF5 writes, and one that fills up
+    mid-file is one OSError of the first failure (``atomic_path``'s one line), not the second
+    that HDF5 raises closing the file."""
     path = os.fspath(path)
     meta = json.dumps(attrs, default=_json_default)  # fail before touching the disk
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
-        f.attrs[VERSION_ATTR] = FORMAT_VERSION
-        f.attrs[META_ATTR] = meta
-        for name, a in arrays.items():
-            if not name or name.startswith("/") or "" in name.split("/"):
-                raise ValueError(f"bad snapshot array name {name!r}")
-            f.create_dataset(name, data=np.asarray(a))  # intermediate groups from the slashes
+    arrays = {name: np.asarray(a) for name, a in arrays.items()}
+    for name in arrays:
+        if not name or name.startswith("/") or "" in name.split("/"):
+            raise ValueError(f"bad snapshot array name {name!r}")
+    with atomic_path(path, size=len(meta) + sum(a.nbytes for a in arrays.values())) as tmp:
+        f = h5py.File(tmp, "w")
+        try:
+            f.attrs[VERSION_ATTR] = FORMAT_VERSION
+            f.attrs[META_ATTR] = meta
+            for name, a in arrays.items():
+                f.create_dataset(name, data=a)  # intermediate groups from the slashes
+            f.close()
+        except BaseException as e:
+            _close_quietly(f)
+            raise _with_errno(e, tmp)
+
+
+def _close_quietly(f):
+    """Close an HDF5 file after a failure: closing fails again where the disk is full, and that
+    second error would hide the first."""
+    try:
+        f.close()
+    except Exception:
+        pass
+
+
+def _with_errno(e, filename):
+    """HDF5's failure ``e`` as an OSError carrying the system's errno where only its text has it
+    ("errno = 28", as a RuntimeError flushing a full disk), so that callers can tell a full disk;
+    else ``e``."""
+    found = None if isinstance(e, OSError) and e.errno else re.search(r"\berrno = (\d+)", str(e))
+    return OSError(int(found[1]), os.strerror(int(found[1])), filename) if found else e
 
 
 def state_arrays(model_state, strategy_state):

@@ -439,6 +439,7 @@ class Trainer(ABC):
                 self.log(f"interrupted at step {self.step}: no snapshot written now (the last one is kept)")
             raise
         finally:
+            bar.close()  # (an error's line then starts a line of its own)
             self.signals.restore()
             if logf:
                 logf.close()
@@ -824,10 +825,11 @@ class Progress:
         self.last_draw = now
 
     def close(self):
+        """End the bar's line (once: later calls do nothing)."""
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-        elif self.tty:
+        elif self.tty and self.enabled:
             self._draw("\r", "\n")
         self.enabled = False
 

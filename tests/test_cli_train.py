@@ -1,8 +1,12 @@
 """cli/train.py: what a run on a user's capture says and writes: the loaded data, the hold-out
 options, OUT/cfg.json (a config file that repeats the run), the slow-CPU hint, a bad --out."""
+import errno
 import json
 import os
+import re
+import shutil
 
+import h5py
 import numpy as np
 import pytest
 
@@ -135,3 +139,62 @@ def test_a_rank_failing_under_mpi_ends_with_its_error_line_alone(monkeypatch, ca
         cli.main(["train", "--data", "capture", "--out", "out"])
     assert (ended.value.code, world.aborted) == (1, 1)
     assert capsys.readouterr().err == "rank 0: error: bad input\n"
+
+
+def fill_the_disk_mid_write(monkeypatch):
+    """HDF5 on a disk that fills up: the third array's write fails with ENOSPC (the temporary file
+    holds two), and closing the file then fails again, as h5py's does (a RuntimeError)."""
+    create, close = h5py.Group.create_dataset, h5py.File.close
+    written = []
+
+    def create_until_full(group, name, *args, **kwargs):
+        if len(written) == 2:
+            assert os.path.getsize(group.file.filename) > 0 and ".tmp-" in group.file.filename
+            raise OSError(errno.ENOSPC, f"Can't synchronously write data (file write failed: filename = "
+                                        f"'{group.file.filename}', errno = 28, error message = 'No space left "
+                                        "on device', buf = 0x55c0669, total write size = 96)")
+        written.append(name)
+        return create(group, name, *args, **kwargs)
+
+    def close_failing_again(f):
+        close(f)
+        if len(written) == 2:
+            raise RuntimeError("Can't decrement id ref count (unable to extend file properly, errno = 28, "
+                               "error message = 'No space left on device')")
+    monkeypatch.setattr(h5py.Group, "create_dataset", create_until_full)
+    monkeypatch.setattr(h5py.File, "close", close_failing_again)
+
+
+def test_a_full_disk_at_a_snapshot_is_one_error_line_and_no_temporary_file(capture, tmp_path, capsys, monkeypatch):
+    """The disk fills up writing the first snapshot, then a later one, then is full before one: each
+    time one ``error:`` line naming OUT/snapshot.h5 and saying whether an earlier snapshot is kept
+    (issue 58: a segfault or h5py's tracebacks, and the temporary file left behind)."""
+    out = tmp_path / "out"
+    snapshot = out / "snapshot.h5"
+    command = ["train", "--quiet", "--init-points", "200", "--sh-degree", "1", "--data", str(capture),
+               "--out", str(out)]
+
+    def fails_saying(*argv):
+        assert cli.main([*command, *argv]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and not [f for f in os.listdir(out) if ".tmp-" in f], err
+        return err
+
+    fill_the_disk_mid_write(monkeypatch)
+    assert fails_saying("--iters", "2") == (f"error: no space left on device writing {snapshot} (the partial file "
+                                            "is removed; no earlier snapshot.h5 to keep)\n")
+    assert not snapshot.exists()
+    monkeypatch.undo()
+
+    run(capsys, "--data", str(capture), "--out", str(out), "--iters", "2")
+    kept = snapshot.read_bytes()
+    fill_the_disk_mid_write(monkeypatch)
+    assert fails_saying("--iters", "4", "--resume") == (
+        f"error: no space left on device writing {snapshot} (the partial file is removed; the earlier "
+        "snapshot.h5 is kept)\n")
+    monkeypatch.undo()
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda folder: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+    assert re.fullmatch(rf"error: no space left on device writing {re.escape(str(snapshot))} \(it needs 0\.\d MB, "
+                        r"0\.0 MB free; the earlier snapshot\.h5 is kept\)\n", fails_saying("--iters", "4", "--resume"))
+    assert snapshot.read_bytes() == kept
