@@ -16,7 +16,7 @@ from data import Dataset, View
 from data.scene import Provenance
 from engine.trainer import TrainConfig
 from numbasplat import Camera
-from tests.dataset_files import CAMS, colmap_scene
+from tests.dataset_files import CAMS, colmap_scene, write_png
 
 
 @pytest.fixture(scope="module")
@@ -198,3 +198,25 @@ def test_a_full_disk_at_a_snapshot_is_one_error_line_and_no_temporary_file(captu
     assert re.fullmatch(rf"error: no space left on device writing {re.escape(str(snapshot))} \(it needs 0\.\d MB, "
                         r"0\.0 MB free; the earlier snapshot\.h5 is kept\)\n", fails_saying("--iters", "4", "--resume"))
     assert snapshot.read_bytes() == kept
+
+
+def test_resume_knows_the_data_by_its_contents_not_its_path(capture, tmp_path, capsys):
+    """``--resume`` takes the capture it was trained on under another spelling of its path (a link,
+    ``..``, a relative path) or as a copy, and refuses a copy with one image changed, naming it
+    (issue 58: "trained on different data" for the same data)."""
+    out = tmp_path / "out"
+    snapshot = out / "snapshot.h5"
+    run(capsys, "--data", str(capture), "--out", str(out), "--iters", "2")
+    (tmp_path / "link").symlink_to(capture)
+    copy = tmp_path / "copy"
+    shutil.copytree(capture, copy)
+    spellings = (tmp_path / "link", f"{capture}/../{capture.name}", os.path.relpath(capture), copy)
+    for step, data in enumerate(spellings, start=2):
+        said = run(capsys, "--data", str(data), "--out", str(out), "--iters", str(step + 1), "--resume")
+        assert f"resumed from {snapshot} at step {step}" in said
+
+    changed = sorted((copy / "images").iterdir())[3]
+    write_png(changed, np.zeros((24, 32, 3)))
+    assert cli.main(["train", "--quiet", "--data", str(copy), "--out", str(out), "--iters", "9", "--resume"]) == 1
+    assert capsys.readouterr().err == (f"error: snapshot {snapshot} was trained on different data than {copy}: "
+                                       f"image {changed.name} differs\n")
