@@ -220,3 +220,16 @@ def test_resume_knows_the_data_by_its_contents_not_its_path(capture, tmp_path, c
     assert cli.main(["train", "--quiet", "--data", str(copy), "--out", str(out), "--iters", "9", "--resume"]) == 1
     assert capsys.readouterr().err == (f"error: snapshot {snapshot} was trained on different data than {copy}: "
                                        f"image {changed.name} differs\n")
+
+
+def test_resume_says_where_its_model_comes_from_not_the_initial_points(capture, tmp_path, capsys):
+    """A resumed run starts from its snapshot's model: the summary leaves out the initial points
+    (issue 58: "initial points: random ..." on --resume)."""
+    data = tmp_path / "data"
+    shutil.copytree(capture, data)
+    (data / "sparse" / "0" / "points3D.bin").unlink()
+    out = tmp_path / "out"
+    said = run(capsys, "--data", str(data), "--out", str(out), "--iters", "1")
+    assert "initial points: random, 200 in a box around the cameras" in said
+    said = run(capsys, "--data", str(data), "--out", str(out), "--iters", "2", "--resume")
+    assert "initial points" not in said and f"resumed from {out / 'snapshot.h5'} at step 1" in said
