@@ -272,9 +272,9 @@ def run_training(a, settings):
     dataset = load_data(a, cfg.background, HOLD_OUT_EVERY if a.eval else None)
     comm = mpi_comm(batched=a.batch_size is not None)
     root = comm is None or comm.Get_rank() == 0
-    if root:
-        print("\n".join(dataset.summary(None if a.init_ply else cfg.n_random_init)))
-        if a.init_ply:
+    if root:  # (a resumed run's model is its snapshot's: no initial points to describe)
+        print("\n".join(dataset.summary(None if a.init_ply else cfg.n_random_init, points=not a.resume)))
+        if a.init_ply and not a.resume:
             print(f"initial Gaussians: from {a.init_ply} (--init-ply), not the points above")
         for hint in (slow_cpu_hint(dataset, BACKEND), None if cfg.appearance else exposure_hint(dataset)):
             if hint:

@@ -23,6 +23,7 @@ fits MPI's int counts, else in units of a contiguous row datatype (so ~2**31
 rows, not bytes, is the limit; past that a clear OverflowError).
 """
 import contextlib
+import os
 import sys
 import time
 import traceback
@@ -351,11 +352,14 @@ class Exchange:
 # --------------------------------------------------------------------------- failing together
 
 def fail_all(comm, exc, code=1):
-    """Print the traceback and ``rank R: <message>`` to stderr, then MPI_Abort every rank.
+    """Print the traceback and ``rank R: <message>`` to stderr, then MPI_Abort every rank; never returns.
 
     An exception on one rank would otherwise leave the others blocked forever
     in their next collective; Abort makes mpiexec end them all, non-zero.  A deliberate exit and
     a failed MPI call (what a rank sees when another one dies) get their line alone.
+    MPICH's MPI_Abort may return before the process is killed: this process then ends at once
+    with ``code`` (``os._exit``), so that no code after the failure runs (a caller's later lines
+    would fail on what the failed block never set, a second traceback after the message).
     """
     comm = comm if comm is not None else MPI.COMM_WORLD
     line = f"rank {comm.Get_rank()}: {type(exc).__name__}: {exc}\n"
@@ -368,13 +372,15 @@ def fail_all(comm, exc, code=1):
         sys.stdout.flush()
         tb = "" if isinstance(exc, (SystemExit, MPI.Exception)) else "".join(
             traceback.format_exception(type(exc), exc, exc.__traceback__))
-        # One write, the summary first: mpiexec may stop forwarding output as soon as the abort
-        # reaches it, so give it a moment to read the pipe (seen losing the message otherwise).
-        sys.stderr.write(line + tb + line)
+        # One write, the summary first (and again after a traceback, where it is seen last): mpiexec
+        # may stop forwarding output as soon as the abort reaches it, so give it a moment to read
+        # the pipe (seen losing the message otherwise).
+        sys.stderr.write(line + tb + line if tb else line)
         sys.stderr.flush()
         time.sleep(ABORT_GRACE_S)
     finally:
         comm.Abort(code)
+        os._exit(code)  # (MPI_Abort returned: end here, skipping the exit handlers' MPI_Finalize)
 
 
 @contextlib.contextmanager

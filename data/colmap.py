@@ -426,15 +426,24 @@ def _listing(names, most=5):
     return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
-def _sequence_gaps(files):
-    """The names missing inside a numbered sequence such as image000.png ... image019.png
-    (same prefix, digits and extension); [] when the files are not one such sequence."""
+def _missing_from_sequence(files, count):
+    """{first number: the names missing} where ``files`` are a numbered sequence such as image000.png
+    ... image019.png (one prefix, number of digits and extension) that should hold ``count`` files:
+    for each numbering that fits them, from 0 or from 1 (LLFF's folders count from 0), the gaps and
+    the numbers beyond the files' ends, so a deleted first or last file is named too; else from the
+    files' first number, where the gaps alone make up the count.  {} when they are no such sequence."""
     parts = [re.fullmatch(r"(.*?)(\d+)(\.[^.]+)", f) for f in files]
     if not parts or not all(parts) or len({(m[1], len(m[2]), m[3]) for m in parts}) != 1:
-        return []
+        return {}
     prefix, width, ext = parts[0][1], len(parts[0][2]), parts[0][3]
     numbers = {int(m[2]) for m in parts}
-    return [f"{prefix}{i:0{width}d}{ext}" for i in range(min(numbers), max(numbers)) if i not in numbers]
+    lo, hi = min(numbers), max(numbers)
+    fits = {}
+    for first in sorted({0, 1, lo}):
+        last = first + count - 1
+        if first <= lo and hi <= last and (first in (0, 1) or hi == last):
+            fits[first] = [f"{prefix}{i:0{width}d}{ext}" for i in range(first, last + 1) if i not in numbers]
+    return fits
 
 
 def match_images(folder, names):
@@ -476,14 +485,17 @@ def match_images(folder, names):
         note = (f"none of the COLMAP image names exist in {folder}: paired the {len(names)} model images with "
                 f"the {len(files)} files there in sorted order ({sorted(names)[0]} -> {files[0]}, ...)")
         return dict(zip(sorted(names), files)), note
-    gaps = _sequence_gaps(files)
     holds = (f"{folder} holds {len(files)} image files ({files[0]} ... {files[-1]}) for the {len(names)} images "
              f"of the COLMAP model, none of them by its name ({sorted(names)[0]}, ...), and renamed files pair "
              f"with the model's images in sorted order only when their numbers match")
-    if gaps and len(gaps) == len(names) - len(files):
-        raise DataError(f"missing image file{'s' if len(gaps) > 1 else ''} {_listing(folder / g for g in gaps)}: "
-                        + holds)
-    raise DataError(holds)
+    fits = list(_missing_from_sequence(files, len(names)).values())
+    if not fits:
+        raise DataError(holds)
+    plural = "s" if len(fits[0]) > 1 else ""
+    missing = f"missing image file{plural} {_listing(folder / m for m in fits[0])}"
+    if len(fits) == 2:  # from 0 or from 1
+        missing += f" if the numbers start at 0, or {_listing(fits[1])} if they start at 1"
+    raise DataError(f"{missing}: {holds}")
 
 
 # ----------------------------------------------------------------------------- loader

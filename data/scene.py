@@ -94,16 +94,18 @@ class Dataset:
         """Objects cut out onto a plain background (RGBA images, as in Blender scenes)."""
         return any(v.masked for v in self.train)
 
-    def summary(self, n_random=None):
+    def summary(self, n_random=None, points=True):
         """Lines saying what was loaded: the views and their size, camera models, undistortion,
         the initial points (``n_random``: how many random points the trainer draws when there
-        are none), then the ``notes``."""
+        are none; ``points=False``: no line, for a run that starts from a snapshot's model), then
+        the ``notes``."""
         views = self.views
         models = sorted({v.provenance.camera_model for v in views if v.provenance is not None})
         lines = [f"{self.fmt} scene {self.source}", self._images_line()]
         if models:
             lines += ["cameras: " + ", ".join(models), self._distortion_line(views)]
-        lines.append(self._points_line(n_random))
+        if points:
+            lines.append(self._points_line(n_random))
         return lines + [f"note: {n}" for n in self.notes]
 
     def _images_line(self):

@@ -11,7 +11,7 @@ from numbasplat.loss import psnr_of_mse
 from numbasplat.rendering import tiles_squared_error
 
 from .model import GaussianModel
-from .trainer import Trainer, fingerprint
+from .trainer import Trainer
 
 
 def select_device(comm):
@@ -125,7 +125,7 @@ class RankedTrainer(Trainer):
         same ``ValueError`` where they differ."""
         fields = {**asdict(self.cfg), **self.pipeline_fields(), "backend": self.backend, "start step": self.step,
                   "Gaussian count": self.total, "training image count": len(self.data.train),
-                  "data": str(self.data.source), "dataset fingerprint": fingerprint(self.data)[:16]}
+                  "data": str(self.data.source), "dataset fingerprint": self.data_fingerprint[:16]}
         problem = disagreement(self.comm, fields)
         if problem:
             raise ValueError(f"the {self.size} ranks were not given the same run (the same options and files "

@@ -22,6 +22,7 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -456,6 +457,7 @@ class Trainer(ABC):
                 self.log(f"interrupted at step {self.step}: no snapshot written now (the last one is kept)")
             raise
         finally:
+            bar.close()  # (an error's line then starts a line of its own)
             self.signals.restore()
             if logf:
                 logf.close()
@@ -729,14 +731,15 @@ class Trainer(ABC):
     # ------------------------------------------------------------------ snapshots
     def save_snapshot(self, path=None):
         """One snapshot whatever the pipeline: the root rank writes the whole state."""
-        from .snapshot import state_arrays, write_snapshot
+        from .snapshot import VIEWS_ARRAY, records_array, state_arrays, write_snapshot
         state = self.gather_state()
         if self.is_root:
             model_state, strategy_state = state
             attrs = {"step": self.step, "adam_step": model_state["step"], "config": asdict(self.cfg),
                      "rng": self.rng.bit_generator.state, "order": [int(i) for i in self.order],
-                     "train_seconds": self.train_seconds, "fingerprint": fingerprint(self.data)}
+                     "train_seconds": self.train_seconds, "fingerprint": self.data_fingerprint}
             arrays = state_arrays(model_state, strategy_state)
+            arrays[VIEWS_ARRAY] = records_array(self.data_views)
             if self.appearance is not None:
                 arrays.update({f"appearance/{k}": a for k, a in self.appearance.state().items()})
             write_snapshot(str(path or self.out / SNAPSHOT), arrays, attrs)
@@ -747,8 +750,8 @@ class Trainer(ABC):
         order, so that the run goes on as if never stopped.  -> its attributes."""
         from .snapshot import read_snapshot, states_of
         arrays, attrs = read_snapshot(str(path))
-        if check_data and attrs.get("fingerprint") != fingerprint(self.data):
-            raise ValueError(f"snapshot {path} was trained on different data than {self.data.source}")
+        if check_data:
+            self.check_same_data(path, arrays, attrs)
         model_state, strategy_state = states_of(arrays, attrs)
         self.start_from(model_state, strategy_state)
         corrections = {k.split("/", 1)[1]: a for k, a in arrays.items() if k.startswith("appearance/")}
@@ -761,7 +764,39 @@ class Trainer(ABC):
         return attrs
 
 
-def fingerprint(dataset):
+    def check_same_data(self, path, arrays, attrs):
+        """Refuse the snapshot at ``path`` (its ``arrays`` and ``attrs``) if it trained on other data
+        than this trainer's, saying which image or camera differs.  The views' contents are compared
+        (``view_records``), not their path, so the same capture under another path, or a copy, resumes;
+        a snapshot from before knows its data by path, names and sizes alone, which must match."""
+        from .snapshot import VIEWS_ARRAY, data_difference, records_of
+        source = self.data.source
+        if VIEWS_ARRAY not in arrays:
+            if attrs.get("fingerprint") != path_fingerprint(self.data):
+                raise ValueError(f"snapshot {path} was written by an older NumbaSplat, which knows its data by "
+                                 f"path, image names and sizes, and those differ from {source}'s: give --data as "
+                                 "it was given then (the same path), or train afresh")
+            return
+        difference = data_difference(records_of(arrays[VIEWS_ARRAY]), self.data_views)
+        if difference:
+            raise ValueError(f"snapshot {path} was trained on different data than {source}: {difference}")
+
+    @cached_property
+    def data_views(self):
+        """``view_records`` of the training views: what a snapshot records of its data (computed once:
+        it reads every pixel)."""
+        from .snapshot import view_records
+        return view_records(self.data.train)
+
+    @property
+    def data_fingerprint(self):
+        """One string for the training views' contents (``records_fingerprint``): equal data, equal string."""
+        from .snapshot import records_fingerprint
+        return records_fingerprint(self.data_views)
+
+
+def path_fingerprint(dataset):
+    """What snapshots before ``view_records`` recorded of their data: its path, image names and sizes."""
     from .snapshot import dataset_fingerprint
     return dataset_fingerprint([v.name for v in dataset.train], [v.image.shape for v in dataset.train],
                                extra=str(dataset.source))
@@ -846,10 +881,11 @@ class Progress:
         self.last_draw = now
 
     def close(self):
+        """End the bar's line (once: later calls do nothing)."""
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-        elif self.tty:
+        elif self.tty and self.enabled:
             self._draw("\r", "\n")
         self.enabled = False
 

@@ -1,7 +1,12 @@
 """cli/train.py: what a run on a user's capture says and writes: the loaded data, the hold-out
 options, OUT/cfg.json (a config file that repeats the run), the slow-CPU hint, a bad --out."""
+import errno
 import json
+import os
+import re
+import shutil
 
+import h5py
 import numpy as np
 import pytest
 
@@ -11,7 +16,7 @@ from data import Dataset, View
 from data.scene import Provenance
 from engine.trainer import TrainConfig
 from numbasplat import Camera
-from tests.dataset_files import CAMS, colmap_scene
+from tests.dataset_files import CAMS, colmap_scene, write_png
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +108,128 @@ def test_render_ahead_outside_the_pixel_exchange_is_one_error(capture, tmp_path,
     assert cli.main(["train", "--data", str(capture), "--out", str(tmp_path), "--render-ahead", "1"]) == 1
     assert capsys.readouterr().err == ("error: --render-ahead is for --exchange pixel (or auto): the Gaussian-level "
                                        "exchange renders no step ahead\n")
+
+
+class TwoRanksWhoseAbortReturns:
+    """COMM_WORLD of rank 0 of two, whose MPI_Abort returns, as MPICH's may before the process dies."""
+    aborted = None
+
+    def Get_size(self):
+        return 2
+
+    def Get_rank(self):
+        return 0
+
+    def Abort(self, code):
+        self.aborted = code
+
+
+def test_a_rank_failing_under_mpi_ends_with_its_error_line_alone(monkeypatch, capsys):
+    """A rank's bad input under mpiexec: its ``error:`` line, MPI_Abort, and the process ends with the
+    code there, even where MPI_Abort returns (issue 58: an UnboundLocalError traceback followed)."""
+    world = TwoRanksWhoseAbortReturns()
+    monkeypatch.setattr(train, "mpi_comm", lambda batched=False: world)
+
+    def bad_input(a, settings):
+        raise ValueError("bad input")
+    monkeypatch.setattr(train, "run_training", bad_input)
+    monkeypatch.setattr("comm.alltoallv.ABORT_GRACE_S", 0)
+    monkeypatch.setattr(os, "_exit", lambda code: exit(code))   # (end the call, not pytest)
+    with pytest.raises(SystemExit) as ended:
+        cli.main(["train", "--data", "capture", "--out", "out"])
+    assert (ended.value.code, world.aborted) == (1, 1)
+    assert capsys.readouterr().err == "rank 0: error: bad input\n"
+
+
+def fill_the_disk_mid_write(monkeypatch):
+    """HDF5 on a disk that fills up: the third array's write fails with ENOSPC (the temporary file
+    holds two), and closing the file then fails again, as h5py's does (a RuntimeError)."""
+    create, close = h5py.Group.create_dataset, h5py.File.close
+    written = []
+
+    def create_until_full(group, name, *args, **kwargs):
+        if len(written) == 2:
+            assert os.path.getsize(group.file.filename) > 0 and ".tmp-" in group.file.filename
+            raise OSError(errno.ENOSPC, f"Can't synchronously write data (file write failed: filename = "
+                                        f"'{group.file.filename}', errno = 28, error message = 'No space left "
+                                        "on device', buf = 0x55c0669, total write size = 96)")
+        written.append(name)
+        return create(group, name, *args, **kwargs)
+
+    def close_failing_again(f):
+        close(f)
+        if len(written) == 2:
+            raise RuntimeError("Can't decrement id ref count (unable to extend file properly, errno = 28, "
+                               "error message = 'No space left on device')")
+    monkeypatch.setattr(h5py.Group, "create_dataset", create_until_full)
+    monkeypatch.setattr(h5py.File, "close", close_failing_again)
+
+
+def test_a_full_disk_at_a_snapshot_is_one_error_line_and_no_temporary_file(capture, tmp_path, capsys, monkeypatch):
+    """The disk fills up writing the first snapshot, then a later one, then is full before one: each
+    time one ``error:`` line naming OUT/snapshot.h5 and saying whether an earlier snapshot is kept
+    (issue 58: a segfault or h5py's tracebacks, and the temporary file left behind)."""
+    out = tmp_path / "out"
+    snapshot = out / "snapshot.h5"
+    command = ["train", "--quiet", "--init-points", "200", "--sh-degree", "1", "--data", str(capture),
+               "--out", str(out)]
+
+    def fails_saying(*argv):
+        assert cli.main([*command, *argv]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and not [f for f in os.listdir(out) if ".tmp-" in f], err
+        return err
+
+    fill_the_disk_mid_write(monkeypatch)
+    assert fails_saying("--iters", "2") == (f"error: no space left on device writing {snapshot} (the partial file "
+                                            "is removed; no earlier snapshot.h5 to keep)\n")
+    assert not snapshot.exists()
+    monkeypatch.undo()
+
+    run(capsys, "--data", str(capture), "--out", str(out), "--iters", "2")
+    kept = snapshot.read_bytes()
+    fill_the_disk_mid_write(monkeypatch)
+    assert fails_saying("--iters", "4", "--resume") == (
+        f"error: no space left on device writing {snapshot} (the partial file is removed; the earlier "
+        "snapshot.h5 is kept)\n")
+    monkeypatch.undo()
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda folder: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+    assert re.fullmatch(rf"error: no space left on device writing {re.escape(str(snapshot))} \(it needs 0\.\d MB, "
+                        r"0\.0 MB free; the earlier snapshot\.h5 is kept\)\n", fails_saying("--iters", "4", "--resume"))
+    assert snapshot.read_bytes() == kept
+
+
+def test_resume_knows_the_data_by_its_contents_not_its_path(capture, tmp_path, capsys):
+    """``--resume`` takes the capture it was trained on under another spelling of its path (a link,
+    ``..``, a relative path) or as a copy, and refuses a copy with one image changed, naming it
+    (issue 58: "trained on different data" for the same data)."""
+    out = tmp_path / "out"
+    snapshot = out / "snapshot.h5"
+    run(capsys, "--data", str(capture), "--out", str(out), "--iters", "2")
+    (tmp_path / "link").symlink_to(capture)
+    copy = tmp_path / "copy"
+    shutil.copytree(capture, copy)
+    spellings = (tmp_path / "link", f"{capture}/../{capture.name}", os.path.relpath(capture), copy)
+    for step, data in enumerate(spellings, start=2):
+        said = run(capsys, "--data", str(data), "--out", str(out), "--iters", str(step + 1), "--resume")
+        assert f"resumed from {snapshot} at step {step}" in said
+
+    changed = sorted((copy / "images").iterdir())[3]
+    write_png(changed, np.zeros((24, 32, 3)))
+    assert cli.main(["train", "--quiet", "--data", str(copy), "--out", str(out), "--iters", "9", "--resume"]) == 1
+    assert capsys.readouterr().err == (f"error: snapshot {snapshot} was trained on different data than {copy}: "
+                                       f"image {changed.name} differs\n")
+
+
+def test_resume_says_where_its_model_comes_from_not_the_initial_points(capture, tmp_path, capsys):
+    """A resumed run starts from its snapshot's model: the summary leaves out the initial points
+    (issue 58: "initial points: random ..." on --resume)."""
+    data = tmp_path / "data"
+    shutil.copytree(capture, data)
+    (data / "sparse" / "0" / "points3D.bin").unlink()
+    out = tmp_path / "out"
+    said = run(capsys, "--data", str(data), "--out", str(out), "--iters", "1")
+    assert "initial points: random, 200 in a box around the cameras" in said
+    said = run(capsys, "--data", str(data), "--out", str(out), "--iters", "2", "--resume")
+    assert "initial points" not in said and f"resumed from {out / 'snapshot.h5'} at step 1" in said

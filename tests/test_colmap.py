@@ -232,9 +232,24 @@ def test_error_missing_image_of_renamed_files_names_the_gap(tmp_path):
     msg = str(err.value)
     assert msg.startswith(f"missing image file {tmp_path / 'images' / 'image003.png'}: ")
     assert "holds 9 image files" in msg and "the 10 images of the COLMAP model" in msg and "more" not in msg
-    (tmp_path / "images" / "image009.png").unlink()          # the last: not a gap in the sequence
-    with pytest.raises(DataError, match="holds 8 image files .image000.png ... image008.png. for the 10 images"):
+    (tmp_path / "images" / "image009.png").unlink()          # the last: numbered from 0, the sequence ends at 9
+    with pytest.raises(DataError) as err:
         load_dataset(tmp_path)
+    assert str(err.value).startswith(f"missing image files {tmp_path / 'images' / 'image003.png'}, "
+                                     f"{tmp_path / 'images' / 'image009.png'}: {tmp_path / 'images'} holds 8 "
+                                     "image files (image000.png ... image008.png) for the 10 images"), err.value
+
+
+def test_error_missing_first_image_of_renamed_files_names_it(tmp_path):
+    """The LLFF renaming with its first file deleted (issue 58: fern's message named no file): numbered
+    from 0 it is image000.png; numbered from 1 it would be image010.png, and the message says both."""
+    names = [f"IMG_{4026 + i}.JPG" for i in range(10)]
+    colmap_scene(tmp_path, ".bin", names=names, files=[f"image{i:03d}.png" for i in range(10)], cams=[CAMS[0]])
+    (tmp_path / "images" / "image000.png").unlink()
+    with pytest.raises(DataError) as err:
+        load_dataset(tmp_path)
+    assert str(err.value).startswith(f"missing image file {tmp_path / 'images' / 'image000.png'} if the numbers "
+                                     "start at 0, or image010.png if they start at 1: "), err.value
 
 
 def test_error_empty_image_folder(tmp_path):

@@ -218,3 +218,29 @@ def test_training_state_layout(tmp_path):
     for k, a in strategy.items():
         np.testing.assert_array_equal(strategy_back[k], a, err_msg=k)
         assert strategy_back[k].dtype == a.dtype
+
+
+def test_view_records_tell_which_image_or_camera_differs(tmp_path):
+    """A snapshot knows its data by the views' contents (``view_records``): the first difference is said
+    naming the image; equal views are equal whatever their path; the records survive the snapshot."""
+    from data import View
+    from numbasplat import Camera
+
+    def view(name, value=0.5, fx=30.0, width=8):
+        return View(name, np.full((6, width, 3), value, np.float32), Camera(np.eye(4), fx, fx, width / 2, 3, width, 6))
+    views = [view("a.png"), view("b.png"), view("c.png")]
+    recorded = snap.view_records(views)
+    assert snap.data_difference(recorded, snap.view_records([view("a.png"), view("b.png"), view("c.png")])) == ""
+    for others, says in (
+            (views[:2], "image c.png is missing here"),
+            (views[:1], "image b.png is missing here (2 images are)"),
+            ([*views, view("d.png")], "image d.png is new"),
+            ([views[0], view("b.png", value=0.6), views[2]], "image b.png differs"),
+            ([views[0], views[1], view("c.png", fx=31.0)], "the camera of image c.png differs"),
+            ([views[0], view("b.png", width=4), views[2]],
+             "image b.png is 4x6 here, 8x6 in the snapshot (another --resolution or --max-width?)"),
+            (views[::-1], "the images come in another order")):
+        assert snap.data_difference(recorded, snap.view_records(others)) == says
+    assert snap.records_fingerprint(recorded) != snap.records_fingerprint(snap.view_records(views[::-1]))
+    snap.write_snapshot(tmp_path / "s.h5", {snap.VIEWS_ARRAY: snap.records_array(recorded)}, {})
+    assert snap.records_of(snap.read_snapshot(tmp_path / "s.h5")[0][snap.VIEWS_ARRAY]) == recorded

@@ -385,3 +385,22 @@ def test_train_moves_the_bar_every_step(dataset, tmp_path, monkeypatch):
     SingleGPUTrainer(dataset, tmp_path, small_config(iterations=12, log_every=5), backend="cpu").train(progress=False)
     assert [s for kind, s in calls if kind == "update"] == list(range(1, 13))
     assert sum(kind == "show" for kind, _ in calls) == 3   # steps 5, 10 and the last
+
+
+def test_a_snapshot_that_knows_its_data_by_path_still_resumes_from_that_path(dataset, tmp_path):
+    """Snapshots written before ``view_records`` hold a fingerprint of the data's path, names and sizes:
+    they resume where those match, and elsewhere say why not in one message."""
+    import dataclasses
+    from engine.snapshot import VIEWS_ARRAY, read_snapshot, write_snapshot
+    from engine.trainer import path_fingerprint
+    SingleGPUTrainer(dataset, tmp_path, small_config(iterations=3), backend="cpu").train(progress=False)
+    arrays, attrs = read_snapshot(tmp_path / SNAPSHOT)
+    del arrays[VIEWS_ARRAY]
+    old = tmp_path / "old.h5"
+    write_snapshot(old, arrays, {**attrs, "fingerprint": path_fingerprint(dataset)})
+    resumed = SingleGPUTrainer(dataset, tmp_path / "b", small_config(), backend="cpu")
+    assert resumed.load_snapshot(old)["step"] == 3
+    moved = dataclasses.replace(dataset, source="/elsewhere")
+    with pytest.raises(ValueError, match=f"snapshot {old} was written by an older NumbaSplat, which knows its "
+                                         "data by path, image names and sizes, and those differ from /elsewhere's"):
+        SingleGPUTrainer(moved, tmp_path / "c", small_config(), backend="cpu").load_snapshot(old)
