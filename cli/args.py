@@ -1,11 +1,76 @@
-"""What several commands share: argument types that name a bad value, the capture options, the
-output folder, the MPI communicator a command runs on, and the metrics file."""
+"""What several commands share: the parser, which takes other trainers' spellings of the options
+(``ALIASES``), argument types that name a bad value, the capture options, the output folder, the MPI
+communicator a command runs on, and the metrics file."""
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 TRANSPORTS = ["auto", "nccl", "cuda", "host"]  # comm.TRANSPORTS and "auto" (comm is imported late: mpi4py)
+
+# Inria's 3DGS and gsplat's spellings of our options (users bring their habits and scripts): theirs ->
+# ours, or ours in the order tried where commands differ (Inria's -m is the model eval reads, and the
+# folder train writes).  Any long option is taken with underscores for dashes too (--lr_means), so
+# only dashes are listed; a config file's keys are looked up the same way (cli/config.py).
+ALIASES = {
+    "-s": "--data", "--source-path": "--data", "--data-dir": "--data",
+    "-m": ("--model", "--out"), "--model-path": ("--model", "--out"), "--result-dir": "--out",
+    "-r": "--resolution", "--data-factor": "--resolution",
+    "-i": "--images",
+    "-w": "--white-background",
+    "--max-steps": "--iters",
+    "--densify-grad-threshold": "--grad-threshold", "--grow-grad2d": "--grad-threshold",
+    "--densify-from-iter": "--densify-from", "--refine-start-iter": "--densify-from",
+    "--densify-until-iter": "--densify-until", "--refine-stop-iter": "--densify-until",
+    "--densification-interval": "--densify-every", "--refine-every": "--densify-every",
+    "--opacity-reset-interval": "--opacity-reset-every", "--reset-every": "--opacity-reset-every",
+    "--position-lr-init": "--lr-means", "--position-lr-final": "--lr-means-final",
+    "--position-lr-max-steps": "--lr-means-steps", "--scaling-lr": "--lr-scales", "--rotation-lr": "--lr-quats",
+    "--opacity-lr": "--lr-opacities", "--feature-lr": "--lr-sh", "--ssim-lambda": "--lambda-dssim",
+    "--prune-opa": "--prune-opacity", "--random-bkgd": "--random-background", "--antialiased": "--antialias",
+}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser that also takes the options in other trainers' spellings (``ALIASES``) and
+    with underscores for dashes: each is rewritten to this parser's name before parsing.  A command's
+    parser is one too (``add_subparsers`` makes its parsers of the parent's class)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args(self.our_spellings(args), namespace)
+
+    def our_spellings(self, args):
+        """``args`` with every option (up to a ``--``) as this parser spells it; values as they are."""
+        args = list(args)
+        for i, token in enumerate(args):
+            if token == "--":
+                break
+            if token.startswith("-"):
+                flag, equals, value = token.partition("=")
+                args[i] = self.our_flag(flag) + equals + value
+        return args
+
+    def our_flag(self, flag):
+        """This parser's option ``flag`` stands for (``--x_y`` is ``--x-y``; ``ALIASES``, ``--no-``
+        before a switch's alias too); ``flag`` with dashes where it names none of them."""
+        if flag.startswith("--"):
+            flag = "--" + flag[2:].replace("_", "-")
+        if flag in self._option_string_actions:
+            return flag
+        negated = flag.startswith("--no-") and "--" + flag[5:] in ALIASES
+        targets = ALIASES.get("--" + flag[5:] if negated else flag, ())
+        for target in (targets,) if isinstance(targets, str) else targets:
+            target = "--no-" + target[2:] if negated else target
+            if target in self._option_string_actions:
+                return target
+        return flag
+
+    def dest_of(self, name):
+        """The option a config file's key ``name`` names, by its flag in any spelling; None if none."""
+        action = self._option_string_actions.get(self.our_flag("--" + str(name)))
+        return action.dest if action is not None else None
 
 
 def count(low):

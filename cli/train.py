@@ -5,8 +5,8 @@ import os
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from .args import (TRANSPORTS, add_data_options, add_viewer_options, byte_size, count, load_data, mpi_comm,
-                   output_folder, switch, write_metrics)
+from .args import (TRANSPORTS, Parser, add_data_options, add_viewer_options, byte_size, count, load_data,
+                   mpi_comm, output_folder, switch, write_metrics)
 from .config import NOT_RECORDED, ConfigError, add_config_options, resolve, write_settings
 
 HOLD_OUT_EVERY = 8  # with --eval, every 8th image (sorted by name) is a test view, as Inria's llffhold
@@ -443,7 +443,7 @@ def step_window(text):
 
 def train_parser():
     """The ``train`` options on a parser of their own, with their defaults: what reads a config file."""
-    p = argparse.ArgumentParser(prog="run.py train", exit_on_error=False)
+    p = Parser(prog="run.py train", exit_on_error=False)
     add_train_options(p)
     return p
 
