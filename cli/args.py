@@ -2,6 +2,7 @@
 (``ALIASES``), argument types that name a bad value, the capture options, the output folder, the MPI
 communicator a command runs on, and the metrics file."""
 import argparse
+import difflib
 import json
 import os
 import sys
@@ -67,10 +68,44 @@ class Parser(argparse.ArgumentParser):
                 return target
         return flag
 
+    def parse_args(self, args=None, namespace=None):
+        """argparse's, but arguments no option takes end the command with one line naming the first
+        unknown option and the closest known one (exit 2)."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.exit(2, f"error: {self.command_parser(ns).unknown_options(extras)}\n")
+        return ns
+
+    def command_parser(self, ns):
+        """The parser of the command ``ns`` was parsed for (this one where it has no commands)."""
+        for action in self._actions:
+            chosen = action.choices.get(getattr(ns, action.dest, None)) if isinstance(action.choices, dict) else None
+            if isinstance(chosen, Parser):
+                return chosen.command_parser(ns)
+        return self
+
+    def unknown_options(self, extras):
+        """What to say of ``extras``, the arguments no option of this parser took: the first unknown
+        option with this parser's closest one (difflib), or the stray arguments."""
+        unknown = next((t.partition("=")[0] for t in extras if t.startswith("-") and not is_number(t)), None)
+        if unknown is None:
+            return f"unrecognized arguments: {' '.join(extras)}"
+        close = difflib.get_close_matches(unknown, [o for o in self._option_string_actions if o.startswith("--")], n=1)
+        hint = f"did you mean {close[0]}?" if close else f"{self.prog} --help lists them"
+        return f"unknown option {unknown}; {hint}"
+
     def dest_of(self, name):
         """The option a config file's key ``name`` names, by its flag in any spelling; None if none."""
         action = self._option_string_actions.get(self.our_flag("--" + str(name)))
         return action.dest if action is not None else None
+
+
+def is_number(text):
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def count(low):

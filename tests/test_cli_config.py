@@ -202,3 +202,23 @@ def test_config_keys_take_the_aliases(resolved, tmp_path, capsys):
     err = fails(capsys, "--config", write(tmp_path / "twice.json", {"data": "d", "out": "o", "iters": 9,
                                                                    "iterations": 8}))
     assert "'iters' and 'iterations' are the same setting" in err
+
+
+def exits_2(capsys, *argv):
+    """The one line of stderr of ``run.py ARGV`` that argparse ends with exit status 2."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(list(argv))
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    return err.strip()
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["train", "--data", "d", "--iterz", "5"], "unknown option --iterz; did you mean --iters?"),
+    (["train", "--densify-untill", "900"], "unknown option --densify-untill; did you mean --densify-until?"),
+    (["eval", "--model", "m", "--test-evry", "4"], "unknown option --test-evry; did you mean --test-every?"),
+    (["train", "--data", "d", "-x", "3"], "unknown option -x; run.py train --help lists them"),
+])
+def test_an_unknown_option_is_one_line_naming_the_closest(capsys, argv, said):
+    assert exits_2(capsys, *argv) == f"error: {said}"
