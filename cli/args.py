@@ -35,8 +35,9 @@ ALIASES = {
 
 class Parser(argparse.ArgumentParser):
     """argparse's parser that also takes the options in other trainers' spellings (``ALIASES``) and
-    with underscores for dashes: each is rewritten to this parser's name before parsing.  A command's
-    parser is one too (``add_subparsers`` makes its parsers of the parent's class)."""
+    with underscores for dashes (each is rewritten to this parser's name before parsing), and says
+    what is wrong with the arguments in one line.  A command's parser is one too (``add_subparsers``
+    makes its parsers of the parent's class)."""
 
     def parse_known_args(self, args=None, namespace=None):
         args = sys.argv[1:] if args is None else list(args)
@@ -73,8 +74,13 @@ class Parser(argparse.ArgumentParser):
         unknown option and the closest known one (exit 2)."""
         ns, extras = self.parse_known_args(args, namespace)
         if extras:
-            self.exit(2, f"error: {self.command_parser(ns).unknown_options(extras)}\n")
+            self.error(self.command_parser(ns).unknown_options(extras))
         return ns
+
+    def error(self, message):
+        """A bad argument ends the command with one line naming it (exit 2), not the usage first
+        (train's is 44 lines, which hide the one that matters)."""
+        self.exit(2, f"error: {message}\n")
 
     def command_parser(self, ns):
         """The parser of the command ``ns`` was parsed for (this one where it has no commands)."""

@@ -222,3 +222,15 @@ def exits_2(capsys, *argv):
 ])
 def test_an_unknown_option_is_one_line_naming_the_closest(capsys, argv, said):
     assert exits_2(capsys, *argv) == f"error: {said}"
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["train", "--data", "d", "--iters", "abc"], "argument --iters/--iterations: expected an integer, got 'abc'"),
+    (["train", "--data", "d", "--resolution", "0"], "argument --resolution: "),
+    (["train", "--loss", "l2"], "argument --loss: invalid choice: 'l2'"),
+    (["eval", "--resolution", "x"], "argument --resolution: "),
+    (["eval"], "the following arguments are required: --model"),
+    (["trian"], "argument cmd: invalid choice: 'trian'"),
+])
+def test_a_bad_value_is_one_line_not_the_usage(capsys, argv, said):
+    assert exits_2(capsys, *argv).startswith(f"error: {said}")
