@@ -114,13 +114,17 @@ def is_number(text):
     return True
 
 
+def integer(text):
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
 def count(low):
     """argparse type: an integer of at least ``low`` (so a bad value is named, not silently used)."""
     def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        value = integer(text)
         if value < low:
             raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
         return value
@@ -196,21 +200,40 @@ def switch(p, *flags, help):
     return action
 
 
+def resolution(text):
+    """argparse type of ``--resolution``: an integer of at least 1, or -1 (Inria's "auto": None, the default)."""
+    value = integer(text)
+    if value == 0 or value < -1:
+        raise argparse.ArgumentTypeError(f"must be -1 (the default) or at least 1, got {value}")
+    return None if value == -1 else value
+
+
+def width_cap(a):
+    """The largest image width: ``--max-width``, else, as Inria's, ``DEFAULT_MAX_WIDTH`` unless a
+    ``--resolution`` is given (which says the size wanted)."""
+    from data.images import DEFAULT_MAX_WIDTH
+    if a.max_width is not None:
+        return a.max_width
+    return 0 if a.resolution else DEFAULT_MAX_WIDTH
+
+
 def add_data_options(p, need_data=True, need_out=True):
     """The options that name a capture, how its images are scaled and split, and where a command
     writes (``need_data``/``need_out`` False: a config file may give ``--data`` and ``--out``, or the
     command can do without them)."""
-    from data.images import DEFAULT_MAX_WIDTH, DISTORTION
+    from data.images import DEFAULT_MAX_WIDTH, DISTORTION, MAX_FACTOR
     p.add_argument("--data", required=need_data, help="capture folder (COLMAP, Blender or instant-ngp)")
     p.add_argument("--format", default="auto", choices=["auto", "colmap", "blender", "ngp"])
     p.add_argument("--images", default=None, help="image folder of a COLMAP capture, e.g. images_4")
     switch(p, "--white-background", help="composite RGBA on white and train on a white background (Blender "
                                          "scenes): the same as --background 1 1 1")
-    p.add_argument("--resolution", type=count(1), default=None, metavar="N",
-                   help="divide the images' width and height by N on loading (Inria's -r)")
-    p.add_argument("--max-width", type=count(0), default=DEFAULT_MAX_WIDTH, metavar="PX",
-                   help=f"narrow images still wider than PX pixels to PX, as Inria does (default {DEFAULT_MAX_WIDTH}; "
-                        "0: no limit)")
+    p.add_argument("--resolution", type=resolution, default=None, metavar="N",
+                   help=f"as Inria's -r: N up to {MAX_FACTOR} divides the images' width and height on loading, a "
+                        f"larger N is their width in pixels (-1: the default, full size up to {DEFAULT_MAX_WIDTH} px "
+                        "wide)")
+    p.add_argument("--max-width", type=count(0), default=None, metavar="PX",
+                   help=f"narrow images still wider than PX pixels to PX, as Inria does (default {DEFAULT_MAX_WIDTH} "
+                        "without --resolution, else none; 0: no limit)")
     p.add_argument("--distortion", choices=DISTORTION, default="undistort",
                    help="cameras with lens distortion: undistort their images (cropped to the pixels with a "
                         "source), or ignore it and train on them as pinhole views, as trainers that do not "
@@ -239,7 +262,7 @@ def add_viewer_options(p):
 
 
 def load_data(a, background, test_every=None):
-    """The capture ``--data`` names, scaled as ``--resolution`` and ``--max-width`` say, with every
+    """The capture ``--data`` names, scaled as ``--resolution`` and ``width_cap`` say, with every
     ``--test-every``-th image held out (``test_every`` where the option is not given); a bad one
     ends the command with the loader's message."""
     from data import DataError, load_dataset
@@ -247,7 +270,7 @@ def load_data(a, background, test_every=None):
         test_every = a.test_every
     try:
         return load_dataset(a.data, fmt=a.format, images=a.images, background=background, test_every=test_every,
-                            resolution=a.resolution, max_width=a.max_width, distortion=a.distortion)
+                            resolution=a.resolution, max_width=width_cap(a), distortion=a.distortion)
     except DataError as e:
         raise SystemExit(f"error: {e}")
 

@@ -127,9 +127,12 @@ class Dataset:
         d = self.downscale
         if d is None:
             return ""
-        factor = d.resolution or 1
-        why = [f"resolution 1/{factor}"] if factor > 1 else []
-        if d.max_width and file_size[0] / factor > d.max_width:
+        divisor = d.resolution_divisor(file_size[0])
+        if d.target_width:
+            why = [f"resolution {d.target_width} px wide"]
+        else:
+            why = [f"resolution 1/{d.resolution}"] if divisor > 1 else []
+        if d.max_width and file_size[0] / divisor > d.max_width:
             why.append(f"max width {d.max_width} px")
         return f": {', '.join(why)}" if why else ""
 

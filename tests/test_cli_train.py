@@ -36,7 +36,7 @@ def test_every_view_trains_unless_told_and_cfg_json_repeats_the_run(capture, tmp
     assert not (out / "metrics.json").exists()
     recorded = json.loads((out / "cfg.json").read_text())
     assert {f: recorded[f] for f in ("data", "test_every", "eval", "resolution", "max_width", "batch_size")} == {
-        "data": str(capture.resolve()), "test_every": None, "eval": False, "resolution": None, "max_width": 1600,
+        "data": str(capture.resolve()), "test_every": None, "eval": False, "resolution": None, "max_width": None,
         "batch_size": None}
     assert (recorded["iterations"], recorded["lr_means"], recorded["sh_degree"]) == (2, 1e-4, 1)
     assert recorded["lambda_s3im"] == 0.2   # as the trainer chose it for these (opaque) images
@@ -61,6 +61,23 @@ def test_resolution_and_max_width_reach_the_loader(capture, tmp_path, capsys):
     assert "images: 10 train, no test views; 16x12 (downscaled from 32x24: resolution 1/2)" in said
     said = run(capsys, "--data", str(capture), "--out", str(tmp_path), "--iters", "1", "--max-width", "8")
     assert "images: 10 train, no test views; 8x6 (downscaled from 32x24: max width 8 px)" in said
+    said = run(capsys, "--data", str(capture), "--out", str(tmp_path), "--iters", "1", "--resolution", "16")
+    assert "images: 10 train, no test views; 16x12 (downscaled from 32x24: resolution 16 px wide)" in said
+
+
+def test_resolution_above_8_is_a_width_and_any_resolution_lifts_the_width_cap(tmp_path):
+    """Inria's rule for -r: 1, 2, 4, 8 (up to 8) divide, a larger value is the width; -1 (or none)
+    keeps the 1600 px cap, which any --resolution lifts; --max-width still caps."""
+    from cli.args import load_data
+    wide = {"id": 1, "model": "PINHOLE", "w": 2000, "h": 8, "params": [1000.0, 1000.0, 1000.0, 4.0]}
+    colmap_scene(tmp_path, ".bin", n_images=2, cams=[wide])
+
+    def width(*argv):
+        a = train.train_parser().parse_args(["--data", str(tmp_path), *argv])
+        return load_data(a, (1.0, 1.0, 1.0)).train[0].width
+    assert width() == width("--resolution", "-1") == 1600
+    assert (width("--resolution", "1"), width("-r", "2"), width("--resolution", "500")) == (2000, 1000, 500)
+    assert width("--resolution", "2", "--max-width", "800") == 800
 
 
 def view_of(width, height, file_size=None):
