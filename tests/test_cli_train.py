@@ -59,6 +59,8 @@ def test_every_view_trains_unless_told_and_cfg_json_repeats_the_run(capture, tmp
 def test_resolution_and_max_width_reach_the_loader(capture, tmp_path, capsys):
     said = run(capsys, "--data", str(capture), "--out", str(tmp_path), "--iters", "1", "--resolution", "2")
     assert "images: 10 train, no test views; 16x12 (downscaled from 32x24: resolution 1/2)" in said
+    assert "images='images'" in (tmp_path / "cfg_args").read_text()   # for Inria's render.py: as trained
+    assert "resolution=2" in (tmp_path / "cfg_args").read_text()
     said = run(capsys, "--data", str(capture), "--out", str(tmp_path), "--iters", "1", "--max-width", "8")
     assert "images: 10 train, no test views; 8x6 (downscaled from 32x24: max width 8 px)" in said
     said = run(capsys, "--data", str(capture), "--out", str(tmp_path), "--iters", "1", "--resolution", "16")
