@@ -1,10 +1,13 @@
 """What several commands share: the parser, which takes other trainers' spellings of the options
-(``ALIASES``), argument types that name a bad value, the capture options, the output folder, the MPI
-communicator a command runs on, and the metrics file."""
+(``ALIASES``), argument types that name a bad value, the capture options, the output folder (made,
+and claimed by a run: ``claimed_output``), the MPI communicator a command runs on, and the metrics file."""
 import argparse
+import contextlib
 import difflib
 import json
 import os
+import shutil
+import socket
 import sys
 from pathlib import Path
 
@@ -290,6 +293,93 @@ def output_folder(path):
     except OSError as e:
         raise ValueError(f"--out {path}: cannot make the output folder ({e.strerror or e})") from None
     return out
+
+
+LOCK = ".lock"  # OUT/.lock: "PID HOST" of the run writing in OUT
+
+
+@contextlib.contextmanager
+def claimed_output(out, resume=False, overwrite=False):
+    """The output folder ``out`` (made already) for this run alone while the context lasts.  A lock
+    file, ``OUT/.lock``, refuses a second run into it at the same time (their files would mix); a
+    killed run's lock is taken over.  A folder that holds an earlier run is refused unless ``resume``
+    (continue it) or ``overwrite`` (remove its outputs first): the old PLYs, metrics and renders
+    would lie beside the new model, and viewers open the stale ones.  Under MPI rank 0 alone claims."""
+    from engine.outputs import run_outputs
+    if resume and overwrite:
+        raise ValueError("--resume continues the run in --out and --overwrite replaces it: give one")
+    lock = take_lock(Path(out))
+    try:
+        earlier = run_outputs(out)
+        if earlier and not resume:
+            names = ", ".join([p.relative_to(out).as_posix() for p in earlier[:3]] + ["..."] * (len(earlier) > 3))
+            if not overwrite:
+                raise ValueError(f"--out {out} holds an earlier run ({names}): give --resume to continue it, "
+                                 "--overwrite to replace it, or another --out")
+            for p in earlier:
+                if p.is_dir():
+                    shutil.rmtree(p)
+                else:
+                    p.unlink()
+            print(f"--overwrite: removed the earlier run's outputs from {out} ({names})")
+        yield
+    finally:
+        release_lock(*lock)
+
+
+def take_lock(out):
+    """Create ``OUT/.lock`` holding this process's PID and host; a lock of a process that has ended on
+    this host (a killed run) is taken over, another is a ValueError naming its holder.
+    -> (the lock's path, what it holds)."""
+    path, me = out / LOCK, f"{os.getpid()} {socket.gethostname()}"
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = lock_holder(path)
+            if holder is not None:
+                raise ValueError(f"--out {out}: another run is writing there ({holder}, its lock {path}): wait "
+                                 f"for it, or give another --out (remove {path} if no run is)") from None
+            continue  # (stale, removed, or released meanwhile)
+        with os.fdopen(fd, "w") as f:
+            f.write(me + "\n")
+        return path, me
+
+
+def lock_holder(path):
+    """Who holds the lock file ``path``, in words; None where it is gone or stale (its process has
+    ended on this host, or is this one: a PID reused in a new container), which is then removed."""
+    try:
+        pid, host = path.read_text().split()
+        pid = int(pid)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return "a lock that names no process"
+    if host != socket.gethostname():
+        return f"PID {pid} on {host}"
+    if pid != os.getpid() and process_alive(pid):
+        return f"PID {pid} on this host"
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    return None
+
+
+def process_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
+def release_lock(path, me):
+    """Remove the lock ``path`` where it still holds ``me`` (not taken over since)."""
+    with contextlib.suppress(OSError):
+        if path.read_text().strip() == me:
+            path.unlink()
 
 
 def write_metrics(summary, out_dir):

@@ -30,7 +30,7 @@ from pathlib import Path
 from .args import count, fraction, nonnegative, percent, positive
 
 # what this invocation does, not a setting of the run
-COMMAND_LINE_ONLY = ("config", "resume", "quiet", "viewer", "port", "host", "timeline")
+COMMAND_LINE_ONLY = ("config", "resume", "overwrite", "quiet", "viewer", "port", "host", "timeline")
 NOT_RECORDED = COMMAND_LINE_ONLY + ("out",)         # cfg.json lies in OUT: a copy of the run goes elsewhere
 
 # the fields whose flag has another name too, a narrower type, choices or a longer help than the generated one

@@ -9,7 +9,8 @@
                                                   them by name)
     OUT/events.out.tfevents.*                     with --tensorboard: the log's scalars (tensorboardX)
 
-N is the iteration the model was trained to.  This module also holds the optional pieces that
+N is the iteration the model was trained to.  ``RUN_OUTPUTS`` lists these and the rest a run writes
+in OUT (the snapshot, log.jsonl, cfg.json, metrics.json, plots): what ``train --overwrite`` removes.  This module also holds the optional pieces that
 need an extra package: LPIPS (``metrics``), the TensorBoard writer (``tensorboard``) and mp4
 video (``video``); a missing one is ``MissingExtra``, whose message names the extra.
 """
@@ -27,6 +28,17 @@ from data.atomic import atomic_path
 CAMERAS_JSON = "cameras.json"
 CFG_ARGS = "cfg_args"
 POINT_CLOUD = "point_cloud"
+
+
+# what runs write in OUT (globs; SNAPSHOT, engine/trainer.py's, aside): a folder holding any of them holds a run
+RUN_OUTPUTS = ("log.jsonl", "cfg.json", "metrics.json", CAMERAS_JSON, CFG_ARGS, POINT_CLOUD, "test/ours_*",
+               "train/ours_*", "plots", "events.out.tfevents.*", "timeline*.json.gz")
+
+
+def run_outputs(out):
+    """The files and folders in ``out`` that a run wrote (``RUN_OUTPUTS`` and the snapshot), sorted."""
+    from .trainer import SNAPSHOT
+    return sorted({p for pattern in (SNAPSHOT, *RUN_OUTPUTS) for p in Path(out).glob(pattern)})
 
 
 class MissingExtra(ImportError):

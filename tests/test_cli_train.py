@@ -61,9 +61,11 @@ def test_resolution_and_max_width_reach_the_loader(capture, tmp_path, capsys):
     assert "images: 10 train, no test views; 16x12 (downscaled from 32x24: resolution 1/2)" in said
     assert "images='images'" in (tmp_path / "cfg_args").read_text()   # for Inria's render.py: as trained
     assert "resolution=2" in (tmp_path / "cfg_args").read_text()
-    said = run(capsys, "--data", str(capture), "--out", str(tmp_path), "--iters", "1", "--max-width", "8")
+    said = run(capsys, "--data", str(capture), "--out", str(tmp_path), "--iters", "1", "--max-width", "8",
+               "--overwrite")
     assert "images: 10 train, no test views; 8x6 (downscaled from 32x24: max width 8 px)" in said
-    said = run(capsys, "--data", str(capture), "--out", str(tmp_path), "--iters", "1", "--resolution", "16")
+    said = run(capsys, "--data", str(capture), "--out", str(tmp_path), "--iters", "1", "--resolution", "16",
+               "--overwrite")
     assert "images: 10 train, no test views; 16x12 (downscaled from 32x24: resolution 16 px wide)" in said
 
 
@@ -122,3 +124,56 @@ def test_render_ahead_outside_the_pixel_exchange_is_one_error(capture, tmp_path,
     assert cli.main(["train", "--data", str(capture), "--out", str(tmp_path), "--render-ahead", "1"]) == 1
     assert capsys.readouterr().err == ("error: --render-ahead is for --exchange pixel (or auto): the Gaussian-level "
                                        "exchange renders no step ahead\n")
+
+
+def test_a_used_out_is_refused_without_resume_or_overwrite(capture, tmp_path, capsys):
+    """Training anew into a folder holding a run would leave its PLYs, metrics and renders beside the
+    new model: refused, one line; --overwrite removes them first; --resume goes on."""
+    out = tmp_path / "out"
+    run(capsys, "--data", str(capture), "--out", str(out), "--iters", "2")
+    stale = [out / "point_cloud" / "iteration_7000" / "point_cloud.ply", out / "test" / "ours_7000" / "x.png",
+             out / "metrics.json"]
+    for f in stale:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("")
+    assert cli.main(["train", "--data", str(capture), "--out", str(out), "--iters", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"error: --out {out} holds an earlier run (cameras.json, cfg.json, cfg_args, ...): give --resume "
+                   "to continue it, --overwrite to replace it, or another --out\n"), err
+    assert all(f.exists() for f in stale) and not (out / ".lock").exists()
+
+    said = run(capsys, "--data", str(capture), "--out", str(out), "--iters", "3", "--overwrite")
+    assert said.startswith(f"--overwrite: removed the earlier run's outputs from {out}")
+    assert not any(f.exists() for f in stale) and (out / "point_cloud" / "iteration_3").is_dir()
+    assert "resumed from" in run(capsys, "--data", str(capture), "--out", str(out), "--iters", "4", "--resume")
+    assert cli.main(["train", "--data", str(capture), "--out", str(out), "--resume", "--overwrite"]) == 1
+    assert "give one" in capsys.readouterr().err
+
+
+def test_one_run_at_a_time_into_an_out(capture, tmp_path, capsys):
+    """OUT/.lock (PID and host) refuses a second run while the first lives; a killed run's lock is
+    taken over; the lock goes at the end, also when the run fails."""
+    import socket
+    import subprocess
+    import sys
+    out, lock = tmp_path / "out", tmp_path / "out" / ".lock"
+    out.mkdir()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock.write_text(f"{alive.pid} {socket.gethostname()}\n")
+        assert cli.main(["train", "--data", str(capture), "--out", str(out), "--iters", "1"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --out {out}: another run is writing there (PID {alive.pid} on this host, "
+                              f"its lock {lock})") and err.count("\n") == 1, err
+    finally:
+        alive.kill()
+        alive.wait()
+    assert "trained on all 10 views" in run(capsys, "--data", str(capture), "--out", str(out), "--iters", "1")
+    assert not lock.exists()   # taken over from the killed run, released at the end
+
+    lock.write_text("4242 another-host\n")   # a run elsewhere on a shared file system
+    assert cli.main(["train", "--data", str(capture), "--out", str(tmp_path / "out"), "--resume"]) == 1
+    assert "(PID 4242 on another-host" in capsys.readouterr().err and lock.exists()
+    lock.unlink()
+    assert cli.main(["train", "--data", str(capture), "--out", str(out), "--resume", "--render-ahead", "1"]) == 1
+    assert "--render-ahead is for --exchange pixel" in capsys.readouterr().err and not lock.exists()
