@@ -3,19 +3,21 @@
 ``python run.py --help`` lists them.  A command that fails on bad input, or for want of an optional
 extra it needs, prints one line naming it and exits 1 (``NUMBASPLAT_DEBUG=1`` shows the traceback instead).
 """
-import argparse
 import os
 import sys
 
 os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")  # (before Numba is imported)
 
 from . import bench, evaluate, plot, prune, synth, train, view  # noqa: E402
+from .args import Parser  # noqa: E402
 
 COMMANDS = (train, evaluate, view, prune, plot, bench, synth)
 
 
 def parser():
-    ap = argparse.ArgumentParser(prog="run.py", description="NumbaSplat: 3D Gaussian Splatting in Numba")
+    ap = Parser(prog="run.py", description="NumbaSplat: 3D Gaussian Splatting in Numba. The options are also "
+                "taken in Inria's and gsplat's spellings (-s, -m, -r, -i, -w, --source_path, --data_dir, "
+                "--data_factor, underscores for dashes, ...: cli/args.py ALIASES)")
     sub = ap.add_subparsers(dest="cmd")
     for module in COMMANDS:
         module.add_commands(sub)

@@ -7,7 +7,8 @@ so that a new field is reachable without code here.  ``FLAGS`` gives the few fie
 has another name as well (``--iters``, ``--init-points``), a narrower type or choices.
 
 A config file (``--config FILE``: .json, or .yaml/.yml, which needs PyYAML) is one mapping of the
-``train`` command's settings by their names with underscores: TrainConfig's fields and the
+``train`` command's settings by their names with underscores (or any spelling their flags take:
+``iters``, Inria's ``source_path``, ``densify_grad_threshold``: cli/args.py ALIASES): TrainConfig's fields and the
 command's other options (``data``, ``images``, ``resolution``, ``max_width``, ``test_every``,
 ``eval``, ``out``, ``batch_size``, ...), all but ``COMMAND_LINE_ONLY``, which say what this
 invocation does rather than what the run is.  Its values are checked as the flags' are; null
@@ -29,7 +30,7 @@ from pathlib import Path
 from .args import MergeSteps, count, fraction, nonnegative, percent, positive, steps
 
 # what this invocation does, not a setting of the run
-COMMAND_LINE_ONLY = ("config", "resume", "quiet", "viewer", "port", "host", "timeline")
+COMMAND_LINE_ONLY = ("config", "resume", "overwrite", "quiet", "viewer", "port", "host", "timeline")
 NOT_RECORDED = COMMAND_LINE_ONLY + ("out",)         # cfg.json lies in OUT: a copy of the run goes elsewhere
 
 # the fields whose flag has another name too, a narrower type, choices or a longer help than the generated one
@@ -160,18 +161,22 @@ def resolve(a, parser):
 def read_settings(path, parser, defaults):
     """The settings in the config file ``path``, each checked by ``parser`` as its flag would be."""
     data = read_mapping(path)
-    settings = {}
+    settings, keys = {}, {}
     for key, value in data.items():
-        if key in COMMAND_LINE_ONLY:
-            raise ConfigError(f"config file {path}: {key!r} is not a setting of the run: give --{key} on the "
+        name = parser.dest_of(key)  # the keys are the flags' names, in any spelling a flag takes (args.ALIASES)
+        if name in COMMAND_LINE_ONLY:
+            raise ConfigError(f"config file {path}: {key!r} is not a setting of the run: give --{name} on the "
                               "command line")
-        if key not in defaults:
+        if name not in defaults:
             known = [k for k in defaults if k not in COMMAND_LINE_ONLY]
             close = difflib.get_close_matches(str(key).replace("-", "_"), known, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else "; the keys are the flags' names with underscores"
             raise ConfigError(f"config file {path}: unknown key {key!r}{hint}")
+        if name in keys:
+            raise ConfigError(f"config file {path}: {keys[name]!r} and {key!r} are the same setting: give one")
+        keys[name] = key
         if value is not None:
-            settings[key] = parse_setting(parser, key, value, defaults[key], path)
+            settings[name] = parse_setting(parser, key, name, value, defaults[name], path)
     return settings
 
 
@@ -207,10 +212,10 @@ def read_mapping(path):
     return data
 
 
-def parse_setting(parser, key, value, default, path):
-    """``value`` of the setting ``key`` as its flag would parse it (the same types, ranges and
-    choices); ConfigError naming the file and the key otherwise."""
-    flag = "--" + key.replace("_", "-")
+def parse_setting(parser, key, name, value, default, path):
+    """``value`` of the setting ``name`` (written ``key`` in the file) as its flag would parse it (the
+    same types, ranges and choices); ConfigError naming the file and the key otherwise."""
+    flag = "--" + name.replace("_", "-")
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ConfigError(f"config file {path}: {key}: expected true or false, got {value!r}")
@@ -227,7 +232,7 @@ def parse_setting(parser, key, value, default, path):
         raise ConfigError(f"config file {path}: {key}: {e.message}") from None
     if rest:
         raise ConfigError(f"config file {path}: {key}: {flag} does not take {value!r}")
-    return getattr(ns, key)
+    return getattr(ns, name)
 
 
 def write_settings(path, settings):

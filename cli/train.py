@@ -1,12 +1,13 @@
 """``train`` and ``demo``: the settings (defaults, a config file, the flags), what was loaded, a
 pipeline for the ranks at hand, the run."""
 import argparse
+import contextlib
 import os
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from .args import (TRANSPORTS, add_data_options, add_viewer_options, byte_size, count, load_data, mpi_comm,
-                   output_folder, switch, write_metrics)
+from .args import (TRANSPORTS, Parser, add_data_options, add_viewer_options, byte_size, claimed_output, count,
+                   load_data, mpi_comm, output_folder, switch, write_metrics)
 from .config import NOT_RECORDED, ConfigError, add_config_options, resolve, write_settings
 
 HOLD_OUT_EVERY = 8  # with --eval, every 8th image (sorted by name) is a test view, as Inria's llffhold
@@ -267,26 +268,27 @@ def run_training(a, settings):
         from engine.timeline import check_available
         check_available()  # before the capture loads
     output_folder(a.out)
-    cfg = config_from_args(a)
-    # every view trains unless --eval (Inria's split) or --test-every holds some out
-    dataset = load_data(a, cfg.background, HOLD_OUT_EVERY if a.eval else None)
     comm = mpi_comm(batched=a.batch_size is not None)
     root = comm is None or comm.Get_rank() == 0
-    if root:  # (a resumed run's model is its snapshot's: no initial points to describe)
-        print("\n".join(dataset.summary(None if a.init_ply else cfg.n_random_init, points=not a.resume)))
-        if a.init_ply and not a.resume:
-            print(f"initial Gaussians: from {a.init_ply} (--init-ply), not the points above")
-        for hint in (slow_cpu_hint(dataset, BACKEND), None if cfg.appearance else exposure_hint(dataset)):
-            if hint:
-                print(hint)
-    t = train_model(dataset, a, cfg, settings)
-    if dataset.test:
-        summary = t.evaluate(save_dir=split_dir(a.out, "test", t.step) if a.eval else None)
-        if summary is not None:  # rank 0 of a distributed run
-            write_metrics({**summary, "pruning": t.pruning} if t.pruning else summary, a.out)
-    elif root:
-        print(f"trained on all {len(dataset.train)} views; no test split{'' if a.eval else ' (use --eval)'}; "
-              f"{t.step} steps in {t.train_seconds:.1f} s; snapshot {Path(a.out) / SNAPSHOT}")
+    with claimed_output(a.out, a.resume, a.overwrite) if root else contextlib.nullcontext():
+        cfg = config_from_args(a)
+        # every view trains unless --eval (Inria's split) or --test-every holds some out
+        dataset = load_data(a, cfg.background, HOLD_OUT_EVERY if a.eval else None)
+        if root:  # (a resumed run's model is its snapshot's: no initial points to describe)
+            print("\n".join(dataset.summary(None if a.init_ply else cfg.n_random_init, points=not a.resume)))
+            if a.init_ply and not a.resume:
+                print(f"initial Gaussians: from {a.init_ply} (--init-ply), not the points above")
+            for hint in (slow_cpu_hint(dataset, BACKEND), None if cfg.appearance else exposure_hint(dataset)):
+                if hint:
+                    print(hint)
+        t = train_model(dataset, a, cfg, settings)
+        if dataset.test:
+            summary = t.evaluate(save_dir=split_dir(a.out, "test", t.step) if a.eval else None)
+            if summary is not None:  # rank 0 of a distributed run
+                write_metrics({**summary, "pruning": t.pruning} if t.pruning else summary, a.out)
+        elif root:
+            print(f"trained on all {len(dataset.train)} views; no test split{'' if a.eval else ' (use --eval)'}; "
+                  f"{t.step} steps in {t.train_seconds:.1f} s; snapshot {Path(a.out) / SNAPSHOT}")
     keep_viewer_open(t)
 
 
@@ -367,6 +369,9 @@ def add_train_options(p):
     switch(p, "--eval", help=f"hold out every {HOLD_OUT_EVERY}th image (or every --test-every), evaluate on them "
                              "and save their renders (without it and --test-every every view trains)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/snapshot.h5")
+    p.add_argument("--overwrite", action="store_true",
+                   help="remove an earlier run's outputs from OUT first (without it or --resume, a folder holding "
+                        "one is refused)")
     p.add_argument("--init-ply", default=None, help="start from the Gaussians of a PLY file (3DGS layout)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--viewer", action="store_true",
@@ -443,7 +448,7 @@ def step_window(text):
 
 def train_parser():
     """The ``train`` options on a parser of their own, with their defaults: what reads a config file."""
-    p = argparse.ArgumentParser(prog="run.py train", exit_on_error=False)
+    p = Parser(prog="run.py train", exit_on_error=False)
     add_train_options(p)
     return p
 

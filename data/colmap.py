@@ -568,4 +568,4 @@ def load(path, images=None, background=(1.0, 1.0, 1.0), test_every=None, downsca
         origin = _model_file(model, "points3D").relative_to(root).as_posix()
         origin = origin if len(xyz) else f"{origin} holds no points"
     return build_dataset(train, test, xyz, rgb, root, "colmap", split=every_nth(test_every), points_origin=origin,
-                         downscale=downscale, notes=notes)
+                         downscale=downscale, images=str(images or "images"), notes=notes)

@@ -49,7 +49,8 @@ def load_dataset(path, fmt="auto", images=None, background=(1.0, 1.0, 1.0), test
     for testing (8: Inria's ``--eval`` split); 0 or None: none, every view
     trains.  Blender scenes use transforms_test.json instead (without it,
     test_every splits the training views).
-    ``resolution``: an integer downscale factor (Inria's ``-r``; None: 1);
+    ``resolution``: as Inria's ``-r``, an integer downscale factor up to 8
+    (None: 1), or above 8 the images' width in pixels (``images.Downscale``);
     ``max_width``: images still wider are narrowed to it (None or 0: no
     limit; by default 1600 px, as Inria).  Intrinsics follow the images.
     ``distortion``: "undistort" (default) undistorts the images of cameras with distortion and

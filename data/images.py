@@ -20,8 +20,8 @@ repeat the border (pincushion distortion puts the corners there): the output
 is cropped to the largest rectangle without them, and the principal point
 moves with the crop.
 
-Scaling (``Downscale``) follows Inria's 3DGS: an integer factor (``-r``), and
-by default no image wider than 1600 px.
+Scaling (``Downscale``) follows Inria's 3DGS: an integer factor or a target width
+(``-r``), and by default no image wider than 1600 px.
 """
 import numbers
 import os
@@ -120,24 +120,38 @@ def _whole(value, name, low, meaning):
     return int(value)
 
 
+MAX_FACTOR = 8   # a resolution up to this divides the images' size; a larger one is their width in pixels
+
+
 @dataclass(frozen=True)
 class Downscale:
-    """How images are scaled on loading: divided by ``resolution`` (an integer factor, as
-    Inria's ``-r``; None: 1), then, if still wider than ``max_width`` pixels, narrowed to it
-    (None or 0: no limit).  Both limits hold: the smaller size wins (where Inria drops its
-    1600 px limit once ``-r`` is given, full size here is ``max_width=0``).  Intrinsics follow."""
+    """How images are scaled on loading, as Inria's ``-r``: a ``resolution`` up to ``MAX_FACTOR``
+    divides the width and height (None: 1), a larger one is the width in pixels to scale them to
+    (``-r 500``: 500 px wide; Inria takes 3, 5, 6 and 7 for widths too, here they are factors); then,
+    if still wider than ``max_width`` pixels, they are narrowed to it (None or 0: no limit).  Both
+    limits hold: the smaller size wins (where Inria drops its 1600 px limit once ``-r`` is given,
+    ``run.py``'s ``--resolution`` does so too; here that is ``max_width=0``).  Intrinsics follow."""
     resolution: int = None
     max_width: int = DEFAULT_MAX_WIDTH
 
     def __post_init__(self):
         object.__setattr__(self, "resolution", _whole(self.resolution, "resolution", 1,
-                                                      "a downscale factor: 1, 2, 4, 8, ..."))
+                                                      f"a downscale factor up to {MAX_FACTOR}, or a width in pixels"))
         object.__setattr__(self, "max_width", _whole(self.max_width, "max_width", 0,
                                                      "the largest image width in pixels; 0: no limit"))
 
+    @property
+    def target_width(self):
+        """The width ``resolution`` asks for, or None where it is a factor."""
+        return self.resolution if (self.resolution or 1) > MAX_FACTOR else None
+
+    def resolution_divisor(self, width):
+        """What ``resolution`` divides the size of an image ``width`` pixels wide by."""
+        return width / self.target_width if self.target_width else float(self.resolution or 1)
+
     def size(self, width, height):
         """(width, height) of a ``width`` x ``height`` image after scaling."""
-        s = float(self.resolution or 1)
+        s = self.resolution_divisor(width)
         if self.max_width and width / s > self.max_width:
             s = width / self.max_width
         if s == 1.0:

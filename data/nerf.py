@@ -236,4 +236,5 @@ def load_ngp(path, images=None, background=(1.0, 1.0, 1.0), test_every=None, dow
                 origin = f"its point cloud is unreadable ({exc})"
     ignored = ignored_distortion_note(given, distortion)
     return build_dataset(train, test, points, colors, root, "ngp", split=every_nth(test_every),
-                         points_origin=origin, downscale=downscale, notes=[ignored] if ignored else [])
+                         points_origin=origin, downscale=downscale, images=images or "",
+                         notes=[ignored] if ignored else [])

@@ -83,6 +83,8 @@ class Dataset:
     split: str = ""          # how the test views were chosen ("every 8th image", ...); "" when there are none
     points_origin: str = ""  # the file the points were read from, or, when there are none, why
     downscale: object = None  # the ``images.Downscale`` the images were loaded with
+    images: str = ""          # the image folder the views were read from, as the ``images`` option names it
+                              # ("images" for COLMAP by default; "" where the format's files name theirs)
     notes: list = field(default_factory=list)   # one line each
 
     @property
@@ -129,9 +131,12 @@ class Dataset:
         d = self.downscale
         if d is None:
             return ""
-        factor = d.resolution or 1
-        why = [f"resolution 1/{factor}"] if factor > 1 else []
-        if d.max_width and file_size[0] / factor > d.max_width:
+        divisor = d.resolution_divisor(file_size[0])
+        if d.target_width:
+            why = [f"resolution {d.target_width} px wide"]
+        else:
+            why = [f"resolution 1/{d.resolution}"] if divisor > 1 else []
+        if d.max_width and file_size[0] / divisor > d.max_width:
             why.append(f"max width {d.max_width} px")
         return f": {', '.join(why)}" if why else ""
 
@@ -249,7 +254,7 @@ def make_camera(name, viewmat, fx, fy, cx, cy, width, height):
 
 
 def build_dataset(views_train, views_test, points, colors, source, fmt, init_box=None, split="",
-                  points_origin="", downscale=None, notes=()):
+                  points_origin="", downscale=None, images="", notes=()):
     """The ``Dataset`` a loader returns: points as float32 with the non-finite ones dropped,
     colours clipped to [0, 1], and the scene scale of the training cameras (of the test
     cameras when there is no training view).
@@ -273,4 +278,4 @@ def build_dataset(views_train, views_test, points, colors, source, fmt, init_box
     return Dataset(train=list(views_train), test=list(views_test), points=points, colors=colors,
                    scene_scale=scene_scale(cams), source=str(source), fmt=fmt, init_box=init_box,
                    split=split if views_test else "", points_origin=points_origin, downscale=downscale,
-                   notes=notes)
+                   images=images, notes=notes)

@@ -9,7 +9,8 @@
                                                   them by name)
     OUT/events.out.tfevents.*                     with --tensorboard: the log's scalars (tensorboardX)
 
-N is the iteration the model was trained to.  This module also holds the optional pieces that
+N is the iteration the model was trained to.  ``RUN_OUTPUTS`` lists these and the rest a run writes
+in OUT (the snapshot, log.jsonl, cfg.json, metrics.json, plots): what ``train --overwrite`` removes.  This module also holds the optional pieces that
 need an extra package: LPIPS (``metrics``), the TensorBoard writer (``tensorboard``) and mp4
 video (``video``); a missing one is ``MissingExtra``, whose message names the extra.
 """
@@ -27,6 +28,17 @@ from data.atomic import atomic_path
 CAMERAS_JSON = "cameras.json"
 CFG_ARGS = "cfg_args"
 POINT_CLOUD = "point_cloud"
+
+
+# what runs write in OUT (globs; SNAPSHOT, engine/trainer.py's, aside): a folder holding any of them holds a run
+RUN_OUTPUTS = ("log.jsonl", "cfg.json", "metrics.json", CAMERAS_JSON, CFG_ARGS, POINT_CLOUD, "test/ours_*",
+               "train/ours_*", "plots", "events.out.tfevents.*", "timeline*.json.gz")
+
+
+def run_outputs(out):
+    """The files and folders in ``out`` that a run wrote (``RUN_OUTPUTS`` and the snapshot), sorted."""
+    from .trainer import SNAPSHOT
+    return sorted({p for pattern in (SNAPSHOT, *RUN_OUTPUTS) for p in Path(out).glob(pattern)})
 
 
 class MissingExtra(ImportError):
@@ -106,12 +118,27 @@ def _as_path(source):
     return os.path.abspath(source) if os.path.isdir(str(source)) else str(source)
 
 
+def inria_resolution(dataset):
+    """The ``-r`` with which Inria's loader scales the capture's images to the size they trained at
+    here: -1 for its default (no resolution, the 1600 px cap, as ours), else a factor 1, 2, 4 or 8
+    where one gives the width of the first view, else that width (Inria reads other values as one)."""
+    from data.images import DEFAULT_MAX_WIDTH
+    d = dataset.downscale
+    loaded = [v.provenance for v in dataset.views if v.provenance is not None]
+    if d is None or not loaded or (d.resolution is None and d.max_width == DEFAULT_MAX_WIDTH):
+        return -1
+    file_width, width = loaded[0].file_size[0], loaded[0].scaled_size[0]
+    return next((f for f in (1, 2, 4, 8) if round(file_width / f) == width), width)
+
+
 def write_cfg_args(out, dataset, sh_degree, white_background):
     """OUT/cfg_args, the one line Inria's train.py writes (``str`` of its argparse Namespace).
     SIBR's viewer needs it: it reads ``source_path`` (the capture, to load its cameras and images;
-    it falls back to OUT/cameras.json), ``sh_degree`` (how to read the PLY) and ``white_background``."""
-    args = argparse.Namespace(data_device="cuda", eval=bool(dataset.test), images="images",
-                              model_path=os.path.abspath(out), resolution=-1, sh_degree=int(sh_degree),
+    it falls back to OUT/cameras.json), ``sh_degree`` (how to read the PLY) and ``white_background``;
+    Inria's render.py also ``images`` and ``resolution``: the folder and the size the views trained at."""
+    args = argparse.Namespace(data_device="cuda", eval=bool(dataset.test), images=dataset.images or "images",
+                              model_path=os.path.abspath(out), resolution=inria_resolution(dataset),
+                              sh_degree=int(sh_degree),
                               source_path=_as_path(dataset.source),
                               white_background=bool(white_background))
     with atomic_path(Path(out) / CFG_ARGS) as tmp:

@@ -169,3 +169,70 @@ def test_field_comments_are_the_help():
         last: str = "x"       # the last one
     assert config.field_comments(Settings) == {"steps": "how many steps", "rate": "a rate, which continues here",
                                                "last": "the last one"}
+
+
+def test_inria_and_gsplat_spellings_are_aliases(resolved):
+    """Inria's -s/-m/-r/-i/-w and long names, gsplat's --data_dir/--data_factor, and every flag with
+    underscores for dashes reach the same settings as ours (cli/args.py ALIASES)."""
+    ours = resolved("--data", "d", "--out", "o", "--resolution", "2", "--images", "images_2", "--white-background",
+                    "--grad-threshold", "3e-4", "--densify-until", "900", "--densify-from", "100", "--iters", "50",
+                    "--no-absgrad", "--lr-means", "1e-5")
+    inria = resolved("-s", "d", "-m", "o", "-r", "2", "-i", "images_2", "-w", "--densify_grad_threshold", "3e-4",
+                     "--densify_until_iter", "900", "--densify_from_iter=100", "--iterations", "50", "--no_absgrad",
+                     "--position_lr_init", "1e-5")
+    gsplat = resolved("--data_dir", "d", "--result_dir", "o", "--data_factor", "2", "--images", "images_2",
+                      "--white_background", "--grow_grad2d", "3e-4", "--refine_stop_iter", "900",
+                      "--refine_start_iter", "100", "--max_steps", "50", "--no-absgrad", "--lr_means", "1e-5")
+    assert ours[1] == inria[1] == gsplat[1]
+    assert (ours[1]["data"], ours[1]["out"], ours[1]["iterations"], ours[1]["grad_threshold"]) == ("d", "o", 50, 3e-4)
+    long_names = resolved("--source-path", "d", "--model-path", "o")[1]
+    assert (long_names["data"], long_names["out"]) == ("d", "o")
+
+
+def test_inria_m_is_the_model_where_a_command_reads_one():
+    a = cli.parser().parse_args(["eval", "-m", "trained", "-s", "d", "-r", "4"])
+    assert (a.model, a.data, a.resolution, a.out) == ("trained", "d", 4, None)
+
+
+def test_config_keys_take_the_aliases(resolved, tmp_path, capsys):
+    f = write(tmp_path / "inria.json", {"source_path": "d", "model_path": "o", "iters": 9, "data_factor": 2,
+                                        "densify_grad_threshold": 3e-4, "densify_until_iter": 900,
+                                        "white-background": True})
+    a, settings = resolved("--config", f)
+    assert (a.data, a.out, a.iterations, a.resolution, a.grad_threshold, a.densify_until, a.white_background) == (
+        "d", "o", 9, 2, 3e-4, 900, True)
+    err = fails(capsys, "--config", write(tmp_path / "twice.json", {"data": "d", "out": "o", "iters": 9,
+                                                                   "iterations": 8}))
+    assert "'iters' and 'iterations' are the same setting" in err
+
+
+def exits_2(capsys, *argv):
+    """The one line of stderr of ``run.py ARGV`` that argparse ends with exit status 2."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(list(argv))
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    return err.strip()
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["train", "--data", "d", "--iterz", "5"], "unknown option --iterz; did you mean --iters?"),
+    (["train", "--densify-untill", "900"], "unknown option --densify-untill; did you mean --densify-until?"),
+    (["eval", "--model", "m", "--test-evry", "4"], "unknown option --test-evry; did you mean --test-every?"),
+    (["train", "--data", "d", "-x", "3"], "unknown option -x; run.py train --help lists them"),
+])
+def test_an_unknown_option_is_one_line_naming_the_closest(capsys, argv, said):
+    assert exits_2(capsys, *argv) == f"error: {said}"
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["train", "--data", "d", "--iters", "abc"], "argument --iters/--iterations: expected an integer, got 'abc'"),
+    (["train", "--data", "d", "--resolution", "0"], "argument --resolution: "),
+    (["train", "--loss", "l2"], "argument --loss: invalid choice: 'l2'"),
+    (["eval", "--resolution", "x"], "argument --resolution: "),
+    (["eval"], "the following arguments are required: --model"),
+    (["trian"], "argument cmd: invalid choice: 'trian'"),
+])
+def test_a_bad_value_is_one_line_not_the_usage(capsys, argv, said):
+    assert exits_2(capsys, *argv).startswith(f"error: {said}")

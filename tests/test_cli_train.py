@@ -41,7 +41,7 @@ def test_every_view_trains_unless_told_and_cfg_json_repeats_the_run(capture, tmp
     assert not (out / "metrics.json").exists()
     recorded = json.loads((out / "cfg.json").read_text())
     assert {f: recorded[f] for f in ("data", "test_every", "eval", "resolution", "max_width", "batch_size")} == {
-        "data": str(capture.resolve()), "test_every": None, "eval": False, "resolution": None, "max_width": 1600,
+        "data": str(capture.resolve()), "test_every": None, "eval": False, "resolution": None, "max_width": None,
         "batch_size": None}
     assert (recorded["iterations"], recorded["lr_means"], recorded["sh_degree"]) == (2, 1e-4, 1)
     assert recorded["lambda_s3im"] == 0.2   # as the trainer chose it for these (opaque) images
@@ -64,8 +64,29 @@ def test_every_view_trains_unless_told_and_cfg_json_repeats_the_run(capture, tmp
 def test_resolution_and_max_width_reach_the_loader(capture, tmp_path, capsys):
     said = run(capsys, "--data", str(capture), "--out", str(tmp_path), "--iters", "1", "--resolution", "2")
     assert "images: 10 train, no test views; 16x12 (downscaled from 32x24: resolution 1/2)" in said
-    said = run(capsys, "--data", str(capture), "--out", str(tmp_path), "--iters", "1", "--max-width", "8")
+    assert "images='images'" in (tmp_path / "cfg_args").read_text()   # for Inria's render.py: as trained
+    assert "resolution=2" in (tmp_path / "cfg_args").read_text()
+    said = run(capsys, "--data", str(capture), "--out", str(tmp_path), "--iters", "1", "--max-width", "8",
+               "--overwrite")
     assert "images: 10 train, no test views; 8x6 (downscaled from 32x24: max width 8 px)" in said
+    said = run(capsys, "--data", str(capture), "--out", str(tmp_path), "--iters", "1", "--resolution", "16",
+               "--overwrite")
+    assert "images: 10 train, no test views; 16x12 (downscaled from 32x24: resolution 16 px wide)" in said
+
+
+def test_resolution_above_8_is_a_width_and_any_resolution_lifts_the_width_cap(tmp_path):
+    """Inria's rule for -r: 1, 2, 4, 8 (up to 8) divide, a larger value is the width; -1 (or none)
+    keeps the 1600 px cap, which any --resolution lifts; --max-width still caps."""
+    from cli.args import load_data
+    wide = {"id": 1, "model": "PINHOLE", "w": 2000, "h": 8, "params": [1000.0, 1000.0, 1000.0, 4.0]}
+    colmap_scene(tmp_path, ".bin", n_images=2, cams=[wide])
+
+    def width(*argv):
+        a = train.train_parser().parse_args(["--data", str(tmp_path), *argv])
+        return load_data(a, (1.0, 1.0, 1.0)).train[0].width
+    assert width() == width("--resolution", "-1") == 1600
+    assert (width("--resolution", "1"), width("-r", "2"), width("--resolution", "500")) == (2000, 1000, 500)
+    assert width("--resolution", "2", "--max-width", "800") == 800
 
 
 def view_of(width, height, file_size=None):
@@ -186,7 +207,7 @@ def test_a_full_disk_at_a_snapshot_is_one_error_line_and_no_temporary_file(captu
     assert not snapshot.exists()
     monkeypatch.undo()
 
-    run(capsys, "--data", str(capture), "--out", str(out), "--iters", "2")
+    run(capsys, "--data", str(capture), "--out", str(out), "--iters", "2", "--overwrite")  # (the failed run's log)
     kept = snapshot.read_bytes()
     fill_the_disk_mid_write(monkeypatch)
     assert fails_saying("--iters", "4", "--resume") == (
@@ -233,3 +254,56 @@ def test_resume_says_where_its_model_comes_from_not_the_initial_points(capture, 
     assert "initial points: random, 200 in a box around the cameras" in said
     said = run(capsys, "--data", str(data), "--out", str(out), "--iters", "2", "--resume")
     assert "initial points" not in said and f"resumed from {out / 'snapshot.h5'} at step 1" in said
+
+
+def test_a_used_out_is_refused_without_resume_or_overwrite(capture, tmp_path, capsys):
+    """Training anew into a folder holding a run would leave its PLYs, metrics and renders beside the
+    new model: refused, one line; --overwrite removes them first; --resume goes on."""
+    out = tmp_path / "out"
+    run(capsys, "--data", str(capture), "--out", str(out), "--iters", "2")
+    stale = [out / "point_cloud" / "iteration_7000" / "point_cloud.ply", out / "test" / "ours_7000" / "x.png",
+             out / "metrics.json"]
+    for f in stale:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("")
+    assert cli.main(["train", "--data", str(capture), "--out", str(out), "--iters", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"error: --out {out} holds an earlier run (cameras.json, cfg.json, cfg_args, ...): give --resume "
+                   "to continue it, --overwrite to replace it, or another --out\n"), err
+    assert all(f.exists() for f in stale) and not (out / ".lock").exists()
+
+    said = run(capsys, "--data", str(capture), "--out", str(out), "--iters", "3", "--overwrite")
+    assert said.startswith(f"--overwrite: removed the earlier run's outputs from {out}")
+    assert not any(f.exists() for f in stale) and (out / "point_cloud" / "iteration_3").is_dir()
+    assert "resumed from" in run(capsys, "--data", str(capture), "--out", str(out), "--iters", "4", "--resume")
+    assert cli.main(["train", "--data", str(capture), "--out", str(out), "--resume", "--overwrite"]) == 1
+    assert "give one" in capsys.readouterr().err
+
+
+def test_one_run_at_a_time_into_an_out(capture, tmp_path, capsys):
+    """OUT/.lock (PID and host) refuses a second run while the first lives; a killed run's lock is
+    taken over; the lock goes at the end, also when the run fails."""
+    import socket
+    import subprocess
+    import sys
+    out, lock = tmp_path / "out", tmp_path / "out" / ".lock"
+    out.mkdir()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock.write_text(f"{alive.pid} {socket.gethostname()}\n")
+        assert cli.main(["train", "--data", str(capture), "--out", str(out), "--iters", "1"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --out {out}: another run is writing there (PID {alive.pid} on this host, "
+                              f"its lock {lock})") and err.count("\n") == 1, err
+    finally:
+        alive.kill()
+        alive.wait()
+    assert "trained on all 10 views" in run(capsys, "--data", str(capture), "--out", str(out), "--iters", "1")
+    assert not lock.exists()   # taken over from the killed run, released at the end
+
+    lock.write_text("4242 another-host\n")   # a run elsewhere on a shared file system
+    assert cli.main(["train", "--data", str(capture), "--out", str(tmp_path / "out"), "--resume"]) == 1
+    assert "(PID 4242 on another-host" in capsys.readouterr().err and lock.exists()
+    lock.unlink()
+    assert cli.main(["train", "--data", str(capture), "--out", str(out), "--resume", "--render-ahead", "1"]) == 1
+    assert "--render-ahead is for --exchange pixel" in capsys.readouterr().err and not lock.exists()

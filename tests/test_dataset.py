@@ -43,6 +43,19 @@ def test_no_width_limit(tmp_path):
         assert load_dataset(tmp_path, max_width=no_limit).train[0].width == 2000
 
 
+def test_a_resolution_above_8_is_the_width(tmp_path):
+    """As Inria's -r: up to 8 a factor, above it the width in pixels (500 made 2x2 images of a
+    1000 px capture when it was a factor)."""
+    wide = {"id": 1, "model": "PINHOLE", "w": 2000, "h": 8, "params": [1000.0, 1000.0, 1000.0, 4.0]}
+    colmap_scene(tmp_path, ".bin", n_images=2, cams=[wide])
+    ds = load_dataset(tmp_path, resolution=500)
+    assert (ds.train[0].width, ds.train[0].height) == (500, 2)
+    assert ds.train[0].camera.fx == pytest.approx(250.0)
+    assert "500x2 (downscaled from 2000x8: resolution 500 px wide)" in ds.summary()[1]
+    assert load_dataset(tmp_path, resolution=8, max_width=0).train[0].width == 250
+    assert load_dataset(tmp_path, resolution=9, max_width=0).train[0].width == 9
+
+
 def test_the_first_training_views_only(tmp_path, monkeypatch):
     """``train_views``: a COLMAP capture reads the images of those views alone; every format keeps
     them and no test views, the scene scale theirs."""

@@ -67,6 +67,27 @@ def test_training_ends_with_the_model_where_viewers_look(trained):
     assert latest_point_cloud(out) == ply and iteration_of(ply) == 20
 
 
+def test_cfg_args_records_the_images_folder_and_resolution_used(tmp_path):
+    """Inria's render.py loads the capture as cfg_args's images and resolution say: the folder and
+    the size the views trained at (it said images='images', resolution=-1 whatever was given)."""
+    from data import load_dataset
+    from tests.dataset_files import colmap_scene
+    wide = {"id": 1, "model": "PINHOLE", "w": 2000, "h": 8, "params": [1000.0, 1000.0, 1000.0, 4.0]}
+    colmap_scene(tmp_path / "capture", ".bin", n_images=2, cams=[wide], folder="images_2")
+
+    def recorded(**scaling):
+        dataset = load_dataset(tmp_path / "capture", images="images_2", **scaling)
+        outputs.write_cfg_args(tmp_path, dataset, 1, False)
+        args = eval((tmp_path / "cfg_args").read_text(), {"Namespace": argparse.Namespace})  # noqa: S307
+        return args.images, args.resolution
+    assert recorded() == ("images_2", -1)                            # Inria's default: the 1600 px cap
+    assert recorded(max_width=0) == ("images_2", 1)                  # full size
+    assert recorded(resolution=2, max_width=0) == ("images_2", 2)    # a factor Inria takes for one
+    assert recorded(resolution=3, max_width=0) == ("images_2", 667)  # Inria reads 3 as a width: the width
+    assert recorded(resolution=400, max_width=0) == ("images_2", 400)
+    assert recorded(max_width=800) == ("images_2", 800)
+
+
 def test_cameras_json_as_inria_writes_it(trained):
     entries = json.loads((trained.out / "cameras.json").read_text())
     views = trained.data.test + trained.data.train  # Inria lists the test cameras first
