@@ -35,7 +35,8 @@ def add_commands(sub):
                         "Inria's; the undistorted capture is PINHOLE whatever it is)")
     c.add_argument("--matcher", choices=MATCHERS, default="exhaustive",
                    help="exhaustive: every pair (default, as Inria's); sequential: each photo with its "
-                        "neighbours in name order, for video frames (linear in the photos, not quadratic)")
+                        "neighbours in name order (COLMAP's: number frames with zeros, frame_0001.jpg), for video frames "
+                        "(linear in the photos, not quadratic)")
     c.add_argument("--min-registered", type=percent, default=50.0, metavar="PCT",
                    help="the percent of the photos mapping must register, else an error (default 50)")
     c.add_argument("--threads", type=int, default=-1, help="threads for COLMAP's stages (default -1: all cores)")

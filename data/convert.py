@@ -9,7 +9,8 @@ the ``convert`` extra).  The stages, with Inria's settings where it has them:
    (Inria's default ``--camera``), whose focal length and distortion mapping estimates.  Photos of
    several sizes cannot share a camera: they get one each, and the summary says so;
 2. matching: every pair (Inria's ``exhaustive_matcher``), or each photo with its neighbours in name
-   order (``sequential``, for video frames: linear rather than quadratic in the photos), each pair
+   order (``sequential``, for video frames: linear rather than quadratic in the photos; COLMAP sorts
+   the names as text, so frame_0002 comes before frame_0010 but 2.jpg after 10.jpg), each pair
    verified geometrically;
 3. incremental mapping: poses, intrinsics and 3D points by bundle adjustment (Inria's global
    tolerance, 1e-6).  COLMAP may split photos that do not overlap into several models: the largest
@@ -208,10 +209,10 @@ def convert(images, out, camera="OPENCV", matcher="exhaustive", min_registered=5
             stage("mapping")
             registered = 0
 
-            def registering(n):
-                def callback():  # after the initial pair (2), after each image then (1)
+            def registering(start):
+                def callback():  # after a model's initial pair (2 registered), after each image then (+1)
                     nonlocal registered
-                    registered += n
+                    registered = 2 if start else registered + 1
                     bar.set_description_str(f"convert: mapping ({registered} registered)")
                 return callback
 
@@ -223,8 +224,8 @@ def convert(images, out, camera="OPENCV", matcher="exhaustive", min_registered=5
             shutil.rmtree(models_dir, ignore_errors=True)
             models_dir.mkdir()
             models = pycolmap.incremental_mapping(database, images, models_dir, options,
-                                                  initial_image_pair_callback=registering(2),
-                                                  next_image_callback=registering(1))
+                                                  initial_image_pair_callback=registering(True),
+                                                  next_image_callback=registering(False))
             shutil.rmtree(models_dir)
             best = max(models.values(), key=lambda m: m.num_reg_images(), default=None)
             k = best.num_reg_images() if best is not None else 0
@@ -283,7 +284,8 @@ def summary_line(s):
     """The one line ``run.py convert`` ends with."""
     return (f"wrote {s['out']}: {s['registered']} of {s['images']} images registered, {s['points']} points, mean "
             f"reprojection error {s['reprojection_error']:.2f} px, {s['camera']}; images, images_2/4/8 and sparse/0; "
-            f"{s['seconds']['total']:.1f} s")
+            f"{s['seconds']['total']:.1f} s ("
+            + ", ".join(f"{k} {v:.1f}" for k, v in s["seconds"].items() if k != "total") + ")")
 
 
 __all__ = ["convert", "summary_line", "photos_of", "check_out", "write_downscales", "downscaled_size",
