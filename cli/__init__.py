@@ -8,10 +8,10 @@ import sys
 
 os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")  # (before Numba is imported)
 
-from . import bench, evaluate, plot, prune, synth, train, view  # noqa: E402
+from . import bench, convert, evaluate, plot, prune, synth, train, view  # noqa: E402
 from .args import Parser  # noqa: E402
 
-COMMANDS = (train, evaluate, view, prune, plot, bench, synth)
+COMMANDS = (train, evaluate, view, prune, plot, bench, synth, convert)
 
 
 def parser():
