@@ -127,6 +127,15 @@ class GaussianExchangeTrainer(RankedTrainer):
     def pipeline_fields(self):
         return {"batch size": self.batch, "gradient exchange": self.grad_comm, "shard": self.shard}
 
+    def pipeline_arrays(self):
+        """The last step's intersections per tile, which split the next step's tiles between the
+        renderers: a run resumed with them splits (and so sums each Gaussian's gradient) as the
+        uninterrupted run does, to the bit."""
+        return {} if self.tile_cost is None else {"tile_cost": np.asarray(self.tile_cost, np.float64)}
+
+    def restore_pipeline_arrays(self, arrays):
+        self.tile_cost = arrays.get("tile_cost")
+
     # ------------------------------------------------------------------ one step
     def _batch(self):
         return [self.next_view() for _ in range(self.batch)]

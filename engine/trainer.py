@@ -546,6 +546,14 @@ class Trainer(ABC):
         """More for the progress line, from the log step's ``record`` ("": nothing)."""
         return ""
 
+    def pipeline_arrays(self):
+        """The pipeline's own state that its next steps depend on, for the snapshot: {name: host array}
+        (here none).  Collective callers: the root rank's is written."""
+        return {}
+
+    def restore_pipeline_arrays(self, arrays):
+        """Take back what ``pipeline_arrays`` gave, from a snapshot ({} from one without it)."""
+
     def barrier(self):
         """Wait for every rank (a pipeline of one process has none to wait for)."""
 
@@ -742,6 +750,7 @@ class Trainer(ABC):
             arrays[VIEWS_ARRAY] = records_array(self.data_views)
             if self.appearance is not None:
                 arrays.update({f"appearance/{k}": a for k, a in self.appearance.state().items()})
+            arrays.update({f"pipeline/{k}": a for k, a in self.pipeline_arrays().items()})
             write_snapshot(str(path or self.out / SNAPSHOT), arrays, attrs)
         self.barrier()
 
@@ -757,6 +766,7 @@ class Trainer(ABC):
         corrections = {k.split("/", 1)[1]: a for k, a in arrays.items() if k.startswith("appearance/")}
         if self.appearance is not None and corrections:  # (none: a run that turns --appearance on starts them)
             self.appearance.load_state(corrections)
+        self.restore_pipeline_arrays({k.split("/", 1)[1]: a for k, a in arrays.items() if k.startswith("pipeline/")})
         self.step = int(attrs["step"])
         self.rng.bit_generator.state = attrs["rng"]
         self.order = list(attrs["order"])

@@ -1,7 +1,7 @@
 """Run by tests/test_gaussian_exchange.py under mpiexec: a few batched steps, final parameters to OUT/final.npz
 (other-iters, other-data: rank 1 is given another iteration count, or sees one view fewer; parity: index-parity
 shards; blitz: BlitzGS's importance passes, view masks and LOD gate; visible: visible-only Adam; offload: each
-rank's shard out of core)."""
+rank's shard out of core; resume: stopped at image 16 and resumed from the snapshot)."""
 import sys
 from pathlib import Path
 
@@ -62,13 +62,21 @@ with abort_on_error(comm):
     pipeline, caps = GaussianExchangeTrainer, {}
     if "offload" in sys.argv:  # each rank's shard out of core, in blocks of 16 rows
         pipeline, caps = OffloadedGaussianExchangeTrainer, {"mode": "host", "block_rows": 16}
-    t = pipeline(ds, out, cfg, comm, batch_size=batch, grad_comm=grad_comm, backend=backend,
-                 shard="parity" if "parity" in sys.argv else "contiguous", **caps)
-    s = t.strategy
-    s.refine_start, s.refine_every, s.reset_every, s.grad_threshold = 4, 8, 24, 1e-5
-    s.reset_at_start = False  # a reset right after the first steps leaves rounding-level SH gradients to Adam
-    if "no-densify" in sys.argv:
-        s.refine_start = 10**9
+
+    def make_trainer():
+        t = pipeline(ds, out, cfg, comm, batch_size=batch, grad_comm=grad_comm, backend=backend,
+                     shard="parity" if "parity" in sys.argv else "contiguous", **caps)
+        s = t.strategy
+        s.refine_start, s.refine_every, s.reset_every, s.grad_threshold = 4, 8, 24, 1e-5
+        s.reset_at_start = False  # a reset right after the first steps leaves rounding-level SH gradients to Adam
+        if "no-densify" in sys.argv:
+            s.refine_start = 10**9
+        return t
+    t = make_trainer()
+    if "resume" in sys.argv:  # stopped at image 16 (its snapshot), then a new trainer goes on from it
+        t.train(progress=False, until=16)
+        t = make_trainer()
+        t.load_snapshot(out / "snapshot.h5")
     report = train_then_prune(t, progress=False, log=lambda *a: None)
     params = t.gathered()
     if comm.Get_rank() == 0:
