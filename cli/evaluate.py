@@ -140,9 +140,32 @@ def trained_model(a):
     return t
 
 
+def trained_on_every_view(a):
+    """Whether the training folder of ``--model`` recorded a run that held no view out (no ``--eval``,
+    no ``--test-every``): its every-N-th views are training views, not a test."""
+    recorded = recorded_settings(a)
+    return bool(recorded) and not recorded.get("eval") and not recorded.get("test_every")
+
+
+def held_out_check(a, dataset, asked_split):
+    """Refuse to call training views "test": where the model trained on every view and the test split is
+    every N-th view (not a capture's own test file, such as Blender's transforms_test.json), ``eval``
+    needs ``--test-every`` (``asked_split``), and then says that those views were trained on."""
+    if not (dataset.test and dataset.split.startswith("every") and trained_on_every_view(a)):
+        return
+    views = f"{len(dataset.test)} views ({dataset.split})"
+    if not asked_split:
+        raise SystemExit(f"error: {model_folder(a) or a.model} trained on every view (no --eval or --test-every): its "
+                         f"test split would be {views} it trained on; give --test-every N to score them anyway, or "
+                         "train with --eval")
+    print(f"note: the model trained on these {views}: the scores are not of held-out views")
+
+
 def cmd_eval(a):
     from engine.outputs import split_dir
+    asked_split = a.test_every is not None
     t = trained_model(a)
+    held_out_check(a, t.data, asked_split)
     folder = split_dir(t.out, "test", t.step)
     write_metrics(t.evaluate(save_dir=folder), t.out)
     print(f"renders in {folder / 'renders'}, ground truth in {folder / 'gt'}")

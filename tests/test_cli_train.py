@@ -307,3 +307,21 @@ def test_one_run_at_a_time_into_an_out(capture, tmp_path, capsys):
     lock.unlink()
     assert cli.main(["train", "--data", str(capture), "--out", str(out), "--resume", "--render-ahead", "1"]) == 1
     assert "--render-ahead is for --exchange pixel" in capsys.readouterr().err and not lock.exists()
+
+
+def test_eval_of_a_model_trained_on_every_view_says_its_views_were_trained_on(capture, tmp_path, capsys):
+    """``eval`` of a run without --eval would score views it trained on as "test" (issue 58: fern's
+    "test PSNR 21.18 dB over 3 views", all trained on): refused without --test-every, and with it the
+    scores are said to be of training views; a run with --eval is scored as before."""
+    out = tmp_path / "all"
+    run(capsys, "--data", str(capture), "--out", str(out), "--iters", "2")
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["eval", "--model", str(out)])
+    assert str(refused.value).startswith(f"error: {out} trained on every view (no --eval or --test-every): its test "
+                                         "split would be 2 views (every 8th image) it trained on"), refused.value
+    assert cli.main(["eval", "--model", str(out), "--test-every", "8"]) == 0
+    assert "note: the model trained on these 2 views (every 8th image)" in capsys.readouterr().out
+    held = tmp_path / "held"
+    run(capsys, "--data", str(capture), "--out", str(held), "--iters", "2", "--eval")
+    assert cli.main(["eval", "--model", str(held)]) == 0
+    assert "note: the model trained on" not in capsys.readouterr().out
