@@ -28,16 +28,16 @@ from data.atomic import atomic_path
 CAMERAS_JSON = "cameras.json"
 CFG_ARGS = "cfg_args"
 POINT_CLOUD = "point_cloud"
+SNAPSHOT = "snapshot.h5"  # the trainer's snapshot in OUT (engine/trainer.py writes it)
 
 
-# what runs write in OUT (globs; SNAPSHOT, engine/trainer.py's, aside): a folder holding any of them holds a run
+# what runs write in OUT (globs; SNAPSHOT aside): a folder holding any of them holds a run
 RUN_OUTPUTS = ("log.jsonl", "cfg.json", "metrics.json", CAMERAS_JSON, CFG_ARGS, POINT_CLOUD, "test/ours_*",
                "train/ours_*", "plots", "events.out.tfevents.*", "timeline*.json.gz")
 
 
 def run_outputs(out):
     """The files and folders in ``out`` that a run wrote (``RUN_OUTPUTS`` and the snapshot), sorted."""
-    from .trainer import SNAPSHOT
     return sorted({p for pattern in (SNAPSHOT, *RUN_OUTPUTS) for p in Path(out).glob(pattern)})
 
 

@@ -34,13 +34,12 @@ from data.atomic import atomic_path, remove_stale_temps
 
 from .appearance import ColourCorrection
 from .model import init_from_points
-from .outputs import TensorBoardLog, lpips_metric, render_image, save_png, write_model_outputs
+from .outputs import SNAPSHOT, TensorBoardLog, lpips_metric, render_image, save_png, write_model_outputs
 from .strategy import Context, DefaultStrategy, MCMCStrategy
 from .targets import Targets
 from .view_order import VIEW_ORDERS, epoch_order
 from .workload import Workload
 
-SNAPSHOT = "snapshot.h5"
 
 
 def _free_device_bytes():

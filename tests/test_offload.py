@@ -383,7 +383,7 @@ def test_offload_equals_in_memory_on_the_captures(scene, tmp_path):
     from data import load_dataset
     root = shared_dir() / "data" / scene
     if scene == "lego":
-        data = load_dataset(root, resolution=16, test_every=0)
+        data = load_dataset(root, resolution=25, test_every=0)  # 25 px wide: lego at 1/16
     else:  # every 8th of its SfM points to start from
         data = load_dataset(root, images="images_8", resolution=8, test_every=0)
         data = replace(data, points=data.points[::8], colors=data.colors[::8])
