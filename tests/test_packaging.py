@@ -35,6 +35,9 @@ CONDA_TO_PYPI = {
 CONDA_ONLY = {"python", "pip"}
 # pyproject extras that environment.yml must carry besides the runtime deps.
 ENV_EXTRAS = ("test", "mpi")
+# What those extras have that environment.yml leaves out: the test extra's CUDA compilers (the PTX
+# tests skip without them, as they always did on conda; environment-gpu.yml has cuda-nvcc, cuda-nvrtc).
+PYPI_ONLY = {"cuda-toolkit"}
 # PyPI wheel of a gpu extra -> its conda-forge package (environment-gpu.yml follows gpu-cu12).
 GPU_PYPI_TO_CONDA = {"cupy-cuda12x": "cupy", "nvidia-nccl-cu12": "nccl", "numba-cuda": "numba-cuda"}
 # What the wheels bring that conda-forge has as packages of its own: the CUDA major, NVVM, NVRTC.
@@ -212,7 +215,7 @@ def pyproject_expected(pp):
     specs = list(project["dependencies"])
     for extra in ENV_EXTRAS:
         specs += project["optional-dependencies"][extra]
-    return requirements_map(specs)
+    return {name: bounds for name, bounds in requirements_map(specs).items() if name not in PYPI_ONLY}
 
 
 def extra_requirements(pp, extra):
@@ -342,6 +345,46 @@ def test_gpu_extras_one_per_cuda_major():
         assert reqs[f"nvidia-nccl-cu{major}"].marker.evaluate({"sys_platform": "linux"})
     # `gpu`, the old name, is gpu-cu12
     assert [str(r) for r in extra_requirements(pp, "gpu")] == [str(r) for r in extra_requirements(pp, "gpu-cu12")]
+
+
+def cuda_majors(requirements):
+    """The CUDA major versions a list of ``Requirement`` pins, as ``{"12", "13"}``: through a CUDA-specific
+    extra (``numba-cuda[cu12]``), a wheel named for one (``cupy-cuda13x``, ``nvidia-nccl-cu12``) or a
+    version of the CUDA packages themselves (``cuda-toolkit==12.*``, ``cuda-bindings<13``)."""
+    majors = set()
+    for req in requirements:
+        majors |= {m.group(1) for extra in req.extras if (m := re.fullmatch(r"cu(\d+)", extra))}
+        majors |= set(re.findall(r"(?:-cu|cuda)(\d+)x?$", norm_name(req.name)))
+        if norm_name(req.name) in ("cuda-toolkit", "cuda-bindings") and req.specifier:
+            majors |= {m for m in ("11", "12", "13", "14") if req.specifier.contains(f"{m}.0", prereleases=True)
+                       or req.specifier.contains(f"{m}.9", prereleases=True)} or {"none"}
+    return majors
+
+
+def test_cuda_majors_of_requirements():
+    from packaging.requirements import Requirement
+
+    def majors(*specs):
+        return cuda_majors([Requirement(s) for s in specs])
+    assert majors("numba-cuda[cu12]>=0.20", "pytest") == {"12"}
+    assert majors("cupy-cuda13x[ctk]>=14", 'nvidia-nccl-cu13; sys_platform == "linux"') == {"13"}
+    assert majors("cuda-toolkit[nvcc,nvrtc]", "numba-cuda>=0.20", "mpich") == set()
+    assert majors("cuda-toolkit==12.*") == {"12"} and majors("cuda-bindings>=12.9,<14") == {"12", "13"}
+
+
+def test_test_extra_combines_with_every_gpu_extra():
+    """``pip install -e ".[test,gpu-cu13]"`` resolves: ``test`` pins no CUDA major of its own (it once
+    pinned numba-cuda[cu12], which gpu-cu13's numba-cuda[cu13] contradicts), so ``test`` with any gpu
+    extra names that extra's major only.  ``test`` still brings what compiles the kernels to PTX
+    without a GPU (tests/test_cuda_launch.py): NVVM and ptxas (cuda-toolkit's nvcc) and NVRTC."""
+    pp = load_pyproject()
+    test = extra_requirements(pp, "test")
+    for extra in sorted(pp["project"]["optional-dependencies"]):
+        if m := re.fullmatch(r"gpu-cu(\d+)", extra):
+            combined = cuda_majors(test + extra_requirements(pp, extra))
+            assert combined == {m.group(1)}, f'".[test,{extra}]" pins CUDA majors {sorted(combined)}'
+    toolkit = [r for r in test if norm_name(r.name) == "cuda-toolkit"]
+    assert toolkit and {"nvcc", "nvrtc"} <= toolkit[0].extras, "the test extra must bring NVVM, ptxas and NVRTC"
 
 
 def test_readme_commands_and_ci_run():
