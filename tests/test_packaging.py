@@ -398,7 +398,9 @@ def test_readme_commands_and_ci_run():
     for needed in ('pip install -e ".[gpu-cu12]"', 'pip install -e ".[gpu-cu13]"', "python run.py info",
                    "conda env create -f environment.yml", "conda env create -f environment-gpu.yml",
                    SELF_INSTALL, "mpich=*=external_*", "openmpi=*=external_*", "--no-binary mpi4py",
-                   "MPI4PY_BUILD_MPICC"):
+                   "MPI4PY_BUILD_MPICC",
+                   # the metrics extra without PyPI's CUDA torch, on a machine without a GPU
+                   "--index-url https://download.pytorch.org/whl/cpu && pip install -e \".[metrics]\""):
         assert needed in text, f"README.md should show {needed!r}"
 
     ci = ROOT / ".ci" / "run"
