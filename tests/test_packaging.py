@@ -2,7 +2,7 @@
 
 These compare the real files, so they fail when one is edited and the other is
 not: environment.yml must list the same dependency names, with the same version
-bounds, as pyproject.toml's runtime dependencies plus its `test` and `mpi`
+bounds, as pyproject.toml's runtime dependencies plus its `test`, `mpi`, `metrics` and `viewer`
 extras; environment-gpu.yml the same plus the conda-forge counterparts of the
 gpu-cu12 extra; README.md must hold the quick-start and test commands that
 .ci/run runs, and the install instructions for the extras and the cluster MPI.
@@ -26,15 +26,17 @@ TEST_COMMAND = (
     'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[test]" && python -m pytest -q -n auto'
 )
 
-# conda-forge name -> PyPI name, where they differ (none do today).
+# conda-forge name -> PyPI name, where they differ.
 CONDA_TO_PYPI = {
     "numba-cuda": "numba-cuda",
     "pillow": "pillow",
+    "pytorch": "torch",
 }
 # conda-only entries of environment.yml that are not Python dependencies.
 CONDA_ONLY = {"python", "pip"}
-# pyproject extras that environment.yml must carry besides the runtime deps.
-ENV_EXTRAS = ("test", "mpi")
+# pyproject extras that environment.yml must carry besides the runtime deps: the tests' and all the
+# optional outputs' (LPIPS and the viewer too, which the test extra leaves out).
+ENV_EXTRAS = ("test", "mpi", "metrics", "viewer")
 # What those extras have that environment.yml leaves out: the test extra's CUDA compilers (the PTX
 # tests skip without them, as they always did on conda; environment-gpu.yml has cuda-nvcc, cuda-nvrtc).
 PYPI_ONLY = {"cuda-toolkit"}
@@ -251,7 +253,7 @@ def test_environment_matches_pyproject():
     expected = pyproject_expected(pp)
     problems = compare_dependencies(expected, actual)
     assert not problems, "environment.yml and pyproject.toml disagree:\n" + "\n".join(problems)
-    for name in ("mpi4py", "mpich", "numba", "numba-cuda", "numpy", "h5py", "pillow"):
+    for name in ("mpi4py", "mpich", "numba", "numba-cuda", "numpy", "h5py", "pillow", "lpips", "torch", "viser"):
         assert name in actual, name
 
 
@@ -261,7 +263,7 @@ def test_gpu_environment_is_the_cpu_one_plus_the_gpu_extra():
     cpu, _ = env_conda_and_pip(load_environment())
     gpu, _ = env_conda_and_pip(load_environment("environment-gpu.yml"))
     cpu_deps = conda_python_deps(cpu)
-    gpu_deps = requirements_map(gpu)
+    gpu_deps = requirements_map(gpu, rename=CONDA_TO_PYPI)
     for name, bounds in cpu_deps.items():
         assert gpu_deps.get(name) == bounds, f"environment-gpu.yml: {name} {gpu_deps.get(name)} != {bounds}"
     gpu_wheels = {norm_name(r.name) for r in extra_requirements(pp, "gpu-cu12")}
