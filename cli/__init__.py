@@ -14,16 +14,16 @@ from . import bench, evaluate, plot, prune, synth, train, view  # noqa: E402
 COMMANDS = (train, evaluate, view, prune, plot, bench, synth)
 
 
-def parser():
-    ap = argparse.ArgumentParser(prog="run.py", description="NumbaSplat: 3D Gaussian Splatting in Numba")
+def parser(prog="run.py"):
+    ap = argparse.ArgumentParser(prog=prog, description="NumbaSplat: 3D Gaussian Splatting in Numba")
     sub = ap.add_subparsers(dest="cmd")
     for module in COMMANDS:
         module.add_commands(sub)
     return ap
 
 
-def main(argv=None):
-    ap = parser()
+def main(argv=None, prog="run.py"):
+    ap = parser(prog)
     a = ap.parse_args(argv)
     if a.cmd is None:
         a = ap.parse_args(["demo"])
@@ -36,3 +36,9 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def console_main(argv=None):
+    """The ``numbasplat`` command that ``pip install`` puts on the PATH (pyproject's [project.scripts]):
+    ``python run.py`` under the name it was called by, in its usage lines."""
+    return main(argv, prog="numbasplat")

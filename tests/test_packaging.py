@@ -389,6 +389,21 @@ def test_test_extra_combines_with_every_gpu_extra():
     assert toolkit and {"nvcc", "nvrtc"} <= toolkit[0].extras, "the test extra must bring NVVM, ptxas and NVRTC"
 
 
+def test_console_script_prints_help(capsys):
+    """``pip install`` puts a ``numbasplat`` command on the PATH: pyproject's entry point resolves to a
+    function that runs the command line (as ``python run.py``), whose --help lists the commands."""
+    import importlib
+    target = load_pyproject()["project"].get("scripts", {}).get("numbasplat")
+    assert target, "pyproject.toml: [project.scripts] lacks numbasplat"
+    module, _, name = target.partition(":")
+    entry = getattr(importlib.import_module(module), name)
+    with pytest.raises(SystemExit) as e:
+        entry(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: numbasplat") and all(cmd in out for cmd in ("train", "eval", "view", "bench"))
+
+
 def test_readme_commands_and_ci_run():
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```[^\n]*\n(.*?)```", text, re.S)
