@@ -404,6 +404,15 @@ def test_console_script_prints_help(capsys):
     assert out.startswith("usage: numbasplat") and all(cmd in out for cmd in ("train", "eval", "view", "bench"))
 
 
+def test_license_is_apache_2():
+    """LICENSE holds the Apache License 2.0 (as gsplat's), and pyproject declares it."""
+    text = (ROOT / "LICENSE").read_text()
+    assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
+    assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in text and "END OF TERMS AND CONDITIONS" in text
+    license = load_pyproject()["project"].get("license")
+    assert license in ("Apache-2.0", {"text": "Apache-2.0"}), license
+
+
 def test_readme_commands_and_ci_run():
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```[^\n]*\n(.*?)```", text, re.S)
