@@ -14,8 +14,8 @@ from .args import Parser  # noqa: E402
 COMMANDS = (train, evaluate, view, prune, plot, bench, synth, convert)
 
 
-def parser():
-    ap = Parser(prog="run.py", description="NumbaSplat: 3D Gaussian Splatting in Numba. The options are also "
+def parser(prog="run.py"):
+    ap = Parser(prog=prog, description="NumbaSplat: 3D Gaussian Splatting in Numba. The options are also "
                 "taken in Inria's and gsplat's spellings (-s, -m, -r, -i, -w, --source_path, --data_dir, "
                 "--data_factor, underscores for dashes, ...: cli/args.py ALIASES)")
     sub = ap.add_subparsers(dest="cmd")
@@ -24,8 +24,8 @@ def parser():
     return ap
 
 
-def main(argv=None):
-    ap = parser()
+def main(argv=None, prog="run.py"):
+    ap = parser(prog)
     a = ap.parse_args(argv)
     if a.cmd is None:
         a = ap.parse_args(["demo"])
@@ -38,3 +38,9 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def console_main(argv=None):
+    """The ``numbasplat`` command that ``pip install`` puts on the PATH (pyproject's [project.scripts]):
+    ``python run.py`` under the name it was called by, in its usage lines."""
+    return main(argv, prog="numbasplat")

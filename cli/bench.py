@@ -1,4 +1,5 @@
 """``bench``, ``scaling`` and ``info``: how fast, on how many ranks, on what."""
+import argparse
 import os
 import sys
 
@@ -7,9 +8,12 @@ from .args import TRANSPORTS, count, mpi_comm, positive
 
 def cmd_bench(a):
     from numbasplat import bench
+    if a.make is not None:
+        return make_scene(a)
+    if a.out is not None or a.res is not None:
+        raise ValueError("--out and --res are for bench --make (the scene to write)")
     if not os.path.isfile(a.scene):
-        raise SystemExit(f"error: benchmark scene not found: {a.scene} "
-                         "(make one with shared/bench/scene_gen.py)")
+        raise SystemExit(f"error: benchmark scene not found: {a.scene} ({bench.MAKE_HINT})")
     if a.deterministic and a.loss == "tile":
         raise SystemExit("error: --deterministic cannot be combined with --loss tile (its fused kernel adds "
                          "gradients with atomics)")
@@ -17,10 +21,50 @@ def cmd_bench(a):
               fuse=not a.no_fuse, deterministic=a.deterministic)
 
 
+def make_scene(a):
+    """``bench --make N --out FILE.npz [--res WxH]``: write a standard benchmark scene of N Gaussians
+    (numbasplat/bench.py ``make_scene``), that ``bench --scene FILE.npz`` then times."""
+    import numpy as np
+    from data.atomic import atomic_path
+    from numbasplat import bench
+    if a.out is None:
+        raise ValueError("bench --make needs --out FILE.npz, the scene file to write")
+    width, height = a.res or bench.STANDARD_SIZES.get(a.make, bench.DEFAULT_SIZE)
+    scene = bench.make_scene(a.make, width, height, seed=a.seed)
+    with atomic_path(a.out) as tmp, open(tmp, "wb") as f:  # (a file object: np.savez adds no .npz to the name)
+        np.savez(f, **scene)
+    print(f"wrote {a.out}: {a.make} Gaussians, {width}x{height}, seed {a.seed}")
+
+
+def gaussian_count(text):
+    """argparse type of ``--make``: a count of Gaussians, at least 1, as 2000, 100k, 1M or 2.5M."""
+    multiplier = {"k": 1_000, "m": 1_000_000}.get(text[-1:].lower(), 1)
+    digits = text[:-1] if multiplier > 1 else text
+    try:
+        value = float(digits) * multiplier
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count such as 2000, 100k or 1M, got {text!r}") from None
+    if not (value >= 1 and value == int(value)):
+        raise argparse.ArgumentTypeError(f"expected a whole count of at least 1, got {text!r}")
+    return int(value)
+
+
+def resolution(text):
+    """argparse type of ``--res``: WIDTHxHEIGHT in pixels, as 1297x840."""
+    try:
+        width, height = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT such as 1297x840, got {text!r}") from None
+    if width < 1 or height < 1:
+        raise argparse.ArgumentTypeError(f"width and height must be at least 1, got {text!r}")
+    return width, height
+
+
 def cmd_scaling(a):
     """Training images/s and phases on a benchmark scene, a dataset or a trained model (engine/scaling.py)."""
     if a.scene is not None and not os.path.isfile(a.scene):
-        raise SystemExit(f"error: benchmark scene not found: {a.scene} (make one with shared/bench/scene_gen.py)")
+        from numbasplat.bench import MAKE_HINT
+        raise SystemExit(f"error: benchmark scene not found: {a.scene} ({MAKE_HINT})")
     import tempfile
     from engine import scaling
     if a.timeline:
@@ -211,8 +255,15 @@ def _gpu_line(_backend):
 
 
 def add_commands(sub):
-    b = sub.add_parser("bench", help="time full training steps on a benchmark scene (.npz)")
-    b.add_argument("--scene", required=True, help=".npz written by shared/bench/scene_gen.py")
+    b = sub.add_parser("bench", help="time full training steps on a benchmark scene (.npz), or make one (--make)")
+    what = b.add_mutually_exclusive_group(required=True)
+    what.add_argument("--scene", help="the scene to time: an .npz written by --make")
+    what.add_argument("--make", type=gaussian_count, metavar="N",
+                      help="write a standard benchmark scene of N Gaussians (2000, 100k, 1M, 6M) to --out and exit: "
+                           "random Gaussians before one camera, 1297x840 (6M: 1920x1080), as BENCHMARKS.md's")
+    b.add_argument("--out", metavar="FILE.npz", help="with --make: the scene file to write")
+    b.add_argument("--res", type=resolution, metavar="WxH", help="with --make: the camera's size instead")
+    b.add_argument("--seed", type=int, default=0, help="with --make: the random seed (0: the standard scenes)")
     b.add_argument("--iters", type=count(1), default=20)
     b.add_argument("--warmup", type=count(0), default=3)
     b.add_argument("--sh-degree", type=int, choices=range(4), default=None)
@@ -225,7 +276,7 @@ def add_commands(sub):
     c = sub.add_parser("scaling", help="training images/s and the step's phases on a benchmark scene or a dataset, "
                                        "one rank or many (mpiexec); on one rank bytes per step and a cost model")
     what = c.add_mutually_exclusive_group(required=True)
-    what.add_argument("--scene", help=".npz written by shared/bench/scene_gen.py (trains on renders of it)")
+    what.add_argument("--scene", help=".npz written by bench --make (trains on renders of it)")
     what.add_argument("--data", help="a dataset folder with the ground-truth Gaussians in ground_truth.ply "
                                      "(run.py synth writes one), at full resolution")
     what.add_argument("--model", help="a training folder or snapshot: its model as trained, on its capture's "

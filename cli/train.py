@@ -13,6 +13,9 @@ from .config import NOT_RECORDED, ConfigError, add_config_options, resolve, writ
 HOLD_OUT_EVERY = 8  # with --eval, every 8th image (sorted by name) is a test view, as Inria's llffhold
 CPU_SLOW_PIXELS = 250_000     # views larger than this train slowly on the CPU backend: a hint says so
 CPU_SECONDS_PER_PIXEL = 3e-5  # a step's rough cost per pixel of its view on the CPU backend
+LONG_RUN_SECONDS = 3600       # a CPU run estimated to take longer than this is told how to shorten it
+PACE_FROM, PACE_STEPS = 5, 10  # ... estimated from the pace of these steps (the first ones compile kernels)
+MIN_HINT_WIDTH = 100          # a --resolution it suggests leaves the images at least this wide
 
 
 def config_from_args(a):
@@ -160,9 +163,10 @@ def polish_in_render_order(t, dataset, a, cfg, comm, progress):
     return t
 
 
-def train_model(dataset, a, cfg, settings=None):
+def train_model(dataset, a, cfg, settings=None, step_hooks=()):
     """Train on ``dataset`` with the pipeline for the ranks at hand; ``settings`` (the command's
-    options) are written with the trainer's config to ``OUT/cfg.json`` before the first step."""
+    options) are written with the trainer's config to ``OUT/cfg.json`` before the first step;
+    ``step_hooks`` run after every step (``Trainer.step_hooks``)."""
     from engine.pruning import train_then_prune
     from engine.trainer import SNAPSHOT, Interrupted
     comm = mpi_comm(batched=getattr(a, "batch_size", None) is not None)
@@ -190,6 +194,7 @@ def train_model(dataset, a, cfg, settings=None):
             print(f"resumed from {snap} at step {t.step}")
     if settings is not None and t.is_root:
         write_settings(t.out / "cfg.json", recorded_settings(settings, t, comm))
+    t.step_hooks.extend(step_hooks)
     rank = comm.Get_rank() if comm is not None else 0
     say = print if comm is None else (lambda line: print(f"rank {rank}: {line}"))  # a measurement's report lines
     if getattr(a, "timeline", None):
@@ -281,7 +286,8 @@ def run_training(a, settings):
             for hint in (slow_cpu_hint(dataset, BACKEND), None if cfg.appearance else exposure_hint(dataset)):
                 if hint:
                     print(hint)
-        t = train_model(dataset, a, cfg, settings)
+        hints = [LongRunHint(dataset, say=tqdm_print)] if root and BACKEND == "cpu" else []
+        t = train_model(dataset, a, cfg, settings, step_hooks=hints)
         if dataset.test:
             summary = t.evaluate(save_dir=split_dir(a.out, "test", t.step) if a.eval else None)
             if summary is not None:  # rank 0 of a distributed run
@@ -313,6 +319,12 @@ def keep_viewer_open(t):
         viewer.close()
 
 
+def tqdm_print(line):
+    """Print ``line`` above the progress bar, which is redrawn below it."""
+    from tqdm import tqdm
+    tqdm.write(line)
+
+
 def exposure_hint(dataset):
     """One line when the training images' exposure varies (``engine.appearance.exposure_spread`` above
     ``EXPOSURE_SPREAD_HINT``): ``--appearance`` corrects it per image; None otherwise."""
@@ -330,17 +342,93 @@ def slow_cpu_hint(dataset, backend):
     that brings its image file under that size; None otherwise."""
     if backend != "cpu" or not dataset.train:
         return None
-    view = max(dataset.train, key=lambda v: v.width * v.height)
+    view, (width, height) = _largest_view(dataset)
     pixels = view.width * view.height
     if pixels <= CPU_SLOW_PIXELS:
         return None
-    p = view.provenance
-    width, height = p.file_size if p is not None and p.file_size[0] else (view.width, view.height)
     factor = 2
     while (width / factor) * (height / factor) > CPU_SLOW_PIXELS:
         factor *= 2
     return (f"CPU backend: about {pixels * CPU_SECONDS_PER_PIXEL:.0f} s a step at {view.width}x{view.height}; "
             f"use --resolution {factor} or a GPU")
+
+
+def _largest_view(dataset):
+    """-> (the largest training view, the (width, height) of its image file, or of the view without one)."""
+    view = max(dataset.train, key=lambda v: v.width * v.height)
+    p = view.provenance
+    return view, (p.file_size if p is not None and p.file_size[0] else (view.width, view.height))
+
+
+def _duration(seconds):
+    """Seconds as minutes, or as hours from an hour and a half on."""
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
+
+
+class LongRunHint:
+    """A step hook for the CPU backend: from the pace of ``PACE_STEPS`` steps after the first
+    ``PACE_FROM`` (which compile kernels), the time the run has left; when that is over
+    ``LONG_RUN_SECONDS``, one line says so and how to finish within it (``advice``).  Once a run.
+
+    The CPU trains lego (400x400) at 5.5-7 s a step on 2 cores, two days for 30k steps, where the
+    pre-training hint (``slow_cpu_hint``: views above ``CPU_SLOW_PIXELS``) says nothing."""
+
+    def __init__(self, dataset, say=print, clock=None):
+        import time
+        self.dataset, self.say, self.clock = dataset, say, clock or time.perf_counter
+        self.calls, self.mark, self.done = 0, None, False
+
+    def __call__(self, trainer, rec):
+        if self.done:
+            return 0.0
+        self.calls += 1
+        if self.calls == PACE_FROM:
+            self.mark = (trainer.step, self.clock())
+        elif self.calls == PACE_FROM + PACE_STEPS:
+            self.done = True
+            step0, t0 = self.mark
+            seconds_per_step = (self.clock() - t0) / max(1, trainer.step - step0)
+            line = self.advice(seconds_per_step, trainer.step, trainer.cfg.iterations)
+            if line:
+                self.say(line)
+        return 0.0
+
+    def advice(self, seconds_per_step, step, iterations):
+        """The line for a run at ``step`` of ``iterations`` going at ``seconds_per_step``; None when
+        what is left takes ``LONG_RUN_SECONDS`` or less.  It names the most ``--iters`` that finish
+        within that time, the least ``--resolution`` that does (a step's time taken as proportional
+        to its pixels; the images at least ``MIN_HINT_WIDTH`` wide) or, where none does, the largest
+        with the ``--iters`` that fit at its pace, and a GPU."""
+        left = iterations - step
+        if seconds_per_step * left <= LONG_RUN_SECONDS:
+            return None
+        options = []
+        if (fitting := _iterations_within(step, seconds_per_step)) > step:
+            options.append(f"--iters {fitting}")
+        view, (width, height) = _largest_view(self.dataset)
+        factors = [f for f in range(1, width // MIN_HINT_WIDTH + 1) if width / f < view.width]  # smaller than now
+        if factors:
+            factor = next((f for f in factors if _pace_at(f, seconds_per_step, view, width, height) * left
+                           <= LONG_RUN_SECONDS), factors[-1])
+            pace = _pace_at(factor, seconds_per_step, view, width, height)
+            option = f"--resolution {factor}"
+            if pace * left > LONG_RUN_SECONDS:
+                option += f" --iters {_iterations_within(step, pace)}"
+            options.append(f"{option} (about {pace:.2g} s a step)")
+        return (f"CPU backend: {seconds_per_step:.2g} s a step, about {_duration(seconds_per_step * left)} for the "
+                f"{left:,} steps left; to finish within an hour: {', or '.join(options + ['a GPU'])}")
+
+
+def _pace_at(factor, seconds_per_step, view, width, height):
+    """A step's seconds at ``--resolution factor`` of a ``width`` x ``height`` image file, from
+    ``seconds_per_step`` at ``view``'s size: proportional to the pixels (a lower bound: part of a
+    step's cost is per Gaussian)."""
+    return seconds_per_step * (width / factor) * (height / factor) / (view.width * view.height)
+
+
+def _iterations_within(step, seconds_per_step):
+    """The most iterations, a multiple of 100, that a run at ``step`` finishes within ``LONG_RUN_SECONDS``."""
+    return (step + int(LONG_RUN_SECONDS / seconds_per_step)) // 100 * 100
 
 
 def demo_config(iterations=None):

@@ -54,6 +54,7 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+from tqdm import tqdm
 
 import numbasplat as ns
 from numbasplat import backend as _backend
@@ -906,36 +907,6 @@ def to_8bit(image):
     return (np.clip(image, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
 
-class _Progress:
-    """A progress bar on stderr: tqdm when it is installed, else one carriage-return line."""
-
-    def __init__(self, total, label, enabled=True):
-        self.total, self.label, self.enabled, self.t0 = total, label, enabled, time.perf_counter()
-        self.bar = None
-        if enabled:
-            try:
-                from tqdm import tqdm
-                self.bar = tqdm(total=total, desc=label, unit="view")
-            except ImportError:
-                pass
-
-    def update(self, done):
-        if self.bar is not None:
-            self.bar.update(done - self.bar.n)
-        elif self.enabled:
-            dt = time.perf_counter() - self.t0
-            rate = done / dt if dt > 0 else 0.0
-            eta = f"{(self.total - done) / rate:.0f} s" if rate > 0 else "?"
-            sys.stderr.write(f"\r{self.label}: {done}/{self.total} views, {rate:.1f}/s, {eta} left ")
-            sys.stderr.flush()
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()
-        elif self.enabled:
-            sys.stderr.write("\n")
-
-
 def _save_png(path, pixels):
     Image.fromarray(pixels).save(path)
 
@@ -958,7 +929,7 @@ def render_views(gaussians, views, folder, progress=True, backend=None, gains=No
     dev = ns.Gaussians(**{k: xp.asarray(a) for k, a in gaussians.arrays().items()})
     dev.validate(xp)   # finite, once: the renders skip the check (a device sync each)
     workers = max(1, min(8, os.cpu_count() or 1))
-    bar = _Progress(len(views), "rendering", progress)
+    bar = tqdm(total=len(views), desc="rendering", unit="view", disable=not progress)
     try:
         with ThreadPoolExecutor(workers) as pool:
             pending = []
@@ -971,7 +942,7 @@ def render_views(gaussians, views, folder, progress=True, backend=None, gains=No
                 pending.append(pool.submit(_save_png, Path(folder) / view.name, to_8bit(image)))
                 while len(pending) > 2 * workers:   # bound the images waiting in memory
                     pending.pop(0).result()
-                bar.update(k + 1)
+                bar.update()
             for f in pending:
                 f.result()
     finally:

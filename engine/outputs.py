@@ -223,13 +223,24 @@ def silenced_stderr():
     return silenced()
 
 
+def _first_line(exc):
+    """An exception's message, its first line (or its type's name when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _load_lpips():
-    """-> (metric or None, why not or None)."""
+    """-> (metric or None, why not or None).
+
+    An installed torch that does not load (a CUDA library it links missing: OSError, or an
+    ImportError naming the library) is a reason to skip too, not a traceback in ``eval``."""
     try:
         import lpips
         import torch
-    except ImportError as e:
+    except ModuleNotFoundError as e:
         return None, f"{e.name or 'lpips'} is not installed ({install_hint('metrics')})"
+    except Exception as e:  # noqa: BLE001 -- installed but broken: skip the metric, saying why
+        return None, f"torch failed to load ({_first_line(e)})"
     import socket
     import warnings
     timeout = socket.getdefaulttimeout()
@@ -241,8 +252,7 @@ def _load_lpips():
             device = "cuda" if torch.cuda.is_available() else "cpu"
             net = lpips.LPIPS(net="vgg", verbose=False).to(device).eval()
     except Exception as e:  # noqa: BLE001 -- any failure to load optional weights means: skip the metric
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return None, f"its VGG weights could not be loaded ({reason})"
+        return None, f"its VGG weights could not be loaded ({_first_line(e)})"
     finally:
         socket.setdefaulttimeout(timeout)
 

@@ -2,7 +2,7 @@
 (mpiexec); on one rank also the bytes a step would move over P ranks, a cost model of the
 speed-up built from them, and the device memory per Gaussian.
 
-What it trains on (a ``Workload``): a benchmark scene (``shared/bench/scene_gen.py``: Gaussians
+What it trains on (a ``Workload``): a benchmark scene (``run.py bench --make``: Gaussians
 and one camera, no photos), of which ``views`` cameras shifted sideways are rendered as targets
 (every rank renders the same ones); or a dataset folder with its ground-truth Gaussians
 (``run.py synth`` writes the city so), trained on its first ``views`` training views, whose

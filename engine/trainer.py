@@ -26,6 +26,7 @@ from functools import cached_property
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from numbasplat import backend as _backend
 from numbasplat.loss import psnr, ssim
@@ -826,35 +827,23 @@ def _logged_step(line):
 class Progress:
     """The progress bar of a run: iterations per second, loss, PSNR, Gaussian count and ETA.
 
-    ``update(step)`` after every step (cheap: no device sync; the bar redraws at most every
+    ``update(step)`` after every step (cheap: no device sync; tqdm redraws at most every
     ``min_interval`` seconds), ``show(loss, psnr, gaussians)`` at log steps, where those are read.
-    On a terminal the bar is tqdm's when it is installed, else a line of its own redrawn in place;
-    elsewhere (a batch job's log file) it is a plain line per log step, at most one every
-    ``line_interval`` seconds, so that the log holds no carriage-return redraws.
+    On a terminal the bar is tqdm's; elsewhere (a batch job's log file) it is a plain line per log
+    step, at most one every ``line_interval`` seconds, so that the log holds no carriage-return redraws.
     """
 
-    def __init__(self, total, start=0, enabled=True, stream=None, min_interval=0.25, line_interval=10.0,
-                 use_tqdm=None):
+    def __init__(self, total, start=0, enabled=True, stream=None, min_interval=0.25, line_interval=10.0):
         self.total, self.step, self.enabled = total, start, enabled
         self.stream = sys.stderr if stream is None else stream
-        self.min_interval, self.line_interval = min_interval, line_interval
-        self.tty = enabled and _isatty(self.stream)
+        self.line_interval = line_interval
         self.stats = ""
         self.start, self.t0 = start, time.perf_counter()
-        self.last_draw = -math.inf
-        self.bar = self._tqdm(use_tqdm) if self.tty else None
-
-    def _tqdm(self, use_tqdm):
-        if use_tqdm is False:
-            return None
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            if use_tqdm:
-                raise
-            return None
-        return tqdm(total=self.total, initial=self.start, file=self.stream, mininterval=self.min_interval,
-                    dynamic_ncols=True, smoothing=0.1)
+        self.last_line = -math.inf
+        self.bar = None
+        if enabled and _isatty(self.stream):
+            self.bar = tqdm(total=total, initial=start, file=self.stream, mininterval=min_interval,
+                            dynamic_ncols=True, smoothing=0.1)
 
     def update(self, step):
         """The run reached ``step``."""
@@ -863,8 +852,6 @@ class Progress:
         if self.bar is not None:
             self.bar.update(step - self.step)
         self.step = step
-        if self.bar is None and self.tty and time.perf_counter() - self.last_draw >= self.min_interval:
-            self._draw("\r")
 
     def show(self, loss, psnr, gaussians, extra=""):
         """The last log step's loss, PSNR, Gaussian count and a pipeline's ``extra``, shown until the next one."""
@@ -873,11 +860,11 @@ class Progress:
         self.stats = f"loss {loss:.4f} psnr {psnr:5.2f} gaussians {gaussians:,}" + (f" {extra}" if extra else "")
         if self.bar is not None:
             self.bar.set_postfix_str(self.stats, refresh=False)
-        elif not self.tty and (time.perf_counter() - self.last_draw >= self.line_interval
-                               or self.step >= self.total):
-            self._draw("", "\n")
+        elif time.perf_counter() - self.last_line >= self.line_interval or self.step >= self.total:
+            self._line()
 
-    def _draw(self, start, end=""):
+    def _line(self):
+        """One plain line: the bar as text, the step, iterations per second, the stats and the ETA."""
         now = time.perf_counter()
         dt = now - self.t0
         rate = (self.step - self.start) / dt if dt > 0 else 0.0
@@ -885,17 +872,15 @@ class Progress:
         frac = min(1.0, self.step / self.total) if self.total else 1.0
         bar = "#" * int(20 * frac) + "-" * (20 - int(20 * frac))
         eta_s = f"{eta:6.0f}s" if math.isfinite(eta) else "     ?"
-        self.stream.write(f"{start}[{bar}] {self.step}/{self.total} {rate:6.1f} it/s {self.stats} eta {eta_s}{end}")
+        self.stream.write(f"[{bar}] {self.step}/{self.total} {rate:6.1f} it/s {self.stats} eta {eta_s}\n")
         self.stream.flush()
-        self.last_draw = now
+        self.last_line = now
 
     def close(self):
         """End the bar's line (once: later calls do nothing)."""
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-        elif self.tty and self.enabled:
-            self._draw("\r", "\n")
         self.enabled = False
 
 

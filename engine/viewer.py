@@ -66,12 +66,13 @@ FRUSTUM_LINE_PX = 1.5        # their lines' width on the screen
 
 
 def require_viser():
-    """The viser module; ``MissingExtra`` naming the extra when it is not installed."""
+    """The viser module; ``MissingExtra`` naming the extra when it is not installed (and viser itself,
+    which is on PyPI, where numbasplat is not: ``pip install numbasplat[viewer]`` would find nothing)."""
     try:
         import viser
     except ImportError:
-        raise MissingExtra("the viewer needs viser: pip install 'numbasplat[viewer]' (in a checkout: "
-                           f"{install_hint('viewer')})") from None
+        raise MissingExtra(f"the viewer needs viser: {install_hint('viewer')} in a checkout, "
+                           "else pip install viser") from None
     return viser
 
 

@@ -1,6 +1,6 @@
 """Where ``bin_tiles``' time goes, step by step, and two alternatives, on a benchmark scene.
 
-    python scripts/bin_breakdown.py SCENE.npz      (GPU only; scenes from shared/bench/scene_gen.py)
+    python scripts/bin_breakdown.py SCENE.npz      (GPU only; scenes from run.py bench --make)
 
 Each step runs 15 times between CUDA events; the medians (ms) are printed in pipeline order.
 """

@@ -121,7 +121,7 @@ def main():
     sub = p.add_subparsers(dest="what", required=True)
     lat = sub.add_parser("latency")
     src = lat.add_mutually_exclusive_group(required=True)
-    src.add_argument("--scene", help=".npz benchmark scene (shared/bench/scene_gen.py)")
+    src.add_argument("--scene", help=".npz benchmark scene (run.py bench --make)")
     src.add_argument("--demo", action="store_true", help="the built-in demo scene")
     lat.add_argument("--size", default="1920x1080")
     lat.add_argument("--frames", type=int, default=20)

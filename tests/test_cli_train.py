@@ -104,6 +104,53 @@ def test_slow_cpu_hint():
     assert train.slow_cpu_hint(big, "cpu").endswith("at 1000x1000; use --resolution 2 or a GPU")
 
 
+def long_run_lines(dataset, seconds_per_step, iterations, steps=20, start=0):
+    """What ``LongRunHint`` says over ``steps`` steps from ``start`` at ``seconds_per_step`` (a fake clock)."""
+    from types import SimpleNamespace
+    lines, trainer = [], SimpleNamespace(step=start, cfg=SimpleNamespace(iterations=iterations))
+    hint = train.LongRunHint(dataset, say=lines.append, clock=lambda: trainer.step * seconds_per_step)
+    for step in range(start + 1, start + steps + 1):
+        trainer.step = step
+        assert hint(trainer, None) == 0.0
+    return lines
+
+
+def test_long_cpu_run_is_told_how_to_finish_within_an_hour():
+    """lego (400x400 images) on 2 CPU cores: about 6 s a step, measured over steps 5-15 (after the
+    kernels compile), is 50 hours for 30k steps.  One line (once) names the --iters that fit an hour,
+    and --resolution: 4 is the most that leaves 100 px, too slow alone, so with the --iters that fit."""
+    lego = Dataset(train=[view_of(400, 400, file_size=(400, 400))], test=[])
+    assert long_run_lines(lego, 6.0, 30_000) == [
+        "CPU backend: 6 s a step, about 50.0 h for the 29,985 steps left; to finish within an hour: "
+        "--iters 600, or --resolution 4 --iters 9600 (about 0.38 s a step), or a GPU"]
+    # larger images: the least factor that fits the hour alone
+    large = Dataset(train=[view_of(800, 800)], test=[])
+    assert long_run_lines(large, 6.0, 30_000)[0].endswith(
+        "--iters 600, or --resolution 8 (about 0.094 s a step), or a GPU")
+    # the factor is of the image file: at --resolution 2 already, 3 s a step asks for 3 (4/9 the pixels)
+    half = Dataset(train=[view_of(400, 400, file_size=(800, 800))], test=[])
+    assert long_run_lines(half, 3.0, 3000, start=1000) == [
+        "CPU backend: 3 s a step, about 1.7 h for the 1,985 steps left; to finish within an hour: "
+        "--iters 2200, or --resolution 3 (about 1.3 s a step), or a GPU"]
+    # too small to shrink below 100 px wide: the steps and a GPU only
+    small = Dataset(train=[view_of(120, 90)], test=[])
+    assert long_run_lines(small, 2.0, 30_000)[0].endswith("to finish within an hour: --iters 1800, or a GPU")
+
+
+def test_a_run_within_the_hour_is_not_told():
+    lego = Dataset(train=[view_of(400, 400)], test=[])
+    assert long_run_lines(lego, 0.1, 30_000) == []        # 50 min
+    assert long_run_lines(lego, 6.0, 30_000, steps=14) == []  # not measured yet
+
+
+def test_train_on_the_cpu_estimates_its_time(capture, tmp_path, capsys, monkeypatch):
+    """``train`` on the CPU backend measures its pace and says the line (here any run is long)."""
+    monkeypatch.setattr(train, "LONG_RUN_SECONDS", 0)
+    said = run(capsys, "--data", str(capture), "--out", str(tmp_path), "--iters", "20")
+    hint = [line for line in said.splitlines() if line.startswith("CPU backend: ")]
+    assert len(hint) == 1 and "for the 5 steps left; to finish within an hour: " in hint[0], said
+
+
 def test_out_naming_a_file_is_one_error_naming_out(capture, tmp_path, capsys):
     f = tmp_path / "taken"
     f.write_text("")

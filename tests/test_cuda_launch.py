@@ -34,7 +34,7 @@ KERNEL_NAMES = {
 @pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", reason="simulator has no compiler")
 def test_all_kernels_compile_to_ptx(monkeypatch):
     if not _ptx_available():
-        pytest.skip("no NVVM (install numba-cuda[cu12])")
+        pytest.skip("no NVVM (pip install -e '.[test]')")
     from types import SimpleNamespace
 
     from numba import cuda as numba_cuda
@@ -77,7 +77,7 @@ def test_param_layout_aligns_each_parameter():
 @pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", reason="simulator has no compiler")
 def test_ptx_cache_compiles_once(tmp_path, monkeypatch):
     if not _ptx_available():
-        pytest.skip("no NVVM (install numba-cuda[cu12])")
+        pytest.skip("no NVVM (pip install -e '.[test]')")
     from numba import cuda as numba_cuda
 
     from numbasplat.cuda import launch
@@ -135,18 +135,15 @@ def test_ptx_cache_key_covers_every_file_of_the_package(tmp_path):
 
 
 def _ptxas():
-    """ptxas from the CUDA toolkit wheels (numba-cuda[cu12]) or the PATH, if any."""
-    import shutil
-    from pathlib import Path
+    """ptxas from the CUDA toolkit wheels (the test extra's cuda-toolkit[nvcc]: nvidia/cuda_nvcc/bin for
+    CUDA 12, nvidia/cu13/bin for 13, as numba-cuda's own search, cuda-pathfinder, finds them) or the
+    PATH, if any."""
     try:
-        import nvidia.cuda_nvcc
-        for root in nvidia.cuda_nvcc.__path__:
-            exe = Path(root) / "bin" / "ptxas"
-            if exe.exists():
-                return str(exe)
-    except ImportError:
-        pass
-    return shutil.which("ptxas")
+        from cuda.pathfinder import find_nvidia_binary_utility
+        found = find_nvidia_binary_utility("ptxas")
+    except (ImportError, RuntimeError):  # an older cuda-pathfinder, or none
+        found = None
+    return found or shutil.which("ptxas")
 
 
 @pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", reason="simulator has no compiler")
@@ -156,7 +153,7 @@ def test_register_caps_reach_the_assembler(monkeypatch, tmp_path):
     import subprocess
     ptxas = _ptxas()
     if not _ptx_available() or ptxas is None:
-        pytest.skip("no NVVM or ptxas (install numba-cuda[cu12])")
+        pytest.skip("no NVVM or ptxas (pip install -e '.[test]')")
     from types import SimpleNamespace
 
     from numba import cuda as numba_cuda

@@ -248,7 +248,7 @@ def test_cuda_kernels_in_the_distributed_pipeline(tmp_path):
 
 
 def tiny_bench_scene(path, n=3000, W=64, H=48, seed=0):
-    """A benchmark-scene file (the keys of shared/bench/scene_gen.py) small enough for the CPU."""
+    """A benchmark-scene file (the keys of run.py bench --make's) small enough for the CPU."""
     rng = np.random.default_rng(seed)
     f = 0.9 * W
     z = 2.0 + 6.0 * rng.random(n)

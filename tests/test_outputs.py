@@ -150,6 +150,28 @@ def test_lpips_skipped_in_one_line_when_the_extra_is_missing(trained, fresh_lpip
     assert summary["lpips"] is None and all("lpips" not in r for r in summary["views"])
 
 
+@pytest.mark.parametrize("error", [
+    OSError("libcudnn.so.9: cannot open shared object file: No such file or directory"),
+    ImportError("libcudart.so.12: cannot open shared object file: No such file or directory"),
+])
+def test_lpips_skipped_in_one_line_when_torch_fails_to_load(fresh_lpips, monkeypatch, error):
+    """A torch that is installed but broken (a CUDA library it links is missing) skips LPIPS in one line
+    naming the error, instead of a traceback in ``eval`` (OSError) or "not installed" (ImportError)."""
+    import builtins
+    real_import = builtins.__import__
+
+    def import_(name, *args, **kwargs):
+        if name in ("lpips", "torch"):  # (lpips imports torch first thing)
+            raise error
+        return real_import(name, *args, **kwargs)
+    monkeypatch.delitem(sys.modules, "lpips", raising=False)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    monkeypatch.setattr(builtins, "__import__", import_)
+    lines = []
+    assert lpips_metric(lines.append) is None
+    assert lines == [f"LPIPS skipped: torch failed to load ({error})"]
+
+
 def fake_torch():
     class Tensor:
         def __init__(self, a):

@@ -2,7 +2,7 @@
 
 These compare the real files, so they fail when one is edited and the other is
 not: environment.yml must list the same dependency names, with the same version
-bounds, as pyproject.toml's runtime dependencies plus its `test` and `mpi`
+bounds, as pyproject.toml's runtime dependencies plus its `test`, `mpi`, `metrics` and `viewer`
 extras; environment-gpu.yml the same plus the conda-forge counterparts of the
 gpu-cu12 extra; README.md must hold the quick-start and test commands that
 .ci/run runs, and the install instructions for the extras and the cluster MPI.
@@ -26,15 +26,20 @@ TEST_COMMAND = (
     'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[test]" && python -m pytest -q -n auto'
 )
 
-# conda-forge name -> PyPI name, where they differ (none do today).
+# conda-forge name -> PyPI name, where they differ.
 CONDA_TO_PYPI = {
     "numba-cuda": "numba-cuda",
     "pillow": "pillow",
+    "pytorch": "torch",
 }
 # conda-only entries of environment.yml that are not Python dependencies.
 CONDA_ONLY = {"python", "pip"}
-# pyproject extras that environment.yml must carry besides the runtime deps.
-ENV_EXTRAS = ("test", "mpi")
+# pyproject extras that environment.yml must carry besides the runtime deps: the tests' and all the
+# optional outputs' (LPIPS and the viewer too, which the test extra leaves out).
+ENV_EXTRAS = ("test", "mpi", "metrics", "viewer")
+# What those extras have that environment.yml leaves out: the test extra's CUDA compilers (the PTX
+# tests skip without them, as they always did on conda; environment-gpu.yml has cuda-nvcc, cuda-nvrtc).
+PYPI_ONLY = {"cuda-toolkit"}
 # PyPI wheel of a gpu extra -> its conda-forge package (environment-gpu.yml follows gpu-cu12).
 GPU_PYPI_TO_CONDA = {"cupy-cuda12x": "cupy", "nvidia-nccl-cu12": "nccl", "numba-cuda": "numba-cuda"}
 # What the wheels bring that conda-forge has as packages of its own: the CUDA major, NVVM, NVRTC.
@@ -212,7 +217,7 @@ def pyproject_expected(pp):
     specs = list(project["dependencies"])
     for extra in ENV_EXTRAS:
         specs += project["optional-dependencies"][extra]
-    return requirements_map(specs)
+    return {name: bounds for name, bounds in requirements_map(specs).items() if name not in PYPI_ONLY}
 
 
 def extra_requirements(pp, extra):
@@ -248,7 +253,7 @@ def test_environment_matches_pyproject():
     expected = pyproject_expected(pp)
     problems = compare_dependencies(expected, actual)
     assert not problems, "environment.yml and pyproject.toml disagree:\n" + "\n".join(problems)
-    for name in ("mpi4py", "mpich", "numba", "numba-cuda", "numpy", "h5py", "pillow"):
+    for name in ("mpi4py", "mpich", "numba", "numba-cuda", "numpy", "h5py", "pillow", "lpips", "torch", "viser"):
         assert name in actual, name
 
 
@@ -258,7 +263,7 @@ def test_gpu_environment_is_the_cpu_one_plus_the_gpu_extra():
     cpu, _ = env_conda_and_pip(load_environment())
     gpu, _ = env_conda_and_pip(load_environment("environment-gpu.yml"))
     cpu_deps = conda_python_deps(cpu)
-    gpu_deps = requirements_map(gpu)
+    gpu_deps = requirements_map(gpu, rename=CONDA_TO_PYPI)
     for name, bounds in cpu_deps.items():
         assert gpu_deps.get(name) == bounds, f"environment-gpu.yml: {name} {gpu_deps.get(name)} != {bounds}"
     gpu_wheels = {norm_name(r.name) for r in extra_requirements(pp, "gpu-cu12")}
@@ -344,6 +349,70 @@ def test_gpu_extras_one_per_cuda_major():
     assert [str(r) for r in extra_requirements(pp, "gpu")] == [str(r) for r in extra_requirements(pp, "gpu-cu12")]
 
 
+def cuda_majors(requirements):
+    """The CUDA major versions a list of ``Requirement`` pins, as ``{"12", "13"}``: through a CUDA-specific
+    extra (``numba-cuda[cu12]``), a wheel named for one (``cupy-cuda13x``, ``nvidia-nccl-cu12``) or a
+    version of the CUDA packages themselves (``cuda-toolkit==12.*``, ``cuda-bindings<13``)."""
+    majors = set()
+    for req in requirements:
+        majors |= {m.group(1) for extra in req.extras if (m := re.fullmatch(r"cu(\d+)", extra))}
+        majors |= set(re.findall(r"(?:-cu|cuda)(\d+)x?$", norm_name(req.name)))
+        if norm_name(req.name) in ("cuda-toolkit", "cuda-bindings") and req.specifier:
+            majors |= {m for m in ("11", "12", "13", "14") if req.specifier.contains(f"{m}.0", prereleases=True)
+                       or req.specifier.contains(f"{m}.9", prereleases=True)} or {"none"}
+    return majors
+
+
+def test_cuda_majors_of_requirements():
+    from packaging.requirements import Requirement
+
+    def majors(*specs):
+        return cuda_majors([Requirement(s) for s in specs])
+    assert majors("numba-cuda[cu12]>=0.20", "pytest") == {"12"}
+    assert majors("cupy-cuda13x[ctk]>=14", 'nvidia-nccl-cu13; sys_platform == "linux"') == {"13"}
+    assert majors("cuda-toolkit[nvcc,nvrtc]", "numba-cuda>=0.20", "mpich") == set()
+    assert majors("cuda-toolkit==12.*") == {"12"} and majors("cuda-bindings>=12.9,<14") == {"12", "13"}
+
+
+def test_test_extra_combines_with_every_gpu_extra():
+    """``pip install -e ".[test,gpu-cu13]"`` resolves: ``test`` pins no CUDA major of its own (it once
+    pinned numba-cuda[cu12], which gpu-cu13's numba-cuda[cu13] contradicts), so ``test`` with any gpu
+    extra names that extra's major only.  ``test`` still brings what compiles the kernels to PTX
+    without a GPU (tests/test_cuda_launch.py): NVVM and ptxas (cuda-toolkit's nvcc) and NVRTC."""
+    pp = load_pyproject()
+    test = extra_requirements(pp, "test")
+    for extra in sorted(pp["project"]["optional-dependencies"]):
+        if m := re.fullmatch(r"gpu-cu(\d+)", extra):
+            combined = cuda_majors(test + extra_requirements(pp, extra))
+            assert combined == {m.group(1)}, f'".[test,{extra}]" pins CUDA majors {sorted(combined)}'
+    toolkit = [r for r in test if norm_name(r.name) == "cuda-toolkit"]
+    assert toolkit and {"nvcc", "nvrtc"} <= toolkit[0].extras, "the test extra must bring NVVM, ptxas and NVRTC"
+
+
+def test_console_script_prints_help(capsys):
+    """``pip install`` puts a ``numbasplat`` command on the PATH: pyproject's entry point resolves to a
+    function that runs the command line (as ``python run.py``), whose --help lists the commands."""
+    import importlib
+    target = load_pyproject()["project"].get("scripts", {}).get("numbasplat")
+    assert target, "pyproject.toml: [project.scripts] lacks numbasplat"
+    module, _, name = target.partition(":")
+    entry = getattr(importlib.import_module(module), name)
+    with pytest.raises(SystemExit) as e:
+        entry(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: numbasplat") and all(cmd in out for cmd in ("train", "eval", "view", "bench"))
+
+
+def test_license_is_apache_2():
+    """LICENSE holds the Apache License 2.0 (as gsplat's), and pyproject declares it."""
+    text = (ROOT / "LICENSE").read_text()
+    assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
+    assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in text and "END OF TERMS AND CONDITIONS" in text
+    license = load_pyproject()["project"].get("license")
+    assert license in ("Apache-2.0", {"text": "Apache-2.0"}), license
+
+
 def test_readme_commands_and_ci_run():
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```[^\n]*\n(.*?)```", text, re.S)
@@ -355,7 +424,9 @@ def test_readme_commands_and_ci_run():
     for needed in ('pip install -e ".[gpu-cu12]"', 'pip install -e ".[gpu-cu13]"', "python run.py info",
                    "conda env create -f environment.yml", "conda env create -f environment-gpu.yml",
                    SELF_INSTALL, "mpich=*=external_*", "openmpi=*=external_*", "--no-binary mpi4py",
-                   "MPI4PY_BUILD_MPICC"):
+                   "MPI4PY_BUILD_MPICC",
+                   # the metrics extra without PyPI's CUDA torch, on a machine without a GPU
+                   "--index-url https://download.pytorch.org/whl/cpu && pip install -e \".[metrics]\""):
         assert needed in text, f"README.md should show {needed!r}"
 
     ci = ROOT / ".ci" / "run"

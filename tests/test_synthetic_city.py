@@ -322,6 +322,6 @@ def test_smoke_synth_then_train_on_the_cpu(tmp_path):
                                     capture_output=True, text=True, timeout=600))
         assert procs[-1].returncode == 0, procs[-1].stdout + procs[-1].stderr
     synth, train = procs
-    assert "9/9" in synth.stderr and "wrote" in synth.stdout   # the progress bar (tqdm or its fallback) ends at 9/9
+    assert "9/9" in synth.stderr and "wrote" in synth.stdout   # the progress bar (tqdm) ends at 9/9
     assert (out / "metrics.json").is_file() and "test PSNR" in train.stdout
     print(f"synth + train: {time.perf_counter() - t0:.1f} s")

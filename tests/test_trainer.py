@@ -318,31 +318,13 @@ class Terminal(io.StringIO):
         return True
 
 
-def test_progress_redraws_between_log_steps_on_a_terminal():
-    """Every step moves the bar (at most every min_interval seconds); loss, PSNR and the Gaussian
-    count are the last log step's."""
+def test_progress_on_a_terminal_is_tqdm():
+    """On a terminal the bar is tqdm's (a dependency: there is no other bar): it moves with every step
+    and shows the last log step's loss, PSNR and Gaussian count."""
+    from tqdm import tqdm
     term = Terminal()
-    bar = Progress(100, stream=term, min_interval=0.0, use_tqdm=False)
-    bar.update(10)
-    bar.show(0.1234, 21.5, 12345)
-    bar.update(11)
-    bar.update(50)
-    bar.close()
-    frames = term.getvalue().split("\r")[1:]
-    assert len(frames) == 4 and frames[-1].endswith("\n"), frames
-    assert frames[0].startswith("[##") and "10/100" in frames[0] and "it/s" in frames[0] and "eta" in frames[0]
-    assert "50/100" in frames[2] and "loss 0.1234 psnr 21.50 gaussians 12,345" in frames[2], frames[2]
-    slow = Terminal()
-    bar = Progress(100, stream=slow, min_interval=3600.0, use_tqdm=False)
-    for step in range(1, 50):
-        bar.update(step)
-    assert slow.getvalue().count("\r") == 1   # drawn once: the next redraw is an hour away
-
-
-def test_progress_through_tqdm():
-    pytest.importorskip("tqdm")
-    term = Terminal()
-    bar = Progress(100, start=10, stream=term, min_interval=0.0, use_tqdm=True)
+    bar = Progress(100, start=10, stream=term, min_interval=0.0)
+    assert isinstance(bar.bar, tqdm)
     for step in range(11, 60):
         bar.update(step)
     bar.show(0.1234, 21.5, 12345)
@@ -350,6 +332,7 @@ def test_progress_through_tqdm():
     bar.close()
     last = term.getvalue().rstrip("\n").split("\r")[-1]
     assert "60/100" in last and "it/s" in last and "loss 0.1234 psnr 21.50 gaussians 12,345" in last, last
+    assert term.getvalue().endswith("\n")
 
 
 def test_progress_off_a_terminal_is_plain_lines_and_quiet_is_nothing():
