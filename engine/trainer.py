@@ -568,11 +568,12 @@ class Trainer(ABC):
 
     def loop_acts_after(self, prev, step):
         """Whether ``train``'s loop does more after a step from image ``prev`` to ``step`` than log it:
-        it stops there (its ``until``), writes a snapshot or runs an importance pass (where a pipeline
-        with steps in flight empties)."""
+        it stops there (its ``until``), writes a snapshot or the model, scores the views or runs an
+        importance pass (where a pipeline with steps in flight empties)."""
         c = self.cfg
         until = min(self.train_until or c.iterations, c.iterations)
-        return (step >= until or crossed(prev, step, c.snapshot_every)
+        return (step >= until or crossed(prev, step, c.snapshot_every) or crossed(prev, step, c.eval_every)
+                or reached_any(prev, step, c.eval_at) or reached_any(prev, step, c.save_at)
                 or self.workload.scores_after(prev, step, self.strategy))
 
     def stop_signal(self):
