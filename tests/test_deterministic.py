@@ -116,8 +116,8 @@ def test_bench_takes_the_flag(tmp_path, capsys):
     from test_bench import scene_arrays
     path = tmp_path / "scene.npz"
     np.savez(path, **scene_arrays())
-    args = SimpleNamespace(scene=str(path), iters=1, warmup=0, sh_degree=None, profile=False, loss="global",
-                           no_fuse=False, deterministic=True)
+    import cli
+    args = cli.parser().parse_args(["bench", "--scene", str(path), "--iters", "1", "--warmup", "0", "--deterministic"])
     from cli.bench import cmd_bench
     cmd_bench(args)
     assert ", deterministic, 1 iterations" in capsys.readouterr().out
