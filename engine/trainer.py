@@ -665,13 +665,14 @@ class Trainer(ABC):
                                  "learning rates)")
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(self, views=None, save_dir=None, lpips=True):
+    def evaluate(self, views=None, save_dir=None, lpips=True, model=None):
         """PSNR, SSIM and LPIPS (with the ``metrics`` extra; ``lpips=False``: not computed) of the
         whole model on ``views`` (the test split).  With ``save_dir``, each render and its ground
         truth side by side as Inria's render.py writes them (``save_dir/renders/00000.png``,
         ``save_dir/gt/00000.png``, in the order of ``views``), so that Inria's metrics.py reads
-        them.  Computed on the root rank, None on the others."""
-        model = self.whole_model()
+        them.  Computed on the root rank, None on the others; collective, unless the root's caller
+        gives the ``model`` it gathered (``whole_model``) and the others call it not at all."""
+        model = self.whole_model() if model is None else model
         if model is None:
             return None
         views = self.data.test if views is None else views
@@ -701,22 +702,23 @@ class Trainer(ABC):
     def scores_during_training(self):
         """``--eval-every``'s and ``--eval-at``'s log fields: test_psnr and test_ssim over the test views
         (where the capture holds some out), train_psnr over up to 5 training views spread through the
-        split (fixed, so that the curve compares like with like); ``scored_image`` the first scored
-        view's render (host).  Collective; the root rank's fields, {} on the others."""
+        split (fixed, so that the curve compares like with like); with ``--tensorboard``,
+        ``scored_image`` the first scored view's render (host).  Collective; the root rank's fields,
+        {} on the others."""
         train = self.data.train[::max(1, -(-len(self.data.train) // 5))]
-        model = self.whole_model()  # (collective) the first scored view's render, for TensorBoard
-        first = (self.data.test or train)[0]
-        self.scored_image = (None if model is None else
-                             _backend.to_host(self.view_image(model.gaussians, first.camera)))
+        model = self.whole_model()  # (collective: gathered once for every score)
+        if model is None:
+            return {}
         fields = {}
         for name, views in (("test", self.data.test), ("train", train)):
-            if not views:
-                continue
-            res = self.evaluate(views, lpips=False)
-            if res is not None:
+            if views:
+                res = self.evaluate(views, lpips=False, model=model)
                 fields[f"{name}_psnr"] = res["psnr"]
                 if name == "test":
                     fields["test_ssim"] = res["ssim"]
+        if self.cfg.tensorboard:  # (the first scored view's render, for its image event)
+            first = (self.data.test or train)[0]
+            self.scored_image = _backend.to_host(self.view_image(model.gaussians, first.camera))
         return fields
 
     def view_image(self, gaussians, camera):
