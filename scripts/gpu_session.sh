@@ -707,13 +707,15 @@ curves)  # issue 57: runs scored every EVAL (default 1000) steps (test PSNR, and
     # MPS (quality, not time).  CAPTURES (default "helmet mouse"): .data/NAME staged with images_2 and sparse, trained
     # at half of images_2 (images_4, made here), or NAME@images_2 at images_2.  VARIANTS: base, noreset
     # (--no-opacity-reset: the reference never resets), nographs (--step-graphs off), regs (opacity and scale
-    # regularisers at 0.01), opreg (the opacities' alone), du7k (--densify-until 7000), det (--deterministic);
+    # regularisers at 0.01), opreg (the opacities' alone), du7k (--densify-until 7000), det (--deterministic),
+    # sh1 (--sh-degree 1), mcmc (--strategy mcmc);
     # ITERS (default 30000), SEEDS (default 0).  Runs are named CAPTURE[@IMAGES]_VARIANT_ITERSk_sSEED
     iters=${ITERS:-30000}; k=$((iters / 1000))k
     nvidia-cuda-mps-control -d 2>/dev/null && step "MPS on"
     export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/torch_ext REF_EVAL_EVERY=${EVAL:-1000}
     noreset=(--no-opacity-reset); nographs=(--step-graphs off); regs=(--opacity-reg 0.01 --scale-reg 0.01)
-    opreg=(--opacity-reg 0.01); du7k=(--densify-until 7000); det=(--deterministic)
+    opreg=(--opacity-reg 0.01); du7k=(--densify-until 7000); det=(--deterministic); sh1=(--sh-degree 1)
+    mcmc=(--strategy mcmc)
     for c in ${CAPTURES:-helmet mouse}; do
         cap=${c%@*}; imgs=images_4; [ "$c" != "$cap" ] && imgs=${c#*@}
         [ $imgs = images_4 ] && half_images .data/$cap
