@@ -288,17 +288,23 @@ class MCMCStrategy(Regularisers, RefineSchedule):
         pass
 
     def _relocation(self, xp, opacity, scales, ratio):
-        """New opacity and scale of a source sampled ``ratio - 1`` extra times (Eq. 9 of the paper)."""
-        o_new = 1.0 - (1.0 - opacity) ** (1.0 / ratio)
-        coeff = xp.zeros_like(opacity)
-        rmax = int(ratio.max()) if ratio.size else 1
-        for i in range(1, rmax + 1):
-            for k in range(i):
-                binom = math.comb(i - 1, k)
-                term = ((-1) ** k / math.sqrt(k + 1)) * binom * o_new ** (k + 1)
-                coeff += xp.where(ratio >= i, term, 0.0).astype(coeff.dtype)
-        scale_new = scales + xp.log(xp.maximum(opacity / xp.maximum(coeff, 1e-12), 1e-12))[:, None]
-        return o_new, scale_new
+        """New opacity and scale of a source sampled ``ratio - 1`` extra times (Eq. 9 of the paper).
+
+        The paper's double sum over i <= n and k < i of C(i-1, k) (-1)^k o^(k+1) / sqrt(k+1) is
+        summed over i first (sum_i C(i-1, k) = C(n, k+1)): coeff = sum_j (-1)^(j-1) C(n, j) o^j / sqrt(j),
+        its terms made by recurrence in float64.  The double sum's binomials overflowed float32 from
+        n of about 130, giving NaN scales to a source drawn that often (a run diverged)."""
+        dtype = scales.dtype
+        o = opacity.astype(np.float64)
+        n = ratio.astype(np.float64)
+        o_new = 1.0 - (1.0 - o) ** (1.0 / n)
+        coeff = xp.zeros_like(o)
+        term = xp.ones_like(o)  # C(n, j) o_new^j; 0 from j = n + 1 on
+        for j in range(1, int(n.max()) + 1 if n.size else 1):
+            term = term * ((n - (j - 1)) / j) * o_new
+            coeff += ((-1.0) ** (j - 1) / math.sqrt(j)) * term
+        scale_new = scales + xp.log(xp.maximum(o / xp.maximum(coeff, 1e-300), 1e-12)).astype(dtype)[:, None]
+        return o_new.astype(opacity.dtype), scale_new
 
     def _sample(self, model, count, ctx, candidates):
         """``count`` indices drawn from ``candidates`` with probability proportional to opacity."""
