@@ -705,7 +705,7 @@ viewer)  # issue 28, headless: the viewer's frame latency per render mode at 1M 
 curves)  # issue 57: runs scored every EVAL (default 1000) steps (test PSNR, and 5 training views': --eval-every),
     # ours per VARIANT and SEED and the reference (REF=0: none; seed 0 alone, its own), every run sharing the GPU under
     # MPS (quality, not time).  CAPTURES (default "helmet mouse"): .data/NAME staged with images_2 and sparse, trained
-    # at half of images_2 (images_4, made here), or NAME@images_2 at images_2.  VARIANTS: base, noreset
+    # at half of images_2 (images_4, made here unless staged), or NAME@images_2 at images_2; lego and fern as $LEGO, $FERN.  VARIANTS: base, noreset
     # (--no-opacity-reset: the reference never resets), nographs (--step-graphs off), regs (opacity and scale
     # regularisers at 0.01), opreg (the opacities' alone), du7k (--densify-until 7000), det (--deterministic),
     # sh1 (--sh-degree 1), mcmc (--strategy mcmc);
@@ -718,12 +718,13 @@ curves)  # issue 57: runs scored every EVAL (default 1000) steps (test PSNR, and
     mcmc=(--strategy mcmc)
     for c in ${CAPTURES:-helmet mouse}; do
         cap=${c%@*}; imgs=images_4; [ "$c" != "$cap" ] && imgs=${c#*@}
-        [ $imgs = images_4 ] && half_images .data/$cap
+        data=(--data .data/$cap --images $imgs)
+        case $cap in lego) data=("${LEGO[@]}") ;; fern) data=("${FERN[@]}") ;; *) [ $imgs = images_4 ] && half_images .data/$cap ;; esac
         for v in ${VARIANTS:-base}; do
             extra=${v}[@]; [ $v = base ] && extra=none[@]
             for seed in ${SEEDS:-0}; do
                 KEEP=1 TRAIN_TIMEOUT=${TRAIN_TIMEOUT:-500} train "${c/@images_2/_full}_${v}_${k}_s$seed" "$iters" \
-                    --data .data/$cap --images $imgs --seed "$seed" --eval-every "${EVAL:-1000}" ${!extra+"${!extra}"} &
+                    "${data[@]}" --seed "$seed" --eval-every "${EVAL:-1000}" ${!extra+"${!extra}"} &
             done
         done
     done
