@@ -55,13 +55,18 @@ def tables(text):
     return found
 
 
+def count_words(cell):
+    """Whitespace-separated tokens holding a letter or a digit ("/", "→" and "|" are not words)."""
+    return sum(1 for tok in cell.split() if any(ch.isalnum() for ch in tok))
+
+
 def long_cells(text, limit=MAX_CELL_WORDS):
     """'line N, column C: W words' for every cell of a table over ``limit`` words."""
     out = []
     for _, header, rows in tables(text):
         for n, cells in rows:
             for col, cell in zip(header, cells):
-                words = len(cell.split())
+                words = count_words(cell)
                 if words > limit:
                     out.append(f"line {n}, column {col!r}: {words} words: {cell[:80]}...")
     return out
@@ -119,6 +124,7 @@ def test_checkers_on_samples():
     assert len(long_cells(table)) == 1 and "41 words" in long_cells(table)[0]
     assert ragged_rows(table) == ["line 5: 1 cells, header has 2"]
     assert tables("```\n| a |\n|---|\n```\n") == []
+    assert count_words("1.40 / 2.91 → 5.84 MB (lego)") == 5
 
     readme = ("lego reaches 33.5 dB in 30 s, 1.4x faster, 20% less, 64 GiB, 12 images/s\n"
               "1920x1080 images, 7k steps, 3DGS, issue 57, `--host-memory 64GiB`, v2.x\n"
