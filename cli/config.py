@@ -1,10 +1,11 @@
 """``train``'s settings, from three places: the defaults, a ``--config`` file and the command line.
 
-Every field of ``engine.trainer.TrainConfig`` is a flag, generated from the dataclass: the field's
-name with dashes (``lr_means``: ``--lr-means``), a type from its annotation (a whole number >= 0,
-a number >= 0, ``--x/--no-x`` for a bool, a string) and the comment beside the field as the help,
-so that a new field is reachable without code here.  ``FLAGS`` gives the few fields whose flag
-has another name as well (``--iters``, ``--init-points``), a narrower type or choices.
+Every field of ``engine.trainer.TrainConfig`` (the recipe) and of ``engine.pipelines.PipelineOptions``
+(the pipeline) is a flag, generated from the dataclass: the field's name with dashes (``lr_means``:
+``--lr-means``), a type from its annotation (a whole number >= 0, a number >= 0, ``--x/--no-x`` for
+a bool, a string) and the comment beside the field as the help, so that a new field is reachable
+without code here.  ``FLAGS`` gives the few fields whose flag has another name as well
+(``--iters``, ``--init-points``), a narrower type or choices.
 
 A config file (``--config FILE``: .json, or .yaml/.yml, which needs PyYAML) is one mapping of the
 ``train`` command's settings by their names with underscores (or any spelling their flags take:
@@ -27,7 +28,7 @@ import tokenize
 import typing
 from pathlib import Path
 
-from .args import MergeSteps, count, fraction, nonnegative, percent, positive, steps
+from .args import TRANSPORTS, MergeSteps, byte_size, count, fraction, nonnegative, percent, positive, steps
 
 # what this invocation does, not a setting of the run
 COMMAND_LINE_ONLY = ("config", "resume", "overwrite", "quiet", "viewer", "port", "host", "timeline")
@@ -74,6 +75,19 @@ FLAGS = {
     "step_graphs": dict(choices=["on", "off"]),
     "save_at": dict(type=steps, nargs="+", action=MergeSteps, metavar="N[,N...]"),
     "eval_at": dict(type=steps, nargs="+", action=MergeSteps, metavar="N[,N...]"),
+    # PipelineOptions
+    "batch_size": dict(type=count(1)),
+    "offload": dict(choices=["none", "host", "disk"]),
+    "offload_dir": dict(metavar="PATH"),
+    "host_memory": dict(type=byte_size, metavar="BYTES"),
+    "gpu_memory": dict(type=byte_size, metavar="BYTES"),
+    "exchange": dict(choices=["gaussian", "pixel", "auto"]),
+    "saturation": dict(choices=["on", "off"]),
+    "render_ahead": dict(metavar="K"),
+    "consolidation": dict(choices=["on", "off"]),
+    "shard": dict(choices=["contiguous", "parity"]),
+    "grad_comm": dict(choices=["sparse", "dense"]),
+    "transport": dict(choices=TRANSPORTS),
 }
 
 
@@ -82,15 +96,26 @@ class ConfigError(ValueError):
 
 
 def add_config_options(p):
-    """``--config`` and a flag for every field of ``TrainConfig``, its default the field's."""
+    """``--config`` and a flag for every field of ``TrainConfig`` and of ``PipelineOptions``, its
+    default the field's."""
+    from engine.pipelines import PipelineOptions
     from engine.trainer import TrainConfig
     p.add_argument("--config", metavar="FILE",
-                   help="a .json or .yaml file of settings by name: TrainConfig's fields and the options "
-                        "of this command, with underscores (cli/config.py); flags given here override it")
-    group = p.add_argument_group("training settings", "also keys of a --config file, with underscores")
-    comments = field_comments(TrainConfig)
-    hints = typing.get_type_hints(TrainConfig)
-    for f in dataclasses.fields(TrainConfig):
+                   help="a .json or .yaml file of settings by name: TrainConfig's and PipelineOptions' fields and "
+                        "the options of this command, with underscores (cli/config.py); flags given here override it")
+    add_field_flags(p.add_argument_group("pipeline settings", "also keys of a --config file, with underscores"),
+                    PipelineOptions)
+    add_field_flags(p.add_argument_group("training settings", "also keys of a --config file, with underscores"),
+                    TrainConfig)
+
+
+def add_field_flags(group, settings):
+    """A flag in ``group`` for every field of the dataclass ``settings``: its name with dashes, a type
+    from its annotation (``flag_of_type``) or ``FLAGS``, the field's comment as the help and its
+    default as the flag's."""
+    comments = field_comments(settings)
+    hints = typing.get_type_hints(settings)
+    for f in dataclasses.fields(settings):
         spec = {**flag_of_type(hints[f.name]), **FLAGS.get(f.name, {})}
         flags = spec.pop("flags", ()) + ("--" + f.name.replace("_", "-"),)
         text = spec.pop("help", comments.get(f.name, ""))
@@ -151,11 +176,12 @@ def resolve(a, parser):
     defaults (the command's own parser defaults to None, so that what was given is known).
     -> {name: value} of the run's settings (the options but ``COMMAND_LINE_ONLY``)."""
     defaults = vars(parser.parse_args([]))
-    from_file = read_settings(a.config, parser, defaults) if getattr(a, "config", None) else {}
+    options = vars(a)  # (a's own: filled in here)
+    from_file = read_settings(a.config, parser, defaults) if options.get("config") else {}
     for name, default in defaults.items():
-        if getattr(a, name, None) is None:
-            setattr(a, name, from_file.get(name, default))
-    return {name: getattr(a, name) for name in defaults if name not in COMMAND_LINE_ONLY}
+        if options.get(name) is None:
+            options[name] = from_file.get(name, default)
+    return {name: options[name] for name in defaults if name not in COMMAND_LINE_ONLY}
 
 
 def read_settings(path, parser, defaults):

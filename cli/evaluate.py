@@ -90,10 +90,11 @@ def fill_capture_options(a):
     recorded = recorded_settings(a)
     # the recorded background, unless --white-background or --no-white-background says otherwise
     a.background = recorded.get("background") if a.white_background is None else None
+    options = vars(a)  # (a's own: filled in here)
     for name, default in data_defaults().items():
-        if getattr(a, name) is None:
+        if options[name] is None:
             value = recorded.get(name)
-            setattr(a, name, default if value is None else value)
+            options[name] = default if value is None else value
     if a.test_every is None:
         a.test_every = HOLD_OUT_EVERY
     if not a.data:
@@ -120,12 +121,12 @@ def read_model(src):
 def trained_model(a):
     """A trainer holding the model ``--model`` names and the capture ``--data`` names (split as
     ``--eval`` splits it), rendering at the model's SH degree."""
-    from engine.single_gpu import SingleGPUTrainer
+    from engine.pipelines import PipelineOptions, make_trainer
     src = model_file(a.model)  # (before loading the capture: a wrong --model is told at once)
     fill_capture_options(a)
     cfg = config_from_args(a)
     dataset = load_data(a, cfg.background)
-    t = SingleGPUTrainer(dataset, results_folder(a), cfg)
+    t = make_trainer(dataset, results_folder(a), cfg, PipelineOptions())  # (one process, the model in memory)
     if src.suffix == ".ply":
         params, iteration, _ = read_model(src)
         t.start_from({"params": params})

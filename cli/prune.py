@@ -27,7 +27,7 @@ def cmd_prune(a):
     fine_tuning = {f.name for f in fields(t.cfg)} - {"sh_degree", "iterations", "background"}
     for name in fine_tuning & recorded.keys():  # fine-tune as the model trained (its loss, rates, ...)
         setattr(t.cfg, name, tuple(recorded[name]) if isinstance(recorded[name], list) else recorded[name])
-    capture = {name: getattr(a, name) for name in data_defaults()}
+    capture = {name: vars(a)[name] for name in data_defaults()}
     capture["data"] = str(Path(a.data).resolve())
     write_settings(t.out / "cfg.json", {**recorded, **capture, **asdict(t.cfg)})  # eval, render, scaling read it
     cfg = PruneConfig.of(t.cfg, stage=a.stage, fine_tune=a.fine_tune, round_fine_tune=a.round_fine_tune, beta=a.beta,

@@ -6,8 +6,8 @@ import os
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from .args import (TRANSPORTS, Parser, add_data_options, add_viewer_options, byte_size, claimed_output, count,
-                   load_data, mpi_comm, output_folder, switch, write_metrics)
+from .args import (Parser, add_data_options, add_viewer_options, claimed_output, count, load_data, mpi_comm,
+                   output_folder, switch, write_metrics)
 from .config import NOT_RECORDED, ConfigError, add_config_options, resolve, write_settings
 
 HOLD_OUT_EVERY = 8  # with --eval, every 8th image (sorted by name) is a test view, as Inria's llffhold
@@ -18,16 +18,21 @@ PACE_FROM, PACE_STEPS = 5, 10  # ... estimated from the pace of these steps (the
 MIN_HINT_WIDTH = 100          # a --resolution it suggests leaves the images at least this wide
 
 
+def settings_from_args(settings, a):
+    """The dataclass ``settings`` (``TrainConfig``, ``PipelineOptions``) of the options in ``a``: its
+    fields that ``a`` holds and are not None (a list as the tuple the field holds), the others at
+    their defaults."""
+    given = {f: vars(a).get(f.name) for f in fields(settings)}
+    return settings(**{f.name: tuple(v) if isinstance(f.default, tuple) else v for f, v in given.items()
+                       if v is not None})
+
+
 def config_from_args(a):
-    """The ``TrainConfig`` of the options in ``a``: its fields that ``a`` holds and are not None
-    (``--white-background`` is ``--background 1 1 1``)."""
+    """The ``TrainConfig`` of the options in ``a`` (``settings_from_args``; ``--white-background``
+    is ``--background 1 1 1``)."""
     from engine.trainer import TrainConfig
-    cfg = TrainConfig()
-    for f in fields(cfg):
-        v = getattr(a, f.name, None)
-        if v is not None:
-            setattr(cfg, f.name, tuple(v) if isinstance(f.default, tuple) else v)
-    if getattr(a, "white_background", False):
+    cfg = settings_from_args(TrainConfig, a)
+    if vars(a).get("white_background"):
         if tuple(cfg.background) not in (TrainConfig.background, (1.0, 1.0, 1.0)):
             raise ValueError(f"--white-background and --background {' '.join(map(str, cfg.background))} "
                              "disagree: give one of them")
@@ -40,148 +45,28 @@ class StoppedTogether(SystemExit):
     orderly exit with the signal's code, not a failure for ``abort_on_error`` to spread."""
 
 
-def make_trainer(dataset, a, cfg, comm, exchange=None, batch_size=None):
-    """The pipeline the options and the ranks ask for: one process (in GPU memory, or ``--offload
-    host``), or over MPI ranks, trading Gaussians or pixels (``--exchange``; ``exchange``: this one;
-    ``batch_size``: this batch, not ``--batch-size``'s)."""
-    exchange = exchange or getattr(a, "exchange", "gaussian")
-    offload = getattr(a, "offload", "none") or "none"
-    if offload != "none" and comm is not None and exchange == "auto":
-        raise ValueError(f"--offload {offload} under mpiexec needs the exchange named (--exchange gaussian or "
-                         f"pixel): auto measures both on the whole model in device memory")
-    if exchange == "auto":
-        exchange = choose_exchange(dataset, cfg, comm)
-    pixel = exchange == "pixel"
-    if offload == "none" and (getattr(a, "offload_dir", None) or getattr(a, "host_memory", None)
-                              or getattr(a, "gpu_memory", None)):
-        raise ValueError("--offload-dir, --host-memory and --gpu-memory are for --offload host or disk")
-    caps = {}
-    if offload != "none":
-        if not cfg.visible_adam:
-            if comm is None or comm.Get_rank() == 0:
-                print(f"--offload {offload}: Adam updates each step's working set only (--visible-adam)")
-            cfg.visible_adam = True
-        caps = dict(mode=offload, offload_dir=getattr(a, "offload_dir", None),
-                    host_memory=getattr(a, "host_memory", None) or 0, gpu_memory=getattr(a, "gpu_memory", None) or 0)
-        if comm is None:
-            from engine.offload import OffloadTrainer
-            return OffloadTrainer(dataset, a.out, cfg, **caps)
-    if comm is None:
-        from engine.single_gpu import SingleGPUTrainer
-        return SingleGPUTrainer(dataset, a.out, cfg)
-    from engine.distributed import select_device
-    select_device(comm)
-    if pixel:
-        from engine.pixel_exchange import OffloadedPixelExchangeTrainer, PixelExchangeTrainer
-        pipeline = OffloadedPixelExchangeTrainer if caps else PixelExchangeTrainer
-        ahead = getattr(a, "render_ahead", 0) or 0
-        if ahead and caps:
-            raise ValueError(f"--render-ahead with --offload {offload}: each step loads its own working set, "
-                             "so no step can be rendered ahead of it")
-        return pipeline(dataset, a.out, cfg, comm, transport=getattr(a, "transport", "auto"),
-                        saturation=getattr(a, "saturation", "on") == "on",
-                        consolidation=getattr(a, "consolidation", "on") == "on",
-                        batch_size=batch_size or getattr(a, "batch_size", None), **(caps or {"render_ahead": ahead}))
-    from engine.gaussian_exchange import GaussianExchangeTrainer, OffloadedGaussianExchangeTrainer
-    pipeline = OffloadedGaussianExchangeTrainer if caps else GaussianExchangeTrainer
-    return pipeline(dataset, a.out, cfg, comm, batch_size=batch_size or getattr(a, "batch_size", None),
-                    grad_comm=getattr(a, "grad_comm", "sparse"), transport=getattr(a, "transport", "auto"),
-                    shard=getattr(a, "shard", "contiguous"), **caps)
+def options_from_args(a):
+    """The ``PipelineOptions`` of the options in ``a`` (``settings_from_args``)."""
+    from engine.pipelines import PipelineOptions
+    return settings_from_args(PipelineOptions, a)
 
 
-def choose_exchange(dataset, cfg, comm, trainer=None):
-    """``--exchange auto``: the exchange that moves fewer bytes per image at this many ranks, measured on
-    the root (engine/scaling.py's ``exchange_bytes``) from the starting model, or from ``trainer``'s
-    model as it is (collective), and said in one line; one process: none to choose."""
-    if comm is None:
-        return "gaussian"
-    model = trainer.whole_model() if trainer is not None else None  # (the root's; every rank gathers)
-    choice = None
-    if comm.Get_rank() == 0:
-        from engine.scaling import exchange_bytes
-        sizes = exchange_bytes(dataset, cfg, comm.Get_size(), gaussians=None if model is None else model.gaussians)
-        choice = min(sizes, key=sizes.get)
-        when = f" at step {trainer.step}" if trainer is not None else ""
-        what = f"the model of step {trainer.step}" if trainer is not None else "the starting model"
-        print(f"--exchange auto{when}: {choice} (MB an image crossing {comm.Get_size()} ranks, measured on {what}: "
-              f"pixel {sizes['pixel'] / 1e6:.3f}, gaussian {sizes['gaussian'] / 1e6:.3f})")
-    return comm.bcast(choice, root=0)
-
-
-def exchange_decision_steps(cfg, start):
-    """The steps after ``start`` (and before the last) where ``--exchange auto`` decides again, on the
-    model as densification left it: the end of each phase between opacity resets (the step before
-    each reset) and the end of densification."""
-    steps = {cfg.densify_until}
-    if cfg.opacity_reset and cfg.opacity_reset_every > 0:
-        steps.update(range(cfg.opacity_reset_every - 1, cfg.densify_until, cfg.opacity_reset_every))
-    return sorted(s for s in steps if start < s < cfg.iterations)
-
-
-def exchange_of(trainer):
-    """The exchange ``trainer``'s pipeline trades: pixel or gaussian."""
-    from engine.pixel_exchange import PixelExchangeTrainer
-    return "pixel" if isinstance(trainer, PixelExchangeTrainer) else "gaussian"
-
-
-def train_choosing_exchange(t, dataset, a, cfg, comm, progress, choose=choose_exchange):
-    """``--exchange auto`` under MPI: train to each of ``exchange_decision_steps`` and choose again
-    there (``choose``: rank 0 counts both exchanges' bytes on the model as it is); where the choice
-    changes, the other pipeline goes on from the snapshot the stop wrote, as ``--resume`` would.
-    -> the trainer that trained last (densification over: the exchange stays)."""
-    from engine.trainer import SNAPSHOT
-    for at in exchange_decision_steps(cfg, t.step):
-        t.train(progress=progress, until=at)
-        choice = choose(dataset, cfg, comm, t)
-        if choice != exchange_of(t):
-            hooks = t.step_hooks
-            t = make_trainer(dataset, a, cfg, comm, choice)
-            t.load_snapshot(t.out / SNAPSHOT)
-            t.step_hooks = hooks
-    return t
-
-
-def polish_in_render_order(t, dataset, a, cfg, comm, progress):
-    """``--polish-steps N`` under MPI with the pixel exchange: train to N steps before the end, then
-    the last N steps with the Gaussian-level exchange at one view a step, whose blend order is the
-    single render's, the order the model is judged and viewed in (the boxes' order costs lego about
-    0.3 dB at P = 4: BENCHMARKS.md, issue 25).  The pipelines hand over through the snapshot the
-    stop writes, as ``--exchange auto``'s do.  -> the trainer of the last steps."""
-    from engine.trainer import SNAPSHOT
-    steps = getattr(a, "polish_steps", 0) or 0
-    if not steps or comm is None or exchange_of(t) != "pixel":
-        return t
-    at = max(cfg.iterations - steps, t.step)
-    t.train(progress=progress, until=at)  # (writes the snapshot, also where it has nothing to train)
-    hooks = t.step_hooks
-    t = make_trainer(dataset, a, cfg, comm, "gaussian", batch_size=1)
-    t.load_snapshot(t.out / SNAPSHOT)
-    t.step_hooks = hooks
-    if comm.Get_rank() == 0:
-        print(f"--polish-steps {steps}: steps {at + 1} to {cfg.iterations} with the Gaussian-level exchange, "
-              "one view a step")
-    return t
-
-
-def train_model(dataset, a, cfg, settings=None, step_hooks=()):
-    """Train on ``dataset`` with the pipeline for the ranks at hand; ``settings`` (the command's
-    options) are written with the trainer's config to ``OUT/cfg.json`` before the first step;
-    ``step_hooks`` run after every step (``Trainer.step_hooks``)."""
+def train_model(dataset, a, cfg, settings=None, step_hooks=(), resumable=True):
+    """Train on ``dataset`` with the pipeline that the options ``a`` (all of ``train``'s) ask for on
+    the ranks at hand (``engine.pipelines``); ``settings`` (the command's options) are written with
+    the trainer's config to ``OUT/cfg.json`` before the first step; ``step_hooks`` run after every
+    step (``Trainer.step_hooks``).  ``resumable``: a stopped run says how to go on (``--resume``)."""
+    from engine.pipelines import make_trainer, train_handing_over
     from engine.pruning import train_then_prune
     from engine.trainer import SNAPSHOT, Interrupted
-    comm = mpi_comm(batched=getattr(a, "batch_size", None) is not None)
-    if getattr(a, "polish_steps", 0) and getattr(a, "exchange", "gaussian") == "gaussian":
-        raise ValueError("--polish-steps is for --exchange pixel (or auto): the Gaussian-level exchange renders "
-                         "in the single render's order already")
-    if getattr(a, "render_ahead", 0) and getattr(a, "exchange", "gaussian") == "gaussian":
-        raise ValueError("--render-ahead is for --exchange pixel (or auto): the Gaussian-level exchange renders "
-                         "no step ahead")
-    t = make_trainer(dataset, a, cfg, comm)
-    if getattr(a, "init_ply", None):
+    options = options_from_args(a)
+    comm = mpi_comm(batched=options.batch_size is not None)
+    t = make_trainer(dataset, a.out, cfg, options, comm)
+    if a.init_ply:
         from data.ply import load_ply
         t.start_from({"params": load_ply(a.init_ply)})
         t.cfg.sh_degree = min(t.cfg.sh_degree, t.model.gaussians.sh_degree())
-    if getattr(a, "resume", False):
+    if a.resume:
         snap = Path(a.out) / SNAPSHOT
         if not snap.is_file():
             raise SystemExit(f"error: --resume but no snapshot at {snap}")
@@ -197,27 +82,25 @@ def train_model(dataset, a, cfg, settings=None, step_hooks=()):
     t.step_hooks.extend(step_hooks)
     rank = comm.Get_rank() if comm is not None else 0
     say = print if comm is None else (lambda line: print(f"rank {rank}: {line}"))  # a measurement's report lines
-    if getattr(a, "timeline", None):
+    if a.timeline:
         from engine.timeline import TrainingTimeline
         name = "timeline.json.gz" if comm is None else f"timeline_rank{rank}.json.gz"
         t.step_hooks.append(TrainingTimeline(*a.timeline, keep=Path(a.out) / name, log=say))
-    if getattr(a, "host_profile", None):
+    if a.host_profile:
         from engine.timeline import HostProfile
         t.step_hooks.append(HostProfile(*a.host_profile, log=say))
-    if getattr(a, "viewer", False):
+    if a.viewer:
         from engine.viewer import DEFAULT_HOST, DEFAULT_PORT, live_viewer
         t.live_view = live_viewer(t, a.port or DEFAULT_PORT, a.host or DEFAULT_HOST)
     try:
         root = comm is None or comm.Get_rank() == 0
-        progress = not getattr(a, "quiet", False) and root
-        if getattr(a, "exchange", None) == "auto" and comm is not None and not getattr(a, "viewer", False):
-            t = train_choosing_exchange(t, dataset, a, cfg, comm, progress)
-        t = polish_in_render_order(t, dataset, a, cfg, comm, progress)
+        progress = not a.quiet and root
+        t = train_handing_over(t, cfg, options, comm, progress, choose_again=not a.viewer)
         t.pruning = train_then_prune(t, progress=progress)  # (metrics.json's)
     except Interrupted as e:  # SIGINT, SIGTERM or SIGHUP
         if not e.saved:  # a second Ctrl-C
             raise SystemExit(e.exit_code)
-        if hasattr(a, "resume") and (comm is None or comm.Get_rank() == 0):  # (demo has no --resume)
+        if resumable and (comm is None or comm.Get_rank() == 0):
             print("to continue, run the same command with --resume")
         raise StoppedTogether(e.exit_code)
     except KeyboardInterrupt:
@@ -246,8 +129,8 @@ def recorded_settings(settings, t, comm):
 
 def cmd_train(a):
     settings = resolve(a, train_parser())
-    for name in ("data", "out"):
-        if getattr(a, name) is None:
+    for name, value in (("data", a.data), ("out", a.out)):
+        if value is None:
             raise ConfigError(f"--{name} is required (on the command line or in a --config file)")
     comm = mpi_comm(batched=a.batch_size is not None)
     if comm is None:
@@ -446,13 +329,15 @@ def cmd_demo(a):
     print("NumbaSplat demo: rendering the built-in scene (the first run compiles kernels: about a minute)")
     dataset = make_dataset()
     cfg = demo_config(a.iterations)
-    a.out = a.out or tempfile.mkdtemp(prefix="numbasplat-demo-")
-    t = train_model(dataset, a, cfg)
-    write_metrics(t.evaluate(), a.out)
+    run = train_parser().parse_args([])  # train's options at their defaults: the default pipeline, no viewer
+    run.out = a.out or tempfile.mkdtemp(prefix="numbasplat-demo-")
+    t = train_model(dataset, run, cfg, resumable=False)
+    write_metrics(t.evaluate(), run.out)
 
 
 def add_train_options(p):
-    """The ``train`` command's options: the capture, the run, and every ``TrainConfig`` field."""
+    """The ``train`` command's options: the capture, the run, and every ``PipelineOptions`` and
+    ``TrainConfig`` field."""
     add_data_options(p, need_data=False, need_out=False)  # --data and --out may come from a config file
     switch(p, "--eval", help=f"hold out every {HOLD_OUT_EVERY}th image (or every --test-every), evaluate on them "
                              "and save their renders (without it and --test-every every view trains)")
@@ -472,54 +357,6 @@ def add_train_options(p):
     p.add_argument("--host-profile", type=step_window, default=None, metavar="START:STEPS",
                    help="profile the host's Python over STEPS steps after step START and print the functions by "
                         "their own time a step (where --timeline finds a step bound by its host)")
-    p.add_argument("--batch-size", type=count(1), default=None,
-                   help="views per step (default: the number of MPI ranks; given without mpirun, the batched "
-                        "pipeline runs in one process); with --exchange pixel, the views in flight: buckets of "
-                        "views a step, their pixels in one exchange each way (default 1)")
-    p.add_argument("--offload", choices=["none", "host", "disk"], default="none",
-                   help="host: keep the model, its Adam moments and statistics in host memory and move only "
-                        "each view's working set to the GPU (scenes larger than GPU memory; implies "
-                        "--visible-adam; under mpiexec each rank's shard so, either exchange); disk: in "
-                        "files in --offload-dir, host memory a cache of at most --host-memory (caps per rank)")
-    p.add_argument("--offload-dir", default=None,
-                   help="with --offload disk: the folder for the blocks' files (a fresh subfolder, removed at the "
-                        "end; the snapshot stays in OUT)")
-    p.add_argument("--host-memory", type=byte_size, default=None,
-                   help="with --offload disk: host memory for the cache of blocks, e.g. 64GiB (required)")
-    p.add_argument("--gpu-memory", type=byte_size, default=None,
-                   help="with --offload: device memory for the cache of blocks and the working sets, e.g. 24GiB "
-                        "(default: 80%% of the free memory at the start)")
-    p.add_argument("--exchange", choices=["gaussian", "pixel", "auto"], default="gaussian",
-                   help="what ranks trade under MPI: Gaussians (owners send projected Gaussians to the ranks that "
-                        "render their tiles; batch of one view a rank) or pixels (Splaxel: each rank owns a box of "
-                        "space and renders it, partial images are composed in depth order; a view a step, or "
-                        "--batch-size), or "
-                        "auto: the one moving fewer bytes an image, measured on the starting model at start-up and "
-                        "again on the model at the end of each densification phase (the step before each opacity "
-                        "reset, and --densify-until), where a change goes on from the snapshot (not with --viewer)")
-    p.add_argument("--polish-steps", type=count(0), default=0, metavar="N",
-                   help="with --exchange pixel (or auto ending on it) under mpiexec: train the last N steps with the "
-                        "Gaussian-level exchange, one view a step, in the single render's blend order (the order the "
-                        "model is judged and viewed in; the boxes' order costs quality at 4 ranks and more)")
-    p.add_argument("--saturation", choices=["on", "off"], default="on",
-                   help="with --exchange pixel: on later visits of a view, skip the tiles that the boxes in front "
-                        "of a rank's own saturate (marks made anew every 4 epochs)")
-    p.add_argument("--render-ahead", type=count(0), default=0, metavar="K",
-                   help="with --exchange pixel: render the next K steps' views before this step's pixels travel (a "
-                        "FIFO of steps in flight: the device renders while the host plans and waits for the "
-                        "exchanges), their gradients K steps stale (one step ahead cost lego 0.2 dB in a CPU test); the "
-                        "pipeline empties every 100 steps and where the strategy acts (default 0: none)")
-    p.add_argument("--consolidation", choices=["on", "off"], default="on",
-                   help="with --exchange pixel: train the views whose ranks are disjoint (each sees other boxes) "
-                        "side by side in one step, planned each epoch; off: one view a step")
-    p.add_argument("--shard", choices=["contiguous", "parity"], default="contiguous",
-                   help="which Gaussians each rank owns under MPI with --exchange gaussian: contiguous ranges of "
-                        "rows, or (BlitzGS) those whose row is congruent to the rank modulo the rank count")
-    p.add_argument("--grad-comm", choices=["sparse", "dense"], default="sparse",
-                   help="backward exchange under MPI: zero-eliding (ByteSplat) or dense")
-    p.add_argument("--transport", choices=TRANSPORTS, default="auto",
-                   help="how GPU buffers cross ranks under MPI: auto picks a CUDA-aware MPI, else NCCL when "
-                        "every rank has its own GPU, else copies through host memory")
     add_config_options(p)
 
 

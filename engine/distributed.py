@@ -2,7 +2,7 @@
 cuts of rows or tiles into contiguous ranges, one per rank, and ``RankedTrainer``, the part of a
 multi-rank ``Trainer`` that does not depend on how its step exchanges data."""
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 
@@ -73,8 +73,7 @@ class RankedTrainer(Trainer):
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.is_root = self.rank == 0
-        if cfg.appearance:
-            raise ValueError("--appearance runs in one process: not under mpiexec or with --batch-size")
+        self.options = replace(self.options, transport=transport)
         super().__init__(dataset, out_dir, cfg, backend, log if self.rank == 0 else (lambda *a, **k: None))
         self.exchange = Exchange(comm, transport if _backend.on_gpu(self.backend) else "host")
         self.total = 0  # the whole model's Gaussians (start_from sets it)

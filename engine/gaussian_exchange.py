@@ -30,7 +30,7 @@ parity shards they sort them by a global index sent alongside), so that depth ti
 one rank.  With the workload switches (engine/workload.py) each owner hides from each view's
 projection the rows of its shard that the view skips: they are neither sent nor rendered.
 """
-
+from dataclasses import replace
 
 import numpy as np
 
@@ -45,12 +45,11 @@ from comm.sparse import exchange_dense, exchange_sparse
 
 from .distributed import RankedTrainer, balanced_bounds, even_bounds
 from .model import GaussianModel
-from .offload import BLOCK_ROWS, OutOfCoreModel, OutOfCoreShard, check_offload_options
+from .offload import BLOCK_ROWS, OutOfCoreModel, OutOfCoreShard
 from .strategy import STATISTICS
 from .trainer import PhaseClock
 from .workload import imbalance
 
-SHARDS = ("contiguous", "parity")
 GLOBAL_ROW = "global_row"  # parity shards, over a refinement: each row's (its parent's) global row before it
 
 
@@ -67,13 +66,9 @@ class GaussianExchangeTrainer(RankedTrainer):
     def __init__(self, dataset, out_dir, cfg, comm, batch_size=None, grad_comm="sparse", backend=None,
                  log=print, transport="auto", shard="contiguous"):
         self.batch = batch_size or comm.Get_size()
-        if grad_comm not in ("sparse", "dense"):
-            raise ValueError(f"--grad-comm must be 'sparse' or 'dense', got {grad_comm!r}")
-        if shard not in SHARDS:
-            raise ValueError(f"--shard must be contiguous or parity, got {shard!r}")
         self.grad_comm, self.shard = grad_comm, shard
-        if cfg.strategy != "default" and comm.Get_size() > 1:
-            raise ValueError(f"strategy {cfg.strategy!r} is not supported across ranks yet (use default)")
+        self.options = replace(self.options, exchange="gaussian", batch_size=batch_size, grad_comm=grad_comm,
+                               shard=shard)
         super().__init__(dataset, out_dir, cfg, comm, backend, log, transport)
         self.log(f"{self.size} ranks, batch {self.batch}, device buffers through: {self.exchange.transport.name}")
         self.tile_cost = None
@@ -416,11 +411,7 @@ class OffloadedGaussianExchangeTrainer(OutOfCoreShard, GaussianExchangeTrainer):
     def __init__(self, dataset, out_dir, cfg, comm, batch_size=None, grad_comm="sparse", backend=None, log=print,
                  transport="auto", shard="contiguous", mode="host", offload_dir=None, host_memory=0, gpu_memory=0,
                  prefetch=True, block_rows=BLOCK_ROWS):
-        check_offload_options(cfg, mode, offload_dir, host_memory, gpu_memory)
-        if shard != "contiguous":
-            raise ValueError(f"--offload {mode} under mpiexec needs --shard contiguous")
-        if any((cfg.importance_every, cfg.view_masks != "off", cfg.lod_min_px)):
-            raise ValueError(f"--offload {mode} under mpiexec trains without BlitzGS's switches, for now")
+        self._add_offload_options(mode, offload_dir, host_memory, gpu_memory)
         super().__init__(dataset, out_dir, cfg, comm, batch_size, grad_comm, backend, log, transport, shard)
         self._init_out_of_core(mode, offload_dir, host_memory, gpu_memory, prefetch, block_rows)
         self._in_pool = None

@@ -56,6 +56,7 @@ import weakref
 from collections import OrderedDict, namedtuple
 from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 
@@ -629,31 +630,17 @@ class OutOfCoreModel:
         return self._trainer.whole_model().gaussians
 
 
-def check_offload_options(cfg, mode, offload_dir, host_memory, gpu_memory):
-    """One clear error for what offloading cannot do or lacks (before anything is made)."""
-    if mode not in ("host", "disk"):
-        raise ValueError(f"--offload {mode}: unknown (host or disk)")
-    if not cfg.visible_adam:
-        raise ValueError(f"--offload {mode} updates the working set only: it needs --visible-adam")
-    if cfg.strategy != "default":  # (MCMC moves every Gaussian every step: every block, every step)
-        raise ValueError(f"--offload {mode} densifies with the default strategy, for now")
-    if cfg.loss != "global" or cfg.appearance or cfg.prune != "none":
-        raise ValueError(f"--offload {mode} trains with --loss global, without --appearance or --prune, for now")
-    if mode == "disk" and not offload_dir:
-        raise ValueError("--offload disk needs --offload-dir PATH (where the blocks' files go)")
-    if mode == "disk" and not host_memory:
-        raise ValueError("--offload disk needs --host-memory BYTES (the host memory its cache of blocks may use)")
-    if mode == "host" and (offload_dir or host_memory):
-        raise ValueError("--offload-dir and --host-memory are for --offload disk")
-    if gpu_memory < 0 or host_memory < 0:
-        raise ValueError("--gpu-memory and --host-memory must not be negative")
-
-
 class OutOfCore:
     """The model out of core, for a ``Trainer``: the blocks' tiers, the device's pool, and the working
     set of the views that a step trains.  Shared by the one-process pipeline (``OffloadTrainer``) and
     each rank's shard under MPI (``OutOfCoreShard``).
     Between steps the trainer's ``model`` is an ``OutOfCoreModel``."""
+
+    def _add_offload_options(self, mode, offload_dir, host_memory, gpu_memory):
+        """Add the out-of-core options to the pipeline's (``Trainer.options``), before ``Trainer.__init__``
+        checks them."""
+        self.options = replace(self.options, offload=mode, offload_dir=offload_dir, host_memory=host_memory,
+                               gpu_memory=gpu_memory)
 
     def _init_out_of_core(self, mode, offload_dir, host_memory, gpu_memory, prefetch, block_rows):
         self.mode, self.block_rows, self.gpu_memory = mode, block_rows, int(gpu_memory)
@@ -976,7 +963,7 @@ class OffloadTrainer(OutOfCore, Trainer):
 
     def __init__(self, dataset, out_dir, cfg, backend=None, log=print, block_rows=BLOCK_ROWS, mode="host",
                  offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True):
-        check_offload_options(cfg, mode, offload_dir, host_memory, gpu_memory)
+        self._add_offload_options(mode, offload_dir, host_memory, gpu_memory)
         super().__init__(dataset, out_dir, cfg, backend, log)
         self._init_out_of_core(mode, offload_dir, host_memory, gpu_memory, prefetch, block_rows)
         self.model = None

@@ -60,6 +60,7 @@ Gaussians out of core (``engine.offload``), the device the working set of its vi
 """
 
 from collections import deque
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -76,7 +77,7 @@ from numbasplat.rendering import image_from_tiles, image_tiles
 from .distributed import RankedTrainer, even_bounds
 from .gaussian_exchange import halo_ranges
 from .model import GaussianModel
-from .offload import BLOCK_ROWS, OutOfCoreModel, OutOfCoreShard, check_offload_options
+from .offload import BLOCK_ROWS, OutOfCoreModel, OutOfCoreShard
 from .camera_path import centres
 from .partition import GROW_PX, SpatialPartition, cluster_boxes, visible_regions
 from .trainer import PhaseClock, crossed
@@ -288,13 +289,10 @@ class PixelExchangeTrainer(RankedTrainer):
         ``batch_size``: the views in flight, B buckets a step (default 1).  ``render_ahead``: the steps
         rendered before this one's pixels travel, their gradients as many steps stale (see
         ``train_step``)."""
-        if int(render_ahead) != render_ahead or render_ahead < 0:
-            raise ValueError(f"--render-ahead {render_ahead}: the steps rendered ahead, 0 or more")
-        if cfg.loss != "global":
-            raise ValueError("--exchange pixel trains with --loss global for now")
-        if cfg.strategy != "default":
-            raise ValueError(f"--exchange pixel densifies with the default strategy, not {cfg.strategy!r}")
         self.batch = batch_size or 1
+        self.options = replace(self.options, exchange="pixel", batch_size=batch_size, render_ahead=render_ahead,
+                               saturation="on" if saturation else "off",
+                               consolidation="on" if consolidation else "off")
         super().__init__(dataset, out_dir, cfg, comm, backend, log, transport)
         self.saturation = Saturation(self.size, revalidate_every) if saturation else None
         self.consolidation = consolidation
@@ -685,7 +683,7 @@ class OffloadedPixelExchangeTrainer(OutOfCoreShard, PixelExchangeTrainer):
     def __init__(self, dataset, out_dir, cfg, comm, backend=None, log=print, transport="auto", saturation=True,
                  revalidate_every=SATURATION_EPOCHS, consolidation=True, batch_size=None, mode="host",
                  offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True, block_rows=BLOCK_ROWS):
-        check_offload_options(cfg, mode, offload_dir, host_memory, gpu_memory)
+        self._add_offload_options(mode, offload_dir, host_memory, gpu_memory)
         super().__init__(dataset, out_dir, cfg, comm, backend, log, transport, saturation, revalidate_every,
                          consolidation, batch_size)  # (no steps rendered ahead: each step loads its own working set)
         self._init_out_of_core(mode, offload_dir, host_memory, gpu_memory, prefetch, block_rows)

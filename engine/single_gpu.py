@@ -131,7 +131,7 @@ class SingleGPUTrainer(Trainer):
     binning's sorts are stable, densification's draws are functions of a key and the row).  Its
     slot buffer is scratch of the step, so a step graph captures it with the rest."""
     culls_views = True
-    supports_deterministic = True  # (``trainer.refuse_nondeterministic``)
+    supports_deterministic = True  # (``pipeline_options.check``)
     binning_room = None  # bin into kept room (``BinningRoom``)? None: on GPUs; True: always (tests); False: never
     _room = None
     _graphs = None       # the step graphs (``engine.step_graphs``), once a step may use them

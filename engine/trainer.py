@@ -13,7 +13,8 @@ pipeline implements" section.
                                  ranks (Grendel's split, ByteSplat's sparse gradients)
 
 Another pipeline (pixel-level exchange, out-of-core training) is one more
-module implementing the same hooks, and a line in run.py that picks it.
+module implementing the same hooks, and a line in engine/pipelines.py's
+``make_trainer`` that picks it.
 """
 import json
 import math
@@ -36,6 +37,7 @@ from data.atomic import atomic_path, remove_stale_temps
 from .appearance import ColourCorrection
 from .model import init_from_points
 from .outputs import SNAPSHOT, TensorBoardLog, lpips_metric, render_image, save_png, write_model_outputs
+from .pipeline_options import PipelineOptions, check
 from .strategy import Context, DefaultStrategy, MCMCStrategy
 from .targets import Targets
 from .view_order import VIEW_ORDERS, epoch_order
@@ -195,25 +197,6 @@ projection backward and the strategy's statistics; Adam and densification; the r
 the loss and the tile costs."""
 
 
-def refuse_nondeterministic(cfg, trainer):
-    """Raise one ValueError naming ``--deterministic`` and every option of ``cfg`` or the pipeline
-    ``trainer`` whose float sums depend on the order atomics come in (the gradients of the fused
-    tile-loss kernel, the contribution totals of pruning and of the importance pass), or that is
-    not made deterministic (offloading, the MPI ranks' exchanges): only ``SingleGPUTrainer`` is."""
-    refused = []
-    if cfg.loss != "global":
-        refused.append(f"--loss {cfg.loss} (its fused kernel adds gradients with atomics)")
-    if cfg.prune != "none":
-        refused.append(f"--prune {cfg.prune} (its contribution totals are added with atomics)")
-    if cfg.importance_every:
-        refused.append(f"--importance-every {cfg.importance_every} (its contribution totals are added with atomics)")
-    if not getattr(trainer, "supports_deterministic", False):
-        refused.append(f"the {type(trainer).__name__} pipeline (--offload, or MPI ranks and --exchange: "
-                       "only one process holding the whole model is deterministic)")
-    if refused:
-        raise ValueError("--deterministic cannot be combined with " + "; ".join(refused))
-
-
 class PhaseClock:
     """The times of one step's phases (``PHASES``): ``end(phase)`` closes the phase that began at the
     previous mark (or at the start).
@@ -314,16 +297,19 @@ class Trainer(ABC):
     batch = 1  # views per step (a batched pipeline sets its batch size)
     time_phases = False  # sync at the phase boundaries (PhaseClock): True every step, False never, None at log steps
     culls_views = False  # runs the workload switches (engine/workload.py): its step hides what ``workload.cull`` skips
+    supports_deterministic = False  # trains the same bits at every run of one seed and data (``--deterministic``)
+    comm = None  # the MPI ranks it trains over (None: one process)
+    # the pipeline options it was made with: each constructor adds its own before ``__init__`` checks them all
+    options = PipelineOptions()
 
     def __init__(self, dataset, out_dir, cfg: TrainConfig, backend=None, log=print):
         if cfg.lambda_s3im is None:
             cfg = replace(cfg, lambda_s3im=s3im_weight(dataset))
         if cfg.lr_means_steps is None:
             cfg = replace(cfg, lr_means_steps=means_decay_steps(cfg.iterations))
+        check(cfg, self.options, self.comm, type(self))
         if cfg.view_order not in VIEW_ORDERS:
             raise ValueError(f"--view-order {cfg.view_order}: unknown (one of {', '.join(VIEW_ORDERS)})")
-        if cfg.deterministic:
-            refuse_nondeterministic(cfg, self)
         self.data = dataset
         self.cfg = cfg
         self.out = Path(out_dir)
@@ -351,13 +337,8 @@ class Trainer(ABC):
         self.step_hooks = []
         self.appearance = None
         if cfg.appearance:
-            if cfg.loss != "global":
-                raise ValueError("--appearance needs --loss global (the tile loss runs inside the fused kernel)")
             self.appearance = ColourCorrection(len(dataset.train), cfg.lr_appearance, self.backend)
         self.workload = Workload(cfg, len(dataset.train))
-        if self.workload.on and not self.culls_views:
-            raise ValueError(f"--importance-every, --view-masks and --lod-min-px are not supported by "
-                             f"{type(self).__name__} yet: train in one process or with --exchange gaussian")
 
     def _make_strategy(self):
         c = self.cfg

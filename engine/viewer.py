@@ -45,6 +45,7 @@ from numbasplat import backend as _backend
 from numbasplat.math.sh import C0
 
 from .outputs import MissingExtra, install_hint
+from .pipeline_options import check
 
 RENDER_MODES = ("rgb", "depth", "alpha", "centres")
 MODE_LABELS = {"rgb": "RGB", "depth": "depth", "alpha": "alpha", "centres": "Gaussian centres"}
@@ -719,8 +720,7 @@ def live_viewer(trainer, port=DEFAULT_PORT, host=DEFAULT_HOST, log=print):
     """Serve ``trainer``'s model while it trains (``train --viewer``): rank 0 starts the server (a
     taken port stops it with the port named), every rank hooks a ``LiveView`` into the loop.
     -> the LiveView (its ``viewer`` None on the other ranks)."""
-    if type(trainer).__name__ == "OffloadTrainer":
-        raise ValueError("--viewer does not work with --offload yet (the model is not on the device)")
+    check(trainer.cfg, trainer.options, trainer.comm, live_view=True)
     viewer = None
     if trainer.model is None:   # (every rank: a pipeline over ranks keeps its shard)
         trainer.init_model()

@@ -6,15 +6,14 @@ prints the exchanges chosen and whether the two final models and steps are equal
 10, the Gaussian-level one at batch 1 resumed from its snapshot to 14."""
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cli.train import (exchange_decision_steps, exchange_of, make_trainer, polish_in_render_order,  # noqa: E402
-                       train_choosing_exchange)
+from engine.pipelines import (PipelineOptions, exchange_decision_steps, make_trainer,  # noqa: E402
+                              polish_in_render_order, train_choosing_exchange)
 from comm import abort_on_error  # noqa: E402
 from engine.demo import make_dataset  # noqa: E402
 from engine.trainer import SNAPSHOT, TrainConfig  # noqa: E402
@@ -37,19 +36,19 @@ with abort_on_error(comm):
                            n_random_init=300, densify_from=2, densify_every=2, densify_until=10,
                            opacity_reset_every=4)
 
-    def trainer(folder, exchange, cfg):
-        return make_trainer(data, SimpleNamespace(out=str(out / folder)), cfg, comm, exchange)
+    def trainer(folder, exchange, cfg, **options):
+        return make_trainer(data, out / folder, cfg, PipelineOptions(exchange=exchange, **options), comm)
 
     chosen = []
 
     def flip(dataset, cfg, comm, t):
-        choice = "pixel" if exchange_of(t) == "gaussian" else "gaussian"
+        choice = "pixel" if t.options.exchange == "gaussian" else "gaussian"
         chosen.append((t.step, choice))
         return choice
 
     cfg = config()
-    t = train_choosing_exchange(trainer("auto", "gaussian", cfg), data, SimpleNamespace(out=str(out / "auto")), cfg,
-                                comm, False, choose=flip)
+    t = train_choosing_exchange(trainer("auto", "gaussian", cfg), cfg, PipelineOptions(exchange="auto"), comm, False,
+                                choose=flip)
     t.train(progress=False)
     auto = t.gather_state()
 
@@ -64,7 +63,7 @@ with abort_on_error(comm):
     t.train(progress=False)
     hand = t.gather_state()
     if comm.Get_rank() == 0:
-        print("decisions", steps, "chosen", chosen, "last", exchange_of(t), "same", same_state(auto, hand),
+        print("decisions", steps, "chosen", chosen, "last", t.options.exchange, "same", same_state(auto, hand),
               "gaussians", len(auto[0]["params"]["means"]), len(hand[0]["params"]["means"]))
 
     def plain():
@@ -73,15 +72,15 @@ with abort_on_error(comm):
         return cfg
 
     cfg = plain()
-    a = SimpleNamespace(out=str(out / "polish"), polish_steps=4)
-    t = polish_in_render_order(trainer("polish", "pixel", cfg), data, a, cfg, comm, False)
-    polished_by = (exchange_of(t), t.batch, t.step)
+    polishing = PipelineOptions(exchange="pixel", polish_steps=4)
+    t = polish_in_render_order(trainer("polish", "pixel", cfg), cfg, polishing, comm, False)
+    polished_by = (t.options.exchange, t.batch, t.step)
     t.train(progress=False)
     polished = t.gather_state()
     cfg = plain()
     t = trainer("polish_hand", "pixel", cfg)
     t.train(progress=False, until=10)
-    t = make_trainer(data, SimpleNamespace(out=str(out / "polish_hand")), cfg, comm, "gaussian", batch_size=1)
+    t = trainer("polish_hand", "gaussian", cfg, batch_size=1)
     t.load_snapshot(out / "polish_hand" / SNAPSHOT)
     t.train(progress=False)
     by_hand = t.gather_state()

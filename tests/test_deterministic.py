@@ -16,7 +16,8 @@ import numbasplat as ns
 from conftest import simulator_test
 from engine.single_gpu import SingleGPUTrainer
 from engine.step_graphs import StepGraphs
-from engine.trainer import TrainConfig, refuse_nondeterministic
+from engine.pipelines import PipelineOptions, check
+from engine.trainer import TrainConfig
 from test_cli_train import capture  # noqa: F401 (a fixture)
 from test_trainer import dataset, small_config  # noqa: F401 (a fixture)
 
@@ -56,13 +57,13 @@ def test_the_refusals_come_together_and_name_the_ranked_pipelines():
     cfg = TrainConfig(deterministic=True, loss="tile", prune="hardware")
     for pipeline in (GaussianExchangeTrainer, PixelExchangeTrainer):
         with pytest.raises(ValueError) as e:
-            refuse_nondeterministic(cfg, object.__new__(pipeline))
+            check(cfg, PipelineOptions(), pipeline=pipeline)
         assert str(e.value) == ("--deterministic cannot be combined with --loss tile (its fused kernel adds "
                                 "gradients with atomics); --prune hardware (its contribution totals are added "
                                 f"with atomics); the {pipeline.__name__} pipeline (--offload, or MPI ranks and "
                                 "--exchange: only one process holding the whole model is deterministic)")
-    refuse_nondeterministic(TrainConfig(deterministic=True, lod_min_px=1.0, strategy="mcmc"),
-                            object.__new__(SingleGPUTrainer))  # what it takes: no error
+    check(TrainConfig(deterministic=True, lod_min_px=1.0, strategy="mcmc"), PipelineOptions(),
+          pipeline=SingleGPUTrainer)  # what it takes: no error
 
 
 def test_deterministic_backward_needs_a_deterministic_binning():

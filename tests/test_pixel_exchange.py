@@ -345,21 +345,20 @@ def test_pixel_exchange_refuses_what_it_does_not_do(tmp_path):
             PixelExchangeTrainer(data, tmp_path, cfg, MPI.COMM_SELF, backend="cpu")
     with pytest.raises(ValueError, match="--render-ahead -1"):
         PixelExchangeTrainer(data, tmp_path, config(), MPI.COMM_SELF, backend="cpu", render_ahead=-1)
-    from types import SimpleNamespace
-    from cli.train import make_trainer
-    offloading = SimpleNamespace(out=str(tmp_path), exchange="pixel", offload="host", render_ahead=1)
+    from engine.pipelines import PipelineOptions, make_trainer
+    offloading = PipelineOptions(exchange="pixel", offload="host", render_ahead=1)
     with pytest.raises(ValueError, match="--render-ahead with --offload host: each step loads its own working set"):
-        make_trainer(data, offloading, config(), MPI.COMM_SELF)
+        make_trainer(data, tmp_path, config(), offloading, MPI.COMM_SELF)
 
 
 @pytest.mark.mpi
 @pytest.mark.timeout(600)
 def test_exchange_auto_counts_both_exchanges_and_trains_with_the_smaller(tmp_path):
-    """``--exchange auto``: rank 0's byte counts (engine/scaling.py) agree with the two counters run
+    """``--exchange auto``: rank 0's byte counts (engine/traffic.py) agree with the two counters run
     directly, and ``mpiexec -n 2 run.py train --exchange auto`` says its choice and trains with it."""
     import numbasplat as ns
     from engine.demo import make_dataset
-    from engine.scaling import PIXEL_TILE_BYTES, exchange_bytes, off_diagonal, pixel_traffic, step_traffic
+    from engine.traffic import PIXEL_TILE_BYTES, exchange_bytes, off_diagonal, pixel_traffic, step_traffic
     from engine.trainer import initial_arrays
     from test_trainer import write_blender_capture
     data = make_dataset(size=32, n_views=10, backend="cpu")
@@ -393,7 +392,7 @@ def test_exchange_auto_counts_both_exchanges_and_trains_with_the_smaller(tmp_pat
 
 
 def test_exchange_auto_decides_again_where_densification_phases_end():
-    from cli.train import exchange_decision_steps
+    from engine.pipelines import exchange_decision_steps
     cfg = config()
     cfg.iterations, cfg.densify_until, cfg.opacity_reset_every = 30_000, 15_000, 3000
     assert exchange_decision_steps(cfg, 0) == [2999, 5999, 8999, 11999, 14999, 15000]

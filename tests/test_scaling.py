@@ -1,13 +1,13 @@
 """engine/scaling.py, the measuring tools of issue 22 on one rank: the dataset workload (only the
 training views used are read), the phase table of both pipelines at P = 1, the bytes a step
-would move over P ranks against a brute-force count, the cost model's edge and monotonic
+would move over P ranks (engine/traffic.py) against a brute-force count, the cost model's edge and monotonic
 behaviour, and the memory model.  CPU backend, tiny scenes."""
 import numpy as np
 import pytest
 
 import numbasplat as ns
 from data import synthetic_city as sc
-from engine import scaling
+from engine import scaling, traffic
 from engine.distributed import balanced_bounds, even_bounds
 from engine.trainer import PHASES
 from numbasplat.loss import l1_ssim_loss
@@ -127,7 +127,7 @@ def brute_force_halo(bounds, tiles_x, n_tiles):
 def test_bytes_per_step_against_a_brute_force_count(P, views, balanced):
     g, cams, targets = tiny_scene()
     cams, targets = cams[:views], targets[:views]
-    t = scaling.step_traffic(g, cams, targets, P, 1, (0, 0, 0), 0.2, balanced, "cpu")
+    t = traffic.step_traffic(g, cams, targets, P, 1, (0, 0, 0), 0.2, balanced, "cpu")
     tx, ty = cams[0].tiles
     n_tiles = tx * ty
     frames = [ns.render(g, c, sh_degree=1, backend="cpu") for c in cams]
@@ -160,8 +160,8 @@ def test_bytes_per_step_against_a_brute_force_count(P, views, balanced):
 
 def ideal_traffic(P, n=1000, tiles=100, isect=5000.0, link_bytes=0):
     """A ``Traffic`` of P ranks whose work is split evenly (records that never cross but ``link_bytes``)."""
-    records = np.full((P, P), link_bytes // scaling.RECORD_BYTES if P > 1 else 0)
-    return scaling.Traffic(ranks=P, views=P, gaussians=n, view_tiles=tiles, view_isect=isect,
+    records = np.full((P, P), link_bytes // traffic.RECORD_BYTES if P > 1 else 0)
+    return traffic.Traffic(ranks=P, views=P, gaussians=n, view_tiles=tiles, view_isect=isect,
                            records=records, kept=records, halo_tiles=np.zeros((P, P), np.int64),
                            rows=np.diff(even_bounds(n, P)), isect_received=np.full(P, isect),
                            isect_own=np.full(P, isect), tiles=np.full(P, tiles))
@@ -174,7 +174,7 @@ PHASE_TIMES = {"project": (0.002, 0.001), "render": (0.004, 0.001), "loss": (0.0
 @pytest.mark.parametrize("step", [0.020, 0.010])  # more than the phases add up to, and less
 def test_cost_model_predicts_the_measured_step_on_one_rank(step):
     g, cams, targets = tiny_scene()
-    for t in (scaling.step_traffic(g, cams[:1], targets[:1], 1, 1, (0, 0, 0), 0.2, True, "cpu"), ideal_traffic(1)):
+    for t in (traffic.step_traffic(g, cams[:1], targets[:1], 1, 1, (0, 0, 0), 0.2, True, "cpu"), ideal_traffic(1)):
         m = scaling.predict_step(PHASE_TIMES, step, t, "sparse", 1e9)
         assert m["step"] == pytest.approx(step) and m["fixed"] >= 0 and m["link"].max() == 0
     assert scaling.predict_step({}, step, ideal_traffic(1), "dense", 1e9)["step"] == pytest.approx(step)
@@ -199,7 +199,7 @@ def even_pixel_counts(P, views=2, tiles=100, isect=5000, sent_tiles=0):
     """A ``PixelTraffic`` of P ranks whose work is split evenly, each sending every other ``sent_tiles``
     partial tiles a view forward (and as many gradients back)."""
     off = np.full((P, P), sent_tiles * views) - np.diag(np.full(P, sent_tiles * views))
-    return scaling.PixelTraffic(forward=off, backward=off, full=off, saturated=None, rows=np.full(P, 1000),
+    return traffic.PixelTraffic(forward=off, backward=off, full=off, saturated=None, rows=np.full(P, 1000),
                                 isect=np.full(P, isect * views // P), composed=np.full(P, tiles * views // P),
                                 views=views, order_mse=None)
 
@@ -215,7 +215,7 @@ def test_pixel_cost_model_splits_each_phase_by_its_work_and_adds_the_link(step):
         assert m["step"] == pytest.approx(fixed + (step - fixed) / P)
         busy = scaling.predict_pixel_step(PHASE_TIMES, step, even_pixel_counts(P, sent_tiles=10), 1e9)
         # a rank sends 10 tiles to each of the P - 1 others and gets as many gradients back
-        sent = 2 * 10 * (P - 1) * scaling.PIXEL_TILE_BYTES
+        sent = 2 * 10 * (P - 1) * traffic.PIXEL_TILE_BYTES
         assert busy["step"] - m["step"] == pytest.approx(sent / 1e9)
     # a rank with all the intersections renders all the view: the step is no shorter for its render
     skewed = even_pixel_counts(2)._replace(isect=np.array([10000, 0]))
@@ -297,7 +297,7 @@ def test_pixel_bytes_against_a_brute_force_count(scene, P):
     else:
         start, cams = (wall_capture if scene == "wall" else cloud_capture)()
     g = ns.Gaussians(**start)
-    counts = scaling.pixel_traffic(g, cams, P, 0, "cpu", saturation=True)
+    counts = traffic.pixel_traffic(g, cams, P, 0, "cpu", saturation=True)
     forward, backward, full, saturated = counts[:4]
     part = SpatialPartition.build(start["means"], P)
     owner = part.owner(start["means"])
@@ -342,4 +342,4 @@ def test_pixel_bytes_against_a_brute_force_count(scene, P):
     assert (forward <= full).all() and forward.sum() > 0 and (saturated.sum() > 0) == (scene == "wall")
     assert counts.order_mse == pytest.approx(squared / pixels, rel=1e-6, abs=1e-15)
     assert (counts.order_mse > 1e-6) == (scene == "cloud")  # only the cloud's boxes interleave along the rays
-    assert scaling.pixel_traffic(g, cams, P, 0, "cpu").saturated is None  # (not rendered unless asked)
+    assert traffic.pixel_traffic(g, cams, P, 0, "cpu").saturated is None  # (not rendered unless asked)
