@@ -149,6 +149,14 @@ def fraction(text):
     return value
 
 
+def open_fraction(text):
+    """argparse type: a number strictly between 0 and 1 (an opacity, whose logit is finite)."""
+    value = number(text)
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (both excluded), got {value}")
+    return value
+
+
 def positive(text):
     """argparse type: a finite number above 0."""
     value = number(text)

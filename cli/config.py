@@ -28,7 +28,7 @@ import tokenize
 import typing
 from pathlib import Path
 
-from .args import TRANSPORTS, MergeSteps, byte_size, count, fraction, nonnegative, percent, positive, steps
+from .args import TRANSPORTS, MergeSteps, byte_size, count, fraction, nonnegative, open_fraction, percent, positive, steps
 
 # what this invocation does, not a setting of the run
 COMMAND_LINE_ONLY = ("config", "resume", "overwrite", "quiet", "viewer", "port", "host", "timeline")
@@ -54,6 +54,8 @@ FLAGS = {
     "scale_reg": dict(type=nonnegative),
     "strategy": dict(choices=["default", "mcmc"], help="densification: 3DGS's (default) or 3DGS as MCMC"),
     "cap_max": dict(type=count(1)),
+    "init_opacity": dict(type=open_fraction),
+    "init_scale": dict(type=positive),
     "max_gaussians": dict(help="memory guard: stop growing at N Gaussians (0: the device's capacity)"),
     "grad_threshold": dict(type=positive),
     "densify_every": dict(type=count(1)),

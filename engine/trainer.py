@@ -59,7 +59,24 @@ def initial_arrays(data, cfg, rng):
     if box is None and len(data.points) == 0:  # no SfM points and no known bounds: a box around the cameras
         c = np.mean([np.linalg.inv(v.camera.viewmat)[:3, 3] for v in data.train], axis=0)
         box = (c - 1.3 * data.scene_scale, c + 1.3 * data.scene_scale)
-    return init_from_points(data.points, data.colors, cfg.sh_degree, rng=rng, n_random=cfg.n_random_init, box=box)
+    opacity, scale = starting_opacity_and_scale(cfg)
+    arrays = init_from_points(data.points, data.colors, cfg.sh_degree, opacity=opacity, rng=rng,
+                              n_random=cfg.n_random_init, box=box)
+    arrays["scales"] += np.float32(np.log(scale))
+    return arrays
+
+
+MCMC_START = (0.5, 0.1)     # gsplat's mcmc preset (init_opa, init_scale): more opaque, smaller starting Gaussians
+DEFAULT_START = (0.1, 1.0)  # 3DGS's
+
+
+def starting_opacity_and_scale(cfg):
+    """The starting Gaussians' opacity and their scale as a multiple of the RMS distance to their three
+    nearest points: ``cfg.init_opacity``/``init_scale`` where set, else the strategy's (MCMC's regulariser
+    kills Gaussians that start at 3DGS's 0.1: a third of mouse's in its first 500 steps)."""
+    opacity, scale = MCMC_START if cfg.strategy == "mcmc" else DEFAULT_START
+    return (opacity if cfg.init_opacity is None else cfg.init_opacity,
+            scale if cfg.init_scale is None else cfg.init_scale)
 
 
 def crossed(prev, step, every):
@@ -115,6 +132,10 @@ class TrainConfig:
                                       # the default strategy, as gsplat)
     scale_reg: float | None = None    # the weight of the L1 regulariser on scales (unset: as opacity_reg's)
     mcmc_noise_lr: float = 5e5        # mcmc: the scale of the noise on the means (x their learning rate)
+    init_opacity: float | None = None # the starting Gaussians' opacity (unset: 0.5 with mcmc, 0.1 with the default
+                                      # strategy, as gsplat's presets)
+    init_scale: float | None = None   # the starting Gaussians' scale, x the RMS distance to their 3 nearest points
+                                      # (unset: 0.1 with mcmc, 1 with the default strategy, as gsplat's presets)
     max_gaussians: int = 0            # memory guard for the default strategy (0: device capacity)
     absgrad: bool = False             # default strategy: densify on the absolute screen-space gradients
     grad_threshold: float = 2e-4      # default strategy: densify Gaussians whose mean screen-space gradient

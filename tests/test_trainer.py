@@ -387,3 +387,20 @@ def test_a_snapshot_that_knows_its_data_by_path_still_resumes_from_that_path(dat
     with pytest.raises(ValueError, match=f"snapshot {old} was written by an older NumbaSplat, which knows its "
                                          "data by path, image names and sizes, and those differ from /elsewhere's"):
         SingleGPUTrainer(moved, tmp_path / "c", small_config(), backend="cpu").load_snapshot(old)
+
+
+def test_the_starting_gaussians_follow_the_strategy_unless_set():
+    """MCMC starts from gsplat's mcmc preset (opacity 0.5, a tenth of the neighbour distance), the
+    default strategy from 3DGS's (0.1, the distance); ``init_opacity``/``init_scale`` override both."""
+    from types import SimpleNamespace
+
+    from engine.model import knn_rms_distance
+    from engine.trainer import TrainConfig, initial_arrays
+    pts = np.random.default_rng(0).normal(size=(50, 3)) * [1.0, 2.0, 0.5]
+    data = SimpleNamespace(points=pts, colors=np.full((50, 3), 0.5), init_box=None, train=[])
+    dist = np.log(knn_rms_distance(pts))
+    for kw, opacity, scale in ((dict(strategy="mcmc"), 0.5, 0.1), (dict(), 0.1, 1.0),
+                               (dict(strategy="mcmc", init_opacity=0.2, init_scale=2.0), 0.2, 2.0)):
+        a = initial_arrays(data, TrainConfig(**kw), np.random.default_rng(0))
+        np.testing.assert_allclose(1 / (1 + np.exp(-a["opacities"])), opacity, rtol=1e-5)
+        np.testing.assert_allclose(a["scales"], (dist + np.log(scale))[:, None].repeat(3, 1), rtol=1e-5, atol=1e-6)
