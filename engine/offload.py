@@ -62,8 +62,8 @@ import numpy as np
 import numbasplat as ns
 from numbasplat import backend as _backend
 from numbasplat.loss import l1_ssim_loss, psnr
-from numbasplat.optim import (GROUPS, FlatParams, adam_step_bound, flat_to_rows, group_widths, pool_rows, reach_boxes,
-                              rows_to_flat)
+from numbasplat.optim import GROUPS, FlatParams, adam_step_bound, group_widths
+from numbasplat.rows import flat_to_rows, pool_rows, reach_boxes, rows_to_flat
 
 from .model import GaussianModel
 from .partition import GROW_PX, REACH, cluster_boxes, morton_codes, visible_regions
@@ -540,7 +540,7 @@ class DeviceCache:
 
     def boxes(self, starts, sizes, layout):
         """The boxes that the pool's rows ``starts`` .. ``starts + sizes`` (device arrays: resident
-        blocks' rows) reach now, computed on the device (``numbasplat.optim.reach_boxes``) -> device
+        blocks' rows) reach now, computed on the device (``numbasplat.rows.reach_boxes``) -> device
         (lo, hi), (len(starts), 3)."""
         return reach_boxes(self.pool, starts, sizes, layout.columns["means"][0], layout.columns["scales"][0], REACH)
 

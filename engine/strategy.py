@@ -24,7 +24,7 @@ import numpy as np
 from numbasplat.backend import to_host
 from numbasplat.math import gaussian_ops as go
 from numbasplat.math.geometry import ALPHA_MIN
-from numbasplat.optim import row_normals
+from numbasplat.rows import row_normals
 from numbasplat.rendering import screen_gradient_stats
 
 from .model import inverse_sigmoid
