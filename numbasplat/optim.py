@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import backend as _backend
+from .device import DeviceValues
 from .gaussians import Gaussians
 
 GROUPS = ("means", "scales", "quats", "opacities", "sh")
@@ -129,7 +130,7 @@ class Adam:
         t = self.step_count
         values = np.concatenate([np.asarray(lr_columns, np.float32), [1 - self.b1 ** t, 1 - self.b2 ** t]])
         if self._scalars is None or self._scalars.array.shape != values.shape:
-            self._scalars = _backend.DeviceValues(len(values), np.float32, self.backend)
+            self._scalars = DeviceValues(len(values), np.float32, self.backend)
         self._scalars.write(values)
         if self._layout is None:  # (here, not in ``update``: a captured update cannot upload it)
             xp = _backend.array_module(self.backend)

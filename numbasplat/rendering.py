@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import backend as _backend
+from .device import HostCopy
 from .gaussians import CHECKS, Gaussians
 from .math import gaussian_ops as go
 from .math.tiles import TILE, TILE_PIXELS, tile_grid
@@ -468,7 +469,7 @@ def rasterize_tile_loss(p: Projection, b: Binning, target, perms, lam=0.2, backg
     stats = {"fused_tiles": 0.0, "fused_gaussians": 0.0, "max_fused": -1}
     big = None  # the tiles left to the unfused path (None: all of them)
     if fuse and kernels.FUSED_TILE_LOSS:
-        per_tile = _backend.HostCopy(b.ranges[:, 1] - b.ranges[:, 0])
+        per_tile = HostCopy(b.ranges[:, 1] - b.ranges[:, 0])
         limit = kernels.fused_budget() if max_fused is None else int(max_fused)
         image = xp.empty((H, W, 3), np.float32)
         partials = xp.empty((b.ranges.shape[0], 2), np.float32)  # every tile under the limit writes its row

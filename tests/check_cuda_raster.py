@@ -214,7 +214,8 @@ def compare_block_moves(steps=40):
     the same.  On a real GPU the table is page-locked and the moves run beside the kernels: a missing
     wait between the streams shows as a wrong row.  (In the simulator both sides are numpy.)"""
     from engine.offload import BlockIndex, DeviceCache, HostBlocks, RowLayout
-    from numbasplat.backend import is_pinned, on_gpu, pinned_empty
+    from numbasplat.backend import on_gpu
+    from numbasplat.device import is_pinned, pinned_empty
     rng = np.random.default_rng(3)
     block_rows, blocks, slots = (4096, 48, 12) if on_gpu("cuda") else (16, 12, 5)
     n = block_rows * blocks - 7
