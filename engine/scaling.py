@@ -27,8 +27,9 @@ from pathlib import Path
 import numpy as np
 
 import numbasplat as ns
+from data.bench_scene import load_scene
 from numbasplat import backend as _backend
-from numbasplat.bench import load_scene, peak_device_bytes
+from numbasplat.bench import peak_device_bytes
 from numbasplat.compose import compose
 from numbasplat.loss import l1_ssim_loss, psnr_of_mse
 from numbasplat.math import gaussian_ops as go
