@@ -65,12 +65,11 @@ from typing import NamedTuple
 import numpy as np
 
 import numbasplat as ns
+from numbasplat import T_MIN, TILE, TILE_PIXELS
 from numbasplat import backend as _backend
 from numbasplat.compose import compose, compose_backward
 from numbasplat.device import HostCopy
 from numbasplat.loss import l1_ssim_loss
-from numbasplat.math.geometry import T_MIN
-from numbasplat.math.tiles import TILE, TILE_PIXELS
 from numbasplat.optim import GROUPS, FlatParams
 from numbasplat.rendering import image_from_tiles, image_tiles
 
