@@ -6,7 +6,9 @@ import numpy as np
 from numba import njit, prange
 
 from ..math.noise import hashed_normal
-from ..math.rows import flat_element, pool_row, row_reach
+from ..math.rows import move_element, pool_row, row_reach
+
+_move_element = njit(inline="always")(move_element)
 
 
 @njit(parallel=True, cache=True)
@@ -16,12 +18,7 @@ def move_rows(table, rows, plan, flat, to_flat):
     n = rows.shape[0]
     for r in prange(n):
         for c in range(plan.shape[1]):
-            j = plan[3, c]
-            k = flat_element(n, r, plan[0, c], plan[1, c], plan[2, c])
-            if to_flat:
-                flat[k] = table[rows[r], j]
-            else:
-                table[rows[r], j] = flat[k]
+            _move_element(table, rows, plan, flat, to_flat, n, r, c)
 
 
 POOL_ROWS_CHUNK = 1 << 16  # rows a thread scans at a time in ``pool_rows``

@@ -7,10 +7,11 @@ import numpy as np
 from numba import cuda, float32
 
 from ..math.noise import hashed_normal
-from ..math.rows import flat_element, pool_row, row_reach
+from ..math.rows import move_element, pool_row, row_reach
 from .launch import F1, F2, I1, I2, L1, array_module, kernel, per_item
 
 INF = float32(float("inf"))
+_move_element = cuda.jit(device=True, inline=True)(move_element)
 
 
 @kernel(F2, L1, I2, F1, "boolean")
@@ -18,13 +19,7 @@ def _move_rows_kernel(table, rows, plan, flat, to_flat):
     n, cols = rows.shape[0], plan.shape[1]
     i = cuda.grid(1)
     if i < n * cols:
-        r, c = i // cols, i % cols
-        j = plan[3, c]
-        k = flat_element(n, r, plan[0, c], plan[1, c], plan[2, c])
-        if to_flat:
-            flat[k] = table[rows[r], j]
-        else:
-            table[rows[r], j] = flat[k]
+        _move_element(table, rows, plan, flat, to_flat, n, i // cols, i % cols)
 
 
 def move_rows(table, rows, plan, flat, to_flat):
