@@ -7,30 +7,31 @@ from .args import TRANSPORTS, count, mpi_comm, positive
 
 
 def cmd_bench(a):
+    from data.bench_scene import MAKE_HINT, load_scene
     from numbasplat import bench
     if a.make is not None:
         return make_scene(a)
     if a.out is not None or a.res is not None:
         raise ValueError("--out and --res are for bench --make (the scene to write)")
     if not os.path.isfile(a.scene):
-        raise SystemExit(f"error: benchmark scene not found: {a.scene} ({bench.MAKE_HINT})")
+        raise SystemExit(f"error: benchmark scene not found: {a.scene} ({MAKE_HINT})")
     if a.deterministic and a.loss == "tile":
         raise SystemExit("error: --deterministic cannot be combined with --loss tile (its fused kernel adds "
                          "gradients with atomics)")
-    bench.run(a.scene, iters=a.iters, warmup=a.warmup, sh_degree=a.sh_degree, profile=a.profile, loss=a.loss,
-              fuse=not a.no_fuse, deterministic=a.deterministic)
+    bench.run(load_scene(a.scene), iters=a.iters, warmup=a.warmup, sh_degree=a.sh_degree, profile=a.profile,
+              loss=a.loss, fuse=not a.no_fuse, deterministic=a.deterministic)
 
 
 def make_scene(a):
     """``bench --make N --out FILE.npz [--res WxH]``: write a standard benchmark scene of N Gaussians
-    (numbasplat/bench.py ``make_scene``), that ``bench --scene FILE.npz`` then times."""
+    (data/bench_scene.py ``make_scene``), that ``bench --scene FILE.npz`` then times."""
     import numpy as np
+    from data import bench_scene
     from data.atomic import atomic_path
-    from numbasplat import bench
     if a.out is None:
         raise ValueError("bench --make needs --out FILE.npz, the scene file to write")
-    width, height = a.res or bench.STANDARD_SIZES.get(a.make, bench.DEFAULT_SIZE)
-    scene = bench.make_scene(a.make, width, height, seed=a.seed)
+    width, height = a.res or bench_scene.STANDARD_SIZES.get(a.make, bench_scene.DEFAULT_SIZE)
+    scene = bench_scene.make_scene(a.make, width, height, seed=a.seed)
     with atomic_path(a.out) as tmp, open(tmp, "wb") as f:  # (a file object: np.savez adds no .npz to the name)
         np.savez(f, **scene)
     print(f"wrote {a.out}: {a.make} Gaussians, {width}x{height}, seed {a.seed}")
@@ -63,7 +64,7 @@ def resolution(text):
 def cmd_scaling(a):
     """Training images/s and phases on a benchmark scene, a dataset or a trained model (engine/scaling.py)."""
     if a.scene is not None and not os.path.isfile(a.scene):
-        from numbasplat.bench import MAKE_HINT
+        from data.bench_scene import MAKE_HINT
         raise SystemExit(f"error: benchmark scene not found: {a.scene} ({MAKE_HINT})")
     import tempfile
     from engine import scaling

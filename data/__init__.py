@@ -10,7 +10,8 @@ float32 in [0, 1], undistorted and alpha-composited, with ``numbasplat.Camera``
 s in OpenCV axes.  Bad input raises ``DataError`` (a ValueError) naming the file.
 
 Modules, each importing only ones listed after it: ``synthetic_city`` (the
-procedural city benchmark: writes a COLMAP dataset), ``dataset`` (``load_dataset``:
+procedural city benchmark: writes a COLMAP dataset), ``bench_scene`` (the benchmark
+scenes of ``run.py bench``: ``make_scene``, ``load_scene``), ``dataset`` (``load_dataset``:
 detect the format, dispatch to a loader), ``colmap`` and ``nerf`` (the loaders),
 ``images`` (reading, resizing, undistortion), ``ply`` (PLY files: Gaussians and
 point clouds), ``atomic`` (write-then-rename), ``scene`` (``Dataset``, ``View``,

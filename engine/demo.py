@@ -7,8 +7,8 @@ from random points in a box and is scored on held-out views.
 import numpy as np
 
 import numbasplat as ns
+from numbasplat import C0
 from numbasplat import backend as _backend
-from numbasplat.math.sh import C0
 
 from .camera_path import look_at
 

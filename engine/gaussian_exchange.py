@@ -35,10 +35,9 @@ from dataclasses import replace
 import numpy as np
 
 import numbasplat as ns
+from numbasplat import GRAD_FIELDS, PROJ_FIELDS, TILE
 from numbasplat import backend as _backend
-from numbasplat.math import gaussian_ops as go
 from numbasplat.loss import l1_ssim_loss
-from numbasplat.math.tiles import TILE
 from numbasplat.rendering import image_from_tiles, image_tiles, rasterize_tile_loss
 from numbasplat.tile_loss import s3im_permutations
 from comm.sparse import exchange_dense, exchange_sparse
@@ -155,7 +154,7 @@ class GaussianExchangeTrainer(RankedTrainer):
         table = np.concatenate([table[0], table[1]], axis=1)
         slot = running[:self.size * B * N]  # the running count of plan[0] flattened
         total = int(table[:, :B].sum())
-        send = xp.empty((total, go.PROJ_FIELDS + 1), np.float32)
+        send = xp.empty((total, PROJ_FIELDS + 1), np.float32)
         route = xp.empty(total, np.int64)
         for b, p in enumerate(projs):
             ns.rendering.route_fill(p, b, plan, slot, send, route, self.backend)
@@ -228,13 +227,13 @@ class GaussianExchangeTrainer(RankedTrainer):
         # 4. render my tiles of each view, 5. the loss share of my tiles and the raster backward
         tile_loss = c.loss == "tile"
         perms = [s3im_permutations(self.rng, c.s3im_repeats) for _ in range(self.batch)] if tile_loss else None
-        G = xp.zeros((len(recv), go.GRAD_FIELDS), np.float32)
+        G = xp.zeros((len(recv), GRAD_FIELDS), np.float32)
         cost = xp.zeros(self.batch * n_tiles, np.int32)   # intersections per tile, for the next bounds
         shares, frames, rendered = [], [], {}  # loss shares (LazyLoss): read at the step's end
         self._view0 = None
         # the received records (ten fields, then the tile count; the kernels read the ten) of all
         # views are binned at once: view b's tile t is tile b * n_tiles + t of the batch
-        counts = recv[:, go.PROJ_FIELDS].astype(np.int32)
+        counts = recv[:, PROJ_FIELDS].astype(np.int32)
         binning = ns.bin_tiles(ns.Projection(cams[0], None, recv, None, counts, degree, c.antialias), self.backend,
                                total=int(recv_isect.sum()), view_of=view_of, n_views=self.batch)
         binning.ranges[:lo] = 0
@@ -277,7 +276,7 @@ class GaussianExchangeTrainer(RankedTrainer):
             G_received[order] = G
             G = G_received
         clock.end("backward")
-        out = xp.zeros((self.batch * width, go.GRAD_FIELDS), np.float32)
+        out = xp.zeros((self.batch * width, GRAD_FIELDS), np.float32)
         if self.grad_comm == "sparse":
             comm_stats = exchange_sparse(self.exchange, G, recv_counts, route, out, self.backend, timed)
         else:  # the rows coming back are the rows this rank sent forward

@@ -11,9 +11,9 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from numbasplat import C0
 from numbasplat import backend as _backend
 from numbasplat.optim import GROUPS, Adam, FlatParams
-from numbasplat.math.sh import C0
 
 
 def inverse_sigmoid(p):

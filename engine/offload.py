@@ -62,9 +62,11 @@ import numpy as np
 
 import numbasplat as ns
 from numbasplat import backend as _backend
+from numbasplat.device import (CopyStream, DeviceInterval, HostCopy, cap_device_memory, copy_rows, is_pinned, pinned_empty,
+                               release_pinned)
 from numbasplat.loss import l1_ssim_loss, psnr
-from numbasplat.optim import (GROUPS, FlatParams, adam_step_bound, flat_to_rows, group_widths, pool_rows, reach_boxes,
-                              rows_to_flat)
+from numbasplat.optim import GROUPS, FlatParams, adam_step_bound, group_widths
+from numbasplat.rows import flat_to_rows, pool_rows, reach_boxes, rows_to_flat
 
 from .model import GaussianModel
 from .partition import GROW_PX, REACH, cluster_boxes, morton_codes, visible_regions
@@ -443,7 +445,7 @@ class DeviceCache:
         self.lru = OrderedDict()  # resident blocks, the most recently used last
         self.dirty = set()
         self.incoming = set()  # blocks ``prefetch`` moved in that no step has used yet (counted as misses)
-        self.copies = _backend.CopyStream()
+        self.copies = CopyStream()
         self.moved_bytes = self.hits = self.misses = 0
 
     def fetch(self, blocks, index, host):
@@ -499,8 +501,8 @@ class DeviceCache:
             self.lru[b] = None
         if self.direct is not None:  # a copy a block, host rows to slot, queued
             for b in missing:
-                _backend.copy_rows(self.pool, self.slot[b] * self.block_rows, self.direct, index.starts[b],
-                                   index.sizes[b], stream)
+                copy_rows(self.pool, self.slot[b] * self.block_rows, self.direct, index.starts[b],
+                          index.sizes[b], stream)
             self.moved_bytes += int(index.sizes[missing].sum()) * self.pool.strides[0]
             return
         moving = np.concatenate([host.get(b) for b in missing])
@@ -541,7 +543,7 @@ class DeviceCache:
 
     def boxes(self, starts, sizes, layout):
         """The boxes that the pool's rows ``starts`` .. ``starts + sizes`` (device arrays: resident
-        blocks' rows) reach now, computed on the device (``numbasplat.optim.reach_boxes``) -> device
+        blocks' rows) reach now, computed on the device (``numbasplat.rows.reach_boxes``) -> device
         (lo, hi), (len(starts), 3)."""
         return reach_boxes(self.pool, starts, sizes, layout.columns["means"][0], layout.columns["scales"][0], REACH)
 
@@ -558,8 +560,8 @@ class DeviceCache:
             return
         if self.direct is not None:
             for b in blocks:
-                _backend.copy_rows(self.direct, index.starts[b], self.pool, self.slot[b] * self.block_rows,
-                                   index.sizes[b], stream)
+                copy_rows(self.direct, index.starts[b], self.pool, self.slot[b] * self.block_rows,
+                          index.sizes[b], stream)
             self.moved_bytes += int(index.sizes[blocks].sum()) * self.pool.strides[0]
             return
         tables = _backend.to_host(self.pool[self.xp.asarray(self._rows_of(blocks, index))])  # (a new array)
@@ -584,7 +586,7 @@ class BoxesInFlight:
 
     def add(self, blocks, lo, hi, lr_means, lr_scales):
         """A step's boxes of ``blocks`` (device arrays), queued to the host."""
-        self.pending.append((blocks, _backend.HostCopy(lo), _backend.HostCopy(hi), lr_means, lr_scales))
+        self.pending.append((blocks, HostCopy(lo), HostCopy(hi), lr_means, lr_scales))
         self._culling = None
 
     def settle(self, keep=0):
@@ -645,7 +647,7 @@ class OutOfCore:
     def _init_out_of_core(self, mode, offload_dir, host_memory, gpu_memory, prefetch, block_rows):
         self.mode, self.block_rows, self.gpu_memory = mode, block_rows, int(gpu_memory)
         if _backend.on_gpu(self.backend):
-            _backend.cap_device_memory(self.gpu_memory)
+            cap_device_memory(self.gpu_memory)
         self._locked = None  # the page-locked table the host's blocks are rows of, kept across re-cuts
         self._cuts = 0  # the model cut into blocks so far
         self.host = DiskBlocks(offload_dir, host_memory, prefetch) if mode == "disk" else HostBlocks()
@@ -692,9 +694,9 @@ class OutOfCore:
         if self._locked is not None and (not moving or self._locked.shape[0] < shape[0]):
             self.host.reset({})  # (the old tables freed first: ``model`` is a copy of them)
             self._locked = None
-            _backend.release_pinned()
+            release_pinned()
         if moving and self._locked is None:  # (locking takes seconds at 100M: a quarter more rows after a re-cut)
-            self._locked = _backend.pinned_empty((shape[0] * (5 if self._cuts else 4) // 4, shape[1]))
+            self._locked = pinned_empty((shape[0] * (5 if self._cuts else 4) // 4, shape[1]))
         self._cuts += 1
         locked = self._locked[:shape[0]] if moving else None
         table = locked if locked is not None and model.xp is np else model.xp.empty(shape, np.float32)
@@ -705,7 +707,7 @@ class OutOfCore:
             table.get(out=host_table)
         self.host.reset({b: host_table[index.starts[b]:index.starts[b] + index.sizes[b]] for b in range(index.blocks)},
                         whole=host_table)
-        direct = host_table if locked is not None and _backend.is_pinned(host_table) else None
+        direct = host_table if locked is not None and is_pinned(host_table) else None
         self.cache = DeviceCache(self.xp, self.layout, self.block_rows, slots, index, direct)
         self.cache.moved_bytes, self.cache.hits, self.cache.misses = counts  # (the traffic counts on)
         if self.cache.slots == index.blocks:
@@ -777,7 +779,7 @@ class OutOfCore:
         """The blocks that the training ``views`` see resident (the missing ones moved in); -> their
         ``WorkingRows``.  Consecutive steps often have the same blocks in the same slots (every one,
         where the model fits): their rows are then reused, not found again."""
-        waited = _backend.DeviceInterval()
+        waited = DeviceInterval()
         boxes = self.boxes.for_culling()
         blocks = self._blocks_seen(views, boxes)
         if len(blocks) > self.cache.slots:
@@ -875,9 +877,9 @@ class OutOfCore:
             self.cache.settle()
         self.host.close()
         self._locked = None
-        _backend.release_pinned()
+        release_pinned()
         if _backend.on_gpu(self.backend):
-            _backend.cap_device_memory(0)
+            cap_device_memory(0)
 
 
 def frustum_part(gaussians, camera):

@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit, prange
 
 from numbasplat import backend as _backend
-from numbasplat.optim import reach_boxes
+from numbasplat.rows import reach_boxes
 
 
 @dataclass

@@ -66,11 +66,11 @@ from typing import NamedTuple
 import numpy as np
 
 import numbasplat as ns
+from numbasplat import T_MIN, TILE, TILE_PIXELS
 from numbasplat import backend as _backend
 from numbasplat.compose import compose, compose_backward
+from numbasplat.device import HostCopy
 from numbasplat.loss import l1_ssim_loss
-from numbasplat.math.geometry import T_MIN
-from numbasplat.math.tiles import TILE, TILE_PIXELS
 from numbasplat.optim import GROUPS, FlatParams
 from numbasplat.rendering import image_from_tiles, image_tiles
 
@@ -590,7 +590,7 @@ class PixelExchangeTrainer(RankedTrainer):
             binning.ranges[xp.asarray(marks[me])] = 0
         r = ns.rasterize(p, binning, background, self.backend)
         partial = xp.concatenate([r.image, r.trans[..., None]], axis=2)
-        covered = _backend.HostCopy((binning.ranges[:, 1] - binning.ranges[:, 0]) > 0)
+        covered = HostCopy((binning.ranges[:, 1] - binning.ranges[:, 0]) > 0)
         return PartialRender(p, binning, r, partial, covered, marks)
 
     def _compose(self, plan, k, view, recv, recv_tiles, bg, none, marks):

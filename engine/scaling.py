@@ -28,7 +28,8 @@ import numpy as np
 
 import numbasplat as ns
 from numbasplat import backend as _backend
-from numbasplat.bench import load_scene, peak_device_bytes
+from data.bench_scene import load_scene
+from numbasplat.bench import peak_device_bytes
 from numbasplat.loss import psnr_of_mse
 
 from . import timeline as timeline_module

@@ -11,6 +11,7 @@ import numpy as np
 
 import numbasplat as ns
 from numbasplat import backend as _backend
+from numbasplat.device import DeviceValues, pinned_empty, queue_to_host, stream_event
 from numbasplat.loss import l1_ssim_loss, psnr
 from numbasplat.rendering import INT32_MAX
 
@@ -49,7 +50,7 @@ class BinningRoom:
         self.pending = None  # (view, Gaussians, room, the event after its total's copy) of the last step
         self.overflows = 0
         self.skipped = []    # views whose step was skipped, not yet trained again
-        self._total = _backend.pinned_empty(1, np.int64)  # each step's total lands here (read before the next)
+        self._total = pinned_empty(1, np.int64)  # each step's total lands here (read before the next)
 
     def expected(self, view, gaussians):
         """The intersections ``view`` is expected to have with a model of ``gaussians``: its last
@@ -96,7 +97,7 @@ class BinningRoom:
         for the host (a step graph captures this)."""
         b = ns.bin_tiles(p, backend=backend, room=room, deterministic=deterministic)
         if room is not None:
-            _backend.queue_to_host(b.total, self._total)
+            queue_to_host(b.total, self._total)
         return b
 
     def record(self, view, gaussians, room, exact_total=None):
@@ -105,7 +106,7 @@ class BinningRoom:
         if room is None:
             self.last[view] = (exact_total, gaussians)
         else:
-            self.pending = (view, gaussians, room, _backend.stream_event())
+            self.pending = (view, gaussians, room, stream_event())
 
     def settle(self):
         """Read the last step's total, and count its overflow."""
@@ -209,7 +210,7 @@ class SingleGPUTrainer(Trainer):
         if self._graphs is not None and self.cfg.random_background:  # the graphs read it on the device
             if self._random_bg is None:
                 on_gpu = _backend.on_gpu(self.backend)  # (the render's precision there: float32)
-                self._random_bg = _backend.DeviceValues(3, np.float32 if on_gpu else np.float64, self.backend)
+                self._random_bg = DeviceValues(3, np.float32 if on_gpu else np.float64, self.backend)
             bg = self._random_bg.write(bg)
         if graphs is None:
             image, loss, total = step(room, False)

@@ -30,7 +30,7 @@ its device work as a real graph would need it.
 import time
 from dataclasses import dataclass
 
-from numbasplat import backend as _backend
+from numbasplat.device import address
 
 
 @dataclass
@@ -111,4 +111,4 @@ class StepGraphs:
 
 def array_key(arrays):
     """The addresses and shapes of ``arrays``: a graph that reads or writes them holds while these do."""
-    return tuple((_backend.address(a), a.shape) for a in arrays)
+    return tuple((address(a), a.shape) for a in arrays)

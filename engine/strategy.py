@@ -21,11 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from numbasplat import ABS_U, ABS_V, ALPHA_MIN, U, V
 from numbasplat.backend import to_host
-from numbasplat.math import gaussian_ops as go
-from numbasplat.math.geometry import ALPHA_MIN
-from numbasplat.optim import row_normals
 from numbasplat.rendering import screen_gradient_stats
+from numbasplat.rows import row_normals
 
 from .model import inverse_sigmoid
 
@@ -189,7 +188,7 @@ class DefaultStrategy(Regularisers, RefineSchedule):
             self._fresh(state, xp, len(model))
         if step >= self.refine_stop:
             return
-        cols = (go.ABS_U, go.ABS_V) if self.absgrad else (go.U, go.V)
+        cols = (ABS_U, ABS_V) if self.absgrad else (U, V)
         screen_gradient_stats(projection, grad, scale, cols, state["grad"], state["count"], state["max_radius"],
                               skip, model.backend)
 

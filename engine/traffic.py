@@ -13,19 +13,17 @@ from dataclasses import dataclass
 import numpy as np
 
 import numbasplat as ns
+from numbasplat import GRAD_FIELDS, PROJ_FIELDS, TILE_PIXELS, message_sizes
 from numbasplat import backend as _backend
 from numbasplat.compose import compose
 from numbasplat.loss import l1_ssim_loss
-from numbasplat.math import gaussian_ops as go
-from numbasplat.math.sparse import message_sizes
-from numbasplat.math.tiles import TILE_PIXELS
 
 from .distributed import balanced_bounds, even_bounds
 from .gaussian_exchange import halo_ranges
 from .trainer import initial_arrays
 
-RECORD_BYTES = 4 * (go.PROJ_FIELDS + 1)  # a forward record: the projection and its tile count, float32
-GRAD_BYTES = 4 * go.GRAD_FIELDS          # a dense gradient row, float32
+RECORD_BYTES = 4 * (PROJ_FIELDS + 1)  # a forward record: the projection and its tile count, float32
+GRAD_BYTES = 4 * GRAD_FIELDS          # a dense gradient row, float32
 TILE_BYTES = 4 * 3 * TILE_PIXELS         # a rendered RGB tile, float32
 
 
@@ -62,7 +60,7 @@ class Traffic:
         zero-eliding messages of ``comm.sparse`` (their bitmaps, bases and kept rows)."""
         if grad_comm == "dense":
             return self.records.T * GRAD_BYTES
-        return np.stack([4 * message_sizes(self.records[:, d], self.kept[:, d], go.GRAD_FIELDS)
+        return np.stack([4 * message_sizes(self.records[:, d], self.kept[:, d], GRAD_FIELDS)
                          for d in range(self.ranks)])
 
     def halo_bytes(self):
@@ -124,7 +122,7 @@ def step_traffic(g, cams, targets, ranks, sh_degree, background, lambda_dssim, b
     records, kept = np.zeros((P, P), np.int64), np.zeros((P, P), np.int64)
     isect_received = np.zeros(P, np.int64)
     plan = xp.empty((2, P, 1, n), np.int32)
-    G = xp.empty((n, go.GRAD_FIELDS), np.float32)
+    G = xp.empty((n, GRAD_FIELDS), np.float32)
     for b in range(B):
         p, binning = frame(b)
         ns.rendering.route_plan(p, 0, b * n_tiles, bounds, plan, backend)

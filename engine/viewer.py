@@ -41,8 +41,8 @@ import numpy as np
 from numba import njit
 
 import numbasplat as ns
+from numbasplat import C0
 from numbasplat import backend as _backend
-from numbasplat.math.sh import C0
 
 from .outputs import MissingExtra, install_hint
 from .pipeline_options import check

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import backend as _backend
+from .device import DeviceValues
 from .gaussians import Gaussians
 
 GROUPS = ("means", "scales", "quats", "opacities", "sh")
@@ -67,57 +68,6 @@ class FlatParams:
         if len(lr_columns) != widths.sum():
             raise ValueError(f"need {widths.sum()} per-column learning rates, got {len(lr_columns)}")
         return bounds, widths, col0
-
-
-def rows_to_flat(table, rows, plan, flat, backend=None):
-    """Rows ``rows`` (int64) of the row ``table`` (float32, (R, C)) into ``flat`` (float32, len(rows) * C),
-    in one kernel; ``plan`` (4, C) int32: each moving column's (a, b, d, j) of ``numbasplat.math.rows``.  The
-    out-of-core trainer's working set, from its pool of blocks, as flat buffers back to back."""
-    _backend.kernels(backend or _backend.backend_of(table)).move_rows(table, rows, plan, flat, True)
-
-
-def flat_to_rows(flat, rows, plan, table, backend=None):
-    """The inverse of ``rows_to_flat``: ``flat`` into rows ``rows`` of ``table``, in one kernel."""
-    _backend.kernels(backend or _backend.backend_of(table)).move_rows(table, rows, plan, flat, False)
-
-
-def pool_rows(block, position, slot, block_rows, total, backend=None):
-    """-> (``total``,) int64 on ``block``'s device: ``slot[block[r]] * block_rows + position[r]`` for
-    every row r whose block has a slot (>= 0), in row order (``block``, ``position``: (N,) int32, each
-    row's block and its place in it; ``slot``: (B,) int64, each block's slot or -1).  The out-of-core
-    trainer's working set in its pool of blocks, in model order; ``total`` (the rows with a slot)
-    comes from the host, which knows the blocks' sizes, so the device is not waited for."""
-    backend = backend or _backend.backend_of(block)
-    out = _backend.array_module(backend).empty(int(total), np.int64)
-    _backend.kernels(backend).pool_rows(block, position, slot, int(block_rows), out)
-    return out
-
-
-def reach_boxes(table, starts, sizes, means_col, scales_col, reach_sigmas, backend=None):
-    """-> (lo, hi), float32 (B, 3) on ``table``'s device: for each segment b of the row ``table``
-    (float32 (R, C); rows ``starts[b]`` .. ``starts[b] + sizes[b]``, int64), the box that its rows
-    reach, every centre (columns ``means_col``..+3) -+ ``reach_sigmas`` times its largest scale
-    (log-scales in columns ``scales_col``..+3); (inf, -inf) for an empty segment.  One kernel: the
-    out-of-core trainer's block boxes, from the device's pool after a step or from the host's rows."""
-    backend = backend or _backend.backend_of(table)
-    xp = _backend.array_module(backend)
-    lo, hi = xp.empty((len(starts), 3), np.float32), xp.empty((len(starts), 3), np.float32)
-    _backend.kernels(backend).reach_boxes(table, starts, sizes, int(means_col), int(scales_col),
-                                          np.float32(reach_sigmas), lo, hi)
-    return lo, hi
-
-
-def row_normals(key, rows, width, offset=0, stride=1, backend=None):
-    """-> (len(rows), ``width``) float32 standard normal draws on ``rows``' device, in one kernel:
-    row j's are those of global row ``offset + stride * rows[j]`` under ``key`` (an int below 2**63;
-    ``numbasplat.math.noise``), so a rank holding some rows of a sharded model draws what one process
-    holding them all would, and nothing is drawn for rows it does not hold."""
-    backend = backend or _backend.backend_of(rows)
-    xp = _backend.array_module(backend)
-    rows = xp.ascontiguousarray(rows, dtype=np.int64)
-    out = xp.empty((len(rows), int(width)), np.float32)
-    _backend.kernels(backend).row_normals(int(key), int(offset), int(stride), rows, out)
-    return out
 
 
 def adam_step_bound(b1=0.9, b2=0.999):
@@ -180,7 +130,7 @@ class Adam:
         t = self.step_count
         values = np.concatenate([np.asarray(lr_columns, np.float32), [1 - self.b1 ** t, 1 - self.b2 ** t]])
         if self._scalars is None or self._scalars.array.shape != values.shape:
-            self._scalars = _backend.DeviceValues(len(values), np.float32, self.backend)
+            self._scalars = DeviceValues(len(values), np.float32, self.backend)
         self._scalars.write(values)
         if self._layout is None:  # (here, not in ``update``: a captured update cannot upload it)
             xp = _backend.array_module(self.backend)

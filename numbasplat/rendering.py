@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import backend as _backend
+from .device import HostCopy
 from .gaussians import CHECKS, Gaussians
 from .math import gaussian_ops as go
 from .math.tiles import TILE, TILE_PIXELS, tile_grid
@@ -113,6 +114,41 @@ class Render:
 
 
 def project(g: Gaussians, camera: Camera, sh_degree=None, antialias=False, backend=None, check=None):
+    """Project every Gaussian into ``camera``'s image: its screen-space record (EWA splatting, the
+    colour of its SH towards the camera) and the count of tiles it touches, which ``bin_tiles`` sorts by.
+
+    Args:
+        g: the Gaussians in 3DGS's parameters (before activation), arrays of the backend's kind (CuPy on
+            a GPU, numpy on the CPU and in the simulator), float32 (the CPU also takes float64, and then
+            computes in it, for finite-difference checks), all of one dtype:
+            ``means`` (N, 3): the centres in world space;
+            ``scales`` (N, 3): the logarithms of the standard deviations along the Gaussian's axes;
+            ``quats`` (N, 4): the rotations as wxyz quaternions, not necessarily of unit length;
+            ``opacities`` (N,): the opacity logits (the opacity is their sigmoid);
+            ``sh`` (N, K, 3): the spherical-harmonics coefficients of each colour channel, K = (d + 1)^2
+            for a degree d <= 3, band 0 holding (rgb - 0.5) / C0.
+        camera: a pinhole ``Camera``: ``viewmat`` (4, 4) world to camera in OpenCV axes (x right, y down,
+            z forward), ``fx``, ``fy``, ``cx``, ``cy`` in pixels (pixel i covers [i, i + 1)), ``width``
+            and ``height`` in pixels.
+        sh_degree: the SH bands to evaluate, 0 .. ``g.sh_degree()`` (None: every band ``g.sh`` holds).
+        antialias: scale each opacity by sqrt(det(cov) / det(cov + 0.3 I)), making up for the screen-space
+            dilation of its 2D covariance (Mip-Splatting's 2D filter, gsplat's "antialiased" mode).
+        backend: "cpu" or "cuda" (None: the process default, ``numbasplat.BACKEND``).
+        check: whether to check that the parameters are finite, a device sync (None: unless
+            ``NUMBASPLAT_CHECKS=0``); their shapes are always checked (``ValueError``).
+
+    Returns:
+        A ``Projection``, its arrays on the backend's device:
+        ``proj`` (N, PROJ_FIELDS) of ``g``'s dtype: each Gaussian's record, u, v (its centre in pixels),
+        conic a, b, c (the inverse of its 2D covariance + 0.3 I, in pixels), opacity (after the sigmoid and
+        ``antialias``), r, g, b (the SH colour + 0.5, clamped at 0) and its depth (camera z);
+        ``radii`` (N, 2) int32: its half extents in pixels along x and y, out to where its alpha falls
+        to 1/255;
+        ``counts`` (N,) int32: the TILE x TILE pixel tiles it touches.
+        A Gaussian that is not drawn has radii and count 0: one behind the near plane, degenerate or of
+        opacity not above ALPHA_MIN (its record then all 0), or one off the image.  Also ``cam`` (the
+        packed camera on the device) and ``camera``, ``sh_degree`` and ``antialias`` as they were used.
+    """
     kernels, xp = _dispatch(backend)
     g.validate(xp, CHECKS if check is None else check)
     dtype = g.means.dtype
@@ -285,6 +321,31 @@ def _constant(xp, a):
 
 
 def rasterize(p: Projection, b: Binning, background=None, backend=None):
+    """Composite each pixel's Gaussians front to back, as 3DGS does: C = sum_i c_i alpha_i T_i + T bg,
+    T_i = prod_{j<i} (1 - alpha_j), alpha_i = min(0.99, opacity_i exp(-sigma_i)) at the pixel's centre.
+    A Gaussian of alpha under 1/255 is passed over; the pixel ends at the Gaussian that would take its
+    transmittance to T_MIN (1e-4) or below, without it.
+
+    Args:
+        p: the ``Projection`` of the Gaussians (``project``): ``proj`` (N, PROJ_FIELDS) float32 records
+            (float64 on the CPU where ``project`` ran in float64), and its ``camera``, whose ``width``
+            W and ``height`` H are the image's.
+        b: the ``Binning`` of ``p`` (``bin_tiles``): ``ids`` (M,) int32, the Gaussian of each
+            tile-Gaussian intersection, sorted by tile, then by depth; ``ranges`` (tiles, 2) int32, each
+            row-major tile's [start, end) in ``ids``.
+        background: the colour behind the Gaussians: 3 values (None: black), or a (3,) array of the
+            backend's kind and ``proj``'s dtype, used as it is (a trainer rewrites one each step).
+        backend: "cpu" or "cuda" (None: the process default, ``numbasplat.BACKEND``).
+
+    Returns:
+        A ``Render``, its arrays on the backend's device, of ``proj``'s dtype unless said:
+        ``image`` (H, W, 3): C;
+        ``trans`` (H, W): the transmittance T left (the pixel's alpha is 1 - T);
+        ``depth`` (H, W): sum_i w_i z_i, w_i = alpha_i T_i (divide by the alpha for the expected depth);
+        ``last`` (H, W) int32: the end of the pixel's contributing range in ``b.ids`` (after its last
+        contributor), where ``rasterize_backward`` starts;
+        ``background`` (3,): the background as the kernels took it.
+    """
     kernels, xp = _dispatch(backend)
     W, H = p.camera.width, p.camera.height
     dtype = p.proj.dtype
@@ -468,7 +529,7 @@ def rasterize_tile_loss(p: Projection, b: Binning, target, perms, lam=0.2, backg
     stats = {"fused_tiles": 0.0, "fused_gaussians": 0.0, "max_fused": -1}
     big = None  # the tiles left to the unfused path (None: all of them)
     if fuse and kernels.FUSED_TILE_LOSS:
-        per_tile = _backend.HostCopy(b.ranges[:, 1] - b.ranges[:, 0])
+        per_tile = HostCopy(b.ranges[:, 1] - b.ranges[:, 0])
         limit = kernels.fused_budget() if max_fused is None else int(max_fused)
         image = xp.empty((H, W, 3), np.float32)
         partials = xp.empty((b.ranges.shape[0], 2), np.float32)  # every tile under the limit writes its row

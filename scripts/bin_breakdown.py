@@ -13,7 +13,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cupy as cp  # noqa: E402
 
-from numbasplat import bench, rendering as R  # noqa: E402
+from data.bench_scene import load_scene  # noqa: E402
+from numbasplat import rendering as R  # noqa: E402
 from numbasplat.backend import kernels  # noqa: E402
 from numbasplat.gaussians import Gaussians  # noqa: E402
 from numbasplat.math import gaussian_ops as go  # noqa: E402
@@ -34,7 +35,7 @@ def timed(label, fn, reps=15):
 
 
 def main(path):
-    g, cam = bench.load_scene(path)
+    g, cam = load_scene(path)
     g = Gaussians(**{k: cp.asarray(a) for k, a in g.arrays().items()})
     p = R.project(g, cam, check=False)
     tx, ty = cam.tiles

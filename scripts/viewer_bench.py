@@ -40,7 +40,7 @@ def jpeg(image):
 
 def latency(a):
     import numbasplat as ns
-    from numbasplat.bench import load_scene
+    from data.bench_scene import load_scene
     xp = _backend.array_module()
     if a.demo:
         from engine.demo import ground_truth, make_dataset

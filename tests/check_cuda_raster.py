@@ -163,9 +163,9 @@ def compare_screen_stats():
 
 
 def compare_reach_boxes():
-    """The out-of-core blocks' boxes (``numbasplat.optim.reach_boxes``, a thread block a segment, one
+    """The out-of-core blocks' boxes (``numbasplat.rows.reach_boxes``, a thread block a segment, one
     of them empty) on both backends, within float32 rounding."""
-    from numbasplat.optim import reach_boxes
+    from numbasplat.rows import reach_boxes
     xp = array_module("cuda")
     table, starts, sizes = reach_table(seed=1)
     want = reach_boxes(table, starts, sizes, 2, 7, 4.0, "cpu")
@@ -176,10 +176,10 @@ def compare_reach_boxes():
 
 
 def compare_pool_rows():
-    """The out-of-core working set's pool rows (``numbasplat.optim.pool_rows``: a scan on the GPU, a
+    """The out-of-core working set's pool rows (``numbasplat.rows.pool_rows``: a scan on the GPU, a
     chunked count on the CPU) on both backends, 3M rows (3000 in the simulator): equal."""
     from numbasplat.math.jit import SIM
-    from numbasplat.optim import pool_rows
+    from numbasplat.rows import pool_rows
     xp = array_module("cuda")
     rng = np.random.default_rng(2)
     n, blocks = (3000, 7) if SIM else (3_000_000, 700)
@@ -195,9 +195,9 @@ def compare_pool_rows():
 
 
 def compare_row_normals():
-    """Densification's noise (``numbasplat.optim.row_normals``: a thread per element on the GPU) on
+    """Densification's noise (``numbasplat.rows.row_normals``: a thread per element on the GPU) on
     both backends, parity-sharded rows: within the float32 rounding of log, cos and sqrt."""
-    from numbasplat.optim import row_normals
+    from numbasplat.rows import row_normals
     xp = array_module("cuda")
     rows = np.arange(0, 3000, 3, dtype=np.int64)
     want = row_normals(2**62 + 12345, rows, 6, 1, 4, "cpu")
@@ -214,7 +214,8 @@ def compare_block_moves(steps=40):
     the same.  On a real GPU the table is page-locked and the moves run beside the kernels: a missing
     wait between the streams shows as a wrong row.  (In the simulator both sides are numpy.)"""
     from engine.offload import BlockIndex, DeviceCache, HostBlocks, RowLayout
-    from numbasplat.backend import is_pinned, on_gpu, pinned_empty
+    from numbasplat.backend import on_gpu
+    from numbasplat.device import is_pinned, pinned_empty
     rng = np.random.default_rng(3)
     block_rows, blocks, slots = (4096, 48, 12) if on_gpu("cuda") else (16, 12, 5)
     n = block_rows * blocks - 7

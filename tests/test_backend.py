@@ -1,5 +1,6 @@
-"""numbasplat.backend: the choice of backend, the kernel packages it dispatches to, the device
-helpers on the CPU and in the simulator; and the package's layers, which import only downward."""
+"""numbasplat.backend: the choice of backend, the kernel packages it dispatches to, its device
+helpers and numbasplat.device's on the CPU and in the simulator; and the package's layers, which
+import only downward."""
 
 import numpy as np
 import pytest
@@ -35,7 +36,7 @@ def test_kernels_are_the_backend_packages_with_the_same_entry_points():
 
 
 def test_device_helpers_on_the_cpu():
-    from numbasplat import backend
+    from numbasplat import backend, device
     assert not backend.on_gpu("cpu")
     assert backend.on_gpu("cuda") == (not backend.SIM)
     assert backend.synchronize("cpu") is None  # a no-op: nothing to wait for
@@ -43,15 +44,15 @@ def test_device_helpers_on_the_cpu():
     a = np.arange(3.0)
     assert backend.asarray(a, "cpu") is a and backend.to_host(a) is a
     assert not backend.is_device(a) and backend.array_module_of(a) is np
-    assert backend.HostCopy(a).get() is a
+    assert device.HostCopy(a).get() is a
     assert backend.kernels("cpu").launch_count() is None
     into = np.empty(3)
-    backend.queue_to_host(a, into)
-    assert (into == a).all() and backend.stream_event() is None and backend.address(a) == a.ctypes.data
-    values = backend.DeviceValues(2, np.float32, "cpu")
-    where = backend.address(values.array)
+    device.queue_to_host(a, into)
+    assert (into == a).all() and device.stream_event() is None and device.address(a) == a.ctypes.data
+    values = device.DeviceValues(2, np.float32, "cpu")
+    where = device.address(values.array)
     for step in range(3):  # rewritten in place, where a step graph would read it
-        assert values.write([step, -step]) is values.array and backend.address(values.array) == where
+        assert values.write([step, -step]) is values.array and device.address(values.array) == where
         assert values.array.tolist() == [step, -step]
 
 

@@ -1,4 +1,5 @@
-"""numbasplat.bench.load_scene: a benchmark scene file, or one line naming the file and what is wrong with it."""
+"""data.bench_scene.load_scene: a benchmark scene file, or a DataError of one line naming the file and what is wrong
+with it."""
 import subprocess
 import sys
 
@@ -7,8 +8,9 @@ import pytest
 
 import cli
 from cli.bench import gaussian_count
+from data import DataError, bench_scene
+from data.bench_scene import SCENE_KEYS, load_scene, make_scene
 from numbasplat import bench
-from numbasplat.bench import SCENE_KEYS, load_scene, make_scene
 
 from conftest import REPO_ROOT
 
@@ -69,15 +71,15 @@ def _bad_files(tmp_path):
 
 def test_each_bad_file_is_one_line_naming_it(tmp_path):
     for path, what in _bad_files(tmp_path):
-        with pytest.raises(SystemExit) as e:
+        with pytest.raises(DataError) as e:
             load_scene(str(path))
         message = str(e.value)
-        assert message.startswith(f"error: {path} is not a benchmark scene: ") and what in message, message
+        assert message.startswith(f"{path} is not a benchmark scene: ") and what in message, message
         assert "\n" not in message and "pickle" not in message, message
 
 
 def test_missing_file_names_it(tmp_path):
-    with pytest.raises(SystemExit, match="cannot read benchmark scene .*missing.npz: No such file"):
+    with pytest.raises(DataError, match="cannot read benchmark scene .*missing.npz: No such file"):
         load_scene(str(tmp_path / "missing.npz"))
 
 
@@ -106,7 +108,7 @@ def test_make_writes_a_scene_that_bench_times(tmp_path, capsys):
     g, cam = load_scene(str(path))
     assert len(g) == 2000 and g.sh_degree() == 3 and (cam.width, cam.height) == (64, 48)
     lines = []
-    med = bench.run(str(path), iters=1, warmup=0, backend="cpu", out=lines.append)
+    med = bench.run((g, cam), iters=1, warmup=0, backend="cpu", out=lines.append)
     assert med["step"] > 0 and lines[-1].startswith("step_ms=")
 
 
@@ -130,7 +132,8 @@ def test_made_scenes_lie_before_the_camera_and_repeat_by_seed():
 def test_make_uses_the_standard_cameras(count, size, tmp_path, monkeypatch):
     """1M at 1297x840 and 6M at 1920x1080, BENCHMARKS.md's scenes; other counts the 1M's camera."""
     made = []
-    monkeypatch.setattr(bench, "make_scene", lambda n, w, h, seed: made.append((n, w, h, seed)) or make_scene(1, w, h))
+    monkeypatch.setattr(bench_scene, "make_scene",
+                        lambda n, w, h, seed: made.append((n, w, h, seed)) or make_scene(1, w, h))
     assert cli.main(["bench", "--make", count, "--out", str(tmp_path / "s.npz")]) == 0
     assert made == [(gaussian_count(count), *size, 0)]
 

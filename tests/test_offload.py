@@ -17,7 +17,8 @@ from numbasplat.optim import adam_step_bound
 from engine.single_gpu import SingleGPUTrainer
 from engine.strategy import DefaultStrategy
 from engine.trainer import SNAPSHOT
-from numbasplat.optim import GROUPS, reach_boxes
+from numbasplat.optim import GROUPS
+from numbasplat.rows import reach_boxes
 from conftest import REPO_ROOT, run_sim
 from tests.scenes import reach_table
 from test_trainer import fast_refine, small_config
@@ -59,8 +60,8 @@ def _pool_rows_case(rng, n):
 def test_pool_rows_are_the_resident_blocks_rows_in_model_order():
     """The parallel scan against numpy, across its chunks' edges (65536 rows a chunk) and empty input;
     a wrong count is refused."""
-    from numbasplat.cpu.optim import POOL_ROWS_CHUNK
-    from numbasplat.optim import pool_rows
+    from numbasplat.cpu.rows import POOL_ROWS_CHUNK
+    from numbasplat.rows import pool_rows
     rng = np.random.default_rng(5)
     for n in (0, 1, POOL_ROWS_CHUNK, POOL_ROWS_CHUNK + 1, 3 * POOL_ROWS_CHUNK + 17):
         block, position, slot, want = _pool_rows_case(rng, n)
@@ -624,7 +625,7 @@ def test_cuda_row_moves_and_boxes_match_cpu_in_simulator():
         pool[:] = 0
         layout.store(gpu, gpu_stats, pool, np.array([5, 0, 2, 3], np.int64))
         np.testing.assert_array_equal(pool[[5, 0, 2, 3]], table[rows])
-        from numbasplat.optim import pool_rows
+        from numbasplat.rows import pool_rows
         from test_offload import _pool_rows_case
         for n in (0, 1, 700):
             block, position, slot, want = _pool_rows_case(np.random.default_rng(n), n)

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from conftest import run_sim
-from numbasplat.optim import Adam, FlatParams, adam_step_bound, column_lrs, exp_decay, row_normals
+from numbasplat.optim import Adam, FlatParams, adam_step_bound, column_lrs, exp_decay
+from numbasplat.rows import row_normals
 from tests.scenes import edge_case_scene
 
 LR = {"means": 1e-3, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "sh": 2.5e-3}

@@ -9,17 +9,18 @@ API (through ``numbasplat.backend.kernels``) calls either.  It has no fused rast
 import numpy as np
 
 from ..math.jit import drop_stale_caches
-from . import loss, optim, raster, sparse, tile_loss as _tile_loss
+from . import loss, optim, raster, rows, sparse, tile_loss as _tile_loss
 from .loss import as_images, l1_ssim, ssim_forward
-from .optim import adam, move_rows, pool_rows, reach_boxes, row_normals
+from .optim import adam
 from .raster import (contributions, cull, depth_keys, emit_intersections, project, project_backward,
                      raster_backward, raster_forward, route, route_fill, screen_stats, tile_ranges)
+from .rows import move_rows, pool_rows, reach_boxes, row_normals
 from .sparse import decode_add, encode, scatter_add
 from .tile_loss import tile_loss
 
 FUSED_TILE_LOSS = False
 
-drop_stale_caches([loss, optim, raster, sparse, _tile_loss])  # the kernels inline numbasplat.math (other files)
+drop_stale_caches([loss, optim, raster, rows, sparse, _tile_loss])  # the kernels inline numbasplat.math (other files)
 
 
 def array_module():

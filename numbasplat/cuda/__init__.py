@@ -6,16 +6,17 @@ The entry points have the names and arguments of ``numbasplat.cpu``'s, so the AP
 launching kernels), ``tile`` (the per-tile device functions the raster and fused kernels
 share), ``raster`` (projection, binning, raster forward and backward), ``fused`` (raster,
 tile loss and backward in one kernel: ``FUSED_TILE_LOSS``), ``loss`` (windowed SSIM),
-``tile_loss`` (L1 + S3IM per tile), ``optim`` (Adam), ``sparse`` (the zero-eliding gradient
-messages).
+``tile_loss`` (L1 + S3IM per tile), ``optim`` (Adam), ``rows`` (the out-of-core row table's
+moves, pool rows and boxes, and per-row noise), ``sparse`` (the zero-eliding gradient messages).
 """
 from . import launch
 from .fused import fused_budget, fused_layout, fused_raster_loss_backward
 from .launch import array_module
 from .loss import as_images, l1_ssim, ssim_forward
-from .optim import adam, move_rows, pool_rows, reach_boxes, row_normals
+from .optim import adam
 from .raster import (contributions, cull, depth_keys, emit_intersections, project, project_backward,
                      raster_backward, raster_forward, route, route_fill, screen_stats, tile_ranges)
+from .rows import move_rows, pool_rows, reach_boxes, row_normals
 from .sparse import decode_add, encode, scatter_add
 from .tile_loss import tile_loss
 

@@ -6,7 +6,8 @@ array: parameters, m, v (each ``FlatParams``'s layout for n Gaussians), then eac
 values.  A plan has a column (a, b, d, j) per table column j that moves: row r (of n) of column
 j goes to element n * a + r * b + d -- a group's first column (counting the buffers before it), its
 width, the column within it.  The CPU and CUDA kernels that move rows between the two layouts both
-call this (a plan of some columns moves those alone: one buffer of a model, as the flat one).
+call this (a plan of some columns moves those alone: one buffer of a model, as the flat one), through
+``move_element``.
 
 ``row_reach``: how far a Gaussian reaches past its centre, for the boxes of a table's row segments
 (the out-of-core trainer's blocks, which views cull by); ``pool_row``: where a Gaussian's row sits in
@@ -20,6 +21,19 @@ from .jit import shared
 def flat_element(n, r, a, b, d):
     """The flat index of row ``r`` of ``n`` for a column whose plan is (a, b, d)."""
     return n * a + r * b + d
+
+
+def move_element(table, rows, plan, flat, to_flat, n, r, c):
+    """One element of a move between rows ``rows`` (n of them) of ``table`` and ``flat``: column
+    ``plan[3, c]`` of the r-th row and its flat element (``to_flat``: table -> flat, else back).  Plain
+    Python, compiled by each backend's kernel: it takes arrays, which a ``shared`` function cannot
+    under the CUDA simulator."""
+    j = plan[3, c]
+    k = flat_element(n, r, plan[0, c], plan[1, c], plan[2, c])
+    if to_flat:
+        flat[k] = table[rows[r], j]
+    else:
+        table[rows[r], j] = flat[k]
 
 
 @shared

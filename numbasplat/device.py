@@ -1,0 +1,240 @@
+"""The CuPy kit: streams, asynchronous copies, page-locked host memory and device timing.
+
+A real GPU runs what the host queues while the host goes on; these helpers keep it so.
+``HostCopy`` brings an array to the host without the host waiting at once; ``DeviceValues``
+rewrites a small device array every step at a fixed address (a captured step graph reads it
+there); ``pinned_empty`` allocates page-locked host memory, from which and into which copies
+need no wait (``is_pinned``, ``release_pinned``); ``copy_rows`` and ``CopyStream`` move rows
+between host and device beside the kernels' stream; ``DeviceInterval`` times a span of queued
+work; ``cap_device_memory`` bounds CuPy's pool.  On the CPU backend and in the CUDA simulator
+(numpy arrays: ``numbasplat.backend.on_gpu`` is False) every call does its work at once.
+"""
+import time
+
+import numpy as np
+
+from .backend import array_module, is_device, on_gpu
+
+
+class HostCopy:
+    """A device array on its way to the host: the copy is queued now (into pinned memory) and
+    waited for in ``get()``, so the host can queue more GPU work before it waits (a plain
+    ``to_host`` leaves the GPU idle until the host has caught up).  Numpy arrays pass through.
+    ``into``: a ``pinned_empty`` array of ``a``'s shape and dtype to copy into, for a caller that
+    copies every step and reads each copy before it queues the next (no page-locked allocation)."""
+
+    def __init__(self, a, into=None):
+        self._event = None
+        if not is_device(a):
+            self._host = np.asarray(a)
+            return
+        import cupy
+        a = cupy.ascontiguousarray(a)
+        if into is not None and (into.shape != a.shape or into.dtype != a.dtype):
+            raise ValueError(f"HostCopy: into is {into.dtype}{into.shape}, the array {a.dtype}{a.shape}")
+        self._host = pinned_empty(a.shape, a.dtype) if into is None else into
+        queue_to_host(a, self._host)
+        self._event = cupy.cuda.get_current_stream().record()
+        self._source = a  # kept until the copy is done
+
+    def get(self):
+        """The host array (waits for the copy the first time)."""
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = self._source = None
+        return self._host
+
+
+class DeviceValues:
+    """A small device array that the host rewrites every step without a sync, at a fixed address
+    (a captured step graph reads it there: ``engine.step_graphs``).  ``write(values)`` queues a
+    copy from one of ``SLOTS`` page-locked buffers, each reused only once its last copy is done
+    (an upload from pageable memory may wait for the GPU to idle; a new array each step would
+    move).  The buffers are shared by every instance of a size and kept for the process, so that
+    an instance dropped while its copy is queued (a working model's Adam) leaves the buffer alone.
+    A numpy array on the CPU backend and in the simulator, written in place."""
+    SLOTS = 8
+    _rings = {}  # (size, dtype) -> [slots, the event after each slot's last copy, the next slot]
+
+    def __init__(self, n, dtype=np.float32, backend=None):
+        self.array = array_module(backend).zeros(n, dtype)
+        self._device = is_device(self.array)
+
+    def write(self, values):
+        """Queue ``values`` (n of them) into ``array`` on the current stream; -> ``array``."""
+        if not self._device:
+            self.array[...] = values
+            return self.array
+        import cupy
+        a = self.array
+        ring = self._rings.setdefault((a.size, a.dtype.str), [[None] * self.SLOTS, [None] * self.SLOTS, 0])
+        slots, done, k = ring
+        ring[2] = (k + 1) % self.SLOTS
+        if done[k] is not None:
+            done[k].synchronize()
+        if slots[k] is None:
+            slots[k] = pinned_empty(a.shape, a.dtype)
+        slots[k][...] = values
+        stream = cupy.cuda.get_current_stream()
+        cupy.cuda.runtime.memcpyAsync(a.data.ptr, slots[k].ctypes.data, a.nbytes, cupy.cuda.runtime.memcpyHostToDevice,
+                                      stream.ptr)
+        done[k] = stream.record()
+        return a
+
+
+def queue_to_host(a, into):
+    """Queue the copy of the contiguous array ``a`` into the host array ``into`` (page-locked, of its
+    shape and dtype) on the current stream; a plain copy for numpy."""
+    if not is_device(a):
+        into[...] = a
+        return
+    import cupy
+    cupy.cuda.runtime.memcpyAsync(into.ctypes.data, a.data.ptr, a.nbytes, cupy.cuda.runtime.memcpyDeviceToHost,
+                                  cupy.cuda.get_current_stream().ptr)
+
+
+def stream_event():
+    """An event recorded now on the current stream (None on the CPU and in the simulator):
+    ``.synchronize()`` waits for what was queued before it."""
+    if not on_gpu():
+        return None
+    import cupy
+    return cupy.cuda.get_current_stream().record()
+
+
+def address(a):
+    """Where the data of ``a`` (a device or a numpy array) starts."""
+    return a.data.ptr if is_device(a) else a.__array_interface__["data"][0]
+
+
+def pinned_empty(shape, dtype=np.float32):
+    """An uninitialised host array in page-locked memory, from which and into which the GPU copies
+    without the host waiting (``copy_rows``); a plain one where no GPU runs or none can be locked."""
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape)) * dtype.itemsize
+    if not on_gpu():
+        return np.empty(shape, dtype)
+    import cupy
+    try:
+        memory = cupy.cuda.alloc_pinned_memory(max(size, 1))
+    except (cupy.cuda.memory.OutOfMemoryError, cupy.cuda.runtime.CUDARuntimeError, MemoryError):
+        return np.empty(shape, dtype)
+    return np.frombuffer(memory, dtype, int(np.prod(shape))).reshape(shape)
+
+
+def is_pinned(a):
+    """Whether host array ``a`` lies in page-locked memory (``pinned_empty``'s)."""
+    if not on_gpu() or not isinstance(a, np.ndarray):
+        return False
+    import cupy
+    return cupy.cuda.runtime.pointerGetAttributes(a.ctypes.data).type == cupy.cuda.runtime.memoryTypeHost
+
+
+def release_pinned():
+    """Give the page-locked memory no array holds back to the system (CuPy keeps it for reuse)."""
+    if on_gpu():
+        import cupy
+        cupy.get_default_pinned_memory_pool().free_all_blocks()
+
+
+def copy_rows(dst, dst_row, src, src_row, rows, stream=None):
+    """``dst[dst_row:dst_row + rows] = src[src_row:src_row + rows]`` for C-contiguous 2-D arrays of
+    one row width, host or device either side.  With a device array it is queued on ``stream``
+    (a ``CopyStream``; None: the current stream) and the host does not wait where the host side is
+    page-locked: the host must not touch those rows, nor free either array, before the stream is done."""
+    if not is_device(dst) and not is_device(src):
+        dst[dst_row:dst_row + rows] = src[src_row:src_row + rows]
+        return
+    import cupy
+    row, dst_row, src_row, rows = src.strides[0], int(dst_row), int(src_row), int(rows)
+    handle = stream.stream.ptr if stream is not None else cupy.cuda.get_current_stream().ptr
+    pointer = (lambda a: a.data.ptr if is_device(a) else a.ctypes.data)
+    cupy.cuda.runtime.memcpyAsync(pointer(dst) + dst_row * row, pointer(src) + src_row * row, rows * row,
+                                  cupy.cuda.runtime.memcpyDefault, handle)
+
+
+class CopyStream:
+    """A CUDA stream for host<->device copies beside the kernels' stream (CuPy's current one; Numba
+    launches on the legacy default stream, with which a non-blocking stream does not serialise), so
+    that a step's moves overlap the kernels of the step before.  ``after_kernels``: copies queued next
+    wait for the kernels queued so far; ``kernels_after``: kernels queued next wait for the copies
+    queued so far.  On the CPU and in the simulator copies finish as they are made: every call is a no-op."""
+
+    def __init__(self):
+        self.stream = None
+        if on_gpu():
+            import cupy
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+        self._last = None  # the event after the copies queued so far
+
+    def after_kernels(self):
+        if self.stream is not None:
+            import cupy
+            self.stream.wait_event(cupy.cuda.get_current_stream().record())
+
+    def queued(self):
+        """Copies were queued since the last ``kernels_after``."""
+        if self.stream is not None:
+            self._last = self.stream.record()
+
+    def kernels_after(self):
+        if self._last is not None:
+            import cupy
+            cupy.cuda.get_current_stream().wait_event(self._last)
+            self._last = None
+
+    def synchronize(self):
+        if self.stream is not None:
+            self.stream.synchronize()
+            self._last = None
+
+
+class DeviceInterval:
+    """The time the current stream takes from ``__init__`` to ``stop()`` (a span of work queued
+    between them, and any wait on another stream in it), read later without waiting: ``seconds()``
+    is None until the GPU has run it.  Host time on the CPU and in the simulator."""
+
+    def __init__(self):
+        self._start, self._end, self._host = None, None, time.perf_counter()
+        if on_gpu():
+            import cupy
+            self._start = cupy.cuda.get_current_stream().record()
+
+    def stop(self):
+        if self._start is None:
+            self._host = time.perf_counter() - self._host
+        else:
+            import cupy
+            self._end = cupy.cuda.get_current_stream().record()
+        return self
+
+    def seconds(self):
+        if self._start is None:
+            return self._host
+        if not self._end.done:
+            return None
+        import cupy
+        return cupy.cuda.get_elapsed_time(self._start, self._end) / 1e3
+
+
+def cap_device_memory(nbytes):
+    """Keep what CuPy's pool holds on the device within ``nbytes`` (0: no cap): an allocation that would
+    pass it first hands back the blocks the pool keeps cached, and fails (``MemoryError``) only where
+    the arrays alive need more.  The pool left alone would keep blocks of every size it has served
+    (buffers sized by a varying working set) and grow past the cap although far less is in use."""
+    if not on_gpu():
+        return
+    import cupy
+    pool = cupy.get_default_memory_pool()
+    pool.set_limit(size=int(nbytes))
+    if not nbytes:
+        cupy.cuda.set_allocator(pool.malloc)
+        return
+
+    def malloc(size):
+        try:
+            return pool.malloc(size)
+        except cupy.cuda.memory.OutOfMemoryError:
+            pool.free_all_blocks()
+            return pool.malloc(size)
+    cupy.cuda.set_allocator(malloc)

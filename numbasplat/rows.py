@@ -1,0 +1,62 @@
+"""Kernels over the rows of a row table: the out-of-core trainer keeps a Gaussian as one row (its
+parameters, both Adam moments and its statistics side by side: ``numbasplat.math.rows``) and trains
+on flat buffers (``optim.FlatParams``'s layout).  Here: the moves of rows between a table and the
+flat buffers (``rows_to_flat``, ``flat_to_rows``), the rows of a pool of block slots that a set of
+blocks holds (``pool_rows``), the boxes that row segments reach (``reach_boxes``), and Gaussian
+noise for rows by their global index (``row_normals``), each one kernel of the backend
+(``numbasplat.cpu.rows``, ``numbasplat.cuda.rows``).
+"""
+import numpy as np
+
+from . import backend as _backend
+
+
+def rows_to_flat(table, rows, plan, flat, backend=None):
+    """Rows ``rows`` (int64) of the row ``table`` (float32, (R, C)) into ``flat`` (float32, len(rows) * C),
+    in one kernel; ``plan`` (4, C) int32: each moving column's (a, b, d, j) of ``numbasplat.math.rows``.  The
+    out-of-core trainer's working set, from its pool of blocks, as flat buffers back to back."""
+    _backend.kernels(backend or _backend.backend_of(table)).move_rows(table, rows, plan, flat, True)
+
+
+def flat_to_rows(flat, rows, plan, table, backend=None):
+    """The inverse of ``rows_to_flat``: ``flat`` into rows ``rows`` of ``table``, in one kernel."""
+    _backend.kernels(backend or _backend.backend_of(table)).move_rows(table, rows, plan, flat, False)
+
+
+def pool_rows(block, position, slot, block_rows, total, backend=None):
+    """-> (``total``,) int64 on ``block``'s device: ``slot[block[r]] * block_rows + position[r]`` for
+    every row r whose block has a slot (>= 0), in row order (``block``, ``position``: (N,) int32, each
+    row's block and its place in it; ``slot``: (B,) int64, each block's slot or -1).  The out-of-core
+    trainer's working set in its pool of blocks, in model order; ``total`` (the rows with a slot)
+    comes from the host, which knows the blocks' sizes, so the device is not waited for."""
+    backend = backend or _backend.backend_of(block)
+    out = _backend.array_module(backend).empty(int(total), np.int64)
+    _backend.kernels(backend).pool_rows(block, position, slot, int(block_rows), out)
+    return out
+
+
+def reach_boxes(table, starts, sizes, means_col, scales_col, reach_sigmas, backend=None):
+    """-> (lo, hi), float32 (B, 3) on ``table``'s device: for each segment b of the row ``table``
+    (float32 (R, C); rows ``starts[b]`` .. ``starts[b] + sizes[b]``, int64), the box that its rows
+    reach, every centre (columns ``means_col``..+3) -+ ``reach_sigmas`` times its largest scale
+    (log-scales in columns ``scales_col``..+3); (inf, -inf) for an empty segment.  One kernel: the
+    out-of-core trainer's block boxes, from the device's pool after a step or from the host's rows."""
+    backend = backend or _backend.backend_of(table)
+    xp = _backend.array_module(backend)
+    lo, hi = xp.empty((len(starts), 3), np.float32), xp.empty((len(starts), 3), np.float32)
+    _backend.kernels(backend).reach_boxes(table, starts, sizes, int(means_col), int(scales_col),
+                                          np.float32(reach_sigmas), lo, hi)
+    return lo, hi
+
+
+def row_normals(key, rows, width, offset=0, stride=1, backend=None):
+    """-> (len(rows), ``width``) float32 standard normal draws on ``rows``' device, in one kernel:
+    row j's are those of global row ``offset + stride * rows[j]`` under ``key`` (an int below 2**63;
+    ``numbasplat.math.noise``), so a rank holding some rows of a sharded model draws what one process
+    holding them all would, and nothing is drawn for rows it does not hold."""
+    backend = backend or _backend.backend_of(rows)
+    xp = _backend.array_module(backend)
+    rows = xp.ascontiguousarray(rows, dtype=np.int64)
+    out = xp.empty((len(rows), int(width)), np.float32)
+    _backend.kernels(backend).row_normals(int(key), int(offset), int(stride), rows, out)
+    return out
