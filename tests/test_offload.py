@@ -156,12 +156,12 @@ def test_offloaded_training_equals_in_memory_training_with_visible_adam(dataset,
     assert len(memory.model) != (400 if start is None else 120), "densification did not run"
     if scene == "clusters":
         assert resumed.stats["resident_gaussians"] < 0.8 * len(model)  # the working set: about one cluster
-        assert resumed.cache.misses > resumed.index.blocks  # blocks left the device and came back
+        assert resumed.store.cache.misses > resumed.store.index.blocks  # blocks left the device and came back
     if mode == "disk":
-        assert first.host.read_bytes > 0 and resumed.host.read_bytes > 0  # blocks came back from the disk
+        assert first.store.host.read_bytes > 0 and resumed.store.host.read_bytes > 0  # blocks came back from the disk
     else:  # the blocks written back went into the one table, which the whole model was gathered from
-        whole = resumed.host.whole
-        assert whole is not None and all(np.shares_memory(t, whole) for t in resumed.host.tables.values())
+        whole = resumed.store.host.whole
+        assert whole is not None and all(np.shares_memory(t, whole) for t in resumed.store.host.tables.values())
     for g in GROUPS:
         np.testing.assert_allclose(b[g], a[g], rtol=1e-6, atol=1e-7, err_msg=g)
     np.testing.assert_allclose(model.host_arrays("v")["means"], memory.model.host_arrays("v")["means"],
@@ -204,7 +204,7 @@ def test_an_offloaded_shard_trains_as_the_shard_in_memory(tmp_path, mode):
     resumed.train(progress=False)
     assert len(memory.model) != 120, "densification did not run"
     assert resumed.stats["resident_gaussians"] < 0.8 * resumed.total  # the working set: about one cluster
-    assert resumed.cache.misses > resumed.index.blocks  # blocks left the device and came back
+    assert resumed.store.cache.misses > resumed.store.index.blocks  # blocks left the device and came back
     a, b = memory.model.state(), resumed.gather_state()[0]
     for w in ("params", "m", "v"):
         for g in GROUPS:
@@ -405,8 +405,8 @@ def test_offload_equals_in_memory_on_the_captures(scene, tmp_path):
     resumed.train(progress=False)
     a, b, c = memory.model.host_arrays(), host.whole_model().host_arrays(), resumed.whole_model().host_arrays()
     assert len(a["means"]) != start_rows, "densification did not run"
-    assert first.host.read_bytes > 0 and resumed.host.read_bytes > 0  # blocks came back from the disk
-    assert len(a["means"]) * row_bytes > resumed.host.capacity  # the model does not fit the cap
+    assert first.store.host.read_bytes > 0 and resumed.store.host.read_bytes > 0  # blocks came back from the disk
+    assert len(a["means"]) * row_bytes > resumed.store.host.capacity  # the model does not fit the cap
     for g in GROUPS:
         np.testing.assert_allclose(b[g], a[g], rtol=1e-6, atol=1e-7, err_msg=g)
         np.testing.assert_allclose(c[g], b[g], rtol=1e-6, atol=1e-7, err_msg=g)
@@ -430,15 +430,15 @@ def test_auto_view_order_tours_only_while_the_device_holds_under_half_the_blocks
     when not; random in memory."""
     roomy = OffloadTrainer(dataset, tmp_path / "a", offload_config(view_order="auto"), backend="cpu", block_rows=16)
     roomy.init_model()
-    assert roomy.index.blocks == 25 and roomy.epoch_view_order() == "random"
+    assert roomy.store.index.blocks == 25 and roomy.epoch_view_order() == "random"
     tight = OffloadTrainer(dataset, tmp_path / "b", offload_config(view_order="auto"), backend="cpu", block_rows=16,
                            gpu_memory=10 * 16 * (72 * 4 + 1500) + 16 * 400)  # 10 slots, and the index
     tight.init_model()
-    assert tight.cache.slots == 10 and tight.epoch_view_order() == "trajectory"
+    assert tight.store.cache.slots == 10 and tight.epoch_view_order() == "trajectory"
     most = OffloadTrainer(dataset, tmp_path / "d", offload_config(view_order="auto"), backend="cpu", block_rows=16,
                           gpu_memory=15 * 16 * (72 * 4 + 1500) + 16 * 400)  # 15 slots of 25: random
     most.init_model()
-    assert most.cache.slots == 15 and most.epoch_view_order() == "random"
+    assert most.store.cache.slots == 15 and most.epoch_view_order() == "random"
     assert SingleGPUTrainer(dataset, tmp_path / "c", small_config(), backend="cpu").epoch_view_order() == "random"
 
 
@@ -453,9 +453,9 @@ def test_a_parameter_group_read_from_the_host_table_is_the_whole_models(tmp_path
     t.start_from({"params": start})
     for _ in range(5):
         t.train_step()
-    assert t.cache.slots < t.index.blocks and t.cache.dirty
-    means, scales = t._whole_group("means"), t._whole_group("scales")
-    g = t._gather_whole()[0].gaussians
+    assert t.store.cache.slots < t.store.index.blocks and t.store.cache.dirty
+    means, scales = t.store.group("means"), t.store.group("scales")
+    g = t.store.whole()[0].gaussians
     np.testing.assert_array_equal(means, g.means)
     np.testing.assert_array_equal(scales, g.scales)
     assert not np.array_equal(means, start["means"])  # (it trained)
@@ -663,7 +663,7 @@ def test_offloaded_training_on_the_cuda_kernels_equals_in_memory_in_simulator(tm
         assert len(a["means"]) > 40, "densification did not run"
         for name, caps in (("full", {{}}), ("capped", {{"gpu_memory": 9 * 8 * (45 * 4 + 1500) + 16 * 200}})):
             t = run(name, **caps)
-            assert (t.cache.misses > 0) == (name == "capped")
+            assert (t.store.cache.misses > 0) == (name == "capped")
             b = t.whole_model().host_arrays()
             for g in GROUPS:
                 np.testing.assert_allclose(b[g], a[g], rtol=1e-5, atol=1e-6, err_msg=name + " " + g)
