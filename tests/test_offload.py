@@ -670,3 +670,49 @@ def test_offloaded_training_on_the_cuda_kernels_equals_in_memory_in_simulator(tm
         print("offloaded on the CUDA kernels ok")
     """, timeout=900, env={"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")])})
 
+
+
+def test_a_step_through_the_memory_or_the_host_store_leaves_the_same_whole_model():
+    """A store's calls (``engine.store``): the Gaussians a view trains checked out, stepped (Adam on the
+    rows the view sees, their statistics counted), checked in; the whole model then equals the memory
+    store's and the host store's (which checked out only the view's working set)."""
+    from engine.model import GaussianModel
+    from engine.offload import OutOfCoreStore
+    from engine.store import MemoryStore
+    from numbasplat.optim import column_lrs
+    from scenes import cluster_capture
+    data, start = cluster_capture(per_cluster=60, views=8)
+    lr = {"means": 1e-3, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "sh": 2.5e-3}
+    wholes, checked_out = [], []
+    for store in (MemoryStore(), OutOfCoreStore("host", block_rows=16)):
+        store.open(backend="cpu", views=data.train, images_bytes=0, betas=(0.9, 0.999),
+                   fresh_statistics=DefaultStrategy.fresh_statistics)
+        store.hold(GaussianModel.from_state({"params": start}, store.home),
+                   DefaultStrategy.fresh_statistics(np, len(start["means"])))
+        model, state = store.checkout([0], upcoming=[1])
+        checked_out.append(len(model))
+        p = ns.project(model.gaussians, data.train[0].camera, sh_degree=0, backend="cpu")
+        seen = p.counts > 0
+        model.grads.data[...] = 0.01
+        model.adam.step(model.grads.data, column_lrs(lr, model.sh_bases), seen)
+        state["count"][seen] += 1
+        store.checkin(model, state, lr)
+        wholes.append(store.whole())
+        store.close()
+    (a, a_state), (b, b_state) = wholes
+    assert checked_out[1] <= checked_out[0] == len(a)  # the host store's: the blocks whose boxes the view sees
+    for w in ("params", "m", "v"):
+        for g in GROUPS:
+            np.testing.assert_array_equal(b.group(g, w), a.group(g, w), err_msg=f"{w} {g}")
+    np.testing.assert_array_equal(b_state["count"], a_state["count"])
+    assert a_state["count"].sum() > 0 and a.adam.step_count == b.adam.step_count == 1
+
+
+@pytest.mark.parametrize("change", [dict(loss="tile"), dict(appearance=True)])
+def test_out_of_core_refuses_the_tile_loss_and_appearance_in_check(change):
+    """The tile loss and the colour corrections are refused out of core in the one ``check``, with the
+    flags named (whatever pipeline holds the store)."""
+    from engine.pipeline_options import PipelineOptions, check
+    for options in (PipelineOptions(offload="host"), PipelineOptions(offload="disk", offload_dir="d", host_memory=1)):
+        with pytest.raises(ValueError, match=r"--offload (host|disk) trains with --loss global, without --appearance"):
+            check(small_config(visible_adam=True, **change), options)
