@@ -66,15 +66,16 @@ class RankedTrainer(Trainer):
     and of the strategy's state: the snapshot, the whole model, the stop signal and the check
     that the ranks were given the same run, for any way of exchanging data in the step."""
 
-    def __init__(self, dataset, out_dir, cfg, comm, backend=None, log=print, transport="auto"):
+    def __init__(self, dataset, out_dir, cfg, comm, backend=None, log=print, transport="auto", store=None):
         """``transport``: how device buffers cross ranks (``comm.alltoallv``): "auto" (a CUDA-aware MPI,
-        else NCCL when every rank has its own GPU, else staged through host memory), "cuda", "nccl", "host"."""
+        else NCCL when every rank has its own GPU, else staged through host memory), "cuda", "nccl", "host".
+        ``store``: where this rank's shard lives (default: in memory; ``engine.store``)."""
         from comm import Exchange
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.is_root = self.rank == 0
         self.options = replace(self.options, transport=transport)
-        super().__init__(dataset, out_dir, cfg, backend, log if self.rank == 0 else (lambda *a, **k: None))
+        super().__init__(dataset, out_dir, cfg, backend, log if self.rank == 0 else (lambda *a, **k: None), store)
         self.exchange = Exchange(comm, transport if _backend.on_gpu(self.backend) else "host")
         self.total = 0  # the whole model's Gaussians (start_from sets it)
         self._view0 = None  # (image, target, first tile, end tile) of this rank's share of the step's first view
@@ -99,17 +100,19 @@ class RankedTrainer(Trainer):
         return {}
 
     def gather_state(self):
+        model, state = self.store.whole()
         model_state = {w: self.gathered(w, root_only=True) for w in ("params", "m", "v")}
-        strategy = {k: self.comm.gather(_backend.to_host(a), root=0) for k, a in self.strategy_state.items()}
+        strategy = {k: self.comm.gather(_backend.to_host(a), root=0) for k, a in state.items()}
         if self.rank != 0:
             return None
-        model_state["step"] = self.model.adam.step_count
+        model_state["step"] = model.adam.step_count
         return model_state, {k: self.whole_rows(parts) for k, parts in strategy.items()}
 
     def whole_model(self):
-        """Rank 0 gathers the parameters (the moments are not needed to render)."""
+        """Rank 0 gathers the parameters (the moments are not needed to render), on the store's home (the
+        device, or host memory out of core: the whole model need not fit on the device)."""
         params = self.gathered("params", root_only=True)
-        return GaussianModel(params, self.backend) if self.rank == 0 else None
+        return GaussianModel(params, self.store.home) if self.rank == 0 else None
 
     def barrier(self):
         self.comm.Barrier()
@@ -137,7 +140,7 @@ class RankedTrainer(Trainer):
     def gathered(self, which="params", root_only=False):
         """The whole model's host arrays on every rank (on rank 0 only, None elsewhere, with ``root_only``),
         the shards in rank order."""
-        local = self.model.host_arrays(which)
+        local = self.store.whole()[0].host_arrays(which)
         if not root_only:
             return {g: self.whole_rows(self.comm.allgather(a)) for g, a in local.items()}
         parts = {g: self.comm.gather(a, root=0) for g, a in local.items()}
@@ -148,7 +151,7 @@ class RankedTrainer(Trainer):
         (the viewer's copy: the parameters alone, in rank order).  Collective."""
         import numbasplat as ns
         k = max(1, -(-self.total // max(1, most)))
-        local = {g: a[::k] for g, a in self.model.host_arrays("params").items()}
+        local = {g: a[::k] for g, a in self.store.whole()[0].host_arrays("params").items()}
         parts = {g: self.comm.gather(a, root=0) for g, a in local.items()}
         if self.rank != 0:
             return None

@@ -44,7 +44,7 @@ from comm.sparse import exchange_dense, exchange_sparse
 
 from .distributed import RankedTrainer, balanced_bounds, even_bounds
 from .model import GaussianModel
-from .offload import BLOCK_ROWS, OutOfCoreModel, OutOfCoreShard
+from .offload import BLOCK_ROWS, out_of_core
 from .strategy import STATISTICS
 from .trainer import PhaseClock
 from .workload import imbalance
@@ -63,12 +63,12 @@ class GaussianExchangeTrainer(RankedTrainer):
     culls_views = True
 
     def __init__(self, dataset, out_dir, cfg, comm, batch_size=None, grad_comm="sparse", backend=None,
-                 log=print, transport="auto", shard="contiguous"):
+                 log=print, transport="auto", shard="contiguous", store=None):
         self.batch = batch_size or comm.Get_size()
         self.grad_comm, self.shard = grad_comm, shard
         self.options = replace(self.options, exchange="gaussian", batch_size=batch_size, grad_comm=grad_comm,
                                shard=shard)
-        super().__init__(dataset, out_dir, cfg, comm, backend, log, transport)
+        super().__init__(dataset, out_dir, cfg, comm, backend, log, transport, store)
         self.log(f"{self.size} ranks, batch {self.batch}, device buffers through: {self.exchange.transport.name}")
         self.tile_cost = None
         self.time_phases = None  # the phases synced at log steps (see _timing)
@@ -80,10 +80,10 @@ class GaussianExchangeTrainer(RankedTrainer):
         total = len(model_state["params"]["means"])
         mine = self._shard_rows(total)
         rows = {w: {g: a[mine] for g, a in model_state[w].items()} for w in ("params", "m", "v") if w in model_state}
-        self.model = GaussianModel.from_state({**model_state, **rows}, *self._model_options())
+        model = GaussianModel.from_state({**model_state, **rows}, *self._model_options())
         self.total = total
-        self.strategy_state = ({k: self.xp.asarray(a[mine]) for k, a in strategy_state.items()} if strategy_state
-                               else self.strategy.initialize_state())
+        self.store.hold(model, ({k: model.xp.asarray(a[mine]) for k, a in strategy_state.items()} if strategy_state
+                                else self.strategy.initialize_state()))
 
     @property
     def stride(self):
@@ -115,8 +115,9 @@ class GaussianExchangeTrainer(RankedTrainer):
         return whole
 
     def _model_options(self):
-        """The backend, and Adam's betas (``adam_betas``)."""
-        return (self.backend,) + self.adam_betas()
+        """Where the shard is made (the store's home: the device, or the host out of core), and Adam's
+        betas (``adam_betas``)."""
+        return (self.store.home,) + self.adam_betas()
 
     def pipeline_fields(self):
         return {"batch size": self.batch, "gradient exchange": self.grad_comm, "shard": self.shard}
@@ -131,9 +132,6 @@ class GaussianExchangeTrainer(RankedTrainer):
         self.tile_cost = arrays.get("tile_cost")
 
     # ------------------------------------------------------------------ one step
-    def _batch(self):
-        return [self.next_view() for _ in range(self.batch)]
-
     def _send_plan(self, projs, n_tiles, bounds):
         """The forward exchange's rows, grouped by destination rank, then by view, in record order:
         every projected record (view b, Gaussian n) with a tile span goes to each rank whose tile
@@ -187,8 +185,8 @@ class GaussianExchangeTrainer(RankedTrainer):
         c, xp = self.cfg, self.xp
         timed = self._timing()
         clock = PhaseClock(self.backend, timed)
-        views = self._batch()
-        model = self.model
+        views = [self.next_view() for _ in range(self.batch)]
+        model, state = self.store.checkout(views, self.upcoming_views(self.batch))
         cams = [self.data.train[i].camera for i in views]
         degree = self.sh_degree_now()
         g = model.gaussians
@@ -207,7 +205,7 @@ class GaussianExchangeTrainer(RankedTrainer):
         for i in views:
             self.workload.viewed(i, self.backend)
         projs = [self.workload.cull(ns.project(g, cam, sh_degree=degree, antialias=c.antialias, backend=self.backend,
-                                               check=False), g, self.strategy_state, i, self.backend)
+                                               check=False), g, state, i, self.backend)
                  for i, cam in zip(views, cams)]
         width = len(g)  # the plan's rows per view (route b * width + n)
         clock.end("project")
@@ -290,8 +288,8 @@ class GaussianExchangeTrainer(RankedTrainer):
             if timed:
                 projected.append(int((p.counts > 0).sum()))
             # densification sees each view's own screen gradient, not its 1/B share of the batch loss
-            self.strategy.after_backward(model, self.strategy_state, self.step, p, grad_b, self.batch)
-        self.add_strategy_gradients()
+            self.strategy.after_backward(model, state, self.step, p, grad_b, self.batch)
+        self.add_strategy_gradients(model, state)
         clock.end("owner")
         lr, cols = self.learning_rates()
         lr_scale = self.batch ** c.batch_lr_exponent
@@ -308,7 +306,8 @@ class GaussianExchangeTrainer(RankedTrainer):
         if ctx.max_gaussians:  # --max-gaussians caps the whole model: each owner grows to its share
             ctx.max_gaussians = int(np.bincount(self._owners(np.arange(ctx.max_gaussians), ctx.max_gaussians),
                                                 minlength=self.size)[self.rank])
-        events = self._after_adam(ctx, lr["means"] * lr_scale, lr["scales"] * lr_scale)
+        self.store.checkin(model, state, {g: rate * lr_scale for g, rate in lr.items()})
+        events = self._refine(ctx)
         clock.end("optimizer")
         # the loss and the tile costs (the next bounds) last: by now the device is done with them
         summed = self.exchange.allreduce_sum(np.concatenate([[sum(map(float, shares)) / self.batch],
@@ -316,23 +315,28 @@ class GaussianExchangeTrainer(RankedTrainer):
         loss, self.tile_cost = float(summed[0]), summed[1:]
         clock.end("reduce")
         self.stats = {"forward_rows": int(len(send)), "forward_bytes": int(send.nbytes), **clock.stats(),
-                      **comm_stats}
+                      **comm_stats, **self.store.step_stats()}
         if timed:
             self.stats["projected"] = sum(projected)
         return loss, events
 
-    def _after_adam(self, ctx, lr_means, lr_scales):
-        """The strategy's refinement or reset after the step's Adam update (``ctx``: its context; the
-        learning rates it stepped with), and the shards evened out after a refinement.  -> its events."""
+    def _refine(self, ctx):
+        """The strategy's refinement or reset after the step's Adam update (``ctx``: its context) on the
+        whole shard, and the shards evened out after a refinement: in memory at every step, out of core
+        where the strategy acts (the shard gathered in host memory and cut into blocks anew).  -> its
+        events."""
+        if self.store.out_of_core and not self.strategy.acts_at(self.step, ctx):
+            return {}
+        model, state = self.store.whole()
         tracked = self.stride > 1 and self.strategy.refines_at(self.step, ctx)
         if tracked:  # the refinement carries it to the new rows (strategy.carry_rows): where each came from
-            self.strategy_state[GLOBAL_ROW] = self.offset + self.stride * self.xp.arange(len(self.model),
-                                                                                       dtype=np.int64)
-        events = self.strategy.after_optimizer(self.model, self.strategy_state, self.step, ctx)
-        parents = _backend.to_host(self.strategy_state.pop(GLOBAL_ROW)) if tracked else None
+            state[GLOBAL_ROW] = self.offset + self.stride * model.xp.arange(len(model), dtype=np.int64)
+        events = self.strategy.after_optimizer(model, state, self.step, ctx)
+        parents = _backend.to_host(state.pop(GLOBAL_ROW)) if tracked else None
         if "cloned" in events:
-            self._reorder_after_refine(events, parents)
+            model, state = self._reorder_after_refine(model, state, events, parents)
             events["gaussians"] = self.total
+        self.store.hold(model, state)
         return events
 
     def _global_order(self, route, width, send_counts, recv_counts, view_of):
@@ -344,7 +348,7 @@ class GaussianExchangeTrainer(RankedTrainer):
         key = view_of.astype(np.int64) * (self.total + 1) + got.reshape(-1)
         return self.xp.argsort(key)
 
-    def _reorder_after_refine(self, events, parents=None):
+    def _reorder_after_refine(self, model, state, events, parents=None):
         """Put the Gaussians in the order one rank would have: every rank's kept ones,
         then every rank's clones, then every rank's split children; then even shards.
 
@@ -353,9 +357,10 @@ class GaussianExchangeTrainer(RankedTrainer):
         rebalances the owners.  Rows move by one all-to-all (parameters and both
         Adam moments together) and are put in order where they land.  With parity shards a
         rank's rows interleave with the others' in each part: ``parents`` (each row's, or its
-        parent's, global row before the refinement) orders them, by one gather of those keys."""
+        parent's, global row before the refinement) orders them, by one gather of those keys.
+        ``model``, ``state``: the shard and its strategy state.  -> (the new shard, its state)."""
         n_new = events["cloned"] + 2 * events["split"]
-        parts = np.array(self.comm.allgather((len(self.model) - n_new, events["cloned"], 2 * events["split"])))
+        parts = np.array(self.comm.allgather((len(model) - n_new, events["cloned"], 2 * events["split"])))
         before = np.cumsum(parts, axis=0) - parts            # each segment's rows on lower ranks
         seg_start = np.concatenate([[0], np.cumsum(parts.sum(0))[:-1]])
         kind = np.repeat(np.arange(3), parts[self.rank])    # 0 kept, 1 clone, 2 child, per local row
@@ -369,11 +374,10 @@ class GaussianExchangeTrainer(RankedTrainer):
         dest = self._owners(new_index, total)
         order = np.argsort(dest, kind="stable")
         counts = np.bincount(dest, minlength=self.size).astype(np.int64)
-        state = self.model.state()
-        send = {w: {g: a[order] for g, a in state[w].items()} for w in ("params", "m", "v")}
+        arrays = model.state()
+        send = {w: {g: a[order] for g, a in arrays[w].items()} for w in ("params", "m", "v")}
         # what outlives a refinement (the workload's weights and masks) moves with the rows
-        send["strategy"] = {k: _backend.to_host(a)[order] for k, a in self.strategy_state.items()
-                            if k not in STATISTICS}
+        send["strategy"] = {k: _backend.to_host(a)[order] for k, a in state.items() if k not in STATISTICS}
         recv_index, _ = self.exchange.alltoallv(new_index[order], counts)
         place = np.argsort(recv_index, kind="stable")
         moved = {}
@@ -382,13 +386,14 @@ class GaussianExchangeTrainer(RankedTrainer):
             for g, a in groups.items():
                 got, _ = self.exchange.alltoallv(a.reshape(len(a), -1), counts)
                 moved[w][g] = got[place].reshape((-1,) + a.shape[1:])
-        moved["step"] = state["step"]
+        moved["step"] = arrays["step"]
         carried = moved.pop("strategy")
-        self.model = GaussianModel.from_state(moved, *self._model_options())
+        model = GaussianModel.from_state(moved, *self._model_options())
         self._shard_rows(total)
         self.total = total
-        self.strategy_state = self.strategy.initialize_state()  # fresh statistics after a refinement anyway
-        self.strategy_state.update({k: self.xp.asarray(a) for k, a in carried.items()})
+        state = self.strategy.initialize_state()  # fresh statistics after a refinement anyway
+        state.update({k: model.xp.asarray(a) for k, a in carried.items()})
+        return model, state
 
     def log_extra(self):
         """This rank's exchange statistics, and every rank's, gathered (per phase and per rank)."""
@@ -399,41 +404,21 @@ class GaussianExchangeTrainer(RankedTrainer):
         return extra
 
 
-class OffloadedGaussianExchangeTrainer(OutOfCoreShard, GaussianExchangeTrainer):
-    """The pipeline above with each rank's shard out of core (``--offload`` under ``mpiexec``): the
-    shard's Gaussians in blocks in host memory or on disk (``engine.offload``), the device holding
-    the blocks that the batch's views see.  A step trains the working set of its batch as the shard
-    (visible-only Adam: the rows that any of its views saw); a refinement or reset gathers the whole
-    shard in host memory, where the shards are evened out as in memory, and cuts it into blocks anew.
-    Contiguous shards: parity shards would track global rows through the working sets."""
+class OffloadedGaussianExchangeTrainer(GaussianExchangeTrainer):
+    """The pipeline above with each rank's shard out of core (``--offload`` under ``mpiexec``): its
+    store an ``engine.offload.OutOfCoreStore``, the shard's Gaussians in blocks in host memory or on
+    disk, the device holding the blocks that the batch's views see.  A step trains the working set of
+    its batch as the shard (visible-only Adam: the rows that any of its views saw); a refinement or
+    reset gathers the whole shard in host memory, where the shards are evened out as in memory, and
+    cuts it into blocks anew.  Contiguous shards: parity shards would track global rows through the
+    working sets."""
 
     def __init__(self, dataset, out_dir, cfg, comm, batch_size=None, grad_comm="sparse", backend=None, log=print,
                  transport="auto", shard="contiguous", mode="host", offload_dir=None, host_memory=0, gpu_memory=0,
                  prefetch=True, block_rows=BLOCK_ROWS):
-        self._add_offload_options(mode, offload_dir, host_memory, gpu_memory)
-        super().__init__(dataset, out_dir, cfg, comm, batch_size, grad_comm, backend, log, transport, shard)
-        self._init_out_of_core(mode, offload_dir, host_memory, gpu_memory, prefetch, block_rows)
-        self._in_pool = None
-
-    def _model_options(self):
-        """The shard is made on the host (then cut into blocks); the device sees working sets."""
-        return ("cpu",) + super()._model_options()[1:]
-
-    def _batch(self):
-        """The batch's views, and their working set of the shard as the step's model and statistics."""
-        views = super()._batch()
-        self._in_pool = self._working_set(views)
-        self.model, self.strategy_state = self._load_working(self._in_pool)
-        return views
-
-    def _after_adam(self, ctx, lr_means, lr_scales):
-        """The working set back to its blocks; where the strategy acts, on the whole shard."""
-        self._store_working(self.model, self.strategy_state, self._in_pool, lr_means, lr_scales)
-        self.model, self.strategy_state = OutOfCoreModel(self), {}
-        if not self.strategy.acts_at(self.step, ctx):
-            return {}
-        after_adam = super()._after_adam
-        return self._change_whole_shard(lambda: after_adam(ctx, lr_means, lr_scales))
+        self.options, store = out_of_core(self.options, mode, offload_dir, host_memory, gpu_memory, prefetch,
+                                          block_rows, shard=True)
+        super().__init__(dataset, out_dir, cfg, comm, batch_size, grad_comm, backend, log, transport, shard, store)
 
 
 def halo_ranges(bounds, tiles_x, n_tiles):

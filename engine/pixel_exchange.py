@@ -77,7 +77,7 @@ from numbasplat.rendering import image_from_tiles, image_tiles
 from .distributed import RankedTrainer, even_bounds
 from .gaussian_exchange import halo_ranges
 from .model import GaussianModel
-from .offload import BLOCK_ROWS, OutOfCoreModel, OutOfCoreShard
+from .offload import BLOCK_ROWS, out_of_core
 from .camera_path import centres
 from .partition import GROW_PX, SpatialPartition, cluster_boxes, visible_regions
 from .trainer import PhaseClock, crossed
@@ -139,7 +139,8 @@ class StepInFlight(NamedTuple):
     views: list  # the training views of its buckets
     plans: list  # each view's ``ViewPlan``
     mine: list  # the views (positions in ``views``) that this rank takes part in
-    model: object  # the model rendered (the shard; out of core: the working set)
+    model: object  # the model rendered (the shard; out of core: the working set; None: this rank renders none)
+    state: dict  # the strategy's state of its rows
     renders: dict  # {position: my ``PartialRender``}
     background: object  # the step's background
     first: int  # the images trained before it
@@ -282,18 +283,18 @@ class PixelExchangeTrainer(RankedTrainer):
     rank's box of ``partition``."""
 
     def __init__(self, dataset, out_dir, cfg, comm, backend=None, log=print, transport="auto", saturation=True,
-                 revalidate_every=SATURATION_EPOCHS, consolidation=True, batch_size=None, render_ahead=0):
+                 revalidate_every=SATURATION_EPOCHS, consolidation=True, batch_size=None, render_ahead=0, store=None):
         """``saturation``: skip the tiles that a view's boxes in front saturate (see ``Saturation``);
         their marks are made anew every ``revalidate_every`` epochs.  ``consolidation``: train views
         whose participants are disjoint in the same step (``consolidate``); else one view a step.
         ``batch_size``: the views in flight, B buckets a step (default 1).  ``render_ahead``: the steps
         rendered before this one's pixels travel, their gradients as many steps stale (see
-        ``train_step``)."""
+        ``train_step``).  ``store``: where the rank's Gaussians live (default: in memory; ``engine.store``)."""
         self.batch = batch_size or 1
         self.options = replace(self.options, exchange="pixel", batch_size=batch_size, render_ahead=render_ahead,
                                saturation="on" if saturation else "off",
                                consolidation="on" if consolidation else "off")
-        super().__init__(dataset, out_dir, cfg, comm, backend, log, transport)
+        super().__init__(dataset, out_dir, cfg, comm, backend, log, transport, store)
         self.saturation = Saturation(self.size, revalidate_every) if saturation else None
         self.consolidation = consolidation
         self._buckets, self.utilisation = [], {}
@@ -319,35 +320,30 @@ class PixelExchangeTrainer(RankedTrainer):
         owner = self.partition.owner(means)
         mine = owner == self.rank
         rows = {w: {g: a[mine] for g, a in model_state[w].items()} for w in ("params", "m", "v") if w in model_state}
-        backend = self._shard_backend()
-        self.model = GaussianModel.from_state({**model_state, **rows}, backend, *self.adam_betas())
+        model = GaussianModel.from_state({**model_state, **rows}, self.store.home, *self.adam_betas())
         counts = np.bincount(owner, minlength=self.size)
         self.offset, self.total = int(counts[:self.rank].sum()), len(means)
-        xp = _backend.array_module(backend)
-        self.strategy_state = ({k: xp.asarray(a[mine]) for k, a in strategy_state.items()} if strategy_state
-                               else self.strategy.initialize_state())
+        self.store.hold(model, ({k: model.xp.asarray(a[mine]) for k, a in strategy_state.items()} if strategy_state
+                                else self.strategy.initialize_state()))
 
-    def _shard_backend(self):
-        """Where this rank's shard lives between steps: on the device (out of core: the host)."""
-        return self.backend
-
-    def _migrate(self):
+    def _migrate(self, model, state):
         """Send the Gaussians whose centres left this rank's box to its owner, with their Adam moments
         and strategy statistics: one all-to-all of the leaving rows alone, packed side by side as bytes
         (every rank then holds the rows from lower ranks, its own kept rows, the rows from higher ranks:
         a stable sort by owner on every rank).  The kept rows are copied once, group by group, into the
-        new shard's buffers.  -> how many moved over all ranks."""
-        model, xp = self.model, self.model.xp
+        new shard's buffers.  ``model``, ``state``: the shard and its strategy state (where it lives between
+        steps: the store's home).  -> (the new shard, its state, how many moved over all ranks)."""
+        xp = model.xp
         dest = self.partition.owner(model.group("means"))  # on the device: only counts come back
         leaving = dest != self.rank
         moving = int(self.exchange.allreduce_sum(np.array([float(leaving.sum())]))[0])
         if moving == 0:
-            return 0
+            return model, state, 0
         n = len(dest)
         rows = xp.flatnonzero(leaving)
         rows = rows[xp.argsort(dest[rows].astype(np.int64) * n + rows)]  # by owner, then row
         send_counts = _backend.to_host(xp.bincount(dest[rows], minlength=self.size)).astype(np.int64)
-        columns = _migrating_columns(model, self.strategy_state, n)
+        columns = _migrating_columns(model, state, n)
         arrived, got = self.exchange.alltoallv(_row_bytes(columns, rows), send_counts)
         below = int(got[:self.rank].sum())
         incoming = _from_row_bytes(arrived, columns)
@@ -362,40 +358,41 @@ class PixelExchangeTrainer(RankedTrainer):
                 new = flat[w].view(g)
             came = incoming[w, g]
             new[:below], new[kept], new[kept.stop:] = came[:below], xp.asarray(a)[keep], came[below:]
-        self.model = GaussianModel.from_flat(flat["params"], flat["m"].data, flat["v"].data, model.adam.step_count,
-                                             self._shard_backend(), *self.adam_betas())
-        self.strategy_state = strategy
-        self._count()
-        return moving
+        model = GaussianModel.from_flat(flat["params"], flat["m"].data, flat["v"].data, model.adam.step_count,
+                                        self.store.home, *self.adam_betas())
+        self._count(len(model))
+        return model, strategy, moving
 
-    def _count(self):
+    def _count(self, n):
         """``total`` and this rank's ``offset`` (the Gaussians of lower ranks): the strategy draws its
         random numbers for all ``total`` rows on every rank and takes its own, so the ranks' shared
-        RNG (the views' order) stays the same on all.  Collective."""
-        counts = np.array(self.comm.allgather(len(self.model)))
+        RNG (the views' order) stays the same on all (``n``: this rank's Gaussians).  Collective."""
+        counts = np.array(self.comm.allgather(n))
         self.offset, self.total = int(counts[:self.rank].sum()), int(counts.sum())
         return counts
 
-    def _rebalance(self):
-        """After densification: migrate what left its box, and rebuild the tree (every rank the same
-        one, from every rank's means) when the largest rank holds over ``REBALANCE`` x the mean.
-        -> {"migrated": Gaussians moved, "rebuilt": whether the tree was} for the log."""
-        moved = self._migrate()
-        counts = self._count()
+    def _rebalance(self, model, state):
+        """After densification of the shard ``model`` (``state``: its strategy state): migrate what left
+        its box, and rebuild the tree (every rank the same one, from every rank's means) when the largest
+        rank holds over ``REBALANCE`` x the mean.  -> (the new shard, its state, {"migrated": Gaussians
+        moved, "rebuilt": whether the tree was} for the log)."""
+        model, state, moved = self._migrate(model, state)
+        counts = self._count(len(model))
         rebuilt = bool(counts.max() > REBALANCE * max(counts.mean(), 1))
         if rebuilt:
-            means = np.concatenate(self.comm.allgather(self.model.host_arrays()["means"]))
+            means = np.concatenate(self.comm.allgather(model.host_arrays()["means"]))
             self.partition = SpatialPartition.build(means, self.size)
-            moved += self._migrate()
+            model, state, again = self._migrate(model, state)
+            moved += again
             if self.saturation is not None:  # marks are per box: new boxes, new marks
                 self.saturation.packed.clear()
-        return {"migrated": moved, "rebuilt": rebuilt}
+        return model, state, {"migrated": moved, "rebuilt": rebuilt}
 
     # ------------------------------------------------------------------ which views a step trains
     def _boxes(self):
-        """Every rank's ``rank_boxes``.  Collective: one allgather of a few boxes a rank."""
-        g = self.model.gaussians
-        return self.comm.allgather(rank_boxes(g.means, g.scales))
+        """Every rank's ``rank_boxes`` (of its shard's means and scales, which an out-of-core store reads
+        from its host table).  Collective: one allgather of a few boxes a rank."""
+        return self.comm.allgather(rank_boxes(self.store.group("means"), self.store.group("scales")))
 
     def _participants(self, views):
         """For each view, the ranks whose Gaussians can show in it (``participants``).  The same on
@@ -462,10 +459,10 @@ class PixelExchangeTrainer(RankedTrainer):
         epoch, degree = first // len(self.data.train), self.sh_degree_now(first)
         plans = [ViewPlan(self.data.train[v].camera, parts[k], self.partition) for k, v in enumerate(views)]
         mine = [k for k, s in enumerate(parts) if self.rank in s]  # the views I take part in (and compose a range of)
-        model = self._step_model([views[k] for k in mine])
+        model, state = self.store.checkout([views[k] for k in mine], self.upcoming_views(len(mine)))
         renders = {k: self._render(model, plans[k], views[k], epoch, degree,
                                    bg if plans[k].order[-1] == self.rank else none, clock) for k in mine}
-        return StepInFlight(views, plans, mine, model, renders, bg, first, drawn_from)
+        return StepInFlight(views, plans, mine, model, state, renders, bg, first, drawn_from)
 
     def _settles_after(self, step):
         """Whether no step may be rendered ahead past ``step`` (a ``StepInFlight``): where the training
@@ -492,8 +489,8 @@ class PixelExchangeTrainer(RankedTrainer):
     def _finish_step(self, flight, clock):
         """Steps 2-4 of the module's docstring for the step in flight ``flight``.  -> (loss, events)."""
         c, xp, me = self.cfg, self.xp, self.rank
-        views, plans, mine, model, renders, bg = (flight.views, flight.plans, flight.mine, flight.model,
-                                                  flight.renders, flight.background)
+        views, plans, mine, model, state, renders, bg = (flight.views, flight.plans, flight.mine, flight.model,
+                                                         flight.state, flight.renders, flight.background)
         none = np.zeros(3, np.float32)
         # 2. every composer of a view gets the partial tiles of its range and their halo from each of
         # the view's participants, only those the participant covers (elsewhere its partial is
@@ -551,19 +548,19 @@ class PixelExchangeTrainer(RankedTrainer):
                 ns.project_backward(model.gaussians, p, grad, model.grad_gaussians, accumulate=n > 0,
                                     backend=self.backend)
                 # densification sees each view's own screen gradient, not its 1/B share of the batch loss
-                self.strategy.after_backward(model, self.strategy_state, self.step, p, grad, self.batch)
+                self.strategy.after_backward(model, state, self.step, p, grad, self.batch)
                 if c.visible_adam:
                     seen = p.counts > 0 if seen is None else seen | (p.counts > 0)
                 clock.end("owner")
-            self.add_strategy_gradients()
+            self.add_strategy_gradients(model, state)
             model.adam.step(model.grads.data, cols * lr_scale, seen)
-        else:
-            self._idle_adam_step(model, cols)
+        elif model is not None:  # a rank in no view of the step moves none of its Gaussians (Adam counts the step)
+            model.adam.step(model.grads.data, cols, self.xp.zeros(len(model), bool))
         prev = self.step
         self.step += len(views)
         lr = {g: rate * lr_scale for g, rate in lr.items()}
         ctx = self.context(lr_means=lr["means"], prev_step=prev, offset=self.offset)
-        events = self._after_adam(model, ctx, lr)
+        events = self._after_step(model, state, ctx, lr)
         self._last_view = tuple(views)
         clock.end("optimizer")
         loss = float(self.exchange.allreduce_sum(np.array([sum(map(float, shares))]))[0]) / len(views)
@@ -572,7 +569,8 @@ class PixelExchangeTrainer(RankedTrainer):
         saturated = sum(int(r.marks[me].sum()) for r in renders.values() if r.marks is not None)
         self.stats = {"views": len(views), "pixel_bytes": int(sent.nbytes + sent_back.nbytes),
                       "tiles_sent": int(len(sent)), "tiles_full": full, "tiles_saturated": saturated,
-                      **(self.saturation.counts if self.saturation else {}), **self.utilisation, **clock.stats()}
+                      **(self.saturation.counts if self.saturation else {}), **self.utilisation, **clock.stats(),
+                      **self.store.step_stats()}
         return loss, events
 
     def _render(self, model, plan, view, epoch, sh_degree, background, clock):
@@ -629,25 +627,32 @@ class PixelExchangeTrainer(RankedTrainer):
         d_layers = [xp.concatenate([d_colours[n], d_trans[n][..., None]], axis=2) for n in range(len(plan.order))]
         return loss, d_layers, new_marks
 
-    def _step_model(self, views):
-        """The model that this step renders and updates for the training views ``views`` that this
-        rank takes part in (none: it takes part in no view of the step): the shard."""
-        return self.model
+    def upcoming_views(self, n):
+        """This rank's views in the next step's buckets of the epoch, where it has any (at most ``n``)."""
+        return [v for bucket in self._buckets[:self.batch] for v, ranks in bucket if self.rank in ranks][:n]
 
-    def _idle_adam_step(self, model, cols):
-        """Adam's step for a rank in no view of the step: none of its Gaussians moves."""
-        model.adam.step(model.grads.data, cols, self.xp.zeros(len(model), bool))  # (keeps Adam's step count)
-
-    def _after_adam(self, model, ctx, lr):
-        """The strategy's refinements and resets, then the Gaussians that left their box to its owner
-        (after a refinement the tree rebuilt if unbalanced; with steps rendered ahead, only where the
-        pipeline is empty: ``_settles_after``).  Collective.  -> the strategy's events."""
-        events = self.strategy.after_optimizer(model, self.strategy_state, self.step, ctx)
+    def _after_step(self, model, state, ctx, lr):
+        """The step's ``model`` (``state``: its strategy state) back to the store (``lr``: its learning
+        rates), then the strategy's refinements and resets on the whole shard, and the Gaussians that
+        left their box to its owner (after a refinement the tree rebuilt if unbalanced; with steps
+        rendered ahead, only where the pipeline is empty: ``_settles_after``).  Out of core the whole
+        shard is gathered (and cut into blocks anew) only where Gaussians left their box on any rank (only
+        the working set's rows moved) or the strategy acts.  Collective.  -> the strategy's events."""
+        self.store.checkin(model, state, lr)
+        if self.store.out_of_core:
+            leaving = 0 if model is None else int((self.partition.owner(model.group("means")) != self.rank).sum())
+            leaving = int(self.exchange.allreduce_sum(np.array([float(leaving)]))[0])
+            if not leaving and not self.strategy.acts_at(self.step, ctx):
+                return {}
+        model, state = self.store.whole()
+        events = self.strategy.after_optimizer(model, state, self.step, ctx)
         if "cloned" in events:
-            events.update(self._rebalance(), gaussians=self.total)
+            model, state, moves = self._rebalance(model, state)
+            events.update(moves, gaussians=self.total)
             self._buckets = []  # boxes and Gaussians changed: plan the rest of the epoch anew
         elif not self._in_flight:
-            self._migrate()
+            model, state, _ = self._migrate(model, state)
+        self.store.hold(model, state)
         return events
 
     def _update_marks(self, views, plans, blocks):
@@ -671,58 +676,22 @@ class PixelExchangeTrainer(RankedTrainer):
         return {**super().log_extra(), "gaussians_total": self.total}
 
 
-class OffloadedPixelExchangeTrainer(OutOfCoreShard, PixelExchangeTrainer):
+class OffloadedPixelExchangeTrainer(PixelExchangeTrainer):
     """The pipeline above with each rank's Gaussians out of core (``--offload`` with ``--exchange
-    pixel`` under ``mpiexec``): the rank's box's Gaussians in blocks in host memory or on disk
-    (``engine.offload``), the device holding the blocks that its view of the step sees.  A step
-    renders, back-propagates and updates that working set (visible-only Adam); Gaussians that left
-    the box can only be among its rows, so only they are checked, and where any rank's did, or the
-    strategy acts, every rank gathers its whole shard in host memory, migrates (and refines, and
-    rebuilds the tree) as in memory, and cuts it into blocks anew."""
+    pixel`` under ``mpiexec``): its store an ``engine.offload.OutOfCoreStore``, the rank's box's
+    Gaussians in blocks in host memory or on disk, the device holding the blocks that its view of the
+    step sees.  A step renders, back-propagates and updates that working set (visible-only Adam);
+    Gaussians that left the box can only be among its rows, so only they are checked, and where any
+    rank's did, or the strategy acts, every rank gathers its whole shard in host memory, migrates (and
+    refines, and rebuilds the tree) as in memory, and cuts it into blocks anew."""
 
     def __init__(self, dataset, out_dir, cfg, comm, backend=None, log=print, transport="auto", saturation=True,
                  revalidate_every=SATURATION_EPOCHS, consolidation=True, batch_size=None, mode="host",
                  offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True, block_rows=BLOCK_ROWS):
-        self._add_offload_options(mode, offload_dir, host_memory, gpu_memory)
+        self.options, store = out_of_core(self.options, mode, offload_dir, host_memory, gpu_memory, prefetch,
+                                          block_rows, shard=True)
         super().__init__(dataset, out_dir, cfg, comm, backend, log, transport, saturation, revalidate_every,
-                         consolidation, batch_size)  # (no steps rendered ahead: each step loads its own working set)
-        self._init_out_of_core(mode, offload_dir, host_memory, gpu_memory, prefetch, block_rows)
-
-    def _shard_backend(self):
-        return "cpu"
-
-    def _boxes(self):
-        means, scales = self._whole_group("means"), self._whole_group("scales")  # (columns of the host's table)
-        return self.comm.allgather(rank_boxes(means, scales))
-
-    def _upcoming_views(self, n):
-        """This rank's views in the next step's buckets of the epoch, where it has any."""
-        return [v for bucket in self._buckets[:self.batch] for v, ranks in bucket if self.rank in ranks][:n]
-
-    def _step_model(self, views):
-        self._in_pool = None
-        if not views:
-            return None
-        self._in_pool = self._working_set(views)
-        self.model, self.strategy_state = self._load_working(self._in_pool)
-        return self.model
-
-    def _idle_adam_step(self, model, cols):
-        self._adam_steps += 1  # (the step count every rank's Adam shares)
-
-    def _after_adam(self, model, ctx, lr):
-        """The working set back to its blocks; where Gaussians left their box on any rank or the
-        strategy acts, on every rank's whole shard."""
-        leaving = 0
-        if self._in_pool is not None:
-            self._store_working(model, self.strategy_state, self._in_pool, lr["means"], lr["scales"])
-            leaving = int((self.partition.owner(model.group("means")) != self.rank).sum())
-        self.model, self.strategy_state = OutOfCoreModel(self), {}
-        leaving = int(self.exchange.allreduce_sum(np.array([float(leaving)]))[0])
-        if not leaving and not self.strategy.acts_at(self.step, ctx):
-            return {}
-        after_adam = super()._after_adam
-        return self._change_whole_shard(lambda: after_adam(self.model, ctx, lr))
+                         consolidation, batch_size, store=store)  # (no steps rendered ahead: each loads its own)
 
 
 def _migrating_columns(model, strategy_state, n):

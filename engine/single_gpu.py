@@ -138,17 +138,18 @@ class SingleGPUTrainer(Trainer):
     _graphs = None       # the step graphs (``engine.step_graphs``), once a step may use them
     _random_bg = None    # with ``random_background`` and step graphs: the device values each step's is written to
 
-    def _room_for(self, view):
+    def _room_for(self, view, model):
         """Binning room for this step's view (``BinningRoom.plan``), where ``binning_room`` says so
         and no colour correction is trained (its per-image update sees the render and has no skip
-        flag); the view of a step skipped for room goes back in the order (trains next).
+        flag) and the model stays in memory (a working set's rows change from step to step); the view of a
+        step skipped for room goes back in the order (trains next).
         -> (room: None bins exactly, whether the step bins into room at all)."""
         wanted = _backend.on_gpu(self.backend) if self.binning_room is None else self.binning_room
-        if not wanted or self.appearance is not None:
+        if not wanted or self.appearance is not None or self.store.out_of_core:
             return None, False
         if self._room is None:
             self._room = BinningRoom()
-        room = self._room.plan(view, len(self.model))
+        room = self._room.plan(view, len(model))
         while self._room.skipped:  # the last step's view did not fit: it trains next (popped from the end)
             self.order.append(self._room.skipped.pop())
         return room, True
@@ -172,38 +173,45 @@ class SingleGPUTrainer(Trainer):
     def start_from(self, model_state, strategy_state=None):
         if self._graphs is not None:
             self._graphs.clear()
-        self.model = GaussianModel.from_state(model_state, self.backend)
-        self.strategy_state = ({k: self.xp.asarray(a) for k, a in strategy_state.items()} if strategy_state
-                               else self.strategy.initialize_state())
+        model = GaussianModel.from_state(model_state, self.store.home)
+        self.store.hold(model, ({k: model.xp.asarray(a) for k, a in strategy_state.items()} if strategy_state
+                                else self.strategy.initialize_state()))
 
     def gather_state(self):
-        return self.model.state(), {k: _backend.to_host(a) for k, a in self.strategy_state.items()}
+        model, state = self.store.whole()
+        return model.state(), {k: _backend.to_host(a) for k, a in state.items()}
 
     def whole_state(self):
         """The model's own buffers and strategy state, on the device (the importance pass cuts its
         rows there: no copies to the host and back)."""
-        groups = {w: {g: self.model.group(g, w) for g in GROUPS} for w in ("params", "m", "v")}
-        return {**groups, "step": self.model.adam.step_count}, dict(self.strategy_state)
+        model, state = self.store.whole()
+        groups = {w: {g: model.group(g, w) for g in GROUPS} for w in ("params", "m", "v")}
+        return {**groups, "step": model.adam.step_count}, dict(state)
 
     def whole_model(self):
-        return self.model
+        return self.store.whole()[0]
 
     def train_step(self):
         """The host's part of the step around its device work (``_device_step``), which a step graph
-        captures and replays (``engine.step_graphs``) where ``_graphs_now`` allows."""
-        model, strategy = self.model, self.strategy
+        captures and replays (``engine.step_graphs``) where ``_graphs_now`` allows: the view's model
+        checked out of the store (the model itself in memory; out of core, the view's working set) and
+        checked in after Adam, the strategy's refinement on the whole model."""
+        strategy = self.strategy
         timed = self._timing()
         clock = PhaseClock(self.backend, timed)
         i = self.next_view()
+        model, state = self.store.checkout([i], self.upcoming_views(1))
+        if self.store.out_of_core:
+            clock.end("owner")
         bg = self.step_background()
         degree = self.sh_degree_now()
         lr, cols = self.learning_rates()
         model.adam.set_step(cols)  # on the device, where the step's Adam reads them
-        room, roomed = self._room_for(i)
+        room, roomed = self._room_for(i, model)
         self.workload.viewed(i, self.backend)
 
         def step(room, captured):  # the device's part (a captured step keeps its loss, not its render)
-            image, loss, total = self._device_step(i, bg, degree, room, roomed, clock)
+            image, loss, total = self._device_step(model, state, i, bg, degree, room, roomed, clock)
             return (None if captured else image), loss, total
 
         graphs = self._graphs_now(timed)
@@ -217,8 +225,7 @@ class SingleGPUTrainer(Trainer):
         else:
             key = (len(model), degree, self.step >= getattr(strategy, "refine_stop", 0),
                    "random" if self.cfg.random_background else bg.tobytes(),
-                   array_key([model.params.data, model.grads.data, model.adam.m, model.adam.v,
-                              *self.strategy_state.values()]))
+                   array_key([model.params.data, model.grads.data, model.adam.m, model.adam.v, *state.values()]))
             fits = lambda captured_room: self._room.fits(i, len(model), captured_room)  # noqa: E731
             (image, loss, total), room = graphs.run(i, key, room, fits, step)
             loss = loss.again()  # (the graph keeps its loss unread: each replay's is read from its sums)
@@ -227,27 +234,40 @@ class SingleGPUTrainer(Trainer):
         # (a graph keeps its loss, not its render: progress_psnr renders a replayed step's view when asked)
         self._progress_view = (image, i)
         self.step += 1
-        events = strategy.after_optimizer(model, self.strategy_state, self.step, self.context(lr_means=lr["means"]))
+        self.store.checkin(model, state, lr)
+        events = self._refine(self.context(lr_means=lr["means"]))
         if events and self._graphs is not None:
             self._graphs.clear()
         if self._room is not None and events.get("opacity_reset"):
             self._room.hold_totals()
         clock.end("optimizer")
-        self.stats = clock.stats()
+        self.stats = {**self.store.step_stats(), **clock.stats()}
         return loss, events
 
-    def _device_step(self, i, bg, degree, room, roomed, clock):
-        """View ``i``'s render, loss, backward, the strategy's statistics and Adam's update, on the
-        device alone: nothing here reads a device value or changes the host's state (but the tile
-        loss's statistics, a loss never captured), so that a step graph can replay it.  ``room``,
-        ``roomed``: ``_room_for``'s.
+    def _refine(self, ctx):
+        """The strategy's refinement or reset after the step (``ctx``: its context) on the whole model: in
+        memory at every step; out of core only where it acts, on the device if the pool holds every
+        block, and the result cut into blocks anew.  -> its events."""
+        if self.store.out_of_core and not self.strategy.acts_at(self.step, ctx):
+            return {}
+        model, state = self.store.whole(device=True)
+        events = self.strategy.after_optimizer(model, state, self.step, ctx)
+        if self.store.out_of_core:
+            self.store.hold(model, state)
+        return events
+
+    def _device_step(self, model, state, i, bg, degree, room, roomed, clock):
+        """View ``i``'s render, loss, backward, the strategy's statistics and Adam's update of ``model``
+        (with the strategy ``state`` of its rows: the store's checkout), on the device alone: nothing
+        here reads a device value or changes the host's state (but the tile loss's statistics, a loss
+        never captured), so that a step graph can replay it.  ``room``, ``roomed``: ``_room_for``'s.
         -> (the render, the loss, the intersections of an exact binning)."""
-        c, model, strategy = self.cfg, self.model, self.strategy
+        c, strategy = self.cfg, self.strategy
         g = model.gaussians
         target = self.targets[i]  # random_background changes the render only, as in 3DGS
         p = ns.project(g, self.data.train[i].camera, sh_degree=degree, antialias=c.antialias, backend=self.backend,
                        check=False)  # checked at log steps: a sync
-        self.workload.cull(p, g, self.strategy_state, i, self.backend)  # what its mask and LOD gate skip
+        self.workload.cull(p, g, state, i, self.backend)  # what its mask and LOD gate skip
         clock.end("project")
         fixed = c.deterministic
         b = (self._room.bin_into(p, room, self.backend, deterministic=fixed) if roomed
@@ -267,8 +287,8 @@ class SingleGPUTrainer(Trainer):
             grad = ns.rasterize_backward(p, b, r, d_img, backend=self.backend, deterministic=fixed)
             clock.end("backward")
         ns.project_backward(g, p, grad, model.grad_gaussians, accumulate=False, backend=self.backend)
-        self.add_strategy_gradients()  # on top of what the backward wrote
-        strategy.after_backward(model, self.strategy_state, self.step, p, grad, skip=b.overflow)
+        self.add_strategy_gradients(model, state)  # on top of what the backward wrote
+        strategy.after_backward(model, state, self.step, p, grad, skip=b.overflow)
         clock.end("owner")
         visible = p.counts > 0 if c.visible_adam else None
         model.adam.update(model.grads.data, visible, skip=b.overflow)
@@ -277,12 +297,13 @@ class SingleGPUTrainer(Trainer):
     def _graphs_now(self, timed):
         """The step graphs where this step may use one: on a GPU with ``cfg.step_graphs`` on, binning
         into room, the global loss (the tile loss draws its arrangements on the host), no colour
-        correction (its per-image values live on the host), and not a timed step (its phases are
+        correction (its per-image values live on the host), the model in memory (a working set's buffers
+        change from step to step), and not a timed step (its phases are
         synced).  None otherwise."""
         c = self.cfg
         if self._graphs is None:
             wanted = (c.step_graphs == "on" and _backend.on_gpu(self.backend) and self.binning_room is not False
-                      and c.loss != "tile" and self.appearance is None)
+                      and c.loss != "tile" and self.appearance is None and not self.store.out_of_core)
             if not wanted:
                 return None
             self._graphs = StepGraphs()
@@ -305,5 +326,5 @@ class SingleGPUTrainer(Trainer):
         keeps no render), the view rendered now, after the step's update."""
         image, i = self._progress_view
         if image is None:
-            image = self.view_image(self.model.gaussians, self.data.train[i].camera)
+            image = self.view_image(self.whole_model().gaussians, self.data.train[i].camera)
         return psnr(image, self.targets[i])

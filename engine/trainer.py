@@ -36,6 +36,7 @@ from data.atomic import atomic_path, remove_stale_temps
 
 from .appearance import ColourCorrection
 from .model import init_from_points
+from .store import MemoryStore
 from .outputs import SNAPSHOT, TensorBoardLog, lpips_metric, render_image, save_png, write_model_outputs
 from .pipeline_options import PipelineOptions, check
 from .strategy import Context, DefaultStrategy, MCMCStrategy
@@ -311,8 +312,9 @@ def s3im_weight(dataset):
 class Trainer(ABC):
     """The recipe and the state that every pipeline shares: the config, the data, one RNG
     (seeded alike on every rank, so ranks draw the same), the step count (in images), the
-    views' order, the strategy and its state, and ``model``: this process's
-    ``GaussianModel``, the whole model or its shard."""
+    views' order, the strategy, and ``store``: where this process's Gaussians (the whole model
+    or its shard) and their strategy state live (``engine.store``: in memory, or out of core).
+    ``model`` and ``strategy_state`` are the store's between steps."""
 
     is_root = True  # writes the logs and outputs (rank 0 under MPI)
     batch = 1  # views per step (a batched pipeline sets its batch size)
@@ -323,7 +325,8 @@ class Trainer(ABC):
     # the pipeline options it was made with: each constructor adds its own before ``__init__`` checks them all
     options = PipelineOptions()
 
-    def __init__(self, dataset, out_dir, cfg: TrainConfig, backend=None, log=print):
+    def __init__(self, dataset, out_dir, cfg: TrainConfig, backend=None, log=print, store=None):
+        """``store``: where the Gaussians live (default: a ``MemoryStore``)."""
         if cfg.lambda_s3im is None:
             cfg = replace(cfg, lambda_s3im=s3im_weight(dataset))
         if cfg.lr_means_steps is None:
@@ -343,7 +346,7 @@ class Trainer(ABC):
         self.train_seconds = 0.0
         self.peak_pool_bytes = 0
         self.strategy = self._make_strategy()
-        self.strategy_state = self.strategy.initialize_state()
+        self.store = store or MemoryStore()
         self.targets = Targets([v.image for v in dataset.train], cfg.targets, self.backend)
         note = self.targets.describe()
         if note:
@@ -351,7 +354,6 @@ class Trainer(ABC):
         self.stats = {}  # the last step's phase times (PhaseClock) and a pipeline's exchange statistics
         self.order = []
         self.train_until = None  # the step where the current ``train`` stops (None: cfg.iterations)
-        self.model = None
         self.signals = StopSignals()
         # called after every step as hook(trainer, the log record or None), each returning the seconds it
         # held the loop that are not training (a viewer's pause): engine/viewer.py's LiveView
@@ -360,6 +362,27 @@ class Trainer(ABC):
         if cfg.appearance:
             self.appearance = ColourCorrection(len(dataset.train), cfg.lr_appearance, self.backend)
         self.workload = Workload(cfg, len(dataset.train))
+        self.store.open(backend=self.backend, views=dataset.train, images_bytes=self.targets.device_bytes,
+                        betas=self.adam_betas(), fresh_statistics=lambda xp, n: self.strategy.fresh_statistics(xp, n))
+
+    @property
+    def model(self):
+        """This process's Gaussians between steps (``store.model``): a ``GaussianModel``, or an out-of-core
+        store's stand-in for it (its size and SH bases); None before the start."""
+        return self.store.model
+
+    @property
+    def strategy_state(self):
+        """The strategy's state of ``model``'s rows (``store.state``)."""
+        return self.store.state
+
+    @strategy_state.setter
+    def strategy_state(self, state):
+        self.store.hold(self.store.model, state)
+
+    def close(self):
+        """Release what the store holds outside the model (disk mode's files, page-locked memory)."""
+        self.store.close()
 
     def _make_strategy(self):
         c = self.cfg
@@ -542,11 +565,12 @@ class Trainer(ABC):
     def log_extra(self):
         """More fields for the JSON-lines log: the fused-tile fractions with ``--loss tile``
         (a multi-rank pipeline adds its exchange statistics).  Collective."""
-        return {**getattr(self, "tile_stats", {}), **self.workload.log_fields()}
+        return {**getattr(self, "tile_stats", {}), **self.workload.log_fields(),
+                **self.store.log_fields(self.step, self._device_memory_peak)}
 
     def progress_extra(self, record):
-        """More for the progress line, from the log step's ``record`` ("": nothing)."""
-        return ""
+        """More for the progress line, from the log step's ``record`` ("": nothing): the store's."""
+        return self.store.progress_text(record)
 
     def pipeline_arrays(self):
         """The pipeline's own state that its next steps depend on, for the snapshot: {name: host array}
@@ -607,6 +631,11 @@ class Trainer(ABC):
             self.order = order if kind == "random" else order[::-1]  # popped from its end
         return int(self.order.pop())
 
+    def upcoming_views(self, n):
+        """The next step's ``n`` training views, where known (the epoch's order holds them): a hint for a
+        store that moves their Gaussians ahead."""
+        return self.order[::-1][:n] if len(self.order) >= n else []
+
     def epoch_view_order(self):
         """This epoch's order of the views: ``cfg.view_order``, auto being random (3DGS)."""
         return "random" if self.cfg.view_order == "auto" else self.cfg.view_order
@@ -632,7 +661,7 @@ class Trainer(ABC):
     def context(self, **step):
         """The strategy's ``Context``: the scene scale, the RNG, the memory guard's limits, and a
         pipeline's ``step`` fields (the step's learning rate, this rank's rows)."""
-        free = _free_device_bytes if _backend.on_gpu(self.backend) else 0
+        free = _free_device_bytes if _backend.on_gpu(self.backend) and not self.store.out_of_core else 0
         return Context(self.data.scene_scale, self.rng, self.cfg.max_gaussians, free, **step)
 
     def gaussian_total(self):
@@ -653,7 +682,7 @@ class Trainer(ABC):
         """Stop with a clear message if training diverged (rendering skips this per-step sync),
         naming which attributes of how many Gaussians went non-finite and the step's loss
         (``model``: the Gaussians to check, default the trainer's)."""
-        model = self.model if model is None else model
+        model = self.store.recent() if model is None else model
         if bool(self.xp.isfinite(model.params.data).all()):
             return
         g = model.gaussians
@@ -724,8 +753,9 @@ class Trainer(ABC):
         return fields
 
     def view_image(self, gaussians, camera):
-        """``gaussians`` (the whole model's) rendered from ``camera`` for evaluation, clipped to [0, 1]."""
-        return render_image(gaussians, camera, self.cfg.sh_degree, self.cfg.background, self.cfg.antialias,
+        """``gaussians`` (the whole model's) rendered from ``camera`` for evaluation, clipped to [0, 1]: the
+        part of them the store renders the view from (out of core: what the view can see, on the device)."""
+        return render_image(self.store.part_in_view(gaussians, camera), camera, self.cfg.sh_degree, self.cfg.background, self.cfg.antialias,
                             self.backend)
 
     def _device_memory_peak(self, release_cache=False):

@@ -44,7 +44,13 @@ with abort_on_error(comm):
     t.start_from({"params": start})
     migrated, in_flight = [], []  # the Gaussians each migration moved (over all ranks); the steps in flight then
     migrate = t._migrate
-    t._migrate = lambda: in_flight.append(len(t._in_flight)) or migrated.append(migrate()) or migrated[-1]
+
+    def counted_migrate(model, state):
+        in_flight.append(len(t._in_flight))
+        moved = migrate(model, state)  # (the new shard, its state, the Gaussians moved)
+        migrated.append(moved[2])
+        return moved
+    t._migrate = counted_migrate
     if "rebalance" in sys.argv:  # every Gaussian moved into rank 0's box: they migrate, then the tree is rebuilt
         before = t.gathered()
         means = t.model.group("means")
@@ -54,7 +60,8 @@ with abort_on_error(comm):
             t.model.group(g, "m")[...] = t.model.group(g) + 1
             t.model.group(g, "v")[...] = t.model.group(g) + 2
         t.strategy_state = {"grad": t.model.group("means")[:, 0] + 3, "count": np.arange(len(t.model), dtype=np.int32)}
-        events = t._rebalance()
+        model, state, events = t._rebalance(t.model, t.strategy_state)
+        t.store.hold(model, state)
         counts = comm.allgather(len(t.model))
         after = t.gathered()
         travelled = all(np.array_equal(t.model.group(g, w), t.model.group(g) + k)

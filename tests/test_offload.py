@@ -157,12 +157,12 @@ def test_offloaded_training_equals_in_memory_training_with_visible_adam(dataset,
     assert len(memory.model) != (400 if start is None else 120), "densification did not run"
     if scene == "clusters":
         assert resumed.stats["resident_gaussians"] < 0.8 * len(model)  # the working set: about one cluster
-        assert resumed.cache.misses > resumed.index.blocks  # blocks left the device and came back
+        assert resumed.store.cache.misses > resumed.store.index.blocks  # blocks left the device and came back
     if mode == "disk":
-        assert first.host.read_bytes > 0 and resumed.host.read_bytes > 0  # blocks came back from the disk
+        assert first.store.host.read_bytes > 0 and resumed.store.host.read_bytes > 0  # blocks came back from the disk
     else:  # the blocks written back went into the one table, which the whole model was gathered from
-        whole = resumed.host.whole
-        assert whole is not None and all(np.shares_memory(t, whole) for t in resumed.host.tables.values())
+        whole = resumed.store.host.whole
+        assert whole is not None and all(np.shares_memory(t, whole) for t in resumed.store.host.tables.values())
     for g in GROUPS:
         np.testing.assert_allclose(b[g], a[g], rtol=1e-6, atol=1e-7, err_msg=g)
     np.testing.assert_allclose(model.host_arrays("v")["means"], memory.model.host_arrays("v")["means"],
@@ -205,7 +205,7 @@ def test_an_offloaded_shard_trains_as_the_shard_in_memory(tmp_path, mode):
     resumed.train(progress=False)
     assert len(memory.model) != 120, "densification did not run"
     assert resumed.stats["resident_gaussians"] < 0.8 * resumed.total  # the working set: about one cluster
-    assert resumed.cache.misses > resumed.index.blocks  # blocks left the device and came back
+    assert resumed.store.cache.misses > resumed.store.index.blocks  # blocks left the device and came back
     a, b = memory.model.state(), resumed.gather_state()[0]
     for w in ("params", "m", "v"):
         for g in GROUPS:
@@ -406,8 +406,8 @@ def test_offload_equals_in_memory_on_the_captures(scene, tmp_path):
     resumed.train(progress=False)
     a, b, c = memory.model.host_arrays(), host.whole_model().host_arrays(), resumed.whole_model().host_arrays()
     assert len(a["means"]) != start_rows, "densification did not run"
-    assert first.host.read_bytes > 0 and resumed.host.read_bytes > 0  # blocks came back from the disk
-    assert len(a["means"]) * row_bytes > resumed.host.capacity  # the model does not fit the cap
+    assert first.store.host.read_bytes > 0 and resumed.store.host.read_bytes > 0  # blocks came back from the disk
+    assert len(a["means"]) * row_bytes > resumed.store.host.capacity  # the model does not fit the cap
     for g in GROUPS:
         np.testing.assert_allclose(b[g], a[g], rtol=1e-6, atol=1e-7, err_msg=g)
         np.testing.assert_allclose(c[g], b[g], rtol=1e-6, atol=1e-7, err_msg=g)
@@ -431,15 +431,15 @@ def test_auto_view_order_tours_only_while_the_device_holds_under_half_the_blocks
     when not; random in memory."""
     roomy = OffloadTrainer(dataset, tmp_path / "a", offload_config(view_order="auto"), backend="cpu", block_rows=16)
     roomy.init_model()
-    assert roomy.index.blocks == 25 and roomy.epoch_view_order() == "random"
+    assert roomy.store.index.blocks == 25 and roomy.epoch_view_order() == "random"
     tight = OffloadTrainer(dataset, tmp_path / "b", offload_config(view_order="auto"), backend="cpu", block_rows=16,
                            gpu_memory=10 * 16 * (72 * 4 + 1500) + 16 * 400)  # 10 slots, and the index
     tight.init_model()
-    assert tight.cache.slots == 10 and tight.epoch_view_order() == "trajectory"
+    assert tight.store.cache.slots == 10 and tight.epoch_view_order() == "trajectory"
     most = OffloadTrainer(dataset, tmp_path / "d", offload_config(view_order="auto"), backend="cpu", block_rows=16,
                           gpu_memory=15 * 16 * (72 * 4 + 1500) + 16 * 400)  # 15 slots of 25: random
     most.init_model()
-    assert most.cache.slots == 15 and most.epoch_view_order() == "random"
+    assert most.store.cache.slots == 15 and most.epoch_view_order() == "random"
     assert SingleGPUTrainer(dataset, tmp_path / "c", small_config(), backend="cpu").epoch_view_order() == "random"
 
 
@@ -454,9 +454,9 @@ def test_a_parameter_group_read_from_the_host_table_is_the_whole_models(tmp_path
     t.start_from({"params": start})
     for _ in range(5):
         t.train_step()
-    assert t.cache.slots < t.index.blocks and t.cache.dirty
-    means, scales = t._whole_group("means"), t._whole_group("scales")
-    g = t._gather_whole()[0].gaussians
+    assert t.store.cache.slots < t.store.index.blocks and t.store.cache.dirty
+    means, scales = t.store.group("means"), t.store.group("scales")
+    g = t.store.whole()[0].gaussians
     np.testing.assert_array_equal(means, g.means)
     np.testing.assert_array_equal(scales, g.scales)
     assert not np.array_equal(means, start["means"])  # (it trained)
@@ -664,10 +664,56 @@ def test_offloaded_training_on_the_cuda_kernels_equals_in_memory_in_simulator(tm
         assert len(a["means"]) > 40, "densification did not run"
         for name, caps in (("full", {{}}), ("capped", {{"gpu_memory": 9 * 8 * (45 * 4 + 1500) + 16 * 200}})):
             t = run(name, **caps)
-            assert (t.cache.misses > 0) == (name == "capped")
+            assert (t.store.cache.misses > 0) == (name == "capped")
             b = t.whole_model().host_arrays()
             for g in GROUPS:
                 np.testing.assert_allclose(b[g], a[g], rtol=1e-5, atol=1e-6, err_msg=name + " " + g)
         print("offloaded on the CUDA kernels ok")
     """, timeout=900, env={"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")])})
 
+
+
+def test_a_step_through_the_memory_or_the_host_store_leaves_the_same_whole_model():
+    """A store's calls (``engine.store``): the Gaussians a view trains checked out, stepped (Adam on the
+    rows the view sees, their statistics counted), checked in; the whole model then equals the memory
+    store's and the host store's (which checked out only the view's working set)."""
+    from engine.model import GaussianModel
+    from engine.offload import OutOfCoreStore
+    from engine.store import MemoryStore
+    from numbasplat.optim import column_lrs
+    from scenes import cluster_capture
+    data, start = cluster_capture(per_cluster=60, views=8)
+    lr = {"means": 1e-3, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "sh": 2.5e-3}
+    wholes, checked_out = [], []
+    for store in (MemoryStore(), OutOfCoreStore("host", block_rows=16)):
+        store.open(backend="cpu", views=data.train, images_bytes=0, betas=(0.9, 0.999),
+                   fresh_statistics=DefaultStrategy.fresh_statistics)
+        store.hold(GaussianModel.from_state({"params": start}, store.home),
+                   DefaultStrategy.fresh_statistics(np, len(start["means"])))
+        model, state = store.checkout([0], upcoming=[1])
+        checked_out.append(len(model))
+        p = ns.project(model.gaussians, data.train[0].camera, sh_degree=0, backend="cpu")
+        seen = p.counts > 0
+        model.grads.data[...] = 0.01
+        model.adam.step(model.grads.data, column_lrs(lr, model.sh_bases), seen)
+        state["count"][seen] += 1
+        store.checkin(model, state, lr)
+        wholes.append(store.whole())
+        store.close()
+    (a, a_state), (b, b_state) = wholes
+    assert checked_out[1] <= checked_out[0] == len(a)  # the host store's: the blocks whose boxes the view sees
+    for w in ("params", "m", "v"):
+        for g in GROUPS:
+            np.testing.assert_array_equal(b.group(g, w), a.group(g, w), err_msg=f"{w} {g}")
+    np.testing.assert_array_equal(b_state["count"], a_state["count"])
+    assert a_state["count"].sum() > 0 and a.adam.step_count == b.adam.step_count == 1
+
+
+@pytest.mark.parametrize("change", [dict(loss="tile"), dict(appearance=True)])
+def test_out_of_core_refuses_the_tile_loss_and_appearance_in_check(change):
+    """The tile loss and the colour corrections are refused out of core in the one ``check``, with the
+    flags named (whatever pipeline holds the store)."""
+    from engine.pipeline_options import PipelineOptions, check
+    for options in (PipelineOptions(offload="host"), PipelineOptions(offload="disk", offload_dir="d", host_memory=1)):
+        with pytest.raises(ValueError, match=r"--offload (host|disk) trains with --loss global, without --appearance"):
+            check(small_config(visible_adam=True, **change), options)

@@ -1,0 +1,101 @@
+"""Out-of-core training (``--offload host|disk``): the model out of the device, which holds a view's working set.
+
+All parameters, Adam moments and densification statistics live out of the device, a Gaussian's
+values one row of a table (``RowLayout``).  The Gaussians are grouped into spatially coherent
+blocks (``BlockIndex``: the Morton order of their centres, cut into blocks of about
+``BLOCK_ROWS``), each with a box that holds its centres grown by its Gaussians' reach.  Three
+levels hold the blocks' tables:
+
+* the disk (``--offload disk``): a file per block in ``--offload-dir`` (``DiskBlocks``), with host
+  memory a cache of them capped by ``--host-memory`` (least recently used out first, written back
+  if changed; a thread reads the next view's blocks ahead);
+* host memory (``--offload host``: every block, ``HostBlocks``);
+* the device: a pool of block slots (``DeviceCache``), capped by ``--gpu-memory``, holding the
+  blocks the recent views saw (least recently used out first, written back to the host).
+
+One step, one view:
+
+1. the view's blocks: those whose grown box the view can see, culled on the host from the boxes
+   alone (``partition.visible_regions``); those the device lacks come in (the only transfers);
+2. the working set, those blocks' rows in model order, is gathered from the pool into a model of its
+   own, which renders, computes the loss and back-propagates as the single-GPU pipeline does, and
+   steps Adam on the Gaussians the view saw (visible-only Adam: ``cfg.visible_adam`` must be on)
+   with the whole model's step count; its rows go back to the pool, and its blocks' boxes are
+   recomputed there (one kernel) for the host's culling, which reads them a step late
+   (``BoxesInFlight``: the host queues the next step without waiting for this one);
+3. where the strategy densifies or resets (``DefaultStrategy.acts_at``), the whole model is
+   gathered in host memory, changed, and cut into blocks anew; snapshots gather it likewise.
+
+All of this is one store (``OutOfCoreStore``, ``engine.store``'s interface), which any pipeline may
+own instead of its ``MemoryStore``: the single-process pipeline (``OffloadTrainer`` is
+``engine.single_gpu.SingleGPUTrainer`` with this store), and under MPI each rank's shard, of the
+Gaussian exchange (``engine.gaussian_exchange.OffloadedGaussianExchangeTrainer``: a step's working set is
+what any view of its batch sees) or of the pixel exchange
+(``engine.pixel_exchange.OffloadedPixelExchangeTrainer``: the Gaussians of the rank's box that its view of
+the step sees).
+
+The package: ``layout`` (the blocks' index, a row's layout, a working set's rows), ``tiers`` (host
+memory, disk), ``cache`` (the device's pool of blocks, the boxes in flight), ``store`` (the store).
+
+Rows keep the in-memory model's order, so the working set binned and sorted on the device ties as
+the whole model would, and the strategy's random draws fall on the same Gaussians: offloaded
+training equals in-memory training with visible-only Adam and the same view order (tested).  While the
+device holds under half the blocks, the views follow a tour along the cameras by default (``--view-order
+auto``: trajectory), so that consecutive working sets overlap and few blocks move; else they come in
+random order, as in memory: a tour's neighbouring views in a row cost quality.
+
+The moves overlap the kernels: where blocks move in host mode the host's table is page-locked, a
+block moves by one copy between its rows there and its slot, and the next step's blocks (a guess from
+the next view) move in on a stream of their own while this step trains (``DeviceCache.prefetch``);
+what the guess missed moves at the step, queued before its kernels.
+"""
+from dataclasses import replace
+
+from ..single_gpu import SingleGPUTrainer
+from .cache import BoxesInFlight, DeviceCache
+from .layout import BLOCK_ROWS, BlockIndex, RowLayout, WorkingRows, format_bytes, frustum_part
+from .store import GPU_SHARE, OutOfCoreModel, OutOfCoreStore
+from .tiers import DiskBlocks, HostBlocks, own_memory
+
+__all__ = ["BLOCK_ROWS", "GPU_SHARE", "TOUR_BELOW", "BlockIndex", "BoxesInFlight", "DeviceCache", "DiskBlocks",
+           "HostBlocks", "OffloadTrainer", "OutOfCoreModel", "OutOfCoreStore", "RowLayout", "WorkingRows",
+           "format_bytes", "frustum_part", "out_of_core", "own_memory"]
+
+TOUR_BELOW = 0.5  # --view-order auto: a tour while the device's pool holds under this share of the blocks
+
+
+def out_of_core(options, mode="host", offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True,
+                block_rows=BLOCK_ROWS, shard=False):
+    """-> (``options`` (``PipelineOptions``) with the out-of-core ones, the ``OutOfCoreStore`` they ask
+    for): what a pipeline's constructor gives ``Trainer.__init__``, which checks the options and opens
+    the store.  ``shard``: the store holds a rank's shard."""
+    options = replace(options, offload=mode, offload_dir=offload_dir, host_memory=host_memory,
+                      gpu_memory=gpu_memory)
+    return options, OutOfCoreStore(mode, offload_dir, host_memory, gpu_memory, prefetch, block_rows, shard)
+
+
+class OffloadTrainer(SingleGPUTrainer):
+    """The single-process pipeline with its model out of core (``OutOfCoreStore``; see above).
+
+    ``mode``: host or disk; ``offload_dir``, ``host_memory`` (bytes): disk mode's folder and host cache;
+    ``gpu_memory`` (bytes, 0: ``GPU_SHARE`` of the device's free memory, no cap on the CPU backend): the
+    device's pool of blocks and the working sets built from them; ``prefetch``: disk mode reads the next
+    view's blocks ahead on a thread.  BlitzGS's switches are refused (``culls_views``): their
+    per-Gaussian weights and masks would live beside the blocks, not in their rows."""
+    culls_views = False
+    supports_deterministic = False
+
+    def __init__(self, dataset, out_dir, cfg, backend=None, log=print, block_rows=BLOCK_ROWS, mode="host",
+                 offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True):
+        self.options, store = out_of_core(self.options, mode, offload_dir, host_memory, gpu_memory, prefetch,
+                                          block_rows)
+        super().__init__(dataset, out_dir, cfg, backend, log, store=store)
+
+    def epoch_view_order(self):
+        """auto: a tour along the cameras while the device's pool holds under ``TOUR_BELOW`` of the
+        blocks (consecutive views then share most of their blocks, and random views would move most
+        of theirs), else random: a tour's neighbouring views in a row cost quality (2.3 dB on a city
+        whose pool held 85% of the blocks, for no fewer moves: BENCHMARKS.md, "Out-of-core")."""
+        if self.cfg.view_order != "auto":
+            return self.cfg.view_order
+        return "trajectory" if self.store.prefers_tour(TOUR_BELOW) else "random"

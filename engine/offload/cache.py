@@ -1,0 +1,208 @@
+"""The out-of-core model's blocks on the device: a pool of block slots (``DeviceCache``), and the blocks'
+boxes as the device recomputes them, read back a step late (``BoxesInFlight``)."""
+import itertools
+import math
+from collections import OrderedDict
+
+import numpy as np
+
+from numbasplat import backend as _backend
+from numbasplat import device
+from numbasplat.optim import adam_step_bound
+from numbasplat.rows import pool_rows, reach_boxes
+
+from ..partition import REACH
+
+class DeviceCache:
+    """The blocks resident on the device: one pool of ``slots`` slots of ``block_rows`` rows
+    (a block's table in a slot), the least recently used block out first (back to ``host`` if a
+    step changed it), and each Gaussian's block and place in it (``index``'s, int32), from which
+    ``rows`` finds a working set's pool rows on the device.  ``moved_bytes``, ``hits``, ``misses``:
+    the traffic so far.
+
+    ``direct``: the host's one table of every block (``HostBlocks.whole``) in page-locked memory, or
+    None.  With it a block moves by one copy between its host rows and its slot, queued without the
+    host waiting; ``prefetch`` queues the next step's moves on a stream of their own (``CopyStream``)
+    while this step's kernels run.  Without it (disk mode, or no page-locked table) the blocks come
+    from ``host.get`` and go back by ``host.put`` (on the GPU the host waits for those copies, so
+    ``prefetch`` does nothing there)."""
+
+    INDEX_BYTES = 16  # a Gaussian's block and place in it on the device (int32 each), and ``pool_rows``' scan
+
+    def __init__(self, xp, layout, block_rows, slots, index, direct=None):
+        self.xp, self.block_rows, self.direct = xp, block_rows, direct
+        blocks = index.blocks
+        self.block, self.position = xp.asarray(index.block, np.int32), xp.asarray(index.position, np.int32)
+        self.slots = int(min(slots, blocks))
+        self.pool = xp.empty((self.slots * block_rows, layout.columns_total), np.float32)
+        self.slot = np.full(blocks, -1, np.int64)  # each block's slot (-1: not resident)
+        self.free = list(range(self.slots))[::-1]
+        self.lru = OrderedDict()  # resident blocks, the most recently used last
+        self.dirty = set()
+        self.incoming = set()  # blocks ``prefetch`` moved in that no step has used yet (counted as misses)
+        self.copies = device.CopyStream()
+        self.moved_bytes = self.hits = self.misses = 0
+
+    def fetch(self, blocks, index, host):
+        """Make ``blocks`` resident, the least recently used others out: the kernels queued next wait
+        for the copies ``prefetch`` queued, and those blocks still missing move now, queued on the
+        kernels' stream."""
+        self.copies.kernels_after()
+        missing = []
+        for b in blocks:
+            b = int(b)
+            if self.slot[b] < 0:
+                missing.append(b)
+            else:
+                self.hits += b not in self.incoming
+                self.lru.move_to_end(b)
+        self.incoming.clear()
+        self.misses += len(missing)
+        self._move_in(missing, set(int(b) for b in blocks), index, host, None)
+
+    def prefetch(self, blocks, busy, index, host):
+        """Move in those of ``blocks`` (the next step's) that are missing and fit beside ``busy`` (this
+        step's, which its kernels use) and ``blocks``, on the copy stream, after the kernels queued so
+        far: the moves overlap this step's kernels.  A guess: ``fetch`` moves what it missed."""
+        if self.direct is None and self.xp is not np:
+            return
+        missing = [int(b) for b in blocks if self.slot[b] < 0]
+        keep = set(int(b) for b in blocks) | set(int(b) for b in busy)
+        room = len(self.free) + sum(1 for o in self.lru if o not in keep)
+        missing = missing[:room]
+        if not missing:
+            return
+        self.misses += len(missing)
+        self.incoming.update(missing)
+        self.copies.after_kernels()
+        self._move_in(missing, keep, index, host, self.copies)
+        self.copies.queued()
+
+    def _move_in(self, missing, keep, index, host, stream):
+        """Slots for ``missing``, the least recently used blocks not in ``keep`` out (back to ``host``
+        if changed), and their rows in, on ``stream`` (None: the kernels')."""
+        if not missing:
+            return
+        out = max(0, len(missing) - len(self.free))  # (enough slots: the trainer checks)
+        leaving = list(itertools.islice((o for o in self.lru if o not in keep), out))
+        self._write_back([o for o in leaving if o in self.dirty], index, host, stream)
+        for o in leaving:
+            self.dirty.discard(o)
+            self.free.append(int(self.slot[o]))
+            self.slot[o] = -1
+            del self.lru[o]
+        for b in missing:
+            self.slot[b] = self.free.pop()
+            self.lru[b] = None
+        if self.direct is not None:  # a copy a block, host rows to slot, queued
+            for b in missing:
+                device.copy_rows(self.pool, self.slot[b] * self.block_rows, self.direct, index.starts[b],
+                                   index.sizes[b], stream)
+            self.moved_bytes += int(index.sizes[missing].sum()) * self.pool.strides[0]
+            return
+        moving = np.concatenate([host.get(b) for b in missing])
+        self.pool[self.xp.asarray(self._rows_of(missing, index))] = self.xp.asarray(moving)
+        self.moved_bytes += moving.nbytes
+
+    def hold_all(self, table):
+        """Every block resident at once: ``table`` (host or device) holds the rows block by block,
+        block b from row b * ``block_rows`` (``BlockIndex``'s blocks are full but the last), so
+        it is the pool with block b in slot b."""
+        self.pool[:len(table)] = self.xp.asarray(table)
+        if not _backend.is_device(table):  # (from the host, as ``fetch`` counts)
+            self.moved_bytes += table.nbytes
+        self.slot[:] = np.arange(len(self.slot))
+        self.free = []
+        self.lru = OrderedDict.fromkeys(range(len(self.slot)))
+
+    def rows(self, blocks, total):
+        """The pool rows of the Gaussians of resident ``blocks`` (``total`` of them), in model order, on
+        the device."""
+        slot = np.full(len(self.slot), -1, np.int64)
+        slot[blocks] = self.slot[blocks]
+        return pool_rows(self.block, self.position, self.xp.asarray(slot), self.block_rows, total)
+
+    def flush(self, index, host):
+        """Every changed resident block back to ``host`` (they stay resident), and every copy done:
+        the host's tables may be read."""
+        self.copies.kernels_after()
+        self._write_back(sorted(self.dirty), index, host, None)
+        self.dirty.clear()
+        self.settle()
+
+    def settle(self):
+        """Wait for every copy and kernel queued: the pool and the host's tables are then as the
+        moves left them (before either is read on the host or freed)."""
+        self.copies.synchronize()
+        _backend.synchronize()
+
+    def boxes(self, starts, sizes, layout):
+        """The boxes that the pool's rows ``starts`` .. ``starts + sizes`` (device arrays: resident
+        blocks' rows) reach now, computed on the device (``numbasplat.rows.reach_boxes``) -> device
+        (lo, hi), (len(starts), 3)."""
+        return reach_boxes(self.pool, starts, sizes, layout.columns["means"][0], layout.columns["scales"][0], REACH)
+
+    def _rows_of(self, blocks, index):
+        """The pool rows of resident ``blocks``' Gaussians, block after block."""
+        sizes = index.sizes[blocks]
+        first = np.cumsum(sizes) - sizes  # each block's first place in the result
+        return np.repeat(self.slot[blocks] * self.block_rows - first, sizes) + np.arange(int(sizes.sum()))
+
+    def _write_back(self, blocks, index, host, stream):
+        """Resident ``blocks``' rows to ``host``: a copy a block into the page-locked table, queued on
+        ``stream``, or one copy from the device and ``host.put``."""
+        if not len(blocks):
+            return
+        if self.direct is not None:
+            for b in blocks:
+                device.copy_rows(self.direct, index.starts[b], self.pool, self.slot[b] * self.block_rows,
+                                   index.sizes[b], stream)
+            self.moved_bytes += int(index.sizes[blocks].sum()) * self.pool.strides[0]
+            return
+        tables = _backend.to_host(self.pool[self.xp.asarray(self._rows_of(blocks, index))])  # (a new array)
+        ends = np.cumsum(index.sizes[blocks])
+        for b, start, end in zip(blocks, ends - index.sizes[blocks], ends):
+            host.put(b, tables[start:end])
+        self.moved_bytes += tables.nbytes
+
+
+class BoxesInFlight:
+    """The blocks' boxes, as the device recomputes them after each step (``DeviceCache.boxes``), read
+    back a step late: the host culls the next view's blocks without waiting for the device to finish
+    the step (reading them at once was a sync a step, which kept the host from queuing ahead).  Until
+    a step's boxes arrive its blocks' boxes are grown by the most one Adam step can move a centre
+    (``adam_step_bound`` times the means' rate) and a reach (the scales' rate, on at most half the
+    box): the culling stays conservative and never misses a Gaussian the view sees."""
+
+    def __init__(self, index):
+        self.index = index
+        self.pending = []  # (blocks, HostCopy lo, HostCopy hi, the means' and the scales' rates), oldest first
+        self._culling = None  # for_culling's boxes until the next step's arrive (a step culls twice in disk mode)
+
+    def add(self, blocks, lo, hi, lr_means, lr_scales):
+        """A step's boxes of ``blocks`` (device arrays), queued to the host."""
+        self.pending.append((blocks, device.HostCopy(lo), device.HostCopy(hi), lr_means, lr_scales))
+        self._culling = None
+
+    def settle(self, keep=0):
+        """Write the boxes that came back into the index, all but the last ``keep`` steps' (waiting
+        for them: the older ones are long done)."""
+        while len(self.pending) > keep:
+            blocks, lo, hi, _, _ = self.pending.pop(0)
+            self.index.lo[blocks], self.index.hi[blocks] = lo.get(), hi.get()
+            self._culling = None
+
+    def for_culling(self):
+        """(lo, hi) that hold every block's Gaussians now: the last step's blocks grown for its update."""
+        self.settle(keep=1)
+        if not self.pending:
+            return self.index.lo, self.index.hi
+        if self._culling is None:
+            blocks, _, _, lr_means, lr_scales = self.pending[0]
+            lo, hi = self.index.lo.copy(), self.index.hi.copy()
+            bound = adam_step_bound()
+            grow = bound * lr_means + math.expm1(bound * lr_scales) * 0.5 * (hi[blocks] - lo[blocks])
+            lo[blocks] -= grow
+            hi[blocks] += grow
+            self._culling = (lo, hi)
+        return self._culling

@@ -1,0 +1,155 @@
+"""The out-of-core model's shape: its Gaussians in spatially coherent blocks (``BlockIndex``), a
+Gaussian's values one row of a table (``RowLayout``), a step's working set of rows (``WorkingRows``),
+and the part of a model that a view can see (``frustum_part``)."""
+from collections import namedtuple
+
+import numpy as np
+
+from numbasplat import backend as _backend
+from numbasplat.optim import GROUPS, FlatParams, group_widths
+from numbasplat.rows import flat_to_rows, rows_to_flat
+
+from ..model import GaussianModel
+from ..partition import GROW_PX, REACH, cluster_boxes, morton_codes, visible_regions
+
+BLOCK_ROWS = 4096  # Gaussians a block holds, about: spatially close ones, culled together
+def format_bytes(n):
+    """``n`` bytes for a message: in the largest binary unit that keeps it at 1 or more."""
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        size = 1 << {"TiB": 40, "GiB": 30, "MiB": 20, "KiB": 10}[unit]
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+class BlockIndex:
+    """The model's Gaussians in spatially coherent blocks with growing boxes: ``block`` (N,) each
+    Gaussian's block, ``position`` (N,) its place among its block's rows (in model order),
+    ``lo``/``hi`` (B, 3) each block's box (centres grown by ``REACH`` of its members' largest scale)."""
+
+    def __init__(self, means, log_scales, block_rows=BLOCK_ROWS):
+        n = len(means)
+        order = np.argsort(morton_codes(means), kind="stable")
+        self.block = np.empty(n, np.int64)
+        self.block[order] = np.arange(n) // block_rows
+        self.blocks = int(self.block.max()) + 1 if n else 0
+        self.by_block = np.argsort(self.block, kind="stable")  # rows block by block, each block's in model order
+        self.sizes = np.bincount(self.block, minlength=self.blocks)
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+        self.position = np.empty(n, np.int64)
+        self.position[self.by_block] = np.arange(n) - np.repeat(self.starts, self.sizes)
+        self.table_rows = self.starts[self.block] + self.position  # each Gaussian's row in the blocks' table
+        self.lo, self.hi = cluster_boxes(means, log_scales, block_rows, order)  # (block b: rows order[b * block_rows:])
+
+    def __len__(self):
+        return len(self.block)
+
+    def members(self, b):
+        """The rows of block ``b``, in model order."""
+        return self.by_block[self.starts[b]:self.starts[b] + self.sizes[b]]
+
+    def visible(self, camera, boxes=None):
+        """The blocks whose box (``boxes``: (lo, hi) instead of the index's) ``camera`` can see."""
+        lo, hi = (self.lo, self.hi) if boxes is None else boxes
+        return np.flatnonzero(visible_regions(lo, hi, camera, grow=GROW_PX)[1])
+
+    def rows(self, blocks):
+        """The Gaussians of ``blocks``, in model order."""
+        return np.flatnonzero(np.isin(self.block, blocks))
+
+
+WorkingRows = namedtuple("WorkingRows", "index blocks slots count rows starts sizes")
+WorkingRows.__doc__ = """A working set's blocks (of ``index``) and their ``slots`` (host arrays), its Gaussians'
+``count``, and on the device their pool ``rows`` in model order and the blocks' first pool rows
+(``starts``) and ``sizes`` (``OffloadTrainer._working_set``)."""
+
+
+class RowLayout:
+    """A Gaussian's row of the out-of-core tables, float32: its parameters, both Adam moments (each in
+    ``GROUPS`` order, ``width`` columns) and the strategy's statistics (counts exact up to 2**24).
+    ``plan``: where each column goes in a model's flat buffers held back to back (``numbasplat.math.rows``),
+    so that rows move between a table and a model in one kernel each way."""
+
+    def __init__(self, sh_bases, statistics):
+        self.sh_bases = sh_bases
+        widths = group_widths(sh_bases)
+        self.width = w = sum(widths.values())
+        starts = np.cumsum([0] + [widths[g] for g in GROUPS])
+        self.columns = {g: (int(starts[i]), int(starts[i + 1])) for i, g in enumerate(GROUPS)}
+        self.statistics = {k: np.dtype(a.dtype) for k, a in statistics.items()}  # name: dtype
+        self.columns_total = 3 * w + len(self.statistics)
+        self.row_bytes = 4 * self.columns_total
+        plan = [(i * w + a, b - a, c) for i in range(3) for a, b in self.columns.values() for c in range(b - a)]
+        plan += [(3 * w + j, 1, 0) for j in range(len(self.statistics))]
+        plan = [p + (j,) for j, p in enumerate(plan)]
+        self.plan = np.ascontiguousarray(np.array(plan, np.int32).T)  # (4, columns): a, b, d, the column
+        self._plans = {}
+
+    def _plan(self, xp, start=0, stop=None):
+        """The plan on ``xp``'s device of the table's columns ``start`` .. ``stop`` (default: all), as if
+        their buffer (the parameters, m, v or a statistic alone) were the flat one."""
+        key = (xp, start, stop)
+        if key not in self._plans:
+            plan = np.array(self.plan[:, start:stop], order="C")  # (a copy)
+            plan[0] -= plan[0, 0]
+            self._plans[key] = xp.asarray(plan)
+        return self._plans[key]
+
+    def store(self, model, statistics, table, rows):
+        """Write ``model`` (a ``GaussianModel``) and ``statistics`` (its rows'; missing: zeros) into
+        rows ``rows`` of ``table``, on the model's device: in one kernel when the model trains on the
+        flat array that ``model()`` made, else a kernel per buffer (the whole model is not copied:
+        the out-of-core trainer cuts models of 100M Gaussians into blocks)."""
+        xp, n, w = model.xp, len(model), self.width
+        rows = xp.asarray(rows, np.int64)
+        buffers = (model.params.data, model.adam.m, model.adam.v)
+        flat, views = getattr(model, "_rows_flat", (None, ()))
+        if flat is not None and all(a is b for a, b in zip(views, buffers)):
+            for j, k in enumerate(self.statistics):
+                column = flat[(3 * w + j) * n:(3 * w + j + 1) * n]
+                source = statistics.get(k)
+                if source is None:
+                    column[...] = 0
+                elif not (_backend.is_device(source) and source.data.ptr == column.data.ptr):  # (not a view)
+                    column[...] = xp.asarray(source)
+            flat_to_rows(flat, rows, self._plan(xp), table, model.backend)
+            return
+        for part, buffer in enumerate(buffers):
+            flat_to_rows(buffer, rows, self._plan(xp, part * w, (part + 1) * w), table, model.backend)
+        for j, k in enumerate(self.statistics):
+            column = xp.asarray(statistics[k], np.float32) if k in statistics else xp.zeros(n, np.float32)
+            flat_to_rows(column, rows, self._plan(xp, 3 * w + j, 3 * w + j + 1), table, model.backend)
+
+    def table(self, model, statistics, xp=None):
+        """The (N, columns) table of ``model`` and ``statistics`` (``store``'s), on ``xp``'s device."""
+        if xp is not None and xp is not model.xp:
+            return xp.asarray(self.table(model, statistics))
+        out = model.xp.empty((len(model), self.columns_total), np.float32)
+        self.store(model, statistics, out, model.xp.arange(len(model)))
+        return out
+
+    def model(self, table, step, backend, rows=None, betas=(0.9, 0.999)):
+        """-> (``GaussianModel`` on ``backend`` with Adam at ``step`` and ``betas``, statistics) of the rows
+        ``rows`` (default: all) of ``table``; the model trains on views of one array that ``store`` writes back."""
+        xp = _backend.array_module(backend)
+        table = xp.asarray(table)
+        rows = xp.arange(len(table)) if rows is None else xp.asarray(rows, np.int64)
+        n, w = int(rows.shape[0]), self.width
+        flat = xp.empty(n * self.columns_total, np.float32)
+        rows_to_flat(table, rows, self._plan(xp), flat, backend)
+        params = FlatParams(n, self.sh_bases, xp, data=flat[:n * w])
+        model = GaussianModel.from_flat(params, flat[n * w:2 * n * w], flat[2 * n * w:3 * n * w], step, backend,
+                                        *betas)
+        model._rows_flat = (flat, (model.params.data, model.adam.m, model.adam.v))
+        statistics = {k: flat[(3 * w + j) * n:(3 * w + j + 1) * n].astype(dtype, copy=False)  # (float32: views)
+                      for j, (k, dtype) in enumerate(self.statistics.items())}
+        return model, statistics
+
+
+def frustum_part(gaussians, camera):
+    """The Gaussians (host arrays) whose reach ``camera`` can see: all that can show in its image, in
+    their order, so that they render as the whole model does (evaluation of a model that need not fit
+    on the device)."""
+    reach = REACH * np.exp(gaussians.scales.max(axis=1, keepdims=True))
+    seen = visible_regions(gaussians.means - reach, gaussians.means + reach, camera, grow=GROW_PX)[1]
+    return gaussians.take(np.flatnonzero(seen))

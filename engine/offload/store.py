@@ -1,0 +1,346 @@
+"""The model out of core as a pipeline's store (``engine.store``): its blocks' tiers, the device's
+pool, and the working set of the views that a step trains (``OutOfCoreStore``)."""
+import resource
+
+import numpy as np
+
+from numbasplat import backend as _backend
+from numbasplat import device
+
+from ..strategy import BYTES_PER_GAUSSIAN
+from .cache import BoxesInFlight, DeviceCache
+from .layout import BLOCK_ROWS, BlockIndex, RowLayout, WorkingRows, format_bytes, frustum_part
+from .tiers import DiskBlocks, HostBlocks
+
+GPU_SHARE = 0.8  # --gpu-memory 0: this share of the device memory free at the start
+
+
+class OutOfCoreModel:
+    """The store's stand-in for the whole model between steps, what the recipe reads of ``model``: its
+    size, SH bases, and its parameters (gathered in host memory)."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def __len__(self):
+        return len(self._store.index)
+
+    @property
+    def sh_bases(self):
+        return self._store.layout.sh_bases
+
+    @property
+    def gaussians(self):
+        return self._store.whole()[0].gaussians
+
+
+class OutOfCoreStore:
+    """The Gaussians out of the device (``--offload host|disk``), the device a step's working set:
+    a store (``engine.store``) for any pipeline, the whole model of one process or a rank's shard.
+
+    ``mode``: host or disk; ``offload_dir``, ``host_memory`` (bytes): disk mode's folder and host
+    cache; ``gpu_memory`` (bytes, 0: ``GPU_SHARE`` of the device's free memory, no cap on the CPU
+    backend): the device's pool of blocks and the working sets built from them; ``prefetch``: disk
+    mode reads the next view's blocks ahead on a thread; ``block_rows``: Gaussians a block holds;
+    ``shard``: it holds one rank's shard (evaluation then renders the part of the whole model in a
+    view's frustum, not the store's own rows)."""
+
+    out_of_core = True
+    home = "cpu"  # a model to hold is made in host memory, then cut into blocks
+
+    def __init__(self, mode="host", offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True,
+                 block_rows=BLOCK_ROWS, shard=False):
+        self.mode, self.offload_dir, self.host_memory = mode, offload_dir, host_memory
+        self.gpu_memory, self.prefetch, self.block_rows, self.shard = int(gpu_memory), prefetch, block_rows, shard
+        self.host = self.index = self.layout = self.cache = self.boxes = None
+
+    def open(self, backend, views, images_bytes, betas, fresh_statistics):
+        """Ready the store for a trainer on ``backend`` whose training ``views`` (``.camera``, ``.name``)
+        are culled by the blocks' boxes, whose images take ``images_bytes`` of the device (the cap
+        counts them), whose Adam has ``betas``, and whose strategy's statistics ``fresh_statistics(xp,
+        n)`` makes: the device capped, the host's tier made (disk mode's folder checked)."""
+        self.backend, self.xp = backend, _backend.array_module(backend)
+        self.views, self.images_bytes, self.betas = views, images_bytes, betas
+        self.fresh_statistics = fresh_statistics
+        if _backend.on_gpu(backend):
+            device.cap_device_memory(self.gpu_memory)
+        self._locked = None  # the page-locked table the host's blocks are rows of, kept across re-cuts
+        self._cuts = 0  # the model cut into blocks so far
+        self.host = (DiskBlocks(self.offload_dir, self.host_memory, self.prefetch) if self.mode == "disk"
+                     else HostBlocks())
+        self._whole = None  # the whole model gathered in host memory, until a step changes it
+        self._rows = None  # the last working set's ``WorkingRows``, reused while its blocks and slots are unchanged
+        self._working = None  # (its ``_rows``, the model it trained, its statistics): the next step's if still current
+        self._in_pool = None  # the working set checked out (None: the step trains none of this store's rows)
+        self.wait_s = 0.0  # the kernels' stream's time on the steps' moves (``DeviceInterval``s read so far)
+        self._waits = []  # those not yet read
+        self._since_log = self._counters()
+        self._before_step = self._since_log
+
+    # ------------------------------------------------------------------ the store's calls
+    @property
+    def model(self):
+        """The stand-in for the whole model (None before anything is held)."""
+        return None if self.index is None else OutOfCoreModel(self)
+
+    @property
+    def state(self):
+        """The strategy's state between steps: its statistics live in the blocks' rows."""
+        return {}
+
+    def hold(self, model, state):
+        """Hold ``model`` (host or device) and the strategy ``state`` of its rows out of core: cut into
+        blocks anew."""
+        if self.layout is None or self.layout.sh_bases != model.sh_bases:
+            self.layout = RowLayout(model.sh_bases, self.fresh_statistics(np, 0))
+        self._adam_steps = model.adam.step_count
+        self._install(model, self._statistics_of(model, state))
+
+    def checkout(self, views, upcoming=()):
+        """-> (the working set of the training ``views`` as a model on the device, its statistics); (None,
+        None) where ``views`` is empty (this rank trains none of its rows in the step).  ``upcoming``: the
+        next step's views, whose blocks move in while this step trains."""
+        self._before_step = self._counters()
+        self._in_pool = self._working_set(views, upcoming) if len(views) else None
+        return self._load_working(self._in_pool) if self._in_pool is not None else (None, None)
+
+    def checkin(self, model, state, lr):
+        """The working set that ``checkout`` gave, trained with the learning rates ``lr`` (by group), back
+        to the pool; ``model`` None: none was checked out, and Adam's step count (every rank's) advances."""
+        if model is None:
+            self._adam_steps += 1
+            return
+        self._store_working(model, state, self._in_pool, lr["means"], lr["scales"])
+
+    def whole(self, device=False):
+        """-> (the whole model, its statistics): in host memory, the device's changed blocks written back
+        first; with ``device``, on the device where its pool holds every block (a refinement there)."""
+        return (device and self._gather_resident()) or self._gather_whole()
+
+    def group(self, name):
+        """Parameter group ``name`` (e.g. "means") of the whole model, host, in model order: read from the
+        host's one table without gathering the model where there is one (a few columns, not whole rows)."""
+        if self._whole is None and self.host.whole is not None:
+            self.cache.flush(self.index, self.host)
+            a, b = self.layout.columns[name]
+            return self.host.whole[self.index.table_rows, a:b]
+        return getattr(self._gather_whole()[0].gaussians, name)
+
+    def recent(self):
+        """The last working set (on the device), else the whole model."""
+        return self._working[1] if self._working is not None else self.whole()[0]
+
+    def part_in_view(self, gaussians, camera):
+        """The part of ``gaussians`` (the whole model, host) that ``camera``'s evaluation view renders, on
+        the device (the whole need not fit there): the store's blocks that the view sees, or for a shard
+        the Gaussians in the view's frustum."""
+        if self.shard:
+            seen = frustum_part(gaussians, camera)
+        else:
+            self.boxes.settle()
+            seen = gaussians.take(self.index.rows(self.index.visible(camera)))
+        return type(seen)(**{k: self.xp.asarray(a) for k, a in seen.arrays().items()})
+
+    def prefers_tour(self, below):
+        """Whether the device's pool holds under the share ``below`` of the blocks (views in a tour along
+        the cameras then share most of their blocks, random ones would move most of theirs)."""
+        return self.cache.slots < below * self.index.blocks
+
+    def step_stats(self):
+        """The last step's working set and its traffic, for the trainer's ``stats``."""
+        after = self._counters()
+        resident = self._in_pool.count if self._in_pool is not None else 0
+        return {"resident_gaussians": resident, **{k: after[k] - self._before_step[k] for k in after}}
+
+    def log_fields(self, step, peak_device_bytes):
+        """The working set, the device's pool and the traffic per step since the last log line (at ``step``),
+        and the peaks of memory (``peak_device_bytes()``: the device's)."""
+        now = self._counters()
+        steps = max(1, step - self._since_log.get("step", 0))
+        d = {k: now[k] - self._since_log[k] for k in now}
+        self._since_log = {**now, "step": step}
+        lookups = d["hits"] + d["misses"]
+        return {"resident_gaussians": self._in_pool.count if self._in_pool is not None else 0,
+                "cached_gaussians": int(self.index.sizes[self.cache.slot >= 0].sum()),
+                "moved_bytes": d["moved_bytes"] / steps, "cache_hit_rate": d["hits"] / lookups if lookups else 1.0,
+                "wait_s": d["wait_s"] / steps, "disk_read_bytes": d["disk_read_bytes"] / steps,
+                "disk_written_bytes": d["disk_written_bytes"] / steps, "peak_device_bytes": peak_device_bytes(),
+                "peak_host_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+    def progress_text(self, record):
+        return (f"resident {record['resident_gaussians']:,} moved {record['moved_bytes'] / 2**20:.1f} MiB/step "
+                f"hit {record['cache_hit_rate']:.0%} wait {1e3 * record['wait_s']:.1f} ms")
+
+    def close(self):
+        """Remove disk mode's files (they hold nothing the snapshot lacks); let the boxes in flight land."""
+        if self.boxes is not None:
+            self.boxes.settle()
+        if self.cache is not None:
+            self.cache.settle()
+        self.host.close()
+        self._locked = None
+        device.release_pinned()
+        if _backend.on_gpu(self.backend):
+            device.cap_device_memory(0)
+
+    # ------------------------------------------------------------------ the blocks
+    def _statistics_of(self, model, state):
+        """The strategy's statistics of ``model``'s rows from ``state``, on the model's device (zeros where
+        absent)."""
+        xp = model.xp
+        statistics = self.fresh_statistics(xp, len(model))
+        statistics.update({k: _backend.to_host(a) if xp is np else xp.asarray(a) for k, a in (state or {}).items()
+                           if len(a) == len(model)})
+        return statistics
+
+    def _install(self, model, statistics):
+        """Cut ``model`` (on the host or the device) and its ``statistics`` into blocks anew: the index,
+        the host's tables, the device's pool: every block in it at once where it holds them all (one
+        copy), else empty (the views' blocks come in as they are seen)."""
+        g = model.gaussians
+        if self.boxes is not None:
+            self.boxes.settle()  # the old index's boxes in flight landed (their pinned memory free to reuse)
+        if self.cache is not None:
+            self.cache.settle()  # the old pool's moves done before it and the host's tables are replaced
+        self.index = index = BlockIndex(_backend.to_host(g.means), _backend.to_host(g.scales), self.block_rows)
+        self._rows = None  # (the last working set stays for _check_finite: its rows are no longer current)
+        self.boxes = BoxesInFlight(index)
+        counts = (self.cache.moved_bytes, self.cache.hits, self.cache.misses) if self.cache else (0, 0, 0)
+        self.cache = None  # (the old pool freed before the new one is made)
+        slots = self._slots(len(index))
+        # the rows block by block, block b from row b * block_rows: the host's tables (page-locked where
+        # blocks will move between them and the device: the moves then queue without the host waiting)
+        shape = (len(index), self.layout.columns_total)
+        moving = self.mode == "host" and _backend.on_gpu(self.backend) and slots < index.blocks
+        if self._locked is not None and (not moving or self._locked.shape[0] < shape[0]):
+            self.host.reset({})  # (the old tables freed first: ``model`` is a copy of them)
+            self._locked = None
+            device.release_pinned()
+        if moving and self._locked is None:  # (locking takes seconds at 100M: a quarter more rows after a re-cut)
+            self._locked = device.pinned_empty((shape[0] * (5 if self._cuts else 4) // 4, shape[1]))
+        self._cuts += 1
+        locked = self._locked[:shape[0]] if moving else None
+        table = locked if locked is not None and model.xp is np else model.xp.empty(shape, np.float32)
+        self.layout.store(model, statistics, table, model.xp.asarray(index.table_rows))
+        host_table = table
+        if _backend.is_device(table):
+            host_table = locked if locked is not None else np.empty(shape, np.float32)
+            table.get(out=host_table)
+        self.host.reset({b: host_table[index.starts[b]:index.starts[b] + index.sizes[b]] for b in range(index.blocks)},
+                        whole=host_table)
+        direct = host_table if locked is not None and device.is_pinned(host_table) else None
+        self.cache = DeviceCache(self.xp, self.layout, self.block_rows, slots, index, direct)
+        self.cache.moved_bytes, self.cache.hits, self.cache.misses = counts  # (the traffic counts on)
+        if self.cache.slots == index.blocks:
+            self.cache.hold_all(table)
+        self._whole = (model, statistics) if model.xp is np else None
+
+    def _gather_resident(self):
+        """-> (the whole model, its statistics) on the device, from its pool, where it holds every
+        block (a working set of them all), else None."""
+        if not (self.cache.slot >= 0).all():
+            return None
+        self.cache.copies.kernels_after()  # (the last blocks may still be on their way)
+        every = np.arange(self.index.blocks)
+        return self.layout.model(self.cache.pool, self._adam_steps, self.backend,
+                                 rows=self.cache.rows(every, len(self.index)), betas=self.betas)
+
+    def _slot_bytes(self):
+        """Device bytes a block slot takes: its rows' table, and room for them in a step's working set
+        (the strategy's estimate of a Gaussian's parameters, gradients, moments and per-step buffers)."""
+        return self.block_rows * (self.layout.row_bytes + BYTES_PER_GAUSSIAN)
+
+    def _slots(self, n):
+        """How many block slots the device may hold, besides the index of ``n`` Gaussians there and the
+        training images (which the cap counts too)."""
+        budget = self.gpu_memory - self.images_bytes
+        if not self.gpu_memory:
+            if not _backend.on_gpu(self.backend):
+                return 1 << 62  # no cap: every block may stay
+            import cupy
+            free, _ = cupy.cuda.runtime.memGetInfo()
+            budget = int(GPU_SHARE * (free + cupy.get_default_memory_pool().free_bytes()))
+        return max(0, budget - DeviceCache.INDEX_BYTES * n) // self._slot_bytes()
+
+    def _gather_whole(self):
+        """-> (the whole model on the host, its statistics): the device's changed blocks written back
+        first."""
+        if self._whole is None:
+            self.cache.flush(self.index, self.host)
+            index, table = self.index, self.host.whole
+            rows = None
+            if table is not None:  # the blocks' rows in model order, straight from the one table
+                rows = index.table_rows
+            else:
+                table = np.empty((len(index), self.layout.columns_total), np.float32)
+                for b in range(index.blocks):
+                    table[index.members(b)] = self.host.get(b)
+            self._whole = self.layout.model(table, self._adam_steps, "cpu", rows=rows, betas=self.betas)
+        return self._whole
+
+    def _working_set(self, views, upcoming):
+        """The blocks that the training ``views`` see resident (the missing ones moved in, and those of
+        ``upcoming``, the next step's views, queued to move in while this step trains); -> their
+        ``WorkingRows``.  Consecutive steps often have the same blocks in the same slots (every one,
+        where the model fits): their rows are then reused, not found again."""
+        waited = device.DeviceInterval()
+        boxes = self.boxes.for_culling()
+        blocks = self._blocks_seen(views, boxes)
+        if len(blocks) > self.cache.slots:
+            need = len(blocks) * self._slot_bytes() + DeviceCache.INDEX_BYTES * len(self.index) + self.images_bytes
+            have = self.gpu_memory or self.cache.slots * self._slot_bytes()
+            names = ("view " if len(views) == 1 else "views ") + ", ".join(self.views[i].name for i in views)
+            raise ValueError(f"--gpu-memory {format_bytes(have)} is too small for {names}: its working set "
+                             f"({int(self.index.sizes[blocks].sum()):,} Gaussians in {len(blocks)} blocks) needs "
+                             f"{format_bytes(need)}; give --gpu-memory {format_bytes(need)} or more")
+        self.cache.fetch(blocks, self.index, self.host)
+        slots = self.cache.slot[blocks]
+        last = self._rows
+        if last is None or last.index is not self.index or not np.array_equal(last.blocks, blocks) \
+                or not np.array_equal(last.slots, slots):
+            xp, sizes = self.xp, self.index.sizes[blocks]
+            count = int(sizes.sum())
+            self._rows = WorkingRows(self.index, blocks, slots, count, self.cache.rows(blocks, count),
+                                     xp.asarray(slots * self.block_rows), xp.asarray(sizes))
+            self.cache.moved_bytes += 8 * self.index.blocks + 16 * len(blocks)  # the slot map, the slots' rows, sizes
+        self._waits.append(waited.stop())
+        if len(upcoming) and self.cache.slots < self.index.blocks:  # the next step's blocks, moved in while this step
+            # trains (a guess: its boxes will grow); where the device holds every block nothing moves
+            ahead = self._blocks_seen(upcoming, boxes)
+            self.cache.prefetch(ahead, blocks, self.index, self.host)
+            if self.mode == "disk":
+                self.host.prefetch(ahead)
+        return self._rows
+
+    def _blocks_seen(self, views, boxes):
+        """The blocks whose ``boxes`` the training ``views`` see."""
+        seen = [self.index.visible(self.views[i].camera, boxes) for i in views]
+        return seen[0] if len(seen) == 1 else np.unique(np.concatenate(seen))
+
+    def _load_working(self, in_pool):
+        """-> (the model of the working set ``in_pool``, its statistics) on the device: the last step's
+        as it is where its rows are the same, else gathered from the pool."""
+        if self._working is None or self._working[0] is not in_pool:
+            self._working = (in_pool, *self.layout.model(self.cache.pool, self._adam_steps, self.backend,
+                                                         rows=in_pool.rows, betas=self.betas))
+        return self._working[1:]
+
+    def _store_working(self, working, statistics, in_pool, lr_means, lr_scales):
+        """The trained working set back to the pool (parameters, moments, statistics); its blocks' boxes
+        recomputed there and read a step late (their growth bounded by the step's learning rates)."""
+        self._adam_steps = working.adam.step_count
+        self.layout.store(working, statistics, self.cache.pool, in_pool.rows)
+        self.cache.dirty.update(int(b) for b in in_pool.blocks)
+        self._whole = None
+        reach = self.cache.boxes(in_pool.starts, in_pool.sizes, self.layout)
+        self.boxes.add(in_pool.blocks, *reach, lr_means, lr_scales)
+        self.cache.moved_bytes += 24 * len(in_pool.blocks)  # the boxes out
+
+    def _counters(self):
+        """The traffic so far (the device's pool, the disk) and the time waited for it."""
+        cache = self.cache
+        while self._waits and self._waits[0].seconds() is not None:
+            self.wait_s += self._waits.pop(0).seconds()
+        return {"moved_bytes": cache.moved_bytes if cache else 0, "hits": cache.hits if cache else 0,
+                "misses": cache.misses if cache else 0, "disk_read_bytes": self.host.read_bytes,
+                "disk_written_bytes": self.host.written_bytes, "wait_s": self.wait_s}

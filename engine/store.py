@@ -1,0 +1,75 @@
+"""Where a pipeline's Gaussians live between steps: its store.
+
+Every pipeline owns one store of its Gaussians (the whole model, or this rank's shard) and their
+strategy state, and asks it explicitly for what a step trains and gives it back:
+
+* ``checkout(views, upcoming)`` -> (model, state): the Gaussians that the step's training ``views``
+  train, on the device (``upcoming``: the next step's views, a hint to move their Gaussians ahead);
+* ``checkin(model, state, lr)``: that model trained (``lr``: the step's learning rates, by group);
+  None where this rank trained nothing in the step;
+* ``whole()`` -> (model, state): every Gaussian, for refinement, snapshots, the viewer and
+  evaluation; ``hold(model, state)`` takes a whole model (a start, a refinement's result) instead.
+
+``MemoryStore`` holds the model in this process's memory: what it checks out is the model itself.
+``engine.offload.OutOfCoreStore`` holds it in host memory or on disk, the device a view's working
+set.  Between steps ``model`` is the store's stand-in for the whole (its size, SH bases), which the
+recipe reads; a pipeline never replaces it, only the store's calls change what it holds.
+"""
+
+
+class MemoryStore:
+    """The Gaussians in this process's memory, on the trainer's device (or host arrays for the CPU
+    backend): every view trains the model itself, and ``checkin`` has nothing to move."""
+
+    out_of_core = False
+
+    def __init__(self):
+        self.model = None  # the ``GaussianModel`` (None until the pipeline's start)
+        self.state = {}  # the strategy's state of its rows
+        self.home = None  # the backend that a model to hold is made on (``open``)
+
+    def open(self, backend, **_):
+        """Ready the store for a trainer training on ``backend`` (an out-of-core store takes more)."""
+        self.home = backend
+
+    def hold(self, model, state):
+        """Hold ``model`` and the strategy ``state`` of its rows instead of what was held."""
+        self.model, self.state = model, state
+
+    def checkout(self, views, upcoming=()):
+        """-> (model, state) that the training ``views`` train: all of it."""
+        return self.model, self.state
+
+    def checkin(self, model, state, lr):
+        """The model that ``checkout`` gave, trained: it is the held one already."""
+
+    def whole(self, device=False):
+        """-> (the whole model, its strategy state): the held ones."""
+        return self.model, self.state
+
+    def group(self, name):
+        """Parameter group ``name`` (e.g. "means") of the whole model, on its device."""
+        return getattr(self.model.gaussians, name)
+
+    def recent(self):
+        """The Gaussians the last step trained (the divergence check reads them): the model."""
+        return self.model
+
+    def part_in_view(self, gaussians, camera):
+        """The part of the whole model's ``gaussians`` to render ``camera``'s evaluation view from: all."""
+        return gaussians
+
+    def step_stats(self):
+        """The last step's residency fields for the trainer's ``stats``: none here."""
+        return {}
+
+    def log_fields(self, step, peak_device_bytes):
+        """More fields for the log line at ``step`` (``peak_device_bytes()``: the device's peak): none here."""
+        return {}
+
+    def progress_text(self, record):
+        """More for the progress line from the log ``record``: nothing here."""
+        return ""
+
+    def close(self):
+        """Release what the store holds outside the model (files, page-locked memory): nothing here."""
