@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelahead P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|graphsab [S]|pending [S]|hostprof|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P
+#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelahead P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|graphsab [S]|pending [S]|hostprof|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P|proxy|curves
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -702,6 +702,33 @@ viewer)  # issue 28, headless: the viewer's frame latency per render mode at 1M 
     timeout 300 python3 scripts/viewer_bench.py slowdown "${LEGO[@]}" --iters 2000 --repeats 2 \
         > "$R/viewer_slowdown.txt" 2>&1
     cat "$R/viewer_slowdown.txt" ;;
+proxy)  # issue 63: GPU partitions as stand-in GPUs.  CUDA MPS limits each client to 1/P of the SMs
+    # (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); one rank on 1/P of them (one small GPU) against P ranks on 1/P each (P
+    # small GPUs): the ratio of their images/s, over P, is a strong-scaling efficiency with every host cost,
+    # imbalance and exchange in it (memory bandwidth is shared, not split: it flatters the one rank less than P
+    # would).  Starts the MPS daemon and stops it at the end; without MPS, says why and runs the ranks unlimited.
+    # SCENES (default "lego"; lego, fern or a COLMAP capture in .data), PS (default "2 4 8"), PIPES (default
+    # "gaussian pixel"), ITERS (default 1000); extra train options after the part's name.
+    shift; iters=${ITERS:-1000}
+    if nvidia-cuda-mps-control -d 2> "$R/mps.txt"; then step "MPS on"; mps=1; else step "no MPS: $(cat "$R/mps.txt")"; mps=0; fi
+    for scene in ${SCENES:-lego}; do
+        case $scene in lego) args=("${LEGO[@]}") ;; fern) args=("${FERN[@]}") ;; *) args=(--data .data/$scene --images images_4) ;; esac
+        train warm_$scene 300 "${args[@]}" "$@"
+        for p in ${PS:-2 4 8}; do
+            pct=$((100 / p)); [ $mps = 1 ] || pct=100
+            CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pct KEEP=1 train ${scene}_one_p$p "$iters" "${args[@]}" "$@"
+            offload_summary "$R/${scene}_one_p$p"
+            for pipe in ${PIPES:-gaussian pixel}; do
+                name=${scene}_${pipe}_p$p; step "$name at $pct% of the SMs a rank"
+                mpiexec --allow-run-as-root --oversubscribe -x CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pct -n "$p" python3 \
+                    run.py train --out "$R/$name" --iters "$iters" --eval --quiet --exchange $pipe "${args[@]}" "$@" \
+                    > "$R/$name.txt" 2>&1
+                grep -av Warn "$R/$name.txt" | tail -1; offload_summary "$R/$name"
+                python3 scripts/mpi_summary.py "$R/$name" 2>&1 | head -$((p + 1))
+            done
+        done
+    done
+    [ $mps = 1 ] && echo quit | nvidia-cuda-mps-control && step "MPS off" ;;
 curves)  # issue 57: runs scored every EVAL (default 1000) steps (test PSNR, and 5 training views': --eval-every),
     # ours per VARIANT and SEED and the reference (REF=0: none; seed 0 alone, its own), every run sharing the GPU under
     # MPS (quality, not time).  CAPTURES (default "helmet mouse"): .data/NAME staged with images_2 and sparse, trained
