@@ -9,21 +9,10 @@ import pytest
 import numbasplat as ns
 from conftest import simulator_test
 from numbasplat.compose import compose
-from tests.scenes import edge_case_scene, look_at_camera
+from tests.scenes import edge_case_scene, look_at_camera, tied_scene
 
 BG = (0.2, 0.4, 0.1)
 H_STEP = 1e-6
-
-
-def tied_scene(dtype=np.float64, n=24, seed=0, degree=3):
-    """``edge_case_scene`` (non-identity rotations, uneven scales, an opaque stack in front that
-    saturates pixels, Gaussians behind the camera, off the image, under ALPHA_MIN) with four
-    Gaussians at one depth (the camera looks down +z from the origin), overlapping on screen."""
-    g = edge_case_scene(n=n, seed=seed, dtype=np.float64, degree=degree)
-    for k, (x, y) in zip((8, 9, 10, 11), ((0.0, 0.0), (0.05, 0.02), (-0.04, 0.03), (0.02, -0.05))):
-        g.means[k] = (x, y, 3.0)
-        g.opacities[k] = 1.0
-    return ns.Gaussians(**{k: np.ascontiguousarray(a, dtype) for k, a in g.arrays().items()})
 
 
 def weights(cam, dtype, seed=1):
@@ -194,4 +183,4 @@ def test_chunked_gradients_match_finite_differences():
 
 
 test_cuda_chunked_kernels_match_cpu_in_simulator = simulator_test(
-    Path(__file__).with_name("check_chunks.py"), "all chunk checks passed", timeout=900)
+    Path(__file__).with_name("check_chunks.py"), "all chunk checks passed", timeout=400)
