@@ -170,6 +170,8 @@ def render_chunked_backward(g: Gaussians, frame: ChunkedFrame, d_image, d_alpha=
     state = behind_state(frame.render, d_alpha, backend)
     for k in range(len(frame.chunks) - 1, -1, -1):
         idx = frame.chunks[k]
+        if not len(idx):  # (nothing drawn: the one chunk is empty)
+            continue
         rows = g.take(idx)
         if frame.frames is not None:
             p, b, r = frame.frames[k].projection, frame.frames[k].binning, frame.frames[k].render
@@ -177,8 +179,6 @@ def render_chunked_backward(g: Gaussians, frame: ChunkedFrame, d_image, d_alpha=
             p = project(rows, frame.camera, frame.sh_degree, frame.antialias, backend, check=False)
             b = bin_tiles(p, backend, deterministic=frame.deterministic)
             r = frame.render
-        if not len(idx):
-            continue
         last = chunk_last(frame, k, b.ranges, backend)
         grad = rasterize_backward(p, b, Render(None, r.trans, None, last, frame.render.background), d_image,
                                   None, d_depth, backend=backend, deterministic=frame.deterministic, state=state)

@@ -31,8 +31,8 @@ def launch_count():
     return launch.launches
 
 
-__all__ = ["FUSED_TILE_LOSS", "STATE_DTYPE", "adam", "array_module", "as_images", "contributions", "cull", "decode_add", "depth_keys",
-           "emit_intersections", "encode", "fused_budget", "fused_layout", "fused_raster_loss_backward", "l1_ssim",
-           "launch_count", "move_rows", "pool_rows", "project", "project_backward", "raster_backward", "raster_forward",
-           "reach_boxes", "route", "route_fill", "row_normals", "scatter_add", "screen_stats", "ssim_forward",
-           "tile_loss", "tile_ranges"]
+__all__ = ["FUSED_TILE_LOSS", "STATE_DTYPE", "adam", "array_module", "as_images", "contributions", "cull",
+           "decode_add", "depth_keys", "emit_intersections", "encode", "fused_budget", "fused_layout",
+           "fused_raster_loss_backward", "l1_ssim", "launch_count", "move_rows", "pool_rows", "project",
+           "project_backward", "raster_backward", "raster_forward", "reach_boxes", "route", "route_fill",
+           "row_normals", "scatter_add", "screen_stats", "ssim_forward", "tile_loss", "tile_ranges"]
