@@ -1,6 +1,6 @@
 """NumbaSplat: a differentiable 3D Gaussian rasterizer in Numba (CUDA and CPU).
 
-Layers, each importing only those below it: the API (``rendering``, ``loss``, ``tile_loss``,
+Layers, each importing only those below it: the API (``rendering``, ``chunks``, ``loss``, ``tile_loss``,
 ``compose``, ``optim``, ``rows``, ``device``, ``bench``; ``gaussians`` holds the parameters they
 share), ``backend`` (the choice of backend and the dispatch to it), the kernels (``cpu``, ``cuda``:
 the same entry points), and ``math`` (the math both backends' kernels share).
@@ -19,10 +19,12 @@ from .math.geometry import ALPHA_MIN, T_MIN
 from .math.sh import C0
 from .math.sparse import message_sizes
 from .math.tiles import TILE, TILE_PIXELS
-from .rendering import (Binning, Camera, Frame, Projection, Render, bin_tiles, contributions, cull, project,
-                        project_backward, rasterize, rasterize_backward, render, render_backward)
+from .rendering import (Binning, Camera, Frame, Projection, Render, behind_state, bin_tiles, contributions, cull,
+                        front_state, project, project_backward, rasterize, rasterize_backward, render, render_backward)
+from .chunks import ChunkedFrame, depth_chunks, render_chunked, render_chunked_backward
 
-__all__ = ["ABS_U", "ABS_V", "ALPHA_MIN", "BACKEND", "Binning", "C0", "Camera", "Frame", "GRAD_FIELDS", "Gaussians",
-           "PROJ_FIELDS", "Projection", "Render", "TILE", "TILE_PIXELS", "T_MIN", "U", "V", "bin_tiles",
-           "contributions", "cull", "message_sizes", "project", "project_backward", "rasterize", "rasterize_backward",
-           "render", "render_backward"]
+__all__ = ["ABS_U", "ABS_V", "ALPHA_MIN", "BACKEND", "Binning", "C0", "Camera", "ChunkedFrame", "Frame",
+           "GRAD_FIELDS", "Gaussians", "PROJ_FIELDS", "Projection", "Render", "TILE", "TILE_PIXELS", "T_MIN", "U", "V",
+           "behind_state", "bin_tiles", "contributions", "cull", "depth_chunks", "front_state", "message_sizes",
+           "project", "project_backward", "rasterize", "rasterize_backward", "render", "render_backward",
+           "render_chunked", "render_chunked_backward"]

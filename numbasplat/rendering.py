@@ -320,7 +320,7 @@ def _constant(xp, a):
     return _CONSTANTS[key]
 
 
-def rasterize(p: Projection, b: Binning, background=None, backend=None):
+def rasterize(p: Projection, b: Binning, background=None, backend=None, state=None):
     """Composite each pixel's Gaussians front to back, as 3DGS does: C = sum_i c_i alpha_i T_i + T bg,
     T_i = prod_{j<i} (1 - alpha_j), alpha_i = min(0.99, opacity_i exp(-sigma_i)) at the pixel's centre.
     A Gaussian of alpha under 1/255 is passed over; the pixel ends at the Gaussian that would take its
@@ -336,6 +336,10 @@ def rasterize(p: Projection, b: Binning, background=None, backend=None):
         background: the colour behind the Gaussians: 3 values (None: black), or a (3,) array of the
             backend's kind and ``proj``'s dtype, used as it is (a trainer rewrites one each step).
         backend: "cpu" or "cuda" (None: the process default, ``numbasplat.BACKEND``).
+        state: for a chunk of a view's Gaussians (``numbasplat.chunks``), the pixels' state after the
+            chunks in front of it (``front_state``: transmittance, colour and depth so far, and whether
+            the pixel has ended at T_MIN), which compositing starts from instead of an empty pixel and
+            leaves updated: the chunks then composite exactly as one pass over all their Gaussians.
 
     Returns:
         A ``Render``, its arrays on the backend's device, of ``proj``'s dtype unless said:
@@ -345,6 +349,8 @@ def rasterize(p: Projection, b: Binning, background=None, backend=None):
         ``last`` (H, W) int32: the end of the pixel's contributing range in ``b.ids`` (after its last
         contributor), where ``rasterize_backward`` starts;
         ``background`` (3,): the background as the kernels took it.
+        With ``state``, ``image``, ``trans`` and ``depth`` are those of every chunk so far (the image
+        over the background), ``last`` is this chunk's.
     """
     kernels, xp = _dispatch(backend)
     W, H = p.camera.width, p.camera.height
@@ -354,8 +360,52 @@ def rasterize(p: Projection, b: Binning, background=None, backend=None):
     trans = xp.empty((H, W), dtype)
     depth = xp.empty((H, W), dtype)
     last = xp.empty((H, W), np.int32)
-    kernels.raster_forward(p.proj, b.ids, b.ranges, W, H, TILE, p.camera.tiles[0], bg, image, trans, depth, last)
+    if state is None:
+        kernels.raster_forward(p.proj, b.ids, b.ranges, W, H, TILE, p.camera.tiles[0], bg, image, trans, depth, last)
+    else:
+        _check_state(kernels, state, H, W, "rasterize")
+        kernels.raster_forward(p.proj, b.ids, b.ranges, W, H, TILE, p.camera.tiles[0], bg, image, trans, depth, last,
+                               state=state)
     return Render(image, trans, depth, last, bg)
+
+
+STATE_FIELDS = 6  # a pixel's state between the chunks of a view (``math.blend``: FRONT_FIELDS, BEHIND_FIELDS)
+
+
+def _check_state(kernels, state, H, W, where):
+    dtype = kernels.STATE_DTYPE
+    if state.shape != (STATE_FIELDS, H, W) or state.dtype != dtype or not state.flags.c_contiguous:
+        raise ValueError(f"{where}: state must be a C-contiguous ({STATE_FIELDS}, {H}, {W}) {np.dtype(dtype).name} "
+                         f"array, got {state.shape} {state.dtype}")
+
+
+def front_state(camera: Camera, backend=None):
+    """The pixels' state before the first chunk of a view's Gaussians (``rasterize(state=)``): no
+    Gaussian yet, transmittance 1.  (STATE_FIELDS, H, W) of the backend's ``STATE_DTYPE``
+    (float64 on the CPU, so that chunks round as one pass does; float32 on the GPU): the
+    transmittance T, the colour r, g, b and depth summed so far, 1 where the pixel has ended."""
+    kernels, xp = _dispatch(backend)
+    state = xp.zeros((STATE_FIELDS, camera.height, camera.width), kernels.STATE_DTYPE)
+    state[0] = 1.0
+    return state
+
+
+def behind_state(r: Render, d_alpha=None, backend=None):
+    """The pixels' backward state behind the last chunk of a view (``rasterize_backward(state=)``)
+    from its final render ``r`` (the last chunk's): the transmittance T left, what lies behind
+    the Gaussians (T times the background; depth 0) and the gradient of the loss by that T
+    (``d_alpha`` (H, W) times T: the alpha is 1 - T).  (STATE_FIELDS, H, W) of the backend's
+    ``STATE_DTYPE``: T, s_r, s_g, s_b, s_depth, d_alpha * T, as the unchunked backward starts."""
+    kernels, xp = _dispatch(backend)
+    H, W = r.trans.shape
+    state = xp.empty((STATE_FIELDS, H, W), kernels.STATE_DTYPE)
+    T = r.trans
+    state[0] = T
+    for c in range(3):
+        state[1 + c] = T * r.background[c]
+    state[4] = 0.0
+    state[5] = 0.0 if d_alpha is None else d_alpha * T
+    return state
 
 
 def contributions(p: Projection, b: Binning, backend=None, colour=True):
@@ -385,8 +435,14 @@ def contributions(p: Projection, b: Binning, backend=None, colour=True):
 
 
 def rasterize_backward(p: Projection, b: Binning, r: Render, d_image, d_alpha=None, d_depth=None, grad=None,
-                       backend=None, deterministic=False):
+                       backend=None, deterministic=False, state=None):
     """Screen-space gradient records (N, GRAD_FIELDS), added into ``grad`` if given.
+
+    ``state``: for a chunk of a view's Gaussians (``numbasplat.chunks``), the pixels' backward state
+    behind it (``behind_state`` for the last chunk, then what the chunk behind left): each pixel's
+    backward starts from it instead of from ``r.trans``, ``r.background`` and ``d_alpha`` (which
+    are not read), and leaves its state in front of the chunk there for the chunk before it.
+    ``r.last`` is where each pixel's backward starts in this chunk's ``b.ids``.
 
     ``deterministic``: the same bits at every run (``b`` from ``bin_tiles(deterministic=True)``).
     On a GPU each Gaussian's gradient is otherwise added up over its tiles' warps by float atomics,
@@ -406,7 +462,12 @@ def rasterize_backward(p: Projection, b: Binning, r: Render, d_image, d_alpha=No
             raise ValueError("rasterize_backward(deterministic=True) needs the binning of "
                              "bin_tiles(deterministic=True)")
         fixed = (b.perm, b.order, b.ends, p.counts)
-    if b.n_isect:
+    if state is not None:
+        _check_state(kernels, state, H, W, "rasterize_backward")
+        if b.n_isect:
+            kernels.raster_backward(p.proj, b.ids, b.ranges, W, H, TILE, p.camera.tiles[0], r.background, r.trans,
+                                    r.last, d_image, d_alpha, d_depth, grad, fixed=fixed, state=state)
+    elif b.n_isect:
         kernels.raster_backward(p.proj, b.ids, b.ranges, W, H, TILE, p.camera.tiles[0], r.background, r.trans,
                                 r.last, d_image, d_alpha, d_depth, grad, fixed=fixed)
     return grad

@@ -35,6 +35,17 @@ def edge_case_scene(n=24, seed=0, dtype=np.float64, degree=3):
                         sh.astype(dtype))
 
 
+def tied_scene(dtype=np.float64, n=24, seed=0, degree=3):
+    """``edge_case_scene`` (non-identity rotations, uneven scales, an opaque stack in front that
+    saturates pixels, Gaussians behind the camera, off the image, under ALPHA_MIN) with four
+    Gaussians at one depth (the camera looks down +z from the origin), overlapping on screen."""
+    g = edge_case_scene(n=n, seed=seed, dtype=np.float64, degree=degree)
+    for k, (x, y) in zip((8, 9, 10, 11), ((0.0, 0.0), (0.05, 0.02), (-0.04, 0.03), (0.02, -0.05))):
+        g.means[k] = (x, y, 3.0)
+        g.opacities[k] = 1.0
+    return ns.Gaussians(**{k: np.ascontiguousarray(a, dtype) for k, a in g.arrays().items()})
+
+
 def slab_capture(n_slabs=4, per_slab=40, views=6, size=32, seed=0, opaque_top=False, distance=8.0):
     """Gaussians in ``n_slabs`` thin horizontal slabs 1.5 apart, seen from above by ``views``
     cameras: every ray meets the slabs in height order, so a kd-tree of up to ``n_slabs`` boxes

@@ -28,6 +28,8 @@ KERNEL_NAMES = {
     "_depth_key_kernel", "_tile_ranges_kernel", "_screen_stats_kernel",  # binning, the strategy's statistics
     "_row_normals_kernel",  # densification's noise
     "_raster_backward_fixed_kernel", "_slot_sum_kernel",  # the raster backward of --deterministic
+    "_raster_forward_carry_kernel", "_raster_backward_carry_kernel",  # a view in depth-ordered chunks
+    "_raster_backward_fixed_carry_kernel",
 }
 
 

@@ -18,6 +18,7 @@ from .rows import move_rows, pool_rows, reach_boxes, row_normals
 from .sparse import decode_add, encode, scatter_add
 from .tile_loss import tile_loss
 
+STATE_DTYPE = np.float64  # the per-pixel state carried between the chunks of a view
 FUSED_TILE_LOSS = False
 
 drop_stale_caches([loss, optim, raster, rows, sparse, _tile_loss])  # the kernels inline numbasplat.math (other files)
@@ -40,7 +41,7 @@ def launch_count():
     return None
 
 
-__all__ = ["FUSED_TILE_LOSS", "adam", "array_module", "as_images", "contributions", "cull", "decode_add",
+__all__ = ["FUSED_TILE_LOSS", "STATE_DTYPE", "adam", "array_module", "as_images", "contributions", "cull", "decode_add",
            "depth_keys", "emit_intersections", "encode", "fused_layout", "l1_ssim", "launch_count", "move_rows",
            "pool_rows", "project", "project_backward", "raster_backward", "raster_forward", "reach_boxes", "route",
            "route_fill", "row_normals", "scatter_add", "screen_stats", "ssim_forward", "tile_loss", "tile_ranges"]

@@ -11,7 +11,8 @@ from numba import njit, prange
 
 from ..math import gaussian_ops as go
 from ..math import geometry as geo
-from ..math.blend import blend_step, blend_vjp, dominant_step, gaussian_alpha, store_pixel
+from ..math.blend import (blend_step, blend_vjp, dominant_step, gaussian_alpha, load_behind, load_front,
+                          store_behind, store_front, store_pixel)
 from ..math.jit import shared
 
 _ops = go.build(njit(cache=True))  # not inlined: parfors cannot analyse the inlined tuple math
@@ -21,6 +22,9 @@ screen_stats_one = _ops.screen_stats
 cull_one = _ops.cull
 route_one, route_fill_one = _ops.route, _ops.route_fill
 _store_pixel = njit(cache=True)(store_pixel)
+_load_front, _store_front = njit(cache=True)(load_front), njit(cache=True)(store_front)
+_load_behind, _store_behind = njit(cache=True)(load_behind), njit(cache=True)(store_behind)
+_NO_STATE = np.zeros((0, 0, 0))  # ``state`` of a pass that is not chunked
 
 
 @njit(parallel=True, cache=True)
@@ -90,7 +94,8 @@ def record_alpha(proj, g, px, py):
 
 
 @njit(parallel=True, cache=True)
-def raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, depth, last):
+def _raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, depth, last, state):
+    carry = state.shape[0] != 0
     n_tiles = ranges.shape[0]
     for t in prange(n_tiles):
         ty = t // tiles_x
@@ -105,7 +110,10 @@ def raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, dep
                 b = 0.0
                 d = 0.0
                 stop = start
-                for i in range(start, end):
+                done = False
+                if carry:
+                    T, r, gr, b, d, done = _load_front(state, py, px)
+                for i in range(start, start if done else end):  # (a pixel ended in front: none)
                     g = ids[i]
                     alpha, vis, dx, dy = record_alpha(proj, g, px + 0.5, py + 0.5)
                     w, T, done = blend_step(alpha, T)
@@ -118,12 +126,25 @@ def raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, dep
                         d += w * proj[g, go.DEPTH]
                         stop = i + 1
                 _store_pixel(image, trans, depth, last, py, px, r, gr, b, T, d, stop, bg)
+                if carry:
+                    _store_front(state, py, px, T, r, gr, b, d, done)
+
+
+def raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, depth, last, state=None):
+    """Composite each pixel's Gaussians front to back into ``image``, ``trans``, ``depth``, ``last``;
+    ``state`` ((FRONT_FIELDS, H, W) float64, ``blend.load_front``): start from it instead of an
+    empty pixel (a chunk of the view's Gaussians after those in front) and leave the pixel's
+    state there."""
+    _raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, depth, last,
+                    _NO_STATE if state is None else state)
 
 
 @njit(parallel=True, cache=True)
 def _raster_backward_isect(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth,
-                    grad_isect):
-    """Per-intersection screen-space gradients, back to front per pixel."""
+                           grad_isect, state):
+    """Per-intersection screen-space gradients, back to front per pixel (from and into ``state``
+    where it is not empty: ``raster_backward``)."""
+    carry = state.shape[0] != 0
     n_tiles = ranges.shape[0]
     for t in prange(n_tiles):
         ty = t // tiles_x
@@ -143,6 +164,8 @@ def _raster_backward_isect(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, la
                 s2 = T_end * bg[2]
                 sd = 0.0
                 da_end = d_alpha[py, px] * T_end
+                if carry:
+                    T, s0, s1, s2, sd, da_end = _load_behind(state, py, px)
                 for i in range(last[py, px] - 1, start - 1, -1):
                     g = ids[i]
                     alpha, vis, dx, dy = record_alpha(proj, g, px + 0.5, py + 0.5)
@@ -154,6 +177,8 @@ def _raster_backward_isect(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, la
                     T, s0, s1, s2, sd = out[0], out[1], out[2], out[3], out[4]
                     for f in range(go.GRAD_FIELDS):
                         grad_isect[i, f] += out[5 + f]
+                if carry:
+                    _store_behind(state, py, px, T, s0, s1, s2, sd)
 
 
 @njit(parallel=True, cache=True)
@@ -189,8 +214,12 @@ def scatter_add_rows(ids, rows, out):
 
 
 def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad,
-                    fixed=None):
+                    fixed=None, state=None):
     """Add each Gaussian's screen-space gradient record into ``grad`` (N, GRAD_FIELDS).
+
+    ``state`` ((BEHIND_FIELDS, H, W) float64, ``blend.load_behind``): each pixel's backward starts
+    from it (the chunks behind done) instead of from ``trans``, ``bg`` and ``d_alpha``, which are
+    not read, and leaves its state in front of these Gaussians there.
 
     Deterministic as it is, so ``fixed`` (the CUDA backend's order of summation for
     ``--deterministic``) is not needed: each intersection's row is written by the one thread
@@ -198,7 +227,8 @@ def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_i
     one thread; no ``prange`` reduction, so neither the thread count nor the schedule changes a
     bit."""
     rows = np.zeros((ids.shape[0], grad.shape[1]), grad.dtype)
-    _raster_backward_isect(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, rows)
+    _raster_backward_isect(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, rows,
+                           _NO_STATE if state is None else state)
     scatter_add_rows(ids, rows, grad)
 
 

@@ -9,6 +9,8 @@ tile loss and backward in one kernel: ``FUSED_TILE_LOSS``), ``loss`` (windowed S
 ``tile_loss`` (L1 + S3IM per tile), ``optim`` (Adam), ``rows`` (the out-of-core row table's
 moves, pool rows and boxes, and per-row noise), ``sparse`` (the zero-eliding gradient messages).
 """
+import numpy as np
+
 from . import launch
 from .fused import fused_budget, fused_layout, fused_raster_loss_backward
 from .launch import array_module
@@ -20,6 +22,7 @@ from .rows import move_rows, pool_rows, reach_boxes, row_normals
 from .sparse import decode_add, encode, scatter_add
 from .tile_loss import tile_loss
 
+STATE_DTYPE = np.float32  # the per-pixel state carried between the chunks of a view
 FUSED_TILE_LOSS = True
 
 
@@ -28,8 +31,8 @@ def launch_count():
     return launch.launches
 
 
-__all__ = ["FUSED_TILE_LOSS", "adam", "array_module", "as_images", "contributions", "cull", "decode_add", "depth_keys",
-           "emit_intersections", "encode", "fused_budget", "fused_layout", "fused_raster_loss_backward", "l1_ssim",
-           "launch_count", "move_rows", "pool_rows", "project", "project_backward", "raster_backward", "raster_forward",
-           "reach_boxes", "route", "route_fill", "row_normals", "scatter_add", "screen_stats", "ssim_forward",
-           "tile_loss", "tile_ranges"]
+__all__ = ["FUSED_TILE_LOSS", "STATE_DTYPE", "adam", "array_module", "as_images", "contributions", "cull",
+           "decode_add", "depth_keys", "emit_intersections", "encode", "fused_budget", "fused_layout",
+           "fused_raster_loss_backward", "l1_ssim", "launch_count", "move_rows", "pool_rows", "project",
+           "project_backward", "raster_backward", "raster_forward", "reach_boxes", "route", "route_fill",
+           "row_normals", "scatter_add", "screen_stats", "ssim_forward", "tile_loss", "tile_ranges"]

@@ -15,7 +15,7 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from ..math import gaussian_ops as go
-from ..math.blend import blend_step, dominant_step, store_pixel
+from ..math.blend import blend_step, dominant_step, load_behind, load_front, store_behind, store_front, store_pixel
 from ..math.sh import sh_basis, sh_basis_jacobian
 from ..math.tiles import TILE, tile_grid
 from .launch import F1, F2, F3, I1, I2, L1, THREADS, U1, array_module, kernel, per_item
@@ -33,6 +33,8 @@ geometry_backward_one = _ops.geometry_backward
 view_direction, colour_grad = _ops.view_direction, _ops.colour_grad
 route_one, route_fill_one = _ops.route, _ops.route_fill
 _store_pixel = cuda.jit(device=True, inline=True)(store_pixel)
+_load_front, _store_front, _load_behind, _store_behind = (cuda.jit(device=True, inline=True)(f) for f in (
+    load_front, store_front, load_behind, store_behind))
 
 
 # --------------------------------------------------------------------------- per Gaussian
@@ -301,39 +303,60 @@ def _load(proj, ids, i, rec, rid, slot):
         rec[field(slot, f, NF)] = proj[g, f]
 
 
-@kernel(F2, I1, I2, "int64", "int64", "int64", F1, F3, F2, F2, I2, fastmath=True)
-def _raster_forward_kernel(proj, ids, ranges, W, H, tiles_x, bg, image, trans, depth, last):
-    rec = cuda.shared.array(BATCH_WORDS, float32)
-    rid = cuda.shared.array(BLOCK, int32)
-    tid, lane, px, py, inside, start, end, x0, x1, y0, y1, fx, fy = _tile_pixel(ranges, tiles_x, W, H)
-    T = ONE
-    r = ZERO
-    g = ZERO
-    b = ZERO
-    d = ZERO
-    stop = start
-    done = not inside
-    for base in range(start, end, int32(BLOCK)):  # int32 counters (Numba's int64 ones cost ~5 instructions a pair)
-        if cuda.syncthreads_count(int32(done)) == BLOCK:
-            break
-        if base + tid < end:
-            _load(proj, ids, base + tid, rec, rid, tid)
-        cuda.syncthreads()
-        T, r, g, b, d, stop, done = composite_chunks(rec, NF, int32(0), int32(min(BLOCK, end - base)), base, lane,
-                                                     x0, x1, y0, y1, fx, fy, T, r, g, b, d, stop, done, True)
-        cuda.syncthreads()
-    if inside:
-        _store_pixel(image, trans, depth, last, py, px, r, g, b, T, d, stop, bg)
+def _raster_forward(carry):
+    """The raster forward kernel; ``carry`` (a constant of its compilation, so the kernel without it
+    has no trace of it): each pixel starts from its state in ``state`` ((FRONT_FIELDS, H, W): the
+    chunks of the view in front, ``blend.load_front``) instead of an empty pixel, and leaves its
+    state there for the next chunk."""
+    def kernel_fn(proj, ids, ranges, W, H, tiles_x, bg, image, trans, depth, last, state):
+        rec = cuda.shared.array(BATCH_WORDS, float32)
+        rid = cuda.shared.array(BLOCK, int32)
+        tid, lane, px, py, inside, start, end, x0, x1, y0, y1, fx, fy = _tile_pixel(ranges, tiles_x, W, H)
+        T = ONE
+        r = ZERO
+        g = ZERO
+        b = ZERO
+        d = ZERO
+        stop = start
+        done = not inside
+        if carry and inside:
+            T, r, g, b, d, done = _load_front(state, py, px)
+        for base in range(start, end, int32(BLOCK)):  # int32 counters (Numba's int64 ones cost ~5 instructions a pair)
+            if cuda.syncthreads_count(int32(done)) == BLOCK:
+                break
+            if base + tid < end:
+                _load(proj, ids, base + tid, rec, rid, tid)
+            cuda.syncthreads()
+            T, r, g, b, d, stop, done = composite_chunks(rec, NF, int32(0), int32(min(BLOCK, end - base)), base,
+                                                         lane, x0, x1, y0, y1, fx, fy, T, r, g, b, d, stop, done,
+                                                         True)
+            cuda.syncthreads()
+        if inside:
+            _store_pixel(image, trans, depth, last, py, px, r, g, b, T, d, stop, bg)
+            if carry:
+                _store_front(state, py, px, T, r, g, b, d, done)
+
+    name = "_raster_forward_carry_kernel" if carry else "_raster_forward_kernel"
+    kernel_fn.__name__ = kernel_fn.__qualname__ = name  # (its PTX cache key and its KERNELS entry)
+    return kernel(F2, I1, I2, "int64", "int64", "int64", F1, F3, F2, F2, I2, F3, fastmath=True)(kernel_fn)
 
 
-def _raster_backward(fixed):
-    """The raster backward kernel; ``fixed`` (a constant of its compilation, so the kernel without
-    it has no trace of it): each warp stores its sum of a record's gradient into the record's own
+_raster_forward_kernel = _raster_forward(False)
+_raster_forward_carry_kernel = _raster_forward(True)
+
+
+def _raster_backward(fixed, carry):
+    """The raster backward kernel; ``fixed`` and ``carry`` are constants of its compilation, so the
+    kernel without them has no trace of them.  ``carry``: each pixel's backward starts from its
+    state in ``state`` ((BEHIND_FIELDS, H, W): the chunks of the view behind done,
+    ``blend.load_behind``) instead of ``trans``, ``bg`` and ``d_alpha``, and leaves its state in
+    front of the chunk there.  ``fixed``: each warp stores its sum of a record's gradient into the record's own
     slot of ``slots`` ((intersections, WARPS, NG) flat, zeroed; the slot of the record at sorted
     position p is ``perm[p]``, the position it was emitted at) instead of adding it into ``grad``
     with an atomic, whose order varies from run to run; ``_slot_sum_kernel`` then adds each
     Gaussian's slots into ``grad`` in a fixed order."""
-    def kernel_fn(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad, perm, slots):
+    def kernel_fn(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad, perm, slots,
+                  state):
         rec = cuda.shared.array(BATCH_WORDS, float32)
         rid = cuda.shared.array(BLOCK, int32)
         red = cuda.shared.array((NG, RED_ROWS), float32)
@@ -360,6 +383,8 @@ def _raster_backward(fixed):
         s1 = T_end * bg[1]
         s2 = T_end * bg[2]
         sd = ZERO
+        if carry and inside:
+            T, s0, s1, s2, sd, da_end = _load_behind(state, py, px)
         for top in range(end, start, int32(-BLOCK)):  # int32 counters, as in the forward pass
             lo = int32(max(start, top - BLOCK))
             if top - 1 - tid >= lo:
@@ -377,15 +402,19 @@ def _raster_backward(fixed):
                                                      dc0, dc1, dc2, dd, da_end, True, grad, rid, j, tid, red,
                                                      fixed, slots, slot)
             cuda.syncthreads()
+        if carry and inside:
+            _store_behind(state, py, px, T, s0, s1, s2, sd)
 
-    name = "_raster_backward_fixed_kernel" if fixed else "_raster_backward_kernel"
+    name = "_raster_backward" + ("_fixed" if fixed else "") + ("_carry" if carry else "") + "_kernel"
     kernel_fn.__name__ = kernel_fn.__qualname__ = name  # (its PTX cache key and its KERNELS entry)
-    return kernel(F2, I1, I2, "int64", "int64", "int64", F1, F2, I2, F3, F2, F2, F1, L1, F1,
-                  fastmath=True)(kernel_fn)
+    return kernel(F2, I1, I2, "int64", "int64", "int64", F1, F2, I2, F3, F2, F2, F1, L1, F1, F3, fastmath=True,
+                  max_registers=48 if carry else None)(kernel_fn)  # (carry: 56 otherwise, 47 under it, no spills)
 
 
-_raster_backward_kernel = _raster_backward(False)
-_raster_backward_fixed_kernel = _raster_backward(True)
+_raster_backward_kernel = _raster_backward(False, False)
+_raster_backward_fixed_kernel = _raster_backward(True, False)
+_raster_backward_carry_kernel = _raster_backward(False, True)
+_raster_backward_fixed_carry_kernel = _raster_backward(True, True)
 
 
 @kernel(F1, L1, I1, L1, F1)
@@ -456,9 +485,12 @@ def _contributions_kernel(proj, ids, ranges, W, H, tiles_x, dominant, total):
         dominant[py, px] = best_g
 
 
-def raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, depth, last):
-    _raster_forward_kernel[tile_grid(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, image, trans,
-                                                           depth, last)
+def raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, depth, last, state=None):
+    """Composite each pixel's Gaussians front to back: one launch.  ``state`` ((FRONT_FIELDS, H, W)
+    float32): start from it and leave the pixel's state there (``_raster_forward``)."""
+    k = _raster_forward_kernel if state is None else _raster_forward_carry_kernel
+    k[tile_grid(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, image, trans, depth, last,
+                                     _no_state() if state is None else state)
 
 
 _NO_SLOTS = {}
@@ -472,24 +504,41 @@ def _no_slots():
     return _NO_SLOTS[xp]
 
 
+_NO_STATE = {}
+
+
+def _no_state():
+    """The (unread) state argument of the raster kernels without ``carry``."""
+    xp = array_module()
+    if xp not in _NO_STATE:
+        _NO_STATE[xp] = xp.zeros((1, 1, 1), np.float32)
+    return _NO_STATE[xp]
+
+
 def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad,
-                    fixed=None):
+                    fixed=None, state=None):
     """Add each Gaussian's screen-space gradient record into ``grad`` (N, NG): with float atomics
     in whatever order the warps come, or, with ``fixed`` = (perm, order, ends, counts) (the
     binning's permutation from emitted to sorted intersections, its depth order, the running
     count of tiles in that order, the projection's tile counts), in a fixed order: the warps'
     sums into a slot each (``_raster_backward``), then a thread per Gaussian adds its slots
-    (``_slot_sum_kernel``).  The slots take WARPS * NG floats (384 bytes) per intersection."""
+    (``_slot_sum_kernel``).  The slots take WARPS * NG floats (384 bytes) per intersection.
+    ``state`` ((BEHIND_FIELDS, H, W) float32): each pixel's backward starts from it instead of
+    ``trans``, ``bg`` and ``d_alpha``, and leaves its state there (``_raster_backward``)."""
     flat = flat_records(grad)
+    carry = state is not None
+    state = state if carry else _no_state()
     if fixed is None:
         perm, slots = _no_slots()
-        _raster_backward_kernel[tile_grid(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, trans, last,
-                                                                d_image, d_alpha, d_depth, flat, perm, slots)
+        k = _raster_backward_carry_kernel if carry else _raster_backward_kernel
+        k[tile_grid(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, trans, last, d_image, d_alpha, d_depth,
+                                         flat, perm, slots, state)
         return
     perm, order, ends, counts = fixed
     slots = array_module().zeros(perm.shape[0] * WARPS * NG, np.float32)
-    _raster_backward_fixed_kernel[tile_grid(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, trans, last,
-                                                                  d_image, d_alpha, d_depth, flat, perm, slots)
+    k = _raster_backward_fixed_carry_kernel if carry else _raster_backward_fixed_kernel
+    k[tile_grid(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, trans, last, d_image, d_alpha, d_depth,
+                                     flat, perm, slots, state)
     _slot_sum_kernel[per_item(order.shape[0])](slots, order, counts, ends, flat)
 
 

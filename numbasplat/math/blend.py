@@ -6,6 +6,16 @@ backward pass walks the same Gaussians back to front, recovering ``T_i`` by
 division and carrying ``s`` (what lies behind Gaussian i, background included).
 The contributions pass walks them front to back as the forward pass does, finding each
 pixel's dominant Gaussian (``dominant_step``: the largest ``w_i |c_i|``, ``w_i = a_i T_i``).
+
+A view can be composited in depth-ordered chunks of its Gaussians (``numbasplat.chunks``):
+both passes then start from a per-pixel state that the previous chunk left, instead of an
+empty pixel, and leave theirs for the next (``load_front``/``store_front`` in front-to-back
+order, ``load_behind``/``store_behind`` back to front).  The state is exactly what the
+unchunked loops carry from one Gaussian to the next, so the chunks composite exactly as one
+pass would: the transmittance (the forward's early stop at T_MIN included, by its ``done``
+flag), the colour and depth summed so far, and backwards the transmittance and the colour and
+depth behind (``s``: what ``compose_backward`` calls A_{m+1} R_{m+1}) with the alpha gradient
+of the final transmittance.
 """
 import math
 
@@ -58,6 +68,42 @@ def store_pixel(image, trans, depth, last, py, px, r, g, b, T, d, stop, bg):
     trans[py, px] = T
     depth[py, px] = d
     last[py, px] = stop
+
+
+FRONT_FIELDS = 6   # a pixel's state between chunks, front to back: T, r, g, b, depth, done (0 or 1)
+BEHIND_FIELDS = 6  # back to front: T, s0, s1, s2, sd (what lies behind), da_end (d_alpha * final T)
+
+
+def load_front(state, py, px):
+    """(T, r, g, b, d, done) of a pixel after the chunks in front, from ``state`` (FRONT_FIELDS,
+    H, W).  Plain Python like ``store_pixel``."""
+    return (state[0, py, px], state[1, py, px], state[2, py, px], state[3, py, px], state[4, py, px],
+            state[5, py, px] != f32(0.0))
+
+
+def store_front(state, py, px, T, r, g, b, d, done):
+    """The pixel's state after this chunk, for the next one (``load_front``)."""
+    state[0, py, px] = T
+    state[1, py, px] = r
+    state[2, py, px] = g
+    state[3, py, px] = b
+    state[4, py, px] = d
+    state[5, py, px] = f32(1.0) if done else f32(0.0)
+
+
+def load_behind(state, py, px):
+    """(T, s0, s1, s2, sd, da_end) of a pixel before the chunks behind (their backward done),
+    from ``state`` (BEHIND_FIELDS, H, W): where the backward of the chunk in front starts."""
+    return state[0, py, px], state[1, py, px], state[2, py, px], state[3, py, px], state[4, py, px], state[5, py, px]
+
+
+def store_behind(state, py, px, T, s0, s1, s2, sd):
+    """The pixel's backward state in front of this chunk, for the chunk before it (``da_end`` stays)."""
+    state[0, py, px] = T
+    state[1, py, px] = s0
+    state[2, py, px] = s1
+    state[3, py, px] = s2
+    state[4, py, px] = sd
 
 
 @shared
