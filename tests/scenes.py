@@ -114,3 +114,19 @@ def reach_table(seed=0, rows=50):
     table[:, 7:10] = rng.uniform(-5, 0, (rows, 3))
     starts, sizes = np.array([0, 7, 30, 30, 41], np.int64), np.array([7, 23, 0, 11, 9], np.int64)
     return table, starts, sizes
+
+
+def central_differences(array, objective, h):
+    """d objective / d ``array`` by central differences of step ``h``, one element at a time
+    (``array`` is changed in place and restored)."""
+    fd = np.zeros_like(array)
+    flat, fdf = array.reshape(-1), fd.reshape(-1)
+    for i in range(flat.size):
+        old = flat[i]
+        flat[i] = old + h
+        fp = objective()
+        flat[i] = old - h
+        fm = objective()
+        flat[i] = old
+        fdf[i] = (fp - fm) / (2 * h)
+    return fd

@@ -9,7 +9,7 @@ import pytest
 import numbasplat as ns
 from conftest import simulator_test
 from numbasplat.compose import compose
-from tests.scenes import edge_case_scene, look_at_camera, tied_scene
+from tests.scenes import central_differences, edge_case_scene, look_at_camera, tied_scene
 
 BG = (0.2, 0.4, 0.1)
 H_STEP = 1e-6
@@ -166,16 +166,7 @@ def test_chunked_gradients_match_finite_differences():
     assert len(chunks) > 2 and (frame.ended < len(chunks) - 1).any()
     grads = ns.render_chunked_backward(g, frame, *w, backend="cpu")
     for name, arr in g.arrays().items():
-        fd = np.zeros_like(arr)
-        flat, fdf = arr.reshape(-1), fd.reshape(-1)
-        for i in range(flat.size):
-            old = flat[i]
-            flat[i] = old + H_STEP
-            fp = objective()
-            flat[i] = old - H_STEP
-            fm = objective()
-            flat[i] = old
-            fdf[i] = (fp - fm) / (2 * H_STEP)
+        fd = central_differences(arr, objective, H_STEP)
         analytic = getattr(grads, name)
         assert np.abs(fd).sum() > 0, name
         err = np.linalg.norm(analytic - fd) / max(np.linalg.norm(fd), 1e-12)

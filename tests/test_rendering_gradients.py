@@ -4,7 +4,7 @@ import pytest
 
 import numbasplat as ns
 from numbasplat.math import gaussian_ops as go
-from tests.scenes import edge_case_scene, look_at_camera
+from tests.scenes import central_differences, edge_case_scene, look_at_camera
 
 H_STEP = 1e-6
 # The faint Gaussian puts many pixels near the 1/255 alpha cut, where the
@@ -42,16 +42,7 @@ def test_parameter_gradients_match_finite_differences(antialias):
     assert (frame.render.trans <= 1e-3).any(), "no pixel terminated early"
     grads, _ = ns.render_backward(g, frame, w[0], w[1], w[2], backend="cpu")
     for name, arr in g.arrays().items():
-        fd = np.zeros_like(arr)
-        flat, fdf = arr.reshape(-1), fd.reshape(-1)
-        for i in range(flat.size):
-            old = flat[i]
-            flat[i] = old + H_STEP
-            fp = objective(g, cam, w, antialias)
-            flat[i] = old - H_STEP
-            fm = objective(g, cam, w, antialias)
-            flat[i] = old
-            fdf[i] = (fp - fm) / (2 * H_STEP)
+        fd = central_differences(arr, lambda: objective(g, cam, w, antialias), H_STEP)
         analytic = getattr(grads, name)
         assert np.abs(fd).sum() > 0, name
         assert rel_err(analytic, fd) <= TOL, (name, rel_err(analytic, fd))
