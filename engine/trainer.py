@@ -29,8 +29,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+import numbasplat as ns
 from numbasplat import backend as _backend
-from numbasplat.loss import psnr, ssim
+from numbasplat.loss import l1_ssim_loss, psnr, ssim
+from numbasplat.rendering import rasterize_tile_loss
+from numbasplat.tile_loss import s3im_permutations
 from numbasplat.optim import column_lrs, exp_decay
 from data.atomic import atomic_path, remove_stale_temps
 
@@ -649,14 +652,20 @@ class Trainer(ABC):
         """The SH degree trained at this step (or at ``step``): one band more every ``sh_increase_every`` steps."""
         return min(self.cfg.sh_degree, (self.step if step is None else step) // self.cfg.sh_increase_every)
 
-    def learning_rates(self):
-        """-> ({group: learning rate}, per-column rates for Adam): the means' decays over ``lr_means_steps``."""
+    def learning_rates(self, batched=False):
+        """-> ({group: learning rate}, per-column rates for Adam): the means' decays over ``lr_means_steps``.
+        ``batched``: the rates of a step of ``batch`` views, times B ** ``batch_lr_exponent`` (Grendel's
+        scaling: one Adam step on the mean gradient of B views moves as far as about B steps would)."""
         c = self.cfg
         lr_means = exp_decay(c.lr_means * self.data.scene_scale, c.lr_means_final * self.data.scene_scale,
                              self.step, c.lr_means_steps)
         lr = {"means": lr_means, "scales": c.lr_scales, "quats": c.lr_quats, "opacities": c.lr_opacities,
               "sh": c.lr_sh}
-        return lr, column_lrs(lr, self.model.sh_bases)
+        cols = column_lrs(lr, self.model.sh_bases)
+        if not batched:
+            return lr, cols
+        scale = self.batch ** c.batch_lr_exponent
+        return {g: rate * scale for g, rate in lr.items()}, cols * scale
 
     def context(self, **step):
         """The strategy's ``Context``: the scene scale, the RNG, the memory guard's limits, and a
@@ -677,6 +686,54 @@ class Trainer(ABC):
         if extra:
             for k, v in extra.items():
                 getattr(model.grad_gaussians, k)[...] += v
+
+    # ------------------------------------------------------------------ the step body: per view, in every pipeline
+    def project_view(self, model, state, i, degree):
+        """Training view ``i``'s projection of ``model`` (this process's Gaussians, or the step's working set;
+        ``state`` its strategy state) at SH degree ``degree``, less what the view's mask and LOD gate skip
+        (``workload.cull``); unchecked (a check syncs: it runs at log steps)."""
+        g = model.gaussians
+        p = ns.project(g, self.data.train[i].camera, sh_degree=degree, antialias=self.cfg.antialias,
+                       backend=self.backend, check=False)
+        return self.workload.cull(p, g, state, i, self.backend)
+
+    def view_loss(self, image, i, tiles=None):
+        """The global loss (L1 + SSIM) of ``image`` against training view ``i``'s target, over the tiles
+        ``tiles`` (first, last: a renderer's share; None: the whole view), lazy (read at log steps).
+        -> (loss, its gradient with respect to ``image``)."""
+        return l1_ssim_loss(image, self.targets[i], self.cfg.lambda_dssim, backend=self.backend, tiles=tiles,
+                            lazy=True)
+
+    def s3im_permutations(self):
+        """The tile loss's arrangements of a view's pixels into S3IM windows, drawn from the RNG (host)."""
+        return s3im_permutations(self.rng, self.cfg.s3im_repeats)
+
+    def tile_loss(self, p, binning, target, perms, bg, **fused):
+        """``--loss tile``'s render, loss and raster backward of one view in one pass (ByteSplat's fused
+        kernel on GPUs): ``perms`` its S3IM arrangements, ``fused`` ``rasterize_tile_loss``'s options (a
+        renderer's ``tiles``, the ``grad`` to add into, ``want_image``).  Keeps its statistics in
+        ``tile_stats`` for the log.  -> (loss, screen-space gradients, image)."""
+        loss, grad, image, self.tile_stats = rasterize_tile_loss(
+            p, binning, target, self.xp.asarray(perms), self.cfg.lambda_s3im, bg, backend=self.backend, lazy=True,
+            **fused)
+        return loss, grad, image
+
+    def owner_backward(self, model, state, projections, grads, skip=None):
+        """The owner's part of the step's backward: each view's projection backward into ``model``'s
+        gradients (the first view's writes them, the rest add), each view's screen-space statistics for
+        the strategy (a batch's view sees its own gradient, not its 1/B share of the batch loss; ``skip``:
+        the device flag of a step the optimizer skips), then the regularisers' gradients.  On the device
+        alone (a step graph may capture it).  -> the rows that visible-only Adam updates: those any view
+        drew (None: ``visible_adam`` off)."""
+        seen = None
+        for n, (p, grad) in enumerate(zip(projections, grads)):
+            ns.project_backward(model.gaussians, p, grad, model.grad_gaussians, accumulate=n > 0,
+                                backend=self.backend)
+            self.strategy.after_backward(model, state, self.step, p, grad, self.batch, skip=skip)
+            if self.cfg.visible_adam:
+                seen = p.counts > 0 if seen is None else seen | (p.counts > 0)
+        self.add_strategy_gradients(model, state)
+        return seen
 
     def _check_finite(self, loss=None, model=None):
         """Stop with a clear message if training diverged (rendering skips this per-step sync),
