@@ -340,7 +340,7 @@ class GaussianExchangeTrainer(RankedTrainer):
     def _backward(self, step):
         """Step 5's raster backward of my tiles into the received rows' gradients, each view's 1/B share
         of the batch loss, back in the order the rows came."""
-        for (b, first, last, p, view, r), d in zip(step.frames, step.d_images):
+        for (*_, p, view, r), d in zip(step.frames, step.d_images):
             ns.rasterize_backward(p, view, r, d, grad=step.G, backend=self.backend)
         if self.batch > 1:
             step.G *= np.float32(1.0 / self.batch)

@@ -414,65 +414,16 @@ class Trainer(ABC):
         if self.model is None:
             self.init_model()
         self.check_ranks_agree()
-        logf = None
-        if self.is_root:
-            removed = remove_stale_temps(self.out)  # left by a crash mid-write; nothing writes to OUT now
-            if removed:
-                self.log(f"removed {len(removed)} temporary file(s) that an interrupted write left in {self.out}: "
-                         + ", ".join(removed))
-            logf = self._open_log()
-        tensorboard = TensorBoardLog(self.out, purge_step=self.step) if self.is_root and c.tensorboard else None
-        bar = Progress(c.iterations, self.step, enabled=progress)
+        run = self._open_run(progress)
         self.signals.install()
         try:
-            t0 = time.perf_counter()
+            run.start_clock()
             while self.step < until:
                 prev = self.step
                 loss, events = self.train_step()
-                if self.workload.scores_after(prev, self.step, self.strategy):
-                    events = {**events, **self.workload.score(self)}
-                bar.update(self.step)
-                if events:
-                    self._device_memory_peak(release_cache=True)
-                scores = {}
-                if ((crossed(prev, self.step, c.eval_every) or reached_any(prev, self.step, c.eval_at))
-                        and not events.get("opacity_reset")):
-                    t_eval = time.perf_counter()
-                    scores = self.scores_during_training()
-                    t0 += time.perf_counter() - t_eval  # (scoring is not training time)
-                rec = None
-                if crossed(prev, self.step, c.log_every) or events or scores or self.step == c.iterations:
-                    loss = float(loss)  # a LazyLoss: read at log steps only (a device sync)
-                    self._check_finite(loss)
-                    p = self.progress_psnr()
-                    rec = {"step": self.step, "loss": loss, "psnr": p, "gaussians": len(self.model),
-                           "time": self.train_seconds + time.perf_counter() - t0, **events, **scores,
-                           **self.log_extra()}
-                    if logf:
-                        logf.write(json.dumps(rec) + "\n")
-                        logf.flush()
-                    if tensorboard:
-                        tensorboard.write(rec)
-                        if scores:
-                            tensorboard.image("test/view_0" if self.data.test else "train/view_0",
-                                              self.scored_image, self.step)
-                    bar.show(loss, p, rec.get("gaussians_total", len(self.model)), self.progress_extra(rec))
-                for hook in self.step_hooks:
-                    t0 += hook(self, rec) or 0.0  # (time paused is not training time)
-                if reached_any(prev, self.step, c.save_at) and self.step < c.iterations:  # (the end writes it anyway)
-                    t_save = time.perf_counter()
-                    write_model_outputs(self)
-                    t0 += time.perf_counter() - t_save
-                signum = self.stop_signal()
-                if (crossed(prev, self.step, c.snapshot_every) and self.step < c.iterations) or signum:
-                    self.train_seconds += time.perf_counter() - t0
-                    t0 = time.perf_counter()
-                    self.save_snapshot()
-                if signum:
-                    bar.close()
-                    raise self._stopped_by(signum)
-            self.train_seconds += time.perf_counter() - t0
-            bar.close()
+                self._after_train_step(prev, loss, events, run)
+            run.bank_time()
+            run.bar.close()
             self.save_snapshot()
             write_model_outputs(self)
             signum = self.stop_signal()  # came after the last step's check: stop all the same
@@ -480,18 +431,72 @@ class Trainer(ABC):
                 raise self._stopped_by(signum)
         except KeyboardInterrupt as e:
             if not getattr(e, "saved", False):  # a second Ctrl-C: no snapshot of a half-done step
-                self.train_seconds += time.perf_counter() - t0
-                bar.close()
+                run.bank_time()
+                run.bar.close()
                 self.log(f"interrupted at step {self.step}: no snapshot written now (the last one is kept)")
             raise
         finally:
-            bar.close()  # (an error's line then starts a line of its own)
+            run.close()  # (an error's line then starts a line of its own)
             self.signals.restore()
-            if logf:
-                logf.close()
-            if tensorboard:
-                tensorboard.close()
         return self
+
+    def _open_run(self, progress):
+        """The outputs of one ``train`` call (``TrainingRun``): on the root rank the JSON-lines log (and
+        the temporary files an interrupted write left in OUT removed: nothing writes to OUT now) and
+        TensorBoard's, on every rank the progress bar."""
+        logf = tensorboard = None
+        if self.is_root:
+            removed = remove_stale_temps(self.out)  # left by a crash mid-write
+            if removed:
+                self.log(f"removed {len(removed)} temporary file(s) that an interrupted write left in {self.out}: "
+                         + ", ".join(removed))
+            logf = self._open_log()
+            tensorboard = TensorBoardLog(self.out, purge_step=self.step) if self.cfg.tensorboard else None
+        return TrainingRun(self, logf, tensorboard, Progress(self.cfg.iterations, self.step, enabled=progress))
+
+    def _after_train_step(self, prev, loss, events, run):
+        """What the recipe does after a step from image ``prev`` (``loss``, ``events``: ``train_step``'s):
+        an importance pass, the scores, the log record, the step hooks, the model's outputs and the
+        snapshot where due, and the stop at a stop signal (``run``: the ``TrainingRun``)."""
+        c = self.cfg
+        if self.workload.scores_after(prev, self.step, self.strategy):
+            events = {**events, **self.workload.score(self)}
+        run.bar.update(self.step)
+        if events:
+            self._device_memory_peak(release_cache=True)
+        scores = {}
+        if ((crossed(prev, self.step, c.eval_every) or reached_any(prev, self.step, c.eval_at))
+                and not events.get("opacity_reset")):
+            scores = run.untimed(self.scores_during_training)
+        rec = None
+        if crossed(prev, self.step, c.log_every) or events or scores or self.step == c.iterations:
+            rec = self._log_step(loss, events, scores, run)
+        for hook in self.step_hooks:
+            run.exclude(hook(self, rec) or 0.0)  # (time paused is not training time)
+        if reached_any(prev, self.step, c.save_at) and self.step < c.iterations:  # (the end writes it anyway)
+            run.untimed(write_model_outputs, self)
+        signum = self.stop_signal()
+        if (crossed(prev, self.step, c.snapshot_every) and self.step < c.iterations) or signum:
+            run.bank_time()
+            self.save_snapshot()
+        if signum:
+            run.bar.close()
+            raise self._stopped_by(signum)
+
+    def _log_step(self, loss, events, scores, run):
+        """The log record of this step (``loss``: its loss, read now: a device sync; ``events``,
+        ``scores``: the strategy's and the scores' fields), written to ``run``'s logs and shown on
+        its progress bar.  -> the record."""
+        loss = float(loss)  # a LazyLoss: read at log steps only
+        self._check_finite(loss)
+        p = self.progress_psnr()
+        rec = {"step": self.step, "loss": loss, "psnr": p, "gaussians": len(self.model), "time": run.seconds(),
+               **events, **scores, **self.log_extra()}
+        run.write(rec)
+        if run.tensorboard and scores:
+            run.tensorboard.image("test/view_0" if self.data.test else "train/view_0", self.scored_image, self.step)
+        run.bar.show(loss, p, rec.get("gaussians_total", len(self.model)), self.progress_extra(rec))
+        return rec
 
     def _stopped_by(self, signum):
         """-> the ``Interrupted`` of a stop at a step boundary, the snapshot written, and say so."""
@@ -914,6 +919,57 @@ def _logged_step(line):
     if not isinstance(rec, dict):
         return math.inf
     return rec.get("step", -math.inf)
+
+
+class TrainingRun:
+    """What one ``Trainer.train`` call writes to and how long it trains: the JSON-lines log ``logf`` and
+    ``tensorboard`` (the root rank's; None elsewhere or when off), the progress ``bar``, and the clock of
+    its training time, which leaves out what is not training (scoring, writing the model, a viewer's
+    pause) and is banked into the trainer's ``train_seconds`` (before a snapshot records it)."""
+
+    def __init__(self, trainer, logf, tensorboard, bar):
+        self.trainer, self.logf, self.tensorboard, self.bar = trainer, logf, tensorboard, bar
+        self.t0 = time.perf_counter()
+
+    def start_clock(self):
+        """Training starts now."""
+        self.t0 = time.perf_counter()
+
+    def exclude(self, seconds):
+        """Leave ``seconds`` that held the loop out of the training time."""
+        self.t0 += seconds
+
+    def untimed(self, work, *args):
+        """-> ``work(*args)``, its time left out of the training time."""
+        start = time.perf_counter()
+        result = work(*args)
+        self.exclude(time.perf_counter() - start)
+        return result
+
+    def seconds(self):
+        """The trainer's training time until now."""
+        return self.trainer.train_seconds + time.perf_counter() - self.t0
+
+    def bank_time(self):
+        """Add the training time since the clock last started to the trainer's, and start it again."""
+        self.trainer.train_seconds += time.perf_counter() - self.t0
+        self.t0 = time.perf_counter()
+
+    def write(self, record):
+        """One log ``record`` to the JSON-lines log and TensorBoard, where written."""
+        if self.logf:
+            self.logf.write(json.dumps(record) + "\n")
+            self.logf.flush()
+        if self.tensorboard:
+            self.tensorboard.write(record)
+
+    def close(self):
+        """The bar's line ended, the logs closed."""
+        self.bar.close()
+        if self.logf:
+            self.logf.close()
+        if self.tensorboard:
+            self.tensorboard.close()
 
 
 class Progress:
