@@ -86,7 +86,7 @@ class BatchStep:
     G: object = None           # render: the received rows' screen-space gradients; each tile's intersections
     cost: object = None
     shares: list = field(default_factory=list)    # the loss's shares of my tiles (lazy: read at reduce)
-    frames: list = field(default_factory=list)    # the global loss's renders: (view b, first, last, p, binning, r)
+    frames: list = field(default_factory=list)    # global loss: (view b, first, last, p, binning, render, target)
     rendered: dict = field(default_factory=dict)  # {view b: its render}
     d_images: list = field(default_factory=list)  # loss: each frame's image gradient
     out: object = None         # backward exchange: the gradients of the shard's rows per view
@@ -324,7 +324,7 @@ class GaussianExchangeTrainer(RankedTrainer):
                 step.shares.append(share)
             else:
                 r = ns.rasterize(p, view, step.bg, self.backend)
-                step.frames.append((b, first, last, p, view, r))
+                step.frames.append((b, first, last, p, view, r, target))
                 image = step.rendered[b] = r.image
             if b == 0:  # the progress PSNR's share, computed at log steps only (progress_psnr)
                 self._view0 = (image, target, first, last)
@@ -332,15 +332,15 @@ class GaussianExchangeTrainer(RankedTrainer):
     def _loss(self, step, have):
         """Step 4's global loss: each view's share of my tiles, on its render that the halo exchange
         completed (``have``)."""
-        for b, first, last, *_ in step.frames:
-            share, d_image = self.view_loss(have[b], step.views[b], (first, last))
+        for b, first, last, *_, target in step.frames:
+            share, d_image = self.view_loss(have[b], target, (first, last))
             step.shares.append(share)
             step.d_images.append(d_image)
 
     def _backward(self, step):
         """Step 5's raster backward of my tiles into the received rows' gradients, each view's 1/B share
         of the batch loss, back in the order the rows came."""
-        for (*_, p, view, r), d in zip(step.frames, step.d_images):
+        for (*_, p, view, r, _), d in zip(step.frames, step.d_images):
             ns.rasterize_backward(p, view, r, d, grad=step.G, backend=self.backend)
         if self.batch > 1:
             step.G *= np.float32(1.0 / self.batch)

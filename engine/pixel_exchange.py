@@ -643,7 +643,7 @@ class PixelExchangeTrainer(RankedTrainer):
         image = xp.zeros((plan.cam.height, plan.cam.width, 3), band.dtype)  # the loss normalises by the view
         image[y0:y1] = band
         target = self.targets[view]
-        loss, d_image = self.view_loss(image, view, (lo, hi))
+        loss, d_image = self.view_loss(image, target, (lo, hi))
         if self.batch > 1:
             d_image *= np.float32(1.0 / self.batch)  # each view's 1/B share of the batch loss
         d_colours, d_trans = compose_backward(colours, trans, none, d_image[y0:y1])

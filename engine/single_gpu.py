@@ -278,7 +278,7 @@ class SingleGPUTrainer(Trainer):
         backward: the tile loss's fused pass, or the global loss (of the render as the colour correction
         changes it, where trained; ``bg`` changes the render only, as in 3DGS).  -> (the image that the loss
         saw, the loss, the screen-space gradients)."""
-        target = self.targets[i]
+        target = self.targets[i]  # (bg changes the render only, as in 3DGS)
         if self.cfg.loss == "tile":
             loss, grad, image = self.tile_loss(p, b, target, self.s3im_permutations(), bg, want_image=True)
             clock.end("render")
@@ -287,7 +287,7 @@ class SingleGPUTrainer(Trainer):
         clock.end("render")
         corrected = self.appearance is not None
         image = self.appearance.apply(r.image, i) if corrected else r.image  # what the loss sees
-        loss, d_img = self.view_loss(image, i)
+        loss, d_img = self.view_loss(image, target)
         if corrected:
             d_img = self.appearance.backward(d_img, r.image, i)
         clock.end("loss")

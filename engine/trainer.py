@@ -702,12 +702,11 @@ class Trainer(ABC):
                        backend=self.backend, check=False)
         return self.workload.cull(p, g, state, i, self.backend)
 
-    def view_loss(self, image, i, tiles=None):
-        """The global loss (L1 + SSIM) of ``image`` against training view ``i``'s target, over the tiles
-        ``tiles`` (first, last: a renderer's share; None: the whole view), lazy (read at log steps).
-        -> (loss, its gradient with respect to ``image``)."""
-        return l1_ssim_loss(image, self.targets[i], self.cfg.lambda_dssim, backend=self.backend, tiles=tiles,
-                            lazy=True)
+    def view_loss(self, image, target, tiles=None):
+        """The global loss (L1 + SSIM) of a training view's ``image`` against its ``target``
+        (``targets[view]``), over the tiles ``tiles`` (first, last: a renderer's share; None: the whole
+        view), lazy (read at log steps).  -> (loss, its gradient with respect to ``image``)."""
+        return l1_ssim_loss(image, target, self.cfg.lambda_dssim, backend=self.backend, tiles=tiles, lazy=True)
 
     def s3im_permutations(self):
         """The tile loss's arrangements of a view's pixels into S3IM windows, drawn from the RNG (host)."""
