@@ -5,9 +5,9 @@ backward, Adam, densification) and renders a contiguous range of the batch's
 tiles (binning, rasterization, backward).  One step for a batch of B views,
 the same on every rank (shared seed):
 
-1. each owner projects its shard for all B cameras;
-2. the B images' tiles are cut into P ranges balanced by the measured cost
+1. the B images' tiles are cut into P ranges balanced by the measured cost
    (intersections per tile, from the previous batch);
+2. each owner projects its shard for all B cameras;
 3. forward all-to-all: a record goes to every rank owning a tile in its span;
 4. renderers bin and rasterize their tiles and compute their tiles' share of
    the loss; only the shares are summed.  The global loss (L1 + windowed SSIM)
@@ -30,16 +30,14 @@ parity shards they sort them by a global index sent alongside), so that depth ti
 one rank.  With the workload switches (engine/workload.py) each owner hides from each view's
 projection the rows of its shard that the view skips: they are neither sent nor rendered.
 """
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 import numbasplat as ns
 from numbasplat import GRAD_FIELDS, PROJ_FIELDS, TILE
 from numbasplat import backend as _backend
-from numbasplat.loss import l1_ssim_loss
-from numbasplat.rendering import image_from_tiles, image_tiles, rasterize_tile_loss
-from numbasplat.tile_loss import s3im_permutations
+from numbasplat.rendering import image_from_tiles, image_tiles
 from comm.sparse import exchange_dense, exchange_sparse
 
 from .distributed import RankedTrainer, balanced_bounds, even_bounds
@@ -55,6 +53,45 @@ GLOBAL_ROW = "global_row"  # parity shards, over a refinement: each row's (its p
 def _views_of(first, last, n_tiles):
     """The views holding any of the batch's tiles first..last-1 (view b has tiles b*n_tiles...)."""
     return range(first // n_tiles, (last - 1) // n_tiles + 1) if last > first else range(0)
+
+
+@dataclass
+class BatchStep:
+    """What one step of ``GaussianExchangeTrainer`` carries from phase to phase: the batch's views,
+    cameras and checked-out shard (``model``, its strategy ``state``), SH degree and background, the
+    renderers' tile ranges (``bounds``, P + 1 over the batch's ``n_tiles`` x B tiles), whether the phases
+    are synced (``timed``); then each phase's results, in the order they are made."""
+    views: list
+    cams: list
+    model: object
+    state: dict
+    degree: int
+    bg: object
+    n_tiles: int
+    bounds: object
+    device_bounds: object
+    lo: int                    # my tiles of the batch: lo .. hi - 1
+    hi: int
+    timed: bool
+    projs: list = None         # project: the shard's projection per view
+    send: object = None        # plan: the records sent, the plan slot of each, the rows per destination
+    route: object = None
+    send_counts: object = None
+    recv_views: object = None  # (P sources, B): rows received per view; and their intersections
+    recv_isect: object = None
+    recv: object = None        # forward exchange: the records received, their counts, each one's view
+    recv_counts: object = None
+    view_of: object = None
+    order: object = None       # parity shards: the received rows of each view in global row order
+    G: object = None           # render: the received rows' screen-space gradients; each tile's intersections
+    cost: object = None
+    shares: list = field(default_factory=list)    # the loss's shares of my tiles (lazy: read at reduce)
+    frames: list = field(default_factory=list)    # global loss: (view b, first, last, p, binning, render, target)
+    rendered: dict = field(default_factory=dict)  # {view b: its render}
+    d_images: list = field(default_factory=list)  # loss: each frame's image gradient
+    out: object = None         # backward exchange: the gradients of the shard's rows per view
+    comm_stats: dict = None
+    projected: list = None     # owner, at timed steps: the shard's Gaussians each view saw
 
 
 class GaussianExchangeTrainer(RankedTrainer):
@@ -182,143 +219,178 @@ class GaussianExchangeTrainer(RankedTrainer):
         return have
 
     def train_step(self):
-        c, xp = self.cfg, self.xp
-        timed = self._timing()
-        clock = PhaseClock(self.backend, timed)
+        """One step of ``batch`` views: a method per phase of ``trainer.PHASES``, in the order of the
+        module's docstring (``BatchStep`` carries what a phase leaves to the next)."""
+        clock = PhaseClock(self.backend, self._timing())
+        step = self._begin_batch(clock.synced)
+        self._project(step)
+        clock.end("project")
+        self._plan(step)
+        clock.end("plan")
+        self._forward_exchange(step)
+        clock.end("forward_exchange")
+        self._render(step)
+        clock.end("render")
+        have = {} if self.cfg.loss == "tile" else self._share_tiles(step.rendered, step.bounds, step.cams[0])
+        clock.end("halo_exchange")
+        self._loss(step, have)
+        clock.end("loss")
+        self._backward(step)
+        clock.end("backward")
+        self._backward_exchange(step)
+        clock.end("backward_exchange")
+        seen = self._owner(step)
+        clock.end("owner")
+        events = self._optimizer(step, seen)
+        clock.end("optimizer")
+        loss = self._reduce(step)
+        clock.end("reduce")
+        self.stats = {"forward_rows": int(len(step.send)), "forward_bytes": int(step.send.nbytes), **clock.stats(),
+                      **step.comm_stats, **self.store.step_stats()}
+        if step.projected is not None:
+            self.stats["projected"] = sum(step.projected)
+        return loss, events
+
+    def _begin_batch(self, timed):
+        """Step 1 of the module's docstring: the batch's views drawn and their model checked out of the
+        store, and the renderers' tile ranges, uploaded first: an upload waits for the device to idle,
+        which it is now (the last step ended reading its results), and not once the projections run.
+        ``timed``: the phases are synced.  -> the step's ``BatchStep``."""
         views = [self.next_view() for _ in range(self.batch)]
         model, state = self.store.checkout(views, self.upcoming_views(self.batch))
         cams = [self.data.train[i].camera for i in views]
-        degree = self.sh_degree_now()
-        g = model.gaussians
         tx, ty = cams[0].tiles
-        n_tiles = tx * ty
         if any(cam.tiles != (tx, ty) for cam in cams):
             raise ValueError("distributed training needs all training images of one size")
-        bg = self.step_background()
-        # 2. tile ranges of the renderers, uploaded first: an upload waits for the device to idle,
-        # which it is now (the last step ended reading its results), and not once the projections run
+        n_tiles = tx * ty
         bounds = (even_bounds(self.batch * n_tiles, self.size) if self.tile_cost is None
                   else balanced_bounds(self.tile_cost, self.size))
         lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
-        device_bounds = xp.asarray(bounds)
-        # 1. project the shard for every camera, less what each view's mask and LOD gate skip
-        for i in views:
+        return BatchStep(views, cams, model, state, self.sh_degree_now(), self.step_background(), n_tiles, bounds,
+                         self.xp.asarray(bounds), lo, hi, timed)
+
+    def _project(self, step):
+        """Step 2: the shard projected for every camera, less what each view's mask and LOD gate skip."""
+        for i in step.views:
             self.workload.viewed(i, self.backend)
-        projs = [self.workload.cull(ns.project(g, cam, sh_degree=degree, antialias=c.antialias, backend=self.backend,
-                                               check=False), g, state, i, self.backend)
-                 for i, cam in zip(views, cams)]
-        width = len(g)  # the plan's rows per view (route b * width + n)
-        clock.end("project")
-        # 3. forward exchange: records + tile count; the (source, view) row counts go first
-        send, table, route = self._send_plan(projs, n_tiles, device_bounds)
-        recv_table = self.exchange.alltoall_ints(table)           # (P sources, 2B): rows, intersections per view
-        recv_views, recv_isect = recv_table[:, :self.batch], recv_table[:, self.batch:]
-        clock.end("plan")
-        send_counts = table[:, :self.batch].sum(1)
-        recv, recv_counts = self.exchange.alltoallv(send, send_counts, recv_views.sum(1))
-        view_of = _view_of(xp, recv_views)
-        order = None  # parity shards: the received rows of each view in global row order
+        step.projs = [self.project_view(step.model, step.state, i, step.degree) for i in step.views]
+
+    def _plan(self, step):
+        """Step 3's plan: the records each renderer gets, and the (source, view) row and intersection
+        counts, exchanged first."""
+        step.send, table, step.route = self._send_plan(step.projs, step.n_tiles, step.device_bounds)
+        recv_table = self.exchange.alltoall_ints(table)  # (P sources, 2B): rows, intersections per view
+        step.recv_views, step.recv_isect = recv_table[:, :self.batch], recv_table[:, self.batch:]
+        step.send_counts = table[:, :self.batch].sum(1)
+
+    def _forward_exchange(self, step):
+        """Step 3: the records and their tile counts to the renderers (with parity shards, the rows of
+        each view put in global row order, as one rank has them)."""
+        step.recv, step.recv_counts = self.exchange.alltoallv(step.send, step.send_counts, step.recv_views.sum(1))
+        step.view_of = _view_of(self.xp, step.recv_views)
         if self.shard == "parity" and self.size > 1:
-            order = self._global_order(route, width, send_counts, recv_counts, view_of)
-            recv, view_of = recv[order], view_of[order]
-        clock.end("forward_exchange")
-        # 4. render my tiles of each view, 5. the loss share of my tiles and the raster backward
-        tile_loss = c.loss == "tile"
-        perms = [s3im_permutations(self.rng, c.s3im_repeats) for _ in range(self.batch)] if tile_loss else None
-        G = xp.zeros((len(recv), GRAD_FIELDS), np.float32)
-        cost = xp.zeros(self.batch * n_tiles, np.int32)   # intersections per tile, for the next bounds
-        shares, frames, rendered = [], [], {}  # loss shares (LazyLoss): read at the step's end
+            step.order = self._global_order(step.route, len(step.model), step.send_counts, step.recv_counts,
+                                            step.view_of)
+            step.recv, step.view_of = step.recv[step.order], step.view_of[step.order]
+
+    def _render(self, step):
+        """Step 4's render of my tiles of each view: the received records of all views binned at once
+        (view b's tile t is tile b * n_tiles + t of the batch); with the tile loss also its share of my
+        tiles and their raster backward (fused on GPUs).  Keeps each tile's intersections (the next
+        bounds)."""
+        c, xp, n_tiles, lo, hi = self.cfg, self.xp, step.n_tiles, step.lo, step.hi
+        perms = [self.s3im_permutations() for _ in range(self.batch)] if c.loss == "tile" else None
+        step.G = xp.zeros((len(step.recv), GRAD_FIELDS), np.float32)
+        step.cost = xp.zeros(self.batch * n_tiles, np.int32)
         self._view0 = None
-        # the received records (ten fields, then the tile count; the kernels read the ten) of all
-        # views are binned at once: view b's tile t is tile b * n_tiles + t of the batch
-        counts = recv[:, PROJ_FIELDS].astype(np.int32)
-        binning = ns.bin_tiles(ns.Projection(cams[0], None, recv, None, counts, degree, c.antialias), self.backend,
-                               total=int(recv_isect.sum()), view_of=view_of, n_views=self.batch)
+        # the received records: ten fields, then the tile count (the kernels read the ten)
+        counts = step.recv[:, PROJ_FIELDS].astype(np.int32)
+        binning = ns.bin_tiles(ns.Projection(step.cams[0], None, step.recv, None, counts, step.degree, c.antialias),
+                               self.backend, total=int(step.recv_isect.sum()), view_of=step.view_of,
+                               n_views=self.batch)
         binning.ranges[:lo] = 0
         binning.ranges[hi:] = 0
-        cost[lo:hi] = binning.ranges[lo:hi, 1] - binning.ranges[lo:hi, 0]
+        step.cost[lo:hi] = binning.ranges[lo:hi, 1] - binning.ranges[lo:hi, 0]
         for b in _views_of(lo, hi, n_tiles):
-            p = ns.Projection(cams[b], None, recv, None, counts, degree, c.antialias)
+            p = ns.Projection(step.cams[b], None, step.recv, None, counts, step.degree, c.antialias)
             view = ns.Binning(binning.ids, binning.ranges[b * n_tiles:(b + 1) * n_tiles], binning.n_isect)
             first, last = max(lo - b * n_tiles, 0), min(hi - b * n_tiles, n_tiles)  # my tiles of view b
-            target = self.targets[views[b]]
-            if tile_loss:  # forward, loss share and backward of my tiles (fused on GPUs)
+            target = self.targets[step.views[b]]
+            if perms is not None:
                 mine = np.zeros(n_tiles, bool)
                 mine[first:last] = True
-                share, _, image, self.tile_stats = rasterize_tile_loss(
-                    p, view, target, xp.asarray(perms[b]), c.lambda_s3im, bg,
-                    want_image=b == 0, backend=self.backend, tiles=mine, lazy=True, grad=G)
-                shares.append(share)
+                share, _, image = self.tile_loss(p, view, target, perms[b], step.bg, want_image=b == 0,
+                                                 tiles=mine, grad=step.G)
+                step.shares.append(share)
             else:
-                r = ns.rasterize(p, view, bg, self.backend)
-                frames.append((b, first, last, p, view, r, target))
-                image = rendered[b] = r.image
+                r = ns.rasterize(p, view, step.bg, self.backend)
+                step.frames.append((b, first, last, p, view, r, target))
+                image = step.rendered[b] = r.image
             if b == 0:  # the progress PSNR's share, computed at log steps only (progress_psnr)
                 self._view0 = (image, target, first, last)
-        clock.end("render")
-        have = {} if tile_loss else self._share_tiles(rendered, bounds, cams[0])
-        clock.end("halo_exchange")
-        d_images = []
-        for b, first, last, p, view, r, target in frames:  # global loss: the share of my tiles
-            lb, d = l1_ssim_loss(have[b], target, c.lambda_dssim, backend=self.backend,
-                                 tiles=(first, last), lazy=True)
-            shares.append(lb)
-            d_images.append(d)
-        clock.end("loss")
-        for (b, first, last, p, view, r, _), d in zip(frames, d_images):
-            ns.rasterize_backward(p, view, r, d, grad=G, backend=self.backend)
+
+    def _loss(self, step, have):
+        """Step 4's global loss: each view's share of my tiles, on its render that the halo exchange
+        completed (``have``)."""
+        for b, first, last, *_, target in step.frames:
+            share, d_image = self.view_loss(have[b], target, (first, last))
+            step.shares.append(share)
+            step.d_images.append(d_image)
+
+    def _backward(self, step):
+        """Step 5's raster backward of my tiles into the received rows' gradients, each view's 1/B share
+        of the batch loss, back in the order the rows came."""
+        for (*_, p, view, r, _), d in zip(step.frames, step.d_images):
+            ns.rasterize_backward(p, view, r, d, grad=step.G, backend=self.backend)
         if self.batch > 1:
-            G *= np.float32(1.0 / self.batch)  # each view's 1/B share of the batch loss
-        if order is not None:  # back in the order the rows came
-            G_received = xp.empty_like(G)
-            G_received[order] = G
-            G = G_received
-        clock.end("backward")
-        out = xp.zeros((self.batch * width, GRAD_FIELDS), np.float32)
+            step.G *= np.float32(1.0 / self.batch)
+        if step.order is not None:
+            G_received = self.xp.empty_like(step.G)
+            G_received[step.order] = step.G
+            step.G = G_received
+
+    def _backward_exchange(self, step):
+        """Step 5's exchange: the gradients back to the owners of the rows (sparse or dense), into
+        ``step.out``: (B x shard rows, GRAD_FIELDS)."""
+        step.out = self.xp.zeros((self.batch * len(step.model), GRAD_FIELDS), np.float32)
+        args = (self.exchange, step.G, step.recv_counts, step.route, step.out, self.backend, step.timed)
         if self.grad_comm == "sparse":
-            comm_stats = exchange_sparse(self.exchange, G, recv_counts, route, out, self.backend, timed)
+            step.comm_stats = exchange_sparse(*args)
         else:  # the rows coming back are the rows this rank sent forward
-            comm_stats = exchange_dense(self.exchange, G, recv_counts, route, out, self.backend, timed, send_counts)
-        clock.end("backward_exchange")
-        # 6. owners: projection backward, strategy statistics, Adam, densification
-        projected = []  # per view, the shard's Gaussians it saw (at timed steps: a sync each)
-        for b, p in enumerate(projs):
-            grad_b = out[b * width:(b + 1) * width]
-            ns.project_backward(g, p, grad_b, model.grad_gaussians, accumulate=b > 0, backend=self.backend)
-            if timed:
-                projected.append(int((p.counts > 0).sum()))
-            # densification sees each view's own screen gradient, not its 1/B share of the batch loss
-            self.strategy.after_backward(model, state, self.step, p, grad_b, self.batch)
-        self.add_strategy_gradients(model, state)
-        clock.end("owner")
-        lr, cols = self.learning_rates()
-        lr_scale = self.batch ** c.batch_lr_exponent
-        seen = None  # visible-only Adam: the rows that any of the batch's views saw
-        if c.visible_adam:
-            seen = projs[0].counts > 0
-            for p in projs[1:]:
-                seen |= p.counts > 0
-        model.adam.step(model.grads.data, cols * lr_scale, seen)
+            step.comm_stats = exchange_dense(*args, step.send_counts)
+
+    def _owner(self, step):
+        """Step 6's backward: each view's projection backward and statistics (``owner_backward``); at
+        timed steps, the shard's Gaussians each view saw (a sync each).  -> visible-only Adam's rows."""
+        width = len(step.model)
+        grads = [step.out[b * width:(b + 1) * width] for b in range(len(step.projs))]
+        seen = self.owner_backward(step.model, step.state, step.projs, grads)
+        if step.timed:
+            step.projected = [int((p.counts > 0).sum()) for p in step.projs]
+        return seen
+
+    def _optimizer(self, step, seen):
+        """Step 6's update: Adam at the batch's learning rates (of the rows ``seen``), the shard back
+        to the store, densification.  -> the strategy's events."""
+        lr, cols = self.learning_rates(batched=True)
+        step.model.adam.step(step.model.grads.data, cols, seen)
         prev = self.step
         self.step += self.batch
         # shards change only in start_from and _reorder_after_refine, which set offset and stride
-        ctx = self.context(lr_means=lr["means"] * lr_scale, prev_step=prev, offset=self.offset, stride=self.stride)
+        ctx = self.context(lr_means=lr["means"], prev_step=prev, offset=self.offset, stride=self.stride)
         if ctx.max_gaussians:  # --max-gaussians caps the whole model: each owner grows to its share
             ctx.max_gaussians = int(np.bincount(self._owners(np.arange(ctx.max_gaussians), ctx.max_gaussians),
                                                 minlength=self.size)[self.rank])
-        self.store.checkin(model, state, {g: rate * lr_scale for g, rate in lr.items()})
-        events = self._refine(ctx)
-        clock.end("optimizer")
-        # the loss and the tile costs (the next bounds) last: by now the device is done with them
-        summed = self.exchange.allreduce_sum(np.concatenate([[sum(map(float, shares)) / self.batch],
-                                                             _backend.to_host(cost.astype(np.float64))]))
+        self.store.checkin(step.model, step.state, lr)
+        return self._refine(ctx)
+
+    def _reduce(self, step):
+        """The loss and the tile costs (the next bounds), summed over the ranks last: by now the device
+        is done with them.  -> the step's loss."""
+        summed = self.exchange.allreduce_sum(np.concatenate([[sum(map(float, step.shares)) / self.batch],
+                                                             _backend.to_host(step.cost.astype(np.float64))]))
         loss, self.tile_cost = float(summed[0]), summed[1:]
-        clock.end("reduce")
-        self.stats = {"forward_rows": int(len(send)), "forward_bytes": int(send.nbytes), **clock.stats(),
-                      **comm_stats, **self.store.step_stats()}
-        if timed:
-            self.stats["projected"] = sum(projected)
-        return loss, events
+        return loss
 
     def _refine(self, ctx):
         """The strategy's refinement or reset after the step's Adam update (``ctx``: its context) on the

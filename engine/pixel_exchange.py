@@ -70,7 +70,6 @@ from numbasplat import T_MIN, TILE, TILE_PIXELS
 from numbasplat import backend as _backend
 from numbasplat.compose import compose, compose_backward
 from numbasplat.device import HostCopy
-from numbasplat.loss import l1_ssim_loss
 from numbasplat.optim import GROUPS, FlatParams
 from numbasplat.rendering import image_from_tiles, image_tiles
 
@@ -487,91 +486,117 @@ class PixelExchangeTrainer(RankedTrainer):
             self._in_flight.clear()
 
     def _finish_step(self, flight, clock):
-        """Steps 2-4 of the module's docstring for the step in flight ``flight``.  -> (loss, events)."""
-        c, xp, me = self.cfg, self.xp, self.rank
-        views, plans, mine, model, state, renders, bg = (flight.views, flight.plans, flight.mine, flight.model,
-                                                         flight.state, flight.renders, flight.background)
-        none = np.zeros(3, np.float32)
-        # 2. every composer of a view gets the partial tiles of its range and their halo from each of
-        # the view's participants, only those the participant covers (elsewhere its partial is
-        # nothing: colour 0, or the background at the back, and transmittance 1): one message a rank
-        # for all the step's views
-        covered = self.comm.allgather({k: r.covered.get() for k, r in renders.items()})
+        """Steps 2-4 of the module's docstring for the step in flight ``flight``, a method per phase of
+        ``trainer.PHASES``.  -> (loss, events)."""
+        covered, sent, recv, recv_tiles = self._forward_exchange(flight)
+        clock.end("forward_exchange")
+        shares, back, returned, grads = self._compose_views(flight, covered, recv, recv_tiles)
+        clock.end("loss")
+        sent_back = back.gather(lambda s, k, ids: grads[s, k], self.xp)
+        got, _ = self.exchange.alltoallv(sent_back, back.counts(), returned.counts())
+        clock.end("backward_exchange")
+        seen = self._owner(flight, returned, got, clock)
+        events = self._optimizer(flight, seen)
+        clock.end("optimizer")
+        loss = float(self.exchange.allreduce_sum(np.array([sum(map(float, shares))]))[0]) / len(flight.views)
+        clock.end("reduce")
+        self.stats = self._step_stats(flight, sent, sent_back, clock)
+        return loss, events
 
-        def tiles(source, k, first, last):  # the tiles of view k's first..last-1 that ``source`` sends
-            return first + np.flatnonzero(covered[source][k][first:last])
+    def _forward_exchange(self, flight):
+        """Step 2: every composer of a view gets the partial tiles of its range and their halo from each
+        of the view's participants, only those the participant covers (elsewhere its partial is
+        nothing: colour 0, or the background at the back, and transmittance 1): one message a rank for
+        all the step's views.  -> (every rank's covered tiles per view, the tiles sent, the tiles
+        received and their ``TileMessages``)."""
+        me, plans, renders = self.rank, flight.plans, flight.renders
+        covered = self.comm.allgather({k: r.covered.get() for k, r in renders.items()})
         send, recv_tiles = TileMessages(self.size), TileMessages(self.size)
-        for k in mine:
+        for k in flight.mine:
             plan, j_me = plans[k], plans[k].composers.index(me)
             for j, d in enumerate(plan.composers):
-                send.add(d, k, tiles(me, k, *plan.need(j)))
-                recv_tiles.add(d, k, tiles(d, k, *plan.need(j_me)))
-        sent = send.gather(lambda d, k, ids: image_tiles(renders[k].partial, ids), xp)
+                send.add(d, k, _covered_tiles(covered, me, k, *plan.need(j)))
+                recv_tiles.add(d, k, _covered_tiles(covered, d, k, *plan.need(j_me)))
+        sent = send.gather(lambda d, k, ids: image_tiles(renders[k].partial, ids), self.xp)
         recv, _ = self.exchange.alltoallv(sent, send.counts(), recv_tiles.counts())
-        clock.end("forward_exchange")
-        # 3. compose my tiles of each of my views in its participants' order, my share of its loss, and
-        # the gradients of each participant's partial image on my tiles that it covers
+        return covered, sent, recv, recv_tiles
+
+    def _compose_views(self, flight, covered, recv, recv_tiles):
+        """Step 3: compose my tiles of each of my views in its participants' order (``_compose``), my
+        share of its loss, and the gradients of each participant's partial image on my tiles that it
+        covers; the composers' new saturation marks put together.  -> (my loss shares, the gradients'
+        ``TileMessages`` out and back, {(participant, view): its gradient tiles})."""
+        me, none = self.rank, np.zeros(3, np.float32)
         shares, back, returned, new_marks, grads = [], TileMessages(self.size), TileMessages(self.size), [], {}
         self._view0 = None
-        for k in mine:
-            plan, j_me = plans[k], plans[k].composers.index(me)
+        for k in flight.mine:
+            plan, j_me = flight.plans[k], flight.plans[k].composers.index(me)
             (lo, hi), first = plan.range(j_me), plan.band(j_me)[2]
-            share, d_layers, marks = self._compose(plan, k, views[k], recv, recv_tiles, bg, none, renders[k].marks)
+            share, d_layers, marks = self._compose(plan, k, flight.views[k], recv, recv_tiles, flight.background,
+                                                   none, flight.renders[k].marks)
             shares.append(share)
             if marks is not None:
                 new_marks.append((k, lo, hi, marks))
             for layer, s in enumerate(plan.order):
-                ids = tiles(s, k, lo, hi)
+                ids = _covered_tiles(covered, s, k, lo, hi)
                 back.add(s, k, ids)
                 grads[s, k] = image_tiles(d_layers[layer], ids - first)
             for j, d in enumerate(plan.composers):
-                returned.add(d, k, tiles(me, k, *plan.range(j)))
+                returned.add(d, k, _covered_tiles(covered, me, k, *plan.range(j)))
         if self.saturation is not None:
-            self._update_marks(views, plans, [m for block in self.comm.allgather(new_marks) for m in block])
-        clock.end("loss")
-        sent_back = back.gather(lambda s, k, ids: grads[s, k], xp)
-        got, _ = self.exchange.alltoallv(sent_back, back.counts(), returned.counts())
-        clock.end("backward_exchange")
-        # 4. my Gaussians: raster and projection backward of each view, statistics, Adam (a rank in no
-        # view of the step moves none of its Gaussians), densification, ownership
-        lr, cols = self.learning_rates()
-        lr_scale = self.batch ** c.batch_lr_exponent
-        if mine:
-            seen = None
-            for n, k in enumerate(mine):
-                p, binning, r = renders[k].projection, renders[k].binning, renders[k].raster
-                rows, ids = returned.rows_of(k)
-                d_partial = image_from_tiles(got[rows], ids, plans[k].cam.height, plans[k].cam.width)
-                grad = ns.rasterize_backward(p, binning, r, xp.ascontiguousarray(d_partial[..., :3]),
-                                             d_alpha=-xp.ascontiguousarray(d_partial[..., 3]), backend=self.backend)
-                clock.end("backward")
-                ns.project_backward(model.gaussians, p, grad, model.grad_gaussians, accumulate=n > 0,
-                                    backend=self.backend)
-                # densification sees each view's own screen gradient, not its 1/B share of the batch loss
-                self.strategy.after_backward(model, state, self.step, p, grad, self.batch)
-                if c.visible_adam:
-                    seen = p.counts > 0 if seen is None else seen | (p.counts > 0)
-                clock.end("owner")
-            self.add_strategy_gradients(model, state)
-            model.adam.step(model.grads.data, cols * lr_scale, seen)
-        elif model is not None:  # a rank in no view of the step moves none of its Gaussians (Adam counts the step)
-            model.adam.step(model.grads.data, cols, self.xp.zeros(len(model), bool))
+            self._update_marks(flight.views, flight.plans,
+                               [m for block in self.comm.allgather(new_marks) for m in block])
+        return shares, back, returned, grads
+
+    def _owner(self, flight, returned, got, clock):
+        """Step 4's backward of my Gaussians: the raster backward of each of my views from the gradients
+        of my partial images (``got``, laid out as ``returned``), then ``owner_backward``.  -> visible-only
+        Adam's rows (None: this rank takes part in no view of the step, or ``visible_adam`` is off)."""
+        if not flight.mine:
+            return None
+        grads = []
+        for k in flight.mine:
+            render, cam = flight.renders[k], flight.plans[k].cam
+            rows, ids = returned.rows_of(k)
+            d_partial = image_from_tiles(got[rows], ids, cam.height, cam.width)
+            grads.append(ns.rasterize_backward(render.projection, render.binning, render.raster,
+                                               self.xp.ascontiguousarray(d_partial[..., :3]),
+                                               d_alpha=-self.xp.ascontiguousarray(d_partial[..., 3]),
+                                               backend=self.backend))
+        clock.end("backward")
+        seen = self.owner_backward(flight.model, flight.state, [flight.renders[k].projection for k in flight.mine],
+                                   grads)
+        clock.end("owner")
+        return seen
+
+    def _optimizer(self, flight, seen):
+        """Step 4's update: Adam at the batch's learning rates (a rank in no view of the step moves none
+        of its Gaussians; Adam counts the step), then ``_after_step``: densification, ownership.
+        -> the strategy's events."""
+        model = flight.model
+        lr, cols = self.learning_rates(batched=True)
+        if flight.mine:
+            model.adam.step(model.grads.data, cols, seen)
+        elif model is not None:
+            model.adam.step(model.grads.data, self.learning_rates()[1], self.xp.zeros(len(model), bool))
         prev = self.step
-        self.step += len(views)
-        lr = {g: rate * lr_scale for g, rate in lr.items()}
+        self.step += len(flight.views)
         ctx = self.context(lr_means=lr["means"], prev_step=prev, offset=self.offset)
-        events = self._after_step(model, state, ctx, lr)
-        self._last_view = tuple(views)
-        clock.end("optimizer")
-        loss = float(self.exchange.allreduce_sum(np.array([sum(map(float, shares))]))[0]) / len(views)
-        clock.end("reduce")
-        full = sum(b - a for k in mine for a, b in map(plans[k].need, range(len(plans[k].composers))))
-        saturated = sum(int(r.marks[me].sum()) for r in renders.values() if r.marks is not None)
-        self.stats = {"views": len(views), "pixel_bytes": int(sent.nbytes + sent_back.nbytes),
-                      "tiles_sent": int(len(sent)), "tiles_full": full, "tiles_saturated": saturated,
-                      **(self.saturation.counts if self.saturation else {}), **self.utilisation, **clock.stats(),
-                      **self.store.step_stats()}
-        return loss, events
+        events = self._after_step(model, flight.state, ctx, lr)
+        self._last_view = tuple(flight.views)
+        return events
+
+    def _step_stats(self, flight, sent, sent_back, clock):
+        """The step's ``stats``: its views, the pixels' bytes and tiles sent (of those the views' plans
+        could send, and those saturation skipped), the saturation and utilisation counts, the phases'
+        times and the store's."""
+        plans, me = flight.plans, self.rank
+        full = sum(b - a for k in flight.mine for a, b in map(plans[k].need, range(len(plans[k].composers))))
+        saturated = sum(int(r.marks[me].sum()) for r in flight.renders.values() if r.marks is not None)
+        return {"views": len(flight.views), "pixel_bytes": int(sent.nbytes + sent_back.nbytes),
+                "tiles_sent": int(len(sent)), "tiles_full": full, "tiles_saturated": saturated,
+                **(self.saturation.counts if self.saturation else {}), **self.utilisation, **clock.stats(),
+                **self.store.step_stats()}
 
     def _render(self, model, plan, view, epoch, sh_degree, background, clock):
         """My partial image of ``view`` (``plan``) at ``sh_degree``: premultiplied colour and
@@ -598,7 +623,7 @@ class PixelExchangeTrainer(RankedTrainer):
         saturation marks used, None where it was composed in full, to mark anew).  -> (my share of the
         loss, lazy; the gradients of each participant's partial band, in ``plan.order``, (rows, W, 4)
         each; the new saturation marks of my range, or None)."""
-        c, xp = self.cfg, self.xp
+        xp = self.xp
         j = plan.composers.index(self.rank)
         lo, hi = plan.range(j)
         y0, y1, first = plan.band(j)
@@ -618,7 +643,7 @@ class PixelExchangeTrainer(RankedTrainer):
         image = xp.zeros((plan.cam.height, plan.cam.width, 3), band.dtype)  # the loss normalises by the view
         image[y0:y1] = band
         target = self.targets[view]
-        loss, d_image = l1_ssim_loss(image, target, c.lambda_dssim, backend=self.backend, tiles=(lo, hi), lazy=True)
+        loss, d_image = self.view_loss(image, target, (lo, hi))
         if self.batch > 1:
             d_image *= np.float32(1.0 / self.batch)  # each view's 1/B share of the batch loss
         d_colours, d_trans = compose_backward(colours, trans, none, d_image[y0:y1])
@@ -692,6 +717,12 @@ class OffloadedPixelExchangeTrainer(PixelExchangeTrainer):
                                           block_rows, shard=True)
         super().__init__(dataset, out_dir, cfg, comm, backend, log, transport, saturation, revalidate_every,
                          consolidation, batch_size, store=store)  # (no steps rendered ahead: each loads its own)
+
+
+def _covered_tiles(covered, source, k, first, last):
+    """The tiles first..last-1 of the step's view ``k`` that rank ``source`` covers (``covered``: every
+    rank's {view: covered tiles}, gathered): those it sends, or is sent gradients of."""
+    return first + np.flatnonzero(covered[source][k][first:last])
 
 
 def _migrating_columns(model, strategy_state, n):

@@ -167,6 +167,31 @@ def fused_budget(smem_budget=None, backend=None):
                     "smem_per_gaussian": per_gaussian, "smem_source": source}
 
 
+def _whole_statistics(trainer, cameras, budget):
+    """``view_statistics`` of ``trainer``'s whole model from ``cameras`` against the fused ``budget``,
+    computed on the root and given to every rank (host arrays): one ranking, whatever the ranks.
+    Collective."""
+    whole = trainer.whole_model()
+    stats = None
+    if whole is not None:
+        g = whole.gaussians
+        stats = view_statistics(g, cameras, budget, sh_degree=g.sh_degree(), antialias=trainer.cfg.antialias,
+                                backend=trainer.backend)
+        stats = ViewStatistics(**{k: _backend.to_host(v) if hasattr(v, "shape") else v
+                                  for k, v in vars(stats).items()})
+    return trainer.from_root(stats)
+
+
+def _test_quality(trainer, when, log):
+    """The test views' PSNR and SSIM of ``trainer``'s model, said as ``when``'s, on the root (None on the
+    others, and without test views).  Collective."""
+    summary = trainer.evaluate(lpips=False) if trainer.data.test else None
+    if summary is None:
+        return None
+    log(f"{when}: test PSNR {summary['psnr']:.2f} dB, SSIM {summary['ssim']:.4f}")
+    return {"psnr": summary["psnr"], "ssim": summary["ssim"]}
+
+
 def prune_model(trainer, cfg: PruneConfig, log=print):
     """Stages 2 and (``cfg.stage == "hardware"``) 3 on ``trainer``'s model, fine-tuning it through
     ``trainer.train`` with densification and opacity resets off.  Returns the report: the budget
@@ -182,23 +207,11 @@ def prune_model(trainer, cfg: PruneConfig, log=print):
     cameras = [v.camera for v in trainer.data.train]
     report = {**how, "config": asdict(cfg), "stages": []}
 
-    def statistics():  # of the whole model, on the root: one ranking, whatever the ranks
-        whole = trainer.whole_model()
-        stats = None
-        if whole is not None:
-            g = whole.gaussians
-            stats = view_statistics(g, cameras, budget, sh_degree=g.sh_degree(), antialias=trainer.cfg.antialias,
-                                    backend=trainer.backend)
-            stats = ViewStatistics(**{k: _backend.to_host(v) if hasattr(v, "shape") else v
-                                      for k, v in vars(stats).items()})
-        return trainer.from_root(stats)
+    def statistics():
+        return _whole_statistics(trainer, cameras, budget)
 
-    def quality(when):  # the test views' PSNR and SSIM, on the root (collective; none without test views)
-        summary = trainer.evaluate(lpips=False) if trainer.data.test else None
-        if summary is None:
-            return None
-        log(f"{when}: test PSNR {summary['psnr']:.2f} dB, SSIM {summary['ssim']:.4f}")
-        return {"psnr": summary["psnr"], "ssim": summary["ssim"]}
+    def quality(when):
+        return _test_quality(trainer, when, log)
 
     def stage(name, stats, remove, images):
         """Remove ``remove``'s rows, fine-tune ``images`` steps, and record the stage: -> the statistics after."""

@@ -159,54 +159,73 @@ def run(workload, iters=30, warmup=5, comm=None, grad_comm="sparse", transport="
         t = make_trainer(workload.data, tmp, cfg, options, comm, backend, log=print if comm is None else say)
         t.start_from({"params": start})
         _release_cached_blocks(t.backend)  # what making the capture left: the peak is then training's
-        t.time_phases = False  # throughput: the host runs ahead of the device, as in training
-        steps, losses = [], []
-        for it in range(warmup + iters):
-            _sync(t, comm)
-            t0 = time.perf_counter()
-            loss, _ = t.train_step()
-            _sync(t, comm)
-            if it >= warmup:
-                steps.append(time.perf_counter() - t0)
-                losses.append(loss)  # read after the timing: reading a LazyLoss syncs
-        peak = peak_device_bytes()
-        _sync(t, comm)
-        t0 = time.perf_counter()
-        for _ in range(iters):  # as training runs: the host queues the next step while the device works
-            t.train_step()
-        _sync(t, comm)
-        back_to_back = (time.perf_counter() - t0) / iters
-        phases = []
-        t.time_phases = True  # then the phases, on steps synced at their boundaries
-        for _ in range(min(iters, 10)):
-            t.train_step()
-            phases.append(t.stats)
-        t.time_phases = False
+        steps, losses, peak, back_to_back, phases = _time_steps(t, comm, warmup, iters)
         traced = None
         if timeline:
             traced = timeline_module.summarize(timeline_module.record(t.train_step, timeline, timeline_trace))
         per_rank = comm.gather(phases, root=0) if comm is not None else [phases]
         if rank != 0:
             return None
-        cam = workload.data.train[0].camera
-        med = statistics.median(steps)
-        say(f"scaling: {workload.name}; {n} Gaussians, {cam.width}x{cam.height}, {size} rank(s), "
-            f"{t.batch} view(s) per step, {type(t).__name__}, {iters} timed steps; "
-            f"loss {float(losses[0]):.4f} -> {float(losses[-1]):.4f}")
-        medians = [phase_medians(ph) for ph in per_rank]
-        for line in phase_table(medians, len(phases)):
-            say(line)
-        say(f"step {1e3 * med:.2f} ms, {t.batch / med:.1f} images/s; back to back (no sync between steps, as "
-            f"training runs) {1e3 * back_to_back:.2f} ms, {t.batch / back_to_back:.1f} images/s")
-        report = {"step": med, "images_per_s": t.batch / med, "phases": medians, "gaussians": n,
-                  "back_to_back_step": back_to_back}
-        if traced:
-            for line in timeline_module.report_lines(traced):
-                say(line)
-            report["timeline"] = traced
+        report = _report(workload, t, n, size, iters, steps, losses, back_to_back, per_rank, traced, say)
         if size == 1:
+            med, medians = report["step"], report["phases"]
             report.update(_model_report(t, med, medians[0], peak, model_ranks, grad_comm, link_gbs, balanced, say))
     return report
+
+
+def _report(workload, t, n, size, iters, steps, losses, back_to_back, per_rank, traced, say):
+    """Say the timings of ``run`` (``t``: its trainer of ``n`` Gaussians over ``size`` ranks; ``steps``,
+    ``losses``, ``back_to_back``: ``_time_steps``'s; ``per_rank``: each rank's phase stats; ``traced``:
+    the timeline's summary, or None) and -> the report's numbers."""
+    cam = workload.data.train[0].camera
+    med = statistics.median(steps)
+    say(f"scaling: {workload.name}; {n} Gaussians, {cam.width}x{cam.height}, {size} rank(s), "
+        f"{t.batch} view(s) per step, {type(t).__name__}, {iters} timed steps; "
+        f"loss {float(losses[0]):.4f} -> {float(losses[-1]):.4f}")
+    medians = [phase_medians(ph) for ph in per_rank]
+    for line in phase_table(medians, len(per_rank[0])):
+        say(line)
+    say(f"step {1e3 * med:.2f} ms, {t.batch / med:.1f} images/s; back to back (no sync between steps, as "
+        f"training runs) {1e3 * back_to_back:.2f} ms, {t.batch / back_to_back:.1f} images/s")
+    report = {"step": med, "images_per_s": t.batch / med, "phases": medians, "gaussians": n,
+              "back_to_back_step": back_to_back}
+    if traced:
+        for line in timeline_module.report_lines(traced):
+            say(line)
+        report["timeline"] = traced
+    return report
+
+
+def _time_steps(t, comm, warmup, iters):
+    """The timings of trainer ``t``'s steps (``comm``: its ranks, None for one process): after ``warmup``
+    steps, ``iters`` steps each started and ended synced (their times and losses), the peak device
+    memory, the mean of ``iters`` steps back to back (the host queues the next step while the device
+    works, as in training), and the phase times (``stats``) of up to 10 steps synced at their phases'
+    boundaries.  -> (step times, losses, peak bytes, back-to-back step time, phase stats per step)."""
+    t.time_phases = False  # throughput: the host runs ahead of the device, as in training
+    steps, losses = [], []
+    for it in range(warmup + iters):
+        _sync(t, comm)
+        t0 = time.perf_counter()
+        loss, _ = t.train_step()
+        _sync(t, comm)
+        if it >= warmup:
+            steps.append(time.perf_counter() - t0)
+            losses.append(loss)  # read after the timing: reading a LazyLoss syncs
+    peak = peak_device_bytes()
+    _sync(t, comm)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        t.train_step()
+    _sync(t, comm)
+    back_to_back = (time.perf_counter() - t0) / iters
+    phases = []
+    t.time_phases = True  # then the phases, on steps synced at their boundaries
+    for _ in range(min(iters, 10)):
+        t.train_step()
+        phases.append(t.stats)
+    t.time_phases = False
+    return steps, losses, peak, back_to_back, phases
 
 
 def _model_report(t, step, phases, peak, model_ranks, grad_comm, link_gbs, balanced, say):

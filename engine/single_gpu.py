@@ -12,7 +12,7 @@ import numpy as np
 import numbasplat as ns
 from numbasplat import backend as _backend
 from numbasplat.device import DeviceValues, pinned_empty, queue_to_host, stream_event
-from numbasplat.loss import l1_ssim_loss, psnr
+from numbasplat.loss import psnr
 from numbasplat.rendering import INT32_MAX
 
 from .model import GROUPS, GaussianModel
@@ -262,37 +262,38 @@ class SingleGPUTrainer(Trainer):
         here reads a device value or changes the host's state (but the tile loss's statistics, a loss
         never captured), so that a step graph can replay it.  ``room``, ``roomed``: ``_room_for``'s.
         -> (the render, the loss, the intersections of an exact binning)."""
-        c, strategy = self.cfg, self.strategy
-        g = model.gaussians
-        target = self.targets[i]  # random_background changes the render only, as in 3DGS
-        p = ns.project(g, self.data.train[i].camera, sh_degree=degree, antialias=c.antialias, backend=self.backend,
-                       check=False)  # checked at log steps: a sync
-        self.workload.cull(p, g, state, i, self.backend)  # what its mask and LOD gate skip
+        p = self.project_view(model, state, i, degree)
         clock.end("project")
-        fixed = c.deterministic
+        fixed = self.cfg.deterministic
         b = (self._room.bin_into(p, room, self.backend, deterministic=fixed) if roomed
              else ns.bin_tiles(p, backend=self.backend, deterministic=fixed))
-        if c.loss == "tile":
-            image, grad, loss = self._tile_loss_step(p, b, target, bg)
-            clock.end("render")
-        else:
-            r = ns.rasterize(p, b, bg, self.backend)
-            clock.end("render")
-            corrected = self.appearance is not None
-            image = self.appearance.apply(r.image, i) if corrected else r.image  # what the loss sees
-            loss, d_img = l1_ssim_loss(image, target, c.lambda_dssim, backend=self.backend, lazy=True)
-            if corrected:
-                d_img = self.appearance.backward(d_img, r.image, i)
-            clock.end("loss")
-            grad = ns.rasterize_backward(p, b, r, d_img, backend=self.backend, deterministic=fixed)
-            clock.end("backward")
-        ns.project_backward(g, p, grad, model.grad_gaussians, accumulate=False, backend=self.backend)
-        self.add_strategy_gradients(model, state)  # on top of what the backward wrote
-        strategy.after_backward(model, state, self.step, p, grad, skip=b.overflow)
+        image, loss, grad = self._render_loss_backward(p, b, i, bg, clock)
+        visible = self.owner_backward(model, state, [p], [grad], skip=b.overflow)
         clock.end("owner")
-        visible = p.counts > 0 if c.visible_adam else None
         model.adam.update(model.grads.data, visible, skip=b.overflow)
         return image, loss, (b.n_isect if room is None else None)
+
+    def _render_loss_backward(self, p, b, i, bg, clock):
+        """View ``i``'s render of the projection ``p`` (binned: ``b``) on ``bg``, its loss, and the raster
+        backward: the tile loss's fused pass, or the global loss (of the render as the colour correction
+        changes it, where trained; ``bg`` changes the render only, as in 3DGS).  -> (the image that the loss
+        saw, the loss, the screen-space gradients)."""
+        target = self.targets[i]  # (bg changes the render only, as in 3DGS)
+        if self.cfg.loss == "tile":
+            loss, grad, image = self.tile_loss(p, b, target, self.s3im_permutations(), bg, want_image=True)
+            clock.end("render")
+            return image, loss, grad
+        r = ns.rasterize(p, b, bg, self.backend)
+        clock.end("render")
+        corrected = self.appearance is not None
+        image = self.appearance.apply(r.image, i) if corrected else r.image  # what the loss sees
+        loss, d_img = self.view_loss(image, target)
+        if corrected:
+            d_img = self.appearance.backward(d_img, r.image, i)
+        clock.end("loss")
+        grad = ns.rasterize_backward(p, b, r, d_img, backend=self.backend, deterministic=self.cfg.deterministic)
+        clock.end("backward")
+        return image, loss, grad
 
     def _graphs_now(self, timed):
         """The step graphs where this step may use one: on a GPU with ``cfg.step_graphs`` on, binning
@@ -308,18 +309,6 @@ class SingleGPUTrainer(Trainer):
                 return None
             self._graphs = StepGraphs()
         return None if timed else self._graphs
-
-    def _tile_loss_step(self, p, b, target, bg):
-        """Rasterize, tile-local loss and raster backward (ByteSplat's fused kernel on GPUs).
-        -> (image, screen-space gradients, loss)."""
-        from numbasplat.rendering import rasterize_tile_loss
-        from numbasplat.tile_loss import s3im_permutations
-        c = self.cfg
-        perms = self.xp.asarray(s3im_permutations(self.rng, c.s3im_repeats))
-        loss, grad, image, stats = rasterize_tile_loss(p, b, target, perms, c.lambda_s3im, bg, want_image=True,
-                                                       backend=self.backend, lazy=True)
-        self.tile_stats = stats  # fused tiles and Gaussians on fused tiles, for the log
-        return image, grad, loss
 
     def progress_psnr(self):
         """PSNR of the last step's view: its render, or where a step graph replayed the step (which

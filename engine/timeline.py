@@ -202,7 +202,21 @@ def summarize(events):
         if s is not None and any(w in e["name"] for w in WAITS):
             per_step[s]["waits"] += 1
             per_step[s]["wait_us"] += e["dur"]
-    # the step's span on the device: from its first work to the next step's first work (the last: its own end)
+    rows = _step_rows(marks, per_step)
+    if not rows:
+        raise ValueError("the trace has too few steps with device work (at least 2 are needed)")
+    summary = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    top = sorted(by_kernel.items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS]
+    summary["top_kernels"] = [(k, us / 1e3 / len(per_step), n / len(per_step)) for k, (n, us) in top]
+    summary["steps"] = len(rows)
+    return summary
+
+
+def _step_rows(marks, per_step):
+    """One row (milliseconds) per step with device work and a next step that has some: the host's time
+    (its range in ``marks``), the step's span on the device (from its first work to the next step's
+    first work), the device's busy time in it (``per_step``'s intervals, united) and idle time, its
+    kernels, and the host's waits."""
     starts = [min(a for a, _ in p["busy"]) if p["busy"] else None for p in per_step]
     rows = []
     for i, p in enumerate(per_step):
@@ -213,13 +227,7 @@ def summarize(events):
         rows.append({"host_ms": (marks[i][1] - marks[i][0]) / 1e3, "device_span_ms": span / 1e3,
                      "device_busy_ms": busy / 1e3, "device_idle_ms": (span - busy) / 1e3,
                      "kernels": p["kernels"], "waits": p["waits"], "wait_ms": p["wait_us"] / 1e3})
-    if not rows:
-        raise ValueError("the trace has too few steps with device work (at least 2 are needed)")
-    summary = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    top = sorted(by_kernel.items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS]
-    summary["top_kernels"] = [(k, us / 1e3 / len(per_step), n / len(per_step)) for k, (n, us) in top]
-    summary["steps"] = len(rows)
-    return summary
+    return rows
 
 
 TOP_KERNELS = 16  # kernels listed in a report, the longest first

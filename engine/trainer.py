@@ -29,8 +29,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+import numbasplat as ns
 from numbasplat import backend as _backend
-from numbasplat.loss import psnr, ssim
+from numbasplat.loss import l1_ssim_loss, psnr, ssim
+from numbasplat.rendering import rasterize_tile_loss
+from numbasplat.tile_loss import s3im_permutations
 from numbasplat.optim import column_lrs, exp_decay
 from data.atomic import atomic_path, remove_stale_temps
 
@@ -411,65 +414,16 @@ class Trainer(ABC):
         if self.model is None:
             self.init_model()
         self.check_ranks_agree()
-        logf = None
-        if self.is_root:
-            removed = remove_stale_temps(self.out)  # left by a crash mid-write; nothing writes to OUT now
-            if removed:
-                self.log(f"removed {len(removed)} temporary file(s) that an interrupted write left in {self.out}: "
-                         + ", ".join(removed))
-            logf = self._open_log()
-        tensorboard = TensorBoardLog(self.out, purge_step=self.step) if self.is_root and c.tensorboard else None
-        bar = Progress(c.iterations, self.step, enabled=progress)
+        run = self._open_run(progress)
         self.signals.install()
         try:
-            t0 = time.perf_counter()
+            run.start_clock()
             while self.step < until:
                 prev = self.step
                 loss, events = self.train_step()
-                if self.workload.scores_after(prev, self.step, self.strategy):
-                    events = {**events, **self.workload.score(self)}
-                bar.update(self.step)
-                if events:
-                    self._device_memory_peak(release_cache=True)
-                scores = {}
-                if ((crossed(prev, self.step, c.eval_every) or reached_any(prev, self.step, c.eval_at))
-                        and not events.get("opacity_reset")):
-                    t_eval = time.perf_counter()
-                    scores = self.scores_during_training()
-                    t0 += time.perf_counter() - t_eval  # (scoring is not training time)
-                rec = None
-                if crossed(prev, self.step, c.log_every) or events or scores or self.step == c.iterations:
-                    loss = float(loss)  # a LazyLoss: read at log steps only (a device sync)
-                    self._check_finite(loss)
-                    p = self.progress_psnr()
-                    rec = {"step": self.step, "loss": loss, "psnr": p, "gaussians": len(self.model),
-                           "time": self.train_seconds + time.perf_counter() - t0, **events, **scores,
-                           **self.log_extra()}
-                    if logf:
-                        logf.write(json.dumps(rec) + "\n")
-                        logf.flush()
-                    if tensorboard:
-                        tensorboard.write(rec)
-                        if scores:
-                            tensorboard.image("test/view_0" if self.data.test else "train/view_0",
-                                              self.scored_image, self.step)
-                    bar.show(loss, p, rec.get("gaussians_total", len(self.model)), self.progress_extra(rec))
-                for hook in self.step_hooks:
-                    t0 += hook(self, rec) or 0.0  # (time paused is not training time)
-                if reached_any(prev, self.step, c.save_at) and self.step < c.iterations:  # (the end writes it anyway)
-                    t_save = time.perf_counter()
-                    write_model_outputs(self)
-                    t0 += time.perf_counter() - t_save
-                signum = self.stop_signal()
-                if (crossed(prev, self.step, c.snapshot_every) and self.step < c.iterations) or signum:
-                    self.train_seconds += time.perf_counter() - t0
-                    t0 = time.perf_counter()
-                    self.save_snapshot()
-                if signum:
-                    bar.close()
-                    raise self._stopped_by(signum)
-            self.train_seconds += time.perf_counter() - t0
-            bar.close()
+                self._after_train_step(prev, loss, events, run)
+            run.bank_time()
+            run.bar.close()
             self.save_snapshot()
             write_model_outputs(self)
             signum = self.stop_signal()  # came after the last step's check: stop all the same
@@ -477,18 +431,72 @@ class Trainer(ABC):
                 raise self._stopped_by(signum)
         except KeyboardInterrupt as e:
             if not getattr(e, "saved", False):  # a second Ctrl-C: no snapshot of a half-done step
-                self.train_seconds += time.perf_counter() - t0
-                bar.close()
+                run.bank_time()
+                run.bar.close()
                 self.log(f"interrupted at step {self.step}: no snapshot written now (the last one is kept)")
             raise
         finally:
-            bar.close()  # (an error's line then starts a line of its own)
+            run.close()  # (an error's line then starts a line of its own)
             self.signals.restore()
-            if logf:
-                logf.close()
-            if tensorboard:
-                tensorboard.close()
         return self
+
+    def _open_run(self, progress):
+        """The outputs of one ``train`` call (``TrainingRun``): on the root rank the JSON-lines log (and
+        the temporary files an interrupted write left in OUT removed: nothing writes to OUT now) and
+        TensorBoard's, on every rank the progress bar."""
+        logf = tensorboard = None
+        if self.is_root:
+            removed = remove_stale_temps(self.out)  # left by a crash mid-write
+            if removed:
+                self.log(f"removed {len(removed)} temporary file(s) that an interrupted write left in {self.out}: "
+                         + ", ".join(removed))
+            logf = self._open_log()
+            tensorboard = TensorBoardLog(self.out, purge_step=self.step) if self.cfg.tensorboard else None
+        return TrainingRun(self, logf, tensorboard, Progress(self.cfg.iterations, self.step, enabled=progress))
+
+    def _after_train_step(self, prev, loss, events, run):
+        """What the recipe does after a step from image ``prev`` (``loss``, ``events``: ``train_step``'s):
+        an importance pass, the scores, the log record, the step hooks, the model's outputs and the
+        snapshot where due, and the stop at a stop signal (``run``: the ``TrainingRun``)."""
+        c = self.cfg
+        if self.workload.scores_after(prev, self.step, self.strategy):
+            events = {**events, **self.workload.score(self)}
+        run.bar.update(self.step)
+        if events:
+            self._device_memory_peak(release_cache=True)
+        scores = {}
+        if ((crossed(prev, self.step, c.eval_every) or reached_any(prev, self.step, c.eval_at))
+                and not events.get("opacity_reset")):
+            scores = run.untimed(self.scores_during_training)
+        rec = None
+        if crossed(prev, self.step, c.log_every) or events or scores or self.step == c.iterations:
+            rec = self._log_step(loss, events, scores, run)
+        for hook in self.step_hooks:
+            run.exclude(hook(self, rec) or 0.0)  # (time paused is not training time)
+        if reached_any(prev, self.step, c.save_at) and self.step < c.iterations:  # (the end writes it anyway)
+            run.untimed(write_model_outputs, self)
+        signum = self.stop_signal()
+        if (crossed(prev, self.step, c.snapshot_every) and self.step < c.iterations) or signum:
+            run.bank_time()
+            self.save_snapshot()
+        if signum:
+            run.bar.close()
+            raise self._stopped_by(signum)
+
+    def _log_step(self, loss, events, scores, run):
+        """The log record of this step (``loss``: its loss, read now: a device sync; ``events``,
+        ``scores``: the strategy's and the scores' fields), written to ``run``'s logs and shown on
+        its progress bar.  -> the record."""
+        loss = float(loss)  # a LazyLoss: read at log steps only
+        self._check_finite(loss)
+        p = self.progress_psnr()
+        rec = {"step": self.step, "loss": loss, "psnr": p, "gaussians": len(self.model), "time": run.seconds(),
+               **events, **scores, **self.log_extra()}
+        run.write(rec)
+        if run.tensorboard and scores:
+            run.tensorboard.image("test/view_0" if self.data.test else "train/view_0", self.scored_image, self.step)
+        run.bar.show(loss, p, rec.get("gaussians_total", len(self.model)), self.progress_extra(rec))
+        return rec
 
     def _stopped_by(self, signum):
         """-> the ``Interrupted`` of a stop at a step boundary, the snapshot written, and say so."""
@@ -649,14 +657,20 @@ class Trainer(ABC):
         """The SH degree trained at this step (or at ``step``): one band more every ``sh_increase_every`` steps."""
         return min(self.cfg.sh_degree, (self.step if step is None else step) // self.cfg.sh_increase_every)
 
-    def learning_rates(self):
-        """-> ({group: learning rate}, per-column rates for Adam): the means' decays over ``lr_means_steps``."""
+    def learning_rates(self, batched=False):
+        """-> ({group: learning rate}, per-column rates for Adam): the means' decays over ``lr_means_steps``.
+        ``batched``: the rates of a step of ``batch`` views, times B ** ``batch_lr_exponent`` (Grendel's
+        scaling: one Adam step on the mean gradient of B views moves as far as about B steps would)."""
         c = self.cfg
         lr_means = exp_decay(c.lr_means * self.data.scene_scale, c.lr_means_final * self.data.scene_scale,
                              self.step, c.lr_means_steps)
         lr = {"means": lr_means, "scales": c.lr_scales, "quats": c.lr_quats, "opacities": c.lr_opacities,
               "sh": c.lr_sh}
-        return lr, column_lrs(lr, self.model.sh_bases)
+        cols = column_lrs(lr, self.model.sh_bases)
+        if not batched:
+            return lr, cols
+        scale = self.batch ** c.batch_lr_exponent
+        return {g: rate * scale for g, rate in lr.items()}, cols * scale
 
     def context(self, **step):
         """The strategy's ``Context``: the scene scale, the RNG, the memory guard's limits, and a
@@ -677,6 +691,53 @@ class Trainer(ABC):
         if extra:
             for k, v in extra.items():
                 getattr(model.grad_gaussians, k)[...] += v
+
+    # ------------------------------------------------------------------ the step body: per view, in every pipeline
+    def project_view(self, model, state, i, degree):
+        """Training view ``i``'s projection of ``model`` (this process's Gaussians, or the step's working set;
+        ``state`` its strategy state) at SH degree ``degree``, less what the view's mask and LOD gate skip
+        (``workload.cull``); unchecked (a check syncs: it runs at log steps)."""
+        g = model.gaussians
+        p = ns.project(g, self.data.train[i].camera, sh_degree=degree, antialias=self.cfg.antialias,
+                       backend=self.backend, check=False)
+        return self.workload.cull(p, g, state, i, self.backend)
+
+    def view_loss(self, image, target, tiles=None):
+        """The global loss (L1 + SSIM) of a training view's ``image`` against its ``target``
+        (``targets[view]``), over the tiles ``tiles`` (first, last: a renderer's share; None: the whole
+        view), lazy (read at log steps).  -> (loss, its gradient with respect to ``image``)."""
+        return l1_ssim_loss(image, target, self.cfg.lambda_dssim, backend=self.backend, tiles=tiles, lazy=True)
+
+    def s3im_permutations(self):
+        """The tile loss's arrangements of a view's pixels into S3IM windows, drawn from the RNG (host)."""
+        return s3im_permutations(self.rng, self.cfg.s3im_repeats)
+
+    def tile_loss(self, p, binning, target, perms, bg, **fused):
+        """``--loss tile``'s render, loss and raster backward of one view in one pass (ByteSplat's fused
+        kernel on GPUs): ``perms`` its S3IM arrangements, ``fused`` ``rasterize_tile_loss``'s options (a
+        renderer's ``tiles``, the ``grad`` to add into, ``want_image``).  Keeps its statistics in
+        ``tile_stats`` for the log.  -> (loss, screen-space gradients, image)."""
+        loss, grad, image, self.tile_stats = rasterize_tile_loss(
+            p, binning, target, self.xp.asarray(perms), self.cfg.lambda_s3im, bg, backend=self.backend, lazy=True,
+            **fused)
+        return loss, grad, image
+
+    def owner_backward(self, model, state, projections, grads, skip=None):
+        """The owner's part of the step's backward: each view's projection backward into ``model``'s
+        gradients (the first view's writes them, the rest add), each view's screen-space statistics for
+        the strategy (a batch's view sees its own gradient, not its 1/B share of the batch loss; ``skip``:
+        the device flag of a step the optimizer skips), then the regularisers' gradients.  On the device
+        alone (a step graph may capture it).  -> the rows that visible-only Adam updates: those any view
+        drew (None: ``visible_adam`` off)."""
+        seen = None
+        for n, (p, grad) in enumerate(zip(projections, grads)):
+            ns.project_backward(model.gaussians, p, grad, model.grad_gaussians, accumulate=n > 0,
+                                backend=self.backend)
+            self.strategy.after_backward(model, state, self.step, p, grad, self.batch, skip=skip)
+            if self.cfg.visible_adam:
+                seen = p.counts > 0 if seen is None else seen | (p.counts > 0)
+        self.add_strategy_gradients(model, state)
+        return seen
 
     def _check_finite(self, loss=None, model=None):
         """Stop with a clear message if training diverged (rendering skips this per-step sync),
@@ -857,6 +918,57 @@ def _logged_step(line):
     if not isinstance(rec, dict):
         return math.inf
     return rec.get("step", -math.inf)
+
+
+class TrainingRun:
+    """What one ``Trainer.train`` call writes to and how long it trains: the JSON-lines log ``logf`` and
+    ``tensorboard`` (the root rank's; None elsewhere or when off), the progress ``bar``, and the clock of
+    its training time, which leaves out what is not training (scoring, writing the model, a viewer's
+    pause) and is banked into the trainer's ``train_seconds`` (before a snapshot records it)."""
+
+    def __init__(self, trainer, logf, tensorboard, bar):
+        self.trainer, self.logf, self.tensorboard, self.bar = trainer, logf, tensorboard, bar
+        self.t0 = time.perf_counter()
+
+    def start_clock(self):
+        """Training starts now."""
+        self.t0 = time.perf_counter()
+
+    def exclude(self, seconds):
+        """Leave ``seconds`` that held the loop out of the training time."""
+        self.t0 += seconds
+
+    def untimed(self, work, *args):
+        """-> ``work(*args)``, its time left out of the training time."""
+        start = time.perf_counter()
+        result = work(*args)
+        self.exclude(time.perf_counter() - start)
+        return result
+
+    def seconds(self):
+        """The trainer's training time until now."""
+        return self.trainer.train_seconds + time.perf_counter() - self.t0
+
+    def bank_time(self):
+        """Add the training time since the clock last started to the trainer's, and start it again."""
+        self.trainer.train_seconds += time.perf_counter() - self.t0
+        self.t0 = time.perf_counter()
+
+    def write(self, record):
+        """One log ``record`` to the JSON-lines log and TensorBoard, where written."""
+        if self.logf:
+            self.logf.write(json.dumps(record) + "\n")
+            self.logf.flush()
+        if self.tensorboard:
+            self.tensorboard.write(record)
+
+    def close(self):
+        """The bar's line ended, the logs closed."""
+        self.bar.close()
+        if self.logf:
+            self.logf.close()
+        if self.tensorboard:
+            self.tensorboard.close()
 
 
 class Progress:
