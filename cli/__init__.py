@@ -32,7 +32,7 @@ def main(argv=None, prog="run.py"):
     try:
         a.fn(a)
     except (ValueError, OSError, ImportError) as e:  # bad input or a missing extra: a message naming it
-        from engine.outputs import MissingExtra
+        from engine.tools.outputs import MissingExtra
         if os.environ.get("NUMBASPLAT_DEBUG") or (isinstance(e, ImportError) and not isinstance(e, MissingExtra)):
             raise
         print(f"error: {e}", file=sys.stderr)

@@ -313,7 +313,7 @@ def claimed_output(out, resume=False, overwrite=False):
     killed run's lock is taken over.  A folder that holds an earlier run is refused unless ``resume``
     (continue it) or ``overwrite`` (remove its outputs first): the old PLYs, metrics and renders
     would lie beside the new model, and viewers open the stale ones.  Under MPI rank 0 alone claims."""
-    from engine.outputs import run_outputs
+    from engine.tools.outputs import run_outputs
     if resume and overwrite:
         raise ValueError("--resume continues the run in --out and --overwrite replaces it: give one")
     lock = take_lock(Path(out))

@@ -62,14 +62,14 @@ def resolution(text):
 
 
 def cmd_scaling(a):
-    """Training images/s and phases on a benchmark scene, a dataset or a trained model (engine/scaling.py)."""
+    """Training images/s and phases on a benchmark scene, a dataset or a trained model (engine/tools/scaling.py)."""
     if a.scene is not None and not os.path.isfile(a.scene):
         from data.bench_scene import MAKE_HINT
         raise SystemExit(f"error: benchmark scene not found: {a.scene} ({MAKE_HINT})")
     import tempfile
-    from engine import scaling
+    from engine.tools import scaling
     if a.timeline:
-        from engine.timeline import check_available
+        from engine.tools.timeline import check_available
         check_available()  # before the workload renders
     comm = mpi_comm(batched=a.pipeline == "gaussian-exchange")
     if a.pipeline == "single" and comm is not None:
@@ -82,7 +82,7 @@ def cmd_scaling(a):
         if comm is None:
             return scaling.run(_workload(a, scaling, tmp), **options)
         from comm import abort_on_error
-        from engine.distributed import select_device
+        from engine.pipelines.distributed import select_device
         with abort_on_error(comm):
             select_device(comm)
             scaling.run(_workload(a, scaling, tmp), comm=comm, **options)
@@ -300,10 +300,10 @@ def add_commands(sub):
                    help="the modelled renderers' tile ranges: balanced by the batch's intersections, or even")
     c.add_argument("--link-gbs", type=positive, default=None, metavar="GB/s",
                    help="the cost model's link, gigabytes per second per GPU and direction (default: NCCL's "
-                        "effective NVLink 4 bandwidth, engine/scaling.py NVLINK_GBS)")
+                        "effective NVLink 4 bandwidth, engine/tools/scaling.py NVLINK_GBS)")
     c.add_argument("--timeline", type=count(0), default=0, metavar="STEPS",
                    help="then this many steps under CUPTI (needs torch): kernels, device busy and idle time and "
-                        "host waits per step (engine/timeline.py)")
+                        "host waits per step (engine/tools/timeline.py)")
     c.add_argument("--timeline-trace", default=None, metavar="FILE.json.gz",
                    help="with --timeline: also write the trace there (Perfetto or chrome://tracing open it)")
     c.set_defaults(fn=cmd_scaling)

@@ -1,6 +1,6 @@
 """``train``'s settings, from three places: the defaults, a ``--config`` file and the command line.
 
-Every field of ``engine.trainer.TrainConfig`` (the recipe) and of ``engine.pipelines.PipelineOptions``
+Every field of ``engine.recipe.trainer.TrainConfig`` (the recipe) and of ``engine.pipelines.PipelineOptions``
 (the pipeline) is a flag, generated from the dataclass: the field's name with dashes (``lr_means``:
 ``--lr-means``), a type from its annotation (a whole number >= 0, a number >= 0, ``--x/--no-x`` for
 a bool, a string) and the comment beside the field as the help, so that a new field is reachable
@@ -101,7 +101,7 @@ def add_config_options(p):
     """``--config`` and a flag for every field of ``TrainConfig`` and of ``PipelineOptions``, its
     default the field's."""
     from engine.pipelines import PipelineOptions
-    from engine.trainer import TrainConfig
+    from engine.recipe.trainer import TrainConfig
     p.add_argument("--config", metavar="FILE",
                    help="a .json or .yaml file of settings by name: TrainConfig's and PipelineOptions' fields and "
                         "the options of this command, with underscores (cli/config.py); flags given here override it")

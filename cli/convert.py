@@ -10,7 +10,7 @@ from .args import count, percent
 def cmd_convert(a):
     """Run the pipeline with a progress bar over its stages, then say what it made."""
     from data.convert import PycolmapMissing, convert, summary_line
-    from engine.outputs import MissingExtra
+    from engine.tools.outputs import MissingExtra
     try:
         s = convert(a.images, a.out, camera=a.camera, matcher=a.matcher, min_registered=a.min_registered,
                     threads=a.threads, seed=a.seed, overwrite=a.overwrite, quiet=a.quiet, verbose=a.verbose)

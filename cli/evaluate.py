@@ -18,15 +18,15 @@ from .args import add_data_options, count, load_data, output_folder, positive, w
 from .config import ConfigError, read_mapping
 from .train import HOLD_OUT_EVERY, config_from_args
 
-PATHS = ("spiral", "ellipse", "interp")  # engine.camera_path.PATHS (engine is imported late: numba)
+PATHS = ("spiral", "ellipse", "interp")  # engine.tools.camera_path.PATHS (engine is imported late: numba)
 
 
 def model_file(model):
     """The file ``--model`` names: a snapshot or PLY as given; for a folder its snapshot.h5, else the
     PLY of its latest point_cloud/iteration_N (ours, or Inria's own outputs)."""
     from pathlib import Path
-    from engine.outputs import latest_point_cloud
-    from engine.trainer import SNAPSHOT
+    from engine.tools.outputs import latest_point_cloud
+    from engine.recipe.trainer import SNAPSHOT
     src = Path(model)
     if src.is_dir():
         found = src / SNAPSHOT if (src / SNAPSHOT).is_file() else latest_point_cloud(src)
@@ -43,7 +43,7 @@ def model_folder(a):
     """The training folder of ``--model``: the folder itself, a snapshot's folder, or the folder
     above point_cloud/iteration_N of a PLY there; None for a PLY anywhere else."""
     from pathlib import Path
-    from engine.outputs import iteration_of
+    from engine.tools.outputs import iteration_of
     src = Path(a.model)
     if src.is_dir():
         return src
@@ -106,8 +106,8 @@ def read_model(src):
     """-> (parameter arrays, the iteration trained to or None, the training config or {}) of a
     snapshot or PLY file."""
     from data.ply import load_ply
-    from engine.outputs import iteration_of
-    from engine.snapshot import read_snapshot
+    from engine.tools.outputs import iteration_of
+    from engine.tools.snapshot import read_snapshot
     from numbasplat.optim import GROUPS
     try:
         if src.suffix == ".ply":
@@ -163,7 +163,7 @@ def held_out_check(a, dataset, asked_split):
 
 
 def cmd_eval(a):
-    from engine.outputs import split_dir
+    from engine.tools.outputs import split_dir
     asked_split = a.test_every is not None
     t = trained_model(a)
     held_out_check(a, t.data, asked_split)
@@ -177,7 +177,7 @@ def cmd_render(a):
         return render_path(a)
     if a.video or a.frames_dir:
         raise SystemExit("error: --video and --frames-dir render a camera path: give --path too")
-    from engine.outputs import split_dir
+    from engine.tools.outputs import split_dir
     t = trained_model(a)
     views = t.data.test if a.split == "test" else t.data.train
     folder = split_dir(t.out, a.split, t.step)
@@ -188,7 +188,7 @@ def cmd_render(a):
 def path_cameras(a, background):
     """The capture's cameras sorted by image name: from ``--data``, else from the model folder's
     cameras.json."""
-    from engine.outputs import CAMERAS_JSON, read_cameras_json
+    from engine.tools.outputs import CAMERAS_JSON, read_cameras_json
     if a.data:
         fill_capture_options(a)
         views = load_data(a, background).views
@@ -208,8 +208,8 @@ def render_path(a):
     import numpy as np
     import numbasplat as ns
     from numbasplat import backend as _backend
-    from engine.camera_path import camera_path
-    from engine.outputs import PngFrames, VideoFrames, render_image
+    from engine.tools.camera_path import camera_path
+    from engine.tools.outputs import PngFrames, VideoFrames, render_image
     if not (a.video or a.frames_dir):
         raise SystemExit("error: --path needs --video FILE.mp4 or --frames-dir DIR")
     sinks = [VideoFrames(a.video, a.fps)] if a.video else []  # first: a missing extra fails before any work

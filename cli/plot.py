@@ -41,9 +41,9 @@ def read_log(path):
 
 
 def series(records, final=None):
-    """-> {curve: ([steps], [values])} of ``engine.outputs.log_scalars``, step times in ms; ``final``
+    """-> {curve: ([steps], [values])} of ``engine.tools.outputs.log_scalars``, step times in ms; ``final``
     (metrics.json's summary) adds its test PSNR at its iteration."""
-    from engine.outputs import log_scalars
+    from engine.tools.outputs import log_scalars
     out = {}
     prev = None
     for rec in records:

@@ -1,4 +1,4 @@
-"""``prune``: ByteSplat's hardware-aware pruning (``engine/pruning.py``) applied to a trained model.
+"""``prune``: ByteSplat's hardware-aware pruning (``engine/recipe/pruning.py``) applied to a trained model.
 
 As the paper applies it after convergence: the model of ``--model`` (its snapshot) is pruned by
 contribution, fine-tuned, then pruned in rounds to the fused kernel's shared-memory budget, each
@@ -15,8 +15,8 @@ from .args import add_data_options, count, percent, write_metrics
 
 
 def cmd_prune(a):
-    from engine.outputs import split_dir
-    from engine.pruning import PruneConfig, prune_model
+    from engine.tools.outputs import split_dir
+    from engine.recipe.pruning import PruneConfig, prune_model
     from .args import mpi_comm
     from .config import write_settings
     from .evaluate import data_defaults, recorded_settings, trained_model

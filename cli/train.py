@@ -30,7 +30,7 @@ def settings_from_args(settings, a):
 def config_from_args(a):
     """The ``TrainConfig`` of the options in ``a`` (``settings_from_args``; ``--white-background``
     is ``--background 1 1 1``)."""
-    from engine.trainer import TrainConfig
+    from engine.recipe.trainer import TrainConfig
     cfg = settings_from_args(TrainConfig, a)
     if vars(a).get("white_background"):
         if tuple(cfg.background) not in (TrainConfig.background, (1.0, 1.0, 1.0)):
@@ -57,8 +57,8 @@ def train_model(dataset, a, cfg, settings=None, step_hooks=(), resumable=True):
     the trainer's config to ``OUT/cfg.json`` before the first step; ``step_hooks`` run after every
     step (``Trainer.step_hooks``).  ``resumable``: a stopped run says how to go on (``--resume``)."""
     from engine.pipelines import make_trainer, train_handing_over
-    from engine.pruning import train_then_prune
-    from engine.trainer import SNAPSHOT, Interrupted
+    from engine.recipe.pruning import train_then_prune
+    from engine.recipe.trainer import SNAPSHOT, Interrupted
     options = options_from_args(a)
     comm = mpi_comm(batched=options.batch_size is not None)
     t = make_trainer(dataset, a.out, cfg, options, comm)
@@ -83,14 +83,14 @@ def train_model(dataset, a, cfg, settings=None, step_hooks=(), resumable=True):
     rank = comm.Get_rank() if comm is not None else 0
     say = print if comm is None else (lambda line: print(f"rank {rank}: {line}"))  # a measurement's report lines
     if a.timeline:
-        from engine.timeline import TrainingTimeline
+        from engine.tools.timeline import TrainingTimeline
         name = "timeline.json.gz" if comm is None else f"timeline_rank{rank}.json.gz"
         t.step_hooks.append(TrainingTimeline(*a.timeline, keep=Path(a.out) / name, log=say))
     if a.host_profile:
-        from engine.timeline import HostProfile
+        from engine.tools.timeline import HostProfile
         t.step_hooks.append(HostProfile(*a.host_profile, log=say))
     if a.viewer:
-        from engine.viewer import DEFAULT_HOST, DEFAULT_PORT, live_viewer
+        from engine.tools.viewer import DEFAULT_HOST, DEFAULT_PORT, live_viewer
         t.live_view = live_viewer(t, a.port or DEFAULT_PORT, a.host or DEFAULT_HOST)
     try:
         root = comm is None or comm.Get_rank() == 0
@@ -149,11 +149,11 @@ def cmd_train(a):
 
 
 def run_training(a, settings):
-    from engine.outputs import split_dir
-    from engine.trainer import SNAPSHOT
+    from engine.tools.outputs import split_dir
+    from engine.recipe.trainer import SNAPSHOT
     from numbasplat.backend import BACKEND
     if a.timeline:
-        from engine.timeline import check_available
+        from engine.tools.timeline import check_available
         check_available()  # before the capture loads
     output_folder(a.out)
     comm = mpi_comm(batched=a.batch_size is not None)
@@ -209,9 +209,9 @@ def tqdm_print(line):
 
 
 def exposure_hint(dataset):
-    """One line when the training images' exposure varies (``engine.appearance.exposure_spread`` above
+    """One line when the training images' exposure varies (``engine.recipe.appearance.exposure_spread`` above
     ``EXPOSURE_SPREAD_HINT``): ``--appearance`` corrects it per image; None otherwise."""
-    from engine.appearance import EXPOSURE_SPREAD_HINT, exposure_spread
+    from engine.recipe.appearance import EXPOSURE_SPREAD_HINT, exposure_spread
     spread = exposure_spread(dataset)
     if spread is None or spread <= EXPOSURE_SPREAD_HINT:
         return None
@@ -317,7 +317,7 @@ def _iterations_within(step, seconds_per_step):
 def demo_config(iterations=None):
     """The demo's settings: the defaults but for its length (2000 steps), SH degree 1, random initial
     points and a white background (tests/test_quality_guard.py holds its quality)."""
-    from engine.trainer import TrainConfig
+    from engine.recipe.trainer import TrainConfig
     return TrainConfig(iterations=iterations or 2000, sh_degree=1, sh_increase_every=500, n_random_init=3000,
                        background=(1.0, 1.0, 1.0), snapshot_every=0, log_every=50)
 
@@ -325,7 +325,7 @@ def demo_config(iterations=None):
 def cmd_demo(a):
     """The default command: train the built-in procedural scene and print its test PSNR."""
     import tempfile
-    from engine.demo import make_dataset
+    from engine.tools.demo import make_dataset
     print("NumbaSplat demo: rendering the built-in scene (the first run compiles kernels: about a minute)")
     dataset = make_dataset()
     cfg = demo_config(a.iterations)

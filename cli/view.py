@@ -1,5 +1,5 @@
 """``view``: a trained model (a training folder, a snapshot or a PLY) in the browser, through
-``engine/viewer.py`` (the ``viewer`` extra, viser).
+``engine/tools/viewer.py`` (the ``viewer`` extra, viser).
 
 The cameras drawn and listed to jump to are the capture's: ``--data`` (or the capture the training
 folder's cfg.json names, split as ``eval`` splits it), else the folder's cameras.json (training
@@ -17,7 +17,7 @@ def read_view_model(src):
     """-> (parameter arrays, the run's settings or {}) of a snapshot or 3DGS PLY, whatever its file
     name says (the first bytes decide); one error naming the file for anything else."""
     from data.ply import load_ply
-    from engine.snapshot import read_snapshot
+    from engine.tools.snapshot import read_snapshot
     from numbasplat.optim import GROUPS
     with open(src, "rb") as f:
         head = f.read(8)
@@ -36,8 +36,8 @@ def read_view_model(src):
 def view_cameras(a, background):
     """[(name, Camera)] of the capture (``--data``, else cfg.json's), else of the folder's cameras.json,
     else [] ; and a line saying where they came from."""
-    from engine.outputs import CAMERAS_JSON, read_cameras_json
-    from engine.viewer import dataset_cameras
+    from engine.tools.outputs import CAMERAS_JSON, read_cameras_json
+    from engine.tools.viewer import dataset_cameras
     from pathlib import Path
     folder = model_folder(a)
     recorded = recorded_settings(a).get("data")
@@ -56,7 +56,7 @@ def view_cameras(a, background):
 def outside_view(means, up=(0.0, 0.0, 1.0)):
     """A camera looking at the model's centre from outside it, for a model without cameras."""
     import numpy as np
-    from engine.camera_path import look_at
+    from engine.tools.camera_path import look_at
     from numbasplat.rendering import Camera
     lo, hi = np.percentile(means, [5, 95], axis=0) if len(means) else (np.zeros(3) - 1, np.zeros(3) + 1)
     centre, reach = 0.5 * (lo + hi), max(float(np.linalg.norm(hi - lo)), 1e-3)
@@ -68,7 +68,7 @@ def cmd_view(a):
     import numpy as np
     import numbasplat as ns
     from numbasplat import backend as _backend
-    from engine.viewer import DEFAULT_HOST, DEFAULT_PORT, Viewer, cameras_up, require_viser
+    from engine.tools.viewer import DEFAULT_HOST, DEFAULT_PORT, Viewer, cameras_up, require_viser
     require_viser()   # (before any work: a missing extra is told at once)
     src = model_file(a.model)
     params, config = read_view_model(src)

@@ -47,7 +47,7 @@ class HostCopy:
 
 class DeviceValues:
     """A small device array that the host rewrites every step without a sync, at a fixed address
-    (a captured step graph reads it there: ``engine.step_graphs``).  ``write(values)`` queues a
+    (a captured step graph reads it there: ``engine.pipelines.step_graphs``).  ``write(values)`` queues a
     copy from one of ``SLOTS`` page-locked buffers, each reused only once its last copy is done
     (an upload from pageable memory may wait for the GPU to idle; a new array each step would
     move).  The buffers are shared by every instance of a size and kept for the process, so that

@@ -68,7 +68,7 @@ class LazyLoss:
 
     def again(self):
         """A loss over the same partial sums, not yet read: a step graph writes them again at each
-        replay (``engine.step_graphs``), and each replay's loss is read from them afresh."""
+        replay (``engine.pipelines.step_graphs``), and each replay's loss is read from them afresh."""
         if self._partials is None:
             raise RuntimeError("LazyLoss.again: this loss was read, and its partial sums let go")
         return LazyLoss(self._partials, self._finish)

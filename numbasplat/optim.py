@@ -124,7 +124,7 @@ class Adam:
 
     def set_step(self, lr_columns):
         """Count a step and write its learning rates (per column) and bias corrections to the device,
-        where ``update`` reads them: a step graph (``engine.step_graphs``) captures ``update``, and
+        where ``update`` reads them: a step graph (``engine.pipelines.step_graphs``) captures ``update``, and
         replays it with each step's values."""
         self.step_count += 1
         t = self.step_count

@@ -25,10 +25,10 @@ def run(a):
     from mpi4py import MPI
     from comm import abort_on_error
     from data import load_dataset
-    from engine.demo import make_dataset
-    from engine.distributed import select_device
-    from engine.gaussian_exchange import GaussianExchangeTrainer
-    from engine.trainer import TrainConfig
+    from engine.tools.demo import make_dataset
+    from engine.pipelines.distributed import select_device
+    from engine.pipelines.gaussian_exchange import GaussianExchangeTrainer
+    from engine.recipe.trainer import TrainConfig
     comm = MPI.COMM_WORLD
     with abort_on_error(comm):
         select_device(comm)

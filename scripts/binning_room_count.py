@@ -1,7 +1,7 @@
 """How often a training run's steps outgrow their binning room, and when.
 
 On the CPU backend, which bins exactly unless asked, a run binning into room as a GPU run does
-(``engine.single_gpu.BinningRoom``): the steps it would skip (their intersections outgrew the
+(``engine.pipelines.single_gpu.BinningRoom``): the steps it would skip (their intersections outgrew the
 room given them), the steps where that happened, and the slots given over the intersections
 found, which the sorts pay for.  A count, so the CPU gives what a GPU would for the same run
 (the GPU's atomics change the run itself a little).  ``--slack``: BinningRoom.SLACK is sized for
@@ -17,8 +17,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data.dataset import load_dataset  # noqa: E402
-from engine.single_gpu import BinningRoom, SingleGPUTrainer  # noqa: E402
-from engine.trainer import TrainConfig  # noqa: E402
+from engine.pipelines.single_gpu import BinningRoom, SingleGPUTrainer  # noqa: E402
+from engine.recipe.trainer import TrainConfig  # noqa: E402
 
 
 class CountingRoom(BinningRoom):

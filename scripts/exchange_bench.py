@@ -34,7 +34,7 @@ def main():
     rank, P = comm.Get_rank(), comm.Get_size()
     with abort_on_error(comm):
         if _backend.on_gpu():
-            from engine.distributed import select_device
+            from engine.pipelines.distributed import select_device
             select_device(comm)
         xp = _backend.array_module()
         rng = np.random.default_rng(rank)

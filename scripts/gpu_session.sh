@@ -110,7 +110,7 @@ targets)  # issue 22: the training images kept at 8 bits on the GPU (--targets u
     # images widen exactly on the device, then fern 7k (8-bit files, undistorted: rounded) timed both ways, one at
     # a time after a warm-up
     python3 -c "
-import numpy as np; from engine.targets import Targets
+import numpy as np; from engine.recipe.targets import Targets
 u = np.random.default_rng(0).integers(0, 256, (900, 1600, 3), dtype=np.uint8)
 im = u.astype(np.float32) * np.float32(1 / 255); t = Targets([im], 'uint8', 'cuda')
 assert t.format == 'uint8' and t.device_bytes == u.nbytes; assert (t[0].get() == im).all(); print('targets ok')"
@@ -658,7 +658,7 @@ hostprof)  # issues 22 and 27: where the host's time goes (cProfile) in fern's t
     python3 -c "import pstats, sys; s = pstats.Stats('$R/prof', stream=sys.stdout); s.sort_stats('tottime').print_stats(40)
 s.sort_stats('cumtime').print_stats(70)" > "$OUT/hostprof.txt" 2>&1
     tail -1 "$R/prof_run/log.jsonl"; rm -rf "$R/prof_run" ;;
-graphsab)  # issues 22 and 27: step graphs off against on (engine/step_graphs.py), fern at ITERS (default 30000), seed
+graphsab)  # issues 22 and 27: step graphs off against on (engine/pipelines/step_graphs.py), fern at ITERS (default 30000), seed
     # S (default 0), one at a time after a compiling warm-up; then the GPU check of graphed against plain training
     train warm 700 "${FERN[@]}"
     for g in ${GRAPHS:-off on}; do train "fern_graphs_$g" "${ITERS:-30000}" "${FERN[@]}" --seed "${2:-0}" --step-graphs $g; done

@@ -2,7 +2,7 @@
 
 Loads a generated dataset's ground-truth Gaussians (``run.py synth`` writes ground_truth.ply) and
 times, over its first V training views: the whole pass as training runs it
-(``engine.workload.importance_scores``, nothing synced between views), then once more with the
+(``engine.recipe.workload.importance_scores``, nothing synced between views), then once more with the
 device synced between its stages (projection, binning, the contributions kernel, the masks'
 bookkeeping; ``trainer.PhaseClock``), mean milliseconds a view, in brackets the host's part.
 
@@ -17,9 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numbasplat as ns  # noqa: E402
 from numbasplat import backend as _backend  # noqa: E402
-from engine.scaling import data_workload  # noqa: E402
-from engine.trainer import PhaseClock  # noqa: E402
-from engine.workload import importance_scores  # noqa: E402
+from engine.tools.scaling import data_workload  # noqa: E402
+from engine.recipe.trainer import PhaseClock  # noqa: E402
+from engine.recipe.workload import importance_scores  # noqa: E402
 
 MASK_BELOW = 1 / 255  # the pass's default (--view-mask-below)
 

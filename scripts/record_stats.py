@@ -85,8 +85,8 @@ def main():
     a = ap.parse_args()
     from data import load_dataset
     from data.ply import load_ply
-    from engine.model import GaussianModel
-    from engine.snapshot import read_snapshot
+    from engine.recipe.model import GaussianModel
+    from engine.tools.snapshot import read_snapshot
     bg = (1.0, 1.0, 1.0) if a.white_background else (0.0, 0.0, 0.0)
     data = load_dataset(a.data, images=a.images, background=bg)
     src = Path(a.model)

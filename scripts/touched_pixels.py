@@ -1,6 +1,6 @@
 """Would the pixel exchange send fewer bytes pixel by pixel than tile by tile?
 
-``engine/pixel_exchange.py`` sends a composer every partial tile that a rank's Gaussians cover
+``engine/pipelines/pixel_exchange.py`` sends a composer every partial tile that a rank's Gaussians cover
 (16x16 pixels of colour and transmittance).  A stream of single pixels could leave out those that
 the rank's render does not touch (transmittance exactly 1: no Gaussian of its box reached them
 above the rasterizer's alpha cut-off), at the cost of a 256-bit mask a tile, and those that the
@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numbasplat as ns  # noqa: E402
 from data.dataset import load_dataset  # noqa: E402
 from data.ply import load_ply  # noqa: E402
-from engine.partition import SpatialPartition  # noqa: E402
-from engine.pixel_exchange import SATURATED, ViewPlan  # noqa: E402
+from engine.pipelines.partition import SpatialPartition  # noqa: E402
+from engine.pipelines.pixel_exchange import SATURATED, ViewPlan  # noqa: E402
 from numbasplat.math.tiles import TILE, TILE_PIXELS  # noqa: E402
 
 

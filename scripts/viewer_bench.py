@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from numbasplat import backend as _backend  # noqa: E402
-from engine import viewer as V  # noqa: E402
+from engine.tools import viewer as V  # noqa: E402
 
 
 def jpeg(image):
@@ -43,7 +43,7 @@ def latency(a):
     from data.bench_scene import load_scene
     xp = _backend.array_module()
     if a.demo:
-        from engine.demo import ground_truth, make_dataset
+        from engine.tools.demo import ground_truth, make_dataset
         g, cam = ground_truth(), make_dataset(size=64, n_views=8).train[0].camera
         where = "demo scene (500 Gaussians)"
     else:
@@ -77,11 +77,11 @@ class EncodingView(V.VirtualView):
 
 def slowdown(a):
     from data import load_dataset
-    from engine.single_gpu import SingleGPUTrainer
-    from engine.trainer import TrainConfig
+    from engine.pipelines.single_gpu import SingleGPUTrainer
+    from engine.recipe.trainer import TrainConfig
     bg = (1.0, 1.0, 1.0) if a.white_background or a.data == "demo" else (0.0, 0.0, 0.0)
     if a.data == "demo":
-        from engine.demo import make_dataset
+        from engine.tools.demo import make_dataset
         data = make_dataset()
     else:
         data = load_dataset(a.data, images=a.images, background=bg)

@@ -3,7 +3,7 @@ training seconds, ms a step and the mean model size over each half of the run, t
 passes' seconds and share (and their renders' seconds), the mean
 Gaussians drawn per view (the log's ``drawn_per_view``, where a switch was on; else the model's mean
 size), the final count, under MPI the mean ``projected_imbalance``, and with the LOD gate what it kept
-from training at each pass (``engine.workload.LodReach``).
+from training at each pass (``engine.recipe.workload.LodReach``).
 
     python scripts/workload_summary.py OUT_DIR [OUT_DIR ...]
 """

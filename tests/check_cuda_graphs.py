@@ -1,4 +1,4 @@
-"""Step graphs on a GPU (engine/step_graphs.py): training with each view's step replayed from a
+"""Step graphs on a GPU (engine/pipelines/step_graphs.py): training with each view's step replayed from a
 CUDA graph against training without, from the same start and seed.
 
 The backward's float atomics make two runs of the same training differ in their last bits, and
@@ -24,8 +24,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.single_gpu import SingleGPUTrainer  # noqa: E402
-from engine.trainer import TrainConfig  # noqa: E402
+from engine.pipelines.single_gpu import SingleGPUTrainer  # noqa: E402
+from engine.recipe.trainer import TrainConfig  # noqa: E402
 from numbasplat.backend import to_host  # noqa: E402
 
 
@@ -68,7 +68,7 @@ def main(argv=None):
         from data import load_dataset
         data = load_dataset(a.data, images=a.images, test_every=8)
     else:
-        from engine.demo import make_dataset
+        from engine.tools.demo import make_dataset
         data = make_dataset(size=64, n_views=24)
     with tempfile.TemporaryDirectory() as tmp:
         runs = [trained(data, graphs, a.steps, Path(tmp) / name, a.random_background)

@@ -208,12 +208,12 @@ def compare_row_normals():
 
 
 def compare_block_moves(steps=40):
-    """The out-of-core blocks' moves (``engine.offload.DeviceCache``) on the GPU against numpy: each
+    """The out-of-core blocks' moves (``engine.stores.offload.DeviceCache``) on the GPU against numpy: each
     step fetches its blocks, queues the next step's on the copy stream (``prefetch``), and changes its
     own rows on the kernels' stream (``+= step``), as training does; after a flush the host's table is
     the same.  On a real GPU the table is page-locked and the moves run beside the kernels: a missing
     wait between the streams shows as a wrong row.  (In the simulator both sides are numpy.)"""
-    from engine.offload import BlockIndex, DeviceCache, HostBlocks, RowLayout
+    from engine.stores.offload import BlockIndex, DeviceCache, HostBlocks, RowLayout
     from numbasplat.backend import on_gpu
     from numbasplat.device import is_pinned, pinned_empty
     rng = np.random.default_rng(3)

@@ -24,15 +24,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.outputs import write_model_outputs  # noqa: E402
-from engine.single_gpu import SingleGPUTrainer  # noqa: E402
-from engine.trainer import TrainConfig  # noqa: E402
+from engine.tools.outputs import write_model_outputs  # noqa: E402
+from engine.pipelines.single_gpu import SingleGPUTrainer  # noqa: E402
+from engine.recipe.trainer import TrainConfig  # noqa: E402
 from numbasplat import backend as _backend  # noqa: E402
 
 
 def load(args):
     if args.data is None:
-        from engine.demo import make_dataset
+        from engine.tools.demo import make_dataset
         return make_dataset(size=args.size, n_views=40), "the built-in demo scene"
     from data import load_dataset
     return (load_dataset(args.data, images=args.images, background=(1.0, 1.0, 1.0), resolution=args.resolution),

@@ -25,7 +25,7 @@ DEVICE = "--device" in sys.argv
 TRANSPORT = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--transport=")), "host")
 if DEVICE:
     import cupy as xp
-    from engine.distributed import select_device
+    from engine.pipelines.distributed import select_device
     select_device(comm)  # one GPU per rank where there are enough (NCCL needs that)
 else:
     xp = np

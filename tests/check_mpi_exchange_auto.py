@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.pipelines import (PipelineOptions, exchange_decision_steps, make_trainer,  # noqa: E402
                               polish_in_render_order, train_choosing_exchange)
 from comm import abort_on_error  # noqa: E402
-from engine.demo import make_dataset  # noqa: E402
-from engine.trainer import SNAPSHOT, TrainConfig  # noqa: E402
+from engine.tools.demo import make_dataset  # noqa: E402
+from engine.recipe.trainer import SNAPSHOT, TrainConfig  # noqa: E402
 
 out = Path(sys.argv[1])
 comm = MPI.COMM_WORLD

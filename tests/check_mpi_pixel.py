@@ -11,8 +11,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from comm import abort_on_error  # noqa: E402
-from engine.pixel_exchange import OffloadedPixelExchangeTrainer, PixelExchangeTrainer  # noqa: E402
-from engine.trainer import TrainConfig  # noqa: E402
+from engine.pipelines.pixel_exchange import OffloadedPixelExchangeTrainer, PixelExchangeTrainer  # noqa: E402
+from engine.recipe.trainer import TrainConfig  # noqa: E402
 from scenes import cluster_capture, slab_capture  # noqa: E402
 
 out = Path(sys.argv[1])
@@ -36,8 +36,8 @@ with abort_on_error(comm):
     if "ahead1" in sys.argv:  # a step rendered ahead; "settle2": the pipeline empties every 2 images (and migrates)
         caps["render_ahead"] = 1
         if "settle2" in sys.argv:
-            import engine.pixel_exchange
-            engine.pixel_exchange.SETTLE_EVERY = 2
+            import engine.pipelines.pixel_exchange
+            engine.pipelines.pixel_exchange.SETTLE_EVERY = 2
     t = pipeline(data, out, cfg, comm, backend="cpu", saturation="saturation-off" not in sys.argv,
                  consolidation="consolidation-off" not in sys.argv, batch_size=2 if "batch2" in sys.argv else None,
                  **caps)

@@ -11,11 +11,11 @@ from mpi4py import MPI
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from comm import abort_on_error  # noqa: E402
-from engine.demo import make_dataset  # noqa: E402
-from engine.gaussian_exchange import GaussianExchangeTrainer, OffloadedGaussianExchangeTrainer  # noqa: E402
-from engine.pruning import train_then_prune  # noqa: E402
-from engine import trainer  # noqa: E402
-from engine.trainer import TrainConfig  # noqa: E402
+from engine.tools.demo import make_dataset  # noqa: E402
+from engine.pipelines.gaussian_exchange import GaussianExchangeTrainer, OffloadedGaussianExchangeTrainer  # noqa: E402
+from engine.recipe.pruning import train_then_prune  # noqa: E402
+from engine.recipe import trainer  # noqa: E402
+from engine.recipe.trainer import TrainConfig  # noqa: E402
 
 
 def anisotropic_init(*args, **kwargs):

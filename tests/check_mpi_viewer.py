@@ -12,10 +12,10 @@ from mpi4py import MPI
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from comm import abort_on_error  # noqa: E402
-from engine import viewer as V  # noqa: E402
-from engine.demo import make_dataset  # noqa: E402
-from engine.gaussian_exchange import GaussianExchangeTrainer  # noqa: E402
-from engine.trainer import TrainConfig  # noqa: E402
+from engine.tools import viewer as V  # noqa: E402
+from engine.tools.demo import make_dataset  # noqa: E402
+from engine.pipelines.gaussian_exchange import GaussianExchangeTrainer  # noqa: E402
+from engine.recipe.trainer import TrainConfig  # noqa: E402
 
 out = Path(sys.argv[1])
 comm = MPI.COMM_WORLD

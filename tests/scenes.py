@@ -56,7 +56,7 @@ def slab_capture(n_slabs=4, per_slab=40, views=6, size=32, seed=0, opaque_top=Fa
     pixel saturates, so a render skips nothing; unless ``opaque_top``: the top slab then holds
     large opaque Gaussians that hide most of what is below."""
     from data import Dataset, View
-    from engine.camera_path import look_at
+    from engine.tools.camera_path import look_at
     rng = np.random.default_rng(seed)
     n = n_slabs * per_slab
     height = np.repeat(1.5 * np.arange(n_slabs), per_slab) + rng.uniform(-0.1, 0.1, n)
@@ -87,7 +87,7 @@ def cluster_capture(per_cluster=40, views=6, size=32, seed=0):
     a kd-tree of two boxes puts one cluster in each, and each view has one box in it (the views
     of the two clusters can train side by side).  -> (a ``data.Dataset``, the start's arrays)."""
     from data import Dataset, View
-    from engine.camera_path import look_at
+    from engine.tools.camera_path import look_at
     rng = np.random.default_rng(seed)
     n = 2 * per_cluster
     side = np.repeat([-5.0, 5.0], per_cluster)

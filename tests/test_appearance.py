@@ -1,4 +1,4 @@
-"""engine/appearance.py: the per-image colour correction's gradients against float64 finite
+"""engine/recipe/appearance.py: the per-image colour correction's gradients against float64 finite
 differences, its Adam, and training with it (it learns a view's exposure, resumes exactly, and
 refuses the tile loss and several ranks)."""
 from dataclasses import replace
@@ -6,10 +6,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from engine.appearance import IDENTITY, ColourCorrection
-from engine.demo import ground_truth, make_dataset
-from engine.single_gpu import SingleGPUTrainer
-from engine.trainer import SNAPSHOT
+from engine.recipe.appearance import IDENTITY, ColourCorrection
+from engine.tools.demo import ground_truth, make_dataset
+from engine.pipelines.single_gpu import SingleGPUTrainer
+from engine.recipe.trainer import SNAPSHOT
 from test_trainer import small_config
 
 
@@ -97,7 +97,7 @@ def test_appearance_refuses_the_tile_loss(tmp_path):
 
 def test_appearance_refuses_several_ranks(tmp_path):
     from mpi4py import MPI
-    from engine.gaussian_exchange import GaussianExchangeTrainer
+    from engine.pipelines.gaussian_exchange import GaussianExchangeTrainer
     data = make_dataset(size=16, n_views=2, backend="cpu")
     with pytest.raises(ValueError, match="--appearance runs in one process"):
         GaussianExchangeTrainer(data, tmp_path, small_config(appearance=True), MPI.COMM_SELF, backend="cpu")
@@ -123,7 +123,7 @@ def _gained_capture(gains, points=True):
 def test_exposure_spread_measures_the_images_gains():
     """Steady images give 0, per-channel gains exp(0.2 z) about 0.2 (the std of their logs), and a
     capture without points no measure."""
-    from engine.appearance import EXPOSURE_SPREAD_HINT, exposure_spread
+    from engine.recipe.appearance import EXPOSURE_SPREAD_HINT, exposure_spread
     assert exposure_spread(_gained_capture([(1, 1, 1)] * 6)) == pytest.approx(0.0, abs=1e-6)
     z = np.random.default_rng(1).normal(size=(40, 3))
     gains = np.clip(np.exp(0.2 * z), 0.1, 1.9)  # (images stay within [0, 1])
@@ -136,7 +136,7 @@ def test_exposure_spread_measures_the_images_gains():
 def test_in_front_keeps_the_nearest_points_of_each_square():
     """The exposure spread's visibility: in each square of ``cell`` pixels the points within 10% of
     the nearest depth count as seen, those farther behind do not; other squares are apart."""
-    from engine.appearance import in_front
+    from engine.recipe.appearance import in_front
     u = np.array([0, 3, 1, 9, 12, 12])
     w = np.array([0, 2, 1, 0, 0, 9])
     z = np.array([1.0, 1.05, 2.0, 5.0, 1.0, 3.0])  # square (0, 0): 1, 1.05 seen, 2 behind; the rest alone

@@ -1,10 +1,10 @@
-"""engine/camera_path.py: the render paths look where they should, keep their distances, move
+"""engine/tools/camera_path.py: the render paths look where they should, keep their distances, move
 smoothly, and follow the capture whatever its world frame."""
 import numpy as np
 import pytest
 
 import numbasplat as ns
-from engine.camera_path import (PATHS, axes, camera_path, centres, ellipse_path, focus_point, interpolated_path,
+from engine.tools.camera_path import (PATHS, axes, camera_path, centres, ellipse_path, focus_point, interpolated_path,
                                 look_at, spiral_path, up_vector)
 
 

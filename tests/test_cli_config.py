@@ -11,7 +11,7 @@ import pytest
 
 import cli
 from cli import config, train
-from engine.trainer import TrainConfig
+from engine.recipe.trainer import TrainConfig
 
 
 @pytest.fixture
@@ -72,8 +72,8 @@ def test_flags_reach_the_config(resolved):
 
 
 def test_the_strategy_takes_the_densification_settings(tmp_path):
-    from engine.demo import make_dataset
-    from engine.single_gpu import SingleGPUTrainer
+    from engine.tools.demo import make_dataset
+    from engine.pipelines.single_gpu import SingleGPUTrainer
     ds = make_dataset(size=16, n_views=3, backend="cpu")
     cfg = TrainConfig(iterations=800, densify_from=100, densify_until=700, densify_every=50, opacity_reset_every=400,
                       prune_opacity=0.01, percent_dense=0.02, grad_threshold=3e-4)

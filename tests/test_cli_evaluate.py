@@ -11,8 +11,8 @@ from PIL import Image
 
 import cli
 from cli.evaluate import PATHS
-from engine.camera_path import PATHS as ENGINE_PATHS
-from engine.demo import make_dataset
+from engine.tools.camera_path import PATHS as ENGINE_PATHS
+from engine.tools.demo import make_dataset
 from test_trainer import write_blender_capture
 
 HAS_VIDEO = all(importlib.util.find_spec(m) is not None for m in ("imageio", "imageio_ffmpeg"))

@@ -14,7 +14,7 @@ import cli
 from cli import train
 from data import Dataset, View
 from data.scene import Provenance
-from engine.trainer import TrainConfig
+from engine.recipe.trainer import TrainConfig
 from numbasplat import Camera
 from tests.dataset_files import CAMS, colmap_scene, write_png
 
@@ -161,7 +161,7 @@ def test_out_naming_a_file_is_one_error_naming_out(capture, tmp_path, capsys):
 
 
 def test_exposure_hint_names_appearance_where_exposure_varies():
-    """``run.py train``'s note: where the images' gains vary (engine.appearance.exposure_spread over
+    """``run.py train``'s note: where the images' gains vary (engine.recipe.appearance.exposure_spread over
     its threshold) it suggests --appearance; a steady capture gets none."""
     from cli.train import exposure_hint
     from test_appearance import _gained_capture

@@ -6,7 +6,7 @@ import pytest
 
 import numbasplat as ns
 from numbasplat.compose import compose, compose_backward
-from engine.camera_path import look_at
+from engine.tools.camera_path import look_at
 
 
 def layers(m, h=3, w=4, seed=0, opaque=False):

@@ -14,10 +14,10 @@ import pytest
 import cli
 import numbasplat as ns
 from conftest import simulator_test
-from engine.single_gpu import SingleGPUTrainer
-from engine.step_graphs import StepGraphs
+from engine.pipelines.single_gpu import SingleGPUTrainer
+from engine.pipelines.step_graphs import StepGraphs
 from engine.pipelines import PipelineOptions, check
-from engine.trainer import TrainConfig
+from engine.recipe.trainer import TrainConfig
 from test_cli_train import capture  # noqa: F401 (a fixture)
 from test_trainer import dataset, small_config  # noqa: F401 (a fixture)
 
@@ -52,8 +52,8 @@ def test_each_refused_combination_is_one_error_naming_the_flag(capture, tmp_path
 
 def test_the_refusals_come_together_and_name_the_ranked_pipelines():
     """Every conflict in one message; the MPI ranks' pipelines are refused by name."""
-    from engine.gaussian_exchange import GaussianExchangeTrainer
-    from engine.pixel_exchange import PixelExchangeTrainer
+    from engine.pipelines.gaussian_exchange import GaussianExchangeTrainer
+    from engine.pipelines.pixel_exchange import PixelExchangeTrainer
     cfg = TrainConfig(deterministic=True, loss="tile", prune="hardware")
     for pipeline in (GaussianExchangeTrainer, PixelExchangeTrainer):
         with pytest.raises(ValueError) as e:

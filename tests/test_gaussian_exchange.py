@@ -69,7 +69,7 @@ def test_send_plan_table_counts_each_rank_and_view():
     running count of the plan) against a count of the routed rows; a shard without Gaussians sends none."""
     from types import SimpleNamespace
     import numbasplat as ns
-    from engine.gaussian_exchange import GaussianExchangeTrainer
+    from engine.pipelines.gaussian_exchange import GaussianExchangeTrainer
     from scenes import edge_case_scene, look_at_camera
     cam = look_at_camera(W=45, H=34)
     n_tiles = cam.tiles[0] * cam.tiles[1]
@@ -127,7 +127,7 @@ def test_two_ranks_offloading_their_shards_train_as_in_memory(tmp_path):
 @pytest.mark.timeout(1200)
 def test_two_and_four_ranks_match_one(tmp_path):
     """The global loss: each renderer gets its tiles' halo from the others and computes its tiles' share."""
-    from engine.snapshot import read_snapshot
+    from engine.tools.snapshot import read_snapshot
     ref, log = launch(1, tmp_path / "p1")
     assert len(ref["means"]) != 300, "densification did not run: " + log
     for n, comm in ((2, "sparse"), (4, "sparse"), (2, "dense")):
@@ -179,7 +179,7 @@ def test_ranks_given_another_run_stop_with_one_message(tmp_path):
 
 
 def test_disagreement_names_each_field_and_the_ranks():
-    from engine.distributed import disagreement
+    from engine.pipelines.distributed import disagreement
 
     class Ranks:  # allgather of four ranks' fields
         def __init__(self, fields):
@@ -198,7 +198,7 @@ def test_phases_are_timed_on_the_logged_steps_only():
     """A sync at every phase boundary costs the overlap of host and device work: by default only
     the steps that the trainer will log (their step count crosses a multiple of log_every) sync."""
     from types import SimpleNamespace
-    from engine.gaussian_exchange import GaussianExchangeTrainer
+    from engine.pipelines.gaussian_exchange import GaussianExchangeTrainer
     for batch, every in ((1, 4), (3, 4), (4, 4), (2, 100), (5, 0)):
         for step in range(0, 40, batch):
             t = SimpleNamespace(time_phases=None, cfg=SimpleNamespace(log_every=every), step=step, batch=batch)
@@ -339,7 +339,7 @@ def test_cli_offload_with_batches_offloads_the_shard(dataset, tmp_path):
 def test_batch_scales_learning_rates_by_its_power(dataset, tmp_path, exponent):
     """At batch B the Gaussian-exchange step gives Adam the learning rates times B ** batch_lr_exponent."""
     from mpi4py import MPI
-    from engine.gaussian_exchange import GaussianExchangeTrainer
+    from engine.pipelines.gaussian_exchange import GaussianExchangeTrainer
     t = GaussianExchangeTrainer(dataset, tmp_path, small_config(batch_lr_exponent=exponent), MPI.COMM_SELF,
                                 batch_size=4, backend="cpu")
     t.init_model()
@@ -354,8 +354,8 @@ def test_batch_scales_learning_rates_by_its_power(dataset, tmp_path, exponent):
 def test_batched_resume_matches_uninterrupted_run(dataset, tmp_path):
     """The pipeline's snapshot (its model gathered, its strategy rows) resumes bitwise, as one process's does."""
     from mpi4py import MPI
-    from engine.gaussian_exchange import GaussianExchangeTrainer
-    from engine.trainer import SNAPSHOT
+    from engine.pipelines.gaussian_exchange import GaussianExchangeTrainer
+    from engine.recipe.trainer import SNAPSHOT
     from numbasplat.optim import GROUPS
 
     def trainer(out):

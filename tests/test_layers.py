@@ -162,15 +162,15 @@ def test_the_checker_sees_a_circle_and_an_upward_import(tmp_path, monkeypatch):
     """The checks above can fail: a made-up tree with all three faults is caught."""
     for name, text in {"numbasplat/__init__.py": "", "numbasplat/math/__init__.py": "",
                        "numbasplat/math/a.py": "from numbasplat import loss\n",
-                       "numbasplat/loss.py": "from .math import a\nimport engine.trainer\n",
-                       "engine/__init__.py": "", "engine/trainer.py": "from numbasplat.math.a import b\n",
+                       "numbasplat/loss.py": "from .math import a\nimport engine.recipe.trainer\n",
+                       "engine/__init__.py": "", "engine/recipe/trainer.py": "from numbasplat.math.a import b\n",
                        "run.py": ""}.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     modules = _sources()
     g = {m: _imports(m, f, modules) for m, f in modules.items()}
-    assert {"numbasplat.math.a", "engine.trainer"} <= g["numbasplat.loss"]
+    assert {"numbasplat.math.a", "engine.recipe.trainer"} <= g["numbasplat.loss"]
     with pytest.raises(AssertionError):
         test_no_import_circle(g)
     with pytest.raises(AssertionError):

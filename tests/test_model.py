@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from engine.model import GaussianModel, init_from_points, knn_rms_distance
+from engine.recipe.model import GaussianModel, init_from_points, knn_rms_distance
 from numbasplat.optim import GROUPS
 
 

@@ -1,4 +1,4 @@
-"""engine/offload.py: out-of-core training with the model in host memory or on disk equals in-memory
+"""engine/stores/offload.py: out-of-core training with the model in host memory or on disk equals in-memory
 training with visible-only Adam and the same view order (across densification and a snapshot/resume,
 with the device's cache and the host's capped so that blocks move), its blocks cull views
 conservatively, its caches move only what is missing, and bad input stops it with one message."""
@@ -10,13 +10,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from engine.demo import make_dataset
-from engine.offload import BlockIndex, BoxesInFlight, DeviceCache, DiskBlocks, HostBlocks, OffloadTrainer, RowLayout
-from engine.partition import REACH, morton_codes
+from engine.tools.demo import make_dataset
+from engine.pipelines.single_gpu import OffloadTrainer
+from engine.stores.offload import BlockIndex, BoxesInFlight, DeviceCache, DiskBlocks, HostBlocks, RowLayout
+from engine.pipelines.partition import REACH, morton_codes
 from numbasplat.optim import adam_step_bound
-from engine.single_gpu import SingleGPUTrainer
-from engine.strategy import DefaultStrategy
-from engine.trainer import SNAPSHOT
+from engine.pipelines.single_gpu import SingleGPUTrainer
+from engine.recipe.strategy import DefaultStrategy
+from engine.recipe.trainer import SNAPSHOT
 from numbasplat.optim import GROUPS
 from numbasplat.rows import reach_boxes
 from conftest import REPO_ROOT, run_sim
@@ -180,7 +181,7 @@ def test_an_offloaded_shard_trains_as_the_shard_in_memory(tmp_path, mode):
     in memory with visible-only Adam (the rows that either view of a batch saw).  Under mpiexec:
     tests/test_gaussian_exchange.py."""
     from mpi4py import MPI
-    from engine.gaussian_exchange import GaussianExchangeTrainer, OffloadedGaussianExchangeTrainer
+    from engine.pipelines.gaussian_exchange import GaussianExchangeTrainer, OffloadedGaussianExchangeTrainer
     from scenes import cluster_capture
     data, start = cluster_capture(per_cluster=60, views=8)
     caps = {"gpu_memory": 30 * 16 * (45 * 4 + 1500)}
@@ -241,7 +242,7 @@ def test_byte_sizes_parse_with_units():
 def test_trajectory_order_tours_the_cameras_deterministically(dataset):
     """Each epoch visits every view once, consecutive views nearer than in a random order, the same
     for a seed and varied between epochs."""
-    from engine.view_order import camera_poses, epoch_order
+    from engine.recipe.view_order import camera_poses, epoch_order
     cameras = [v.camera for v in dataset.train]
     positions, _ = camera_poses(cameras)
     tours = [epoch_order("trajectory", cameras, np.random.default_rng(7)) for _ in range(2)]
@@ -467,9 +468,9 @@ def test_the_part_of_a_model_a_frustum_holds_renders_as_the_whole(dataset):
     reach the view can see (the whole model stays in host memory): the image equals the whole
     model's, and the Gaussians far off to the side and behind the camera are left out."""
     import numbasplat as ns
-    from engine.demo import ground_truth
-    from engine.offload import frustum_part
-    from engine.outputs import render_image
+    from engine.tools.demo import ground_truth
+    from engine.stores.offload import frustum_part
+    from engine.tools.outputs import render_image
     g = ground_truth()
     camera = dataset.train[0].camera
     eye = -camera.viewmat[:3, :3].T @ camera.viewmat[:3, 3]
@@ -550,7 +551,7 @@ def test_train_offload_writes_a_model_that_resumes_in_memory(tmp_path, mode):
 
 def _random_model(n, sh_bases, seed):
     """A GaussianModel of ``n`` rows with random parameters, moments and step, and int/float statistics."""
-    from engine.model import GaussianModel
+    from engine.recipe.model import GaussianModel
     rng = np.random.default_rng(seed)
     state = {which: {g: rng.normal(size=(n, sh_bases, 3) if g == "sh" else (n,) if g == "opacities" else
                                    (n, {"means": 3, "scales": 3, "quats": 4}[g])).astype(np.float32)
@@ -605,7 +606,7 @@ def test_rows_move_between_the_table_and_a_model_in_one_kernel_each_way(sh_bases
 def test_cuda_row_moves_and_boxes_match_cpu_in_simulator():
     run_sim("""
         import numpy as np
-        from engine.offload import RowLayout
+        from engine.stores.offload import RowLayout
         from numbasplat.optim import GROUPS
         from test_offload import _random_model
         model, stats = _random_model(9, 4, seed=2)
@@ -645,8 +646,8 @@ def test_offloaded_training_on_the_cuda_kernels_equals_in_memory_in_simulator(tm
     run_sim(f"""
         from pathlib import Path
         import numpy as np
-        from engine.offload import OffloadTrainer
-        from engine.single_gpu import SingleGPUTrainer
+        from engine.pipelines.single_gpu import OffloadTrainer
+        from engine.pipelines.single_gpu import SingleGPUTrainer
         from numbasplat.optim import GROUPS
         from scenes import cluster_capture
         from test_trainer import fast_refine, small_config
@@ -674,12 +675,12 @@ def test_offloaded_training_on_the_cuda_kernels_equals_in_memory_in_simulator(tm
 
 
 def test_a_step_through_the_memory_or_the_host_store_leaves_the_same_whole_model():
-    """A store's calls (``engine.store``): the Gaussians a view trains checked out, stepped (Adam on the
+    """A store's calls (``engine.stores.memory``): the Gaussians a view trains checked out, stepped (Adam on the
     rows the view sees, their statistics counted), checked in; the whole model then equals the memory
     store's and the host store's (which checked out only the view's working set)."""
-    from engine.model import GaussianModel
-    from engine.offload import OutOfCoreStore
-    from engine.store import MemoryStore
+    from engine.recipe.model import GaussianModel
+    from engine.stores.offload import OutOfCoreStore
+    from engine.stores.memory import MemoryStore
     from numbasplat.optim import column_lrs
     from scenes import cluster_capture
     data, start = cluster_capture(per_cluster=60, views=8)
@@ -713,7 +714,7 @@ def test_a_step_through_the_memory_or_the_host_store_leaves_the_same_whole_model
 def test_out_of_core_refuses_the_tile_loss_and_appearance_in_check(change):
     """The tile loss and the colour corrections are refused out of core in the one ``check``, with the
     flags named (whatever pipeline holds the store)."""
-    from engine.pipeline_options import PipelineOptions, check
+    from engine.pipelines.options import PipelineOptions, check
     for options in (PipelineOptions(offload="host"), PipelineOptions(offload="disk", offload_dir="d", host_memory=1)):
         with pytest.raises(ValueError, match=r"--offload (host|disk) trains with --loss global, without --appearance"):
             check(small_config(visible_adam=True, **change), options)

@@ -1,4 +1,4 @@
-"""engine/outputs.py: what a run leaves in Inria's layout (the PLY, cameras.json, cfg_args, renders
+"""engine/tools/outputs.py: what a run leaves in Inria's layout (the PLY, cameras.json, cfg_args, renders
 beside their ground truth), LPIPS when its extra is there, the TensorBoard log, video frames."""
 import argparse
 import contextlib
@@ -15,11 +15,11 @@ from PIL import Image
 
 import numbasplat as ns
 from data.ply import load_ply
-from engine import outputs
-from engine.demo import make_dataset
-from engine.outputs import (MissingExtra, PngFrames, TensorBoardLog, VideoFrames, camera_entry, iteration_of,
+from engine.tools import outputs
+from engine.tools.demo import make_dataset
+from engine.tools.outputs import (MissingExtra, PngFrames, TensorBoardLog, VideoFrames, camera_entry, iteration_of,
                             latest_point_cloud, log_scalars, lpips_metric, point_cloud_path, read_cameras_json)
-from engine.single_gpu import SingleGPUTrainer
+from engine.pipelines.single_gpu import SingleGPUTrainer
 from numbasplat.loss import psnr
 from test_trainer import small_config
 

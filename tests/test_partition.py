@@ -1,11 +1,11 @@
-"""engine/partition.py: Splaxel's kd-tree boxes (balanced, covering space), their front-to-back
+"""engine/pipelines/partition.py: Splaxel's kd-tree boxes (balanced, covering space), their front-to-back
 order for a camera (checked along rays) and the visible region of a box (against sampled points)."""
 import numpy as np
 import pytest
 
 import numbasplat as ns
-from engine.partition import SpatialPartition, visible_region, visible_regions
-from engine.camera_path import look_at
+from engine.pipelines.partition import SpatialPartition, visible_region, visible_regions
+from engine.tools.camera_path import look_at
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 5, 8])

@@ -1,4 +1,4 @@
-"""engine/pixel_exchange.py, Splaxel's pixel-level pipeline: one rank equals the single-process
+"""engine/pipelines/pixel_exchange.py, Splaxel's pixel-level pipeline: one rank equals the single-process
 trainer exactly (with B views in flight, the batched pipeline's step); 2 and 4 ranks (boxes
 separated in depth) equal one rank within 1e-5."""
 import os
@@ -12,9 +12,9 @@ import pytest
 
 from conftest import REPO_ROOT, mpiexec_path
 
-from engine.pixel_exchange import PixelExchangeTrainer
-from engine.single_gpu import SingleGPUTrainer
-from engine.trainer import TrainConfig
+from engine.pipelines.pixel_exchange import PixelExchangeTrainer
+from engine.pipelines.single_gpu import SingleGPUTrainer
+from engine.recipe.trainer import TrainConfig
 from scenes import slab_capture
 
 
@@ -53,7 +53,7 @@ def test_views_in_flight_at_one_rank_are_the_batched_pipelines_step(tmp_path):
     their mean gradient with batched Adam's betas and learning rates, as the Gaussian-level pipeline's
     batch of B views in one process (``--batch-size B`` without mpirun) trains."""
     from mpi4py import MPI
-    from engine.gaussian_exchange import GaussianExchangeTrainer
+    from engine.pipelines.gaussian_exchange import GaussianExchangeTrainer
     data, start = slab_capture(n_slabs=2, per_slab=30, views=3)
     runs = []
     for name, pipeline in (("gaussian", GaussianExchangeTrainer), ("pixel", PixelExchangeTrainer)):
@@ -97,7 +97,7 @@ def test_a_step_rendered_ahead_renders_the_parameters_from_before_the_updates_in
 
 
 def test_steps_rendered_ahead_where_the_pipeline_empties_every_step_train_as_none(tmp_path, monkeypatch):
-    import engine.pixel_exchange as px
+    import engine.pipelines.pixel_exchange as px
     finals = []
     for ahead in (0, 1):
         t, _, _ = _run_recording(tmp_path, f"settled{ahead}", ahead)
@@ -114,7 +114,7 @@ def test_steps_rendered_ahead_resume_from_a_snapshot_as_the_whole_run(tmp_path):
     ahead ends as the whole run.  A snapshot written mid-flight (a stop signal) drops the step in
     flight and puts its views and the RNG back, as a run without steps ahead holds them then."""
     from mpi4py import MPI
-    from engine.snapshot import read_snapshot
+    from engine.tools.snapshot import read_snapshot
     cfg = replace(config(), snapshot_every=3)
     whole, started, _ = _run_recording(tmp_path, "whole", 1, cfg)
     whole.train(progress=False)
@@ -169,7 +169,7 @@ def test_train_exchange_pixel_densifies_rebalances_and_resumes_on_other_ranks(tm
     snapshot and PLY of the whole model; resumed on one process it repartitions and goes on.  With
     a step rendered ahead (``--render-ahead 1``) the same."""
     import json
-    from engine.demo import make_dataset
+    from engine.tools.demo import make_dataset
     from test_trainer import write_blender_capture
     cap, out = tmp_path / "capture", tmp_path / "out"
     write_blender_capture(cap, make_dataset(size=32, n_views=10, backend="cpu"))
@@ -233,7 +233,7 @@ def test_cli_exchange_pixel_offloads_each_ranks_gaussians(tmp_path):
     traffic in the log, a snapshot and a PLY of the whole model, its test views rendered from the model
     in host memory."""
     import json
-    from engine.demo import make_dataset
+    from engine.tools.demo import make_dataset
     from test_trainer import write_blender_capture
     cap, out = tmp_path / "capture", tmp_path / "out"
     write_blender_capture(cap, make_dataset(size=32, n_views=10, backend="cpu"))
@@ -286,7 +286,7 @@ def test_saturated_tiles_are_skipped_on_later_visits_at_the_loss_of_at_most_thei
 
 
 def test_consolidation_buckets_views_of_disjoint_ranks_in_order():
-    from engine.pixel_exchange import consolidate, utilisation
+    from engine.pipelines.pixel_exchange import consolidate, utilisation
     parts = [frozenset(s) for s in ({0}, {1}, {0, 1}, {2}, {1, 2}, {0}, {3})]
     buckets = consolidate(parts)
     assert buckets == [[0, 1, 3, 6], [2], [4, 5]]  # first fit, in the views' order ({1, 2} meets both)
@@ -302,7 +302,7 @@ def test_a_rank_holding_part_of_the_sky_takes_part_only_in_the_views_that_see_it
     """Rank 0 holds one cluster and a sky far above both; rank 1 the other cluster.  One box over
     rank 0's Gaussians would span rank 1's cluster too (every view would count rank 0); its boxes of
     a few Gaussians each leave a view looking down at rank 1's cluster to rank 1 alone."""
-    from engine.pixel_exchange import participants, rank_boxes
+    from engine.pipelines.pixel_exchange import participants, rank_boxes
     from scenes import cluster_capture
     data, start = cluster_capture(per_cluster=40, views=4)
     rng = np.random.default_rng(0)
@@ -354,12 +354,12 @@ def test_pixel_exchange_refuses_what_it_does_not_do(tmp_path):
 @pytest.mark.mpi
 @pytest.mark.timeout(600)
 def test_exchange_auto_counts_both_exchanges_and_trains_with_the_smaller(tmp_path):
-    """``--exchange auto``: rank 0's byte counts (engine/traffic.py) agree with the two counters run
+    """``--exchange auto``: rank 0's byte counts (engine/pipelines/traffic.py) agree with the two counters run
     directly, and ``mpiexec -n 2 run.py train --exchange auto`` says its choice and trains with it."""
     import numbasplat as ns
-    from engine.demo import make_dataset
-    from engine.traffic import PIXEL_TILE_BYTES, exchange_bytes, off_diagonal, pixel_traffic, step_traffic
-    from engine.trainer import initial_arrays
+    from engine.tools.demo import make_dataset
+    from engine.pipelines.traffic import PIXEL_TILE_BYTES, exchange_bytes, off_diagonal, pixel_traffic, step_traffic
+    from engine.recipe.trainer import initial_arrays
     from test_trainer import write_blender_capture
     data = make_dataset(size=32, n_views=10, backend="cpu")
     cfg = config()

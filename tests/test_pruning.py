@@ -1,4 +1,4 @@
-"""engine/pruning.py and ``run.py prune``: ByteSplat's contribution and hardware-aware pruning.
+"""engine/recipe/pruning.py and ``run.py prune``: ByteSplat's contribution and hardware-aware pruning.
 The budget, P_t, P_i, Q_i and a round's choice on small cases computed by hand; the command on
 a small trained model (the pruned model loads, exports and trains on)."""
 import json
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import cli
-from engine.pruning import fused_budget, removal_mask, tile_excess, tile_of_intersections, view_pressure
+from engine.recipe.pruning import fused_budget, removal_mask, tile_excess, tile_of_intersections, view_pressure
 from numbasplat.rendering import Binning
 from numbasplat.math.tiles import H200_SMEM_PER_BLOCK, fused_smem_layout
 from test_cli_evaluate import run as trained  # noqa: F401 (a fixture: a capture and a 20-step training folder)

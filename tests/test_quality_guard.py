@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from conftest import shared_dir
-from engine.single_gpu import SingleGPUTrainer
-from engine.trainer import TrainConfig
+from engine.pipelines.single_gpu import SingleGPUTrainer
+from engine.recipe.trainer import TrainConfig
 
 SEEDS = (0, 1, 2)
 
@@ -40,7 +40,7 @@ def test_demo_quality_holds(tmp_path):
     """The demo with today's defaults (as ``run.py demo`` trains it) stays within 0.5 dB of its
     value after issue 57's fix.  3335eae's decay over the run (2000 steps) fails it by 8-10 dB."""
     from cli.train import demo_config
-    from engine.demo import make_dataset
+    from engine.tools.demo import make_dataset
     mean, each = mean_test_psnr(make_dataset(backend="cpu"), demo_config(), tmp_path)
     assert mean >= DEMO_MEAN - DEMO_MARGIN, f"the demo's test PSNR fell: {mean:.2f} dB (seeds {each})"
 

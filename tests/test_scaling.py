@@ -1,15 +1,16 @@
-"""engine/scaling.py, the measuring tools of issue 22 on one rank: the dataset workload (only the
+"""engine/tools/scaling.py, the measuring tools of issue 22 on one rank: the dataset workload (only the
 training views used are read), the phase table of both pipelines at P = 1, the bytes a step
-would move over P ranks (engine/traffic.py) against a brute-force count, the cost model's edge and monotonic
+would move over P ranks (engine/pipelines/traffic.py) against a brute-force count, the cost model's edge and monotonic
 behaviour, and the memory model.  CPU backend, tiny scenes."""
 import numpy as np
 import pytest
 
 import numbasplat as ns
 from data import synthetic_city as sc
-from engine import scaling, traffic
-from engine.distributed import balanced_bounds, even_bounds
-from engine.trainer import PHASES
+from engine.tools import scaling
+from engine.pipelines import traffic
+from engine.pipelines.distributed import balanced_bounds, even_bounds
+from engine.recipe.trainer import PHASES
 from numbasplat.loss import l1_ssim_loss
 from numbasplat.math import geometry as geo
 from numbasplat.math import gaussian_ops as go
@@ -245,7 +246,7 @@ def wall_capture(size=40):
     """An opaque wall of large Gaussians 6 in front of a patch of small ones, seen through the wall
     by two cameras: the kd-tree's cut falls between them (depth is the longest extent), and the
     wall leaves the patch's tiles in the dark.  -> (the Gaussians' arrays, the cameras)."""
-    from engine.camera_path import look_at
+    from engine.tools.camera_path import look_at
     rng = np.random.default_rng(3)
     x, y = np.meshgrid(np.linspace(-2.5, 2.5, 21), np.linspace(-2.5, 2.5, 21))
     wall = np.column_stack([x.ravel(), y.ravel(), np.full(x.size, 6.0)])
@@ -284,11 +285,11 @@ def test_pixel_bytes_against_a_brute_force_count(scene, P):
     against the single render."""
     import numbasplat as ns
     from numbasplat.compose import compose
-    from engine.distributed import even_bounds
-    from engine.gaussian_exchange import halo_ranges
-    from engine.camera_path import centres
-    from engine.partition import SpatialPartition
-    from engine.pixel_exchange import SATURATED
+    from engine.pipelines.distributed import even_bounds
+    from engine.pipelines.gaussian_exchange import halo_ranges
+    from engine.tools.camera_path import centres
+    from engine.pipelines.partition import SpatialPartition
+    from engine.pipelines.pixel_exchange import SATURATED
     from numbasplat.rendering import image_tiles
     from scenes import slab_capture
     if scene == "slabs":

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from conftest import REPO_ROOT, mpiexec_path
-from engine.single_gpu import SingleGPUTrainer
-from engine.snapshot import read_snapshot
-from engine.trainer import SNAPSHOT
+from engine.pipelines.single_gpu import SingleGPUTrainer
+from engine.tools.snapshot import read_snapshot
+from engine.recipe.trainer import SNAPSHOT
 from test_trainer import dataset, run_cli, small_config, write_blender_capture  # noqa: F401 (a fixture)
 
 ENV = dict(os.environ, NUMBASPLAT_BACKEND="cpu", NUMBA_NUM_THREADS="1")

@@ -3,7 +3,7 @@ kept room trains as exact binning does, and a step whose intersections outgrow i
 import numpy as np
 import pytest
 
-from engine.single_gpu import BinningRoom, SingleGPUTrainer
+from engine.pipelines.single_gpu import BinningRoom, SingleGPUTrainer
 from test_trainer import dataset, small_config  # noqa: F401 (a fixture)
 
 

@@ -1,4 +1,4 @@
-"""engine/snapshot.py: HDF5 snapshot round trip, RNG state, atomicity, corruption."""
+"""engine/tools/snapshot.py: HDF5 snapshot round trip, RNG state, atomicity, corruption."""
 import glob
 import os
 
@@ -6,7 +6,7 @@ import h5py
 import numpy as np
 import pytest
 
-from engine import snapshot as snap
+from engine.tools import snapshot as snap
 
 
 def sample_arrays(seed=0):

@@ -1,4 +1,4 @@
-"""Step graphs (engine/step_graphs.py) on the CPU: the single-GPU trainer's host work split from
+"""Step graphs (engine/pipelines/step_graphs.py) on the CPU: the single-GPU trainer's host work split from
 its device work so that a replayed step trains as a step run as usual, and when a graph is
 captured, replayed, captured again and dropped.  The CUDA graphs themselves run on the GPU only
 (tests/check_cuda_graphs.py)."""
@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 
-from engine.single_gpu import BinningRoom, SingleGPUTrainer
-from engine.step_graphs import StepGraphs, array_key
+from engine.pipelines.single_gpu import BinningRoom, SingleGPUTrainer
+from engine.pipelines.step_graphs import StepGraphs, array_key
 from test_trainer import dataset, small_config  # noqa: F401 (a fixture)
 
 

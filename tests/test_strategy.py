@@ -1,8 +1,8 @@
 """Densification strategies: what DefaultStrategy and MCMCStrategy do to a model, with their state apart."""
 import numpy as np
 
-from engine.model import GaussianModel, init_from_points
-from engine.strategy import Context, DefaultStrategy, MCMCStrategy
+from engine.recipe.model import GaussianModel, init_from_points
+from engine.recipe.strategy import Context, DefaultStrategy, MCMCStrategy
 
 
 def model_of(opacity_logits, scales):
@@ -92,7 +92,7 @@ def test_mcmc_perturbs_the_means_after_every_step():
 def test_the_memory_guard_measures_the_device_only_when_a_refinement_asks():
     """``Context.free_bytes`` may be a function (the trainer's driver call): a step that does not
     refine never calls it; a refinement caps its growth at 0.8 of what it reports."""
-    from engine.strategy import BYTES_PER_GAUSSIAN, growth_allowed
+    from engine.recipe.strategy import BYTES_PER_GAUSSIAN, growth_allowed
 
     def never():
         raise AssertionError("measured the device on a step without a refinement")

@@ -1,4 +1,4 @@
-"""The training images kept at 8 bits a channel (engine/targets.py): exact for 8-bit images, within
+"""The training images kept at 8 bits a channel (engine/recipe/targets.py): exact for 8-bit images, within
 half a level for the others, chosen by auto only where float32 would crowd the GPU, and training
 on them as on float32 where they are exact."""
 import dataclasses
@@ -6,9 +6,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from engine.single_gpu import SingleGPUTrainer
+from engine.pipelines.single_gpu import SingleGPUTrainer
 from data.images import EIGHT_BIT_LEVEL
-from engine.targets import AUTO_SHARE, Targets, choose_format
+from engine.recipe.targets import AUTO_SHARE, Targets, choose_format
 from test_trainer import dataset, small_config  # noqa: F401 (a fixture)
 
 

@@ -1,7 +1,7 @@
-"""engine.timeline's summary of a CUPTI trace (a made-up trace: the recording needs a GPU and torch)."""
+"""engine.tools.timeline's summary of a CUPTI trace (a made-up trace: the recording needs a GPU and torch)."""
 import pytest
 
-from engine.timeline import STEP_MARK, report_lines, summarize
+from engine.tools.timeline import STEP_MARK, report_lines, summarize
 
 
 def _x(name, cat, ts, dur, corr=None):
@@ -43,7 +43,7 @@ def test_summary_of_a_trace():
 
 def test_kernel_names_are_made_readable():
     """Numba's mangled kernels, CUB's templates and CuPy's elementwise kernels, as a report lists them."""
-    from engine.timeline import kernel_name
+    from engine.tools.timeline import kernel_name
     assert kernel_name("numbasplat::cuda::raster::_project_kernel[abi:v1][abi:cw51cXT](Array<float, 2>)") == \
         "raster._project_kernel"
     assert kernel_name("void cub::CUB_300102_SM_750_800_900::detail::radix_sort::DeviceRadixSortOnesweepKernel"
@@ -82,7 +82,7 @@ class _Fake:
 def test_training_timeline_hook_marks_the_steps_after_start(monkeypatch):
     from types import SimpleNamespace
 
-    import engine.timeline as tl
+    import engine.tools.timeline as tl
     log, lines = [], []
     fake = _Fake(log)
     _Fake.trainer = trainer = SimpleNamespace(step=0)
@@ -129,7 +129,7 @@ def test_host_profile_hook_profiles_only_its_steps():
     called only outside it does not show."""
     from types import SimpleNamespace
 
-    import engine.timeline as tl
+    import engine.tools.timeline as tl
 
     def inside_the_window():
         return sum(range(2000))

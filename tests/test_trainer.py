@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from conftest import REPO_ROOT
-from engine.demo import make_dataset
-from engine.single_gpu import SingleGPUTrainer
-from engine.strategy import Context
-from engine.trainer import SNAPSHOT, Interrupted, Progress, TrainConfig
+from engine.tools.demo import make_dataset
+from engine.pipelines.single_gpu import SingleGPUTrainer
+from engine.recipe.strategy import Context
+from engine.recipe.trainer import SNAPSHOT, Interrupted, Progress, TrainConfig
 from numbasplat.optim import GROUPS
 from test_strategy import model_of
 
@@ -75,7 +75,7 @@ def test_eval_every_scores_test_and_training_views(dataset, tmp_path):
     """``--eval-every N`` logs the test views' PSNR and SSIM and 5 training views' PSNR at every multiple
     of N (as Inria's test_iterations), equal to ``evaluate`` of the model at that step, but not at a
     step that reset the opacities; the curve reaches ``run.py plot``'s scalars."""
-    from engine.outputs import log_scalars
+    from engine.tools.outputs import log_scalars
     t = fast_refine(SingleGPUTrainer(dataset, tmp_path, small_config(iterations=30, eval_every=5, log_every=100),
                                      backend="cpu"))
     t.train(progress=False, until=10)
@@ -354,7 +354,7 @@ def test_progress_off_a_terminal_is_plain_lines_and_quiet_is_nothing():
 
 
 def test_train_moves_the_bar_every_step(dataset, tmp_path, monkeypatch):
-    import engine.trainer
+    import engine.recipe.trainer
     calls = []
 
     class Recorder(Progress):
@@ -364,7 +364,7 @@ def test_train_moves_the_bar_every_step(dataset, tmp_path, monkeypatch):
         def show(self, loss, psnr, gaussians, extra=""):
             calls.append(("show", gaussians))
 
-    monkeypatch.setattr(engine.trainer, "Progress", Recorder)
+    monkeypatch.setattr(engine.recipe.trainer, "Progress", Recorder)
     SingleGPUTrainer(dataset, tmp_path, small_config(iterations=12, log_every=5), backend="cpu").train(progress=False)
     assert [s for kind, s in calls if kind == "update"] == list(range(1, 13))
     assert sum(kind == "show" for kind, _ in calls) == 3   # steps 5, 10 and the last
@@ -374,8 +374,8 @@ def test_a_snapshot_that_knows_its_data_by_path_still_resumes_from_that_path(dat
     """Snapshots written before ``view_records`` hold a fingerprint of the data's path, names and sizes:
     they resume where those match, and elsewhere say why not in one message."""
     import dataclasses
-    from engine.snapshot import VIEWS_ARRAY, read_snapshot, write_snapshot
-    from engine.trainer import path_fingerprint
+    from engine.tools.snapshot import VIEWS_ARRAY, read_snapshot, write_snapshot
+    from engine.recipe.trainer import path_fingerprint
     SingleGPUTrainer(dataset, tmp_path, small_config(iterations=3), backend="cpu").train(progress=False)
     arrays, attrs = read_snapshot(tmp_path / SNAPSHOT)
     del arrays[VIEWS_ARRAY]
@@ -394,8 +394,8 @@ def test_the_starting_gaussians_follow_the_strategy_unless_set():
     default strategy from 3DGS's (0.1, the distance); ``init_opacity``/``init_scale`` override both."""
     from types import SimpleNamespace
 
-    from engine.model import knn_rms_distance
-    from engine.trainer import TrainConfig, initial_arrays
+    from engine.recipe.model import knn_rms_distance
+    from engine.recipe.trainer import TrainConfig, initial_arrays
     pts = np.random.default_rng(0).normal(size=(50, 3)) * [1.0, 2.0, 0.5]
     data = SimpleNamespace(points=pts, colors=np.full((50, 3), 0.5), init_box=None, train=[])
     dist = np.log(knn_rms_distance(pts))

@@ -1,4 +1,4 @@
-"""engine/viewer.py and cli/view.py: the browser viewer (issue 28).
+"""engine/tools/viewer.py and cli/view.py: the browser viewer (issue 28).
 
 Without a browser: the camera conversion (viser's pose -> our Camera) against our render of the
 dataset's camera, the render modes, the frame size while moving and at rest, the port-in-use and
@@ -15,9 +15,9 @@ import pytest
 
 import cli
 import numbasplat as ns
-from engine import viewer as V
-from engine.demo import ground_truth, make_dataset
-from engine.trainer import TrainConfig
+from engine.tools import viewer as V
+from engine.tools.demo import ground_truth, make_dataset
+from engine.recipe.trainer import TrainConfig
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +171,7 @@ def model_folder(tmp_path_factory, demo):
     point_cloud/iteration_1 and cameras.json."""
     from types import SimpleNamespace
     from data.ply import save_ply
-    from engine.outputs import point_cloud_path, write_cameras_json
+    from engine.tools.outputs import point_cloud_path, write_cameras_json
     g, data = demo
     out = tmp_path_factory.mktemp("model")
     save_ply(point_cloud_path(out, 1), SimpleNamespace(**g.arrays()))
@@ -239,7 +239,7 @@ def test_view_serves_the_model_with_the_capture_cameras(model_folder, demo, monk
 
 
 def small_trainer(tmp_path, demo, iterations=30):
-    from engine.single_gpu import SingleGPUTrainer
+    from engine.pipelines.single_gpu import SingleGPUTrainer
     _, data = demo
     cfg = TrainConfig(iterations=iterations, sh_degree=1, n_random_init=300, log_every=10, snapshot_every=0,
                       background=(1.0, 1.0, 1.0))

@@ -1,4 +1,4 @@
-"""BlitzGS's workload switches (engine/workload.py, issue 27) on the CPU backend: the importance pass
+"""BlitzGS's workload switches (engine/recipe/workload.py, issue 27) on the CPU backend: the importance pass
 against a brute-force float64 compositing, culled and LOD-gated views against the full render,
 the densification weights and view masks through refinements, the schedule, a run with every
 switch on that resumes as if never stopped, and the switches' checks."""
@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import numbasplat as ns
-from engine.model import GaussianModel
-from engine.single_gpu import SingleGPUTrainer
-from engine.strategy import IMPORTANCE_WEIGHT, LOD_SPARE, VIEW_SKIP, Context, DefaultStrategy
-from engine.trainer import SNAPSHOT, TrainConfig
-from engine.workload import (LodReach, Workload, densify_weights, importance_scores, opacity_resets, scoring_steps,
+from engine.recipe.model import GaussianModel
+from engine.pipelines.single_gpu import SingleGPUTrainer
+from engine.recipe.strategy import IMPORTANCE_WEIGHT, LOD_SPARE, VIEW_SKIP, Context, DefaultStrategy
+from engine.recipe.trainer import SNAPSHOT, TrainConfig
+from engine.recipe.workload import (LodReach, Workload, densify_weights, importance_scores, opacity_resets, scoring_steps,
                              set_view_bit, view_bit)
 from tests.scenes import edge_case_scene, look_at_camera
 from tests.test_contributions import reference_contributions
@@ -21,7 +21,7 @@ from test_trainer import fast_refine, small_config
 
 @pytest.fixture(scope="module")
 def dataset():
-    from engine.demo import make_dataset
+    from engine.tools.demo import make_dataset
     return make_dataset(size=32, n_views=12, backend="cpu")
 
 
@@ -325,7 +325,7 @@ def test_workload_switches_are_checked():
 
 
 def test_pipelines_without_culling_refuse_the_switches(dataset, tmp_path):
-    from engine.offload import OffloadTrainer
+    from engine.pipelines.single_gpu import OffloadTrainer
     with pytest.raises(ValueError, match="not supported by OffloadTrainer"):
         OffloadTrainer(dataset, tmp_path, small_config(lod_min_px=1.0, visible_adam=True), backend="cpu")
 

@@ -27,7 +27,7 @@ shards (``--shard parity``): rank r owns the global rows congruent to r modulo P
 Gaussians made at one time and place (a refinement's clones, a region of the SfM points) spread
 over every rank.  Renderers see the records of each view in global row order either way (with
 parity shards they sort them by a global index sent alongside), so that depth ties break as on
-one rank.  With the workload switches (engine/workload.py) each owner hides from each view's
+one rank.  With the workload switches (engine/recipe/workload.py) each owner hides from each view's
 projection the rows of its shard that the view skips: they are neither sent nor rendered.
 """
 from dataclasses import dataclass, field, replace
@@ -41,11 +41,11 @@ from numbasplat.rendering import image_from_tiles, image_tiles
 from comm.sparse import exchange_dense, exchange_sparse
 
 from .distributed import RankedTrainer, balanced_bounds, even_bounds
-from .model import GaussianModel
-from .offload import BLOCK_ROWS, out_of_core
-from .strategy import STATISTICS
-from .trainer import PhaseClock
-from .workload import imbalance
+from engine.recipe.model import GaussianModel
+from engine.stores.offload import BLOCK_ROWS, out_of_core
+from engine.recipe.strategy import STATISTICS
+from engine.recipe.trainer import PhaseClock
+from engine.recipe.workload import imbalance
 
 GLOBAL_ROW = "global_row"  # parity shards, over a refinement: each row's (its parent's) global row before it
 
@@ -478,7 +478,7 @@ class GaussianExchangeTrainer(RankedTrainer):
 
 class OffloadedGaussianExchangeTrainer(GaussianExchangeTrainer):
     """The pipeline above with each rank's shard out of core (``--offload`` under ``mpiexec``): its
-    store an ``engine.offload.OutOfCoreStore``, the shard's Gaussians in blocks in host memory or on
+    store an ``engine.stores.offload.OutOfCoreStore``, the shard's Gaussians in blocks in host memory or on
     disk, the device holding the blocks that the batch's views see.  A step trains the working set of
     its batch as the shard (visible-only Adam: the rows that any of its views saw); a refinement or
     reset gathers the whole shard in host memory, where the shards are evened out as in memory, and

@@ -3,9 +3,9 @@ its views as the pipelines count them: the Gaussian-level exchange's projected r
 and halo tiles (``step_traffic``: a ``Traffic``), the pixel-level one's partial tiles
 (``pixel_traffic``: a ``PixelTraffic``), and view consolidation's utilisation (``view_utilisation``).
 
-``run.py scaling`` reports them and builds its cost model on them (engine/scaling.py);
+``run.py scaling`` reports them and builds its cost model on them (engine/tools/scaling.py);
 ``--exchange auto`` compares the two exchanges' bytes an image (``exchange_bytes``,
-engine/pipelines.py's ``choose_exchange``).
+engine/pipelines/__init__.py's ``choose_exchange``).
 """
 from collections import namedtuple
 from dataclasses import dataclass
@@ -20,7 +20,7 @@ from numbasplat.loss import l1_ssim_loss
 
 from .distributed import balanced_bounds, even_bounds
 from .gaussian_exchange import halo_ranges
-from .trainer import initial_arrays
+from engine.recipe.trainer import initial_arrays
 
 RECORD_BYTES = 4 * (PROJ_FIELDS + 1)  # a forward record: the projection and its tile count, float32
 GRAD_BYTES = 4 * GRAD_FIELDS          # a dense gradient row, float32
@@ -168,7 +168,7 @@ rendered)."""
 
 
 def pixel_traffic(g, cams, ranks, sh_degree, backend=None, saturation=False):
-    """The bytes of the pixel-level pipeline (``engine/pixel_exchange.py``) for each view of ``cams``
+    """The bytes of the pixel-level pipeline (``engine/pipelines/pixel_exchange.py``) for each view of ``cams``
     over ``ranks`` boxes of a kd-tree over ``g``'s means, counted on this device as the pipeline
     counts them: a rank sends each composer the partial tiles of the composer's range and halo that
     its Gaussians cover, and gets back the gradients of those in the composer's range.  With

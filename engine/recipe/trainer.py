@@ -7,13 +7,13 @@ snapshot, evaluate.  How a step runs and where the model lives is a
 pipeline's: a subclass implementing the hooks of ``Trainer``'s "what a
 pipeline implements" section.
 
-    engine/single_gpu.py         one process, one view per step
-    engine/gaussian_exchange.py  P ranks own shards of the Gaussians and render ranges of the
+    engine/pipelines/single_gpu.py         one process, one view per step
+    engine/pipelines/gaussian_exchange.py  P ranks own shards of the Gaussians and render ranges of the
                                  batch's tiles; projected Gaussians and their gradients cross
                                  ranks (Grendel's split, ByteSplat's sparse gradients)
 
 Another pipeline (pixel-level exchange, out-of-core training) is one more
-module implementing the same hooks, and a line in engine/pipelines.py's
+module implementing the same hooks, and a line in engine/pipelines/__init__.py's
 ``make_trainer`` that picks it.
 """
 import json
@@ -39,9 +39,9 @@ from data.atomic import atomic_path, remove_stale_temps
 
 from .appearance import ColourCorrection
 from .model import init_from_points
-from .store import MemoryStore
-from .outputs import SNAPSHOT, TensorBoardLog, lpips_metric, render_image, save_png, write_model_outputs
-from .pipeline_options import PipelineOptions, check
+from engine.stores.memory import MemoryStore
+from engine.tools.outputs import SNAPSHOT, TensorBoardLog, lpips_metric, render_image, save_png, write_model_outputs
+from engine.pipelines.options import PipelineOptions, check
 from .strategy import Context, DefaultStrategy, MCMCStrategy
 from .targets import Targets
 from .view_order import VIEW_ORDERS, epoch_order
@@ -156,7 +156,7 @@ class TrainConfig:
                                       # effect, Inria's; 3DGS's paper says 20: measured in BENCHMARKS.md)
     percent_dense: float = 0.01       # default strategy: Gaussians larger than this (x scene scale) split,
                                       # smaller ones clone
-    prune: str = "none"               # ByteSplat's pruning at densify_until (engine/pruning.py): none, contribution,
+    prune: str = "none"               # ByteSplat's pruning at densify_until (engine/recipe/pruning.py): none, contribution,
                                       # or hardware (then to the fused kernel's budget); its fine-tuning counts
                                       # in the iterations
     prune_fine_tune: int = 10000      # pruning: images of fine-tuning after contribution pruning (I_M)
@@ -170,7 +170,7 @@ class TrainConfig:
     background: tuple = (0.0, 0.0, 0.0)  # the background colour, RGB in [0, 1]
     antialias: bool = False           # Mip-Splatting's 2D filter, compensating the opacity
     visible_adam: bool = False        # Adam updates only the Gaussians the step saw
-    importance_every: int = 0         # BlitzGS (engine/workload.py): score every Gaussian's T * alpha over the
+    importance_every: int = 0         # BlitzGS (engine/recipe/workload.py): score every Gaussian's T * alpha over the
                                       # training views every N steps and at 90% of the run (0: never)
     importance_prune: float = 0.0     # BlitzGS: the importance pass prunes Gaussians whose importance over the
                                       # largest is below this (0: none)
@@ -182,14 +182,14 @@ class TrainConfig:
                                       # under this many pixels (0: none; evaluation renders all; each
                                       # importance pass spares those it would hide from every view)
     appearance: bool = False          # a per-image affine colour correction that the loss sees, for captures
-                                      # whose exposure varies (engine/appearance.py; not for held-out views)
+                                      # whose exposure varies (engine/recipe/appearance.py; not for held-out views)
     lr_appearance: float = 1e-3       # the learning rate of the colour corrections
     step_graphs: str = "on"           # on a GPU, a single process replays each view's step as a CUDA graph
-                                      # (engine/step_graphs.py): one launch where Python queued ~35
+                                      # (engine/pipelines/step_graphs.py): one launch where Python queued ~35
     targets: str = "auto"             # the training images on the GPU: float32, or uint8 (a quarter of the
                                       # memory, rounded to 8 bits: exact for 8-bit images the loader left as
                                       # they were); auto: uint8 where float32 would take over an
-                                      # eighth of the GPU's memory (engine/targets.py)
+                                      # eighth of the GPU's memory (engine/recipe/targets.py)
     snapshot_every: int = 5000        # write OUT/snapshot.h5 every this many steps (0: at the end only)
     log_every: int = 100              # a line of OUT/log.jsonl every this many steps
     save_at: tuple = (7_000, 30_000)  # also write the model at these steps (OUT/point_cloud/iteration_N, as Inria's
@@ -316,13 +316,13 @@ class Trainer(ABC):
     """The recipe and the state that every pipeline shares: the config, the data, one RNG
     (seeded alike on every rank, so ranks draw the same), the step count (in images), the
     views' order, the strategy, and ``store``: where this process's Gaussians (the whole model
-    or its shard) and their strategy state live (``engine.store``: in memory, or out of core).
+    or its shard) and their strategy state live (``engine.stores.memory``: in memory, or out of core).
     ``model`` and ``strategy_state`` are the store's between steps."""
 
     is_root = True  # writes the logs and outputs (rank 0 under MPI)
     batch = 1  # views per step (a batched pipeline sets its batch size)
     time_phases = False  # sync at the phase boundaries (PhaseClock): True every step, False never, None at log steps
-    culls_views = False  # runs the workload switches (engine/workload.py): its step hides what ``workload.cull`` skips
+    culls_views = False  # runs the workload switches (engine/recipe/workload.py): its step hides what ``workload.cull`` skips
     supports_deterministic = False  # trains the same bits at every run of one seed and data (``--deterministic``)
     comm = None  # the MPI ranks it trains over (None: one process)
     # the pipeline options it was made with: each constructor adds its own before ``__init__`` checks them all
@@ -359,7 +359,7 @@ class Trainer(ABC):
         self.train_until = None  # the step where the current ``train`` stops (None: cfg.iterations)
         self.signals = StopSignals()
         # called after every step as hook(trainer, the log record or None), each returning the seconds it
-        # held the loop that are not training (a viewer's pause): engine/viewer.py's LiveView
+        # held the loop that are not training (a viewer's pause): engine/tools/viewer.py's LiveView
         self.step_hooks = []
         self.appearance = None
         if cfg.appearance:
@@ -554,7 +554,7 @@ class Trainer(ABC):
         others.  Collective."""
 
     def view_model(self, most):
-        """The model a viewer shows (``engine/viewer.py``), as ``numbasplat.Gaussians`` on the root
+        """The model a viewer shows (``engine/tools/viewer.py``), as ``numbasplat.Gaussians`` on the root
         rank's device, None on the others: here the whole model, which this process holds.  A
         pipeline over ranks gathers at most ``most`` Gaussians.  Collective."""
         return self.model.gaussians
@@ -835,7 +835,7 @@ class Trainer(ABC):
     # ------------------------------------------------------------------ snapshots
     def save_snapshot(self, path=None):
         """One snapshot whatever the pipeline: the root rank writes the whole state."""
-        from .snapshot import VIEWS_ARRAY, records_array, state_arrays, write_snapshot
+        from engine.tools.snapshot import VIEWS_ARRAY, records_array, state_arrays, write_snapshot
         state = self.gather_state()
         if self.is_root:
             model_state, strategy_state = state
@@ -853,7 +853,7 @@ class Trainer(ABC):
     def load_snapshot(self, path, check_data=True):
         """Continue from a snapshot: the model, the strategy's state, the step, the RNG and the views'
         order, so that the run goes on as if never stopped.  -> its attributes."""
-        from .snapshot import read_snapshot, states_of
+        from engine.tools.snapshot import read_snapshot, states_of
         arrays, attrs = read_snapshot(str(path))
         if check_data:
             self.check_same_data(path, arrays, attrs)
@@ -875,7 +875,7 @@ class Trainer(ABC):
         than this trainer's, saying which image or camera differs.  The views' contents are compared
         (``view_records``), not their path, so the same capture under another path, or a copy, resumes;
         a snapshot from before knows its data by path, names and sizes alone, which must match."""
-        from .snapshot import VIEWS_ARRAY, data_difference, records_of
+        from engine.tools.snapshot import VIEWS_ARRAY, data_difference, records_of
         source = self.data.source
         if VIEWS_ARRAY not in arrays:
             if attrs.get("fingerprint") != path_fingerprint(self.data):
@@ -891,19 +891,19 @@ class Trainer(ABC):
     def data_views(self):
         """``view_records`` of the training views: what a snapshot records of its data (computed once:
         it reads every pixel)."""
-        from .snapshot import view_records
+        from engine.tools.snapshot import view_records
         return view_records(self.data.train)
 
     @property
     def data_fingerprint(self):
         """One string for the training views' contents (``records_fingerprint``): equal data, equal string."""
-        from .snapshot import records_fingerprint
+        from engine.tools.snapshot import records_fingerprint
         return records_fingerprint(self.data_views)
 
 
 def path_fingerprint(dataset):
     """What snapshots before ``view_records`` recorded of their data: its path, image names and sizes."""
-    from .snapshot import dataset_fingerprint
+    from engine.tools.snapshot import dataset_fingerprint
     return dataset_fingerprint([v.name for v in dataset.train], [v.image.shape for v in dataset.train],
                                extra=str(dataset.source))
 

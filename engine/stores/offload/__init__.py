@@ -26,12 +26,12 @@ One step, one view:
 3. where the strategy densifies or resets (``DefaultStrategy.acts_at``), the whole model is
    gathered in host memory, changed, and cut into blocks anew; snapshots gather it likewise.
 
-All of this is one store (``OutOfCoreStore``, ``engine.store``'s interface), which any pipeline may
-own instead of its ``MemoryStore``: the single-process pipeline (``OffloadTrainer`` is
-``engine.single_gpu.SingleGPUTrainer`` with this store), and under MPI each rank's shard, of the
-Gaussian exchange (``engine.gaussian_exchange.OffloadedGaussianExchangeTrainer``: a step's working set is
+All of this is one store (``OutOfCoreStore``, ``engine.stores.memory``'s interface), which any pipeline may
+own instead of its ``MemoryStore``: the single-process pipeline (``engine.pipelines.single_gpu.OffloadTrainer`` is
+``engine.pipelines.single_gpu.SingleGPUTrainer`` with this store), and under MPI each rank's shard, of the
+Gaussian exchange (``engine.pipelines.gaussian_exchange.OffloadedGaussianExchangeTrainer``: a step's working set is
 what any view of its batch sees) or of the pixel exchange
-(``engine.pixel_exchange.OffloadedPixelExchangeTrainer``: the Gaussians of the rank's box that its view of
+(``engine.pipelines.pixel_exchange.OffloadedPixelExchangeTrainer``: the Gaussians of the rank's box that its view of
 the step sees).
 
 The package: ``layout`` (the blocks' index, a row's layout, a working set's rows), ``tiers`` (host
@@ -51,17 +51,15 @@ what the guess missed moves at the step, queued before its kernels.
 """
 from dataclasses import replace
 
-from ..single_gpu import SingleGPUTrainer
 from .cache import BoxesInFlight, DeviceCache
 from .layout import BLOCK_ROWS, BlockIndex, RowLayout, WorkingRows, format_bytes, frustum_part
 from .store import GPU_SHARE, OutOfCoreModel, OutOfCoreStore
 from .tiers import DiskBlocks, HostBlocks, own_memory
 
-__all__ = ["BLOCK_ROWS", "GPU_SHARE", "TOUR_BELOW", "BlockIndex", "BoxesInFlight", "DeviceCache", "DiskBlocks",
-           "HostBlocks", "OffloadTrainer", "OutOfCoreModel", "OutOfCoreStore", "RowLayout", "WorkingRows",
+__all__ = ["BLOCK_ROWS", "GPU_SHARE", "BlockIndex", "BoxesInFlight", "DeviceCache", "DiskBlocks",
+           "HostBlocks", "OutOfCoreModel", "OutOfCoreStore", "RowLayout", "WorkingRows",
            "format_bytes", "frustum_part", "out_of_core", "own_memory"]
 
-TOUR_BELOW = 0.5  # --view-order auto: a tour while the device's pool holds under this share of the blocks
 
 
 def out_of_core(options, mode="host", offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True,
@@ -72,30 +70,3 @@ def out_of_core(options, mode="host", offload_dir=None, host_memory=0, gpu_memor
     options = replace(options, offload=mode, offload_dir=offload_dir, host_memory=host_memory,
                       gpu_memory=gpu_memory)
     return options, OutOfCoreStore(mode, offload_dir, host_memory, gpu_memory, prefetch, block_rows, shard)
-
-
-class OffloadTrainer(SingleGPUTrainer):
-    """The single-process pipeline with its model out of core (``OutOfCoreStore``; see above).
-
-    ``mode``: host or disk; ``offload_dir``, ``host_memory`` (bytes): disk mode's folder and host cache;
-    ``gpu_memory`` (bytes, 0: ``GPU_SHARE`` of the device's free memory, no cap on the CPU backend): the
-    device's pool of blocks and the working sets built from them; ``prefetch``: disk mode reads the next
-    view's blocks ahead on a thread.  BlitzGS's switches are refused (``culls_views``): their
-    per-Gaussian weights and masks would live beside the blocks, not in their rows."""
-    culls_views = False
-    supports_deterministic = False
-
-    def __init__(self, dataset, out_dir, cfg, backend=None, log=print, block_rows=BLOCK_ROWS, mode="host",
-                 offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True):
-        self.options, store = out_of_core(self.options, mode, offload_dir, host_memory, gpu_memory, prefetch,
-                                          block_rows)
-        super().__init__(dataset, out_dir, cfg, backend, log, store=store)
-
-    def epoch_view_order(self):
-        """auto: a tour along the cameras while the device's pool holds under ``TOUR_BELOW`` of the
-        blocks (consecutive views then share most of their blocks, and random views would move most
-        of theirs), else random: a tour's neighbouring views in a row cost quality (2.3 dB on a city
-        whose pool held 85% of the blocks, for no fewer moves: BENCHMARKS.md, "Out-of-core")."""
-        if self.cfg.view_order != "auto":
-            return self.cfg.view_order
-        return "trajectory" if self.store.prefers_tour(TOUR_BELOW) else "random"

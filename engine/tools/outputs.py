@@ -28,7 +28,7 @@ from data.atomic import atomic_path
 CAMERAS_JSON = "cameras.json"
 CFG_ARGS = "cfg_args"
 POINT_CLOUD = "point_cloud"
-SNAPSHOT = "snapshot.h5"  # the trainer's snapshot in OUT (engine/trainer.py writes it)
+SNAPSHOT = "snapshot.h5"  # the trainer's snapshot in OUT (engine/recipe/trainer.py writes it)
 
 
 # what runs write in OUT (globs; SNAPSHOT aside): a folder holding any of them holds a run

@@ -1,7 +1,7 @@
 """The order in which an epoch visits the training views.
 
 ``random``: a permutation drawn from the run's RNG (3DGS).  ``trajectory``: a tour along the cameras,
-so that consecutive views see much of the same scene: out-of-core training (engine/offload.py) then
+so that consecutive views see much of the same scene: out-of-core training (engine/stores/offload.py) then
 moves only the blocks that the next view needs and the last one did not.  The tour is greedy nearest
 neighbour over the cameras' positions (in units of the scene's scale) and viewing directions, from a
 start drawn from the RNG, with every distance scaled by a factor drawn in [1, 1 + ``JITTER``): each

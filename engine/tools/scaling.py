@@ -12,7 +12,7 @@ loss and gradients are real, and with densification off, so every rank count doe
 One rank runs the single-GPU pipeline, or with ``pipeline="gaussian-exchange"`` the batched one
 on one rank (to see what its plan and exchanges cost where nothing crosses ranks); P ranks run
 the Gaussian-exchange one (batch P views): ``engine.pipelines.make_trainer``'s choice for the
-ranks.  The bytes come from engine/traffic.py.  Images per second come from the timed steps, which
+ranks.  The bytes come from engine/pipelines/traffic.py.  Images per second come from the timed steps, which
 do not sync inside; a few more steps are then synced at their phase boundaries for the phase
 table (``trainer.PHASES``, the same names at every P).  Unlike the captures at hand, the
 scenes can be as large as the GPUs hold (the benchmark scenes, the large city): what the scaling
@@ -33,9 +33,9 @@ from numbasplat.bench import peak_device_bytes
 from numbasplat.loss import psnr_of_mse
 
 from . import timeline as timeline_module
-from .pipelines import PipelineOptions, make_trainer
-from .traffic import PIXEL_TILE_BYTES, off_diagonal, pixel_traffic, rank_bytes, step_traffic, view_utilisation
-from .trainer import PHASES
+from engine.pipelines import PipelineOptions, make_trainer
+from engine.pipelines.traffic import PIXEL_TILE_BYTES, off_diagonal, pixel_traffic, rank_bytes, step_traffic, view_utilisation
+from engine.recipe.trainer import PHASES
 
 # NCCL's effective NVLink 4 bandwidth (H100, H200), GB/s per GPU and direction: the 450 GB/s line
 # rate less about 20% protocol overhead, as NCCL's maintainers give it (NVIDIA/nccl-tests issue
@@ -137,9 +137,9 @@ def run(workload, iters=30, warmup=5, comm=None, grad_comm="sparse", transport="
     median is the step's time); then ``iters`` steps run back to back, as in training, where the
     host queues a step while the device still works on the last (their mean: the throughput).
     ``loss``: the training loss (``tile``: the fused kernel on GPUs).  ``timeline``: that many more
-    steps (one rank) under CUPTI (``engine.timeline``): kernels, device busy and idle time, and
+    steps (one rank) under CUPTI (``engine.tools.timeline``): kernels, device busy and idle time, and
     host waits per step; the trace kept at ``timeline_trace``."""
-    from engine.trainer import TrainConfig
+    from engine.recipe.trainer import TrainConfig
     if not isinstance(workload, Workload):
         workload = scene_workload(workload, backend=backend)
     size = comm.Get_size() if comm is not None else 1

@@ -85,7 +85,7 @@ class Context:
 
 
 STATISTICS = ("grad", "count", "max_radius")  # the default strategy's statistics since its last refinement
-IMPORTANCE_WEIGHT = "importance_weight"  # (N,) float32: BlitzGS's densification weight (engine/workload.py)
+IMPORTANCE_WEIGHT = "importance_weight"  # (N,) float32: BlitzGS's densification weight (engine/recipe/workload.py)
 VIEW_SKIP = "view_skip"  # (N, ceil(views / 8)) uint8: bit v (np.packbits' order) set: view v skips the Gaussian
 LOD_SPARE = "lod_spare"  # (N,) uint8: 1 where the LOD gate spares the Gaussian (no training view would train it)
 
@@ -166,7 +166,7 @@ class DefaultStrategy(Regularisers, RefineSchedule):
         """The statistics since the last refinement, per Gaussian: the summed screen-space gradient
         norm ("grad"), the views that saw it ("count") and its largest radius in pixels ("max_radius");
         made (zero) at the first ``after_backward``, when the model's size is known.  The importance
-        pass (engine/workload.py) adds ``IMPORTANCE_WEIGHT``, ``VIEW_SKIP`` and ``LOD_SPARE``, which
+        pass (engine/recipe/workload.py) adds ``IMPORTANCE_WEIGHT``, ``VIEW_SKIP`` and ``LOD_SPARE``, which
         refinements carry."""
         return {}
 
@@ -215,7 +215,7 @@ class DefaultStrategy(Regularisers, RefineSchedule):
             model.reset_moments("opacities")
             done["opacity_reset"] = True
             # every Gaussian now translucent, those hidden behind others show: the views' masks
-            # (engine/workload.py) hold no more, until the pass after the reset makes new ones
+            # (engine/recipe/workload.py) hold no more, until the pass after the reset makes new ones
             state.pop(VIEW_SKIP, None)
         return done
 

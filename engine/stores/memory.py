@@ -11,7 +11,7 @@ strategy state, and asks it explicitly for what a step trains and gives it back:
   evaluation; ``hold(model, state)`` takes a whole model (a start, a refinement's result) instead.
 
 ``MemoryStore`` holds the model in this process's memory: what it checks out is the model itself.
-``engine.offload.OutOfCoreStore`` holds it in host memory or on disk, the device a view's working
+``engine.stores.offload.OutOfCoreStore`` holds it in host memory or on disk, the device a view's working
 set.  Between steps ``model`` is the store's stand-in for the whole (its size, SH bases), which the
 recipe reads; a pipeline never replaces it, only the store's calls change what it holds.
 """

@@ -120,7 +120,7 @@ class GaussianModel:
         self.grads = params.like(self.xp.zeros(params.size, np.float32))
         old = getattr(self, "adam", None)
         self.adam = Adam(params, self.b1, self.b2, backend=self.backend, m=m, v=v)  # (m, v None: zeros)
-        if old is not None:  # the step count, and the device values a step graph reads (engine.step_graphs)
+        if old is not None:  # the step count, and the device values a step graph reads (engine.pipelines.step_graphs)
             self.adam.step_count, self.adam._scalars = old.step_count, old._scalars
 
     def __len__(self):

@@ -10,8 +10,8 @@ from numbasplat import backend as _backend
 from numbasplat.loss import psnr_of_mse
 from numbasplat.rendering import tiles_squared_error
 
-from .model import GaussianModel
-from .trainer import Trainer
+from engine.recipe.model import GaussianModel
+from engine.recipe.trainer import Trainer
 
 
 def select_device(comm):
@@ -69,7 +69,7 @@ class RankedTrainer(Trainer):
     def __init__(self, dataset, out_dir, cfg, comm, backend=None, log=print, transport="auto", store=None):
         """``transport``: how device buffers cross ranks (``comm.alltoallv``): "auto" (a CUDA-aware MPI,
         else NCCL when every rank has its own GPU, else staged through host memory), "cuda", "nccl", "host".
-        ``store``: where this rank's shard lives (default: in memory; ``engine.store``)."""
+        ``store``: where this rank's shard lives (default: in memory; ``engine.stores.memory``)."""
         from comm import Exchange
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()

@@ -77,7 +77,7 @@ def check(cfg, options, comm=None, pipeline=None, live_view=False):
     the ranks of ``comm`` (None: one process) cannot do with the recipe ``cfg``.  ``pipeline``: the
     ``Trainer`` class where it is known (its constructor), for what depends on the class itself
     (``supports_deterministic``, ``culls_views``).  ``live_view``: a browser viewer is to follow
-    the training (``engine.viewer.live_viewer``)."""
+    the training (``engine.tools.viewer.live_viewer``)."""
     ranked = comm is not None
     offload = options.offload
     out_of_core = offload != "none"

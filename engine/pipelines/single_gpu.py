@@ -15,9 +15,10 @@ from numbasplat.device import DeviceValues, pinned_empty, queue_to_host, stream_
 from numbasplat.loss import psnr
 from numbasplat.rendering import INT32_MAX
 
-from .model import GROUPS, GaussianModel
+from engine.recipe.model import GROUPS, GaussianModel
 from .step_graphs import StepGraphs, array_key
-from .trainer import PhaseClock, Trainer
+from engine.recipe.trainer import PhaseClock, Trainer
+from engine.stores.offload import BLOCK_ROWS, out_of_core
 
 
 class BinningRoom:
@@ -75,7 +76,7 @@ class BinningRoom:
         self.held = {view: [total, then, self.HOLD_VISITS] for view, (total, then) in self.last.items()}
 
     def fits(self, view, gaussians, room):
-        """Whether ``room`` slots (a step graph's: ``engine.step_graphs``) still hold the intersections
+        """Whether ``room`` slots (a step graph's: ``engine.pipelines.step_graphs``) still hold the intersections
         ``expected`` with half the margin and ``SLACK`` to spare (the whole margin would capture the
         graph again at nearly every binning, none would leave more steps skipped)."""
         total = self.expected(view, gaussians)
@@ -135,7 +136,7 @@ class SingleGPUTrainer(Trainer):
     supports_deterministic = True  # (``pipeline_options.check``)
     binning_room = None  # bin into kept room (``BinningRoom``)? None: on GPUs; True: always (tests); False: never
     _room = None
-    _graphs = None       # the step graphs (``engine.step_graphs``), once a step may use them
+    _graphs = None       # the step graphs (``engine.pipelines.step_graphs``), once a step may use them
     _random_bg = None    # with ``random_background`` and step graphs: the device values each step's is written to
 
     def _room_for(self, view, model):
@@ -193,7 +194,7 @@ class SingleGPUTrainer(Trainer):
 
     def train_step(self):
         """The host's part of the step around its device work (``_device_step``), which a step graph
-        captures and replays (``engine.step_graphs``) where ``_graphs_now`` allows: the view's model
+        captures and replays (``engine.pipelines.step_graphs``) where ``_graphs_now`` allows: the view's model
         checked out of the store (the model itself in memory; out of core, the view's working set) and
         checked in after Adam, the strategy's refinement on the whole model."""
         strategy = self.strategy
@@ -317,3 +318,33 @@ class SingleGPUTrainer(Trainer):
         if image is None:
             image = self.view_image(self.whole_model().gaussians, self.data.train[i].camera)
         return psnr(image, self.targets[i])
+
+
+TOUR_BELOW = 0.5  # --view-order auto: a tour while the device's pool holds under this share of the blocks
+
+
+class OffloadTrainer(SingleGPUTrainer):
+    """The single-process pipeline with its model out of core (``OutOfCoreStore``; see above).
+
+    ``mode``: host or disk; ``offload_dir``, ``host_memory`` (bytes): disk mode's folder and host cache;
+    ``gpu_memory`` (bytes, 0: ``GPU_SHARE`` of the device's free memory, no cap on the CPU backend): the
+    device's pool of blocks and the working sets built from them; ``prefetch``: disk mode reads the next
+    view's blocks ahead on a thread.  BlitzGS's switches are refused (``culls_views``): their
+    per-Gaussian weights and masks would live beside the blocks, not in their rows."""
+    culls_views = False
+    supports_deterministic = False
+
+    def __init__(self, dataset, out_dir, cfg, backend=None, log=print, block_rows=BLOCK_ROWS, mode="host",
+                 offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True):
+        self.options, store = out_of_core(self.options, mode, offload_dir, host_memory, gpu_memory, prefetch,
+                                          block_rows)
+        super().__init__(dataset, out_dir, cfg, backend, log, store=store)
+
+    def epoch_view_order(self):
+        """auto: a tour along the cameras while the device's pool holds under ``TOUR_BELOW`` of the
+        blocks (consecutive views then share most of their blocks, and random views would move most
+        of theirs), else random: a tour's neighbouring views in a row cost quality (2.3 dB on a city
+        whose pool held 85% of the blocks, for no fewer moves: BENCHMARKS.md, "Out-of-core")."""
+        if self.cfg.view_order != "auto":
+            return self.cfg.view_order
+        return "trajectory" if self.store.prefers_tour(TOUR_BELOW) else "random"

@@ -11,7 +11,7 @@ from numbasplat import device
 from numbasplat.optim import adam_step_bound
 from numbasplat.rows import pool_rows, reach_boxes
 
-from ..partition import REACH
+from engine.pipelines.partition import REACH
 
 class DeviceCache:
     """The blocks resident on the device: one pool of ``slots`` slots of ``block_rows`` rows

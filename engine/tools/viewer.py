@@ -45,7 +45,7 @@ from numbasplat import C0
 from numbasplat import backend as _backend
 
 from .outputs import MissingExtra, install_hint
-from .pipeline_options import check
+from engine.pipelines.options import check
 
 RENDER_MODES = ("rgb", "depth", "alpha", "centres")
 MODE_LABELS = {"rgb": "RGB", "depth": "depth", "alpha": "alpha", "centres": "Gaussian centres"}

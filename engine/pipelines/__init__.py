@@ -1,6 +1,6 @@
 """The one place that chooses a pipeline: ``make_trainer`` makes the ``Trainer`` that the
 ``PipelineOptions`` and the ranks at hand ask for, after ``check`` (both in
-engine/pipeline_options.py, which the pipelines import, and exported here).
+engine/pipelines/options.py, which the pipelines import, and exported here).
 
 A run may hand over from one pipeline to another, through the snapshot that the first one's stop
 writes, as ``--resume`` would (``handed_over``): ``--exchange auto`` chooses the exchange that moves
@@ -8,14 +8,14 @@ fewer bytes (``choose_exchange``) at the start and again where densification cha
 (``train_choosing_exchange``), and ``--polish-steps`` trains the last steps with the Gaussian-level
 exchange (``polish_in_render_order``).  ``train_handing_over`` runs both, as ``run.py train`` does.
 
-The command line (cli/train.py), ``run.py scaling`` (engine/scaling.py) and ``run.py evaluate``
+The command line (cli/train.py), ``run.py scaling`` (engine/tools/scaling.py) and ``run.py evaluate``
 make their trainers here; the pipeline modules are imported when one is made, so that a run in
 one process loads no MPI.
 """
 from dataclasses import replace
 
-from .outputs import SNAPSHOT
-from .pipeline_options import PipelineOptions, check
+from engine.tools.outputs import SNAPSHOT
+from .options import PipelineOptions, check
 
 __all__ = ["PipelineOptions", "check", "make_trainer", "choose_exchange", "exchange_decision_steps",
            "train_choosing_exchange", "polish_in_render_order", "train_handing_over"]
@@ -40,7 +40,7 @@ def make_trainer(data, out, cfg, options, comm=None, backend=None, log=print):
                     gpu_memory=options.gpu_memory or 0)
     if comm is None:
         if out_of_core:
-            from .offload import OffloadTrainer
+            from .single_gpu import OffloadTrainer
             return OffloadTrainer(data, out, cfg, **made)
         from .single_gpu import SingleGPUTrainer
         return SingleGPUTrainer(data, out, cfg, **made)
@@ -61,7 +61,7 @@ def make_trainer(data, out, cfg, options, comm=None, backend=None, log=print):
 
 def choose_exchange(data, cfg, comm, trainer=None):
     """``--exchange auto``: the exchange that moves fewer bytes per image at this many ranks, measured on
-    the root (engine/traffic.py's ``exchange_bytes``) from the starting model, or from ``trainer``'s
+    the root (engine/pipelines/traffic.py's ``exchange_bytes``) from the starting model, or from ``trainer``'s
     model as it is (collective), and said in one line; one process: none to choose."""
     if comm is None:
         return "gaussian"

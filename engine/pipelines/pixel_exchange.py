@@ -56,7 +56,7 @@ interleave along a ray and blend in box order instead.  Traffic grows with the p
 Gaussians in view.
 
 ``OffloadedPixelExchangeTrainer`` (``--offload`` with ``--exchange pixel``) holds each rank's
-Gaussians out of core (``engine.offload``), the device the working set of its view of the step.
+Gaussians out of core (``engine.stores.offload``), the device the working set of its view of the step.
 """
 
 from collections import deque
@@ -75,11 +75,11 @@ from numbasplat.rendering import image_from_tiles, image_tiles
 
 from .distributed import RankedTrainer, even_bounds
 from .gaussian_exchange import halo_ranges
-from .model import GaussianModel
-from .offload import BLOCK_ROWS, out_of_core
-from .camera_path import centres
+from engine.recipe.model import GaussianModel
+from engine.stores.offload import BLOCK_ROWS, out_of_core
+from engine.tools.camera_path import centres
 from .partition import GROW_PX, SpatialPartition, cluster_boxes, visible_regions
-from .trainer import PhaseClock, crossed
+from engine.recipe.trainer import PhaseClock, crossed
 
 REBALANCE = 1.1  # rebuild the tree after densification when the largest rank holds over this x the mean
 SETTLE_EVERY = 100  # with steps rendered ahead: the pipeline empties (and migrates) every this many images
@@ -288,7 +288,7 @@ class PixelExchangeTrainer(RankedTrainer):
         whose participants are disjoint in the same step (``consolidate``); else one view a step.
         ``batch_size``: the views in flight, B buckets a step (default 1).  ``render_ahead``: the steps
         rendered before this one's pixels travel, their gradients as many steps stale (see
-        ``train_step``).  ``store``: where the rank's Gaussians live (default: in memory; ``engine.store``)."""
+        ``train_step``).  ``store``: where the rank's Gaussians live (default: in memory; ``engine.stores.memory``)."""
         self.batch = batch_size or 1
         self.options = replace(self.options, exchange="pixel", batch_size=batch_size, render_ahead=render_ahead,
                                saturation="on" if saturation else "off",
@@ -703,7 +703,7 @@ class PixelExchangeTrainer(RankedTrainer):
 
 class OffloadedPixelExchangeTrainer(PixelExchangeTrainer):
     """The pipeline above with each rank's Gaussians out of core (``--offload`` with ``--exchange
-    pixel`` under ``mpiexec``): its store an ``engine.offload.OutOfCoreStore``, the rank's box's
+    pixel`` under ``mpiexec``): its store an ``engine.stores.offload.OutOfCoreStore``, the rank's box's
     Gaussians in blocks in host memory or on disk, the device holding the blocks that its view of the
     step sees.  A step renders, back-propagates and updates that working set (visible-only Adam);
     Gaussians that left the box can only be among its rows, so only they are checked, and where any

@@ -1,4 +1,4 @@
-"""The model out of core as a pipeline's store (``engine.store``): its blocks' tiers, the device's
+"""The model out of core as a pipeline's store (``engine.stores.memory``): its blocks' tiers, the device's
 pool, and the working set of the views that a step trains (``OutOfCoreStore``)."""
 import resource
 
@@ -7,7 +7,7 @@ import numpy as np
 from numbasplat import backend as _backend
 from numbasplat import device
 
-from ..strategy import BYTES_PER_GAUSSIAN
+from engine.recipe.strategy import BYTES_PER_GAUSSIAN
 from .cache import BoxesInFlight, DeviceCache
 from .layout import BLOCK_ROWS, BlockIndex, RowLayout, WorkingRows, format_bytes, frustum_part
 from .tiers import DiskBlocks, HostBlocks
@@ -36,7 +36,7 @@ class OutOfCoreModel:
 
 class OutOfCoreStore:
     """The Gaussians out of the device (``--offload host|disk``), the device a step's working set:
-    a store (``engine.store``) for any pipeline, the whole model of one process or a rank's shard.
+    a store (``engine.stores.memory``) for any pipeline, the whole model of one process or a rank's shard.
 
     ``mode``: host or disk; ``offload_dir``, ``host_memory`` (bytes): disk mode's folder and host
     cache; ``gpu_memory`` (bytes, 0: ``GPU_SHARE`` of the device's free memory, no cap on the CPU
