@@ -408,7 +408,8 @@ def _raster_backward(fixed, carry):
     name = "_raster_backward" + ("_fixed" if fixed else "") + ("_carry" if carry else "") + "_kernel"
     kernel_fn.__name__ = kernel_fn.__qualname__ = name  # (its PTX cache key and its KERNELS entry)
     return kernel(F2, I1, I2, "int64", "int64", "int64", F1, F2, I2, F3, F2, F2, F1, L1, F1, F3, fastmath=True,
-                  max_registers=48 if carry else None)(kernel_fn)  # (carry: 56 otherwise, 47 under it, no spills)
+                  max_registers=48 if carry and not fixed else None)(kernel_fn)
+    # (the carry kernel: 56 registers otherwise, 47 under the cap, no spills; the fixed one needs 47 uncapped)
 
 
 _raster_backward_kernel = _raster_backward(False, False)
