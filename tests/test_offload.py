@@ -509,15 +509,19 @@ def test_a_view_larger_than_the_device_trains_in_chunks_as_the_whole_working_set
 def test_a_device_cap_too_small_for_a_block_stops_with_the_size_it_needs(dataset, tmp_path):
     t = trained_until(dataset, tmp_path / "out", 10, gpu_memory=16 * (72 * 4 + 1500))  # no slot beside the index
     before = snapshot_bytes(tmp_path / "out")
-    with pytest.raises(ValueError, match=r"--gpu-memory 0 B is too small for view view[0-9]+\.png: a chunk of "
-                                         r"its working set \(a block's rows\) \(400 Gaussians in 25 blocks\) "
-                                         r"needs 34\.2 KiB; give --gpu-memory 34\.2 KiB or more"):
+    with pytest.raises(ValueError, match=r"--gpu-memory 27\.9 KiB is too small for view view[0-9]+\.png: its "
+                                         r"working set \(400 Gaussians in 25 blocks\), trained in depth-ordered "
+                                         r"chunks, needs room for one block of 16 Gaussians beside the index, "
+                                         r"34\.2 KiB; give --gpu-memory 34\.2 KiB or more"):
         t.train(progress=False)
     assert snapshot_bytes(tmp_path / "out") == before
 
 
-def _old_test_a_device_cap_too_small_for_a_view_stops_with_the_size_it_needs(dataset, tmp_path):
+def test_a_store_without_chunked_views_refuses_a_view_too_large_with_the_size_it_needs(dataset, tmp_path):
+    """A store whose pipeline trains no chunked views (an MPI rank's shard) refuses a view larger than its
+    pool, naming the cap its whole working set needs."""
     t = trained_until(dataset, tmp_path / "out", 10, gpu_memory=2 * 16 * (72 * 4 + 1500))  # 2 slots (less the index: 1)
+    t.store.chunked_views = False
     before = snapshot_bytes(tmp_path / "out")
     with pytest.raises(ValueError, match=r"--gpu-memory 55\.9 KiB is too small for view view[0-9]+\.png: its "
                                          r"working set \(400 Gaussians in 25 blocks\) needs 704\.7 KiB; give "

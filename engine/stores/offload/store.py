@@ -307,10 +307,12 @@ class OutOfCoreStore:
                 return self._chunked(views[0], blocks)
             have = self.gpu_memory or self.cache.slots * self._slot_bytes()
             names = ("view " if len(views) == 1 else "views ") + ", ".join(self.views[i].name for i in views)
-            what = "a chunk of its working set (a block's rows)" if chunked else "its working set"
-            raise ValueError(f"--gpu-memory {format_bytes(have)} is too small for {names}: {what} "
-                             f"({int(self.index.sizes[blocks].sum()):,} Gaussians in {len(blocks)} blocks) needs "
-                             f"{format_bytes(need)}; give --gpu-memory {format_bytes(need)} or more")
+            seen = f"({int(self.index.sizes[blocks].sum()):,} Gaussians in {len(blocks)} blocks)"
+            what = (f"its working set {seen}, trained in depth-ordered chunks, needs room for one block of "
+                    f"{self.block_rows:,} Gaussians beside the index, {format_bytes(need)}" if chunked
+                    else f"its working set {seen} needs {format_bytes(need)}")
+            raise ValueError(f"--gpu-memory {format_bytes(have)} is too small for {names}: {what}; give "
+                             f"--gpu-memory {format_bytes(need)} or more")
         self.cache.fetch(blocks, self.index, self.host)
         slots = self.cache.slot[blocks]
         last = self._rows
