@@ -483,7 +483,8 @@ def test_the_part_of_a_model_a_frustum_holds_renders_as_the_whole(dataset):
     np.testing.assert_array_equal(render_image(part, camera, backend="cpu"), render_image(whole, camera, backend="cpu"))
 
 
-def test_a_view_larger_than_the_device_trains_in_chunks_as_the_whole_working_set(dataset, tmp_path):
+@pytest.mark.parametrize("mode", ["host", "disk"])
+def test_a_view_larger_than_the_device_trains_in_chunks_as_the_whole_working_set(dataset, tmp_path, mode):
     """A cap of 3 block slots (48 rows) for views that see all 25 blocks (400 Gaussians, then more, and
     the index more of the cap): each view is trained in depth-ordered chunks of at most 48 rows, rendered front to back with the
     pixels' state carried and back-propagated back to front, each chunk's rows stepped by Adam and
@@ -492,7 +493,9 @@ def test_a_view_larger_than_the_device_trains_in_chunks_as_the_whole_working_set
     cfg = lambda: offload_config(iterations=30, sh_degree=1)  # noqa: E731
     roomy = fast_refine(OffloadTrainer(dataset, tmp_path / "roomy", cfg(), backend="cpu", block_rows=16))
     tight = fast_refine(OffloadTrainer(dataset, tmp_path / "tight", cfg(), backend="cpu", block_rows=16,
-                                       gpu_memory=3 * 16 * (72 * 4 + 1500) + 16 * 400))  # 3 slots, the index
+                                       gpu_memory=3 * 16 * (72 * 4 + 1500) + 16 * 400,  # 3 slots, the index
+                                       **({} if mode == "host" else dict(mode="disk", offload_dir=tmp_path / "d",
+                                                                         host_memory=8 * 16 * 72 * 4))))
     roomy.train(progress=False)
     tight.train(progress=False)
     assert roomy.store.chunked_steps == 0 and tight.store.chunked_steps == 30
