@@ -108,25 +108,54 @@ def render_chunked(g: Gaussians, camera: Camera, chunks, sh_degree=None, backgro
     degree = g.sh_degree() if sh_degree is None else int(sh_degree)
     if not chunks:
         raise ValueError("render_chunked: no chunks (depth_chunks gives at least one)")
+    frame = chunked_frame(camera, chunks, degree, antialias, deterministic, keep, backend)
     state = front_state(camera, backend)
-    H, W = camera.height, camera.width
-    ended = xp.full((H, W), len(chunks), np.int32)
-    stop = xp.zeros((H, W), np.int32)
-    frames = [] if keep else None
-    r = None
     for k, idx in enumerate(chunks):
         p = project(g.take(idx), camera, degree, antialias, backend, check=False)
         b = bin_tiles(p, backend, deterministic=deterministic)
-        was_done = state[5] != 0
-        r = rasterize(p, b, background, backend, state=state)
-        ends_here = (state[5] != 0) & ~was_done
-        ended = xp.where(ends_here, np.int32(k), ended)
-        stop = xp.where(ends_here, r.last, stop)
-        if keep:
-            frames.append(Frame(p, b, r))
-    render = Render(r.image, r.trans, r.depth, stop, r.background)
-    return ChunkedFrame(camera, list(chunks), render, ended, stop, degree, bool(antialias), bool(deterministic),
-                        frames)
+        rasterize_chunk(frame, k, p, b, state, background, backend)
+    return frame
+
+
+def chunked_frame(camera: Camera, chunks, sh_degree, antialias=False, deterministic=False, keep=False,
+                  backend=None):
+    """An empty ``ChunkedFrame`` of ``camera``'s view in ``chunks`` (``depth_chunks``'s, or any list
+    of that many chunks), to fill with ``rasterize_chunk`` front to back (its ``render`` is the
+    view's once the last chunk is in).  For a caller that holds one chunk's Gaussians at a time
+    (the out-of-core trainer) and projects and bins them itself."""
+    _, xp = _dispatch(backend)
+    H, W = camera.height, camera.width
+    return ChunkedFrame(camera, list(chunks), None, xp.full((H, W), len(chunks), np.int32),
+                        xp.zeros((H, W), np.int32), int(sh_degree), bool(antialias), bool(deterministic),
+                        [] if keep else None)
+
+
+def rasterize_chunk(frame: ChunkedFrame, k, p, b, state, background=None, backend=None):
+    """Chunk ``k``'s part of a chunked forward render (``p``, ``b``: its Gaussians projected and
+    binned), each pixel starting from ``state`` (``front_state``, then what the chunk in front
+    left: updated in place); records where pixels ended in ``frame``.  -> the chunk's ``Render``."""
+    _, xp = _dispatch(backend)
+    was_done = state[5] != 0
+    r = rasterize(p, b, background, backend, state=state)
+    ends_here = (state[5] != 0) & ~was_done
+    frame.ended = xp.where(ends_here, np.int32(k), frame.ended)
+    frame.stop = xp.where(ends_here, r.last, frame.stop)
+    if frame.frames is not None:
+        frame.frames.append(Frame(p, b, r))
+    frame.render = Render(r.image, r.trans, r.depth, frame.stop, r.background)
+    return r
+
+
+def rasterize_chunk_backward(frame: ChunkedFrame, k, p, b, d_image, state, d_depth=None, render=None,
+                             backend=None):
+    """Chunk ``k``'s part of a chunked backward (``p``, ``b``: its Gaussians projected and binned
+    as the forward did), each pixel starting from ``state`` (``behind_state`` of ``frame.render``,
+    then what the chunk behind left: updated in place).  ``render``: the render whose ``trans``
+    the raster backward reads (default the view's).  -> the chunk's screen-space gradients."""
+    r = frame.render if render is None else render
+    last = chunk_last(frame, k, b.ranges, backend)
+    return rasterize_backward(p, b, Render(None, r.trans, None, last, frame.render.background), d_image, None,
+                              d_depth, backend=backend, deterministic=frame.deterministic, state=state)
 
 
 _PIXEL_TILES = {}
@@ -179,9 +208,7 @@ def render_chunked_backward(g: Gaussians, frame: ChunkedFrame, d_image, d_alpha=
             p = project(rows, frame.camera, frame.sh_degree, frame.antialias, backend, check=False)
             b = bin_tiles(p, backend, deterministic=frame.deterministic)
             r = frame.render
-        last = chunk_last(frame, k, b.ranges, backend)
-        grad = rasterize_backward(p, b, Render(None, r.trans, None, last, frame.render.background), d_image,
-                                  None, d_depth, backend=backend, deterministic=frame.deterministic, state=state)
+        grad = rasterize_chunk_backward(frame, k, p, b, d_image, state, d_depth, r, backend)
         if records is not None:
             records[idx] += grad
         part = project_backward(rows, p, grad, backend=backend)

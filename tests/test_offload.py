@@ -483,8 +483,48 @@ def test_the_part_of_a_model_a_frustum_holds_renders_as_the_whole(dataset):
     np.testing.assert_array_equal(render_image(part, camera, backend="cpu"), render_image(whole, camera, backend="cpu"))
 
 
-def test_a_device_cap_too_small_for_a_view_stops_with_the_size_it_needs(dataset, tmp_path):
+@pytest.mark.parametrize("mode", ["host", "disk"])
+def test_a_view_larger_than_the_device_trains_in_chunks_as_the_whole_working_set(dataset, tmp_path, mode):
+    """A cap of 3 block slots (48 rows) for views that see all 25 blocks (400 Gaussians, then more, and
+    the index more of the cap): each view is trained in depth-ordered chunks of at most 48 rows, rendered front to back with the
+    pixels' state carried and back-propagated back to front, each chunk's rows stepped by Adam and
+    checked in; after steps with densification and an opacity reset the model equals the run whose
+    device holds every block (the unchunked out-of-core step)."""
+    cfg = lambda: offload_config(iterations=30, sh_degree=1)  # noqa: E731
+    roomy = fast_refine(OffloadTrainer(dataset, tmp_path / "roomy", cfg(), backend="cpu", block_rows=16))
+    tight = fast_refine(OffloadTrainer(dataset, tmp_path / "tight", cfg(), backend="cpu", block_rows=16,
+                                       gpu_memory=3 * 16 * (72 * 4 + 1500) + 16 * 400,  # 3 slots, the index
+                                       **({} if mode == "host" else dict(mode="disk", offload_dir=tmp_path / "d",
+                                                                         host_memory=8 * 16 * 72 * 4))))
+    roomy.train(progress=False)
+    tight.train(progress=False)
+    assert roomy.store.chunked_steps == 0 and tight.store.chunked_steps == 30
+    assert tight.stats["resident_gaussians"] == 16 * tight.store.cache.slots <= 48  # (the index grew with the model)
+    a, b = roomy.whole_model(), tight.whole_model()
+    assert len(a) == len(b) != 400, "densification did not run"
+    for w in ("params", "m", "v"):
+        x, y = a.host_arrays(w), b.host_arrays(w)
+        for g in GROUPS:
+            np.testing.assert_allclose(y[g], x[g], rtol=1e-5, atol=1e-7, err_msg=f"{w} {g}")
+    assert a.adam.step_count == b.adam.step_count == 30
+
+
+def test_a_device_cap_too_small_for_a_block_stops_with_the_size_it_needs(dataset, tmp_path):
+    t = trained_until(dataset, tmp_path / "out", 10, gpu_memory=16 * (72 * 4 + 1500))  # no slot beside the index
+    before = snapshot_bytes(tmp_path / "out")
+    with pytest.raises(ValueError, match=r"--gpu-memory 27\.9 KiB is too small for view view[0-9]+\.png: its "
+                                         r"working set \(400 Gaussians in 25 blocks\), trained in depth-ordered "
+                                         r"chunks, needs room for one block of 16 Gaussians beside the index, "
+                                         r"34\.2 KiB; give --gpu-memory 34\.2 KiB or more"):
+        t.train(progress=False)
+    assert snapshot_bytes(tmp_path / "out") == before
+
+
+def test_a_store_without_chunked_views_refuses_a_view_too_large_with_the_size_it_needs(dataset, tmp_path):
+    """A store whose pipeline trains no chunked views (an MPI rank's shard) refuses a view larger than its
+    pool, naming the cap its whole working set needs."""
     t = trained_until(dataset, tmp_path / "out", 10, gpu_memory=2 * 16 * (72 * 4 + 1500))  # 2 slots (less the index: 1)
+    t.store.chunked_views = False
     before = snapshot_bytes(tmp_path / "out")
     with pytest.raises(ValueError, match=r"--gpu-memory 55\.9 KiB is too small for view view[0-9]+\.png: its "
                                          r"working set \(400 Gaussians in 25 blocks\) needs 704\.7 KiB; give "

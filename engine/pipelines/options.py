@@ -137,7 +137,9 @@ def _check_out_of_core(cfg, options, ranked):
     if cfg.strategy != "default":  # (MCMC moves every Gaussian every step: every block, every step)
         raise ValueError(f"--offload {mode} densifies with the default strategy, for now")
     if cfg.loss != "global" or cfg.appearance or cfg.prune != "none":
-        raise ValueError(f"--offload {mode} trains with --loss global, without --appearance or --prune, for now")
+        raise ValueError(f"--offload {mode} trains with --loss global, without --appearance or --prune, for now "
+                         "(a view larger than --gpu-memory trains in depth-ordered chunks, and the tile loss's "
+                         "fused kernel and the colour correction need the whole image at once)")
     if mode == "disk" and not options.offload_dir:
         raise ValueError("--offload disk needs --offload-dir PATH (where the blocks' files go)")
     if mode == "disk" and not host_memory:

@@ -11,9 +11,10 @@ import numpy as np
 
 import numbasplat as ns
 from numbasplat import backend as _backend
+from numbasplat.chunks import chunked_frame, rasterize_chunk, rasterize_chunk_backward
 from numbasplat.device import DeviceValues, pinned_empty, queue_to_host, stream_event
 from numbasplat.loss import psnr
-from numbasplat.rendering import INT32_MAX
+from numbasplat.rendering import INT32_MAX, behind_state, front_state
 
 from engine.recipe.model import GROUPS, GaussianModel
 from .step_graphs import StepGraphs, array_key
@@ -330,7 +331,10 @@ class OffloadTrainer(SingleGPUTrainer):
     ``gpu_memory`` (bytes, 0: ``GPU_SHARE`` of the device's free memory, no cap on the CPU backend): the
     device's pool of blocks and the working sets built from them; ``prefetch``: disk mode reads the next
     view's blocks ahead on a thread.  BlitzGS's switches are refused (``culls_views``): their
-    per-Gaussian weights and masks would live beside the blocks, not in their rows."""
+    per-Gaussian weights and masks would live beside the blocks, not in their rows.
+
+    A view whose working set is larger than the device's pool is trained in depth-ordered chunks of
+    its rows (``_chunked_step``; the store's ``ChunkedView``): the same step, in a chunk's memory."""
     culls_views = False
     supports_deterministic = False
 
@@ -338,7 +342,45 @@ class OffloadTrainer(SingleGPUTrainer):
                  offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True):
         self.options, store = out_of_core(self.options, mode, offload_dir, host_memory, gpu_memory, prefetch,
                                           block_rows)
+        store.chunked_views = True
         super().__init__(dataset, out_dir, cfg, backend, log, store=store)
+
+    def _device_step(self, model, state, i, bg, degree, room, roomed, clock):
+        if getattr(model, "chunked", False):
+            return self._chunked_step(model, i, bg, degree, clock)
+        return super()._device_step(model, state, i, bg, degree, room, roomed, clock)
+
+    def _chunked_step(self, view, i, bg, degree, clock):
+        """View ``i``'s step in depth-ordered chunks (``view``: the store's ``ChunkedView``), the step body
+        of ``_device_step`` a chunk at a time: each chunk checked out, projected, binned and rasterized
+        front to back with each pixel's state carried (``numbasplat.chunks``); the loss of the whole
+        image; then back to front, each chunk checked out again, its raster backward from the state the
+        chunks behind left, ``owner_backward``, visible-only Adam on its rows, checked in.  Equal to the
+        unchunked step: each Gaussian is in one chunk, its gradient whole when its chunk's backward ran.
+        -> (the render, the loss, None)."""
+        camera, backend = self.data.train[i].camera, self.backend
+        chunks = view.depth_chunks(camera, self.cfg.antialias)
+        frame = chunked_frame(camera, chunks, degree, self.cfg.antialias, backend=backend)
+        pixels = front_state(camera, backend)
+        for k in range(len(chunks)):
+            model, state = view.checkout(k)
+            p = self.project_view(model, state, i, degree)
+            rasterize_chunk(frame, k, p, ns.bin_tiles(p, backend=backend), pixels, bg, backend)
+        clock.end("render")
+        image = frame.image
+        loss, d_img = self.view_loss(image, self.targets[i])
+        clock.end("loss")
+        pixels = behind_state(frame.render, None, backend)
+        for k in range(len(chunks) - 1, -1, -1):
+            model, state = view.checkout(k)
+            p = self.project_view(model, state, i, degree)
+            grad = rasterize_chunk_backward(frame, k, p, ns.bin_tiles(p, backend=backend), d_img, pixels,
+                                            backend=backend)
+            visible = self.owner_backward(model, state, [p], [grad])
+            model.adam.update(model.grads.data, visible)
+            view.checkin(k, model, state)
+        clock.end("owner")
+        return image, loss, None
 
     def epoch_view_order(self):
         """auto: a tour along the cameras while the device's pool holds under ``TOUR_BELOW`` of the

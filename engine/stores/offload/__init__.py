@@ -23,6 +23,8 @@ One step, one view:
    with the whole model's step count; its rows go back to the pool, and its blocks' boxes are
    recomputed there (one kernel) for the host's culling, which reads them a step late
    (``BoxesInFlight``: the host queues the next step without waiting for this one);
+   A view whose blocks outnumber the pool's slots is trained in depth-ordered chunks of the pool's rows
+   instead (``chunked``: ``ChunkedView``; ``OffloadTrainer`` only, other pipelines refuse it);
 3. where the strategy densifies or resets (``DefaultStrategy.acts_at``), the whole model is
    gathered in host memory, changed, and cut into blocks anew; snapshots gather it likewise.
 
@@ -35,7 +37,8 @@ what any view of its batch sees) or of the pixel exchange
 the step sees).
 
 The package: ``layout`` (the blocks' index, a row's layout, a working set's rows), ``tiers`` (host
-memory, disk), ``cache`` (the device's pool of blocks, the boxes in flight), ``store`` (the store).
+memory, disk), ``cache`` (the device's pool of blocks, the boxes in flight), ``chunked`` (a view in
+chunks), ``store`` (the store).
 
 Rows keep the in-memory model's order, so the working set binned and sorted on the device ties as
 the whole model would, and the strategy's random draws fall on the same Gaussians: offloaded

@@ -130,6 +130,16 @@ class DeviceCache:
         self.dirty.clear()
         self.settle()
 
+    def release_all(self):
+        """Every block out of the pool, none written back (``flush`` first): its rows are free for other use
+        (a chunked view's rows)."""
+        self.settle()
+        self.slot[:] = -1
+        self.free = list(range(self.slots))[::-1]
+        self.lru.clear()
+        self.dirty.clear()
+        self.incoming.clear()
+
     def settle(self):
         """Wait for every copy and kernel queued: the pool and the host's tables are then as the
         moves left them (before either is read on the host or freed)."""

@@ -8,7 +8,11 @@ from numbasplat import backend as _backend
 from numbasplat import device
 
 from engine.recipe.strategy import BYTES_PER_GAUSSIAN
+from numbasplat.rows import reach_boxes
+
+from engine.pipelines.partition import REACH
 from .cache import BoxesInFlight, DeviceCache
+from .chunked import ChunkedView
 from .layout import BLOCK_ROWS, BlockIndex, RowLayout, WorkingRows, format_bytes, frustum_part
 from .tiers import DiskBlocks, HostBlocks
 
@@ -46,6 +50,8 @@ class OutOfCoreStore:
     view's frustum, not the store's own rows)."""
 
     out_of_core = True
+    chunked_views = False  # a view larger than the pool is checked out in chunks (``ChunkedView``): set by a
+    # pipeline whose step trains them (``OffloadTrainer``); else such a view is refused
     home = "cpu"  # a model to hold is made in host memory, then cut into blocks
 
     def __init__(self, mode="host", offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True,
@@ -72,6 +78,7 @@ class OutOfCoreStore:
         self._rows = None  # the last working set's ``WorkingRows``, reused while its blocks and slots are unchanged
         self._working = None  # (its ``_rows``, the model it trained, its statistics): the next step's if still current
         self._in_pool = None  # the working set checked out (None: the step trains none of this store's rows)
+        self.chunked_steps = 0  # the steps that trained a view in chunks (``ChunkedView``)
         self.wait_s = 0.0  # the kernels' stream's time on the steps' moves (``DeviceInterval``s read so far)
         self._waits = []  # those not yet read
         self._since_log = self._counters()
@@ -102,6 +109,8 @@ class OutOfCoreStore:
         next step's views, whose blocks move in while this step trains."""
         self._before_step = self._counters()
         self._in_pool = self._working_set(views, upcoming) if len(views) else None
+        if isinstance(self._in_pool, ChunkedView):
+            return self._in_pool, {}
         return self._load_working(self._in_pool) if self._in_pool is not None else (None, None)
 
     def checkin(self, model, state, lr):
@@ -109,6 +118,9 @@ class OutOfCoreStore:
         to the pool; ``model`` None: none was checked out, and Adam's step count (every rank's) advances."""
         if model is None:
             self._adam_steps += 1
+            return
+        if isinstance(model, ChunkedView):
+            self._chunked_done(model)
             return
         self._store_working(model, state, self._in_pool, lr["means"], lr["scales"])
 
@@ -287,12 +299,20 @@ class OutOfCoreStore:
         boxes = self.boxes.for_culling()
         blocks = self._blocks_seen(views, boxes)
         if len(blocks) > self.cache.slots:
-            need = len(blocks) * self._slot_bytes() + DeviceCache.INDEX_BYTES * len(self.index) + self.images_bytes
+            chunked = self.chunked_views and len(views) == 1
+            slots = 1 if chunked else len(blocks)  # (chunks need one block's room; else the whole working set)
+            need = slots * self._slot_bytes() + DeviceCache.INDEX_BYTES * len(self.index) + self.images_bytes
+            if chunked and self.cache.slots >= 1:
+                self._waits.append(waited.stop())
+                return self._chunked(views[0], blocks)
             have = self.gpu_memory or self.cache.slots * self._slot_bytes()
             names = ("view " if len(views) == 1 else "views ") + ", ".join(self.views[i].name for i in views)
-            raise ValueError(f"--gpu-memory {format_bytes(have)} is too small for {names}: its working set "
-                             f"({int(self.index.sizes[blocks].sum()):,} Gaussians in {len(blocks)} blocks) needs "
-                             f"{format_bytes(need)}; give --gpu-memory {format_bytes(need)} or more")
+            seen = f"({int(self.index.sizes[blocks].sum()):,} Gaussians in {len(blocks)} blocks)"
+            what = (f"its working set {seen}, trained in depth-ordered chunks, needs room for one block of "
+                    f"{self.block_rows:,} Gaussians beside the index, {format_bytes(need)}" if chunked
+                    else f"its working set {seen} needs {format_bytes(need)}")
+            raise ValueError(f"--gpu-memory {format_bytes(have)} is too small for {names}: {what}; give "
+                             f"--gpu-memory {format_bytes(need)} or more")
         self.cache.fetch(blocks, self.index, self.host)
         slots = self.cache.slot[blocks]
         last = self._rows
@@ -311,6 +331,75 @@ class OutOfCoreStore:
             if self.mode == "disk":
                 self.host.prefetch(ahead)
         return self._rows
+
+    # ------------------------------------------------------------------ a view in chunks
+    def _chunked(self, view, blocks):
+        """-> a ``ChunkedView`` of training ``view``, whose ``blocks`` outnumber the pool's slots: the
+        pool's changed blocks written back and every block let go (the pool stages the chunks' rows),
+        the boxes in flight landed (the step's are computed on the host after it)."""
+        self.cache.flush(self.index, self.host)
+        self.cache.release_all()
+        self.boxes.settle()
+        self._rows = self._working = None
+        self.chunked_steps += 1
+        return ChunkedView(self, view, blocks, self.cache.slots * self.block_rows)
+
+    def rows_in(self, rows):
+        """-> (the model rows ``rows`` (host, model order) as a model on the device with Adam at the store's
+        step, their statistics): gathered from the host's tier into the pool's first rows."""
+        n = len(rows)
+        table = self._host_rows(rows)
+        self.cache.pool[:n] = self.xp.asarray(table)
+        self.cache.moved_bytes += table.nbytes
+        return self.layout.model(self.cache.pool, self._adam_steps, self.backend, rows=self.xp.arange(n),
+                                 betas=self.betas)
+
+    def rows_out(self, rows, model, statistics):
+        """``rows_in``'s ``model`` and ``statistics`` of the model rows ``rows``, trained, back to the host's
+        tier (through the pool's first rows)."""
+        n = len(rows)
+        self.layout.store(model, statistics, self.cache.pool, self.xp.arange(n))
+        table = _backend.to_host(self.cache.pool[:n])
+        self.cache.moved_bytes += table.nbytes
+        index = self.index
+        if self.host.whole is not None:
+            self.host.whole[index.table_rows[rows]] = table
+            return
+        for b, sel in self._by_block(rows):
+            held = self.host.get(b)
+            held[index.position[rows[sel]]] = table[sel]
+            self.host.put(b, held)
+
+    def _host_rows(self, rows):
+        """The host tier's table rows of the model rows ``rows`` (a new (n, columns) array)."""
+        index = self.index
+        if self.host.whole is not None:
+            return self.host.whole[index.table_rows[rows]]
+        out = np.empty((len(rows), self.layout.columns_total), np.float32)
+        for b, sel in self._by_block(rows):
+            out[sel] = self.host.get(b)[index.position[rows[sel]]]
+        return out
+
+    def _by_block(self, rows):
+        """(block, the places in ``rows`` of its rows) for each block that ``rows`` (model rows) touch."""
+        blocks = self.index.block[rows]
+        order = np.argsort(blocks, kind="stable")
+        cuts = np.flatnonzero(np.diff(blocks[order])) + 1
+        return [(int(blocks[part[0]]), part) for part in np.split(order, cuts) if len(part)]
+
+    def _chunked_done(self, view):
+        """After a chunked step: Adam's step count on, and the view's blocks' boxes computed from the host's
+        rows (at once: the pool holds none of them)."""
+        self._adam_steps = view.adam.step_count
+        self._whole = None
+        blocks = view.blocks
+        tables = [self._host_rows(self.index.members(b)) for b in blocks]
+        sizes = np.array([len(t) for t in tables], np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        lo, hi = reach_boxes(np.concatenate(tables), starts, sizes, self.layout.columns["means"][0],
+                             self.layout.columns["scales"][0], REACH, backend="cpu")
+        self.index.lo[blocks], self.index.hi[blocks] = lo, hi
+        self.boxes._culling = None
 
     def _blocks_seen(self, views, boxes):
         """The blocks whose ``boxes`` the training ``views`` see."""

@@ -1,0 +1,77 @@
+"""A view whose working set is larger than the device's pool, checked out a depth-ordered chunk of
+rows at a time (issue 60: any view under any cap).
+
+``OutOfCoreStore.checkout`` gives a ``ChunkedView`` instead of a model where the blocks that the
+view sees outnumber the pool's slots (and the pipeline trains chunked views: ``OffloadTrainer``).
+The view's rows are split by ``numbasplat.chunks``'s depth key (ties by model row, as
+``bin_tiles`` breaks them in one working set) into chunks of at most the pool's rows, each chunk's
+rows in model order; the pool is their staging area (its blocks written back and let go first), so
+a chunk takes the device memory the cap gave the blocks.  The trainer renders the chunks front to
+back, carrying each pixel's state, and back-propagates them back to front, each chunk checked out
+again, stepped by Adam on its drawn rows (visible-only Adam) and checked in: the same model as the
+unchunked step, since every Gaussian is in one chunk and its gradient is whole once its chunk's
+backward ran."""
+import numpy as np
+
+from numbasplat import backend as _backend
+from numbasplat.chunks import depth_keys
+
+
+class ChunkedView:
+    """View ``view``'s working set (the rows of ``blocks``, in model order) out of core, in chunks of
+    at most ``size`` rows (``store``: the ``OutOfCoreStore``).  ``adam.set_step(cols)`` takes the
+    step's learning rates, which every chunk's Adam then uses at the same step count."""
+
+    chunked = True
+
+    def __init__(self, store, view, blocks, size):
+        self.store, self.view, self.blocks, self.size = store, view, blocks, int(size)
+        self.rows = store.index.rows(blocks)
+        self.chunks = None
+        self.adam = _StepRates(store._adam_steps)
+
+    def __len__(self):
+        return len(self.rows)
+
+    @property
+    def count(self):
+        """The rows a chunk holds at most (the step's resident Gaussians)."""
+        return min(self.size, len(self.rows))
+
+    def depth_chunks(self, camera, antialias=False):
+        """Split the view's rows into chunks front to back (``numbasplat.chunks.depth_chunks``'s order:
+        its depth key, ties by model row; only the Gaussians drawn), each chunk's rows in model order;
+        the keys computed a chunk's rows at a time.  -> the chunks (host int64 arrays of model rows;
+        one empty chunk where nothing is drawn)."""
+        keys = np.empty(len(self.rows), np.float32)
+        for a in range(0, len(self.rows), self.size):
+            model, _ = self.store.rows_in(self.rows[a:a + self.size])
+            keys[a:a + len(model)] = _backend.to_host(depth_keys(model.gaussians, camera, antialias,
+                                                                 backend=self.store.backend, check=False))
+        order = np.argsort(keys, kind="stable")
+        drawn = int(np.count_nonzero(keys < np.float32(np.inf)))
+        self.chunks = [np.sort(self.rows[order[a:a + self.size]]) for a in range(0, drawn, self.size)] \
+            or [self.rows[:0]]
+        return self.chunks
+
+    def checkout(self, k):
+        """-> (chunk ``k``'s rows as a model on the device, with the step's learning rates; their
+        statistics)."""
+        model, statistics = self.store.rows_in(self.chunks[k])
+        model.adam.set_step(self.adam.cols)
+        return model, statistics
+
+    def checkin(self, k, model, statistics):
+        """Chunk ``k``'s rows, trained, back to the host (``checkout``'s ``model``, ``statistics``)."""
+        self.store.rows_out(self.chunks[k], model, statistics)
+
+
+class _StepRates:
+    """What ``ChunkedView.adam`` keeps of ``Adam.set_step``: the step's learning rates."""
+
+    def __init__(self, step_count):
+        self.step_count, self.cols = step_count, None
+
+    def set_step(self, lr_columns):
+        self.cols = lr_columns
+        self.step_count += 1
