@@ -98,6 +98,26 @@ def test_benchmarks_cells_are_short():
                       "variants and history go to docs/history.md):\n" + "\n".join(long))
 
 
+DELIMITER = re.compile(r"\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*")
+
+
+def headless_tables(text):
+    """Line numbers of delimiter rows (``|---|``) with no header row above them: a table the
+    other checks cannot see (its cells are read against no header)."""
+    lines, fence, found = text.splitlines(), False, []
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("```"):
+            fence = not fence
+        if not fence and DELIMITER.fullmatch(line) and (i == 0 or not lines[i - 1].lstrip().startswith("|")):
+            found.append(i + 1)
+    return found
+
+
+def test_benchmarks_tables_have_headers():
+    found = headless_tables((ROOT / "BENCHMARKS.md").read_text())
+    assert not found, f"BENCHMARKS.md tables without a header row, delimiters at lines {found}"
+
+
 def test_benchmarks_rows_keep_their_columns():
     ragged = ragged_rows((ROOT / "BENCHMARKS.md").read_text())
     assert not ragged, "BENCHMARKS.md rows whose cells do not match the header:\n" + "\n".join(ragged)
@@ -124,6 +144,7 @@ def test_checkers_on_samples():
     assert len(long_cells(table)) == 1 and "41 words" in long_cells(table)[0]
     assert ragged_rows(table) == ["line 5: 1 cells, header has 2"]
     assert tables("```\n| a |\n|---|\n```\n") == []
+    assert headless_tables("text\n|---|---|\n| a | b |\n") == [2] and headless_tables(table) == []
     assert count_words("1.40 / 2.91 → 5.84 MB (lego)") == 5
 
     readme = ("lego reaches 33.5 dB in 30 s, 1.4x faster, 20% less, 64 GiB, 12 images/s\n"
