@@ -781,6 +781,7 @@ def test_a_refinement_block_by_block_equals_the_whole_models(growth):
     store.open(backend="cpu", views=[], images_bytes=0, betas=(0.9, 0.999),
                fresh_statistics=DefaultStrategy.fresh_statistics)
     store._slots = lambda count: 2  # (a device pool of two blocks: the model is out of core)
+    store.refine_in_blocks = True
     model = GaussianModel.from_state({"params": start}, "cpu")
     model.adam.m[...] = rng.normal(size=model.adam.m.shape)
     store.hold(model, statistics)

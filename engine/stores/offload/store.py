@@ -54,6 +54,8 @@ class OutOfCoreStore:
     chunked_views = False  # a view larger than the pool is checked out in chunks (``ChunkedView``): set by a
     # pipeline whose step trains them (``OffloadTrainer``); else such a view is refused
     home = "cpu"  # a model to hold is made in host memory, then cut into blocks
+    refine_in_blocks = False  # refine block by block on the host's table (``refine``), not gathering the whole
+    # model a second time; off by default: its blocks are no longer all full after a refinement (the re-cut's are)
 
     def __init__(self, mode="host", offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True,
                  block_rows=BLOCK_ROWS, shard=False):
@@ -265,7 +267,7 @@ class OutOfCoreStore:
         table: a block's rows, the blocks written later (``refine_peak_bytes``) and the decisions (17 B a Gaussian).
         Blocks that grow past ``block_rows`` split in Morton order; the index and the boxes are made anew."""
         table = self.host.whole
-        if (not hasattr(strategy, "candidates") or table is None or (self.cache.slot >= 0).all()
+        if (not self.refine_in_blocks or not hasattr(strategy, "candidates") or table is None or (self.cache.slot >= 0).all()
                 or (self._locked is None and table.base is not None)):
             return None
         self.cache.flush(self.index, self.host)
