@@ -758,3 +758,46 @@ def test_out_of_core_refuses_the_tile_loss_and_appearance_in_check(change):
     for options in (PipelineOptions(offload="host"), PipelineOptions(offload="disk", offload_dir="d", host_memory=1)):
         with pytest.raises(ValueError, match=r"--offload (host|disk) trains with --loss global, without --appearance"):
             check(small_config(visible_adam=True, **change), options)
+
+
+@pytest.mark.parametrize("growth", [4.0, 0.6])  # x the gradients; below 1 more prunes (opacities lower)  # (the model grows: blocks split; it shrinks: the table shrinks)
+def test_a_refinement_block_by_block_equals_the_whole_models(growth):
+    """Clones, splits and prunes made block by block on the host's table (``OutOfCoreStore.refine``) give the
+    whole model's refinement, row for row in the same order (rotated, unevenly scaled Gaussians; the random
+    draws of the splits by global row), with host memory beyond the table of a few blocks only."""
+    from engine.recipe.model import GaussianModel
+    from engine.recipe.strategy import Context
+    from engine.stores.offload import OutOfCoreStore
+    rng = np.random.default_rng(3)
+    n, block_rows = 400, 16
+    start = {"means": rng.normal(size=(n, 3)).astype(np.float32),
+             "scales": np.log(rng.uniform(0.002, 0.05, (n, 3))).astype(np.float32),
+             "quats": rng.normal(size=(n, 4)).astype(np.float32),
+             "opacities": rng.normal(0 if growth > 1 else -4, 3, n).astype(np.float32), "sh": rng.normal(size=(n, 1, 3)).astype(np.float32)}
+    statistics = {"grad": (rng.uniform(0, growth * 4e-4, n)).astype(np.float32),
+                  "count": rng.integers(0, 3, n).astype(np.int32), "max_radius": np.zeros(n, np.float32)}
+    strategy = DefaultStrategy(refine_start=0, refine_every=10, percent_dense=0.02)
+    store = OutOfCoreStore("host", block_rows=block_rows, gpu_memory=1)
+    store.open(backend="cpu", views=[], images_bytes=0, betas=(0.9, 0.999),
+               fresh_statistics=DefaultStrategy.fresh_statistics)
+    store._slots = lambda count: 2  # (a device pool of two blocks: the model is out of core)
+    store.refine_in_blocks = True
+    model = GaussianModel.from_state({"params": start}, "cpu")
+    model.adam.m[...] = rng.normal(size=model.adam.m.shape)
+    store.hold(model, statistics)
+    whole, state = store.whole()
+    whole = GaussianModel.from_state(whole.state(), "cpu")
+    state = {k: np.array(a) for k, a in state.items()}
+    whole_ctx, ctx = Context(1.0, np.random.default_rng(7)), Context(1.0, np.random.default_rng(7))
+    expected = strategy.after_optimizer(whole, state, 10, whole_ctx)
+    events = store.refine(strategy, 10, ctx)
+    assert events == expected and expected["cloned"] and expected["split"] and expected["pruned"]
+    assert ctx.rng.integers(2**63) == whole_ctx.rng.integers(2**63)  # (the one key drawn, as the whole model draws it)
+    assert (len(store.whole()[0]) > n) == (growth > 1)
+    got, got_state = store.whole()
+    for w in ("params", "m", "v"):
+        for g in GROUPS:
+            np.testing.assert_array_equal(got.group(g, w), whole.group(g, w), err_msg=f"{w} {g}")
+    assert all(not got_state[k].any() for k in got_state)
+    assert store.index.sizes.max() <= block_rows and store.index.blocks >= len(got) / block_rows
+    assert store.refine_peak_bytes < 8 * block_rows * 2 * store.layout.row_bytes * 4

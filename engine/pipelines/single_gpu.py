@@ -252,6 +252,10 @@ class SingleGPUTrainer(Trainer):
         block, and the result cut into blocks anew.  -> its events."""
         if self.store.out_of_core and not self.strategy.acts_at(self.step, ctx):
             return {}
+        if self.store.out_of_core:
+            events = self.store.refine(self.strategy, self.step, ctx)  # block by block, where it can
+            if events is not None:
+                return events
         model, state = self.store.whole(device=True)
         events = self.strategy.after_optimizer(model, state, self.step, ctx)
         if self.store.out_of_core:

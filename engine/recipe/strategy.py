@@ -60,6 +60,8 @@ class Context:
     offset: int = 0
     lr_means: float = 0.0      # the means' learning rate of the Adam step just taken (MCMC's noise scales with it)
     stride: int = 1            # global row of local row j: offset + stride * j
+    rows: object = None        # or the global rows of the local rows (an array): a part of the model held out of
+    # core, refined block by block (``OutOfCoreStore.refine``) as the whole model is
 
     def crossed(self, step, every):
         prev = step - 1 if self.prev_step is None else self.prev_step
@@ -80,6 +82,8 @@ class Context:
         sharding: one key from ``rng`` (the same on every rank), each draw a function of the key and
         its global row (``row_normals``), drawn on the model's device."""
         key = int(self.rng.integers(2**63))
+        if self.rows is not None:
+            rows = model.xp.asarray(self.rows)[rows]
         draws = row_normals(key, rows, math.prod(shape), self.offset, self.stride, model.backend)
         return draws.reshape((len(draws),) + tuple(shape))
 
@@ -203,11 +207,13 @@ class DefaultStrategy(Regularisers, RefineSchedule):
         only then)."""
         return self.refines_at(step, ctx) or self.resets_at(step, ctx)
 
-    def after_optimizer(self, model, state, step, ctx):
+    def after_optimizer(self, model, state, step, ctx, decided=None):
+        """``decided``: the refinement's decisions for ``model``'s rows, (prune mask, clone rows, split rows), where
+        they were made for the whole model (``refinement``) and ``model`` is a part of it."""
         xp = model.xp
         done = {}
         if self.refines_at(step, ctx):
-            done = self._refine(model, state, step, ctx)
+            done = self._refine(model, state, step, ctx, decided)
             self._fresh(state, xp, len(model))
         if self.resets_at(step, ctx):
             op = model.group("opacities")
@@ -219,10 +225,11 @@ class DefaultStrategy(Regularisers, RefineSchedule):
             state.pop(VIEW_SKIP, None)
         return done
 
-    def _refine(self, model, state, step, ctx):
+    def candidates(self, model, state, step, ctx):
+        """-> (mean gradients, prune mask, clone rows, split rows) of ``model``'s rows before the memory guard:
+        decisions of each Gaussian alone, so that a part of the model makes those the whole would."""
         xp = model.xp
         g = model.gaussians
-        n = len(model)
         grads = state["grad"] / xp.maximum(state["count"], 1)
         if IMPORTANCE_WEIGHT in state:  # BlitzGS: the mean gradient x the last importance pass's weight
             grads = grads * state[IMPORTANCE_WEIGHT]
@@ -235,14 +242,32 @@ class DefaultStrategy(Regularisers, RefineSchedule):
             prune |= scale_max > self.max_world_size * ctx.scene_scale
         grow = (grads >= self.grad_threshold) & (opacity >= self.prune_opacity)
         small = scale_max <= self.percent_dense * ctx.scene_scale
-        clone = xp.flatnonzero(grow & small)
-        split = xp.flatnonzero(grow & ~small)
-        budget = growth_allowed(n - int(prune.sum()), len(clone) + len(split), ctx)
+        return grads, prune, xp.flatnonzero(grow & small), xp.flatnonzero(grow & ~small)
+
+    @staticmethod
+    def guard(xp, n_left, clone, split, clone_grads, split_grads, ctx):
+        """The memory guard over the whole model: -> (clone, split) rows, the strongest first where it
+        allows fewer than all (``n_left``: the Gaussians left after the prunes)."""
+        budget = growth_allowed(n_left, len(clone) + len(split), ctx)
         if budget < len(clone) + len(split):     # guard hit: grow the strongest first
-            order = xp.argsort(-grads[xp.concatenate([clone, split])])[:budget]
+            order = xp.argsort(-xp.concatenate([clone_grads, split_grads]))[:budget]
             chosen = xp.concatenate([clone, split])[order]
-            clone = chosen[small[chosen]]
-            split = chosen[~small[chosen]]
+            is_clone = order < len(clone)
+            clone, split = chosen[is_clone], chosen[~is_clone]
+        return clone, split
+
+    def refinement(self, model, state, step, ctx):
+        """-> the whole model's decisions (prune mask, clone rows, split rows), the memory guard applied."""
+        grads, prune, clone, split = self.candidates(model, state, step, ctx)
+        clone, split = self.guard(model.xp, len(model) - int(prune.sum()), clone, split, grads[clone], grads[split],
+                                  ctx)
+        return prune, clone, split
+
+    def _refine(self, model, state, step, ctx, decided=None):
+        xp = model.xp
+        g = model.gaussians
+        prune, clone, split = self.refinement(model, state, step, ctx) if decided is None else decided
+        prune = prune.copy()
         new = {k: a[clone] for k, a in g.arrays().items()}
         eps = ctx.normal(model, split, (2, 3)).reshape(-1, 3)  # drawn on every rank, split or not
         if len(split):

@@ -28,10 +28,22 @@ class BlockIndex:
     ``lo``/``hi`` (B, 3) each block's box (centres grown by ``REACH`` of its members' largest scale)."""
 
     def __init__(self, means, log_scales, block_rows=BLOCK_ROWS):
-        n = len(means)
         order = np.argsort(morton_codes(means), kind="stable")
-        self.block = np.empty(n, np.int64)
-        self.block[order] = np.arange(n) // block_rows
+        block = np.empty(len(means), np.int64)
+        block[order] = np.arange(len(means)) // block_rows
+        self._cut(block, *cluster_boxes(means, log_scales, block_rows, order))  # (block b: rows order[b * block_rows:])
+
+    @classmethod
+    def of_blocks(cls, block, lo, hi):
+        """The index of blocks given: ``block`` (N,) each Gaussian's, ``lo``/``hi`` (B, 3) their boxes (a
+        refinement made block by block, ``OutOfCoreStore.refine``)."""
+        index = cls.__new__(cls)
+        index._cut(np.asarray(block, np.int64), lo, hi)
+        return index
+
+    def _cut(self, block, lo, hi):
+        n = len(block)
+        self.block = block
         self.blocks = int(self.block.max()) + 1 if n else 0
         self.by_block = np.argsort(self.block, kind="stable")  # rows block by block, each block's in model order
         self.sizes = np.bincount(self.block, minlength=self.blocks)
@@ -39,7 +51,7 @@ class BlockIndex:
         self.position = np.empty(n, np.int64)
         self.position[self.by_block] = np.arange(n) - np.repeat(self.starts, self.sizes)
         self.table_rows = self.starts[self.block] + self.position  # each Gaussian's row in the blocks' table
-        self.lo, self.hi = cluster_boxes(means, log_scales, block_rows, order)  # (block b: rows order[b * block_rows:])
+        self.lo, self.hi = lo, hi
 
     def __len__(self):
         return len(self.block)

@@ -1,6 +1,7 @@
 """The model out of core as a pipeline's store (``engine.stores.memory``): its blocks' tiers, the device's
 pool, and the working set of the views that a step trains (``OutOfCoreStore``)."""
 import resource
+from dataclasses import replace
 
 import numpy as np
 
@@ -10,7 +11,7 @@ from numbasplat import device
 from engine.recipe.strategy import BYTES_PER_GAUSSIAN
 from numbasplat.rows import reach_boxes
 
-from engine.pipelines.partition import REACH
+from engine.pipelines.partition import REACH, morton_codes
 from .cache import BoxesInFlight, DeviceCache
 from .chunked import ChunkedView
 from .layout import BLOCK_ROWS, BlockIndex, RowLayout, WorkingRows, format_bytes, frustum_part
@@ -53,6 +54,8 @@ class OutOfCoreStore:
     chunked_views = False  # a view larger than the pool is checked out in chunks (``ChunkedView``): set by a
     # pipeline whose step trains them (``OffloadTrainer``); else such a view is refused
     home = "cpu"  # a model to hold is made in host memory, then cut into blocks
+    refine_in_blocks = False  # refine block by block on the host's table (``refine``), not gathering the whole
+    # model a second time; off by default: its blocks are no longer all full after a refinement (the re-cut's are)
 
     def __init__(self, mode="host", offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True,
                  block_rows=BLOCK_ROWS, shard=False):
@@ -238,14 +241,157 @@ class OutOfCoreStore:
         if _backend.is_device(table):
             host_table = locked if locked is not None else np.empty(shape, np.float32)
             table.get(out=host_table)
+        self._place(host_table, table, slots, counts)
+        self._whole = (model, statistics) if model.xp is np else None
+
+    def _place(self, host_table, table, slots, counts):
+        """The host's tier the blocks of ``self.index`` as views of ``host_table`` (their rows block after block),
+        a new device pool of ``slots`` slots (every block in it at once from ``table``, the same rows on the model's
+        device, where it holds them all), the traffic ``counts`` carried on."""
+        index = self.index
         self.host.reset({b: host_table[index.starts[b]:index.starts[b] + index.sizes[b]] for b in range(index.blocks)},
                         whole=host_table)
-        direct = host_table if locked is not None and device.is_pinned(host_table) else None
+        direct = host_table if self._locked is not None and device.is_pinned(host_table) else None
         self.cache = DeviceCache(self.xp, self.layout, self.block_rows, slots, index, direct)
         self.cache.moved_bytes, self.cache.hits, self.cache.misses = counts  # (the traffic counts on)
         if self.cache.slots == index.blocks:
             self.cache.hold_all(table)
-        self._whole = (model, statistics) if model.xp is np else None
+
+    def refine(self, strategy, step, ctx):
+        """The strategy's refinement or reset (``after_optimizer``) at ``step``, made block by block on the host's
+        one table where the strategy decides per Gaussian (``candidates``), the device's pool lacks some blocks
+        and the table can take the new model in place; -> its events, or None where it cannot (the caller then
+        refines the whole model).  Equal to the whole model's refinement, rows in the same order: the decisions are
+        each Gaussian's, the memory guard's is made over all the candidates, and the random draws are functions of
+        the global row (``Context.rows``) under the one key the whole model would draw.  Host memory beyond the
+        table: a block's rows, the blocks written later (``refine_peak_bytes``) and the decisions (17 B a Gaussian).
+        Blocks that grow past ``block_rows`` split in Morton order; the index and the boxes are made anew."""
+        table = self.host.whole
+        if (not self.refine_in_blocks or not hasattr(strategy, "candidates") or table is None or (self.cache.slot >= 0).all()
+                or (self._locked is None and table.base is not None)):
+            return None
+        self.cache.flush(self.index, self.host)
+        index, layout, n = self.index, self.layout, len(self.index)
+        refines = strategy.refines_at(step, ctx)
+        decided = self._refinement(strategy, step, ctx) if refines else None
+        keep = np.ones(n, bool) if decided is None else decided[0]
+        clone, split = (np.zeros(0, np.int64),) * 2 if decided is None else decided[1:]
+        new_sizes = np.bincount(index.block[keep], minlength=index.blocks) \
+            + np.bincount(index.block[clone], minlength=index.blocks) \
+            + 2 * np.bincount(index.block[split], minlength=index.blocks)
+        n_new = int(new_sizes.sum())
+        capacity = len(self._locked) if self._locked is not None else max(n, n_new)
+        if n_new > capacity:
+            return None
+        old_starts, old_ends = index.starts, index.starts + index.sizes
+        new_starts = np.concatenate([[0], np.cumsum(new_sizes)[:-1]]).astype(np.int64)
+        new_kept = np.cumsum(keep) - 1  # new global row of each kept row
+        n_kept, n_clone = int(keep.sum()), len(clone)
+        clone_places, split_places = dict(self._by_block(clone)), dict(self._by_block(split))
+        growing = n_new >= n
+        self.host.reset({})
+        self._whole = None
+        if self._locked is not None:
+            table = self._locked[:max(n, n_new)]
+        elif growing:
+            table.resize((n_new, table.shape[1]), refcheck=False)
+        rng_before = ctx.rng.bit_generator.state
+        events, pending, pieces, pending_bytes = {}, [], [None] * index.blocks, 0
+        self.refine_peak_bytes = 0
+        for b in (range(index.blocks - 1, -1, -1) if growing else range(index.blocks)):
+            rows = index.members(b)
+            model, statistics = layout.model(table[old_starts[b]:old_ends[b]], self._adam_steps, "cpu", betas=self.betas)
+            rng = np.random.Generator(type(ctx.rng.bit_generator)())
+            rng.bit_generator.state = rng_before
+            part = replace(ctx, rng=rng, rows=rows)
+            local = None
+            if decided is not None:
+                cp, sp = clone_places.get(b, np.zeros(0, np.int64)), split_places.get(b, np.zeros(0, np.int64))
+                splits = index.position[split[sp]]
+                kept = keep[rows]
+                pruned = ~kept
+                pruned[splits] = False  # (the strategy prunes the split parents itself)
+                local = (pruned, index.position[clone[cp]], splits)
+                global_rows = np.concatenate([new_kept[rows[kept]], n_kept + cp,
+                                              (n_kept + n_clone + 2 * sp[:, None] + np.arange(2)).ravel()])
+            else:
+                global_rows = new_kept[rows]
+            done = strategy.after_optimizer(model, statistics, step, part, decided=local)
+            for k, v in done.items():
+                events[k] = events.get(k, 0) + v if isinstance(v, int) and not isinstance(v, bool) else v
+            out = layout.table(model, {})
+            pieces[b] = self._cut_block(out, global_rows)
+            order = np.concatenate(pieces[b]) if pieces[b] else np.zeros(0, np.int64)
+            out, pieces[b] = out[order], [global_rows[p] for p in pieces[b]]
+            pending.append((b, out))
+            pending_bytes += out.nbytes
+            self.refine_peak_bytes = max(self.refine_peak_bytes, pending_bytes + 3 * out.nbytes)
+            frontier = old_starts[b] if growing else old_ends[b]
+            for c, rows_out in [p for p in pending if (new_starts[p[0]] >= frontier if growing
+                                                       else new_starts[p[0]] + len(p[1]) <= frontier)]:
+                table[new_starts[c]:new_starts[c] + len(rows_out)] = rows_out
+                pending_bytes -= rows_out.nbytes
+                pending = [p for p in pending if p[0] != c]
+        for c, rows_out in pending:
+            table[new_starts[c]:new_starts[c] + len(rows_out)] = rows_out
+        ctx.rng.bit_generator.state = rng.bit_generator.state
+        if self._locked is not None:
+            table = self._locked[:n_new]
+        elif not growing:
+            table.resize((n_new, table.shape[1]), refcheck=False)
+        if decided is not None:
+            events["gaussians"] = n_new
+        self._reindex(table, new_starts, pieces)
+        return events
+
+    def _refinement(self, strategy, step, ctx):
+        """The whole model's refinement decisions, made block by block: -> (keep mask, clone rows, split rows)."""
+        index, n = self.index, len(self.index)
+        prune = np.zeros(n, bool)
+        clone, split, clone_grads, split_grads = [], [], [], []
+        for b in range(index.blocks):
+            rows = index.members(b)
+            model, statistics = self.layout.model(self.host.get(b), self._adam_steps, "cpu", betas=self.betas)
+            grads, prune[rows], c, s = strategy.candidates(model, statistics, step, ctx)
+            clone.append(rows[c]), split.append(rows[s]), clone_grads.append(grads[c]), split_grads.append(grads[s])
+        by_row = [np.argsort(np.concatenate(r)) for r in (clone, split)]
+        clone, clone_grads = (np.concatenate(a)[by_row[0]] for a in (clone, clone_grads))
+        split, split_grads = (np.concatenate(a)[by_row[1]] for a in (split, split_grads))
+        clone, split = strategy.guard(np, n - int(prune.sum()), clone, split, clone_grads, split_grads, ctx)
+        keep = ~prune
+        keep[split] = False
+        return keep, clone, split
+
+    def _cut_block(self, table, global_rows):
+        """A refined block's rows (``table``; their new ``global_rows``) -> the places in ``table`` of each block it
+        becomes, each in model order: none where it is empty, itself, or past ``block_rows`` pieces in the Morton
+        order of their centres."""
+        by_row = np.argsort(global_rows, kind="stable")
+        if len(table) <= self.block_rows:
+            return [by_row] if len(table) else []
+        a = self.layout.columns["means"][0]
+        order = np.argsort(morton_codes(table[:, a:a + 3]), kind="stable")
+        return [part[np.argsort(global_rows[part], kind="stable")]
+                for part in np.array_split(order, -(-len(table) // self.block_rows))]
+
+    def _reindex(self, table, new_starts, pieces):
+        """The index of the refined blocks (``pieces``: each old block's new blocks' model rows, laid out in
+        ``table`` from ``new_starts``), the boxes computed from the table, the host's tier and the pool made anew."""
+        block = np.empty(len(table), np.int64)
+        sizes = [len(p) for ps in pieces for p in ps]
+        for j, rows in enumerate(p for ps in pieces for p in ps):
+            block[rows] = j
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        lo, hi = reach_boxes(table, starts, np.array(sizes, np.int64), self.layout.columns["means"][0],
+                             self.layout.columns["scales"][0], REACH, backend="cpu")
+        self.boxes.settle()
+        self.cache.settle()
+        counts = (self.cache.moved_bytes, self.cache.hits, self.cache.misses)
+        self.cache = None
+        self.index = BlockIndex.of_blocks(block, lo, hi)
+        self.boxes = BoxesInFlight(self.index)
+        self._rows = self._working = None
+        self._place(table, table, self._slots(len(self.index)), counts)
 
     def _gather_resident(self):
         """-> (the whole model, its statistics) on the device, from its pool, where it holds every
