@@ -40,12 +40,12 @@ from numbasplat import backend as _backend
 from numbasplat.rendering import image_from_tiles, image_tiles
 from comm.sparse import exchange_dense, exchange_sparse
 
-from .distributed import RankedTrainer, balanced_bounds, even_bounds
 from engine.recipe.model import GaussianModel
-from engine.stores.offload import BLOCK_ROWS, out_of_core
 from engine.recipe.strategy import STATISTICS
 from engine.recipe.trainer import PhaseClock
 from engine.recipe.workload import imbalance
+from engine.stores.offload import BLOCK_ROWS, out_of_core
+from .distributed import RankedTrainer, balanced_bounds, even_bounds
 
 GLOBAL_ROW = "global_row"  # parity shards, over a refinement: each row's (its parent's) global row before it
 

@@ -73,13 +73,13 @@ from numbasplat.device import HostCopy
 from numbasplat.optim import GROUPS, FlatParams
 from numbasplat.rendering import image_from_tiles, image_tiles
 
-from .distributed import RankedTrainer, even_bounds
-from .gaussian_exchange import halo_ranges
 from engine.recipe.model import GaussianModel
+from engine.recipe.trainer import PhaseClock, crossed
 from engine.stores.offload import BLOCK_ROWS, out_of_core
 from engine.tools.camera_path import centres
+from .distributed import RankedTrainer, even_bounds
+from .gaussian_exchange import halo_ranges
 from .partition import GROW_PX, SpatialPartition, cluster_boxes, visible_regions
-from engine.recipe.trainer import PhaseClock, crossed
 
 REBALANCE = 1.1  # rebuild the tree after densification when the largest rank holds over this x the mean
 SETTLE_EVERY = 100  # with steps rendered ahead: the pipeline empties (and migrates) every this many images

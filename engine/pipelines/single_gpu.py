@@ -17,9 +17,9 @@ from numbasplat.loss import psnr
 from numbasplat.rendering import INT32_MAX, behind_state, front_state
 
 from engine.recipe.model import GROUPS, GaussianModel
-from .step_graphs import StepGraphs, array_key
 from engine.recipe.trainer import PhaseClock, Trainer
 from engine.stores.offload import BLOCK_ROWS, out_of_core
+from .step_graphs import StepGraphs, array_key
 
 
 class BinningRoom:

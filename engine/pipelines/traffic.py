@@ -18,9 +18,9 @@ from numbasplat import backend as _backend
 from numbasplat.compose import compose
 from numbasplat.loss import l1_ssim_loss
 
+from engine.recipe.trainer import initial_arrays
 from .distributed import balanced_bounds, even_bounds
 from .gaussian_exchange import halo_ranges
-from engine.recipe.trainer import initial_arrays
 
 RECORD_BYTES = 4 * (PROJ_FIELDS + 1)  # a forward record: the projection and its tile count, float32
 GRAD_BYTES = 4 * GRAD_FIELDS          # a dense gradient row, float32

@@ -37,11 +37,11 @@ from numbasplat.tile_loss import s3im_permutations
 from numbasplat.optim import column_lrs, exp_decay
 from data.atomic import atomic_path, remove_stale_temps
 
-from .appearance import ColourCorrection
-from .model import init_from_points
+from engine.pipelines.options import PipelineOptions, check
 from engine.stores.memory import MemoryStore
 from engine.tools.outputs import SNAPSHOT, TensorBoardLog, lpips_metric, render_image, save_png, write_model_outputs
-from engine.pipelines.options import PipelineOptions, check
+from .appearance import ColourCorrection
+from .model import init_from_points
 from .strategy import Context, DefaultStrategy, MCMCStrategy
 from .targets import Targets
 from .view_order import VIEW_ORDERS, epoch_order

@@ -32,10 +32,10 @@ from data.bench_scene import load_scene
 from numbasplat.bench import peak_device_bytes
 from numbasplat.loss import psnr_of_mse
 
-from . import timeline as timeline_module
 from engine.pipelines import PipelineOptions, make_trainer
 from engine.pipelines.traffic import PIXEL_TILE_BYTES, off_diagonal, pixel_traffic, rank_bytes, step_traffic, view_utilisation
 from engine.recipe.trainer import PHASES
+from . import timeline as timeline_module
 
 # NCCL's effective NVLink 4 bandwidth (H100, H200), GB/s per GPU and direction: the 450 GB/s line
 # rate less about 20% protocol overhead, as NCCL's maintainers give it (NVIDIA/nccl-tests issue

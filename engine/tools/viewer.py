@@ -44,8 +44,8 @@ import numbasplat as ns
 from numbasplat import C0
 from numbasplat import backend as _backend
 
-from .outputs import MissingExtra, install_hint
 from engine.pipelines.options import check
+from .outputs import MissingExtra, install_hint
 
 RENDER_MODES = ("rgb", "depth", "alpha", "centres")
 MODE_LABELS = {"rgb": "RGB", "depth": "depth", "alpha": "alpha", "centres": "Gaussian centres"}

@@ -9,8 +9,8 @@ from numbasplat import backend as _backend
 from numbasplat.optim import GROUPS, FlatParams, group_widths
 from numbasplat.rows import flat_to_rows, rows_to_flat
 
-from engine.recipe.model import GaussianModel
 from engine.pipelines.partition import GROW_PX, REACH, cluster_boxes, morton_codes, visible_regions
+from engine.recipe.model import GaussianModel
 
 BLOCK_ROWS = 4096  # Gaussians a block holds, about: spatially close ones, culled together
 def format_bytes(n):

@@ -2,16 +2,16 @@
 pool, and the working set of the views that a step trains (``OutOfCoreStore``)."""
 import resource
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 
 from numbasplat import backend as _backend
 from numbasplat import device
-
-from engine.recipe.strategy import BYTES_PER_GAUSSIAN
 from numbasplat.rows import reach_boxes
 
 from engine.pipelines.partition import REACH, morton_codes
+from engine.recipe.strategy import BYTES_PER_GAUSSIAN
 from .cache import BoxesInFlight, DeviceCache
 from .chunked import ChunkedView
 from .layout import BLOCK_ROWS, BlockIndex, RowLayout, WorkingRows, format_bytes, frustum_part
@@ -271,78 +271,99 @@ class OutOfCoreStore:
                 or (self._locked is None and table.base is not None)):
             return None
         self.cache.flush(self.index, self.host)
-        index, layout, n = self.index, self.layout, len(self.index)
-        refines = strategy.refines_at(step, ctx)
-        decided = self._refinement(strategy, step, ctx) if refines else None
+        plan = self._refinement_plan(strategy, step, ctx)
+        capacity = len(self._locked) if self._locked is not None else max(plan.n, plan.n_new)
+        if plan.n_new > capacity:
+            return None
+        self.host.reset({})
+        self._whole = None
+        if self._locked is not None:
+            table = self._locked[:max(plan.n, plan.n_new)]
+        elif plan.growing:
+            table.resize((plan.n_new, table.shape[1]), refcheck=False)
+        events = self._refine_blocks(strategy, step, ctx, plan, table)
+        if self._locked is not None:
+            table = self._locked[:plan.n_new]
+        elif not plan.growing:
+            table.resize((plan.n_new, table.shape[1]), refcheck=False)
+        if plan.decided is not None:
+            events["gaussians"] = plan.n_new
+        self._reindex(table, plan.new_starts, plan.pieces)
+        return events
+
+    def _refinement_plan(self, strategy, step, ctx):
+        """Where every row goes: the whole model's decisions (``_refinement``; none at a step that only
+        resets), each block's new size and first row, each kept row's new global row."""
+        index, n = self.index, len(self.index)
+        decided = self._refinement(strategy, step, ctx) if strategy.refines_at(step, ctx) else None
         keep = np.ones(n, bool) if decided is None else decided[0]
         clone, split = (np.zeros(0, np.int64),) * 2 if decided is None else decided[1:]
         new_sizes = np.bincount(index.block[keep], minlength=index.blocks) \
             + np.bincount(index.block[clone], minlength=index.blocks) \
             + 2 * np.bincount(index.block[split], minlength=index.blocks)
         n_new = int(new_sizes.sum())
-        capacity = len(self._locked) if self._locked is not None else max(n, n_new)
-        if n_new > capacity:
-            return None
-        old_starts, old_ends = index.starts, index.starts + index.sizes
-        new_starts = np.concatenate([[0], np.cumsum(new_sizes)[:-1]]).astype(np.int64)
-        new_kept = np.cumsum(keep) - 1  # new global row of each kept row
-        n_kept, n_clone = int(keep.sum()), len(clone)
-        clone_places, split_places = dict(self._by_block(clone)), dict(self._by_block(split))
-        growing = n_new >= n
-        self.host.reset({})
-        self._whole = None
-        if self._locked is not None:
-            table = self._locked[:max(n, n_new)]
-        elif growing:
-            table.resize((n_new, table.shape[1]), refcheck=False)
+        return SimpleNamespace(
+            decided=decided, keep=keep, clone=clone, split=split, n=n, n_new=n_new, growing=n_new >= n,
+            old_starts=index.starts, old_ends=index.starts + index.sizes,
+            new_starts=np.concatenate([[0], np.cumsum(new_sizes)[:-1]]).astype(np.int64),
+            new_kept=np.cumsum(keep) - 1, n_kept=int(keep.sum()),
+            clone_places=dict(self._by_block(clone)), split_places=dict(self._by_block(split)),
+            pieces=[None] * index.blocks)
+
+    def _refine_blocks(self, strategy, step, ctx, plan, table):
+        """Refine each block on its own rows and write it to its new place in ``table`` once no row still
+        to be read lies there (back to front where the model grows, front to back where it shrinks)."""
+        index = self.index
         rng_before = ctx.rng.bit_generator.state
-        events, pending, pieces, pending_bytes = {}, [], [None] * index.blocks, 0
+        events, pending = {}, []
         self.refine_peak_bytes = 0
-        for b in (range(index.blocks - 1, -1, -1) if growing else range(index.blocks)):
-            rows = index.members(b)
-            model, statistics = layout.model(table[old_starts[b]:old_ends[b]], self._adam_steps, "cpu", betas=self.betas)
+        for b in (range(index.blocks - 1, -1, -1) if plan.growing else range(index.blocks)):
             rng = np.random.Generator(type(ctx.rng.bit_generator)())
             rng.bit_generator.state = rng_before
-            part = replace(ctx, rng=rng, rows=rows)
-            local = None
-            if decided is not None:
-                cp, sp = clone_places.get(b, np.zeros(0, np.int64)), split_places.get(b, np.zeros(0, np.int64))
-                splits = index.position[split[sp]]
-                kept = keep[rows]
-                pruned = ~kept
-                pruned[splits] = False  # (the strategy prunes the split parents itself)
-                local = (pruned, index.position[clone[cp]], splits)
-                global_rows = np.concatenate([new_kept[rows[kept]], n_kept + cp,
-                                              (n_kept + n_clone + 2 * sp[:, None] + np.arange(2)).ravel()])
-            else:
-                global_rows = new_kept[rows]
-            done = strategy.after_optimizer(model, statistics, step, part, decided=local)
+            out, done = self._refine_block(strategy, step, replace(ctx, rng=rng), plan, table, b)
             for k, v in done.items():
                 events[k] = events.get(k, 0) + v if isinstance(v, int) and not isinstance(v, bool) else v
-            out = layout.table(model, {})
-            pieces[b] = self._cut_block(out, global_rows)
-            order = np.concatenate(pieces[b]) if pieces[b] else np.zeros(0, np.int64)
-            out, pieces[b] = out[order], [global_rows[p] for p in pieces[b]]
             pending.append((b, out))
-            pending_bytes += out.nbytes
+            pending_bytes = sum(o.nbytes for _, o in pending)
             self.refine_peak_bytes = max(self.refine_peak_bytes, pending_bytes + 3 * out.nbytes)
-            frontier = old_starts[b] if growing else old_ends[b]
-            for c, rows_out in [p for p in pending if (new_starts[p[0]] >= frontier if growing
-                                                       else new_starts[p[0]] + len(p[1]) <= frontier)]:
-                table[new_starts[c]:new_starts[c] + len(rows_out)] = rows_out
-                pending_bytes -= rows_out.nbytes
-                pending = [p for p in pending if p[0] != c]
+            frontier = plan.old_starts[b] if plan.growing else plan.old_ends[b]
+            ready = [p for p in pending if (plan.new_starts[p[0]] >= frontier if plan.growing
+                                            else plan.new_starts[p[0]] + len(p[1]) <= frontier)]
+            for c, rows_out in ready:
+                table[plan.new_starts[c]:plan.new_starts[c] + len(rows_out)] = rows_out
+            pending = [p for p in pending if all(p[0] != c for c, _ in ready)]
         for c, rows_out in pending:
-            table[new_starts[c]:new_starts[c] + len(rows_out)] = rows_out
+            table[plan.new_starts[c]:plan.new_starts[c] + len(rows_out)] = rows_out
         ctx.rng.bit_generator.state = rng.bit_generator.state
-        if self._locked is not None:
-            table = self._locked[:n_new]
-        elif not growing:
-            table.resize((n_new, table.shape[1]), refcheck=False)
-        if decided is not None:
-            events["gaussians"] = n_new
-        self._reindex(table, new_starts, pieces)
         return events
+
+    def _refine_block(self, strategy, step, ctx, plan, table, b):
+        """Block ``b`` refined alone (its global rows in ``ctx.rows``, the whole model's decisions for
+        them): -> (its new rows in the table's layout, cut into the pieces its new blocks take; the
+        strategy's events).  ``plan.pieces[b]`` gets the pieces' global rows."""
+        index = self.index
+        rows = index.members(b)
+        model, statistics = self.layout.model(table[plan.old_starts[b]:plan.old_ends[b]], self._adam_steps, "cpu",
+                                              betas=self.betas)
+        local = None
+        if plan.decided is not None:
+            none = np.zeros(0, np.int64)
+            cp, sp = plan.clone_places.get(b, none), plan.split_places.get(b, none)
+            splits = index.position[plan.split[sp]]
+            kept = plan.keep[rows]
+            pruned = ~kept
+            pruned[splits] = False  # (the strategy prunes the split parents itself)
+            local = (pruned, index.position[plan.clone[cp]], splits)
+            global_rows = np.concatenate([plan.new_kept[rows[kept]], plan.n_kept + cp,
+                                          (plan.n_kept + len(plan.clone) + 2 * sp[:, None] + np.arange(2)).ravel()])
+        else:
+            global_rows = plan.new_kept[rows]
+        done = strategy.after_optimizer(model, statistics, step, replace(ctx, rows=rows), decided=local)
+        out = self.layout.table(model, {})
+        pieces = self._cut_block(out, global_rows)
+        order = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+        plan.pieces[b] = [global_rows[p] for p in pieces]
+        return out[order], done
 
     def _refinement(self, strategy, step, ctx):
         """The whole model's refinement decisions, made block by block: -> (keep mask, clone rows, split rows)."""
