@@ -742,7 +742,7 @@ curves)  # issue 57: runs scored every EVAL (default 1000) steps (test PSNR, and
     nvidia-cuda-mps-control -d 2>/dev/null && step "MPS on"
     export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/torch_ext REF_EVAL_EVERY=${EVAL:-1000}
     noreset=(--no-opacity-reset); nographs=(--step-graphs off); regs=(--opacity-reg 0.01 --scale-reg 0.01)
-    opreg=(--opacity-reg 0.01); du7k=(--densify-until 7000); det=(--deterministic); sh1=(--sh-degree 1)
+    opreg=(--opacity-reg 0.01 --scale-reg 0); du7k=(--densify-until 7000); det=(--deterministic); sh1=(--sh-degree 1)
     mcmc=(--strategy mcmc); regsnr=("${regs[@]}" --no-opacity-reset)
     for c in ${CAPTURES:-helmet mouse}; do
         cap=${c%@*}; imgs=images_4; [ "$c" != "$cap" ] && imgs=${c#*@}
