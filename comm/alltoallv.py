@@ -283,6 +283,18 @@ class Exchange:
         self.size = self.comm.Get_size()
         self.transport = make_transport(transport, self.comm)
         self._host = HostStaged()
+        self.collective_seconds = 0.0  # the host's time inside the collectives so far (see ``_collective``)
+
+    @contextlib.contextmanager
+    def _collective(self):
+        """Count the host's time inside one collective into ``collective_seconds``: with host MPI its
+        transfer and its wait for the slowest rank (the imbalance a rank sees); with NCCL only the
+        queueing, its transfer running on the stream (waited for where the stream is)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.collective_seconds += time.perf_counter() - start
 
     def alltoall_ints(self, table):
         """Alltoall of a (P, k) int64 table: row d goes to rank d; returns row s from rank s."""
@@ -290,7 +302,8 @@ class Exchange:
         if table.shape[0] != self.size:
             raise ValueError(f"alltoall_ints: table has {table.shape[0]} rows for {self.size} ranks")
         out = np.empty_like(table)
-        self.comm.Alltoall(table, out)
+        with self._collective():
+            self.comm.Alltoall(table, out)
         return out
 
     def alltoallv(self, send, counts, recv_counts=None):
@@ -323,13 +336,15 @@ class Exchange:
             recv_counts = np.asarray(recv_counts, np.int64).reshape(-1)
         recv = xp.empty((int(recv_counts.sum()), send2.shape[1]), send2.dtype)
         transport = self.transport if is_device(send2) else self._host
-        transport.alltoallv(self.comm, send2, counts, recv, recv_counts)
+        with self._collective():
+            transport.alltoallv(self.comm, send2, counts, recv, recv_counts)
         return (recv.reshape(-1) if flat else recv), recv_counts
 
     def allreduce_sum(self, a):
         """Element-wise sum over ranks of a small array (staged through the host)."""
         h = np.ascontiguousarray(a.get()) if is_device(a) else np.array(a, order="C")  # a fresh host copy
-        self.comm.Allreduce(MPI.IN_PLACE, h, op=MPI.SUM)
+        with self._collective():
+            self.comm.Allreduce(MPI.IN_PLACE, h, op=MPI.SUM)
         return array_module_of(a).asarray(h)
 
     def allgatherv(self, rows):
@@ -339,12 +354,14 @@ class Exchange:
         h2 = h.reshape(-1, 1) if flat else h
         sig = _signature(h2.dtype, h2.shape[1])
         meta = np.empty((self.size, 2), np.int64)
-        self.comm.Allgather(np.array([h2.shape[0], sig], np.int64), meta)
+        with self._collective():
+            self.comm.Allgather(np.array([h2.shape[0], sig], np.int64), meta)
         if (meta[:, 1] != sig).any():
             raise ValueError(f"allgatherv on rank {self.rank}: ranks disagree on dtype or width")
         counts = meta[:, 0].copy()
         out = np.empty((int(counts.sum()), h2.shape[1]), h2.dtype)
-        _mpi_allgatherv(self.comm, _bytes(h2), h2.shape[0], _bytes(out), counts, h2.shape[1] * h2.dtype.itemsize)
+        with self._collective():
+            _mpi_allgatherv(self.comm, _bytes(h2), h2.shape[0], _bytes(out), counts, h2.shape[1] * h2.dtype.itemsize)
         out = out.reshape(-1) if flat else out
         return array_module_of(rows).asarray(out), counts
 

@@ -19,6 +19,7 @@ def phases(run_dir):
     for rank, s in enumerate(last["rank_stats"]):
         t = " ".join(f"{k} {1e3 * v:.2f}" for k, v in s.get("times", {}).items())
         extra = " ".join(f"{k} {s[k] * 1e3:.2f}" for k in ("t_encode", "t_exchange", "t_decode") if k in s)
+        extra += f" collectives {s['collective_ms']:.2f}" if "collective_ms" in s else ""
         print(f"  rank {rank}: ms {t} | {extra} | fwd {s.get('forward_bytes', 0) / 1e6:.2f} MB, "
               f"bwd dense {s.get('dense_bytes', 0) / 1e6:.2f} sparse {s.get('sparse_bytes', 0) / 1e6:.2f} MB, "
               f"zero {s.get('zero_fraction')}")

@@ -162,6 +162,8 @@ def test_one_view_split_across_ranks(tmp_path):
         # the logged steps' phase times are the device's: those steps synced at the phase boundaries
         records = [json.loads(line) for line in (tmp_path / f"p{n}" / "log.jsonl").read_text().splitlines()]
         assert len(records) == 8 and all(s["timed"] for r in records for s in r["rank_stats"]), records
+        assert all(len(r["rank_stats"]) == n and all(s["collective_ms"] > 0 for s in r["rank_stats"])
+                   for r in records), records  # each rank's host time in the collectives a step
 
 
 @pytest.mark.mpi

@@ -184,6 +184,9 @@ def test_train_exchange_pixel_densifies_rebalances_and_resumes_on_other_ranks(tm
     grown = [rec for rec in log if rec.get("cloned", 0) + rec.get("split", 0) > 0]
     assert grown and grown[-1]["gaussians_total"] > 400, log
     assert sum(rec["migrated"] for rec in grown) > 0, grown  # children and moved centres changed boxes
+    # every rank's phase times and its host's time in the collectives, per log record (issue 63)
+    assert all(len(rec["rank_stats"]) == 2 and all(s["collective_ms"] > 0 and "times" in s for s in rec["rank_stats"])
+               for rec in log), log[-1]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["gaussians"] == log[-1]["gaussians_total"] and np.isfinite(metrics["psnr"])
     recorded = json.loads((out / "cfg.json").read_text())

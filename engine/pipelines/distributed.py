@@ -79,9 +79,21 @@ class RankedTrainer(Trainer):
         self.exchange = Exchange(comm, transport if _backend.on_gpu(self.backend) else "host")
         self.total = 0  # the whole model's Gaussians (start_from sets it)
         self._view0 = None  # (image, target, first tile, end tile) of this rank's share of the step's first view
+        self._collectives_logged = (0, 0.0)  # (step, Exchange.collective_seconds) at the last log
 
     def gaussian_total(self):
         return self.total
+
+    def log_extra(self):
+        """The whole model's count, and every rank's statistics gathered, per phase and per rank: its
+        last step's ``stats`` (phase and host times, a pipeline's bytes) and ``collective_ms``, its host's
+        time inside the exchange's collectives a step since the last log (where ranks wait for the
+        slowest; the first log of a resumed run counts from step 0).  Collective."""
+        step, seconds = self._collectives_logged
+        now = self.exchange.collective_seconds
+        mine = {**self.stats, "collective_ms": 1e3 * (now - seconds) / max(self.step - step, 1)}
+        self._collectives_logged = (self.step, now)
+        return {**super().log_extra(), "rank_stats": self.comm.allgather(mine), "gaussians_total": self.total}
 
     def progress_psnr(self):
         """The step's first view's PSNR from the ranks' summed squared errors on their tiles (no image

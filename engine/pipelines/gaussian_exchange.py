@@ -468,10 +468,11 @@ class GaussianExchangeTrainer(RankedTrainer):
         return model, state
 
     def log_extra(self):
-        """This rank's exchange statistics, and every rank's, gathered (per phase and per rank)."""
-        every = self.comm.allgather(self.stats)
-        extra = {**super().log_extra(), "rank_stats": every, "gaussians_total": self.total}
-        if all("projected" in s for s in every):  # BlitzGS: max / mean of the Gaussians the ranks' views saw
+        """Every rank's statistics (``RankedTrainer.log_extra``) and, with BlitzGS's cuts, the imbalance of
+        the Gaussians the ranks' views saw (max / mean)."""
+        extra = super().log_extra()
+        every = extra["rank_stats"]
+        if all("projected" in s for s in every):
             extra["projected_imbalance"] = imbalance([s["projected"] for s in every])
         return extra
 

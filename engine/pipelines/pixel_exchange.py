@@ -693,12 +693,13 @@ class PixelExchangeTrainer(RankedTrainer):
             self.saturation.update(views[k], marks)
 
     def log_extra(self):
-        """The whole model's count; and a check that every rank trained the same view (they share the
-        RNG that orders the views: a rank that drew more would compose other cameras' pixels)."""
+        """Every rank's statistics (``RankedTrainer.log_extra``); and a check that every rank trained the
+        same view (they share the RNG that orders the views: a rank that drew more would compose other
+        cameras' pixels)."""
         views = self.comm.allgather(getattr(self, "_last_view", None))
         if len(set(views)) > 1:
             raise RuntimeError(f"the ranks trained different views at step {self.step}: {views}")
-        return {**super().log_extra(), "gaussians_total": self.total}
+        return super().log_extra()
 
 
 class OffloadedPixelExchangeTrainer(PixelExchangeTrainer):
