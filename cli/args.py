@@ -141,20 +141,22 @@ def number(text):
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
 
 
+def _unit_interval(text, ends):
+    """A number in [0, 1], or strictly inside it where ``ends`` is False; one message either way."""
+    value = number(text)
+    if not (0.0 <= value <= 1.0 if ends else 0.0 < value < 1.0):
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1{'' if ends else ' (both excluded)'}, got {value}")
+    return value
+
+
 def fraction(text):
     """argparse type: a number in [0, 1]."""
-    value = number(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value}")
-    return value
+    return _unit_interval(text, ends=True)
 
 
 def open_fraction(text):
     """argparse type: a number strictly between 0 and 1 (an opacity, whose logit is finite)."""
-    value = number(text)
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (both excluded), got {value}")
-    return value
+    return _unit_interval(text, ends=False)
 
 
 def positive(text):
