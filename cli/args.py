@@ -117,11 +117,16 @@ def is_number(text):
     return True
 
 
-def integer(text):
+def _parsed(text, kind, what):
+    """``kind(text)``, or argparse's error naming ``what`` was expected."""
     try:
-        return int(text)
+        return kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
+def integer(text):
+    return _parsed(text, int, "an integer")
 
 
 def count(low):
@@ -135,10 +140,7 @@ def count(low):
 
 
 def number(text):
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    return _parsed(text, float, "a number")
 
 
 def _unit_interval(text, ends):
