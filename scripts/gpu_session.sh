@@ -736,14 +736,14 @@ curves)  # issue 57: runs scored every EVAL (default 1000) steps (test PSNR, and
     # (--no-opacity-reset: the reference never resets), nographs (--step-graphs off), regs (opacity and scale
     # regularisers at 0.01), opreg (the opacities' alone), du7k (--densify-until 7000), det (--deterministic),
     # sh1 (--sh-degree 1), mcmc (--strategy mcmc), regsnr (regs without opacity resets, which the regularisers
-    # push under the prune threshold);
+    # push under the prune threshold), lr30k (the means' decay over 30k whatever the run's length, as Inria's);
     # ITERS (default 30000), SEEDS (default 0).  Runs are named CAPTURE[@IMAGES]_VARIANT_ITERSk_sSEED
     iters=${ITERS:-30000}; k=$((iters / 1000))k
     nvidia-cuda-mps-control -d 2>/dev/null && step "MPS on"
     export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/torch_ext REF_EVAL_EVERY=${EVAL:-1000}
     noreset=(--no-opacity-reset); nographs=(--step-graphs off); regs=(--opacity-reg 0.01 --scale-reg 0.01)
     opreg=(--opacity-reg 0.01 --scale-reg 0); du7k=(--densify-until 7000); det=(--deterministic); sh1=(--sh-degree 1)
-    mcmc=(--strategy mcmc); regsnr=("${regs[@]}" --no-opacity-reset)
+    mcmc=(--strategy mcmc); regsnr=("${regs[@]}" --no-opacity-reset); lr30k=(--lr-means-steps 30000)
     for c in ${CAPTURES:-helmet mouse}; do
         cap=${c%@*}; imgs=images_4; [ "$c" != "$cap" ] && imgs=${c#*@}
         data=(--data .data/$cap --images $imgs)
