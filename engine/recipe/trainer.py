@@ -175,12 +175,18 @@ class TrainConfig:
     importance_prune: float = 0.0     # BlitzGS: the importance pass prunes Gaussians whose importance over the
                                       # largest is below this (0: none)
     view_masks: str = "off"           # BlitzGS: on: until the next importance pass each view skips the
-                                      # Gaussians that contributed under view_mask_below to it
+                                      # Gaussians that contributed under view_mask_below to it; auto: the views
+                                      # whose share of the Gaussians in them was under cull_share_below do
     view_mask_below: float = 1 / 255  # BlitzGS: a view's mask holds the Gaussians whose T * alpha sum in it
                                       # is below this
     lod_min_px: float = 0.0           # BlitzGS: a training view skips Gaussians whose 3-sigma footprint is
                                       # under this many pixels (0: none; evaluation renders all; each
                                       # importance pass spares those it would hide from every view)
+    lod_views: str = "all"            # BlitzGS: the views the LOD gate applies to: all, or auto: those whose share
+                                      # of the Gaussians in them was under cull_share_below at the last pass
+    cull_share_below: float = 0.3     # BlitzGS: with --view-masks auto or --lod-views auto, the share of the
+                                      # Gaussians in a view (measured by each importance pass) under which the
+                                      # view is culled
     appearance: bool = False          # a per-image affine colour correction that the loss sees, for captures
                                       # whose exposure varies (engine/recipe/appearance.py; not for held-out views)
     lr_appearance: float = 1e-3       # the learning rate of the colour corrections
@@ -418,6 +424,7 @@ class Trainer(ABC):
         self.signals.install()
         try:
             run.start_clock()
+            self.workload.warm(self)  # (the pass's kernels compiled now: each pass's time is its own)
             while self.step < until:
                 prev = self.step
                 loss, events = self.train_step()
@@ -789,6 +796,8 @@ class Trainer(ABC):
                    "iterations": self.step, "peak_device_bytes": self._device_memory_peak()}
         if self.workload.passes:
             summary["importance_seconds"] = self.workload.seconds
+        if self.workload.warmup_seconds:
+            summary["importance_warmup_seconds"] = self.workload.warmup_seconds
         return summary
 
     def scores_during_training(self):
@@ -847,6 +856,7 @@ class Trainer(ABC):
             if self.appearance is not None:
                 arrays.update({f"appearance/{k}": a for k, a in self.appearance.state().items()})
             arrays.update({f"pipeline/{k}": a for k, a in self.pipeline_arrays().items()})
+            arrays.update({f"workload/{k}": a for k, a in self.workload.snapshot_arrays().items()})
             write_snapshot(str(path or self.out / SNAPSHOT), arrays, attrs)
         self.barrier()
 
@@ -863,6 +873,7 @@ class Trainer(ABC):
         if self.appearance is not None and corrections:  # (none: a run that turns --appearance on starts them)
             self.appearance.load_state(corrections)
         self.restore_pipeline_arrays({k.split("/", 1)[1]: a for k, a in arrays.items() if k.startswith("pipeline/")})
+        self.workload.restore({k.split("/", 1)[1]: a for k, a in arrays.items() if k.startswith("workload/")})
         self.step = int(attrs["step"])
         self.rng.bit_generator.state = attrs["rng"]
         self.order = list(attrs["order"])

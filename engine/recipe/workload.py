@@ -79,6 +79,9 @@ def scoring_steps(iterations, every, waits=()):
     return sorted(set(steps))
 
 
+VIEW_MASKS = ("on", "off", "auto")  # --view-masks: auto masks the views that see a small part (``Workload.cuts_view``)
+LOD_VIEWS = ("all", "auto")         # --lod-views: the views the LOD gate applies to
+WARM_ROWS = 64  # ``Workload.warm`` runs the pass on this many rows: every kernel compiles, little to compute
 DRAWN_SAMPLE_EVERY = 4  # the log's Gaussians drawn per view: counted on the views 0, 4, 8... (a count is 2 launches)
 RECOVERY_SHARE = 6  # a pass waits a sixth of the reset period after a reset (500 of 3DGS's 3000 steps)
 
@@ -104,13 +107,16 @@ def set_view_bit(packed, view, rows_set, xp):
     packed[:, view // 8] |= rows_set.astype(np.uint8) << np.uint8(7 - view % 8)
 
 
-def importance_scores(g, cameras, sh_degree, antialias, mask_below, backend=None, clock=None, lod=None):
+def importance_scores(g, cameras, sh_degree, antialias, mask_below, backend=None, clock=None, lod=None, drawn=None):
     """-> (importance (N,) float64: each Gaussian's sum of ``T alpha`` over the pixels of every
     view, skip (N, ceil(V / 8)) uint8: bit v set where its sum in view v is under ``mask_below``),
     on the backend's arrays: every view projected, binned and composited by the contributions
     kernel on unit colours (forward only).  ``clock``: a ``trainer.PhaseClock`` that times the
     stages, summed over the views (scripts/pass_profile.py).  ``lod``: a ``LodReach`` to tell what
-    the LOD gate keeps from training (the renders here never skip)."""
+    the LOD gate keeps from training (the renders here never skip).  ``drawn``: a (V,) int64 array
+    of the backend's kind that gets each view's count of the Gaussians its projection draws (on a
+    tile or more: in the view), written on the device (no sync): the views' visible shares that
+    ``--view-masks auto`` and ``--lod-views auto`` choose by."""
     xp = _backend.array_module(backend)
     n = len(g)
     total = xp.zeros(n, np.float64)
@@ -118,6 +124,8 @@ def importance_scores(g, cameras, sh_degree, antialias, mask_below, backend=None
     mark = clock.end if clock is not None else (lambda stage: None)
     for v, cam in enumerate(cameras):
         p = ns.project(g, cam, sh_degree=sh_degree, antialias=antialias, backend=backend, check=False)
+        if drawn is not None:
+            drawn[v:v + 1] = xp.count_nonzero(p.counts)
         gated = lod.gated(p, g, backend) if lod is not None else None
         mark("project")
         b = ns.bin_tiles(p, backend=backend)
@@ -188,14 +196,25 @@ class Workload:
     pass's schedule and total time, and the active Gaussians per view since the last log."""
 
     def __init__(self, cfg, n_views):
-        self.every, self.prune, self.masks = cfg.importance_every, cfg.importance_prune, cfg.view_masks == "on"
+        self.every, self.prune, self.masks = cfg.importance_every, cfg.importance_prune, cfg.view_masks != "off"
         self.mask_below, self.lod_px, self.n_views = cfg.view_mask_below, cfg.lod_min_px, n_views
         self.cfg = cfg  # (its iterations as they are when asked: a resume may change them)
-        if cfg.view_masks not in ("on", "off"):
-            raise ValueError(f"--view-masks must be on or off, got {cfg.view_masks!r}")
+        if cfg.view_masks not in VIEW_MASKS:
+            raise ValueError(f"--view-masks must be on, off or auto, got {cfg.view_masks!r}")
+        if cfg.lod_views not in LOD_VIEWS:
+            raise ValueError(f"--lod-views must be all or auto, got {cfg.lod_views!r}")
         if self.masks and not self.every:
-            raise ValueError("--view-masks on needs the importance pass that makes the masks: "
+            raise ValueError(f"--view-masks {cfg.view_masks} needs the importance pass that makes the masks: "
                              "give --importance-every N")
+        if cfg.lod_views == "auto" and not (self.every and self.lod_px > 0):
+            raise ValueError("--lod-views auto needs the LOD gate (--lod-min-px R) and the importance pass that "
+                             "measures the views' visible shares (--importance-every N)")
+        # auto: the views where masks / the gate apply, from the last pass's visible shares
+        self.auto_masks, self.auto_lod = cfg.view_masks == "auto", cfg.lod_views == "auto"
+        self.share_below = cfg.cull_share_below
+        self.visible_share = None  # (V,) float64 on the host: each view's share of the Gaussians in it, at the last pass
+        self.warmup_seconds = 0.0  # ``warm``'s, at the start of a run
+        self._warmed = False
         if self.every and cfg.strategy != "default":
             raise ValueError("--importance-every needs --strategy default (its weights and masks follow the "
                              "default strategy's refinements)")
@@ -215,6 +234,20 @@ class Workload:
     def culls(self):
         """Whether views may skip Gaussians (view masks or the LOD gate)."""
         return self.masks or self.lod_px > 0
+
+    def cuts_view(self, view):
+        """Whether ``view``'s share of the Gaussians in it was under ``cull_share_below`` at the
+        last pass (``auto``'s choice: where a view sees a small part of the scene, the masks and the
+        gate hide much of what it would draw; where it sees most, they cost a pass over every row
+        for little).  False before any pass."""
+        return self.visible_share is not None and bool(self.visible_share[view] < self.share_below)
+
+    def cuts(self, view):
+        """(whether ``view`` applies its mask, its LOD gate's ``min_px``: 0 for none) now."""
+        auto = self.cuts_view(view) if self.auto_masks or self.auto_lod else False
+        masks = self.masks and (auto or not self.auto_masks)
+        lod = self.lod_px if self.lod_px > 0 and (auto or not self.auto_lod) else 0.0
+        return masks, lod
 
     def scores_after(self, prev, step, strategy=None):
         """Whether a pass is due after a step that went from ``prev`` to ``step`` (a batch crosses
@@ -245,11 +278,12 @@ class Workload:
         the view is in the sample (``viewed``).  -> ``p``."""
         if not self.on:
             return p
-        if self.culls:
+        masks, lod_px = self.cuts(view) if self.culls else (False, 0.0)
+        if masks or lod_px > 0:
             def scored(key, wanted):  # a pass's rows for these Gaussians (None: off, or no pass scored them yet)
                 rows = state.get(key) if wanted else None
                 return rows if rows is not None and len(rows) == len(g) else None
-            ns.cull(p, g, scored(VIEW_SKIP, self.masks), view, self.lod_px, backend, scored(LOD_SPARE, self.lod_px > 0))
+            ns.cull(p, g, scored(VIEW_SKIP, masks), view, lod_px, backend, scored(LOD_SPARE, lod_px > 0))
         if self._drawn is not None and view % DRAWN_SAMPLE_EVERY == 0:  # two launches, on the device alone
             xp = _backend.array_module_of(p.counts)
             xp.add(self._drawn, xp.count_nonzero(p.counts), out=self._drawn)
@@ -275,7 +309,8 @@ class Workload:
         result = None
         if gathered is not None:
             result = self._score_whole(trainer, *gathered)
-        model_state, strategy_state, report = trainer.from_root(result)
+        model_state, strategy_state, report, visible_share = trainer.from_root(result)
+        self.visible_share = visible_share
         trainer.start_from(model_state, strategy_state)
         trainer.barrier()
         seconds = time.perf_counter() - t0
@@ -292,10 +327,12 @@ class Workload:
         cameras = [v.camera for v in trainer.data.train]
         t0 = time.perf_counter()
         lod = LodReach(len(g), self.lod_px, xp) if self.lod_px > 0 else None
+        drawn = xp.zeros(len(cameras), np.int64)
         importance, skip = importance_scores(g, cameras, trainer.sh_degree_now(), trainer.cfg.antialias,
-                                             self.mask_below, backend, lod=lod)
+                                             self.mask_below, backend, lod=lod, drawn=drawn)
         top = float(importance.max()) if len(importance) else 0.0  # (a sync: the renders are done)
         render_seconds = time.perf_counter() - t0
+        visible_share = _backend.to_host(drawn) / max(len(g), 1)
         normalised = importance / top if top > 0 else importance
         keep = normalised >= self.prune if self.prune > 0 else xp.ones(len(g), bool)
         if not bool(keep.any()):  # never the whole model
@@ -318,8 +355,44 @@ class Workload:
         report = {"render_seconds": render_seconds,
                   "gaussians_before": len(keep), "gaussians": len(rows), "pruned": len(keep) - len(rows),
                   "masked_fraction": masked, "weight_below_one": float((kept[IMPORTANCE_WEIGHT] < 1).mean())
-                  if len(rows) else 0.0, **(lod.report(keep) if lod is not None else {})}
-        return model_state, kept, report
+                  if len(rows) else 0.0, **(lod.report(keep) if lod is not None else {}),
+                  "visible_share": float(np.median(visible_share)) if len(visible_share) else 0.0}
+        if self.auto_masks or self.auto_lod:
+            report["cut_views"] = int((visible_share < self.share_below).sum())
+        return model_state, kept, report, visible_share
+
+    def warm(self, trainer):
+        """Run the pass once on the first ``WARM_ROWS`` rows of the model (all views; the result
+        dropped) where a pass is due in this run: the first pass then finds its kernels compiled (the
+        contributions kernel and the array operations that only the pass uses), so its time is the
+        pass's own and the compilation shows apart, in ``warmup_seconds``.  Collective; once an object."""
+        if not self.every or self._warmed or not self._due_in_run(trainer):
+            return
+        self._warmed = True
+        t0 = time.perf_counter()
+        gathered = trainer.whole_state()
+        if gathered is not None:
+            model_state, strategy_state = gathered
+            head = {w: {k: a[:WARM_ROWS] for k, a in model_state[w].items()} for w in ("params", "m", "v")}
+            rows = len(model_state["params"]["means"])
+            state = {k: a[:WARM_ROWS] for k, a in strategy_state.items() if a.ndim and len(a) == rows}
+            self._score_whole(trainer, {**head, "step": model_state["step"]}, state)
+        trainer.barrier()
+        self.warmup_seconds = time.perf_counter() - t0
+
+    def _due_in_run(self, trainer):
+        """Whether a pass comes between ``trainer``'s step and the end of its run."""
+        iterations = self.cfg.iterations
+        steps = scoring_steps(iterations, self.every, opacity_resets(trainer.strategy, iterations))
+        return any(s > trainer.step for s in steps)
+
+    def snapshot_arrays(self):
+        """What a resumed run needs to cull as this one would: the last pass's visible shares (auto)."""
+        return {} if self.visible_share is None else {"visible_share": np.asarray(self.visible_share, np.float64)}
+
+    def restore(self, arrays):
+        """Take back ``snapshot_arrays``'s (from a snapshot without them: none, as before any pass)."""
+        self.visible_share = arrays.get("visible_share")
 
 
 def imbalance(per_rank):
