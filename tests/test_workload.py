@@ -321,6 +321,13 @@ def test_workload_switches_are_checked():
         Workload(TrainConfig(importance_every=10, strategy="mcmc"), 3)
     with pytest.raises(ValueError, match="--view-masks must be"):
         Workload(TrainConfig(view_masks="yes"), 3)
+    with pytest.raises(ValueError, match="--view-masks auto needs"):
+        Workload(TrainConfig(view_masks="auto"), 3)
+    with pytest.raises(ValueError, match="--lod-views must be"):
+        Workload(TrainConfig(lod_views="some"), 3)
+    for switches in (dict(lod_views="auto", lod_min_px=0.5), dict(lod_views="auto", importance_every=10)):
+        with pytest.raises(ValueError, match="--lod-views auto needs"):
+            Workload(TrainConfig(**switches), 3)
     assert not Workload(TrainConfig(), 3).on
 
 
@@ -331,12 +338,16 @@ def test_pipelines_without_culling_refuse_the_switches(dataset, tmp_path):
 
 
 BLITZ = dict(importance_every=12, importance_prune=0.01, view_masks="on", lod_min_px=0.6, view_mask_below=0.3)
+# the masks and the gate on the views under a share between the demo views' (0.34-0.41 at the first pass)
+BLITZ_AUTO = {**BLITZ, "view_masks": "auto", "lod_views": "auto", "cull_share_below": 0.38}
 
 
-def test_every_switch_trains_logs_and_resumes_as_if_never_stopped(dataset, tmp_path):
-    """Passes at 12, 24 and 36 of 40 (pruning, weights, masks), the LOD gate every step; a run
-    stopped at 20 and resumed from its snapshot (masks and weights in it) ends as the whole run."""
-    cfg = lambda: small_config(**BLITZ)  # noqa: E731
+@pytest.mark.parametrize("switches", [BLITZ, BLITZ_AUTO], ids=["on", "auto"])
+def test_every_switch_trains_logs_and_resumes_as_if_never_stopped(dataset, tmp_path, switches):
+    """Passes at 12, 24 and 36 of 40 (pruning, weights, masks), the LOD gate every step (auto: on the
+    views that the last pass found under the share); a run stopped at 20 and resumed from its
+    snapshot (masks, weights and the views' shares in it) ends as the whole run."""
+    cfg = lambda: small_config(**switches)  # noqa: E731
     whole = fast_refine(SingleGPUTrainer(dataset, tmp_path / "a", cfg(), backend="cpu")).train(progress=False)
     records = [json.loads(line) for line in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
     passes = [r for r in records if "importance_pass" in r]
@@ -398,7 +409,103 @@ def test_cli_flags_and_their_defaults():
     assert a.shard == "parity"
     d = config_from_args(p.parse_args([]))
     assert (d.importance_every, d.importance_prune, d.view_masks, d.lod_min_px) == (0, 0.0, "off", 0.0)
+    assert (d.lod_views, d.cull_share_below) == ("all", 0.3)
+    auto = config_from_args(p.parse_args(["--view-masks", "auto", "--lod-views", "auto", "--cull-share-below", "0.2"]))
+    assert (auto.view_masks, auto.lod_views, auto.cull_share_below) == ("auto", "auto", 0.2)
     assert p.parse_args([]).shard == "contiguous"
-    for bad in (["--view-masks", "yes"], ["--shard", "odd"], ["--importance-prune", "2"], ["--lod-min-px", "-1"]):
+    for bad in (["--view-masks", "yes"], ["--shard", "odd"], ["--importance-prune", "2"], ["--lod-min-px", "-1"],
+                ["--lod-views", "some"], ["--cull-share-below", "1.5"]):
         with pytest.raises(argparse.ArgumentError):
             p.parse_args(bad)
+
+
+def test_the_pass_counts_the_gaussians_each_view_draws():
+    """``importance_scores(drawn=)``: each view's count of the rows its projection draws (the visible
+    share's numerator), and the scores and masks as without it."""
+    g = edge_case_scene(n=30, seed=4, dtype=np.float32)
+    cams = [shifted_camera(dx) for dx in (0.0, 0.6, -1.2, 4.0)]
+    drawn = np.full(len(cams), -1, np.int64)
+    total, skip = importance_scores(g, cams, 3, False, 0.05, backend="cpu", drawn=drawn)
+    expected = [int((ns.project(g, cam, backend="cpu").counts > 0).sum()) for cam in cams]
+    assert drawn.tolist() == expected and len(set(expected)) > 1, expected
+    plain_total, plain_skip = importance_scores(g, cams, 3, False, 0.05, backend="cpu")
+    np.testing.assert_array_equal(total, plain_total)
+    np.testing.assert_array_equal(skip, plain_skip)
+
+
+def auto_workload(shares, **switches):
+    """A ``Workload`` of three views whose last pass measured ``shares`` (None: no pass yet)."""
+    cfg = TrainConfig(**{"importance_every": 100, "lod_min_px": 0.5, "cull_share_below": 0.5, **switches})
+    w = Workload(cfg, n_views=3)
+    w.visible_share = None if shares is None else np.array(shares)
+    return w
+
+
+def test_auto_culls_only_the_views_that_see_a_small_share():
+    """``--view-masks auto`` and ``--lod-views auto``: a view under ``cull_share_below`` applies its
+    mask and the gate, one at or over it neither, and before any pass none does; each auto alone
+    leaves the other switch as it is."""
+    both = dict(view_masks="auto", lod_views="auto")
+    shares = [0.2, 0.7, 0.5]
+    assert [auto_workload(shares, **both).cuts(v) for v in range(3)] == [(True, 0.5), (False, 0.0), (False, 0.0)]
+    assert [auto_workload(None, **both).cuts(v) for v in range(3)] == [(False, 0.0)] * 3
+    assert auto_workload(shares, view_masks="auto").cuts(1) == (False, 0.5)       # the gate on every view
+    assert auto_workload(shares, view_masks="on", lod_views="auto").cuts(1) == (True, 0.0)
+    assert auto_workload(shares, view_masks="on").cuts(1) == (True, 0.5)          # no auto: as before
+    # the culled projections: the mask hides its rows from the view under the share, not from the other
+    g = edge_case_scene(n=40, seed=3, dtype=np.float32)
+    cam = look_at_camera()
+    _, skip = importance_scores(g, [cam, cam, cam], sh_degree=3, antialias=False, mask_below=0.5, backend="cpu")
+    w = auto_workload(shares, view_masks="auto", view_mask_below=0.5)
+    full, small = culled(g, cam, w, {VIEW_SKIP: skip}, view=0)
+    _, large = culled(g, cam, w, {VIEW_SKIP: skip}, view=1)
+    np.testing.assert_array_equal(large.counts, full.counts)
+    np.testing.assert_array_equal(small.counts, np.where(view_bit(skip, 0, np), 0, full.counts))
+    assert (small.counts < full.counts).sum() >= 3
+
+
+def test_a_pass_measures_the_visible_shares_that_auto_chooses_by(dataset, tmp_path):
+    """A run's pass (no pruning: the rows stay as they were) stores each training view's share of the
+    Gaussians its projection draws, logs their median and the views under ``cull_share_below``, and
+    a snapshot keeps the shares for a resumed run; the run warmed the pass's kernels first."""
+    cfg = small_config(importance_every=12, view_masks="auto", lod_min_px=0.6, lod_views="auto",
+                       cull_share_below=0.38)  # (between the demo views' shares: some views culled, some not)
+    t = fast_refine(SingleGPUTrainer(dataset, tmp_path / "a", cfg, backend="cpu"))
+    t.train(progress=False, until=12)
+    g = t.model.gaussians
+    shares = np.array([(ns.project(g, v.camera, backend="cpu").counts > 0).mean() for v in dataset.train])
+    np.testing.assert_allclose(t.workload.visible_share, shares, rtol=1e-12)
+    record = [json.loads(line) for line in (tmp_path / "a" / "log.jsonl").read_text().splitlines()][-1]
+    assert 0 < record["importance_pass"]["cut_views"] == (shares < 0.38).sum() < len(shares)
+    assert record["importance_pass"]["visible_share"] == pytest.approx(np.median(shares))
+    assert [t.workload.cuts_view(v) for v in range(len(shares))] == (shares < 0.38).tolist()
+    assert t.workload.warmup_seconds > 0
+    t.save_snapshot()
+    resumed = SingleGPUTrainer(dataset, tmp_path / "a", cfg, backend="cpu")
+    resumed.load_snapshot(tmp_path / "a" / SNAPSHOT)
+    np.testing.assert_array_equal(resumed.workload.visible_share, t.workload.visible_share)
+
+
+def test_the_warm_up_runs_the_pass_where_one_is_due_and_changes_nothing(dataset, tmp_path):
+    """``Workload.warm``: where a pass comes in the run it times one on a few rows, and leaves the
+    model and the strategy's state as they were; a second call, or a run with no pass to come, does
+    nothing."""
+    t = SingleGPUTrainer(dataset, tmp_path / "a", small_config(**BLITZ), backend="cpu")
+    t.init_model()
+    before = t.model.host_arrays()
+    state = {k: np.array(a) for k, a in t.strategy_state.items()}
+    t.workload.warm(t)
+    seconds = t.workload.warmup_seconds
+    assert seconds > 0 and t.workload.passes == 0 and t.workload.visible_share is None
+    for k, a in t.model.host_arrays().items():
+        np.testing.assert_array_equal(a, before[k], err_msg=k)
+    assert t.strategy_state.keys() == state.keys()
+    for k, a in state.items():
+        np.testing.assert_array_equal(t.strategy_state[k], a, err_msg=k)
+    t.workload.warm(t)
+    assert t.workload.warmup_seconds == seconds
+    late = SingleGPUTrainer(dataset, tmp_path / "b", small_config(**BLITZ), backend="cpu")
+    late.init_model()
+    late.step = 36  # (as a run resumed at its last pass: the passes come at 12, 24 and 36 of 40)
+    late.workload.warm(late)
+    assert late.workload.warmup_seconds == 0
