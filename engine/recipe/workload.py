@@ -43,7 +43,17 @@ Three switches, each off by default (``TrainConfig``), each measurable alone and
 The pass runs on the root rank for the whole model (``Trainer.gather_state``), which then starts
 every rank from the pruned model with its weights and masks (``Trainer.start_from``): the same
 under any pipeline that supports the switches (``Trainer.culls_views``) and any rank count.  Its
-time is logged (``importance_pass`` records of OUT/log.jsonl) and summed (``seconds``).
+time is logged (``importance_pass`` records of OUT/log.jsonl) and summed (``seconds``).  Its
+kernels (the contributions kernel on a GPU, and there the array operations only it uses) compile at
+the start of a run that has a pass to come (``Workload.warm``: a pass on a few rows, timed apart), not
+inside the first pass.
+
+**Auto** (``--view-masks auto``, ``--lod-views auto``): each pass also measures each view's visible
+share (the fraction of the Gaussians that its projection draws), and until the next pass the masks
+and the gate apply only to the views under ``--cull-share-below``: where a view sees a small part of
+the scene (a street view of a city) they hide much of what it would draw; where it sees most of it
+they hide little, while their pass over every row stays (issue 62: every switch did not pay on a 360°
+capture).  Before the first pass no view culls.
 """
 import dataclasses
 import math
@@ -81,7 +91,7 @@ def scoring_steps(iterations, every, waits=()):
 
 VIEW_MASKS = ("on", "off", "auto")  # --view-masks: auto masks the views that see a small part (``Workload.cuts_view``)
 LOD_VIEWS = ("all", "auto")         # --lod-views: the views the LOD gate applies to
-WARM_ROWS = 64  # ``Workload.warm`` runs the pass on this many rows: every kernel compiles, little to compute
+WARM_ROWS, WARM_VIEWS = 64, 2  # ``Workload.warm``'s pass: every kernel compiles, little to compute
 DRAWN_SAMPLE_EVERY = 4  # the log's Gaussians drawn per view: counted on the views 0, 4, 8... (a count is 2 launches)
 RECOVERY_SHARE = 6  # a pass waits a sixth of the reset period after a reset (500 of 3DGS's 3000 steps)
 
@@ -318,13 +328,14 @@ class Workload:
         self.passes += 1
         return {"importance_pass": {**report, "seconds": seconds}, "gaussians": report["gaussians"]}
 
-    def _score_whole(self, trainer, model_state, strategy_state):
+    def _score_whole(self, trainer, model_state, strategy_state, views=None):
         """The pass on the root: the whole states in (``Trainer.whole_state``: host arrays, or a
-        single process's device arrays), the kept rows of them out, and the pass's report."""
+        single process's device arrays), the kept rows of them out, the pass's report and the
+        views' visible shares; over the first ``views`` training views (None: all)."""
         xp, backend = trainer.xp, trainer.backend
         params = model_state["params"]
         g = ns.Gaussians(**{k: xp.asarray(a) for k, a in params.items()})  # (no copy where on the device)
-        cameras = [v.camera for v in trainer.data.train]
+        cameras = [v.camera for v in trainer.data.train[:views]]
         t0 = time.perf_counter()
         lod = LodReach(len(g), self.lod_px, xp) if self.lod_px > 0 else None
         drawn = xp.zeros(len(cameras), np.int64)
@@ -362,10 +373,11 @@ class Workload:
         return model_state, kept, report, visible_share
 
     def warm(self, trainer):
-        """Run the pass once on the first ``WARM_ROWS`` rows of the model (all views; the result
-        dropped) where a pass is due in this run: the first pass then finds its kernels compiled (the
-        contributions kernel and the array operations that only the pass uses), so its time is the
-        pass's own and the compilation shows apart, in ``warmup_seconds``.  Collective; once an object."""
+        """Run the pass once on the first ``WARM_ROWS`` rows of the model and its first ``WARM_VIEWS``
+        views (the result dropped) where a pass is due in this run: the first pass then finds its
+        kernels compiled (the contributions kernel and the array operations that only the pass uses),
+        so its time is the pass's own and the compilation shows apart, in ``warmup_seconds``.
+        Collective; once an object."""
         if not self.every or self._warmed or not self._due_in_run(trainer):
             return
         self._warmed = True
@@ -376,7 +388,7 @@ class Workload:
             head = {w: {k: a[:WARM_ROWS] for k, a in model_state[w].items()} for w in ("params", "m", "v")}
             rows = len(model_state["params"]["means"])
             state = {k: a[:WARM_ROWS] for k, a in strategy_state.items() if a.ndim and len(a) == rows}
-            self._score_whole(trainer, {**head, "step": model_state["step"]}, state)
+            self._score_whole(trainer, {**head, "step": model_state["step"]}, state, views=WARM_VIEWS)
         trainer.barrier()
         self.warmup_seconds = time.perf_counter() - t0
 
