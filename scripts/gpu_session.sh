@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelahead P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|graphsab [S]|pending [S]|hostprof|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P|proxy|curves
+#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzpass [S]|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelahead P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|graphsab [S]|pending [S]|hostprof|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P|proxy|curves
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -320,6 +320,28 @@ blitzcity)  # issue 27: the generated city (small preset; PRESET=large: the larg
         step "city $v"; train "city_$v" 7000 --data $city ${!extra+"${!extra}"}
     done
     python3 scripts/workload_summary.py "$R"/city_*/ ;;
+blitzpass)  # issue 62: do BlitzGS's switches pay on 360° captures now that the importance pass's kernels
+    # compile before the first pass (Workload.warm: importance_warmup_seconds) and auto culls only the views that see
+    # a small share?  CAPTURES (default "helmet office": .data/NAME staged with images_2 and sparse, trained at
+    # images_4, made here unless staged) at ITERS (default 30000), seed S (default 0), VARIANTS (default "base all
+    # auto"): base (today's defaults), all (every switch: importance every 3000 pruning under 1e-4, view masks,
+    # LOD 0.5 px), auto (all with --view-masks auto --lod-views auto).  One run at a time (timed) after a warm-up
+    # run that compiles every kernel, the pass's too (one at 500): about 6 minutes on an H100 ("base all": 4).
+    # Prints each run's training time and PSNR, its passes' seconds (each, and the warm-up's) and the views culled
+    seed=${2:-0}; captures=${CAPTURES:-helmet office}
+    all=(--importance-every 3000 --importance-prune 0.0001 --view-masks on --lod-min-px 0.5)
+    auto=(--importance-every 3000 --importance-prune 0.0001 --view-masks auto --lod-min-px 0.5 --lod-views auto)
+    for cap in $captures; do half_images .data/$cap; done
+    train warm 1100 --data .data/${captures%% *} --images images_4 "${all[@]/3000/500}"
+    for cap in $captures; do
+        for v in ${VARIANTS:-base all auto}; do
+            extra=${v}[@]; [ $v = base ] && extra=none[@]
+            step "$cap $v"
+            train "${cap}_${v}_s$seed" "${ITERS:-30000}" --data .data/$cap --images images_4 --seed "$seed" \
+                ${!extra+"${!extra}"}
+        done
+    done
+    python3 scripts/workload_summary.py "$R"/*_s"$seed" ;;
 blitzmpi)  # issue 27: load imbalance of contiguous against parity shards, P ranks (fern, 2000 images, then the city)
     p=${2:-2}
     [ -d .data/city ] || python3 run.py synth --out .data/city --preset small > "$R/synth.txt" 2>&1

@@ -1,6 +1,7 @@
 """One line per training run of the BlitzGS ablation (scripts/gpu_session.sh blitz): test PSNR,
 training seconds, ms a step and the mean model size over each half of the run, the importance
-passes' seconds and share (and their renders' seconds), the mean
+passes' seconds and share (their renders' seconds, each pass's, the warm-up's that compiled them), with
+``--view-masks auto`` or ``--lod-views auto`` the views culled after each pass, the mean
 Gaussians drawn per view (the log's ``drawn_per_view``, where a switch was on; else the model's mean
 size), the final count, under MPI the mean ``projected_imbalance``, and with the LOD gate what it kept
 from training at each pass (``engine.recipe.workload.LodReach``).
@@ -39,17 +40,23 @@ def summary(out):
     train = metrics.get("train_seconds", records[-1]["time"] if records else 0.0)
     passes = metrics.get("importance_seconds", sum(r["importance_pass"]["seconds"] for r in records
                                                    if "importance_pass" in r))
-    rendering = sum(r["importance_pass"].get("render_seconds", 0.0) for r in records if "importance_pass" in r)
+    each = [r["importance_pass"] for r in records if "importance_pass" in r]
+    rendering = sum(p.get("render_seconds", 0.0) for p in each)
+    each_seconds = " / ".join(f"{p['seconds']:.2f}" for p in each) or "-"
     steps = records[-1]["step"] if records else 0
     share = 100 * passes / max(train, 1e-9)
     (first_ms, first_n), (second_ms, second_n) = halves(records)
     line = (f"{out.name}: PSNR {metrics.get('psnr', float('nan')):.2f} dB, {train:.1f} s training "
             f"({1e3 * train / max(steps, 1):.2f} ms a step; {first_ms:.2f} in the first half at {first_n:,.0f} "
             f"Gaussians, {second_ms:.2f} in the second at {second_n:,.0f}), "
-            f"passes {passes:.1f} s ({share:.1f}%; their renders {rendering:.1f} s), "
+            f"passes {passes:.1f} s ({share:.1f}%; their renders {rendering:.1f} s; each {each_seconds}; warm-up "
+            f"{metrics.get('importance_warmup_seconds', 0.0):.2f} s), "
             f"{per_view}, final {metrics.get('gaussians', '?')} Gaussians")
     if imbalance:
         line += f", projected imbalance {sum(imbalance) / len(imbalance):.3f}"
+    if any("cut_views" in p for p in each):  # --view-masks auto, --lod-views auto: the views culled after each pass
+        line += ", views culled " + " / ".join(f"{p['cut_views']} (median share {p['visible_share']:.2f})"
+                                               for p in each)
     lod = [r["importance_pass"] for r in records if "lod_untrained" in r.get("importance_pass", {})]
     if lod:  # what the LOD gate kept from training, at each pass: share of the rendered weight, rows
         line += ", LOD hid " + " / ".join(f"{p['lod_hidden_weight']:.2%} ({p['lod_untrained']:,} untrained)"
