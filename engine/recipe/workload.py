@@ -283,8 +283,8 @@ class Workload:
 
     def cull(self, p, g, state, view, backend):
         """Hide from ``p``, the projection for training view ``view`` of the Gaussians ``g`` (a model
-        or a shard, ``state`` its strategy state), those that its mask or the LOD gate skips
-        (``ns.cull``: in place, no sync), and add what it draws to ``drawn_per_view``'s total where
+        or a shard, ``state`` its strategy state), those that its mask or the LOD gate skips where the
+        view applies them (``cuts``) (``ns.cull``: in place, no sync), and add what it draws to ``drawn_per_view``'s total where
         the view is in the sample (``viewed``).  -> ``p``."""
         if not self.on:
             return p
