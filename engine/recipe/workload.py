@@ -222,7 +222,7 @@ class Workload:
         # auto: the views where masks / the gate apply, from the last pass's visible shares
         self.auto_masks, self.auto_lod = cfg.view_masks == "auto", cfg.lod_views == "auto"
         self.share_below = cfg.cull_share_below
-        self.visible_share = None  # (V,) float64 on the host: each view's share of the Gaussians in it, at the last pass
+        self.visible_share = None  # (V,) float64, host: each view's share of the Gaussians in it at the last pass
         self.warmup_seconds = 0.0  # ``warm``'s, at the start of a run
         self._warmed = False
         if self.every and cfg.strategy != "default":
@@ -284,8 +284,8 @@ class Workload:
     def cull(self, p, g, state, view, backend):
         """Hide from ``p``, the projection for training view ``view`` of the Gaussians ``g`` (a model
         or a shard, ``state`` its strategy state), those that its mask or the LOD gate skips where the
-        view applies them (``cuts``) (``ns.cull``: in place, no sync), and add what it draws to ``drawn_per_view``'s total where
-        the view is in the sample (``viewed``).  -> ``p``."""
+        view applies them (``cuts``; ``ns.cull``: in place, no sync), and add what it draws to
+        ``drawn_per_view``'s total where the view is in the sample (``viewed``).  -> ``p``."""
         if not self.on:
             return p
         masks, lod_px = self.cuts(view) if self.culls else (False, 0.0)
