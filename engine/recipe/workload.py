@@ -91,7 +91,8 @@ def scoring_steps(iterations, every, waits=()):
 
 VIEW_MASKS = ("on", "off", "auto")  # --view-masks: auto masks the views that see a small part (``Workload.cuts_view``)
 LOD_VIEWS = ("all", "auto")         # --lod-views: the views the LOD gate applies to
-WARM_ROWS, WARM_VIEWS = 64, 2  # ``Workload.warm``'s pass: every kernel compiles, little to compute
+WARM_ROWS, WARM_VIEWS = 64, 9  # ``Workload.warm``'s pass: every kernel compiles, little to compute (over 8
+                                # views: the masks' bytes lie strided, as in a run's pass)
 DRAWN_SAMPLE_EVERY = 4  # the log's Gaussians drawn per view: counted on the views 0, 4, 8... (a count is 2 launches)
 RECOVERY_SHARE = 6  # a pass waits a sixth of the reset period after a reset (500 of 3DGS's 3000 steps)
 
@@ -262,13 +263,17 @@ class Workload:
     def scores_after(self, prev, step, strategy=None):
         """Whether a pass is due after a step that went from ``prev`` to ``step`` (a batch crosses
         several images at once), where ``strategy`` resets the opacities."""
+        return any(prev < s <= step for s in self.steps(strategy))
+
+    def steps(self, strategy=None):
+        """The run's scoring steps (``scoring_steps``) where ``strategy`` resets the opacities."""
         if not self.every:
-            return False
+            return []
         iterations = self.cfg.iterations
         if self._schedule[0] != (iterations, strategy):  # once a run: a resume or a pruning may change them
             self._schedule = ((iterations, strategy),
                               scoring_steps(iterations, self.every, opacity_resets(strategy, iterations)))
-        return any(prev < s <= step for s in self._schedule[1])
+        return self._schedule[1]
 
     # ------------------------------------------------------------------ the view level
     def viewed(self, view, backend):
@@ -378,7 +383,7 @@ class Workload:
         kernels compiled (the contributions kernel and the array operations that only the pass uses),
         so its time is the pass's own and the compilation shows apart, in ``warmup_seconds``.
         Collective; once an object."""
-        if not self.every or self._warmed or not self._due_in_run(trainer):
+        if self._warmed or not any(s > trainer.step for s in self.steps(trainer.strategy)):
             return
         self._warmed = True
         t0 = time.perf_counter()
@@ -391,12 +396,6 @@ class Workload:
             self._score_whole(trainer, {**head, "step": model_state["step"]}, state, views=WARM_VIEWS)
         trainer.barrier()
         self.warmup_seconds = time.perf_counter() - t0
-
-    def _due_in_run(self, trainer):
-        """Whether a pass comes between ``trainer``'s step and the end of its run."""
-        iterations = self.cfg.iterations
-        steps = scoring_steps(iterations, self.every, opacity_resets(trainer.strategy, iterations))
-        return any(s > trainer.step for s in steps)
 
     def snapshot_arrays(self):
         """What a resumed run needs to cull as this one would: the last pass's visible shares (auto)."""
