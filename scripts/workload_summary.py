@@ -1,6 +1,7 @@
 """One line per training run of the BlitzGS ablation (scripts/gpu_session.sh blitz): test PSNR,
 training seconds, ms a step and the mean model size over each half of the run, the importance
-passes' seconds and share (their renders' seconds, each pass's, the warm-up's that compiled them), with
+passes' seconds and share (their renders' seconds, each pass's with its renders', the warm-up's that
+compiled them), with
 ``--view-masks auto`` or ``--lod-views auto`` the views culled after each pass, the mean
 Gaussians drawn per view (the log's ``drawn_per_view``, where a switch was on; else the model's mean
 size), the final count, under MPI the mean ``projected_imbalance``, and with the LOD gate what it kept
@@ -42,7 +43,7 @@ def summary(out):
                                                    if "importance_pass" in r))
     each = [r["importance_pass"] for r in records if "importance_pass" in r]
     rendering = sum(p.get("render_seconds", 0.0) for p in each)
-    each_seconds = " / ".join(f"{p['seconds']:.2f}" for p in each) or "-"
+    each_seconds = " / ".join(f"{p['seconds']:.2f} ({p.get('render_seconds', 0.0):.2f})" for p in each) or "-"
     steps = records[-1]["step"] if records else 0
     share = 100 * passes / max(train, 1e-9)
     (first_ms, first_n), (second_ms, second_n) = halves(records)
