@@ -327,7 +327,8 @@ blitzpass)  # issue 62: do BlitzGS's switches pay on 360° captures now that the
     # auto"): base (today's defaults), all (every switch: importance every 3000 pruning under 1e-4, view masks,
     # LOD 0.5 px), auto (all with --view-masks auto --lod-views auto).  One run at a time (timed) after a warm-up
     # run that compiles every kernel, the pass's too (one at 500): about 6 minutes on an H100 ("base all": 4).
-    # Prints each run's training time and PSNR, its passes' seconds (each, and the warm-up's) and the views culled
+    # Prints each run's training time and PSNR, its passes' seconds (each, and the warm-up's) and the views culled,
+    # then the pass's stages on each capture's model of every switch (scripts/pass_profile.py)
     seed=${2:-0}; captures=${CAPTURES:-helmet office}
     all=(--importance-every 3000 --importance-prune 0.0001 --view-masks on --lod-min-px 0.5)
     auto=(--importance-every 3000 --importance-prune 0.0001 --view-masks auto --lod-min-px 0.5 --lod-views auto)
@@ -337,11 +338,16 @@ blitzpass)  # issue 62: do BlitzGS's switches pay on 360° captures now that the
         for v in ${VARIANTS:-base all auto}; do
             extra=${v}[@]; [ $v = base ] && extra=none[@]
             step "$cap $v"
-            train "${cap}_${v}_s$seed" "${ITERS:-30000}" --data .data/$cap --images images_4 --seed "$seed" \
-                ${!extra+"${!extra}"}
+            KEEP=$([ $v = all ] && echo 1) train "${cap}_${v}_s$seed" "${ITERS:-30000}" --data .data/$cap \
+                --images images_4 --seed "$seed" ${!extra+"${!extra}"}
         done
     done
-    python3 scripts/workload_summary.py "$R"/*_s"$seed" ;;
+    python3 scripts/workload_summary.py "$R"/*_s"$seed"
+    for cap in $captures; do  # where a pass's time goes on the model that every switch trained
+        ply=$R/${cap}_all_s$seed/point_cloud/iteration_${ITERS:-30000}/point_cloud.ply
+        [ -f "$ply" ] && timeout 120 python3 scripts/pass_profile.py --data .data/$cap --images images_4 --ply "$ply" \
+            --lod-min-px 0.5 --repeats 2 2>&1 | tail -3
+    done ;;
 blitzmpi)  # issue 27: load imbalance of contiguous against parity shards, P ranks (fern, 2000 images, then the city)
     p=${2:-2}
     [ -d .data/city ] || python3 run.py synth --out .data/city --preset small > "$R/synth.txt" 2>&1
