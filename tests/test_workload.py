@@ -1,7 +1,8 @@
 """BlitzGS's workload switches (engine/recipe/workload.py, issue 27) on the CPU backend: the importance pass
 against a brute-force float64 compositing, culled and LOD-gated views against the full render,
 the densification weights and view masks through refinements, the schedule, a run with every
-switch on that resumes as if never stopped, and the switches' checks."""
+switch on (and with auto's choice of views) that resumes as if never stopped, the views' visible
+shares that auto chooses by, the warm-up that compiles the pass's kernels, and the switches' checks."""
 import json
 
 import numpy as np
