@@ -457,7 +457,7 @@ def test_auto_culls_only_the_views_that_see_a_small_share():
     g = edge_case_scene(n=40, seed=3, dtype=np.float32)
     cam = look_at_camera()
     _, skip = importance_scores(g, [cam, cam, cam], sh_degree=3, antialias=False, mask_below=0.5, backend="cpu")
-    w = auto_workload(shares, view_masks="auto", view_mask_below=0.5)
+    w = auto_workload(shares, view_masks="auto", view_mask_below=0.5, lod_min_px=0.0)  # (the masks alone)
     full, small = culled(g, cam, w, {VIEW_SKIP: skip}, view=0)
     _, large = culled(g, cam, w, {VIEW_SKIP: skip}, view=1)
     np.testing.assert_array_equal(large.counts, full.counts)
