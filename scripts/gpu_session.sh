@@ -323,10 +323,11 @@ blitzcity)  # issue 27: the generated city (small preset; PRESET=large: the larg
 blitzpass)  # issue 62: do BlitzGS's switches pay on 360° captures now that the importance pass's kernels
     # compile before the first pass (Workload.warm: importance_warmup_seconds) and auto culls only the views that see
     # a small share?  CAPTURES (default "helmet office": .data/NAME staged with images_2 and sparse, trained at
-    # images_4, made here unless staged) at ITERS (default 30000), seed S (default 0), VARIANTS (default "base all
-    # auto"): base (today's defaults), all (every switch: importance every 3000 pruning under 1e-4, view masks,
+    # images_4, made here unless staged) at ITERS (default 30000), seed S (default 0), VARIANTS (default "base
+    # all"): base (today's defaults), all (every switch: importance every 3000 pruning under 1e-4, view masks,
     # LOD 0.5 px), auto (all with --view-masks auto --lod-views auto).  One run at a time (timed) after a warm-up
-    # run that compiles every kernel, the pass's too (one at 500): about 6 minutes on an H100 ("base all": 4).
+    # run that compiles every kernel, the pass's too (one at 500): about 5 minutes on an H100 for the default
+    # four runs; auto too: a capture a call (CAPTURES=helmet VARIANTS="base all auto", then office)
     # Prints each run's training time and PSNR, its passes' seconds (each, and the warm-up's) and the views culled,
     # then the pass's stages on each capture's model of every switch (scripts/pass_profile.py)
     seed=${2:-0}; captures=${CAPTURES:-helmet office}
@@ -335,7 +336,7 @@ blitzpass)  # issue 62: do BlitzGS's switches pay on 360° captures now that the
     for cap in $captures; do half_images .data/$cap; done
     train warm 1100 --data .data/${captures%% *} --images images_4 "${all[@]/3000/500}"
     for cap in $captures; do
-        for v in ${VARIANTS:-base all auto}; do
+        for v in ${VARIANTS:-base all}; do
             extra=${v}[@]; [ $v = base ] && extra=none[@]
             step "$cap $v"
             KEEP=$([ $v = all ] && echo 1) train "${cap}_${v}_s$seed" "${ITERS:-30000}" --data .data/$cap \
