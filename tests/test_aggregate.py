@@ -233,3 +233,24 @@ print("AGGREGATE SIM OK")
 test_two_virtual_devices_equal_one_under_the_simulator = simulator_test(
     f"import sys; sys.path.insert(0, {str(__import__('conftest').TESTS_DIR)!r})\n" + SIM_SCRIPT,
     "AGGREGATE SIM OK", timeout=240)
+
+
+def test_bench_times_the_split_step(tmp_path, capsys):
+    """``run.py bench --virtual-devices 3`` times the step split as training splits it."""
+    import cli
+    path = tmp_path / "b.npz"
+    assert cli.main(["bench", "--make", "500", "--res", "40x36", "--out", str(path)]) == 0
+    capsys.readouterr()
+    assert cli.main(["bench", "--scene", str(path), "--iters", "1", "--warmup", "0", "--virtual-devices", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "3 virtual devices" in out and "step_ms=" in out, out
+
+
+def test_info_says_which_gpus_reach_each_other(monkeypatch):
+    from cli import bench
+    from numbasplat import device
+    monkeypatch.setattr(device, "peer_access", lambda: {(0, 1): True, (1, 0): True})
+    assert bench._peer_line() == "GPU peer access (every pair): 0->1 yes, 1->0 yes"
+    monkeypatch.setattr(device, "peer_access", lambda: {(0, 1): True, (1, 0): False})
+    assert bench._peer_line() == ("GPU peer access (not every pair: train --devices needs --devices-allow-pcie): "
+                                  "0->1 yes, 1->0 no")

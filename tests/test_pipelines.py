@@ -116,6 +116,7 @@ def test_make_trainer_picks_the_pipeline_of_the_options_and_ranks(dataset, tmp_p
     from mpi4py import MPI
     made = {}
     for name, options, comm in (("single", PipelineOptions(), None),
+                                ("aggregate", PipelineOptions(virtual_devices=2), None),
                                 ("offload", PipelineOptions(offload="host"), None),
                                 ("gaussian", PipelineOptions(batch_size=2, shard="parity"), MPI.COMM_SELF),
                                 ("pixel", PipelineOptions(exchange="pixel", render_ahead=1), MPI.COMM_SELF),
@@ -128,5 +129,5 @@ def test_make_trainer_picks_the_pipeline_of_the_options_and_ranks(dataset, tmp_p
         assert (t.options.exchange, t.options.offload, t.options.render_ahead) == (
             options.exchange, options.offload, options.render_ahead), name
         assert cfg.visible_adam == (options.offload != "none"), name  # offloading turns it on
-    assert made == {"single": "SingleGPUTrainer", "offload": "OffloadTrainer", "gaussian": "GaussianExchangeTrainer",
+    assert made == {"single": "SingleGPUTrainer", "aggregate": "SingleGPUTrainer", "offload": "OffloadTrainer", "gaussian": "GaussianExchangeTrainer",
                     "pixel": "PixelExchangeTrainer", "offloaded pixel": "OffloadedPixelExchangeTrainer"}
