@@ -98,6 +98,12 @@ class Placement:
         return self.parts > 1 or self.devices is not None
 
     @property
+    def managed(self):
+        """Whether the arrays live in CUDA managed memory (on real devices), where a GPU's free memory
+        does not bound the model (it pages from the host past it)."""
+        return self.devices is not None
+
+    @property
     def bins_into_room(self):
         """Whether ``bin_tiles`` takes room (``bin_tiles(room=)``): on one part only."""
         return not self.split

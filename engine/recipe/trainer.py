@@ -683,7 +683,8 @@ class Trainer(ABC):
     def context(self, **step):
         """The strategy's ``Context``: the scene scale, the RNG, the memory guard's limits, and a
         pipeline's ``step`` fields (the step's learning rate, this rank's rows)."""
-        free = _free_device_bytes if _backend.on_gpu(self.backend) and not self.store.out_of_core else 0
+        in_device_memory = not self.store.out_of_core and not self.placement.managed  # (managed: pages to the host)
+        free = _free_device_bytes if _backend.on_gpu(self.backend) and in_device_memory else 0
         return Context(self.data.scene_scale, self.rng, self.cfg.max_gaussians, free, **step)
 
     def gaussian_total(self):
