@@ -269,12 +269,15 @@ def on_device(device_id, stream):
             yield
 
 
-def join_streams(streams):
-    """Make the caller's stream wait for everything queued on ``streams`` (an operator's parts)."""
+def join_streams(devices, streams):
+    """Make the caller's stream wait for everything queued on ``streams`` (an operator's parts), each
+    of the GPU of ``devices`` beside it (an event is recorded on its own device)."""
     import cupy
     current = cupy.cuda.get_current_stream()
-    for s in streams:
-        current.wait_event(s.record())
+    for d, s in zip(devices, streams):
+        with cupy.cuda.Device(d):
+            done = s.record()
+        current.wait_event(done)
 
 
 def managed_memory():

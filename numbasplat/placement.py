@@ -135,7 +135,7 @@ class Placement:
         """Wait until every part's queued work is done (separate devices' streams), before a
         result crosses parts."""
         if self._streams is not None:
-            _device.join_streams(self._streams)
+            _device.join_streams(self.devices, self._streams)
 
     # ------------------------------------------------------------------ the operators
     def project(self, g, camera, sh_degree=None, antialias=False, check=None):
