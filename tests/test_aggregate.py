@@ -244,3 +244,18 @@ def test_info_says_which_gpus_reach_each_other(monkeypatch):
     monkeypatch.setattr(device, "peer_access", lambda: {(0, 1): True, (1, 0): False})
     assert bench._peer_line() == ("GPU peer access (not every pair: train --devices needs --devices-allow-pcie): "
                                   "0->1 yes, 1->0 no")
+
+
+def test_run_py_train_on_virtual_devices(tmp_path, capsys):
+    """``run.py train --virtual-devices 2`` on a capture (32x24 views): the line that says so, and the
+    setting in cfg.json (a resume repeats it)."""
+    import json
+
+    import cli
+    from tests.dataset_files import CAMS, colmap_scene
+    colmap_scene(tmp_path / "capture", ".bin", n_images=4, cams=[CAMS[0]])
+    out = tmp_path / "out"
+    assert cli.main(["train", "--quiet", "--init-points", "200", "--sh-degree", "1", "--data",
+                     str(tmp_path / "capture"), "--out", str(out), "--iters", "3", "--virtual-devices", "2"]) == 0
+    assert "aggregate device: every operator split 2 ways, one after another on this device" in capsys.readouterr().out
+    assert json.loads((out / "cfg.json").read_text())["virtual_devices"] == 2

@@ -33,7 +33,9 @@ def aggregate_placement(options, backend=None, log=print):
     on, and with ``--gpu-memory`` the rest of the one GPU's free memory reserved."""
     n = aggregate_devices(options)
     if n is None:
-        return Placement(options.virtual_devices, backend)
+        placement = Placement(options.virtual_devices, backend)
+        log(placement.describe())
+        return placement
     if not _backend.on_gpu(backend):  # (``check`` refused it already: this guards a direct call)
         raise ValueError(f"--devices {options.devices}: no GPU here")
     devices = list(range(n))
