@@ -29,9 +29,9 @@ def camera(width=WIDTH, height=HEIGHT):
                      0.46 * height, width, height)
 
 
-def split_step(parts, g, cam, target, backend="cpu", deterministic=False):
+def split_step(parts, g, cam, target, backend="cpu", deterministic=False, separate_gradients=False):
     """One view's forward, loss and backward through ``Placement(parts)``.  -> ({name: result}, the binning)."""
-    placement = Placement(parts, backend)
+    placement = Placement(parts, backend, separate_gradients=separate_gradients)
     p = placement.project(g, cam)
     b = placement.bin_tiles(p, deterministic=deterministic)
     r = placement.rasterize(p, b, (0.2, 0.3, 0.1))
@@ -61,6 +61,18 @@ def test_each_split_operator_gives_the_whole_ones_values(parts):
     assert np.abs(whole["grad"]).max() > 0 and (whole["counts"] > 0).sum() > 20  # (not an empty scene)
     for k in whole:
         np.testing.assert_allclose(split[k], whole[k], rtol=0, atol=TOLERANCE, err_msg=k)
+
+
+def test_separate_gradient_records_add_up_to_the_whole_ones():
+    """Each part's raster backward into its own records (as separate GPUs do), added up in the placement:
+    one view's gradients equal one part's to float rounding (the sums grouped by part)."""
+    g = edge_case_scene(n=60, seed=3, dtype=np.float32)
+    cam = ns.Camera(np.eye(4), 36.0, 40.0, WIDTH * 0.52, HEIGHT * 0.47, WIDTH, HEIGHT)
+    target = np.random.default_rng(0).random((HEIGHT, WIDTH, 3)).astype(np.float32)
+    whole, _ = split_step(1, g, cam, target)
+    split, _ = split_step(3, g, cam, target, separate_gradients=True)
+    for k in ("grad", "d_means", "d_scales", "d_quats", "d_opacities", "d_sh"):
+        np.testing.assert_allclose(split[k], whole[k], rtol=1e-5, atol=TOLERANCE, err_msg=k)
 
 
 def test_each_part_bins_only_its_own_tiles():

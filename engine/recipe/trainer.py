@@ -14,7 +14,10 @@ pipeline implements" section.
 
 Another pipeline (pixel-level exchange, out-of-core training) is one more
 module implementing the same hooks, and a line in engine/pipelines/__init__.py's
-``make_trainer`` that picks it.
+``make_trainer`` that picks it.  Where the step's operators run is the
+``placement``'s (``numbasplat.placement``): one device, or an aggregate device
+whose parts split each operator (engine/pipelines/aggregate.py), with the same
+trainer.
 """
 import json
 import math
