@@ -36,7 +36,7 @@ from .math import gaussian_ops as go
 from .math.tiles import TILE, tile_grid
 from .loss import l1_ssim_loss
 from .rendering import (bin_tiles, empty_projection, empty_render, project, project_backward, rasterize,
-                        rasterize_backward, _background)
+                        rasterize_backward, tile_row_counts, _background)
 
 
 def even_ranges(n, parts):
@@ -159,11 +159,15 @@ class Placement:
             return bin_tiles(p, self.backend, room=room, deterministic=deterministic)
         if room is not None:
             raise ValueError("Placement.bin_tiles: a split binning bins exactly (room is for one part)")
+        ranges = self.tile_row_ranges(p.camera)
+        counts = tile_row_counts(p, ranges, self.backend)
+        totals = _backend.to_host(counts.sum(axis=1, dtype=np.int64))  # (every part's, in one sync)
         parts = []
-        for k, rows in enumerate(self.tile_row_ranges(p.camera)):
+        for k, rows in enumerate(ranges):
+            part_p = p.with_counts(counts[k])
             with self.on_part(k):
-                b = bin_tiles(p, self.backend, deterministic=deterministic, tile_rows=rows)
-                parts.append((rows, p.with_counts(b.counts), b))
+                parts.append((rows, part_p, bin_tiles(part_p, self.backend, total=int(totals[k]),
+                                                      deterministic=deterministic, tile_rows=rows)))
         return SplitBinning(parts)
 
     def rasterize(self, p, b, background=None):

@@ -116,8 +116,6 @@ class Binning:
                              # contiguous: ends[k] - counts[order[k]], ..., ends[k] - 1)
     order: object = None     # (N,) int64 the Gaussians in depth order
     ends: object = None      # (N,) int64 the running count of tiles in that order
-    counts: object = None    # with ``bin_tiles(tile_rows=)``: (N,) int32 the tile counts it binned by (the
-                             # Gaussians reaching its rows; ``Projection.with_counts``)
 
 
 @dataclass
@@ -248,10 +246,10 @@ def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, 
     ``ends``), by which ``rasterize_backward(deterministic=True)`` sums in a fixed order.
 
     ``tile_rows`` (first, last): the intersections of those rows of tiles only (a part of the
-    tiles, ``numbasplat.placement``): the Gaussians whose tile span reaches them are emitted
-    (``route_plan``'s test), and their tiles outside the rows sort after every tile, in no range;
-    each tile of the rows holds what a binning of every tile gives it, in the same order.  (A
-    sync: the part's total is read.)
+    tiles, ``numbasplat.placement``), ``p``'s counts being the part's (``tile_row_counts``: the
+    Gaussians whose tile span reaches the rows); their tiles outside the rows sort after every
+    tile, in no range, so each tile of the rows holds what a binning of every tile gives it, in
+    the same order.
     """
     kernels, xp = _dispatch(backend)
     tx, ty = p.camera.tiles
@@ -260,9 +258,6 @@ def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, 
         if room is not None or n_views != 1:
             raise ValueError("bin_tiles: tile_rows bins one view exactly (no room)")
         first, last = tile_rows[0] * tx, min(tile_rows[1] * tx, n_tiles)
-        plan = xp.zeros((2, 3, 1, len(p.counts)), np.int32)
-        route_plan(p, 0, 0, np.array([0, first, last, n_tiles], np.int64), plan, backend)
-        p, total = p.with_counts(xp.ascontiguousarray(plan[1, 1, 0])), None
     n = len(p.counts)
     depth = xp.empty(n, np.float32)  # culled Gaussians sort last and emit nothing (no compaction: no sync)
     if n:
@@ -303,12 +298,23 @@ def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, 
         ids = ids[perm]
         kernels.tile_ranges(tile_of, perm, ranges)
     b = Binning(ids, ranges, slots, device_total, overflow if room is not None else None)
-    if tile_rows is not None:
-        b.counts = p.counts
     if deterministic:
         b.perm = perm if slots else xp.zeros(0, np.int64)
         b.order, b.ends = order, ends
     return b
+
+
+def tile_row_counts(p: Projection, row_ranges, backend=None):
+    """Each part's tile counts of ``p``'s Gaussians, for the parts of the tiles that the contiguous
+    ``row_ranges`` of tile rows make (``bin_tiles(tile_rows=)``): a Gaussian's count where its
+    tile span reaches the part's rows (``route_plan``'s test, one launch for every part), 0
+    elsewhere.  -> (parts, N) int32, each row contiguous."""
+    kernels, xp = _dispatch(backend)
+    tx, ty = p.camera.tiles
+    bounds = np.array([min(first * tx, tx * ty) for first, _ in row_ranges] + [tx * ty], np.int64)
+    plan = xp.zeros((2, len(row_ranges), 1, len(p.counts)), np.int32)
+    route_plan(p, 0, 0, bounds, plan, backend)
+    return xp.ascontiguousarray(plan[1, :, 0])
 
 
 def route_plan(p: Projection, view, first_tile, bounds, plan, backend=None):
