@@ -32,9 +32,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-import numbasplat as ns
 from numbasplat import backend as _backend
-from numbasplat.loss import l1_ssim_loss, psnr, ssim
+from numbasplat.loss import psnr, ssim
 from numbasplat.rendering import rasterize_tile_loss
 from numbasplat.tile_loss import s3im_permutations
 from numbasplat.optim import column_lrs, exp_decay
