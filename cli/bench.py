@@ -19,7 +19,7 @@ def cmd_bench(a):
         raise SystemExit("error: --deterministic cannot be combined with --loss tile (its fused kernel adds "
                          "gradients with atomics)")
     bench.run(load_scene(a.scene), iters=a.iters, warmup=a.warmup, sh_degree=a.sh_degree, profile=a.profile,
-              loss=a.loss, fuse=not a.no_fuse, deterministic=a.deterministic)
+              loss=a.loss, fuse=not a.no_fuse, deterministic=a.deterministic, virtual_devices=a.virtual_devices)
 
 
 def make_scene(a):
@@ -236,6 +236,8 @@ def _info_lines(versions):
     yield f"numbasplat backend: {_backend.BACKEND}{' (CUDA simulator)' if _backend.SIM else ''}"
     yield f"python {sys.version.split()[0]}, numpy {np.__version__}, numba {numba.__version__}"
     yield _gpu_line(_backend)
+    if _backend.on_gpu():
+        yield _peer_line()
     yield f"CUDA extra: {cuda_extra(versions)}"
     yield _cupy_line()
     yield _numba_cuda_line(versions)
@@ -253,6 +255,21 @@ def _gpu_line(_backend):
         return "GPU: none"
     except Exception as e:  # no numba-cuda or driver
         return f"GPU: none ({e.__class__.__name__})"
+
+
+def _peer_line():
+    """The GPUs' peer access (NVLink or PCIe P2P: what ``train --devices`` needs, or
+    ``--devices-allow-pcie``), one pair a word."""
+    try:
+        from numbasplat.device import peer_access
+        pairs = peer_access()
+    except Exception as e:  # no CuPy or driver
+        return f"GPU peer access: unknown ({_first_line(e)})"
+    if not pairs:
+        return "GPU peer access: one GPU visible"
+    words = [f"{i}->{j} {'yes' if ok else 'no'}" for (i, j), ok in sorted(pairs.items())]
+    verdict = "every pair" if all(pairs.values()) else "not every pair: train --devices needs --devices-allow-pcie"
+    return f"GPU peer access ({verdict}): " + ", ".join(words)
 
 
 def add_commands(sub):
@@ -273,6 +290,9 @@ def add_commands(sub):
     b.add_argument("--no-fuse", action="store_true", help="with --loss tile: the unfused kernels only")
     b.add_argument("--deterministic", action="store_true",
                    help="binning and raster backward as train --deterministic runs them (a fixed order of sums)")
+    b.add_argument("--virtual-devices", type=count(1), default=1, metavar="N",
+                   help="every stage split N ways as train --virtual-devices splits it (the aggregate device's "
+                        "overhead on one device)")
     b.set_defaults(fn=cmd_bench)
     c = sub.add_parser("scaling", help="training images/s and the step's phases on a benchmark scene or a dataset, "
                                        "one rank or many (mpiexec); on one rank bytes per step and a cost model")

@@ -90,6 +90,8 @@ FLAGS = {
     "render_ahead": dict(metavar="K"),
     "consolidation": dict(choices=["on", "off"]),
     "shard": dict(choices=["contiguous", "parity"]),
+    "devices": dict(metavar="N|all"),
+    "virtual_devices": dict(type=count(1)),
     "grad_comm": dict(choices=["sparse", "dense"]),
     "transport": dict(choices=TRANSPORTS),
 }

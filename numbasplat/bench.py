@@ -15,11 +15,11 @@ import time
 import numpy as np
 
 from . import backend as _backend
-from .loss import l1_ssim_loss
 from .math import gaussian_ops as go
 from .tile_loss import s3im_permutations
 from .optim import Adam, FlatParams, column_lrs
-from .rendering import bin_tiles, project, project_backward, rasterize, rasterize_backward, rasterize_tile_loss
+from .placement import Placement
+from .rendering import rasterize_tile_loss
 
 STAGES = ("project", "bin_sort", "raster_fwd", "loss", "raster_bwd", "project_bwd", "adam")
 LR = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "sh": 2.5e-3}
@@ -72,12 +72,17 @@ def peak_device_bytes():
 
 
 def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile=False, loss="global",
-        fuse=True, deterministic=False, out=print):
+        fuse=True, deterministic=False, out=print, virtual_devices=1):
     """Time ``iters`` training steps (after ``warmup``) on ``scene``, the (Gaussians, Camera) of a benchmark
-    scene (``data.bench_scene.load_scene``), printing each stage's median through ``out``; -> the medians (ms)."""
+    scene (``data.bench_scene.load_scene``), printing each stage's median through ``out``; -> the medians (ms).
+    ``virtual_devices``: every stage split that many ways, as the aggregate device splits it
+    (``numbasplat.placement``; 1: the plain calls)."""
     if deterministic and loss == "tile":
         raise ValueError("--deterministic cannot be combined with --loss tile (its fused kernel adds gradients "
                          "with atomics)")
+    if virtual_devices > 1 and loss == "tile":
+        raise ValueError("--virtual-devices times --loss global (the tile loss's fused kernel takes every tile)")
+    placement = Placement(virtual_devices, backend)
     backend = backend or _backend.BACKEND
     xp = _backend.array_module(backend)
     kernels = _backend.kernels(backend)
@@ -99,9 +104,9 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
             prof.enable()
         n0 = kernels.launch_count()
         m = [clock.mark()]
-        p = project(g, cam, sh_degree, backend=backend, check=False)
+        p = placement.project(g, cam, sh_degree, check=False)
         m.append(clock.mark())
-        b = bin_tiles(p, backend, deterministic=deterministic)
+        b = placement.bin_tiles(p, deterministic=deterministic)
         m.append(clock.mark())
         if loss == "tile":
             perms = xp.asarray(s3im_permutations(rng, 10))
@@ -109,15 +114,16 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
                                                               lazy=True)
             m += [clock.mark()] * 3  # raster, loss and backward are one stage (reported as raster_fwd)
         else:
-            r = rasterize(p, b, backend=backend)
+            r = placement.rasterize(p, b)
             m.append(clock.mark())
-            loss_value, d_img = l1_ssim_loss(r.image, target, backend=backend, lazy=True)  # as in training
+            loss_value, d_img = placement.image_loss(r.image, target, 0.2)  # as in training
             m.append(clock.mark())
-            rec = rasterize_backward(p, b, r, d_img, backend=backend, deterministic=deterministic)
+            rec = placement.rasterize_backward(p, b, r, d_img, deterministic=deterministic)
             m.append(clock.mark())
-        project_backward(g, p, rec, gg, accumulate=False, backend=backend)
+        placement.project_backward(g, p, rec, gg, accumulate=False)
         m.append(clock.mark())
-        opt.step(grads.data, lrs)
+        opt.set_step(lrs)
+        placement.adam_update(opt, grads.data)
         m.append(clock.mark())
         if it >= warmup:
             for s, a, c in zip(STAGES, m, m[1:]):
@@ -134,7 +140,8 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
     n = len(g_host)
     out(f"scene: {n} Gaussians, {cam.width}x{cam.height}, backend {backend}, loss {loss} "
         f"{'(fused where it fits)' if loss == 'tile' and fuse else ''}"
-        f"{', deterministic' if deterministic else ''}, {iters} iterations (median ms), "
+        f"{', deterministic' if deterministic else ''}"
+        f"{f', {virtual_devices} virtual devices' if virtual_devices > 1 else ''}, {iters} iterations (median ms), "
         f"intersections {b.n_isect}, loss value {float(loss_value):.4f}")
     for s in STAGES:
         if loss == "tile" and s in ("loss", "raster_bwd"):

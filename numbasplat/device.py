@@ -6,10 +6,13 @@ rewrites a small device array every step at a fixed address (a captured step gra
 there); ``pinned_empty`` allocates page-locked host memory, from which and into which copies
 need no wait (``is_pinned``, ``release_pinned``); ``copy_rows`` and ``CopyStream`` move rows
 between host and device beside the kernels' stream; ``DeviceInterval`` times a span of queued
-work; ``cap_device_memory`` bounds CuPy's pool.  On the CPU backend and in the CUDA simulator
+work; ``cap_device_memory`` bounds CuPy's pool.  The aggregate device's kit (``numbasplat.placement``
+with real GPUs) is at the end: a stream per GPU, managed memory, its advice and prefetches, a
+reserve that caps a GPU, and the GPUs' peer access.  On the CPU backend and in the CUDA simulator
 (numpy arrays: ``numbasplat.backend.on_gpu`` is False) every call does its work at once.
 """
 import time
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -238,3 +241,120 @@ def cap_device_memory(nbytes):
             pool.free_all_blocks()
             return pool.malloc(size)
     cupy.cuda.set_allocator(malloc)
+
+
+# --------------------------------------------------------------------------- the aggregate device
+# (``numbasplat.placement`` with real GPUs: ``--devices``.  Nothing here runs on the CPU backend or in
+# the simulator: each helper returns at once there, or is called only with devices.)
+
+def part_streams(devices):
+    """A non-blocking stream on each of ``devices`` (GPU ids), for ``on_device``."""
+    import cupy
+    streams = []
+    for d in devices:
+        with cupy.cuda.Device(d):
+            streams.append(cupy.cuda.Stream(non_blocking=True))
+    return streams
+
+
+@contextmanager
+def on_device(device_id, stream):
+    """Queue what runs inside on GPU ``device_id`` (current) and its ``stream``, after what the
+    caller's stream had queued (an event between them: a part reads the operator before it)."""
+    import cupy
+    before = cupy.cuda.get_current_stream().record()
+    with cupy.cuda.Device(device_id):
+        stream.wait_event(before)
+        with stream:
+            yield
+
+
+def join_streams(devices, streams):
+    """Make the caller's stream wait for everything queued on ``streams`` (an operator's parts), each
+    of the GPU of ``devices`` beside it (an event is recorded on its own device)."""
+    import cupy
+    current = cupy.cuda.get_current_stream()
+    for d, s in zip(devices, streams):
+        with cupy.cuda.Device(d):
+            done = s.record()
+        current.wait_event(done)
+
+
+def managed_memory():
+    """Allocate CuPy's arrays from here on in CUDA managed memory (one address space over the
+    host and every GPU, paged on demand: a model larger than a GPU's memory pages in from the
+    host), through a pool of managed blocks.  -> the pool."""
+    import cupy
+    pool = cupy.cuda.MemoryPool(cupy.cuda.malloc_managed)
+    cupy.cuda.set_allocator(pool.malloc)
+    return pool
+
+
+def _managed_span(a, first, last):
+    """(address, bytes) of rows first..last-1 of the C-contiguous device array ``a``."""
+    row = a.nbytes // max(a.shape[0], 1) if a.ndim else a.nbytes
+    return a.data.ptr + first * row, (last - first) * row
+
+
+def advise_rows(arrays, first, last, device_id, others=()):
+    """Prefer GPU ``device_id`` for rows first..last-1 of each managed array in ``arrays`` (where the
+    pages live), and map them for ``others`` (GPU ids) to read and write in place over peer
+    access instead of migrating (``cudaMemAdvise``)."""
+    import cupy
+    rt = cupy.cuda.runtime
+    for a in arrays:
+        ptr, size = _managed_span(a, first, last)
+        if size:
+            rt.memAdvise(ptr, size, rt.cudaMemAdviseSetPreferredLocation, device_id)
+            for d in others:
+                rt.memAdvise(ptr, size, rt.cudaMemAdviseSetAccessedBy, d)
+
+
+def prefetch_rows(arrays, first, last, device_id):
+    """Queue the migration of rows first..last-1 of each managed array in ``arrays`` to GPU
+    ``device_id`` on the current stream (``cudaMemPrefetchAsync``), before a part reads them;
+    ``device_id`` None (virtual devices, the CPU backend, the simulator): nothing."""
+    if device_id is None or not on_gpu():
+        return
+    import cupy
+    stream = cupy.cuda.get_current_stream().ptr
+    for a in arrays:
+        if is_device(a):
+            ptr, size = _managed_span(a, first, last)
+            if size:
+                cupy.cuda.runtime.memPrefetchAsync(ptr, size, device_id, stream)
+
+
+def reserve_device_memory(keep_free, device_id=None):
+    """Hold all but ``keep_free`` bytes of the GPU's free memory in one allocation outside CuPy's
+    pool, so that only ``keep_free`` remain for the run (``--gpu-memory`` with ``--devices 1``:
+    managed memory then pages the rest of the model in from the host).  -> the held block
+    (keep it alive), None where nothing needs holding."""
+    import cupy
+    with cupy.cuda.Device(device_id if device_id is not None else cupy.cuda.Device().id):
+        free, _ = cupy.cuda.runtime.memGetInfo()
+        hold = free - int(keep_free)
+        if hold <= 0:
+            return None
+        return cupy.cuda.memory.Memory(hold)  # (cudaMalloc, not managed: never paged out)
+
+
+def peer_access():
+    """{(i, j): whether GPU i can reach GPU j's memory directly (NVLink or PCIe peer access)} over
+    the visible GPUs, i != j."""
+    import cupy
+    n = cupy.cuda.runtime.getDeviceCount()
+    return {(i, j): bool(cupy.cuda.runtime.deviceCanAccessPeer(i, j)) for i in range(n) for j in range(n) if i != j}
+
+
+def enable_peer_access(devices):
+    """Let each of ``devices`` read and write the others' memory directly (where it can)."""
+    import cupy
+    for i in devices:
+        with cupy.cuda.Device(i):
+            for j in devices:
+                if i != j and cupy.cuda.runtime.deviceCanAccessPeer(i, j):
+                    try:
+                        cupy.cuda.runtime.deviceEnablePeerAccess(j)
+                    except cupy.cuda.runtime.CUDARuntimeError:  # (already enabled)
+                        pass

@@ -46,6 +46,10 @@ class Gaussians:
     def arrays(self):
         return {f: getattr(self, f) for f in self.FIELDS}
 
+    def rows(self, first, last):
+        """Gaussians first..last-1, as views of these arrays (writes land here)."""
+        return Gaussians(**{f: a[first:last] for f, a in self.arrays().items()})
+
     def take(self, rows):
         """The Gaussians of ``rows`` (indices or a boolean mask, on the arrays' device), as copies."""
         return Gaussians(**{f: a[rows] for f, a in self.arrays().items()})

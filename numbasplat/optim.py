@@ -118,6 +118,8 @@ class Adam:
             self.v = xp.zeros(self.params.data.shape, self.params.data.dtype)
         self.step_count = 0
         self._layout = None
+        self._host_layout = None  # ``_layout`` on the host, and the one-group layouts of row spans (``_row_layouts``)
+        self._span_layouts = {}
         self._scalars = None  # the step's per-column rates and bias corrections, at a fixed device address
         self._no_skip = xp.zeros(1, np.int32)
         self._no_mask = xp.ones(1, np.bool_)  # the visible mask's argument where there is none
@@ -134,24 +136,56 @@ class Adam:
         self._scalars.write(values)
         if self._layout is None:  # (here, not in ``update``: a captured update cannot upload it)
             xp = _backend.array_module(self.backend)
-            self._layout = tuple(xp.asarray(a) for a in self.params.layout(lr_columns))
+            self._host_layout = self.params.layout(lr_columns)
+            self._layout = tuple(xp.asarray(a) for a in self._host_layout)
 
     def step(self, grads, lr_columns, visible=None, skip=None):
         """One update (``set_step`` then ``update``)."""
         self.set_step(lr_columns)
         self.update(grads, visible, skip)
 
-    def update(self, grads, visible=None, skip=None):
+    def update(self, grads, visible=None, skip=None, rows=None):
         """The update of the step ``set_step`` wrote; ``grads`` is a flat buffer like ``params.data``;
         ``visible`` an (N,) bool mask.  ``skip``: a (1,) int32 device flag; where it is set the device
         leaves parameters and moments as they are (a step whose render was cut short, known only on
-        the device: no sync)."""
+        the device: no sync).  ``rows`` (first, last): the update of those Gaussians only, a launch per
+        group on its block of their rows (``group_rows``; every element's update is its own, so parts
+        updated one by one give the bits of the whole); None: every Gaussian, one launch."""
         p = self.params
         scalars = self._scalars.array
         use_visible = visible is not None
         vis = visible if use_visible else self._no_mask
-        args = (p.data, grads, self.m, self.v, *self._layout, scalars[:-2], vis, use_visible,
-                self._no_skip if skip is None else skip,
+        tail = (scalars[:-2], vis, use_visible, self._no_skip if skip is None else skip,
                 np.float32(self.b1), np.float32(self.b2), np.float32(self.eps), scalars[-2:])
-        if p.size:
-            _backend.kernels(self.backend).adam(*args)
+        kernels = _backend.kernels(self.backend)
+        if rows is None:
+            if p.size:
+                kernels.adam(p.data, grads, self.m, self.v, *self._layout, *tail)
+            return
+        first, last = rows
+        for (lo, hi), layout in self._row_layouts(first, last):
+            if hi > lo:
+                kernels.adam(p.data[lo:hi], grads[lo:hi], self.m[lo:hi], self.v[lo:hi], *layout,
+                             tail[0], vis[first:last] if use_visible else vis, *tail[2:])
+
+    def group_spans(self, first, last):
+        """The flat spans [lo, hi) that Gaussians first..last-1 hold, one per group (after ``set_step``)."""
+        return [span for span, _ in self._row_layouts(first, last)]
+
+    def _row_layouts(self, first, last):
+        """For Gaussians first..last-1, each group's (flat span, its one-group layout for the kernel:
+        bounds, width, first column), the layouts kept on the device per span (their uploads would
+        wait for the device)."""
+        xp = _backend.array_module(self.backend)
+        bounds, widths, col0 = self._host_layout
+        cache = self._span_layouts
+        out = []
+        for g in range(len(widths)):
+            w = int(widths[g])
+            lo, hi = int(bounds[g]) + first * w, int(bounds[g]) + last * w
+            key = (g, hi - lo, w)
+            if key not in cache:
+                cache[key] = (xp.asarray(np.array([0, hi - lo], np.int32)), xp.asarray(widths[g:g + 1]),
+                              xp.asarray(col0[g:g + 1]))
+            out.append(((lo, hi), cache[key]))
+        return out

@@ -85,6 +85,24 @@ class Projection:
     sh_degree: int
     antialias: bool
 
+    def rows(self, first, last):
+        """The records of Gaussians first..last-1: views of this projection's arrays (what a
+        projection of those rows alone writes, ``project(into=)``)."""
+        return Projection(self.camera, self.cam, self.proj[first:last], self.radii[first:last],
+                          self.counts[first:last], self.sh_degree, self.antialias)
+
+    def with_counts(self, counts):
+        """This projection with other tile counts (a part of the tiles' share: ``bin_tiles(tile_rows=)``)."""
+        return Projection(self.camera, self.cam, self.proj, self.radii, counts, self.sh_degree, self.antialias)
+
+
+def empty_projection(camera, n, dtype, sh_degree, antialias, backend=None):
+    """A ``Projection`` of ``n`` Gaussians into ``camera`` not yet written (``project(into=)`` writes
+    its rows)."""
+    kernels, xp = _dispatch(backend)
+    return Projection(camera, _constant(xp, camera.packed().astype(dtype)), xp.zeros((n, go.PROJ_FIELDS), dtype),
+                      xp.empty((n, 2), np.int32), xp.empty(n, np.int32), int(sh_degree), bool(antialias))
+
 
 @dataclass
 class Binning:
@@ -113,7 +131,7 @@ class Render:
         return 1.0 - self.trans
 
 
-def project(g: Gaussians, camera: Camera, sh_degree=None, antialias=False, backend=None, check=None):
+def project(g: Gaussians, camera: Camera, sh_degree=None, antialias=False, backend=None, check=None, into=None):
     """Project every Gaussian into ``camera``'s image: its screen-space record (EWA splatting, the
     colour of its SH towards the camera) and the count of tiles it touches, which ``bin_tiles`` sorts by.
 
@@ -136,6 +154,9 @@ def project(g: Gaussians, camera: Camera, sh_degree=None, antialias=False, backe
         backend: "cpu" or "cuda" (None: the process default, ``numbasplat.BACKEND``).
         check: whether to check that the parameters are finite, a device sync (None: unless
             ``NUMBASPLAT_CHECKS=0``); their shapes are always checked (``ValueError``).
+        into: a ``Projection`` of ``len(g)`` rows of ``g``'s dtype to write (``Projection.rows`` of a
+            larger one: a part of the Gaussians projected on its own, ``numbasplat.placement``), and
+            return; None: new arrays.
 
     Returns:
         A ``Projection``, its arrays on the backend's device:
@@ -156,15 +177,16 @@ def project(g: Gaussians, camera: Camera, sh_degree=None, antialias=False, backe
     if not 0 <= degree <= g.sh_degree():
         raise ValueError(f"sh_degree must be in 0..{g.sh_degree()}, got {sh_degree}")
     n = len(g)
-    cam = _constant(xp, camera.packed().astype(dtype))
-    proj = xp.zeros((n, go.PROJ_FIELDS), dtype)
-    radii = xp.empty((n, 2), np.int32)
-    counts = xp.empty(n, np.int32)
+    if into is None:
+        into = empty_projection(camera, n, dtype, degree, antialias, backend)
+    elif len(into.counts) != n or into.proj.dtype != dtype or into.sh_degree != degree:
+        raise ValueError(f"project: into holds {len(into.counts)} {into.proj.dtype} rows of degree "
+                         f"{into.sh_degree}, for {n} {dtype} Gaussians of degree {degree}")
     tx, ty = camera.tiles
     if n:
-        kernels.project(g.means, g.quats, g.scales, g.opacities, g.sh, degree, cam, camera.width, camera.height,
-                        bool(antialias), TILE, tx, ty, proj, radii, counts)
-    return Projection(camera, cam, proj, radii, counts, degree, bool(antialias))
+        kernels.project(g.means, g.quats, g.scales, g.opacities, g.sh, degree, into.cam, camera.width,
+                        camera.height, bool(antialias), TILE, tx, ty, into.proj, into.radii, into.counts)
+    return into
 
 
 LOD_SIGMAS = 3.0  # ``cull``'s footprint: this many standard deviations of the largest axis
@@ -200,7 +222,8 @@ def _stable_argsort(xp, a):
     return xp.argsort(a, kind="stable") if xp is np else xp.argsort(a)
 
 
-def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, room=None, deterministic=False):
+def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, room=None, deterministic=False,
+              tile_rows=None):
     """Every tile-Gaussian intersection, sorted by (tile, depth); per-tile ranges.
 
     Two short sorts instead of one of 64-bit (tile, depth) keys: the visible
@@ -221,10 +244,20 @@ def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, 
     ``deterministic``: the binning also keeps the permutation from emitted to sorted
     intersections, the depth order and its running counts (``Binning.perm``, ``order``,
     ``ends``), by which ``rasterize_backward(deterministic=True)`` sums in a fixed order.
+
+    ``tile_rows`` (first, last): the intersections of those rows of tiles only (a part of the
+    tiles, ``numbasplat.placement``), ``p``'s counts being the part's (``tile_row_counts``: the
+    Gaussians whose tile span reaches the rows); their tiles outside the rows sort after every
+    tile, in no range, so each tile of the rows holds what a binning of every tile gives it, in
+    the same order.
     """
     kernels, xp = _dispatch(backend)
     tx, ty = p.camera.tiles
     n_tiles = tx * ty
+    if tile_rows is not None:
+        if room is not None or n_views != 1:
+            raise ValueError("bin_tiles: tile_rows bins one view exactly (no room)")
+        first, last = tile_rows[0] * tx, min(tile_rows[1] * tx, n_tiles)
     n = len(p.counts)
     depth = xp.empty(n, np.float32)  # culled Gaussians sort last and emit nothing (no compaction: no sync)
     if n:
@@ -253,6 +286,8 @@ def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, 
     if n:
         kernels.emit_intersections(p.proj, order, p.counts, ends, TILE, tx, ty, p.camera.width, p.camera.height,
                                    0, slots, tile_of, ids, overflow)
+        if tile_rows is not None:  # (the pad tile, n_tiles, sorts after every tile and lands in no range)
+            tile_of = xp.where((tile_of >= first) & (tile_of < last), tile_of, np.uint32(n_tiles)).astype(np.uint32)
     ranges = xp.zeros((n_views * n_tiles, 2), np.int32)  # empty tiles: [0, 0)
     if slots:
         if n_views > 1:  # the views' tiles one after another; the pad id (n_tiles) after them all
@@ -267,6 +302,19 @@ def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, 
         b.perm = perm if slots else xp.zeros(0, np.int64)
         b.order, b.ends = order, ends
     return b
+
+
+def tile_row_counts(p: Projection, row_ranges, backend=None):
+    """Each part's tile counts of ``p``'s Gaussians, for the parts of the tiles that the contiguous
+    ``row_ranges`` of tile rows make (``bin_tiles(tile_rows=)``): a Gaussian's count where its
+    tile span reaches the part's rows (``route_plan``'s test, one launch for every part), 0
+    elsewhere.  -> (parts, N) int32, each row contiguous."""
+    kernels, xp = _dispatch(backend)
+    tx, ty = p.camera.tiles
+    bounds = np.array([min(first * tx, tx * ty) for first, _ in row_ranges] + [tx * ty], np.int64)
+    plan = xp.zeros((2, len(row_ranges), 1, len(p.counts)), np.int32)
+    route_plan(p, 0, 0, bounds, plan, backend)
+    return xp.ascontiguousarray(plan[1, :, 0])
 
 
 def route_plan(p: Projection, view, first_tile, bounds, plan, backend=None):
@@ -320,7 +368,7 @@ def _constant(xp, a):
     return _CONSTANTS[key]
 
 
-def rasterize(p: Projection, b: Binning, background=None, backend=None, state=None):
+def rasterize(p: Projection, b: Binning, background=None, backend=None, state=None, tile_rows=None, into=None):
     """Composite each pixel's Gaussians front to back, as 3DGS does: C = sum_i c_i alpha_i T_i + T bg,
     T_i = prod_{j<i} (1 - alpha_j), alpha_i = min(0.99, opacity_i exp(-sigma_i)) at the pixel's centre.
     A Gaussian of alpha under 1/255 is passed over; the pixel ends at the Gaussian that would take its
@@ -340,6 +388,10 @@ def rasterize(p: Projection, b: Binning, background=None, backend=None, state=No
             chunks in front of it (``front_state``: transmittance, colour and depth so far, and whether
             the pixel has ended at T_MIN), which compositing starts from instead of an empty pixel and
             leaves updated: the chunks then composite exactly as one pass over all their Gaussians.
+        tile_rows: (first, last): composite the pixels of those rows of tiles only (a part of the
+            tiles, ``numbasplat.placement``; ``b`` may then be ``bin_tiles(tile_rows=)``'s), into the
+            ``Render`` ``into`` (its other pixels left as they are).  None: every tile.
+        into: the ``Render`` to write (None: new arrays; required with ``tile_rows``).
 
     Returns:
         A ``Render``, its arrays on the backend's device, of ``proj``'s dtype unless said:
@@ -356,17 +408,27 @@ def rasterize(p: Projection, b: Binning, background=None, backend=None, state=No
     W, H = p.camera.width, p.camera.height
     dtype = p.proj.dtype
     bg = _background(xp, background, dtype)
-    image = xp.empty((H, W, 3), dtype)
-    trans = xp.empty((H, W), dtype)
-    depth = xp.empty((H, W), dtype)
-    last = xp.empty((H, W), np.int32)
+    if into is None:
+        if tile_rows is not None:
+            raise ValueError("rasterize: tile_rows writes into a Render (into=) that holds the other tiles")
+        into = empty_render(H, W, dtype, bg, backend)
+    parts = {} if tile_rows is None else {"tile_rows": tuple(tile_rows)}
     if state is None:
-        kernels.raster_forward(p.proj, b.ids, b.ranges, W, H, TILE, p.camera.tiles[0], bg, image, trans, depth, last)
+        kernels.raster_forward(p.proj, b.ids, b.ranges, W, H, TILE, p.camera.tiles[0], bg, into.image, into.trans,
+                               into.depth, into.last, **parts)
     else:
         _check_state(kernels, state, H, W, "rasterize")
-        kernels.raster_forward(p.proj, b.ids, b.ranges, W, H, TILE, p.camera.tiles[0], bg, image, trans, depth, last,
-                               state=state)
-    return Render(image, trans, depth, last, bg)
+        kernels.raster_forward(p.proj, b.ids, b.ranges, W, H, TILE, p.camera.tiles[0], bg, into.image, into.trans,
+                               into.depth, into.last, state=state, **parts)
+    return into
+
+
+def empty_render(H, W, dtype, background, backend=None):
+    """A ``Render`` of an H x W image not yet written (``rasterize(into=)`` writes its tiles), on
+    ``background`` (a (3,) array as ``rasterize`` takes it)."""
+    kernels, xp = _dispatch(backend)
+    return Render(xp.empty((H, W, 3), dtype), xp.empty((H, W), dtype), xp.empty((H, W), dtype),
+                  xp.empty((H, W), np.int32), background)
 
 
 STATE_FIELDS = 6  # a pixel's state between the chunks of a view (``math.blend``: FRONT_FIELDS, BEHIND_FIELDS)
@@ -435,8 +497,11 @@ def contributions(p: Projection, b: Binning, backend=None, colour=True):
 
 
 def rasterize_backward(p: Projection, b: Binning, r: Render, d_image, d_alpha=None, d_depth=None, grad=None,
-                       backend=None, deterministic=False, state=None):
+                       backend=None, deterministic=False, state=None, tile_rows=None):
     """Screen-space gradient records (N, GRAD_FIELDS), added into ``grad`` if given.
+
+    ``tile_rows`` (first, last): the backward of those rows of tiles only (``rasterize(tile_rows=)``'s
+    part, with its binning and ``r`` the render it wrote into); None: every tile.
 
     ``state``: for a chunk of a view's Gaussians (``numbasplat.chunks``), the pixels' backward state
     behind it (``behind_state`` for the last chunk, then what the chunk behind left): each pixel's
@@ -462,14 +527,15 @@ def rasterize_backward(p: Projection, b: Binning, r: Render, d_image, d_alpha=No
             raise ValueError("rasterize_backward(deterministic=True) needs the binning of "
                              "bin_tiles(deterministic=True)")
         fixed = (b.perm, b.order, b.ends, p.counts)
+    parts = {} if tile_rows is None else {"tile_rows": tuple(tile_rows)}
     if state is not None:
         _check_state(kernels, state, H, W, "rasterize_backward")
         if b.n_isect:
             kernels.raster_backward(p.proj, b.ids, b.ranges, W, H, TILE, p.camera.tiles[0], r.background, r.trans,
-                                    r.last, d_image, d_alpha, d_depth, grad, fixed=fixed, state=state)
+                                    r.last, d_image, d_alpha, d_depth, grad, fixed=fixed, state=state, **parts)
     elif b.n_isect:
         kernels.raster_backward(p.proj, b.ids, b.ranges, W, H, TILE, p.camera.tiles[0], r.background, r.trans,
-                                r.last, d_image, d_alpha, d_depth, grad, fixed=fixed)
+                                r.last, d_image, d_alpha, d_depth, grad, fixed=fixed, **parts)
     return grad
 
 

@@ -67,7 +67,8 @@ REFUSED = [  # (the recipe's changes, the options, the ranks (None: one process)
     ({}, dict(polish_steps=4), None, "--polish-steps is for --exchange pixel (or auto)"),
     ({}, dict(render_ahead=1), None, "--render-ahead is for --exchange pixel (or auto)"),
     ({}, dict(offload="host", exchange="auto"), 2, "--offload host under mpiexec needs the exchange named"),
-    ({}, dict(gpu_memory=2**30), None, "--offload-dir, --host-memory and --gpu-memory are for --offload host or disk"),
+    ({}, dict(gpu_memory=2**30), None, "--gpu-memory is for --offload host or disk, or --devices 1"),
+    ({}, dict(host_memory=2**30), None, "--offload-dir and --host-memory are for --offload host or disk"),
     ({}, dict(offload="host", exchange="pixel", render_ahead=1), 2, "--render-ahead with --offload host: each step"),
     ({}, dict(offload="host"), None, "--offload host updates the working set only: it needs --visible-adam"),
     (dict(visible_adam=True, loss="tile"), dict(offload="disk"), None, "--offload disk trains with --loss global"),
@@ -115,6 +116,7 @@ def test_make_trainer_picks_the_pipeline_of_the_options_and_ranks(dataset, tmp_p
     from mpi4py import MPI
     made = {}
     for name, options, comm in (("single", PipelineOptions(), None),
+                                ("aggregate", PipelineOptions(virtual_devices=2), None),
                                 ("offload", PipelineOptions(offload="host"), None),
                                 ("gaussian", PipelineOptions(batch_size=2, shard="parity"), MPI.COMM_SELF),
                                 ("pixel", PipelineOptions(exchange="pixel", render_ahead=1), MPI.COMM_SELF),
@@ -127,5 +129,5 @@ def test_make_trainer_picks_the_pipeline_of_the_options_and_ranks(dataset, tmp_p
         assert (t.options.exchange, t.options.offload, t.options.render_ahead) == (
             options.exchange, options.offload, options.render_ahead), name
         assert cfg.visible_adam == (options.offload != "none"), name  # offloading turns it on
-    assert made == {"single": "SingleGPUTrainer", "offload": "OffloadTrainer", "gaussian": "GaussianExchangeTrainer",
+    assert made == {"single": "SingleGPUTrainer", "aggregate": "SingleGPUTrainer", "offload": "OffloadTrainer", "gaussian": "GaussianExchangeTrainer",
                     "pixel": "PixelExchangeTrainer", "offloaded pixel": "OffloadedPixelExchangeTrainer"}

@@ -23,7 +23,8 @@ __all__ = ["PipelineOptions", "check", "make_trainer", "choose_exchange", "excha
 
 def make_trainer(data, out, cfg, options, comm=None, backend=None, log=print):
     """The pipeline that ``options`` ask for on the ranks of ``comm``, training on ``data`` into the
-    folder ``out``: one process (None; the model in device memory, or ``--offload`` host or disk),
+    folder ``out``: one process (None; the model in device memory, on an aggregate device of several GPUs
+    or virtual devices (``--devices``, ``--virtual-devices``), or ``--offload`` host or disk),
     or over MPI ranks (``COMM_SELF`` too: the batched pipeline), trading Gaussians or pixels
     (``--exchange``; auto: ``choose_exchange`` measures).  Offloading turns ``cfg.visible_adam`` on
     (``cfg`` is changed, so that a pipeline handed over to later says it once)."""
@@ -39,6 +40,9 @@ def make_trainer(data, out, cfg, options, comm=None, backend=None, log=print):
         made.update(mode=options.offload, offload_dir=options.offload_dir, host_memory=options.host_memory or 0,
                     gpu_memory=options.gpu_memory or 0)
     if comm is None:
+        from .aggregate import aggregate_trainer, is_aggregate
+        if is_aggregate(options):
+            return aggregate_trainer(data, out, cfg, options, **made)
         if out_of_core:
             from .single_gpu import OffloadTrainer
             return OffloadTrainer(data, out, cfg, **made)

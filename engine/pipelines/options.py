@@ -1,7 +1,9 @@
 """What a pipeline is asked to do (``PipelineOptions``) and every combination it refuses (``check``).
 
 The pipelines: one process holding the whole model on the device (``SingleGPUTrainer``) or out of
-core (``OffloadTrainer``); over MPI ranks, trading Gaussians (``GaussianExchangeTrainer``) or pixels
+core (``OffloadTrainer``), or on an aggregate device (the same ``SingleGPUTrainer``, its operators
+split across GPUs or virtual devices by a ``numbasplat.placement.Placement``:
+engine/pipelines/aggregate.py); over MPI ranks, trading Gaussians (``GaussianExchangeTrainer``) or pixels
 (``PixelExchangeTrainer``), each also with its shards out of core (``Offloaded...``).
 ``engine.pipelines.make_trainer`` picks one from the options and the ranks.
 
@@ -41,7 +43,9 @@ class PipelineOptions:
     host_memory: int | None = None  # with --offload disk: host memory for the cache of blocks, e.g. 64GiB
                                     # (required)
     gpu_memory: int | None = None   # with --offload: device memory for the cache of blocks and the working sets,
-                                    # e.g. 24GiB (default: 80% of the free memory at the start)
+                                    # e.g. 24GiB (default: 80% of the free memory at the start); with --devices
+                                    # 1: the GPU memory left free for the run, the rest reserved (the model in
+                                    # managed memory pages in from the host past it)
     exchange: str = "gaussian"     # what ranks trade under MPI: Gaussians (owners send projected Gaussians to the
                                    # ranks that render their tiles; batch of one view a rank) or pixels (Splaxel:
                                    # each rank owns a box of space and renders it, partial images are composed in
@@ -70,6 +74,15 @@ class PipelineOptions:
     grad_comm: str = "sparse"      # backward exchange under MPI: zero-eliding (ByteSplat) or dense
     transport: str = "auto"        # how GPU buffers cross ranks under MPI: auto picks a CUDA-aware MPI, else NCCL
                                    # when every rank has its own GPU, else copies through host memory
+    devices: str | None = None     # the aggregate device: N (the first N visible GPUs) or all, as one device in one
+                                   # process: the model in CUDA managed memory, every operator split across
+                                   # the GPUs (projection, Adam by Gaussians; binning and raster by tiles); 1:
+                                   # one GPU with the model paged from the host past --gpu-memory
+    devices_allow_pcie: bool = False  # with --devices: train on GPUs without peer access between them (their
+                                      # managed pages then cross through the host: slow)
+    virtual_devices: int = 1       # split every operator N ways as N devices would (--devices), the parts one
+                                   # after another on this device (a GPU or the CPU): the aggregate device
+                                   # tested without several GPUs; the same model as 1, to float rounding
 
 
 def check(cfg, options, comm=None, pipeline=None, live_view=False):
@@ -91,8 +104,11 @@ def check(cfg, options, comm=None, pipeline=None, live_view=False):
     if out_of_core and ranked and options.exchange == "auto":
         raise ValueError(f"--offload {offload} under mpiexec needs the exchange named (--exchange gaussian or "
                          f"pixel): auto measures both on the whole model in device memory")
-    if not out_of_core and (options.offload_dir or options.host_memory or options.gpu_memory):
-        raise ValueError("--offload-dir, --host-memory and --gpu-memory are for --offload host or disk")
+    if not out_of_core and (options.offload_dir or options.host_memory):
+        raise ValueError("--offload-dir and --host-memory are for --offload host or disk")
+    if not out_of_core and options.gpu_memory and aggregate_devices(options) != 1:
+        raise ValueError("--gpu-memory is for --offload host or disk, or --devices 1")
+    _check_aggregate(cfg, options, comm)
     if out_of_core and ranked and options.exchange == "pixel" and options.render_ahead:
         raise ValueError(f"--render-ahead with --offload {offload}: each step loads its own working set, "
                          "so no step can be rendered ahead of it")
@@ -124,6 +140,71 @@ def check(cfg, options, comm=None, pipeline=None, live_view=False):
                          f"{pipeline.__name__} yet: train in one process or with --exchange gaussian")
     if live_view and out_of_core and not ranked:
         raise ValueError("--viewer does not work with --offload yet (the model is not on the device)")
+
+
+def aggregate_devices(options):
+    """The GPUs ``--devices`` asks for: their count (all: every visible GPU), None without it."""
+    if options.devices is None:
+        return None
+    if options.devices == "all":
+        from numbasplat import backend
+        if not backend.on_gpu():
+            raise ValueError("--devices all: no GPU here (on the CPU or in the simulator, --virtual-devices N "
+                             "splits the operators as N devices would)")
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount()
+    try:
+        n = int(options.devices)
+    except ValueError:
+        raise ValueError(f"--devices {options.devices}: a count of GPUs, or all") from None
+    if n < 1:
+        raise ValueError(f"--devices {options.devices}: a count of GPUs, at least 1, or all")
+    return n
+
+
+def _check_aggregate(cfg, options, comm):
+    """``check``'s part for the aggregate device (``--devices``, ``--virtual-devices``): what it
+    cannot combine with, GPUs it cannot reach, and GPUs without peer access (unless
+    ``--devices-allow-pcie``)."""
+    virtual = options.virtual_devices
+    if int(virtual) != virtual or virtual < 1:
+        raise ValueError(f"--virtual-devices {virtual}: the parts every operator splits into, 1 or more")
+    devices = aggregate_devices(options)
+    if options.devices_allow_pcie and devices is None:
+        raise ValueError("--devices-allow-pcie is for --devices")
+    if devices is None and virtual == 1:
+        return
+    flag = f"--devices {options.devices}" if devices is not None else f"--virtual-devices {virtual}"
+    if devices is not None and virtual > 1:
+        raise ValueError(f"--virtual-devices splits one device: not with {flag}")
+    if comm is not None:
+        raise ValueError(f"{flag}: the aggregate device trains in one process, not under mpiexec or with "
+                         "--batch-size (its GPUs look like one: no MPI)")
+    if options.offload != "none":
+        raise ValueError(f"{flag} with --offload {options.offload}: the aggregate device keeps the model in "
+                         "(managed) device memory; --devices 1 --gpu-memory G pages it from the host instead")
+    if cfg.loss != "global":
+        raise ValueError(f"{flag} trains with --loss global (the tile loss's fused kernel takes every tile at once)")
+    if devices is not None:
+        _check_devices(devices, flag, options.devices_allow_pcie)
+
+
+def _check_devices(n, flag, allow_pcie):
+    """``--devices``' GPUs: there, and (unless ``allow_pcie``) each reaching the others' memory."""
+    from numbasplat import backend
+    if not backend.on_gpu():
+        raise ValueError(f"{flag}: no GPU here (on the CPU or in the simulator, --virtual-devices N splits the "
+                         "operators as N devices would)")
+    from numbasplat.device import peer_access
+    import cupy
+    visible = cupy.cuda.runtime.getDeviceCount()
+    if n > visible:
+        raise ValueError(f"{flag}: {visible} GPU(s) visible")
+    without = sorted(f"{i}->{j}" for (i, j), ok in peer_access().items() if i < n and j < n and not ok)
+    if without and not allow_pcie:
+        raise ValueError(f"{flag}: GPUs without peer access ({', '.join(without)}; run.py info shows the "
+                         "topology): their managed pages would cross through the host; give --devices-allow-pcie "
+                         "to train so anyway")
 
 
 def _check_out_of_core(cfg, options, ranked):

@@ -147,7 +147,7 @@ class SingleGPUTrainer(Trainer):
         step skipped for room goes back in the order (trains next).
         -> (room: None bins exactly, whether the step bins into room at all)."""
         wanted = _backend.on_gpu(self.backend) if self.binning_room is None else self.binning_room
-        if not wanted or self.appearance is not None or self.store.out_of_core:
+        if not wanted or self.appearance is not None or self.store.out_of_core or not self.placement.bins_into_room:
             return None, False
         if self._room is None:
             self._room = BinningRoom()
@@ -272,11 +272,11 @@ class SingleGPUTrainer(Trainer):
         clock.end("project")
         fixed = self.cfg.deterministic
         b = (self._room.bin_into(p, room, self.backend, deterministic=fixed) if roomed
-             else ns.bin_tiles(p, backend=self.backend, deterministic=fixed))
+             else self.placement.bin_tiles(p, deterministic=fixed))
         image, loss, grad = self._render_loss_backward(p, b, i, bg, clock)
         visible = self.owner_backward(model, state, [p], [grad], skip=b.overflow)
         clock.end("owner")
-        model.adam.update(model.grads.data, visible, skip=b.overflow)
+        self.placement.adam_update(model.adam, model.grads.data, visible, skip=b.overflow)
         return image, loss, (b.n_isect if room is None else None)
 
     def _render_loss_backward(self, p, b, i, bg, clock):
@@ -289,7 +289,7 @@ class SingleGPUTrainer(Trainer):
             loss, grad, image = self.tile_loss(p, b, target, self.s3im_permutations(), bg, want_image=True)
             clock.end("render")
             return image, loss, grad
-        r = ns.rasterize(p, b, bg, self.backend)
+        r = self.placement.rasterize(p, b, bg)
         clock.end("render")
         corrected = self.appearance is not None
         image = self.appearance.apply(r.image, i) if corrected else r.image  # what the loss sees
@@ -297,7 +297,7 @@ class SingleGPUTrainer(Trainer):
         if corrected:
             d_img = self.appearance.backward(d_img, r.image, i)
         clock.end("loss")
-        grad = ns.rasterize_backward(p, b, r, d_img, backend=self.backend, deterministic=self.cfg.deterministic)
+        grad = self.placement.rasterize_backward(p, b, r, d_img, deterministic=self.cfg.deterministic)
         clock.end("backward")
         return image, loss, grad
 
@@ -310,7 +310,8 @@ class SingleGPUTrainer(Trainer):
         c = self.cfg
         if self._graphs is None:
             wanted = (c.step_graphs == "on" and _backend.on_gpu(self.backend) and self.binning_room is not False
-                      and c.loss != "tile" and self.appearance is None and not self.store.out_of_core)
+                      and c.loss != "tile" and self.appearance is None and not self.store.out_of_core
+                      and not self.placement.split)
             if not wanted:
                 return None
             self._graphs = StepGraphs()

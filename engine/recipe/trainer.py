@@ -14,7 +14,10 @@ pipeline implements" section.
 
 Another pipeline (pixel-level exchange, out-of-core training) is one more
 module implementing the same hooks, and a line in engine/pipelines/__init__.py's
-``make_trainer`` that picks it.
+``make_trainer`` that picks it.  Where the step's operators run is the
+``placement``'s (``numbasplat.placement``): one device, or an aggregate device
+whose parts split each operator (engine/pipelines/aggregate.py), with the same
+trainer.
 """
 import json
 import math
@@ -29,12 +32,12 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-import numbasplat as ns
 from numbasplat import backend as _backend
-from numbasplat.loss import l1_ssim_loss, psnr, ssim
+from numbasplat.loss import psnr, ssim
 from numbasplat.rendering import rasterize_tile_loss
 from numbasplat.tile_loss import s3im_permutations
 from numbasplat.optim import column_lrs, exp_decay
+from numbasplat.placement import Placement
 from data.atomic import atomic_path, remove_stale_temps
 
 from engine.pipelines.options import PipelineOptions, check
@@ -334,8 +337,14 @@ class Trainer(ABC):
     # the pipeline options it was made with: each constructor adds its own before ``__init__`` checks them all
     options = PipelineOptions()
 
-    def __init__(self, dataset, out_dir, cfg: TrainConfig, backend=None, log=print, store=None):
-        """``store``: where the Gaussians live (default: a ``MemoryStore``)."""
+    def __init__(self, dataset, out_dir, cfg: TrainConfig, backend=None, log=print, store=None, placement=None,
+                 options=None):
+        """``store``: where the Gaussians live (default: a ``MemoryStore``); ``placement``: where the step's
+        operators run (``numbasplat.placement``; default: each the one call on this process's device,
+        else split across the parts of an aggregate device, engine/pipelines/aggregate.py); ``options``:
+        the ``PipelineOptions`` it is made with, where the pipeline's class does not set them."""
+        if options is not None:
+            self.options = options
         if cfg.lambda_s3im is None:
             cfg = replace(cfg, lambda_s3im=s3im_weight(dataset))
         if cfg.lr_means_steps is None:
@@ -350,6 +359,7 @@ class Trainer(ABC):
         self.backend = backend or _backend.BACKEND
         self.xp = _backend.array_module(self.backend)
         self.log = log
+        self.placement = placement or Placement(backend=self.backend)
         self.rng = np.random.default_rng(cfg.seed)
         self.step = 0
         self.train_seconds = 0.0
@@ -682,7 +692,8 @@ class Trainer(ABC):
     def context(self, **step):
         """The strategy's ``Context``: the scene scale, the RNG, the memory guard's limits, and a
         pipeline's ``step`` fields (the step's learning rate, this rank's rows)."""
-        free = _free_device_bytes if _backend.on_gpu(self.backend) and not self.store.out_of_core else 0
+        in_device_memory = not self.store.out_of_core and not self.placement.managed  # (managed: pages to the host)
+        free = _free_device_bytes if _backend.on_gpu(self.backend) and in_device_memory else 0
         return Context(self.data.scene_scale, self.rng, self.cfg.max_gaussians, free, **step)
 
     def gaussian_total(self):
@@ -705,15 +716,15 @@ class Trainer(ABC):
         ``state`` its strategy state) at SH degree ``degree``, less what the view's mask and LOD gate skip
         (``workload.cull``); unchecked (a check syncs: it runs at log steps)."""
         g = model.gaussians
-        p = ns.project(g, self.data.train[i].camera, sh_degree=degree, antialias=self.cfg.antialias,
-                       backend=self.backend, check=False)
+        p = self.placement.project(g, self.data.train[i].camera, sh_degree=degree, antialias=self.cfg.antialias,
+                                   check=False)
         return self.workload.cull(p, g, state, i, self.backend)
 
     def view_loss(self, image, target, tiles=None):
         """The global loss (L1 + SSIM) of a training view's ``image`` against its ``target``
         (``targets[view]``), over the tiles ``tiles`` (first, last: a renderer's share; None: the whole
         view), lazy (read at log steps).  -> (loss, its gradient with respect to ``image``)."""
-        return l1_ssim_loss(image, target, self.cfg.lambda_dssim, backend=self.backend, tiles=tiles, lazy=True)
+        return self.placement.image_loss(image, target, self.cfg.lambda_dssim, tiles=tiles)
 
     def s3im_permutations(self):
         """The tile loss's arrangements of a view's pixels into S3IM windows, drawn from the RNG (host)."""
@@ -738,8 +749,7 @@ class Trainer(ABC):
         drew (None: ``visible_adam`` off)."""
         seen = None
         for n, (p, grad) in enumerate(zip(projections, grads)):
-            ns.project_backward(model.gaussians, p, grad, model.grad_gaussians, accumulate=n > 0,
-                                backend=self.backend)
+            self.placement.project_backward(model.gaussians, p, grad, model.grad_gaussians, accumulate=n > 0)
             self.strategy.after_backward(model, state, self.step, p, grad, self.batch, skip=skip)
             if self.cfg.visible_adam:
                 seen = p.counts > 0 if seen is None else seen | (p.counts > 0)

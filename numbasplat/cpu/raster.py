@@ -94,10 +94,9 @@ def record_alpha(proj, g, px, py):
 
 
 @njit(parallel=True, cache=True)
-def _raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, depth, last, state):
+def _raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, depth, last, state, first, stop_tile):
     carry = state.shape[0] != 0
-    n_tiles = ranges.shape[0]
-    for t in prange(n_tiles):
+    for t in prange(first, stop_tile):
         ty = t // tiles_x
         tx = t - ty * tiles_x
         start = ranges[t, 0]
@@ -130,23 +129,31 @@ def _raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, de
                     _store_front(state, py, px, T, r, gr, b, d, done)
 
 
-def raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, depth, last, state=None):
+def raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, depth, last, state=None,
+                   tile_rows=None):
     """Composite each pixel's Gaussians front to back into ``image``, ``trans``, ``depth``, ``last``;
     ``state`` ((FRONT_FIELDS, H, W) float64, ``blend.load_front``): start from it instead of an
     empty pixel (a chunk of the view's Gaussians after those in front) and leave the pixel's
-    state there."""
+    state there.  ``tile_rows`` (first, last): those rows of tiles only (None: every tile)."""
+    first, stop = _tile_span(tile_rows, tiles_x, ranges.shape[0])
     _raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, depth, last,
-                    _NO_STATE if state is None else state)
+                    _NO_STATE if state is None else state, first, stop)
+
+
+def _tile_span(tile_rows, tiles_x, n_tiles):
+    """The row-major tiles [first, stop) of the tile rows ``tile_rows`` (None: every tile)."""
+    if tile_rows is None:
+        return 0, n_tiles
+    return tile_rows[0] * tiles_x, min(tile_rows[1] * tiles_x, n_tiles)
 
 
 @njit(parallel=True, cache=True)
 def _raster_backward_isect(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth,
-                           grad_isect, state):
+                           grad_isect, state, first, stop_tile):
     """Per-intersection screen-space gradients, back to front per pixel (from and into ``state``
-    where it is not empty: ``raster_backward``)."""
+    where it is not empty: ``raster_backward``), of tiles [first, stop_tile)."""
     carry = state.shape[0] != 0
-    n_tiles = ranges.shape[0]
-    for t in prange(n_tiles):
+    for t in prange(first, stop_tile):
         ty = t // tiles_x
         tx = t - ty * tiles_x
         start = ranges[t, 0]
@@ -214,12 +221,13 @@ def scatter_add_rows(ids, rows, out):
 
 
 def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad,
-                    fixed=None, state=None):
+                    fixed=None, state=None, tile_rows=None):
     """Add each Gaussian's screen-space gradient record into ``grad`` (N, GRAD_FIELDS).
 
     ``state`` ((BEHIND_FIELDS, H, W) float64, ``blend.load_behind``): each pixel's backward starts
     from it (the chunks behind done) instead of from ``trans``, ``bg`` and ``d_alpha``, which are
-    not read, and leaves its state in front of these Gaussians there.
+    not read, and leaves its state in front of these Gaussians there.  ``tile_rows`` (first, last):
+    those rows of tiles only (None: every tile).
 
     Deterministic as it is, so ``fixed`` (the CUDA backend's order of summation for
     ``--deterministic``) is not needed: each intersection's row is written by the one thread
@@ -227,8 +235,9 @@ def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_i
     one thread; no ``prange`` reduction, so neither the thread count nor the schedule changes a
     bit."""
     rows = np.zeros((ids.shape[0], grad.shape[1]), grad.dtype)
+    first, stop = _tile_span(tile_rows, tiles_x, ranges.shape[0])
     _raster_backward_isect(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, rows,
-                           _NO_STATE if state is None else state)
+                           _NO_STATE if state is None else state, first, stop)
     scatter_add_rows(ids, rows, grad)
 
 

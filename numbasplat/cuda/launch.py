@@ -153,7 +153,7 @@ class Kernel:
         self.sig = sig
         self.fastmath = fastmath
         self.max_registers = max_registers
-        self._launch = None
+        self._launches = {}  # GPU id -> its launch (a module is loaded into one device's context)
         KERNELS[f"{fn.__module__}.{fn.__name__}"] = (fn, sig)
 
     def _compile(self):
@@ -209,22 +209,32 @@ class Kernel:
 
     def static_shared_bytes(self):
         """Shared memory the kernel declares statically (its fixed layout), 0 in the simulator."""
-        if self._launch is None:
-            self._launch = self._compile()
-        static = getattr(self._launch, "static_shared_bytes", None)
+        static = getattr(self._here(), "static_shared_bytes", None)
         return static() if static else 0
+
+    def _here(self):
+        """The launch on the current GPU, compiled (loaded) there on its first: the aggregate device
+        (``numbasplat.placement``) launches each kernel on several GPUs of one process."""
+        device = 0 if SIM or VIA_NUMBA else _current_device()
+        launch = self._launches.get(device)
+        if launch is None:
+            launch = self._launches[device] = self._compile()
+        return launch
 
     def __getitem__(self, config):
         """``k[grid, block]`` or ``k[grid, block, dynamic_shared_bytes]``."""
-        if self._launch is None:
-            self._launch = self._compile()
+        launch = self._here()
         grid, block, shared = config if len(config) == 3 else (*config, 0)
         grid = grid if isinstance(grid, tuple) else (grid,)
         block = block if isinstance(block, tuple) else (block,)
         global launches
         launches += 1
-        launch = self._launch
         return lambda *args: launch(grid, block, args, shared)
+
+
+def _current_device():
+    import cupy
+    return cupy.cuda.runtime.getDevice()
 
 
 def with_max_registers(ptx, n):

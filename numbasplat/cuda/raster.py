@@ -290,9 +290,10 @@ def project_backward(means, quats, scales, logits, sh, degree, cam, W, H, antial
 # --------------------------------------------------------------------------- per tile
 
 @cuda.jit(device=True, inline=True)
-def _tile_pixel(ranges, tiles_x, W, H):
-    """``pixel_of_tile`` of the block's tile (a 2D grid of tiles)."""
-    return pixel_of_tile(cuda.blockIdx.y * tiles_x + cuda.blockIdx.x, ranges, tiles_x, W, H)
+def _tile_pixel(ranges, tiles_x, W, H, first_tile):
+    """``pixel_of_tile`` of the block's tile (a 2D grid of tiles, its first row the one of the
+    row-major tile ``first_tile``)."""
+    return pixel_of_tile(first_tile + cuda.blockIdx.y * tiles_x + cuda.blockIdx.x, ranges, tiles_x, W, H)
 
 
 @cuda.jit(device=True, inline=True)
@@ -308,10 +309,11 @@ def _raster_forward(carry):
     has no trace of it): each pixel starts from its state in ``state`` ((FRONT_FIELDS, H, W): the
     chunks of the view in front, ``blend.load_front``) instead of an empty pixel, and leaves its
     state there for the next chunk."""
-    def kernel_fn(proj, ids, ranges, W, H, tiles_x, bg, image, trans, depth, last, state):
+    def kernel_fn(proj, ids, ranges, W, H, tiles_x, bg, image, trans, depth, last, state, first_tile):
         rec = cuda.shared.array(BATCH_WORDS, float32)
         rid = cuda.shared.array(BLOCK, int32)
-        tid, lane, px, py, inside, start, end, x0, x1, y0, y1, fx, fy = _tile_pixel(ranges, tiles_x, W, H)
+        tid, lane, px, py, inside, start, end, x0, x1, y0, y1, fx, fy = _tile_pixel(ranges, tiles_x, W, H,
+                                                                                    first_tile)
         T = ONE
         r = ZERO
         g = ZERO
@@ -338,7 +340,7 @@ def _raster_forward(carry):
 
     name = "_raster_forward_carry_kernel" if carry else "_raster_forward_kernel"
     kernel_fn.__name__ = kernel_fn.__qualname__ = name  # (its PTX cache key and its KERNELS entry)
-    return kernel(F2, I1, I2, "int64", "int64", "int64", F1, F3, F2, F2, I2, F3, fastmath=True)(kernel_fn)
+    return kernel(F2, I1, I2, "int64", "int64", "int64", F1, F3, F2, F2, I2, F3, "int64", fastmath=True)(kernel_fn)
 
 
 _raster_forward_kernel = _raster_forward(False)
@@ -356,12 +358,13 @@ def _raster_backward(fixed, carry):
     with an atomic, whose order varies from run to run; ``_slot_sum_kernel`` then adds each
     Gaussian's slots into ``grad`` in a fixed order."""
     def kernel_fn(proj, ids, ranges, W, H, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad, perm, slots,
-                  state):
+                  state, first_tile):
         rec = cuda.shared.array(BATCH_WORDS, float32)
         rid = cuda.shared.array(BLOCK, int32)
         red = cuda.shared.array((NG, RED_ROWS), float32)
         block_last = cuda.shared.array(1, int32)
-        tid, lane, px, py, inside, start, end, x0, x1, y0, y1, fx, fy = _tile_pixel(ranges, tiles_x, W, H)
+        tid, lane, px, py, inside, start, end, x0, x1, y0, y1, fx, fy = _tile_pixel(ranges, tiles_x, W, H,
+                                                                                    first_tile)
         if tid == 0:
             block_last[0] = start
         cuda.syncthreads()
@@ -407,7 +410,7 @@ def _raster_backward(fixed, carry):
 
     name = "_raster_backward" + ("_fixed" if fixed else "") + ("_carry" if carry else "") + "_kernel"
     kernel_fn.__name__ = kernel_fn.__qualname__ = name  # (its PTX cache key and its KERNELS entry)
-    return kernel(F2, I1, I2, "int64", "int64", "int64", F1, F2, I2, F3, F2, F2, F1, L1, F1, F3, fastmath=True,
+    return kernel(F2, I1, I2, "int64", "int64", "int64", F1, F2, I2, F3, F2, F2, F1, L1, F1, F3, "int64", fastmath=True,
                   max_registers=48 if carry and not fixed else None)(kernel_fn)
     # (the carry kernel: 56 registers otherwise, 47 under the cap, no spills; the fixed one needs 47 uncapped)
 
@@ -452,7 +455,7 @@ def _contributions_kernel(proj, ids, ranges, W, H, tiles_x, dominant, total):
     rec = cuda.shared.array(BATCH_WORDS, float32)
     rid = cuda.shared.array(BLOCK, int32)
     acc = cuda.shared.array(BLOCK, float32)  # per record of the batch: its contributions over the tile
-    tid, lane, px, py, inside, start, end, x0, x1, y0, y1, fx, fy = _tile_pixel(ranges, tiles_x, W, H)
+    tid, lane, px, py, inside, start, end, x0, x1, y0, y1, fx, fy = _tile_pixel(ranges, tiles_x, W, H, 0)
     T = ONE
     best = ZERO
     best_g = int32(-1)
@@ -486,12 +489,26 @@ def _contributions_kernel(proj, ids, ranges, W, H, tiles_x, dominant, total):
         dominant[py, px] = best_g
 
 
-def raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, depth, last, state=None):
+def _tile_launch(W, H, tile_rows):
+    """(the grid, the first row-major tile) of a launch over the tile rows ``tile_rows`` (first,
+    last), or over every tile (None)."""
+    tx, ty = tile_grid(W, H)
+    if tile_rows is None:
+        return (tx, ty), 0
+    first, last = tile_rows
+    return (tx, max(last - first, 0)), first * tx
+
+
+def raster_forward(proj, ids, ranges, W, H, tile, tiles_x, bg, image, trans, depth, last, state=None,
+                   tile_rows=None):
     """Composite each pixel's Gaussians front to back: one launch.  ``state`` ((FRONT_FIELDS, H, W)
-    float32): start from it and leave the pixel's state there (``_raster_forward``)."""
+    float32): start from it and leave the pixel's state there (``_raster_forward``).  ``tile_rows``
+    (first, last): those rows of tiles only (None: every tile)."""
     k = _raster_forward_kernel if state is None else _raster_forward_carry_kernel
-    k[tile_grid(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, image, trans, depth, last,
-                                     _no_state() if state is None else state)
+    grid, first_tile = _tile_launch(W, H, tile_rows)
+    if grid[1]:
+        k[grid, (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, image, trans, depth, last,
+                              _no_state() if state is None else state, first_tile)
 
 
 _NO_SLOTS = {}
@@ -517,7 +534,7 @@ def _no_state():
 
 
 def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_image, d_alpha, d_depth, grad,
-                    fixed=None, state=None):
+                    fixed=None, state=None, tile_rows=None):
     """Add each Gaussian's screen-space gradient record into ``grad`` (N, NG): with float atomics
     in whatever order the warps come, or, with ``fixed`` = (perm, order, ends, counts) (the
     binning's permutation from emitted to sorted intersections, its depth order, the running
@@ -525,21 +542,25 @@ def raster_backward(proj, ids, ranges, W, H, tile, tiles_x, bg, trans, last, d_i
     sums into a slot each (``_raster_backward``), then a thread per Gaussian adds its slots
     (``_slot_sum_kernel``).  The slots take WARPS * NG floats (384 bytes) per intersection.
     ``state`` ((BEHIND_FIELDS, H, W) float32): each pixel's backward starts from it instead of
-    ``trans``, ``bg`` and ``d_alpha``, and leaves its state there (``_raster_backward``)."""
+    ``trans``, ``bg`` and ``d_alpha``, and leaves its state there (``_raster_backward``).
+    ``tile_rows`` (first, last): those rows of tiles only (None: every tile)."""
     flat = flat_records(grad)
+    grid, first_tile = _tile_launch(W, H, tile_rows)
+    if not grid[1]:
+        return
     carry = state is not None
     state = state if carry else _no_state()
     if fixed is None:
         perm, slots = _no_slots()
         k = _raster_backward_carry_kernel if carry else _raster_backward_kernel
-        k[tile_grid(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, trans, last, d_image, d_alpha, d_depth,
-                                         flat, perm, slots, state)
+        k[grid, (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, trans, last, d_image, d_alpha, d_depth,
+                              flat, perm, slots, state, first_tile)
         return
     perm, order, ends, counts = fixed
     slots = array_module().zeros(perm.shape[0] * WARPS * NG, np.float32)
     k = _raster_backward_fixed_carry_kernel if carry else _raster_backward_fixed_kernel
-    k[tile_grid(W, H), (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, trans, last, d_image, d_alpha, d_depth,
-                                     flat, perm, slots, state)
+    k[grid, (TILE, TILE)](proj, ids, ranges, W, H, tiles_x, bg, trans, last, d_image, d_alpha, d_depth,
+                          flat, perm, slots, state, first_tile)
     _slot_sum_kernel[per_item(order.shape[0])](slots, order, counts, ends, flat)
 
 

@@ -1,0 +1,265 @@
+"""Placement: where each operator of a training step runs, split across the parts of an aggregate device.
+
+NVIDIA's multi-GPU splatting backend puts the model in CUDA managed memory and splits every
+operator across the GPUs, so that the model code has no communication and the GPUs look like one
+device.  ``Placement`` is that split, and the one place that knows of it: the trainer calls its
+operators where a single device would call ``numbasplat.rendering``'s and ``Adam.update``, and
+each operator runs in ``parts`` pieces whose results land in the shared arrays:
+
+    project, project_backward (the SH evaluation within), Adam   by contiguous ranges of Gaussians
+    bin_tiles, rasterize, rasterize_backward, image_loss         by contiguous ranges of tile rows
+
+Each part of the tiles bins only the intersections of its own tiles (``bin_tiles(tile_rows=)``),
+so the view's binning is a ``SplitBinning`` of one ``Binning`` per part.  What crosses parts is
+reduced here, explicitly: the loss (each part's share of the tiles, added: ``SplitLoss``) and
+the screen-space gradient records behind the densification statistics (each part's raster
+backward adds its tiles' gradients into the records; on separate devices each into its own
+buffer, added here in part order).
+
+``Placement(parts)`` alone is the virtual aggregate device (``--virtual-devices N``): the parts
+run one after another on this process's device, the GPU or the CPU backend, exactly as N devices
+would split the work, so that N = 2 or 3 trains the bits of N = 1 on the CPU (each Gaussian's
+gradient is added tile by tile in the same order; every per-Gaussian and per-element operator is
+its own row's).  With ``devices`` (real GPU ids, ``--devices``), part k runs with device k
+current, on its own stream, the model's arrays in CUDA managed memory (``numbasplat.device``'s
+managed kit) prefetched to the device before its part.  ``Placement()`` (one part, no devices)
+is the plain single device: each operator is the one call it always was.
+"""
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import backend as _backend
+from . import device as _device
+from .math import gaussian_ops as go
+from .math.tiles import TILE, tile_grid
+from .loss import l1_ssim_loss
+from .rendering import (bin_tiles, empty_projection, empty_render, project, project_backward, rasterize,
+                        rasterize_backward, tile_row_counts, _background)
+
+
+def even_ranges(n, parts):
+    """``parts`` contiguous ranges [first, last) covering 0..n-1, their sizes differing by one at most
+    (the larger first)."""
+    base, extra = divmod(int(n), int(parts))
+    edges = np.cumsum([0] + [base + (k < extra) for k in range(parts)])
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
+
+
+@dataclass
+class SplitBinning:
+    """A view's binning in parts of its tile rows: ``parts`` holds each part's (tile rows
+    (first, last), the projection with the part's tile counts, its ``Binning``: its tiles'
+    intersections alone).  ``overflow`` None (bins exactly, no room), ``n_isect`` the parts' slots."""
+    parts: list
+    overflow: object = None
+
+    @property
+    def n_isect(self):
+        return sum(b.n_isect for _, _, b in self.parts)
+
+
+class SplitLoss:
+    """The loss of a view as the sum of its parts' shares (each a ``LazyLoss`` over its tiles): the
+    loss's reduction across parts, read (a device sync) only when ``float`` asks."""
+
+    def __init__(self, shares):
+        self.shares = shares
+
+    def __float__(self):
+        return float(sum(float(s) for s in self.shares))
+
+
+class Placement:
+    """Each operator of a step split ``parts`` ways (see the module's docstring), on ``backend``.
+
+    ``devices``: the GPU of each part (real devices, a list as long as ``parts``); None: every part
+    on this process's device, one after another (virtual devices).  ``separate_gradients``: each
+    part's raster backward adds into its own gradient records, which ``rasterize_backward`` then
+    adds up in part order (the reduction separate devices need; default: with ``devices``)."""
+
+    def __init__(self, parts=1, backend=None, devices=None, separate_gradients=None):
+        if int(parts) != parts or parts < 1:
+            raise ValueError(f"Placement: parts must be a whole number of at least 1, got {parts!r}")
+        if devices is not None and len(devices) != parts:
+            raise ValueError(f"Placement: {parts} parts on {len(devices)} devices")
+        self.parts = int(parts)
+        self.backend = backend or _backend.BACKEND
+        self.devices = None if devices is None else [int(d) for d in devices]
+        self.separate_gradients = (devices is not None and len(set(devices)) > 1) if separate_gradients is None \
+            else bool(separate_gradients)
+        self._streams = _device.part_streams(self.devices) if self.devices is not None else None
+        self._advised = None  # the model buffers whose rows were last advised to their GPUs (``_advise``)
+
+    @property
+    def split(self):
+        """Whether an operator runs in more than one piece (else each is the plain call)."""
+        return self.parts > 1 or self.devices is not None
+
+    @property
+    def managed(self):
+        """Whether the arrays live in CUDA managed memory (on real devices), where a GPU's free memory
+        does not bound the model (it pages from the host past it)."""
+        return self.devices is not None
+
+    @property
+    def bins_into_room(self):
+        """Whether ``bin_tiles`` takes room (``bin_tiles(room=)``): on one part only."""
+        return not self.split
+
+    def describe(self):
+        """One line for the log: how the step is split."""
+        where = "one after another on this device" if self.devices is None else f"on GPUs {self.devices}"
+        return f"aggregate device: every operator split {self.parts} ways, {where}"
+
+    # ------------------------------------------------------------------ the split
+    def gaussian_ranges(self, n):
+        """Each part's Gaussians: contiguous rows [first, last) of ``n``."""
+        return even_ranges(n, self.parts)
+
+    def tile_row_ranges(self, camera):
+        """Each part's tiles: contiguous rows of tiles [first, last) of ``camera``'s image."""
+        return even_ranges(tile_grid(camera.width, camera.height)[1], self.parts)
+
+    @contextmanager
+    def on_part(self, k):
+        """Run what is queued inside on part ``k``'s device and stream (virtual parts: as it is)."""
+        if self._streams is None:
+            yield
+            return
+        with _device.on_device(self.devices[k], self._streams[k]):
+            yield
+
+    def _join(self):
+        """Wait until every part's queued work is done (separate devices' streams), before a
+        result crosses parts."""
+        if self._streams is not None:
+            _device.join_streams(self.devices, self._streams)
+
+    # ------------------------------------------------------------------ the operators
+    def project(self, g, camera, sh_degree=None, antialias=False, check=None):
+        """``rendering.project`` of ``g``, each part projecting its Gaussians into its rows of one
+        ``Projection`` (the SH colours evaluated there too)."""
+        if not self.split:
+            return project(g, camera, sh_degree, antialias, self.backend, check)
+        degree = g.sh_degree() if sh_degree is None else int(sh_degree)
+        p = empty_projection(camera, len(g), g.means.dtype, degree, antialias, self.backend)
+        for k, (a, b) in enumerate(self.gaussian_ranges(len(g))):
+            with self.on_part(k):
+                _device.prefetch_rows(g.arrays().values(), a, b, self._device_of(k))
+                project(g.rows(a, b), camera, degree, antialias, self.backend, check, into=p.rows(a, b))
+        self._join()
+        return p
+
+    def bin_tiles(self, p, room=None, deterministic=False):
+        """``rendering.bin_tiles`` of ``p``: split, each part bins only its tile rows' intersections
+        (a ``SplitBinning``; exact, so ``room`` is for one part only)."""
+        if not self.split:
+            return bin_tiles(p, self.backend, room=room, deterministic=deterministic)
+        if room is not None:
+            raise ValueError("Placement.bin_tiles: a split binning bins exactly (room is for one part)")
+        ranges = self.tile_row_ranges(p.camera)
+        counts = tile_row_counts(p, ranges, self.backend)
+        totals = _backend.to_host(counts.sum(axis=1, dtype=np.int64))  # (every part's, in one sync)
+        parts = []
+        for k, rows in enumerate(ranges):
+            part_p = p.with_counts(counts[k])
+            with self.on_part(k):
+                parts.append((rows, part_p, bin_tiles(part_p, self.backend, total=int(totals[k]),
+                                                      deterministic=deterministic, tile_rows=rows)))
+        return SplitBinning(parts)
+
+    def rasterize(self, p, b, background=None):
+        """``rendering.rasterize``: each part composites the pixels of its tile rows into one ``Render``."""
+        if not self.split:
+            return rasterize(p, b, background, self.backend)
+        xp = _backend.array_module(self.backend)
+        r = empty_render(p.camera.height, p.camera.width, p.proj.dtype, _background(xp, background, p.proj.dtype),
+                         self.backend)
+        for k, (rows, part_p, part_b) in enumerate(b.parts):
+            with self.on_part(k):
+                rasterize(part_p, part_b, r.background, self.backend, tile_rows=rows, into=r)
+        self._join()
+        return r
+
+    def image_loss(self, image, target, lam, tiles=None):
+        """``loss.l1_ssim_loss`` (lazy) of ``image`` against ``target``: split, the sum of each part's
+        share over its tile rows (``SplitLoss``), and the image gradient assembled from each part's
+        rows (each right on its own tiles).  ``tiles``: a caller's own share of the tiles (one part)."""
+        if not self.split or tiles is not None:
+            return l1_ssim_loss(image, target, lam, backend=self.backend, tiles=tiles, lazy=True)
+        H, W = image.shape[:2]
+        tx = tile_grid(W, H)[0]
+        shares, d_image = [], None
+        for k, (first, last) in enumerate(even_ranges(tile_grid(W, H)[1], self.parts)):
+            with self.on_part(k):
+                share, d = l1_ssim_loss(image, target, lam, backend=self.backend, tiles=(first * tx, last * tx),
+                                        lazy=True)
+                if d_image is None:
+                    d_image = _backend.array_module(self.backend).empty_like(d)
+                d_image[first * TILE:last * TILE] = d[first * TILE:last * TILE]
+                shares.append(share)
+        self._join()
+        return SplitLoss(shares), d_image
+
+    def rasterize_backward(self, p, b, r, d_image, deterministic=False):
+        """``rendering.rasterize_backward``: each part's tile rows' backward, its gradients added into
+        the view's records (in part order: a Gaussian's gradient is added tile by tile as one pass
+        adds it); with ``separate_gradients``, into the part's own records, added up here."""
+        if not self.split:
+            return rasterize_backward(p, b, r, d_image, backend=self.backend, deterministic=deterministic)
+        xp = _backend.array_module(self.backend)
+        shape = (p.proj.shape[0], go.GRAD_FIELDS)
+        grads = [xp.zeros(shape, p.proj.dtype) for _ in (b.parts if self.separate_gradients else b.parts[:1])]
+        for k, (rows, part_p, part_b) in enumerate(b.parts):
+            with self.on_part(k):
+                rasterize_backward(part_p, part_b, r, d_image, grad=grads[k if self.separate_gradients else 0],
+                                   backend=self.backend, deterministic=deterministic, tile_rows=rows)
+        self._join()
+        total = grads[0]
+        for more in grads[1:]:  # the cross-part reduction of the screen-space gradients
+            total += more
+        return total
+
+    def project_backward(self, g, p, grad, out, accumulate=True):
+        """``rendering.project_backward`` into ``out``: each part's Gaussians' rows."""
+        if not self.split:
+            return project_backward(g, p, grad, out, accumulate=accumulate, backend=self.backend)
+        for k, (a, b) in enumerate(self.gaussian_ranges(len(g))):
+            with self.on_part(k):
+                project_backward(g.rows(a, b), p.rows(a, b), grad[a:b], out.rows(a, b), accumulate=accumulate,
+                                 backend=self.backend)
+        self._join()
+        return out
+
+    def adam_update(self, adam, grads, visible=None, skip=None):
+        """``Adam.update`` of the step: each part updates its Gaussians' rows of every group."""
+        if not self.split:
+            return adam.update(grads, visible, skip)
+        buffers = (adam.params.data, grads, adam.m, adam.v)
+        if self.devices is not None:
+            self._advise(adam, buffers)
+        for k, rows in enumerate(self.gaussian_ranges(adam.params.n)):
+            with self.on_part(k):
+                if self.devices is not None:
+                    for lo, hi in adam.group_spans(*rows):
+                        _device.prefetch_rows(buffers, lo, hi, self.devices[k])
+                adam.update(grads, visible, skip, rows=rows)
+        self._join()
+
+    def _advise(self, adam, buffers):
+        """On separate devices, once per model (densification makes new buffers): each part's rows of
+        every group of the flat buffers preferred on its GPU and mapped for the others
+        (``device.advise_rows``), so that a part's operators find them at home."""
+        key = tuple(int(b.data.ptr) for b in buffers) + (adam.params.n,)
+        if self._advised == key:
+            return
+        for k, rows in enumerate(self.gaussian_ranges(adam.params.n)):
+            others = [d for d in self.devices if d != self.devices[k]]
+            for lo, hi in adam.group_spans(*rows):
+                _device.advise_rows(buffers, lo, hi, self.devices[k], others)
+        self._advised = key
+
+    def _device_of(self, k):
+        return None if self.devices is None else self.devices[k]

@@ -1,0 +1,288 @@
+"""The aggregate device (numbasplat/placement.py, engine/pipelines/aggregate.py): every operator split N
+ways as N devices would split it (``--virtual-devices N``) trains the model of one device.
+
+On the CPU backend each Gaussian's gradient is added tile by tile in the same order whatever the
+split, and every per-Gaussian and per-element operator is its own row's, so N = 2 and 3 give N = 1's
+bits; the tests allow 1e-6.  The scene: a non-square image (the tile rows split unevenly), rotated
+Gaussians of uneven scales.  The simulator test runs the CUDA kernels' tile-row launches."""
+import numpy as np
+import pytest
+
+import numbasplat as ns
+from conftest import simulator_test
+from data import Dataset, View
+from engine.pipelines import PipelineOptions, check, make_trainer
+from engine.recipe.trainer import SNAPSHOT, TrainConfig
+from engine.tools.camera_path import look_at
+from engine.tools.demo import ground_truth
+from numbasplat.optim import GROUPS
+from numbasplat.placement import Placement, SplitBinning, even_ranges
+from scenes import edge_case_scene
+
+WIDTH, HEIGHT = 56, 40  # 4 x 3 tiles: 2 parts take tile rows 2 + 1, 3 parts 1 + 1 + 1 (the last 8 pixels high)
+TOLERANCE = 1e-6
+
+
+def camera(width=WIDTH, height=HEIGHT):
+    """A camera off the scene's axes, its principal point off-centre."""
+    return ns.Camera(look_at((4.0, -3.0, 2.5), (0, 0, 0.5)), 0.9 * width, 0.95 * width, 0.53 * width,
+                     0.46 * height, width, height)
+
+
+def split_step(parts, g, cam, target, backend="cpu", deterministic=False, separate_gradients=False):
+    """One view's forward, loss and backward through ``Placement(parts)``.  -> ({name: result}, the binning)."""
+    placement = Placement(parts, backend, separate_gradients=separate_gradients)
+    p = placement.project(g, cam)
+    b = placement.bin_tiles(p, deterministic=deterministic)
+    r = placement.rasterize(p, b, (0.2, 0.3, 0.1))
+    loss, d_image = placement.image_loss(r.image, target, 0.2)
+    grad = placement.rasterize_backward(p, b, r, d_image, deterministic=deterministic)
+    out = ns.Gaussians(**{k: np.zeros_like(a) for k, a in g.arrays().items()})
+    placement.project_backward(g, p, grad, out, accumulate=False)
+    return dict(proj=p.proj, counts=p.counts, image=r.image, trans=r.trans, depth=r.depth, loss=float(loss), grad=grad,
+                **{f"d_{k}": a for k, a in out.arrays().items()}), b
+
+
+def test_even_ranges_cover_every_row_once():
+    assert even_ranges(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert even_ranges(2, 3) == [(0, 1), (1, 2), (2, 2)]
+
+
+@pytest.mark.parametrize("parts", [2, 3, 5])
+def test_each_split_operator_gives_the_whole_ones_values(parts):
+    """Projection, binning by tile rows, raster forward, loss, raster and projection backward, split,
+    against one part (5 parts over 3 tile rows: some parts have no tiles)."""
+    g = edge_case_scene(n=60, seed=3, dtype=np.float32)
+    cam = ns.Camera(np.eye(4), 36.0, 40.0, WIDTH * 0.52, HEIGHT * 0.47, WIDTH, HEIGHT)
+    target = np.random.default_rng(0).random((HEIGHT, WIDTH, 3)).astype(np.float32)
+    whole, _ = split_step(1, g, cam, target)
+    split, b = split_step(parts, g, cam, target)
+    assert isinstance(b, SplitBinning) and len(b.parts) == parts
+    assert np.abs(whole["grad"]).max() > 0 and (whole["counts"] > 0).sum() > 20  # (not an empty scene)
+    for k in whole:
+        np.testing.assert_allclose(split[k], whole[k], rtol=0, atol=TOLERANCE, err_msg=k)
+
+
+def test_separate_gradient_records_add_up_to_the_whole_ones():
+    """Each part's raster backward into its own records (as separate GPUs do), added up in the placement:
+    one view's gradients equal one part's to float rounding (the sums grouped by part)."""
+    g = edge_case_scene(n=60, seed=3, dtype=np.float32)
+    cam = ns.Camera(np.eye(4), 36.0, 40.0, WIDTH * 0.52, HEIGHT * 0.47, WIDTH, HEIGHT)
+    target = np.random.default_rng(0).random((HEIGHT, WIDTH, 3)).astype(np.float32)
+    whole, _ = split_step(1, g, cam, target)
+    split, _ = split_step(3, g, cam, target, separate_gradients=True)
+    for k in ("grad", "d_means", "d_scales", "d_quats", "d_opacities", "d_sh"):
+        np.testing.assert_allclose(split[k], whole[k], rtol=1e-5, atol=TOLERANCE, err_msg=k)
+
+
+def test_each_part_bins_only_its_own_tiles():
+    """A part's ranges cover its tile rows only, and each of its tiles holds the whole binning's list."""
+    g = edge_case_scene(n=60, seed=3, dtype=np.float32)
+    cam = ns.Camera(np.eye(4), 36.0, 40.0, WIDTH * 0.52, HEIGHT * 0.47, WIDTH, HEIGHT)
+    p = ns.project(g, cam, backend="cpu")
+    whole = ns.bin_tiles(p, backend="cpu")
+    tx = cam.tiles[0]
+    total = 0
+    for (first, last), _, part in Placement(2, "cpu").bin_tiles(p).parts:
+        mine = np.zeros(len(part.ranges), bool)
+        mine[first * tx:last * tx] = True
+        assert (part.ranges[~mine] == 0).all()
+        for t in np.flatnonzero(mine):
+            a, b = part.ranges[t]
+            w0, w1 = whole.ranges[t]
+            np.testing.assert_array_equal(part.ids[a:b], whole.ids[w0:w1])
+        total += int((part.ranges[:, 1] - part.ranges[:, 0]).sum())
+    assert total == whole.n_isect
+
+
+def test_split_adam_updates_every_row_as_the_whole():
+    """Three visible-only Adam steps of 17 Gaussians split 3 ways (every group's block of each part's
+    rows: a launch each) against one launch."""
+    from numbasplat.optim import Adam, FlatParams, column_lrs
+    g = edge_case_scene(n=17, seed=1, dtype=np.float32, degree=1)
+    lrs = column_lrs({"means": 1e-2, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "sh": 2.5e-3}, 4)
+    size = FlatParams.from_gaussians(g).size
+    grads = np.random.default_rng(1).normal(size=(3, size)).astype(np.float32)
+    visible = np.arange(17) % 4 != 1
+    results = []
+    for parts in (1, 3):
+        params = FlatParams.from_gaussians(g)
+        adam = Adam(params, backend="cpu")
+        for step in range(3):
+            adam.set_step(lrs)
+            Placement(parts, "cpu").adam_update(adam, grads[step], visible=visible)
+        results.append((params.data, adam.m, adam.v))
+    assert not np.array_equal(results[0][0], FlatParams.from_gaussians(g).data)
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(b, a)
+
+
+def aggregate_dataset(n_views=8):
+    """Views of the demo's scene (rotated Gaussians, uneven scales) at WIDTH x HEIGHT."""
+    g = ground_truth(0)
+    views = []
+    for i in range(n_views):
+        ang = 2 * np.pi * i / n_views
+        eye = (4.5 * np.cos(ang), 4.5 * np.sin(ang), 1.5 + (i % 2))
+        cam = ns.Camera(look_at(eye, (0, 0, 0.5)), 0.9 * WIDTH, 0.95 * WIDTH, 0.53 * WIDTH, 0.46 * HEIGHT, WIDTH,
+                        HEIGHT)
+        img = np.clip(ns.render(g, cam, background=(1.0, 1.0, 1.0), backend="cpu").image, 0, 1)
+        views.append(View(f"view{i:03d}.png", np.ascontiguousarray(img, np.float32), cam))
+    return Dataset(train=views[1:], test=views[:1], points=np.zeros((0, 3), np.float32),
+                   colors=np.zeros((0, 3), np.float32), scene_scale=5.0, source="aggregate-test", fmt="demo")
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return aggregate_dataset()
+
+
+STEPS, STOP = 50, 27
+
+
+def config():
+    """50 steps from 300 random points, SH up to degree 1, densifying every 10 steps from step 5 and
+    an opacity reset at 25."""
+    return TrainConfig(iterations=STEPS, sh_degree=1, sh_increase_every=10, n_random_init=300, snapshot_every=0,
+                       log_every=10, save_at=(0,), eval_at=(0,), background=(1.0, 1.0, 1.0), densify_from=5,
+                       densify_every=10, opacity_reset_every=25, grad_threshold=5e-5)
+
+
+def trained(dataset, out, parts, stop_at=None):
+    """A run on ``parts`` virtual devices (made by ``make_trainer``, as ``run.py train`` makes it): to
+    the end, or stopped at ``stop_at`` (its snapshot written) and resumed by a new trainer."""
+    options = PipelineOptions(virtual_devices=parts)
+    t = make_trainer(dataset, out, config(), options, backend="cpu", log=lambda *a: None)
+    assert t.placement.parts == parts and t.options.virtual_devices == parts
+    if stop_at is None:
+        return t.train(progress=False)
+    t.train(progress=False, until=stop_at)
+    t = make_trainer(dataset, out, config(), options, backend="cpu", log=lambda *a: None)
+    t.load_snapshot(out / SNAPSHOT)
+    assert t.step == stop_at
+    return t.train(progress=False)
+
+
+@pytest.fixture(scope="module")
+def one_device(dataset, tmp_path_factory):
+    return trained(dataset, tmp_path_factory.mktemp("one"), 1)
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+def test_virtual_devices_train_the_model_of_one_device(dataset, one_device, parts, tmp_path):
+    """50 steps with densification and an opacity reset, stopped at step 27 (a snapshot) and resumed,
+    on N virtual devices, against one device without a stop: every parameter and Adam moment."""
+    split = trained(dataset, tmp_path, parts, stop_at=STOP)
+    assert len(one_device.model) != 300, "densification did not run"
+    assert len(split.model) == len(one_device.model)
+    for which in ("params", "m", "v"):
+        a, b = one_device.model.host_arrays(which), split.model.host_arrays(which)
+        for group in GROUPS:
+            np.testing.assert_allclose(b[group], a[group], rtol=0, atol=TOLERANCE, err_msg=f"{which} {group}")
+
+
+def test_virtual_devices_train_lego_as_one_device(tmp_path):
+    """lego (../shared/data/lego, 48x48, 12 views), 50 steps with densification, a stop at 27 and a
+    resume, on 3 virtual devices against one device."""
+    from conftest import shared_dir
+    from data import load_dataset
+    lego = load_dataset(shared_dir() / "data" / "lego", resolution=48, train_views=12)
+    one = trained(lego, tmp_path / "one", 1)
+    split = trained(lego, tmp_path / "three", 3, stop_at=STOP)
+    assert len(one.model) != 300 and len(split.model) == len(one.model)
+    for group in GROUPS:
+        np.testing.assert_allclose(split.model.host_arrays()[group], one.model.host_arrays()[group], rtol=0,
+                                   atol=TOLERANCE, err_msg=group)
+
+
+REFUSED = [
+    (dict(), dict(virtual_devices=0), "--virtual-devices 0: the parts"),
+    (dict(loss="tile"), dict(virtual_devices=2), "--virtual-devices 2 trains with --loss global"),
+    (dict(visible_adam=True), dict(virtual_devices=2, offload="host"), "--virtual-devices 2 with --offload host"),
+    (dict(), dict(virtual_devices=2, devices="2"), "--virtual-devices splits one device: not with --devices 2"),
+    (dict(), dict(devices="2"), "--devices 2: no GPU here"),
+    (dict(), dict(devices="two"), "--devices two: a count of GPUs, or all"),
+    (dict(), dict(devices_allow_pcie=True), "--devices-allow-pcie is for --devices"),
+    (dict(), dict(gpu_memory=2**30, virtual_devices=2), "--gpu-memory is for --offload host or disk, or --devices 1"),
+]
+
+
+@pytest.mark.parametrize("changes, options, message", REFUSED, ids=[r[2][:40] for r in REFUSED])
+def test_check_refuses_what_the_aggregate_device_cannot_do(changes, options, message):
+    with pytest.raises(ValueError, match=message):
+        check(TrainConfig(**changes), PipelineOptions(**options))
+
+
+def test_check_refuses_virtual_devices_over_ranks():
+    class Ranks:
+        def Get_size(self):
+            return 2
+    with pytest.raises(ValueError, match="--virtual-devices 3: the aggregate device trains in one process"):
+        check(TrainConfig(), PipelineOptions(virtual_devices=3), Ranks())
+
+
+def test_the_flags_reach_the_options():
+    from cli import train
+    a = train.train_parser().parse_args(["--virtual-devices", "3", "--devices", "all", "--devices-allow-pcie"])
+    options = train.options_from_args(a)
+    assert (options.virtual_devices, options.devices, options.devices_allow_pcie) == (3, "all", True)
+
+
+SIM_SCRIPT = """
+import numpy as np
+import numbasplat as ns
+from numbasplat import backend
+from scenes import edge_case_scene
+from test_aggregate import split_step
+assert backend.BACKEND == "cuda"
+W, H = 40, 20  # 3 x 2 tiles
+g = edge_case_scene(n=14, seed=5, dtype=np.float32, degree=1)
+cam = ns.Camera(np.eye(4), 30.0, 33.0, W * 0.52, H * 0.47, W, H)
+target = np.random.default_rng(0).random((H, W, 3)).astype(np.float32)
+one = split_step(1, g, cam, target, "cuda")[0]
+assert np.abs(one["grad"]).max() > 0 and (one["counts"] > 0).sum() > 5
+for two in (split_step(2, g, cam, target, "cuda")[0], split_step(2, g, cam, target, "cuda", deterministic=True)[0]):
+    for k in one:  # (float atomics: the sums' order varies)
+        assert np.allclose(two[k], one[k], rtol=1e-5, atol=1e-6), (k, np.abs(np.asarray(two[k]) - one[k]).max())
+print("AGGREGATE SIM OK")
+"""
+
+test_two_virtual_devices_equal_one_under_the_simulator = simulator_test(
+    f"import sys; sys.path.insert(0, {str(__import__('conftest').TESTS_DIR)!r})\n" + SIM_SCRIPT,
+    "AGGREGATE SIM OK", timeout=240)
+
+
+def test_bench_times_the_split_step(tmp_path, capsys):
+    """``run.py bench --virtual-devices 3`` times the step split as training splits it."""
+    import cli
+    path = tmp_path / "b.npz"
+    assert cli.main(["bench", "--make", "500", "--res", "40x36", "--out", str(path)]) == 0
+    capsys.readouterr()
+    assert cli.main(["bench", "--scene", str(path), "--iters", "1", "--warmup", "0", "--virtual-devices", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "3 virtual devices" in out and "step_ms=" in out, out
+
+
+def test_info_says_which_gpus_reach_each_other(monkeypatch):
+    from cli import bench
+    from numbasplat import device
+    monkeypatch.setattr(device, "peer_access", lambda: {(0, 1): True, (1, 0): True})
+    assert bench._peer_line() == "GPU peer access (every pair): 0->1 yes, 1->0 yes"
+    monkeypatch.setattr(device, "peer_access", lambda: {(0, 1): True, (1, 0): False})
+    assert bench._peer_line() == ("GPU peer access (not every pair: train --devices needs --devices-allow-pcie): "
+                                  "0->1 yes, 1->0 no")
+
+
+def test_run_py_train_on_virtual_devices(tmp_path, capsys):
+    """``run.py train --virtual-devices 2`` on a capture (32x24 views): the line that says so, and the
+    setting in cfg.json (a resume repeats it)."""
+    import json
+
+    import cli
+    from tests.dataset_files import CAMS, colmap_scene
+    colmap_scene(tmp_path / "capture", ".bin", n_images=4, cams=[CAMS[0]])
+    out = tmp_path / "out"
+    assert cli.main(["train", "--quiet", "--init-points", "200", "--sh-degree", "1", "--data",
+                     str(tmp_path / "capture"), "--out", str(out), "--iters", "3", "--virtual-devices", "2"]) == 0
+    assert "aggregate device: every operator split 2 ways, one after another on this device" in capsys.readouterr().out
+    assert json.loads((out / "cfg.json").read_text())["virtual_devices"] == 2
