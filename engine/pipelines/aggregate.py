@@ -13,7 +13,6 @@ in managed memory (``numbasplat.device.managed_memory``), and ``--devices 1 --gp
 one GPU so that a model larger than G pages in from the host (``reserve_device_memory``).
 ``check`` (engine/pipelines/options.py) holds the refusals.
 """
-from numbasplat import backend as _backend
 from numbasplat import device as _device
 from numbasplat.placement import Placement
 
@@ -36,8 +35,6 @@ def aggregate_placement(options, backend=None, log=print):
         placement = Placement(options.virtual_devices, backend)
         log(placement.describe())
         return placement
-    if not _backend.on_gpu(backend):  # (``check`` refused it already: this guards a direct call)
-        raise ValueError(f"--devices {options.devices}: no GPU here")
     devices = list(range(n))
     _device.managed_memory()
     _device.enable_peer_access(devices)
