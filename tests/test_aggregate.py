@@ -244,6 +244,11 @@ assert np.abs(one["grad"]).max() > 0 and (one["counts"] > 0).sum() > 5
 for two in (split_step(2, g, cam, target, "cuda")[0], split_step(2, g, cam, target, "cuda", deterministic=True)[0]):
     for k in one:  # (float atomics: the sums' order varies)
         assert np.allclose(two[k], one[k], rtol=1e-5, atol=1e-6), (k, np.abs(np.asarray(two[k]) - one[k]).max())
+one = split_step(1, g, cam, target, "cuda", deterministic=True)[0]
+for parts in (2, 3):  # the fixed order: each part's sums continue the last part's, so the split changes no bit
+    split = split_step(parts, g, cam, target, "cuda", deterministic=True)[0]
+    for k in one:  # (the loss: the parts' sums added, a reported value that no gradient reads)
+        assert np.array_equal(np.asarray(split[k]), np.asarray(one[k])) or k == "loss", (parts, k)
 print("AGGREGATE SIM OK")
 """
 

@@ -426,7 +426,10 @@ def _slot_sum_kernel(slots, order, counts, ends, grad):
     """A thread per Gaussian (the k-th in depth order): the sum of its gradient slots, its
     intersections' as emitted (``ends[k] - counts``, ..., ``ends[k] - 1``: contiguous) and each
     intersection's WARPS warps, in that order for each field, added into its record of ``grad``
-    (flat (N * NG)).  The order is fixed, so the sums are the same bits at every run."""
+    (flat (N * NG)).  The order is fixed, so the sums are the same bits at every run.  The sum
+    starts from the record's value, not from zero, so a view's tiles backpropagated in ranges of
+    tile rows (the aggregate device's parts, one after another) add in the very order of one
+    launch over them all, as the CPU backend adds tile by tile: the same bits however it is split."""
     k = cuda.grid(1)
     if k < order.shape[0]:
         n = order[k]
@@ -435,12 +438,12 @@ def _slot_sum_kernel(slots, order, counts, ends, grad):
         if c > 0 and e * (WARPS * NG) <= slots.shape[0]:  # (with binning room, those that did not fit: none)
             acc = cuda.local.array(NG, float32)
             for f in range(NG):
-                acc[f] = ZERO
+                acc[f] = grad[n * NG + f]
             for row in range((e - c) * WARPS, e * WARPS):
                 for f in range(NG):
                     acc[f] += slots[row * NG + f]
             for f in range(NG):
-                grad[n * NG + f] += acc[f]
+                grad[n * NG + f] = acc[f]
 
 
 @kernel(F2, I1, I2, "int64", "int64", "int64", I2, F1, fastmath=True)
