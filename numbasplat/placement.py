@@ -35,7 +35,7 @@ from . import device as _device
 from .math import gaussian_ops as go
 from .math.tiles import TILE, tile_grid
 from .loss import l1_ssim_loss
-from .rendering import (bin_tiles, empty_projection, empty_render, project, project_backward, rasterize,
+from .rendering import (bin_tiles, depth_order, empty_projection, empty_render, project, project_backward, rasterize,
                         rasterize_backward, tile_row_counts, _background)
 
 
@@ -154,7 +154,7 @@ class Placement:
 
     def bin_tiles(self, p, room=None, deterministic=False):
         """``rendering.bin_tiles`` of ``p``: split, each part bins only its tile rows' intersections
-        (a ``SplitBinning``; exact, so ``room`` is for one part only)."""
+        (a ``SplitBinning``; exact, so ``room`` is for one part only), all in the view's one depth order."""
         if not self.split:
             return bin_tiles(p, self.backend, room=room, deterministic=deterministic)
         if room is not None:
@@ -162,11 +162,12 @@ class Placement:
         ranges = self.tile_row_ranges(p.camera)
         counts = tile_row_counts(p, ranges, self.backend)
         totals = _backend.to_host(counts.sum(axis=1, dtype=np.int64))  # (every part's, in one sync)
+        order = depth_order(p, self.backend)  # (the view's, which every part's binning shares: one sort)
         parts = []
         for k, rows in enumerate(ranges):
             part_p = p.with_counts(counts[k])
             with self.on_part(k):
-                parts.append((rows, part_p, bin_tiles(part_p, self.backend, total=int(totals[k]),
+                parts.append((rows, part_p, bin_tiles(part_p, self.backend, total=int(totals[k]), order=order,
                                                       deterministic=deterministic, tile_rows=rows)))
         return SplitBinning(parts)
 

@@ -222,8 +222,18 @@ def _stable_argsort(xp, a):
     return xp.argsort(a, kind="stable") if xp is np else xp.argsort(a)
 
 
+def depth_order(p: Projection, backend=None):
+    """The binning's first sort: ``p``'s Gaussians by depth, those that touch no tile last (N float32
+    keys, stable: ties in index order)."""
+    kernels, xp = _dispatch(backend)
+    depth = xp.empty(len(p.counts), np.float32)  # culled Gaussians sort last and emit nothing (no compaction: no sync)
+    if len(depth):
+        kernels.depth_keys(p.proj, p.counts, depth)
+    return _stable_argsort(xp, depth)
+
+
 def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, room=None, deterministic=False,
-              tile_rows=None):
+              tile_rows=None, order=None):
     """Every tile-Gaussian intersection, sorted by (tile, depth); per-tile ranges.
 
     Two short sorts instead of one of 64-bit (tile, depth) keys: the visible
@@ -250,6 +260,11 @@ def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, 
     Gaussians whose tile span reaches the rows); their tiles outside the rows sort after every
     tile, in no range, so each tile of the rows holds what a binning of every tile gives it, in
     the same order.
+
+    ``order``: ``depth_order`` of a projection of the same Gaussians whose tile counts cover
+    ``p``'s (the view's, shared by the parts of its tile rows), which saves the sort: a Gaussian
+    that touches none of ``p``'s tiles emits nothing wherever it sorts, and the others keep their
+    relative order, so the binning is the one of ``p``'s own order.
     """
     kernels, xp = _dispatch(backend)
     tx, ty = p.camera.tiles
@@ -259,10 +274,7 @@ def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, 
             raise ValueError("bin_tiles: tile_rows bins one view exactly (no room)")
         first, last = tile_rows[0] * tx, min(tile_rows[1] * tx, n_tiles)
     n = len(p.counts)
-    depth = xp.empty(n, np.float32)  # culled Gaussians sort last and emit nothing (no compaction: no sync)
-    if n:
-        kernels.depth_keys(p.proj, p.counts, depth)
-    order = _stable_argsort(xp, depth)
+    order = depth_order(p, backend) if order is None else order
     ends = xp.cumsum(p.counts[order], dtype=np.int64)
     device_total = ends[-1:] if n else xp.zeros(1, np.int64)
     if room is not None:
