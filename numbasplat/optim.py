@@ -146,12 +146,41 @@ class Adam:
         ``visible`` an (N,) bool mask.  ``skip``: a (1,) int32 device flag; where it is set the device
         leaves parameters and moments as they are (a step whose render was cut short, known only on
         the device: no sync)."""
-        p = self.params
+        if self.params.size:
+            _backend.kernels(self.backend).adam(self.params.data, grads, self.m, self.v,
+                                                *self._update_args(visible, skip))
+
+    def _update_args(self, visible, skip):
+        """The kernels' arguments after the buffers: the layout, the step's rates, the mask, the skip flag,
+        the betas, eps and the bias corrections."""
         scalars = self._scalars.array
         use_visible = visible is not None
-        vis = visible if use_visible else self._no_mask
-        args = (p.data, grads, self.m, self.v, *self._layout, scalars[:-2], vis, use_visible,
+        return (*self._layout, scalars[:-2], visible if use_visible else self._no_mask, use_visible,
                 self._no_skip if skip is None else skip,
                 np.float32(self.b1), np.float32(self.b2), np.float32(self.eps), scalars[-2:])
-        if p.size:
-            _backend.kernels(self.backend).adam(*args)
+
+
+@dataclass
+class RowsAdam(Adam):
+    """``Adam`` whose moments are not flat buffers of their own but columns of a row table (the
+    out-of-core trainer's pool of blocks, ``numbasplat.rows``): Gaussian k of ``params`` is row
+    ``rows[k]`` of ``table``, its parameters from column ``columns[0]``, its moments from ``columns[1]``
+    and ``columns[2]`` (each in ``FlatParams``' column order).  An update writes the new parameters to
+    ``params`` and to the table: a working set trains on a copy of its parameters alone, and the
+    device holds its moments once, in the table (``m``, ``v`` are empty)."""
+    table: object = None
+    rows: object = None
+    columns: object = None
+
+    def __post_init__(self):
+        xp = _backend.array_module(self.backend or _backend.BACKEND)
+        self.m = xp.empty(0, np.float32) if self.m is None else self.m  # (the moments are the table's)
+        self.v = xp.empty(0, np.float32) if self.v is None else self.v
+        super().__post_init__()
+        self.columns = xp.asarray(np.asarray(self.columns, np.int32))
+
+    def update(self, grads, visible=None, skip=None):
+        """``Adam.update`` of ``params`` and the table's rows."""
+        if self.params.size:
+            _backend.kernels(self.backend).adam_rows(self.table, self.rows, self.columns, self.params.data, grads,
+                                                     *self._update_args(visible, skip))

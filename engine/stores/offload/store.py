@@ -575,17 +575,20 @@ class OutOfCoreStore:
 
     def _load_working(self, in_pool):
         """-> (the model of the working set ``in_pool``, its statistics) on the device: the last step's
-        as it is where its rows are the same, else gathered from the pool."""
+        as it is where its rows are the same, else gathered from the pool.  It trains in place: its
+        parameters and statistics are a copy, its moments stay in the pool's rows, where Adam writes the
+        new parameters too (``RowLayout.model(in_place=True)``)."""
         if self._working is None or self._working[0] is not in_pool:
             self._working = (in_pool, *self.layout.model(self.cache.pool, self._adam_steps, self.backend,
-                                                         rows=in_pool.rows, betas=self.betas))
+                                                         rows=in_pool.rows, betas=self.betas, in_place=True))
         return self._working[1:]
 
     def _store_working(self, working, statistics, in_pool, lr_means, lr_scales):
-        """The trained working set back to the pool (parameters, moments, statistics); its blocks' boxes
-        recomputed there and read a step late (their growth bounded by the step's learning rates)."""
+        """The trained working set's statistics back to the pool (Adam wrote its parameters and moments there);
+        its blocks' boxes recomputed there and read a step late (their growth bounded by the step's learning
+        rates)."""
         self._adam_steps = working.adam.step_count
-        self.layout.store(working, statistics, self.cache.pool, in_pool.rows)
+        self.layout.store_statistics(statistics, self.cache.pool, in_pool.rows, self.xp, self.backend)
         self.cache.dirty.update(int(b) for b in in_pool.blocks)
         self._whole = None
         reach = self.cache.boxes(in_pool.starts, in_pool.sizes, self.layout)
