@@ -200,6 +200,31 @@ def _stable_argsort(xp, a):
     return xp.argsort(a, kind="stable") if xp is np else xp.argsort(a)
 
 
+def projection_bytes(dtype=np.float32):
+    """Device bytes ``project`` allocates per Gaussian: its record (``PROJ_FIELDS`` of ``dtype``), radii
+    (2 int32) and tile count (int32)."""
+    return go.PROJ_FIELDS * np.dtype(dtype).itemsize + 2 * 4 + 4
+
+
+def gradient_record_bytes(dtype=np.float32):
+    """Device bytes ``rasterize_backward`` allocates per Gaussian: its gradient record (``GRAD_FIELDS`` of
+    ``dtype``)."""
+    return go.GRAD_FIELDS * np.dtype(dtype).itemsize
+
+
+BINNING_GAUSSIAN_BYTES = 4 + 8 + 8  # ``bin_tiles`` per Gaussian: its depth key, the depth order, the running counts
+BINNING_RANGE_BYTES = 8  # per tile: its [start, end)
+
+
+def binning_intersection_bytes(tiles):
+    """Device bytes ``bin_tiles`` (exact, one view) holds at once per intersection at its peak: its id and
+    tile as emitted, its sort key (16 bits while the ``tiles`` fit), the sort's permutation (int64) and
+    the sorted id (CuPy's sort adds its scratch: not counted; the returned ``Binning`` keeps the sorted
+    ids alone).  Its peak: ``BINNING_GAUSSIAN_BYTES`` per Gaussian, this per intersection and
+    ``BINNING_RANGE_BYTES`` per tile."""
+    return 4 + 4 + (2 if tiles < 2**16 else 4) + 8 + 4
+
+
 def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, room=None, deterministic=False):
     """Every tile-Gaussian intersection, sorted by (tile, depth); per-tile ranges.
 

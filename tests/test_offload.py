@@ -27,6 +27,14 @@ from test_trainer import fast_refine, small_config
 import numbasplat as ns
 
 
+def slot_bytes(sh_bases, block_rows=16):
+    """Device bytes that the store budgets for a block slot of ``block_rows`` rows at ``sh_bases`` (the default
+    strategy's statistics): what the tests' caps are made of."""
+    from engine.stores.offload.store import working_set_bytes
+    layout = RowLayout(sh_bases, DefaultStrategy.fresh_statistics(np, 0))
+    return int(np.ceil(block_rows * working_set_bytes(layout)[1]))
+
+
 @pytest.fixture(scope="module")
 def dataset():
     return make_dataset(size=32, n_views=12, backend="cpu")
@@ -135,7 +143,7 @@ def test_offloaded_training_equals_in_memory_training_with_visible_adam(dataset,
     from scenes import cluster_capture
     data, start = (dataset, None) if scene == "demo" else cluster_capture(per_cluster=60, views=8)
     cfg = lambda: offload_config(iterations=40, sh_degree=0)  # noqa: E731
-    caps = {} if scene == "demo" else {"gpu_memory": 26 * 16 * (45 * 4 + 1500)}  # 26 slots of 16 rows, sh degree 0
+    caps = {} if scene == "demo" else {"gpu_memory": 26 * slot_bytes(1)}  # 26 slots of 16 rows, sh degree 0
     if mode == "disk":
         caps.update(offload_dir=tmp_path / "blocks", host_memory=120 * 45 * 4 // 4)
 
@@ -184,7 +192,7 @@ def test_an_offloaded_shard_trains_as_the_shard_in_memory(tmp_path, mode):
     from engine.pipelines.gaussian_exchange import GaussianExchangeTrainer, OffloadedGaussianExchangeTrainer
     from scenes import cluster_capture
     data, start = cluster_capture(per_cluster=60, views=8)
-    caps = {"gpu_memory": 30 * 16 * (45 * 4 + 1500)}
+    caps = {"gpu_memory": 30 * slot_bytes(1)}
     if mode == "disk":
         caps.update(offload_dir=tmp_path / "blocks", host_memory=120 * 45 * 4 // 4)
 
@@ -434,11 +442,11 @@ def test_auto_view_order_tours_only_while_the_device_holds_under_half_the_blocks
     roomy.init_model()
     assert roomy.store.index.blocks == 25 and roomy.epoch_view_order() == "random"
     tight = OffloadTrainer(dataset, tmp_path / "b", offload_config(view_order="auto"), backend="cpu", block_rows=16,
-                           gpu_memory=10 * 16 * (72 * 4 + 1500) + 16 * 400)  # 10 slots, and the index
+                           gpu_memory=10 * slot_bytes(4) + 16 * 400)  # 10 slots, and the index
     tight.init_model()
     assert tight.store.cache.slots == 10 and tight.epoch_view_order() == "trajectory"
     most = OffloadTrainer(dataset, tmp_path / "d", offload_config(view_order="auto"), backend="cpu", block_rows=16,
-                          gpu_memory=15 * 16 * (72 * 4 + 1500) + 16 * 400)  # 15 slots of 25: random
+                          gpu_memory=15 * slot_bytes(4) + 16 * 400)  # 15 slots of 25: random
     most.init_model()
     assert most.store.cache.slots == 15 and most.epoch_view_order() == "random"
     assert SingleGPUTrainer(dataset, tmp_path / "c", small_config(), backend="cpu").epoch_view_order() == "random"
@@ -451,7 +459,7 @@ def test_a_parameter_group_read_from_the_host_table_is_the_whole_models(tmp_path
     from scenes import cluster_capture
     data, start = cluster_capture(per_cluster=60, views=8)
     t = OffloadTrainer(data, tmp_path, offload_config(sh_degree=0), backend="cpu", block_rows=8,
-                       gpu_memory=13 * 8 * (45 * 4 + 1500) + 16 * 120)  # 13 slots of 15 blocks
+                       gpu_memory=13 * slot_bytes(1, 8) + 16 * 120)  # 13 slots of 15 blocks
     t.start_from({"params": start})
     for _ in range(5):
         t.train_step()
@@ -493,7 +501,7 @@ def test_a_view_larger_than_the_device_trains_in_chunks_as_the_whole_working_set
     cfg = lambda: offload_config(iterations=30, sh_degree=1)  # noqa: E731
     roomy = fast_refine(OffloadTrainer(dataset, tmp_path / "roomy", cfg(), backend="cpu", block_rows=16))
     tight = fast_refine(OffloadTrainer(dataset, tmp_path / "tight", cfg(), backend="cpu", block_rows=16,
-                                       gpu_memory=3 * 16 * (72 * 4 + 1500) + 16 * 400,  # 3 slots, the index
+                                       gpu_memory=3 * slot_bytes(4) + 16 * 400,  # 3 slots, the index
                                        **({} if mode == "host" else dict(mode="disk", offload_dir=tmp_path / "d",
                                                                          host_memory=8 * 16 * 72 * 4))))
     roomy.train(progress=False)
@@ -510,7 +518,7 @@ def test_a_view_larger_than_the_device_trains_in_chunks_as_the_whole_working_set
 
 
 def test_a_device_cap_too_small_for_a_block_stops_with_the_size_it_needs(dataset, tmp_path):
-    t = trained_until(dataset, tmp_path / "out", 10, gpu_memory=16 * (72 * 4 + 1500))  # no slot beside the index
+    t = trained_until(dataset, tmp_path / "out", 10, gpu_memory=slot_bytes(4))  # no slot beside the index
     before = snapshot_bytes(tmp_path / "out")
     with pytest.raises(ValueError, match=r"--gpu-memory 27\.9 KiB is too small for view view[0-9]+\.png: its "
                                          r"working set \(400 Gaussians in 25 blocks\), trained in depth-ordered "
@@ -523,7 +531,7 @@ def test_a_device_cap_too_small_for_a_block_stops_with_the_size_it_needs(dataset
 def test_a_store_without_chunked_views_refuses_a_view_too_large_with_the_size_it_needs(dataset, tmp_path):
     """A store whose pipeline trains no chunked views (an MPI rank's shard) refuses a view larger than its
     pool, naming the cap its whole working set needs."""
-    t = trained_until(dataset, tmp_path / "out", 10, gpu_memory=2 * 16 * (72 * 4 + 1500))  # 2 slots (less the index: 1)
+    t = trained_until(dataset, tmp_path / "out", 10, gpu_memory=2 * slot_bytes(4))  # 2 slots (less the index: 1)
     t.store.chunked_views = False
     before = snapshot_bytes(tmp_path / "out")
     with pytest.raises(ValueError, match=r"--gpu-memory 55\.9 KiB is too small for view view[0-9]+\.png: its "
@@ -703,7 +711,7 @@ def test_offloaded_training_on_the_cuda_kernels_equals_in_memory_in_simulator(tm
             return t
         a = run("memory").model.host_arrays()
         assert len(a["means"]) > 40, "densification did not run"
-        for name, caps in (("full", {{}}), ("capped", {{"gpu_memory": 9 * 8 * (45 * 4 + 1500) + 16 * 200}})):
+        for name, caps in (("full", {{}}), ("capped", {{"gpu_memory": 9 * {slot_bytes(1, 8)} + 16 * 200}})):
             t = run(name, **caps)
             assert (t.store.cache.misses > 0) == (name == "capped")
             b = t.whole_model().host_arrays()
@@ -801,3 +809,51 @@ def test_a_refinement_block_by_block_equals_the_whole_models(growth):
     assert all(not got_state[k].any() for k in got_state)
     assert store.index.sizes.max() <= block_rows and store.index.blocks >= len(got) / block_rows
     assert store.refine_peak_bytes < 8 * block_rows * 2 * store.layout.row_bytes * 4
+
+
+def test_the_working_set_bytes_are_what_a_step_allocates(dataset, tmp_path):
+    """``working_set_bytes`` at SH degree 3, item by item, against the arrays that a step on the CPU backend
+    allocates for a working set of 20,000 Gaussians: the pool's rows, the working copy (parameters and
+    statistics, no moments), the gradients, the projection, the rows and visible mask, the raster
+    backward's records and kept ids, and the binning's peak as tracemalloc sees it (numpy's arrays; the
+    tiles' ranges and a few objects besides)."""
+    import tracemalloc
+    from engine.stores.offload.store import working_set_bytes
+    rng = np.random.default_rng(0)
+    n = 20_000
+    quats = np.zeros((n, 4), np.float32)
+    quats[:, 0] = 1
+    start = dict(means=rng.uniform(-1, 1, (n, 3)).astype(np.float32), scales=np.full((n, 3), np.log(0.08), np.float32),
+                 quats=quats, opacities=np.zeros(n, np.float32), sh=rng.normal(0, 0.3, (n, 16, 3)).astype(np.float32))
+    t = OffloadTrainer(dataset, tmp_path, offload_config(sh_degree=3), backend="cpu", block_rows=512)
+    t.start_from({"params": start})
+    i = 1
+    model, state = t.store.checkout([i])
+    working = t.store._in_pool
+    assert len(model) == working.count == n  # (every block in view)
+    p = t.project_view(model, state, i, 3)
+    tiles = int(np.prod(p.camera.tiles))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        b = ns.bin_tiles(p, backend="cpu")
+        binning_peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    intersections = int(p.counts.sum())
+    assert intersections > n  # (so that a byte per intersection shows)
+    r = ns.rasterize(p, b, None, "cpu")
+    grad = ns.rasterize_backward(p, b, r, np.ones_like(r.image), backend="cpu")
+    items, peak = working_set_bytes(t.store.layout, intersections / n, tiles)
+    allocated = [t.store.cache.pool.nbytes / len(t.store.cache.pool), model.params.data.base.nbytes / n,
+                 model.grads.data.nbytes / n, (p.proj.nbytes + p.radii.nbytes + p.counts.nbytes) / n,
+                 (working.rows.nbytes + (p.counts > 0).nbytes) / n]
+    assert list(items.values())[:5] == allocated
+    assert model.adam.m.nbytes == model.adam.v.nbytes == 0  # the moments are the pool's alone
+    assert model.params.data.base.nbytes == 4 * n * (model.params.size // n + len(t.store.layout.statistics))
+    assert abs(binning_peak - (n * items["binning at its peak: depth order, intersections and their sort"]
+                               + 8 * tiles)) < 4096  # (a byte a Gaussian: 20,000)
+    assert items["raster backward: gradient records, the sorted intersections' ids"] * n == \
+        grad.nbytes + b.ids.nbytes
+    assert peak == sum(allocated) + max(list(items.values())[5:])
+    assert list(items.values())[:3] == [720, 248, 236]  # (SH degree 3: 59 parameters, 3 statistics)

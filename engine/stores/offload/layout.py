@@ -146,6 +146,16 @@ class RowLayout:
         self.store(model, statistics, out, model.xp.arange(len(model)))
         return out
 
+    def model_columns(self, in_place):
+        """The table's column ranges that ``model`` copies into its array: every one, or ``in_place`` the
+        parameters and the statistics."""
+        w = self.width
+        return [(0, w), (3 * w, self.columns_total)] if in_place else [(0, self.columns_total)]
+
+    def model_bytes(self, in_place):
+        """Bytes per Gaussian of the array that ``model`` makes (``model_columns``, float32)."""
+        return 4 * sum(b - a for a, b in self.model_columns(in_place))
+
     def model(self, table, step, backend, rows=None, betas=(0.9, 0.999), in_place=False):
         """-> (``GaussianModel`` on ``backend`` with Adam at ``step`` and ``betas``, statistics) of the rows
         ``rows`` (default: all) of ``table``; the model trains on views of one array that ``store`` writes back.
@@ -157,7 +167,7 @@ class RowLayout:
         table = xp.asarray(table)
         rows = xp.arange(len(table)) if rows is None else xp.asarray(rows, np.int64)
         n, w = int(rows.shape[0]), self.width
-        moved = [(0, w), (3 * w, self.columns_total)] if in_place else [(0, self.columns_total)]
+        moved = self.model_columns(in_place)
         flat = xp.empty(n * sum(b - a for a, b in moved), np.float32)
         at = 0
         for a, b in moved:

@@ -8,16 +8,44 @@ import numpy as np
 
 from numbasplat import backend as _backend
 from numbasplat import device
+from numbasplat.rendering import (BINNING_GAUSSIAN_BYTES, binning_intersection_bytes, gradient_record_bytes,
+                                  projection_bytes)
 from numbasplat.rows import reach_boxes
 
 from engine.pipelines.partition import REACH, morton_codes
-from engine.recipe.strategy import BYTES_PER_GAUSSIAN
 from .cache import BoxesInFlight, DeviceCache
 from .chunked import ChunkedView
 from .layout import BLOCK_ROWS, BlockIndex, RowLayout, WorkingRows, format_bytes, frustum_part
 from .tiers import DiskBlocks, HostBlocks
 
 GPU_SHARE = 0.8  # --gpu-memory 0: this share of the device memory free at the start
+INTERSECTIONS_PER_GAUSSIAN = 8.0  # the tile intersections per working-set Gaussian that the device's budget
+# assumes (``working_set_bytes``): a view's binning takes 22 B each at its peak
+
+
+def working_set_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN, tiles=0):
+    """-> ({what: device bytes per working-set Gaussian}, the step's peak of them): where an out-of-core step's
+    device memory goes, per Gaussian of its working set with ``intersections`` tile intersections on average
+    (over ``tiles`` tiles: the sort keys' width), from the sizes that the code allocates (``layout``: the
+    rows' ``RowLayout``; the functions of ``numbasplat.rendering`` that size ``project``'s, ``bin_tiles``' and
+    ``rasterize_backward``'s buffers).  The pool's rows and the working set's buffers live through the step;
+    the binning's peak (its sorts) and the raster backward's (the gradient records, the sorted ids the binning
+    kept) come one after the other, so the peak counts the larger.  Per view, not per Gaussian (not here): the
+    images, the render and the loss's buffers, the tiles' ranges; per model Gaussian: the index
+    (``DeviceCache.INDEX_BYTES``)."""
+    params = 4 * layout.width
+    lasting = {
+        "pool rows: parameters, Adam's moments, statistics": layout.row_bytes,
+        "working copy: parameters, statistics (its moments stay in the pool)": layout.model_bytes(in_place=True),
+        "gradients": params,
+        "projection: records, radii, tile counts": projection_bytes(),
+        "the working set's pool rows, visible mask": 8 + 1,
+    }
+    binning = BINNING_GAUSSIAN_BYTES + intersections * binning_intersection_bytes(tiles)
+    backward = gradient_record_bytes() + intersections * 4
+    items = {**lasting, "binning at its peak: depth order, intersections and their sort": binning,
+             "raster backward: gradient records, the sorted intersections' ids": backward}
+    return items, sum(lasting.values()) + max(binning, backward)
 
 
 class OutOfCoreModel:
@@ -426,8 +454,8 @@ class OutOfCoreStore:
 
     def _slot_bytes(self):
         """Device bytes a block slot takes: its rows' table, and room for them in a step's working set
-        (the strategy's estimate of a Gaussian's parameters, gradients, moments and per-step buffers)."""
-        return self.block_rows * (self.layout.row_bytes + BYTES_PER_GAUSSIAN)
+        (``working_set_bytes``' peak)."""
+        return int(np.ceil(self.block_rows * working_set_bytes(self.layout)[1]))
 
     def _slots(self, n):
         """How many block slots the device may hold, besides the index of ``n`` Gaussians there and the
@@ -579,6 +607,7 @@ class OutOfCoreStore:
         parameters and statistics are a copy, its moments stay in the pool's rows, where Adam writes the
         new parameters too (``RowLayout.model(in_place=True)``)."""
         if self._working is None or self._working[0] is not in_pool:
+            self._working = None  # (the last working set's buffers free before this one's are made)
             self._working = (in_pool, *self.layout.model(self.cache.pool, self._adam_steps, self.backend,
                                                          rows=in_pool.rows, betas=self.betas, in_place=True))
         return self._working[1:]
