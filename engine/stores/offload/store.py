@@ -1,6 +1,7 @@
 """The model out of core as a pipeline's store (``engine.stores.memory``): its blocks' tiers, the device's
 pool, and the working set of the views that a step trains (``OutOfCoreStore``)."""
 import resource
+from collections import namedtuple
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -48,6 +49,21 @@ def working_set_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN, tiles=0)
     return items, sum(lasting.values()) + max(binning, backward)
 
 
+TierBytes = namedtuple("TierBytes", "working_set index host disk")
+
+
+def tier_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN):
+    """-> ``TierBytes``: the bytes per Gaussian of each tier of a model out of core in ``layout``'s rows
+    (``--offload``): on the device per working-set Gaussian (``working_set``: ``working_set_bytes``' peak)
+    and per model Gaussian (``index``: ``DeviceCache.INDEX_BYTES``); in host memory per model Gaussian at a
+    refinement or a snapshot, which gather the whole model there (``_gather_whole``): in host mode the
+    blocks' table and the model's arrays made of it, in disk mode a table of the blocks in model order and
+    those arrays (its cache of blocks, capped by --host-memory, besides); on the disk per model Gaussian
+    (disk mode: the blocks' files)."""
+    return TierBytes(working_set_bytes(layout, intersections)[1], DeviceCache.INDEX_BYTES, 2 * layout.row_bytes,
+                     layout.row_bytes)
+
+
 class OutOfCoreModel:
     """The store's stand-in for the whole model between steps, what the recipe reads of ``model``: its
     size, SH bases, and its parameters (gathered in host memory)."""
@@ -90,6 +106,7 @@ class OutOfCoreStore:
         self.mode, self.offload_dir, self.host_memory = mode, offload_dir, host_memory
         self.gpu_memory, self.prefetch, self.block_rows, self.shard = int(gpu_memory), prefetch, block_rows, shard
         self.host = self.index = self.layout = self.cache = self.boxes = None
+        self.device_budget = None  # device bytes for the pool and the index (``_slots``; None: no cap)
 
     def open(self, backend, views, images_bytes, betas, fresh_statistics):
         """Ready the store for a trainer on ``backend`` whose training ``views`` (``.camera``, ``.name``)
@@ -459,15 +476,23 @@ class OutOfCoreStore:
 
     def _slots(self, n):
         """How many block slots the device may hold, besides the index of ``n`` Gaussians there and the
-        training images (which the cap counts too)."""
-        budget = self.gpu_memory - self.images_bytes
-        if not self.gpu_memory:
-            if not _backend.on_gpu(self.backend):
-                return 1 << 62  # no cap: every block may stay
-            import cupy
-            free, _ = cupy.cuda.runtime.memGetInfo()
-            budget = int(GPU_SHARE * (free + cupy.get_default_memory_pool().free_bytes()))
-        return max(0, budget - DeviceCache.INDEX_BYTES * n) // self._slot_bytes()
+        training images (which the cap counts too); the budget kept in ``device_budget``."""
+        self.device_budget = self._device_budget()
+        if self.device_budget is None:
+            return 1 << 62  # no cap: every block may stay
+        return max(0, self.device_budget - DeviceCache.INDEX_BYTES * n) // self._slot_bytes()
+
+    def _device_budget(self):
+        """Device bytes for the pool and the index: ``gpu_memory`` less the training images, or where it is
+        0, ``GPU_SHARE`` of the device's free memory now (the images already in it); None on the CPU backend
+        without a cap."""
+        if self.gpu_memory:
+            return self.gpu_memory - self.images_bytes
+        if not _backend.on_gpu(self.backend):
+            return None
+        import cupy
+        free, _ = cupy.cuda.runtime.memGetInfo()
+        return int(GPU_SHARE * (free + cupy.get_default_memory_pool().free_bytes()))
 
     def _gather_whole(self):
         """-> (the whole model on the host, its statistics): the device's changed blocks written back
