@@ -153,8 +153,10 @@ class RowLayout:
         return [(0, w), (3 * w, self.columns_total)] if in_place else [(0, self.columns_total)]
 
     def model_bytes(self, in_place):
-        """Bytes per Gaussian of the array that ``model`` makes (``model_columns``, float32)."""
-        return 4 * sum(b - a for a, b in self.model_columns(in_place))
+        """Bytes per Gaussian that ``model`` allocates: its array (``model_columns``, float32), and the
+        statistics not of float32, which are copies of their columns there, not views."""
+        copies = sum(dtype.itemsize for dtype in self.statistics.values() if dtype != np.float32)
+        return 4 * sum(b - a for a, b in self.model_columns(in_place)) + copies
 
     def model(self, table, step, backend, rows=None, betas=(0.9, 0.999), in_place=False):
         """-> (``GaussianModel`` on ``backend`` with Adam at ``step`` and ``betas``, statistics) of the rows
