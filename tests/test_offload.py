@@ -5,6 +5,7 @@ conservatively, its caches move only what is missing, and bad input stops it wit
 import errno
 import json
 import os
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -12,7 +13,8 @@ import pytest
 
 from engine.tools.demo import make_dataset
 from engine.pipelines.single_gpu import OffloadTrainer
-from engine.stores.offload import BlockIndex, BoxesInFlight, DeviceCache, DiskBlocks, HostBlocks, RowLayout
+from engine.stores.offload import (BlockIndex, BoxesInFlight, DeviceCache, DiskBlocks, HostBlocks, RowLayout,
+                                   format_bytes)
 from engine.pipelines.partition import REACH, morton_codes
 from numbasplat.optim import adam_step_bound
 from engine.pipelines.single_gpu import SingleGPUTrainer
@@ -520,10 +522,11 @@ def test_a_view_larger_than_the_device_trains_in_chunks_as_the_whole_working_set
 def test_a_device_cap_too_small_for_a_block_stops_with_the_size_it_needs(dataset, tmp_path):
     t = trained_until(dataset, tmp_path / "out", 10, gpu_memory=slot_bytes(4))  # no slot beside the index
     before = snapshot_bytes(tmp_path / "out")
-    with pytest.raises(ValueError, match=r"--gpu-memory 27\.9 KiB is too small for view view[0-9]+\.png: its "
+    have, need = (re.escape(format_bytes(b)) for b in (slot_bytes(4), slot_bytes(4) + 16 * 400))  # (the index)
+    with pytest.raises(ValueError, match=fr"--gpu-memory {have} is too small for view view[0-9]+\.png: its "
                                          r"working set \(400 Gaussians in 25 blocks\), trained in depth-ordered "
                                          r"chunks, needs room for one block of 16 Gaussians beside the index, "
-                                         r"34\.2 KiB; give --gpu-memory 34\.2 KiB or more"):
+                                         fr"{need}; give --gpu-memory {need} or more"):
         t.train(progress=False)
     assert snapshot_bytes(tmp_path / "out") == before
 
@@ -534,9 +537,10 @@ def test_a_store_without_chunked_views_refuses_a_view_too_large_with_the_size_it
     t = trained_until(dataset, tmp_path / "out", 10, gpu_memory=2 * slot_bytes(4))  # 2 slots (less the index: 1)
     t.store.chunked_views = False
     before = snapshot_bytes(tmp_path / "out")
-    with pytest.raises(ValueError, match=r"--gpu-memory 55\.9 KiB is too small for view view[0-9]+\.png: its "
-                                         r"working set \(400 Gaussians in 25 blocks\) needs 704\.7 KiB; give "
-                                         r"--gpu-memory 704\.7 KiB or more"):
+    have, need = (re.escape(format_bytes(b)) for b in (2 * slot_bytes(4), 25 * slot_bytes(4) + 16 * 400))
+    with pytest.raises(ValueError, match=fr"--gpu-memory {have} is too small for view view[0-9]+\.png: its "
+                                         fr"working set \(400 Gaussians in 25 blocks\) needs {need}; give "
+                                         fr"--gpu-memory {need} or more"):
         t.train(progress=False)
     assert snapshot_bytes(tmp_path / "out") == before
 
