@@ -225,6 +225,14 @@ def binning_intersection_bytes(tiles):
     return 4 + 4 + (2 if tiles < 2**16 else 4) + 8 + 4
 
 
+def sort_scratch_bytes(tiles):
+    """Device bytes per intersection that a GPU's sort of the intersections takes beside ``bin_tiles``'
+    arrays, an estimate: CuPy's argsort sorts a copy of the keys, by thrust's radix sort, which double
+    buffers the keys and the int64 indices (numpy's sort on the CPU takes no arrays: none counted there)."""
+    key = 2 if tiles < 2**16 else 4
+    return key + key + 8
+
+
 def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, room=None, deterministic=False):
     """Every tile-Gaussian intersection, sorted by (tile, depth); per-tile ranges.
 

@@ -10,7 +10,7 @@ import numpy as np
 from numbasplat import backend as _backend
 from numbasplat import device
 from numbasplat.rendering import (BINNING_GAUSSIAN_BYTES, binning_intersection_bytes, gradient_record_bytes,
-                                  projection_bytes)
+                                  projection_bytes, sort_scratch_bytes)
 from numbasplat.rows import reach_boxes
 
 from engine.pipelines.partition import REACH, morton_codes
@@ -21,7 +21,11 @@ from .tiers import DiskBlocks, HostBlocks
 
 GPU_SHARE = 0.8  # --gpu-memory 0: this share of the device memory free at the start
 INTERSECTIONS_PER_GAUSSIAN = 8.0  # the tile intersections per working-set Gaussian that the device's budget
-# assumes (``working_set_bytes``): a view's binning takes 22 B each at its peak
+# assumes (``working_set_bytes``): a view's binning takes 22 B each at its peak, and a GPU's sort 12 B more
+VIEW_BYTES_PER_PIXEL = 24 + 36 + 12 + 12 + 8 + 2 * 24  # the device's budget keeps room for the largest view's
+# per-pixel buffers: the render (image, transmittance, depth, last), the loss (the SSIM maps, the image's
+# gradient, the target in float32), the raster backward's alpha and depth gradients, a chunked view's two
+# pixel states (float32 on a GPU; numbasplat.rendering.STATE_FIELDS)
 
 
 def working_set_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN, tiles=0):
@@ -29,11 +33,11 @@ def working_set_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN, tiles=0)
     device memory goes, per Gaussian of its working set with ``intersections`` tile intersections on average
     (over ``tiles`` tiles: the sort keys' width), from the sizes that the code allocates (``layout``: the
     rows' ``RowLayout``; the functions of ``numbasplat.rendering`` that size ``project``'s, ``bin_tiles``' and
-    ``rasterize_backward``'s buffers).  The pool's rows and the working set's buffers live through the step;
-    the binning's peak (its sorts) and the raster backward's (the gradient records, the sorted ids the binning
-    kept) come one after the other, so the peak counts the larger.  Per view, not per Gaussian (not here): the
-    images, the render and the loss's buffers, the tiles' ranges; per model Gaussian: the index
-    (``DeviceCache.INDEX_BYTES``)."""
+    ``rasterize_backward``'s buffers; a GPU's sort scratch is an estimate).  The pool's rows and the working
+    set's buffers live through the step; the binning's peak (its sorts) and the raster backward's (the
+    gradient records, the sorted ids the binning kept) come one after the other, so the peak counts the
+    larger.  Per view, not per Gaussian (not here: ``VIEW_BYTES_PER_PIXEL``): the render and the loss's
+    buffers; per model Gaussian: the index (``DeviceCache.INDEX_BYTES``)."""
     params = 4 * layout.width
     lasting = {
         "pool rows: parameters, Adam's moments, statistics": layout.row_bytes,
@@ -43,10 +47,12 @@ def working_set_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN, tiles=0)
         "the working set's pool rows, visible mask": 8 + 1,
     }
     binning = BINNING_GAUSSIAN_BYTES + intersections * binning_intersection_bytes(tiles)
+    scratch = intersections * sort_scratch_bytes(tiles)
     backward = gradient_record_bytes() + intersections * 4
     items = {**lasting, "binning at its peak: depth order, intersections and their sort": binning,
+             "binning's sort scratch on a GPU (an estimate)": scratch,
              "raster backward: gradient records, the sorted intersections' ids": backward}
-    return items, sum(lasting.values()) + max(binning, backward)
+    return items, sum(lasting.values()) + max(binning + scratch, backward)
 
 
 TierBytes = namedtuple("TierBytes", "working_set index host disk")
@@ -482,17 +488,22 @@ class OutOfCoreStore:
             return 1 << 62  # no cap: every block may stay
         return max(0, self.device_budget - DeviceCache.INDEX_BYTES * n) // self._slot_bytes()
 
+    def _view_bytes(self):
+        """Device bytes of the largest training view's per-pixel buffers (``VIEW_BYTES_PER_PIXEL``)."""
+        return VIEW_BYTES_PER_PIXEL * max((v.camera.width * v.camera.height for v in self.views), default=0)
+
     def _device_budget(self):
         """Device bytes for the pool and the index: ``gpu_memory`` less the training images, or where it is
-        0, ``GPU_SHARE`` of the device's free memory now (the images already in it); None on the CPU backend
-        without a cap."""
+        0, ``GPU_SHARE`` of the device's free memory now (the images already in it); less room for the
+        largest view's per-pixel buffers (``VIEW_BYTES_PER_PIXEL``); None on the CPU backend without a cap."""
+        view = self._view_bytes()
         if self.gpu_memory:
-            return self.gpu_memory - self.images_bytes
+            return self.gpu_memory - self.images_bytes - view
         if not _backend.on_gpu(self.backend):
             return None
         import cupy
         free, _ = cupy.cuda.runtime.memGetInfo()
-        return int(GPU_SHARE * (free + cupy.get_default_memory_pool().free_bytes()))
+        return int(GPU_SHARE * (free + cupy.get_default_memory_pool().free_bytes())) - view
 
     def _gather_whole(self):
         """-> (the whole model on the host, its statistics): the device's changed blocks written back
@@ -521,7 +532,8 @@ class OutOfCoreStore:
         if len(blocks) > self.cache.slots:
             chunked = self.chunked_views and len(views) == 1
             slots = 1 if chunked else len(blocks)  # (chunks need one block's room; else the whole working set)
-            need = slots * self._slot_bytes() + DeviceCache.INDEX_BYTES * len(self.index) + self.images_bytes
+            need = (slots * self._slot_bytes() + DeviceCache.INDEX_BYTES * len(self.index) + self.images_bytes
+                    + self._view_bytes())
             if chunked and self.cache.slots >= 1:
                 self._waits.append(waited.stop())
                 return self._chunked(views[0], blocks)
