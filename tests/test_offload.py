@@ -316,6 +316,27 @@ def test_device_cache_moves_only_missing_blocks_least_recently_used_out_first(st
                                   cache.slot[index.block[rows]] * 16 + index.position[rows])
 
 
+def test_staging_ring_moves_rows_through_its_buffers_in_batches_and_refuses_a_move_too_large():
+    """``StagingRing`` (the CPU's plain arrays): moves of 4, 6, 3, 10 and 1 rows through two buffers of 10 rows
+    go in four batches (4 + 6, 3, 10, 1), each buffer in turn, both ways; a move of 11 rows is refused."""
+    from numbasplat.device import StagingRing
+    rng = np.random.default_rng(0)
+    ring = StagingRing(10, 3)
+    tables = [rng.normal(size=(k, 3)).astype(np.float32) for k in (4, 6, 3, 10, 1)]
+    starts = [0, 5, 12, 20, 35]
+    table = np.zeros((40, 3), np.float32)
+    ring.upload(tables, table, starts)
+    for t, start in zip(tables, starts):
+        np.testing.assert_array_equal(table[start:start + len(t)], t)
+    assert ring.next == 0  # (four batches through two buffers)
+    back = [np.array(rows) for rows in ring.download(table, starts, [len(t) for t in tables])]
+    for a, b in zip(back, tables):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(ring.buffers[1][:1], tables[4])  # (the last batch's buffer)
+    with pytest.raises(ValueError, match="a move of 11 rows exceeds the buffers' 10"):
+        ring.upload([np.zeros((11, 3), np.float32)], table, [0])
+
+
 @pytest.mark.parametrize("moves", ["gathered", "staged", "direct"])
 def test_prefetch_moves_the_next_blocks_beside_this_steps_and_fetch_counts_them_once(moves, monkeypatch):
     """The next step's blocks come in ahead (misses then, not hits at the step), never into the
