@@ -866,9 +866,9 @@ def test_a_refinement_block_by_block_equals_the_whole_models(growth):
 def test_the_working_set_bytes_are_what_a_step_allocates(dataset, tmp_path):
     """``working_set_bytes`` at SH degree 3, item by item, against the arrays that a step on the CPU backend
     allocates for a working set of 20,000 Gaussians: the pool's rows, the working copy (parameters and
-    statistics, no moments), the gradients, the projection, the rows and visible mask, the raster
-    backward's records and kept ids, and the binning's peak as tracemalloc sees it (numpy's arrays; the
-    tiles' ranges and a few objects besides)."""
+    statistics, no moments, no gradients until the backward), the projection, the rows and visible mask,
+    the binning's peak as tracemalloc sees it (numpy's arrays; the tiles' ranges and a few objects besides),
+    the backward's records, kept ids and the parameters' gradients, which the check-in lets go."""
     import tracemalloc
     from engine.stores.offload.store import working_set_bytes
     rng = np.random.default_rng(0)
@@ -896,19 +896,23 @@ def test_the_working_set_bytes_are_what_a_step_allocates(dataset, tmp_path):
     assert intersections > n  # (so that a byte per intersection shows)
     r = ns.rasterize(p, b, None, "cpu")
     grad = ns.rasterize_backward(p, b, r, np.ones_like(r.image), backend="cpu")
+    assert model._grads is None  # (none yet: the binning's peak does without them)
+    t.owner_backward(model, state, [p], [grad])
     items, peak = working_set_bytes(t.store.layout, intersections / n, tiles)
     copies = sum(a.nbytes for a in state.values() if not np.shares_memory(a, model.params.data.base))
     allocated = [t.store.cache.pool.nbytes / len(t.store.cache.pool), (model.params.data.base.nbytes + copies) / n,
-                 model.grads.data.nbytes / n, (p.proj.nbytes + p.radii.nbytes + p.counts.nbytes) / n,
+                 (p.proj.nbytes + p.radii.nbytes + p.counts.nbytes) / n,
                  (working.rows.nbytes + (p.counts > 0).nbytes) / n]
-    assert list(items.values())[:5] == allocated
+    assert list(items.values())[:4] == allocated
     assert model.adam.m.nbytes == model.adam.v.nbytes == 0  # the moments are the pool's alone
     assert model.params.data.base.nbytes == 4 * n * (model.params.size // n + len(t.store.layout.statistics))
     assert abs(binning_peak - (n * items["binning at its peak: depth order, intersections and their sort"]
                                + 8 * tiles)) < 4096  # (a byte a Gaussian: 20,000)
-    assert items["raster backward: gradient records, the sorted intersections' ids"] * n == \
-        grad.nbytes + b.ids.nbytes
-    binning, scratch, backward = list(items.values())[5:]
+    binning, scratch, backward = list(items.values())[4:]
+    assert backward * n == grad.nbytes + b.ids.nbytes + model.grads.data.nbytes
     assert scratch == intersections / n * (2 + 2 + 8)  # (a GPU's sort: not allocated here)
     assert peak == sum(allocated) + max(binning + scratch, backward)
-    assert list(items.values())[:3] == [720, 252, 236]  # (SH degree 3: 59 parameters, 3 statistics, one int32)
+    assert list(items.values())[:2] == [720, 252]  # (SH degree 3: 59 parameters, 3 statistics, one int32)
+    assert model.grads.data.nbytes == 236 * n
+    t.store.checkin(model, state, t.learning_rates()[0])
+    assert model._grads is None  # (let go until the next backward)

@@ -164,7 +164,7 @@ class RowLayout:
         ``in_place``: that array holds the parameters and statistics alone, and Adam (``RowsAdam``) reads
         and writes the moments in ``table``'s rows and writes the new parameters there too: a working set
         trained on its pool rows without a second copy of its moments (``store_statistics`` writes back
-        the rest)."""
+        the rest); its gradients are made at their first use (``GaussianModel.release_grads``)."""
         xp = _backend.array_module(backend)
         table = xp.asarray(table)
         rows = xp.arange(len(table)) if rows is None else xp.asarray(rows, np.int64)
@@ -177,7 +177,7 @@ class RowLayout:
             at += n * (b - a)
         params = FlatParams(n, self.sh_bases, xp, data=flat[:n * w])
         if in_place:
-            model = GaussianModel.from_flat(params, flat[:0], flat[:0], step, backend, *betas)
+            model = GaussianModel.from_flat(params, flat[:0], flat[:0], step, backend, *betas, grads=False)
             model.adam = RowsAdam(params, *betas, backend=model.backend, table=table, rows=rows,
                                   columns=(0, w, 2 * w))  # (a row: parameters, m, v, statistics)
             model.adam.step_count = int(step)

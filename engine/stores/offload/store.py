@@ -34,24 +34,22 @@ def working_set_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN, tiles=0)
     (over ``tiles`` tiles: the sort keys' width), from the sizes that the code allocates (``layout``: the
     rows' ``RowLayout``; the functions of ``numbasplat.rendering`` that size ``project``'s, ``bin_tiles``' and
     ``rasterize_backward``'s buffers; a GPU's sort scratch is an estimate).  The pool's rows and the working
-    set's buffers live through the step; the binning's peak (its sorts) and the raster backward's (the
-    gradient records, the sorted ids the binning kept) come one after the other, so the peak counts the
-    larger.  Per view, not per Gaussian (not here: ``VIEW_BYTES_PER_PIXEL``): the render and the loss's
+    set's buffers live through the step; the binning's peak (its sorts) and the backward's (the gradient
+    records, the sorted ids the binning kept, the parameters' gradients, made there and let go at the
+    check-in) come one after the other, so the peak counts the larger.  Per view, not per Gaussian (not here: ``VIEW_BYTES_PER_PIXEL``): the render and the loss's
     buffers; per model Gaussian: the index (``DeviceCache.INDEX_BYTES``)."""
-    params = 4 * layout.width
     lasting = {
         "pool rows: parameters, Adam's moments, statistics": layout.row_bytes,
         "working copy: parameters, statistics (its moments stay in the pool)": layout.model_bytes(in_place=True),
-        "gradients": params,
         "projection: records, radii, tile counts": projection_bytes(),
         "the working set's pool rows, visible mask": 8 + 1,
     }
     binning = BINNING_GAUSSIAN_BYTES + intersections * binning_intersection_bytes(tiles)
     scratch = intersections * sort_scratch_bytes(tiles)
-    backward = gradient_record_bytes() + intersections * 4
+    backward = gradient_record_bytes() + intersections * 4 + 4 * layout.width
     items = {**lasting, "binning at its peak: depth order, intersections and their sort": binning,
              "binning's sort scratch on a GPU (an estimate)": scratch,
-             "raster backward: gradient records, the sorted intersections' ids": backward}
+             "backward: gradient records, the sorted intersections' ids, the parameters' gradients": backward}
     return items, sum(lasting.values()) + max(binning + scratch, backward)
 
 
@@ -654,6 +652,7 @@ class OutOfCoreStore:
         its blocks' boxes recomputed there and read a step late (their growth bounded by the step's learning
         rates)."""
         self._adam_steps = working.adam.step_count
+        working.release_grads()  # (made again at the next step's backward: the binning's peak does without them)
         self.layout.store_statistics(statistics, self.cache.pool, in_pool.rows, self.xp, self.backend)
         self.cache.dirty.update(int(b) for b in in_pool.blocks)
         self._whole = None
