@@ -914,5 +914,7 @@ def test_the_working_set_bytes_are_what_a_step_allocates(dataset, tmp_path):
     assert peak == sum(allocated) + max(binning + scratch, backward)
     assert list(items.values())[:2] == [720, 252]  # (SH degree 3: 59 parameters, 3 statistics, one int32)
     assert model.grads.data.nbytes == 236 * n
+    assert t.store.step_device_bytes(intersections / n, tiles) == \
+        t.store.cache.pool.nbytes + n * (peak - 720) + DeviceCache.INDEX_BYTES * n + view_bytes(dataset)
     t.store.checkin(model, state, t.learning_rates()[0])
     assert model._grads is None  # (let go until the next backward)

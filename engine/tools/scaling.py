@@ -236,7 +236,7 @@ def _model_report(t, step, phases, peak, model_ranks, grad_comm, link_gbs, balan
     step and the cost model for each of ``model_ranks``."""
     report = {}
     if t.store.out_of_core:
-        report.update(offload_report(t, say))
+        report.update(offload_report(t, say, peak))
         return report
     model_bytes = t.model.nbytes() + sum(int(a.nbytes) for a in t.strategy_state.values())
     target_bytes = t.targets.nbytes
@@ -284,14 +284,16 @@ def _model_report(t, step, phases, peak, model_ranks, grad_comm, link_gbs, balan
 BILLION = 10**9  # the scene ``offload_report`` sizes on paper (TideGS's scale)
 
 
-def offload_report(t, say, paper=BILLION):
+def offload_report(t, say, measured=0, paper=BILLION):
     """Trainer ``t``'s model out of core (one rank): where the device's bytes per working-set Gaussian go
     (``working_set_bytes``, at the intersections per Gaussian of its last working set in its view), then
     for this machine and the caps, the bytes per Gaussian of each tier (``tier_bytes``) and the largest
     model it holds: the device's budget over the index (with one block's slot beside it: chunked views
     train any view) and the largest working set beside this model's index, host memory (physical) over
     its bytes, the free disk at --offload-dir (else the temporary folder's) over its; each tier's bytes for
-    a scene of ``paper`` Gaussians at SH degree 3.  -> the numbers."""
+    a scene of ``paper`` Gaussians at SH degree 3.  ``measured``: the device's measured peak (0: none), said
+    beside what the itemised bytes make of the last step (the pool, its working set's buffers, the index,
+    the images and the view's per-pixel buffers).  -> the numbers."""
     import os
     import shutil
     from engine.stores.offload import RowLayout
@@ -299,8 +301,9 @@ def offload_report(t, say, paper=BILLION):
     store, n, degree = t.store, len(t.model), t.sh_degree_now()
     held = round(store.layout.sh_bases ** 0.5) - 1  # the SH degree the rows hold
     k, tiles = INTERSECTIONS_PER_GAUSSIAN, 0
-    if store._working is not None:  # the last step's working set, in its view
-        model, camera = store._working[1], t.data.train[t._progress_view[1]].camera
+    model = store.last_working_set()
+    if model is not None:  # in the last step's view
+        camera = t.data.train[t._progress_view[1]].camera
         counts = ns.project(model.gaussians, camera, sh_degree=degree, backend=t.backend, check=False).counts
         k, tiles = float(counts.sum()) / max(len(model), 1), int(np.prod(camera.tiles))
     items, peak = working_set_bytes(store.layout, k, tiles)
@@ -308,6 +311,10 @@ def offload_report(t, say, paper=BILLION):
         f"(the last view's): {peak:.0f} B at the step's peak")
     for what, size in items.items():
         say(f"  {what}: {size:.0f} B")
+    if measured:
+        say(f"peak device memory {measured / 2**30:.2f} GiB measured; the items make "
+            f"{store.step_device_bytes(k, tiles) / 2**30:.2f} GiB of the last step (its pool, its working set at "
+            f"{peak:.0f} B a Gaussian less its pool rows, the index, the images, the view's buffers)")
     tiers = tier_bytes(store.layout, k)
     device_ws, device_model, host, disk = tiers
     budget = store.device_budget
@@ -320,7 +327,7 @@ def offload_report(t, say, paper=BILLION):
         say(f"  device: no cap (CPU backend); {device_ws:.0f} B per working-set Gaussian, {device_model} B per model "
             "Gaussian (the index)")
     else:
-        largest["device"] = max(0, budget - store._slot_bytes()) // device_model
+        largest["device"] = max(0, budget - store.block_rows * device_ws) // device_model
         largest["working set"] = int(max(0, budget - device_model * n) // device_ws)
         say(f"  device ({budget / 2**30:.1f} GiB for the blocks and the index): {device_model} B per model Gaussian "
             f"(the index): {largest['device'] / 1e6:,.0f}M Gaussians; beside this model's index a working set of "

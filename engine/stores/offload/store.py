@@ -205,6 +205,19 @@ class OutOfCoreStore:
             seen = gaussians.take(self.index.rows(self.index.visible(camera)))
         return type(seen)(**{k: self.xp.asarray(a) for k, a in seen.arrays().items()})
 
+    def last_working_set(self):
+        """The last step's working set as a model on the device (None: none, or a chunked view's)."""
+        return self._working[1] if self._working is not None else None
+
+    def step_device_bytes(self, intersections, tiles=0):
+        """Device bytes that ``working_set_bytes`` (at ``intersections`` per Gaussian over ``tiles``) makes of
+        the last step: the pool, its working set's buffers beside their pool rows, the index, the training
+        images and the largest view's per-pixel buffers."""
+        count = self._in_pool.count if self._in_pool is not None else 0
+        peak = working_set_bytes(self.layout, intersections, tiles)[1]
+        return (int(self.cache.pool.nbytes) + count * (peak - self.layout.row_bytes)
+                + DeviceCache.INDEX_BYTES * len(self.index) + self.images_bytes + self._view_bytes())
+
     def prefers_tour(self, below):
         """Whether the device's pool holds under the share ``below`` of the blocks (views in a tour along
         the cameras then share most of their blocks, random ones would move most of theirs)."""
