@@ -364,6 +364,7 @@ def test_scaling_out_of_core_reports_the_working_set_bytes_and_each_tiers_larges
     k = report["intersections_per_gaussian"]
     assert k > 0
     items, peak = report["working_set_bytes"], report["working_set_peak_bytes"]
+    assert report["not_built"] == {"moments in host memory": peak - 2 * 4 * 23, "moments in bfloat16": peak - 4 * 23}
     binning, scratch, backward = list(items.values())[4:]
     assert peak == sum(list(items.values())[:4]) + max(binning + scratch, backward)
     budget = 64 * 2**20 - VIEW_BYTES_PER_PIXEL * 64 * 36  # (and the training images on the device: none here)

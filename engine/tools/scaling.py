@@ -291,7 +291,9 @@ def offload_report(t, say, measured=0, paper=BILLION):
     model it holds: the device's budget over the index (with one block's slot beside it: chunked views
     train any view) and the largest working set beside this model's index, host memory (physical) over
     its bytes, the free disk at --offload-dir (else the temporary folder's) over its; each tier's bytes for
-    a scene of ``paper`` Gaussians at SH degree 3.  ``measured``: the device's measured peak (0: none), said
+    a scene of ``paper`` Gaussians at SH degree 3; and what two options not built would make of a
+    working-set Gaussian (Adam's moments in host memory, as CLM; in bfloat16).  ``measured``: the device's
+    measured peak (0: none), said
     beside what the itemised bytes make of the last step (the pool, its working set's buffers, the index,
     the images and the view's per-pixel buffers).  -> the numbers."""
     import os
@@ -311,6 +313,11 @@ def offload_report(t, say, measured=0, paper=BILLION):
         f"(the last view's): {peak:.0f} B at the step's peak")
     for what, size in items.items():
         say(f"  {what}: {size:.0f} B")
+    moments = 2 * 4 * store.layout.width  # (float32 m and v)
+    options = {"moments in host memory": peak - moments, "moments in bfloat16": peak - moments // 2}
+    say(f"  not built: Adam's moments in host memory, Adam run there on the working set (CLM): "
+        f"{options['moments in host memory']:.0f} B, and {moments} B a working-set Gaussian moved each step (its "
+        f"gradients out, its parameters back); moments in bfloat16 (not exact): {options['moments in bfloat16']:.0f} B")
     if measured:
         say(f"peak device memory {measured / 2**30:.2f} GiB measured; the items make "
             f"{store.step_device_bytes(k, tiles) / 2**30:.2f} GiB of the last step (its pool, its working set at "
@@ -344,6 +351,7 @@ def offload_report(t, say, measured=0, paper=BILLION):
         f"index and {ws3:.0f} B per working-set Gaussian, host {host3 * paper / 2**30:,.0f} GiB, disk "
         f"{disk3 * paper / 2**30:,.0f} GiB")
     return {"working_set_bytes": items, "working_set_peak_bytes": peak, "intersections_per_gaussian": k,
+            "not_built": options,
             "tier_bytes": tiers._asdict(), "largest": largest, "on_paper": on_paper._asdict()}
 
 
