@@ -589,19 +589,21 @@ class OutOfCoreStore:
 
     def rows_in(self, rows):
         """-> (the model rows ``rows`` (host, model order) as a model on the device with Adam at the store's
-        step, their statistics): gathered from the host's tier into the pool's first rows."""
+        step, their statistics): gathered from the host's tier into the pool's first rows (one copy, no
+        array of them on the device besides), and trained in place there as a working set is
+        (``_load_working``)."""
         n = len(rows)
         table = self._host_rows(rows)
-        self.cache.pool[:n] = self.xp.asarray(table)
+        device.copy_rows(self.cache.pool, 0, table, 0, n)
         self.cache.moved_bytes += table.nbytes
         return self.layout.model(self.cache.pool, self._adam_steps, self.backend, rows=self.xp.arange(n),
-                                 betas=self.betas)
+                                 betas=self.betas, in_place=True)
 
     def rows_out(self, rows, model, statistics):
         """``rows_in``'s ``model`` and ``statistics`` of the model rows ``rows``, trained, back to the host's
-        tier (through the pool's first rows)."""
+        tier (through the pool's first rows, where Adam wrote the parameters and moments)."""
         n = len(rows)
-        self.layout.store(model, statistics, self.cache.pool, self.xp.arange(n))
+        self.layout.store_statistics(statistics, self.cache.pool, self.xp.arange(n), self.xp, self.backend)
         table = _backend.to_host(self.cache.pool[:n])
         self.cache.moved_bytes += table.nbytes
         index = self.index
