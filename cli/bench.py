@@ -3,7 +3,7 @@ import argparse
 import os
 import sys
 
-from .args import TRANSPORTS, count, mpi_comm, positive
+from .args import TRANSPORTS, byte_size, count, mpi_comm, positive
 
 
 def cmd_bench(a):
@@ -77,7 +77,9 @@ def cmd_scaling(a):
     options = dict(iters=a.iters, warmup=a.warmup, grad_comm=a.grad_comm, transport=a.transport,
                    model_ranks=a.model_ranks, link_gbs=a.link_gbs or scaling.NVLINK_GBS,
                    balanced=a.model_bounds == "balanced", loss=a.loss, timeline=a.timeline,
-                   timeline_trace=a.timeline_trace)
+                   timeline_trace=a.timeline_trace,
+                   offload=None if a.offload == "none" else dict(offload=a.offload, offload_dir=a.offload_dir,
+                                                                 host_memory=a.host_memory, gpu_memory=a.gpu_memory))
     with tempfile.TemporaryDirectory(prefix="scaling-") as tmp:  # --model's trainer writes nothing there
         if comm is None:
             return scaling.run(_workload(a, scaling, tmp), **options)
@@ -326,6 +328,14 @@ def add_commands(sub):
                         "host waits per step (engine/tools/timeline.py)")
     c.add_argument("--timeline-trace", default=None, metavar="FILE.json.gz",
                    help="with --timeline: also write the trace there (Perfetto or chrome://tracing open it)")
+    c.add_argument("--offload", choices=["none", "host", "disk"], default="none",
+                   help="the model out of core, as train --offload: on one rank also where the device's bytes per "
+                        "working-set Gaussian go and the largest model each tier holds here")
+    c.add_argument("--offload-dir", default=None, metavar="PATH", help="with --offload disk: the blocks' folder")
+    c.add_argument("--host-memory", type=byte_size, default=None, metavar="BYTES",
+                   help="with --offload disk: host memory for the cache of blocks")
+    c.add_argument("--gpu-memory", type=byte_size, default=None, metavar="BYTES",
+                   help="with --offload: device memory for the blocks and the working sets (default: 80%% of the free)")
     c.set_defaults(fn=cmd_scaling)
     i = sub.add_parser("info", help="print the backend, GPU, MPI and versions")
     i.set_defaults(fn=cmd_info)

@@ -5,10 +5,11 @@ A real GPU runs what the host queues while the host goes on; these helpers keep 
 rewrites a small device array every step at a fixed address (a captured step graph reads it
 there); ``pinned_empty`` allocates page-locked host memory, from which and into which copies
 need no wait (``is_pinned``, ``release_pinned``); ``copy_rows`` and ``CopyStream`` move rows
-between host and device beside the kernels' stream; ``DeviceInterval`` times a span of queued
-work; ``cap_device_memory`` bounds CuPy's pool.  The aggregate device's kit (``numbasplat.placement``
-with real GPUs) is at the end: a stream per GPU, managed memory, its advice and prefetches, a
-reserve that caps a GPU, and the GPUs' peer access.  On the CPU backend and in the CUDA simulator
+between host and device beside the kernels' stream, ``StagingRing`` through page-locked buffers where the
+host's rows are not page-locked; ``DeviceInterval`` times a span of queued work; ``cap_device_memory``
+bounds CuPy's pool.  The aggregate device's kit (``numbasplat.placement`` with real GPUs) is at the
+end: a stream per GPU, managed memory, its advice and prefetches, a reserve that caps a GPU, and
+the GPUs' peer access.  On the CPU backend and in the CUDA simulator
 (numpy arrays: ``numbasplat.backend.on_gpu`` is False) every call does its work at once.
 """
 import time
@@ -190,6 +191,75 @@ class CopyStream:
         if self.stream is not None:
             self.stream.synchronize()
             self._last = None
+
+
+def event_on(stream=None):
+    """An event recorded now on ``stream`` (a ``CopyStream``; None: the current stream), None on the CPU
+    and in the simulator: ``.synchronize()`` waits for what was queued there before it."""
+    if stream is not None and stream.stream is not None:
+        return stream.stream.record()
+    return stream_event() if stream is None else None
+
+
+class StagingRing:
+    """Page-locked staging buffers of ``rows`` rows of ``columns`` float32 each, used in turn, between
+    host arrays in pageable memory (disk mode's blocks) and a device table: a move goes through the next
+    buffer (waiting first for the copies the buffer's last use queued), so that the device copies from
+    and into page-locked memory without the host waiting on each.  On the CPU and in the simulator
+    ``pinned_empty`` gives plain arrays and the copies finish as they are made."""
+
+    def __init__(self, rows, columns, buffers=2):
+        self.rows = int(rows)
+        self.buffers = [pinned_empty((self.rows, columns), np.float32) for _ in range(buffers)]
+        self.done = [None] * buffers  # the event after each buffer's last copies
+        self.next = 0
+
+    def _take(self):
+        """The next buffer, once its last copies are done."""
+        k, self.next = self.next, (self.next + 1) % len(self.buffers)
+        if self.done[k] is not None:
+            self.done[k].synchronize()
+            self.done[k] = None
+        return k
+
+    def _batches(self, sizes):
+        """``sizes`` (rows of each move, each at most ``rows``) cut into runs that fit one buffer: -> lists of
+        (the move's place in ``sizes``, its first row in the buffer)."""
+        batch, used = [], 0
+        for j, size in enumerate(sizes):
+            if size > self.rows:
+                raise ValueError(f"StagingRing: a move of {size} rows exceeds the buffers' {self.rows}")
+            if used + size > self.rows:
+                yield batch
+                batch, used = [], 0
+            batch.append((j, used))
+            used += size
+        if batch:
+            yield batch
+
+    def upload(self, tables, table, starts, stream=None):
+        """``table[starts[j]:starts[j] + len(tables[j])] = tables[j]`` for each host array ``tables[j]``, queued
+        on ``stream`` (``copy_rows``'s) from the staging buffers: the host returns once the last buffer it
+        filled is free, not when the copies are done."""
+        for batch in self._batches([len(t) for t in tables]):
+            k = self._take()
+            for j, at in batch:
+                self.buffers[k][at:at + len(tables[j])] = tables[j]
+                copy_rows(table, starts[j], self.buffers[k], at, len(tables[j]), stream)
+            self.done[k] = event_on(stream)
+
+    def download(self, table, starts, sizes, stream=None):
+        """For each j, the rows ``table[starts[j]:starts[j] + sizes[j]]`` on the host: yields them in turn, views
+        of a staging buffer valid until the next is yielded from another batch (copy what is kept)."""
+        for batch in self._batches(sizes):
+            k = self._take()
+            for j, at in batch:
+                copy_rows(self.buffers[k], at, table, starts[j], sizes[j], stream)
+            event = event_on(stream)
+            if event is not None:
+                event.synchronize()
+            for j, at in batch:
+                yield self.buffers[k][at:at + sizes[j]]
 
 
 class DeviceInterval:

@@ -152,21 +152,17 @@ class Adam:
         group on its block of their rows (``group_rows``; every element's update is its own, so parts
         updated one by one give the bits of the whole); None: every Gaussian, one launch."""
         p = self.params
-        scalars = self._scalars.array
-        use_visible = visible is not None
-        vis = visible if use_visible else self._no_mask
-        tail = (scalars[:-2], vis, use_visible, self._no_skip if skip is None else skip,
-                np.float32(self.b1), np.float32(self.b2), np.float32(self.eps), scalars[-2:])
         kernels = _backend.kernels(self.backend)
         if rows is None:
             if p.size:
-                kernels.adam(p.data, grads, self.m, self.v, *self._layout, *tail)
+                kernels.adam(p.data, grads, self.m, self.v, *self._update_args(visible, skip))
             return
         first, last = rows
+        tail = self._update_args(visible, skip)[len(self._layout):]  # (rates, mask, its use, skip, ...)
         for (lo, hi), layout in self._row_layouts(first, last):
             if hi > lo:
                 kernels.adam(p.data[lo:hi], grads[lo:hi], self.m[lo:hi], self.v[lo:hi], *layout,
-                             tail[0], vis[first:last] if use_visible else vis, *tail[2:])
+                             tail[0], visible[first:last] if visible is not None else tail[1], *tail[2:])
 
     def group_spans(self, first, last):
         """The flat spans [lo, hi) that Gaussians first..last-1 hold, one per group (after ``set_step``)."""
@@ -189,3 +185,41 @@ class Adam:
                               xp.asarray(col0[g:g + 1]))
             out.append(((lo, hi), cache[key]))
         return out
+
+    def _update_args(self, visible, skip):
+        """The kernels' arguments after the buffers: the layout, the step's rates, the mask, the skip flag,
+        the betas, eps and the bias corrections."""
+        scalars = self._scalars.array
+        use_visible = visible is not None
+        return (*self._layout, scalars[:-2], visible if use_visible else self._no_mask, use_visible,
+                self._no_skip if skip is None else skip,
+                np.float32(self.b1), np.float32(self.b2), np.float32(self.eps), scalars[-2:])
+
+
+@dataclass
+class RowsAdam(Adam):
+    """``Adam`` whose moments are not flat buffers of their own but columns of a row table (the
+    out-of-core trainer's pool of blocks, ``numbasplat.rows``): Gaussian k of ``params`` is row
+    ``rows[k]`` of ``table``, its parameters from column ``columns[0]``, its moments from ``columns[1]``
+    and ``columns[2]`` (each in ``FlatParams``' column order).  An update writes the new parameters to
+    ``params`` and to the table: a working set trains on a copy of its parameters alone, and the
+    device holds its moments once, in the table (``m``, ``v`` are empty)."""
+    table: object = None
+    rows: object = None
+    columns: object = None
+
+    def __post_init__(self):
+        xp = _backend.array_module(self.backend or _backend.BACKEND)
+        self.m = xp.empty(0, np.float32) if self.m is None else self.m  # (the moments are the table's)
+        self.v = xp.empty(0, np.float32) if self.v is None else self.v
+        super().__post_init__()
+        self.columns = xp.asarray(np.asarray(self.columns, np.int32))
+
+    def update(self, grads, visible=None, skip=None, rows=None):
+        """``Adam.update`` of ``params`` and the table's rows (every Gaussian: ``rows`` must be None, as
+        the aggregate device, which splits by rows, does not run out of core)."""
+        if rows is not None:
+            raise ValueError("RowsAdam.update: no split by rows (the aggregate device does not run out of core)")
+        if self.params.size:
+            _backend.kernels(self.backend).adam_rows(self.table, self.rows, self.columns, self.params.data, grads,
+                                                     *self._update_args(visible, skip))

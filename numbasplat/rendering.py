@@ -222,6 +222,41 @@ def _stable_argsort(xp, a):
     return xp.argsort(a, kind="stable") if xp is np else xp.argsort(a)
 
 
+def projection_bytes(dtype=np.float32):
+    """Device bytes ``project`` allocates per Gaussian: its record (``PROJ_FIELDS`` of ``dtype``), radii
+    (2 int32) and tile count (int32)."""
+    return go.PROJ_FIELDS * np.dtype(dtype).itemsize + 2 * 4 + 4
+
+
+def gradient_record_bytes(dtype=np.float32):
+    """Device bytes ``rasterize_backward`` allocates per Gaussian: its gradient record (``GRAD_FIELDS`` of
+    ``dtype``)."""
+    return go.GRAD_FIELDS * np.dtype(dtype).itemsize
+
+
+# ``bin_tiles`` at its peak, per Gaussian: the depth order and the running counts (the depth keys are
+# freed once sorted, in ``depth_order``)
+BINNING_GAUSSIAN_BYTES = 8 + 8
+BINNING_RANGE_BYTES = 8  # per tile: its [start, end)
+
+
+def binning_intersection_bytes(tiles):
+    """Device bytes ``bin_tiles`` (exact, one view) holds at once per intersection at its peak: its id and
+    tile as emitted, its sort key (16 bits while the ``tiles`` fit), the sort's permutation (int64) and
+    the sorted id (CuPy's sort adds its scratch: not counted; the returned ``Binning`` keeps the sorted
+    ids alone).  Its peak: ``BINNING_GAUSSIAN_BYTES`` per Gaussian, this per intersection and
+    ``BINNING_RANGE_BYTES`` per tile."""
+    return 4 + 4 + (2 if tiles < 2**16 else 4) + 8 + 4
+
+
+def sort_scratch_bytes(tiles):
+    """Device bytes per intersection that a GPU's sort of the intersections takes beside ``bin_tiles``'
+    arrays, an estimate: CuPy's argsort sorts a copy of the keys, by thrust's radix sort, which double
+    buffers the keys and the int64 indices (numpy's sort on the CPU takes no arrays: none counted there)."""
+    key = 2 if tiles < 2**16 else 4
+    return key + key + 8
+
+
 def depth_order(p: Projection, backend=None):
     """The binning's first sort: ``p``'s Gaussians by depth, those that touch no tile last (N float32
     keys, stable: ties in index order)."""

@@ -5,6 +5,7 @@ conservatively, its caches move only what is missing, and bad input stops it wit
 import errno
 import json
 import os
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -12,7 +13,8 @@ import pytest
 
 from engine.tools.demo import make_dataset
 from engine.pipelines.single_gpu import OffloadTrainer
-from engine.stores.offload import BlockIndex, BoxesInFlight, DeviceCache, DiskBlocks, HostBlocks, RowLayout
+from engine.stores.offload import (BlockIndex, BoxesInFlight, DeviceCache, DiskBlocks, HostBlocks, RowLayout,
+                                   format_bytes)
 from engine.pipelines.partition import REACH, morton_codes
 from numbasplat.optim import adam_step_bound
 from engine.pipelines.single_gpu import SingleGPUTrainer
@@ -25,6 +27,21 @@ from tests.scenes import reach_table
 from test_trainer import fast_refine, small_config
 
 import numbasplat as ns
+
+
+def slot_bytes(sh_bases, block_rows=16):
+    """Device bytes that the store budgets for a block slot of ``block_rows`` rows at ``sh_bases`` (the default
+    strategy's statistics): what the tests' caps are made of."""
+    from engine.stores.offload.store import working_set_bytes
+    layout = RowLayout(sh_bases, DefaultStrategy.fresh_statistics(np, 0))
+    return int(np.ceil(block_rows * working_set_bytes(layout)[1]))
+
+
+def view_bytes(data):
+    """The device bytes that the store keeps for ``data``'s largest training view's per-pixel buffers (the caps
+    count them)."""
+    from engine.stores.offload.store import VIEW_BYTES_PER_PIXEL
+    return VIEW_BYTES_PER_PIXEL * max(v.camera.width * v.camera.height for v in data.train)
 
 
 @pytest.fixture(scope="module")
@@ -125,17 +142,22 @@ def offload_config(**kw):
     return small_config(**{"visible_adam": True, "view_order": "trajectory", **kw})
 
 
-@pytest.mark.parametrize("scene,mode", [("demo", "host"), ("clusters", "host"), ("clusters", "disk")])
-def test_offloaded_training_equals_in_memory_training_with_visible_adam(dataset, tmp_path, scene, mode):
+@pytest.mark.parametrize("scene,mode,staged", [("demo", "host", None), ("clusters", "host", None),
+                                               ("clusters", "disk", None), ("clusters", "disk", True)])
+def test_offloaded_training_equals_in_memory_training_with_visible_adam(dataset, tmp_path, scene, mode, staged,
+                                                                         monkeypatch):
     """The demo (every view sees everything; densification from random points) and two clusters
     that the views see one at a time (the working set is half the model): equal parameters and
     moments after 40 steps with densification, the offloaded run stopped at 23 and resumed.  On the
     clusters the device holds about 25 of the blocks (8, 39 at the end), and in disk mode host memory
-    a quarter of the model: blocks leave both and come back."""
+    a quarter of the model: blocks leave both and come back (``staged``: through the staging buffers,
+    as on a GPU, here of two blocks each)."""
+    monkeypatch.setattr(DeviceCache, "staged", staged)
+    monkeypatch.setattr(DeviceCache, "STAGING_BLOCKS", 2)
     from scenes import cluster_capture
     data, start = (dataset, None) if scene == "demo" else cluster_capture(per_cluster=60, views=8)
     cfg = lambda: offload_config(iterations=40, sh_degree=0)  # noqa: E731
-    caps = {} if scene == "demo" else {"gpu_memory": 26 * 16 * (45 * 4 + 1500)}  # 26 slots of 16 rows, sh degree 0
+    caps = {} if scene == "demo" else {"gpu_memory": 26 * slot_bytes(1) + view_bytes(data)}  # 26 slots of 16 rows, sh degree 0
     if mode == "disk":
         caps.update(offload_dir=tmp_path / "blocks", host_memory=120 * 45 * 4 // 4)
 
@@ -159,6 +181,7 @@ def test_offloaded_training_equals_in_memory_training_with_visible_adam(dataset,
     if scene == "clusters":
         assert resumed.stats["resident_gaussians"] < 0.8 * len(model)  # the working set: about one cluster
         assert resumed.store.cache.misses > resumed.store.index.blocks  # blocks left the device and came back
+    assert (resumed.store.cache.staging is not None) == bool(staged)
     if mode == "disk":
         assert first.store.host.read_bytes > 0 and resumed.store.host.read_bytes > 0  # blocks came back from the disk
     else:  # the blocks written back went into the one table, which the whole model was gathered from
@@ -184,7 +207,7 @@ def test_an_offloaded_shard_trains_as_the_shard_in_memory(tmp_path, mode):
     from engine.pipelines.gaussian_exchange import GaussianExchangeTrainer, OffloadedGaussianExchangeTrainer
     from scenes import cluster_capture
     data, start = cluster_capture(per_cluster=60, views=8)
-    caps = {"gpu_memory": 30 * 16 * (45 * 4 + 1500)}
+    caps = {"gpu_memory": 30 * slot_bytes(1) + view_bytes(data)}
     if mode == "disk":
         caps.update(offload_dir=tmp_path / "blocks", host_memory=120 * 45 * 4 // 4)
 
@@ -263,13 +286,19 @@ def test_trajectory_order_tours_the_cameras_deterministically(dataset):
         SingleGPUTrainer(dataset, "/tmp/unused-order", small_config(view_order="spiral"), backend="cpu")
 
 
-def test_device_cache_moves_only_missing_blocks_least_recently_used_out_first():
+@pytest.mark.parametrize("staged", [False, True])
+def test_device_cache_moves_only_missing_blocks_least_recently_used_out_first(staged, monkeypatch):
+    """The pool's moves, gathered or (``staged``) a block at a time through the page-locked staging buffers,
+    here of one block each: a move of two blocks takes both buffers."""
+    monkeypatch.setattr(DeviceCache, "staged", staged)
+    monkeypatch.setattr(DeviceCache, "STAGING_BLOCKS", 1)
     means = np.random.default_rng(0).uniform(-1, 1, (64, 3))
     index = BlockIndex(means, np.full((64, 3), -3.0), block_rows=16)
     layout = RowLayout(1, {"count": np.zeros(0, np.int32)})
     host = HostBlocks()
     host.reset({b: np.full((16, layout.columns_total), b, np.float32) for b in range(4)})
     cache = DeviceCache(np, layout, 16, 2, index)
+    assert (cache.staging is not None) == staged
     block_bytes = 16 * layout.row_bytes
     cache.fetch([0, 1], index, host)
     assert (cache.misses, cache.hits, cache.moved_bytes) == (2, 0, 2 * block_bytes)
@@ -287,11 +316,36 @@ def test_device_cache_moves_only_missing_blocks_least_recently_used_out_first():
                                   cache.slot[index.block[rows]] * 16 + index.position[rows])
 
 
-@pytest.mark.parametrize("direct", [False, True])
-def test_prefetch_moves_the_next_blocks_beside_this_steps_and_fetch_counts_them_once(direct):
+def test_staging_ring_moves_rows_through_its_buffers_in_batches_and_refuses_a_move_too_large():
+    """``StagingRing`` (the CPU's plain arrays): moves of 4, 6, 3, 10 and 1 rows through two buffers of 10 rows
+    go in four batches (4 + 6, 3, 10, 1), each buffer in turn, both ways; a move of 11 rows is refused."""
+    from numbasplat.device import StagingRing
+    rng = np.random.default_rng(0)
+    ring = StagingRing(10, 3)
+    tables = [rng.normal(size=(k, 3)).astype(np.float32) for k in (4, 6, 3, 10, 1)]
+    starts = [0, 5, 12, 20, 35]
+    table = np.zeros((40, 3), np.float32)
+    ring.upload(tables, table, starts)
+    for t, start in zip(tables, starts):
+        np.testing.assert_array_equal(table[start:start + len(t)], t)
+    assert ring.next == 0  # (four batches through two buffers)
+    back = [np.array(rows) for rows in ring.download(table, starts, [len(t) for t in tables])]
+    for a, b in zip(back, tables):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(ring.buffers[1][:1], tables[4])  # (the last batch's buffer)
+    with pytest.raises(ValueError, match="a move of 11 rows exceeds the buffers' 10"):
+        ring.upload([np.zeros((11, 3), np.float32)], table, [0])
+
+
+@pytest.mark.parametrize("moves", ["gathered", "staged", "direct"])
+def test_prefetch_moves_the_next_blocks_beside_this_steps_and_fetch_counts_them_once(moves, monkeypatch):
     """The next step's blocks come in ahead (misses then, not hits at the step), never into the
     slots of this step's blocks; a changed block they push out goes back first (into the host's one
-    table where the moves are direct); what does not fit is left for the step's own fetch."""
+    table where the moves are direct); what does not fit is left for the step's own fetch.  The moves
+    gathered, through the staging buffers (of one block each), or direct."""
+    monkeypatch.setattr(DeviceCache, "staged", moves == "staged")
+    monkeypatch.setattr(DeviceCache, "STAGING_BLOCKS", 1)
+    direct = moves == "direct"
     means = np.random.default_rng(0).uniform(-1, 1, (80, 3))
     index = BlockIndex(means, np.full((80, 3), -3.0), block_rows=16)
     layout = RowLayout(1, {"count": np.zeros(0, np.int32)})
@@ -434,11 +488,11 @@ def test_auto_view_order_tours_only_while_the_device_holds_under_half_the_blocks
     roomy.init_model()
     assert roomy.store.index.blocks == 25 and roomy.epoch_view_order() == "random"
     tight = OffloadTrainer(dataset, tmp_path / "b", offload_config(view_order="auto"), backend="cpu", block_rows=16,
-                           gpu_memory=10 * 16 * (72 * 4 + 1500) + 16 * 400)  # 10 slots, and the index
+                           gpu_memory=10 * slot_bytes(4) + 16 * 400 + view_bytes(dataset))  # 10 slots, and the index
     tight.init_model()
     assert tight.store.cache.slots == 10 and tight.epoch_view_order() == "trajectory"
     most = OffloadTrainer(dataset, tmp_path / "d", offload_config(view_order="auto"), backend="cpu", block_rows=16,
-                          gpu_memory=15 * 16 * (72 * 4 + 1500) + 16 * 400)  # 15 slots of 25: random
+                          gpu_memory=15 * slot_bytes(4) + 16 * 400 + view_bytes(dataset))  # 15 slots of 25: random
     most.init_model()
     assert most.store.cache.slots == 15 and most.epoch_view_order() == "random"
     assert SingleGPUTrainer(dataset, tmp_path / "c", small_config(), backend="cpu").epoch_view_order() == "random"
@@ -451,7 +505,7 @@ def test_a_parameter_group_read_from_the_host_table_is_the_whole_models(tmp_path
     from scenes import cluster_capture
     data, start = cluster_capture(per_cluster=60, views=8)
     t = OffloadTrainer(data, tmp_path, offload_config(sh_degree=0), backend="cpu", block_rows=8,
-                       gpu_memory=13 * 8 * (45 * 4 + 1500) + 16 * 120)  # 13 slots of 15 blocks
+                       gpu_memory=13 * slot_bytes(1, 8) + 16 * 120 + view_bytes(data))  # 13 slots of 15 blocks
     t.start_from({"params": start})
     for _ in range(5):
         t.train_step()
@@ -493,7 +547,7 @@ def test_a_view_larger_than_the_device_trains_in_chunks_as_the_whole_working_set
     cfg = lambda: offload_config(iterations=30, sh_degree=1)  # noqa: E731
     roomy = fast_refine(OffloadTrainer(dataset, tmp_path / "roomy", cfg(), backend="cpu", block_rows=16))
     tight = fast_refine(OffloadTrainer(dataset, tmp_path / "tight", cfg(), backend="cpu", block_rows=16,
-                                       gpu_memory=3 * 16 * (72 * 4 + 1500) + 16 * 400,  # 3 slots, the index
+                                       gpu_memory=3 * slot_bytes(4) + 16 * 400 + view_bytes(dataset),  # 3 slots, the index
                                        **({} if mode == "host" else dict(mode="disk", offload_dir=tmp_path / "d",
                                                                          host_memory=8 * 16 * 72 * 4))))
     roomy.train(progress=False)
@@ -510,12 +564,14 @@ def test_a_view_larger_than_the_device_trains_in_chunks_as_the_whole_working_set
 
 
 def test_a_device_cap_too_small_for_a_block_stops_with_the_size_it_needs(dataset, tmp_path):
-    t = trained_until(dataset, tmp_path / "out", 10, gpu_memory=16 * (72 * 4 + 1500))  # no slot beside the index
+    t = trained_until(dataset, tmp_path / "out", 10, gpu_memory=slot_bytes(4) + view_bytes(dataset))  # no slot beside the index
     before = snapshot_bytes(tmp_path / "out")
-    with pytest.raises(ValueError, match=r"--gpu-memory 27\.9 KiB is too small for view view[0-9]+\.png: its "
+    view = view_bytes(dataset)
+    have, need = (re.escape(format_bytes(b)) for b in (slot_bytes(4) + view, slot_bytes(4) + 16 * 400 + view))
+    with pytest.raises(ValueError, match=fr"--gpu-memory {have} is too small for view view[0-9]+\.png: its "
                                          r"working set \(400 Gaussians in 25 blocks\), trained in depth-ordered "
                                          r"chunks, needs room for one block of 16 Gaussians beside the index, "
-                                         r"34\.2 KiB; give --gpu-memory 34\.2 KiB or more"):
+                                         fr"{need}; give --gpu-memory {need} or more"):
         t.train(progress=False)
     assert snapshot_bytes(tmp_path / "out") == before
 
@@ -523,12 +579,14 @@ def test_a_device_cap_too_small_for_a_block_stops_with_the_size_it_needs(dataset
 def test_a_store_without_chunked_views_refuses_a_view_too_large_with_the_size_it_needs(dataset, tmp_path):
     """A store whose pipeline trains no chunked views (an MPI rank's shard) refuses a view larger than its
     pool, naming the cap its whole working set needs."""
-    t = trained_until(dataset, tmp_path / "out", 10, gpu_memory=2 * 16 * (72 * 4 + 1500))  # 2 slots (less the index: 1)
+    t = trained_until(dataset, tmp_path / "out", 10, gpu_memory=2 * slot_bytes(4) + view_bytes(dataset))  # 2 slots (less the index: 1)
     t.store.chunked_views = False
     before = snapshot_bytes(tmp_path / "out")
-    with pytest.raises(ValueError, match=r"--gpu-memory 55\.9 KiB is too small for view view[0-9]+\.png: its "
-                                         r"working set \(400 Gaussians in 25 blocks\) needs 704\.7 KiB; give "
-                                         r"--gpu-memory 704\.7 KiB or more"):
+    view = view_bytes(dataset)
+    have, need = (re.escape(format_bytes(b)) for b in (2 * slot_bytes(4) + view, 25 * slot_bytes(4) + 16 * 400 + view))
+    with pytest.raises(ValueError, match=fr"--gpu-memory {have} is too small for view view[0-9]+\.png: its "
+                                         fr"working set \(400 Gaussians in 25 blocks\) needs {need}; give "
+                                         fr"--gpu-memory {need} or more"):
         t.train(progress=False)
     assert snapshot_bytes(tmp_path / "out") == before
 
@@ -688,6 +746,7 @@ def test_offloaded_training_on_the_cuda_kernels_equals_in_memory_in_simulator(tm
         import numpy as np
         from engine.pipelines.single_gpu import OffloadTrainer
         from engine.pipelines.single_gpu import SingleGPUTrainer
+        from engine.stores.offload.store import VIEW_BYTES_PER_PIXEL
         from numbasplat.optim import GROUPS
         from scenes import cluster_capture
         from test_trainer import fast_refine, small_config
@@ -703,7 +762,8 @@ def test_offloaded_training_on_the_cuda_kernels_equals_in_memory_in_simulator(tm
             return t
         a = run("memory").model.host_arrays()
         assert len(a["means"]) > 40, "densification did not run"
-        for name, caps in (("full", {{}}), ("capped", {{"gpu_memory": 9 * 8 * (45 * 4 + 1500) + 16 * 200}})):
+        view = VIEW_BYTES_PER_PIXEL * max(v.camera.width * v.camera.height for v in data.train)
+        for name, caps in (("full", {{}}), ("capped", {{"gpu_memory": 9 * {slot_bytes(1, 8)} + 16 * 200 + view}})):
             t = run(name, **caps)
             assert (t.store.cache.misses > 0) == (name == "capped")
             b = t.whole_model().host_arrays()
@@ -801,3 +861,60 @@ def test_a_refinement_block_by_block_equals_the_whole_models(growth):
     assert all(not got_state[k].any() for k in got_state)
     assert store.index.sizes.max() <= block_rows and store.index.blocks >= len(got) / block_rows
     assert store.refine_peak_bytes < 8 * block_rows * 2 * store.layout.row_bytes * 4
+
+
+def test_the_working_set_bytes_are_what_a_step_allocates(dataset, tmp_path):
+    """``working_set_bytes`` at SH degree 3, item by item, against the arrays that a step on the CPU backend
+    allocates for a working set of 20,000 Gaussians: the pool's rows, the working copy (parameters and
+    statistics, no moments, no gradients until the backward), the projection, the rows and visible mask,
+    the binning's peak as tracemalloc sees it (numpy's arrays; the tiles' ranges and a few objects besides),
+    the backward's records, kept ids and the parameters' gradients, which the check-in lets go."""
+    import tracemalloc
+    from engine.stores.offload.store import working_set_bytes
+    rng = np.random.default_rng(0)
+    n = 20_000
+    quats = np.zeros((n, 4), np.float32)
+    quats[:, 0] = 1
+    start = dict(means=rng.uniform(-1, 1, (n, 3)).astype(np.float32), scales=np.full((n, 3), np.log(0.08), np.float32),
+                 quats=quats, opacities=np.zeros(n, np.float32), sh=rng.normal(0, 0.3, (n, 16, 3)).astype(np.float32))
+    t = OffloadTrainer(dataset, tmp_path, offload_config(sh_degree=3), backend="cpu", block_rows=512)
+    t.start_from({"params": start})
+    i = 1
+    model, state = t.store.checkout([i])
+    working = t.store._in_pool
+    assert len(model) == working.count == n  # (every block in view)
+    p = t.project_view(model, state, i, 3)
+    tiles = int(np.prod(p.camera.tiles))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        b = ns.bin_tiles(p, backend="cpu")
+        binning_peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    intersections = int(p.counts.sum())
+    assert intersections > n  # (so that a byte per intersection shows)
+    r = ns.rasterize(p, b, None, "cpu")
+    grad = ns.rasterize_backward(p, b, r, np.ones_like(r.image), backend="cpu")
+    assert model._grads is None  # (none yet: the binning's peak does without them)
+    t.owner_backward(model, state, [p], [grad])
+    items, peak = working_set_bytes(t.store.layout, intersections / n, tiles)
+    copies = sum(a.nbytes for a in state.values() if not np.shares_memory(a, model.params.data.base))
+    allocated = [t.store.cache.pool.nbytes / len(t.store.cache.pool), (model.params.data.base.nbytes + copies) / n,
+                 (p.proj.nbytes + p.radii.nbytes + p.counts.nbytes) / n,
+                 (working.rows.nbytes + (p.counts > 0).nbytes) / n]
+    assert list(items.values())[:4] == allocated
+    assert model.adam.m.nbytes == model.adam.v.nbytes == 0  # the moments are the pool's alone
+    assert model.params.data.base.nbytes == 4 * n * (model.params.size // n + len(t.store.layout.statistics))
+    assert abs(binning_peak - (n * items["binning at its peak: depth order, intersections and their sort"]
+                               + 8 * tiles)) < 4096  # (a byte a Gaussian: 20,000)
+    binning, scratch, backward = list(items.values())[4:]
+    assert backward * n == grad.nbytes + b.ids.nbytes + model.grads.data.nbytes
+    assert scratch == intersections / n * (2 + 2 + 8)  # (a GPU's sort: not allocated here)
+    assert peak == sum(allocated) + max(binning + scratch, backward)
+    assert list(items.values())[:2] == [720, 252]  # (SH degree 3: 59 parameters, 3 statistics, one int32)
+    assert model.grads.data.nbytes == 236 * n
+    assert t.store.step_device_bytes(intersections / n, tiles) == \
+        t.store.cache.pool.nbytes + n * (peak - 720) + DeviceCache.INDEX_BYTES * n + view_bytes(dataset)
+    t.store.checkin(model, state, t.learning_rates()[0])
+    assert model._grads is None  # (let go until the next backward)

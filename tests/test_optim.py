@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from conftest import run_sim
-from numbasplat.optim import Adam, FlatParams, adam_step_bound, column_lrs, exp_decay
+from numbasplat.optim import Adam, FlatParams, RowsAdam, adam_step_bound, column_lrs, exp_decay
 from numbasplat.rows import row_normals
 from tests.scenes import edge_case_scene
 
@@ -69,6 +69,40 @@ def test_adam_skip_flag_leaves_the_state():
         np.testing.assert_array_equal(a, b)
     opt.step(grads, lrs, skip=np.zeros(1, np.int32))
     assert not np.array_equal(state[0], flat.data)
+
+
+def test_adam_with_its_moments_in_table_rows_steps_as_the_flat_one():
+    """``RowsAdam``: the parameters and moments of Gaussian k in row ``rows[k]`` of a row table (parameters,
+    m, v from columns 2, 2 + w, 2 + 2w, in ``FlatParams``' column order) step as the flat ``Adam`` does, bit
+    for bit, visible-only and with a skipped step; the new parameters land in the flat buffer and the
+    table; the table's other rows and columns are left alone."""
+    g = edge_case_scene(n=13, dtype=np.float32)
+    flat, mine = FlatParams.from_gaussians(g), FlatParams.from_gaussians(g)
+    n, w = flat.n, flat.size // flat.n
+    rng = np.random.default_rng(2)
+    rows = rng.permutation(n + 5)[:n]
+    table = rng.normal(size=(n + 5, 2 + 3 * w + 1)).astype(np.float32)
+    table[rows, 2:2 + w] = np.concatenate([flat.view(k).reshape(n, -1) for k in
+                                           ("means", "scales", "quats", "opacities", "sh")], axis=1)
+    table[rows, 2 + w:2 + 3 * w] = 0
+    untouched = table.copy()
+    reference, in_rows = Adam(flat, backend="cpu"), RowsAdam(mine, backend="cpu", table=table, rows=rows,
+                                                              columns=(2, 2 + w, 2 + 2 * w))
+    assert in_rows.m.size == in_rows.v.size == 0
+    lrs = column_lrs(LR, flat.sh_bases)
+    for k, vis in enumerate((None, rng.random(n) < 0.5, rng.random(n) < 0.5)):
+        grads = rng.normal(size=flat.size).astype(np.float32)
+        skip = np.array([k == 2], np.int32)
+        reference.step(grads, lrs, vis, skip)
+        in_rows.step(grads, lrs, vis, skip)
+    np.testing.assert_array_equal(mine.data, flat.data)
+    as_rows = lambda buffer: np.concatenate([flat.like(buffer).view(k).reshape(n, -1) for k in  # noqa: E731
+                                             ("means", "scales", "quats", "opacities", "sh")], axis=1)
+    for part, buffer in enumerate((flat.data, reference.m, reference.v)):
+        np.testing.assert_array_equal(table[rows, 2 + part * w:2 + (part + 1) * w], as_rows(buffer))
+    others = np.setdiff1d(np.arange(n + 5), rows)
+    np.testing.assert_array_equal(table[others], untouched[others])
+    np.testing.assert_array_equal(table[:, [0, 1, -1]], untouched[:, [0, 1, -1]])
 
 
 def test_adam_step_bound_holds_and_is_reached():

@@ -2,6 +2,8 @@
 training views used are read), the phase table of both pipelines at P = 1, the bytes a step
 would move over P ranks (engine/pipelines/traffic.py) against a brute-force count, the cost model's edge and monotonic
 behaviour, and the memory model.  CPU backend, tiny scenes."""
+import os
+
 import numpy as np
 import pytest
 
@@ -344,3 +346,40 @@ def test_pixel_bytes_against_a_brute_force_count(scene, P):
     assert counts.order_mse == pytest.approx(squared / pixels, rel=1e-6, abs=1e-15)
     assert (counts.order_mse > 1e-6) == (scene == "cloud")  # only the cloud's boxes interleave along the rays
     assert traffic.pixel_traffic(g, cams, P, 0, "cpu").saturated is None  # (not rendered unless asked)
+
+
+def test_scaling_out_of_core_reports_the_working_set_bytes_and_each_tiers_largest_model(city):
+    """``run(offload=...)``: the out-of-core trainer, then where the device's bytes per working-set Gaussian
+    go (``working_set_bytes`` at the last view's intersections, its items adding up to the peak) and, under
+    the --gpu-memory cap, the largest model the device's index allows and the working set beside it, host
+    memory's and the disk's, and a billion Gaussians at SH degree 3 on paper."""
+    from engine.stores.offload.store import VIEW_BYTES_PER_PIXEL, DeviceCache, working_set_bytes
+    w = scaling.data_workload(city, views=2)
+    lines = []
+    report = scaling.run(w, iters=1, warmup=1, out=lines.append, backend="cpu",
+                         offload=dict(offload="host", gpu_memory=64 * 2**20))
+    text = "\n".join(lines)
+    assert "OffloadTrainer" in text and "device bytes per working-set Gaussian at SH degree" in text
+    assert "on paper, 1B Gaussians at SH degree 3" in text
+    k = report["intersections_per_gaussian"]
+    assert k > 0
+    items, peak = report["working_set_bytes"], report["working_set_peak_bytes"]
+    assert report["not_built"] == {"moments in host memory": peak - 2 * 4 * 23, "moments in bfloat16": peak - 4 * 23}
+    binning, scratch, backward = list(items.values())[4:]
+    assert peak == sum(list(items.values())[:4]) + max(binning + scratch, backward)
+    budget = 64 * 2**20 - VIEW_BYTES_PER_PIXEL * 64 * 36  # (and the training images on the device: none here)
+    largest = report["largest"]
+    assert largest["working set"] == int((budget - DeviceCache.INDEX_BYTES * 20_000) // peak)
+    assert 0 < largest["working set"] < largest["device"] < budget // DeviceCache.INDEX_BYTES
+    tiers = report["tier_bytes"]
+    assert tiers["host"] == 2 * tiers["disk"] == 2 * 4 * (3 * 23 + 3)  # (SH degree 1: 23 parameters; 3 statistics)
+    assert largest["host"] * tiers["host"] <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert report["on_paper"]["working_set"] == \
+        working_set_bytes(*_sh3_layout_and(k))[1]
+
+
+def _sh3_layout_and(k):
+    """(the rows' layout at SH degree 3 with the default strategy's statistics, ``k``)."""
+    from engine.recipe.strategy import DefaultStrategy
+    from engine.stores.offload import RowLayout
+    return RowLayout(16, DefaultStrategy.fresh_statistics(np, 0)), k

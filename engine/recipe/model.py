@@ -115,9 +115,9 @@ class GaussianModel:
             params.view(g)[...] = self.xp.asarray(arrays[g], np.float32)
         self._install(params)
 
-    def _install(self, params, m=None, v=None):
+    def _install(self, params, m=None, v=None, grads=True):
         self.params = params
-        self.grads = params.like(self.xp.zeros(params.size, np.float32))
+        self._grads = params.like(self.xp.zeros(params.size, np.float32)) if grads else None
         old = getattr(self, "adam", None)
         self.adam = Adam(params, self.b1, self.b2, backend=self.backend, m=m, v=v)  # (m, v None: zeros)
         if old is not None:  # the step count, and the device values a step graph reads (engine.pipelines.step_graphs)
@@ -127,13 +127,27 @@ class GaussianModel:
         return self.params.n
 
     @property
+    def grads(self):
+        """The parameters' gradients, a ``FlatParams`` like ``params``: made (zeros) at its first use where the
+        model was made without it or let it go (``from_flat(grads=False)``, ``release_grads``)."""
+        if self._grads is None:
+            self._grads = self.params.like(self.xp.zeros(self.params.size, np.float32))
+        return self._grads
+
+    def release_grads(self):
+        """Let the gradients' buffer go until its next use: an out-of-core working set's live from its
+        backward to its update, not through the binning, whose peak then does without them."""
+        self._grads = None
+
+    @property
     def sh_bases(self):
         """SH coefficients per colour channel: (degree + 1) ** 2."""
         return self.params.sh_bases
 
     def nbytes(self):
         """Bytes of the parameters, their gradients and both Adam moments."""
-        return sum(int(a.nbytes) for a in (self.params.data, self.grads.data, self.adam.m, self.adam.v))
+        grads = () if self._grads is None else (self._grads.data,)
+        return sum(int(a.nbytes) for a in (self.params.data, *grads, self.adam.m, self.adam.v))
 
     @property
     def gaussians(self):
@@ -180,14 +194,15 @@ class GaussianModel:
         return {**{which: self.host_arrays(which) for which in ("params", "m", "v")}, "step": self.adam.step_count}
 
     @classmethod
-    def from_flat(cls, params, m, v, step, backend=None, b1=0.9, b2=0.999):
+    def from_flat(cls, params, m, v, step, backend=None, b1=0.9, b2=0.999, grads=True):
         """The model over flat buffers as they are (no copies): ``params`` a ``FlatParams``, ``m`` and
-        ``v`` its Adam moments (flat arrays of its size), Adam at ``step``."""
+        ``v`` its Adam moments (flat arrays of its size), Adam at ``step``; ``grads`` False: its gradients
+        made at their first use."""
         model = cls.__new__(cls)
         model.backend = backend or _backend.BACKEND
         model.xp = _backend.array_module(model.backend)
         model.b1, model.b2 = b1, b2
-        model._install(params, m, v)
+        model._install(params, m, v, grads)
         model.adam.step_count = int(step)
         return model
 

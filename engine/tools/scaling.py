@@ -126,7 +126,7 @@ def model_workload(trainer, views=None):
 
 def run(workload, iters=30, warmup=5, comm=None, grad_comm="sparse", transport="auto", backend=None,
         model_ranks=(), link_gbs=NVLINK_GBS, balanced=True, loss="global", timeline=0,
-        timeline_trace=None, out=print):
+        timeline_trace=None, offload=None, out=print):
     """Train ``workload`` (or a benchmark scene's path) and report: images per second, the phase
     table per rank, and on one rank the peak device memory and, for each of ``model_ranks``, the
     bytes a step of the Gaussian-exchange pipeline would move over that many ranks and the step
@@ -138,7 +138,10 @@ def run(workload, iters=30, warmup=5, comm=None, grad_comm="sparse", transport="
     host queues a step while the device still works on the last (their mean: the throughput).
     ``loss``: the training loss (``tile``: the fused kernel on GPUs).  ``timeline``: that many more
     steps (one rank) under CUPTI (``engine.tools.timeline``): kernels, device busy and idle time, and
-    host waits per step; the trace kept at ``timeline_trace``."""
+    host waits per step; the trace kept at ``timeline_trace``.  ``offload``: the model out of core,
+    ``PipelineOptions``' fields (offload, offload_dir, host_memory, gpu_memory); on one rank the report then
+    says where the device's bytes per working-set Gaussian go and the largest model that each tier holds
+    (``offload_report``)."""
     from engine.recipe.trainer import TrainConfig
     if not isinstance(workload, Workload):
         workload = scene_workload(workload, backend=backend)
@@ -155,7 +158,7 @@ def run(workload, iters=30, warmup=5, comm=None, grad_comm="sparse", transport="
     cfg = TrainConfig(iterations=10**9, sh_degree=degree, sh_increase_every=1, densify_until=0, snapshot_every=0,
                       loss=loss, **workload.settings)
     with tempfile.TemporaryDirectory() as tmp:
-        options = PipelineOptions(grad_comm=grad_comm, transport=transport)
+        options = PipelineOptions(grad_comm=grad_comm, transport=transport, **(offload or {}))
         t = make_trainer(workload.data, tmp, cfg, options, comm, backend, log=print if comm is None else say)
         t.start_from({"params": start})
         _release_cached_blocks(t.backend)  # what making the capture left: the peak is then training's
@@ -232,6 +235,9 @@ def _model_report(t, step, phases, peak, model_ranks, grad_comm, link_gbs, balan
     """The one-rank part of the report: memory per Gaussian and the largest scenes; the bytes per
     step and the cost model for each of ``model_ranks``."""
     report = {}
+    if t.store.out_of_core:
+        report.update(offload_report(t, say, peak))
+        return report
     model_bytes = t.model.nbytes() + sum(int(a.nbytes) for a in t.strategy_state.values())
     target_bytes = t.targets.nbytes
     n = len(t.model)
@@ -273,6 +279,80 @@ def _model_report(t, step, phases, peak, model_ranks, grad_comm, link_gbs, balan
         say(line)
     report.update(traffic=traffic, predicted=predicted, pixel=pixel, consolidation=consolidation)
     return report
+
+
+BILLION = 10**9  # the scene ``offload_report`` sizes on paper (TideGS's scale)
+
+
+def offload_report(t, say, measured=0, paper=BILLION):
+    """Trainer ``t``'s model out of core (one rank): where the device's bytes per working-set Gaussian go
+    (``working_set_bytes``, at the intersections per Gaussian of its last working set in its view), then
+    for this machine and the caps, the bytes per Gaussian of each tier (``tier_bytes``) and the largest
+    model it holds: the device's budget over the index (with one block's slot beside it: chunked views
+    train any view) and the largest working set beside this model's index, host memory (physical) over
+    its bytes, the free disk at --offload-dir (else the temporary folder's) over its; each tier's bytes for
+    a scene of ``paper`` Gaussians at SH degree 3; and what two options not built would make of a
+    working-set Gaussian (Adam's moments in host memory, as CLM; in bfloat16).  ``measured``: the device's
+    measured peak (0: none), said
+    beside what the itemised bytes make of the last step (the pool, its working set's buffers, the index,
+    the images and the view's per-pixel buffers).  -> the numbers."""
+    import os
+    import shutil
+    from engine.stores.offload import RowLayout
+    from engine.stores.offload.store import INTERSECTIONS_PER_GAUSSIAN, tier_bytes, working_set_bytes
+    store, n, degree = t.store, len(t.model), t.sh_degree_now()
+    held = round(store.layout.sh_bases ** 0.5) - 1  # the SH degree the rows hold
+    k, tiles = INTERSECTIONS_PER_GAUSSIAN, 0
+    model = store.last_working_set()
+    if model is not None:  # in the last step's view
+        camera = t.data.train[t._progress_view[1]].camera
+        counts = ns.project(model.gaussians, camera, sh_degree=degree, backend=t.backend, check=False).counts
+        k, tiles = float(counts.sum()) / max(len(model), 1), int(np.prod(camera.tiles))
+    items, peak = working_set_bytes(store.layout, k, tiles)
+    say(f"device bytes per working-set Gaussian at SH degree {held}, {k:.2f} tile intersections each "
+        f"(the last view's): {peak:.0f} B at the step's peak")
+    for what, size in items.items():
+        say(f"  {what}: {size:.0f} B")
+    moments = 2 * 4 * store.layout.width  # (float32 m and v)
+    options = {"moments in host memory": peak - moments, "moments in bfloat16": peak - moments // 2}
+    say(f"  not built: Adam's moments in host memory, Adam run there on the working set (CLM): "
+        f"{options['moments in host memory']:.0f} B, and {moments} B a working-set Gaussian moved each step (its "
+        f"gradients out, its parameters back); moments in bfloat16 (not exact): {options['moments in bfloat16']:.0f} B")
+    if measured:
+        say(f"peak device memory {measured / 2**30:.2f} GiB measured; the items make "
+            f"{store.step_device_bytes(k, tiles) / 2**30:.2f} GiB of the last step (its pool, its working set at "
+            f"{peak:.0f} B a Gaussian less its pool rows, the index, the images, the view's buffers)")
+    tiers = tier_bytes(store.layout, k)
+    device_ws, device_model, host, disk = tiers
+    budget = store.device_budget
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    folder = store.offload_dir if store.mode == "disk" else tempfile.gettempdir()
+    free_disk = shutil.disk_usage(folder).free
+    largest = {"host": ram // host, "disk": free_disk // disk}
+    say(f"largest models here ({n:,} Gaussians now, --offload {store.mode}):")
+    if budget is None:
+        say(f"  device: no cap (CPU backend); {device_ws:.0f} B per working-set Gaussian, {device_model} B per model "
+            "Gaussian (the index)")
+    else:
+        largest["device"] = max(0, budget - store.block_rows * device_ws) // device_model
+        largest["working set"] = int(max(0, budget - device_model * n) // device_ws)
+        say(f"  device ({budget / 2**30:.1f} GiB for the blocks and the index): {device_model} B per model Gaussian "
+            f"(the index): {largest['device'] / 1e6:,.0f}M Gaussians; beside this model's index a working set of "
+            f"{largest['working set'] / 1e6:,.1f}M Gaussians at {device_ws:.0f} B each (larger views train in chunks)")
+    say(f"  host ({ram / 2**30:.0f} GiB): {host} B per Gaussian (the table and the model gathered at a refinement "
+        f"or snapshot): {largest['host'] / 1e6:,.0f}M Gaussians")
+    say(f"  disk ({free_disk / 2**30:.0f} GiB free at {folder}): {disk} B per Gaussian: {largest['disk'] / 1e6:,.0f}M "
+        f"Gaussians{'' if store.mode == 'disk' else ' (with --offload disk)'}; host memory still holds the "
+        "whole model at a refinement or snapshot")
+    sh3 = RowLayout(16, {name: np.zeros(0, dtype) for name, dtype in store.layout.statistics.items()})
+    on_paper = tier_bytes(sh3, k)
+    ws3, index3, host3, disk3 = on_paper
+    say(f"on paper, {paper / 1e9:g}B Gaussians at SH degree 3: device {index3 * paper / 2**30:,.1f} GiB for the "
+        f"index and {ws3:.0f} B per working-set Gaussian, host {host3 * paper / 2**30:,.0f} GiB, disk "
+        f"{disk3 * paper / 2**30:,.0f} GiB")
+    return {"working_set_bytes": items, "working_set_peak_bytes": peak, "intersections_per_gaussian": k,
+            "not_built": options,
+            "tier_bytes": tiers._asdict(), "largest": largest, "on_paper": on_paper._asdict()}
 
 
 def _release_cached_blocks(backend):

@@ -11,7 +11,7 @@ import numpy as np
 from ..math.jit import drop_stale_caches
 from . import loss, optim, raster, rows, sparse, tile_loss as _tile_loss
 from .loss import as_images, l1_ssim, ssim_forward
-from .optim import adam
+from .optim import adam, adam_rows
 from .raster import (contributions, cull, depth_keys, emit_intersections, project, project_backward,
                      raster_backward, raster_forward, route, route_fill, screen_stats, tile_ranges)
 from .rows import move_rows, pool_rows, reach_boxes, row_normals
@@ -41,7 +41,7 @@ def launch_count():
     return None
 
 
-__all__ = ["FUSED_TILE_LOSS", "STATE_DTYPE", "adam", "array_module", "as_images", "contributions", "cull", "decode_add",
+__all__ = ["FUSED_TILE_LOSS", "STATE_DTYPE", "adam", "adam_rows", "array_module", "as_images", "contributions", "cull", "decode_add",
            "depth_keys", "emit_intersections", "encode", "fused_layout", "l1_ssim", "launch_count", "move_rows",
            "pool_rows", "project", "project_backward", "raster_backward", "raster_forward", "reach_boxes", "route",
            "route_fill", "row_normals", "scatter_add", "screen_stats", "ssim_forward", "tile_loss", "tile_ranges"]

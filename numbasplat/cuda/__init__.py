@@ -15,7 +15,7 @@ from . import launch
 from .fused import fused_budget, fused_layout, fused_raster_loss_backward
 from .launch import array_module
 from .loss import as_images, l1_ssim, ssim_forward
-from .optim import adam
+from .optim import adam, adam_rows
 from .raster import (contributions, cull, depth_keys, emit_intersections, project, project_backward,
                      raster_backward, raster_forward, route, route_fill, screen_stats, tile_ranges)
 from .rows import move_rows, pool_rows, reach_boxes, row_normals
@@ -31,7 +31,7 @@ def launch_count():
     return launch.launches
 
 
-__all__ = ["FUSED_TILE_LOSS", "STATE_DTYPE", "adam", "array_module", "as_images", "contributions", "cull",
+__all__ = ["FUSED_TILE_LOSS", "STATE_DTYPE", "adam", "adam_rows", "array_module", "as_images", "contributions", "cull",
            "decode_add", "depth_keys", "emit_intersections", "encode", "fused_budget", "fused_layout",
            "fused_raster_loss_backward", "l1_ssim", "launch_count", "move_rows", "pool_rows", "project",
            "project_backward", "raster_backward", "raster_forward", "reach_boxes", "route", "route_fill",

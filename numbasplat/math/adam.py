@@ -1,7 +1,7 @@
 """One Adam update of one element of the flat parameter buffer, for both backends' kernels.
 
-``adam_lr`` finds an element's learning rate from the buffer's layout (groups of N * width
-values, a rate per column of a group); it is plain Python, compiled by each backend (an
+``adam_element`` finds an element's learning rate, Gaussian and column from the buffer's layout
+(groups of N * width values, a rate per column of a group); it is plain Python, compiled by each backend (an
 inlined ``njit`` and an inlined CUDA device function) from this one source.
 """
 import math
@@ -26,18 +26,20 @@ def divide_by_width(off, w):
     return off // w
 
 
-def adam_lr(i, bounds, widths, col0, lrs, visible, use_visible):
-    """The learning rate of flat element i (its group's column), or -1 if its Gaussian is not
-    visible this step and keeps its state."""
+def adam_element(i, bounds, widths, col0, lrs, visible, use_visible):
+    """(the learning rate of flat element i (its group's column), or -1 if its Gaussian is not
+    visible this step and keeps its state; its Gaussian; its column among a Gaussian's parameters):
+    ``FlatParams``' layout (``bounds``, ``widths``, ``col0``) read backwards."""
     g = 0
     while i >= bounds[g + 1]:
         g += 1
     w = widths[g]
     off = i - bounds[g]  # int32 (bounds are int32): 64-bit division is slow on GPUs
     row = divide_by_width(off, w)
+    column = col0[g] + off - row * w
     if use_visible and not visible[row]:
-        return f32(-1.0)
-    return lrs[col0[g] + off - row * w]
+        return f32(-1.0), row, column
+    return lrs[column], row, column
 
 
 @shared

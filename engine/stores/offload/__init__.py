@@ -17,10 +17,12 @@ One step, one view:
 
 1. the view's blocks: those whose grown box the view can see, culled on the host from the boxes
    alone (``partition.visible_regions``); those the device lacks come in (the only transfers);
-2. the working set, those blocks' rows in model order, is gathered from the pool into a model of its
-   own, which renders, computes the loss and back-propagates as the single-GPU pipeline does, and
-   steps Adam on the Gaussians the view saw (visible-only Adam: ``cfg.visible_adam`` must be on)
-   with the whole model's step count; its rows go back to the pool, and its blocks' boxes are
+2. the working set, those blocks' rows in model order, trains in place on the pool: its parameters and
+   statistics are gathered into a model of its own (its moments stay in the pool's rows), which renders,
+   computes the loss and back-propagates as the single-GPU pipeline does, and steps Adam
+   (``numbasplat.optim.RowsAdam``: the moments read and written in the pool, the new parameters written
+   there and into the model) on the Gaussians the view saw (visible-only Adam: ``cfg.visible_adam`` must
+   be on) with the whole model's step count; its statistics go back to the pool, and its blocks' boxes are
    recomputed there (one kernel) for the host's culling, which reads them a step late
    (``BoxesInFlight``: the host queues the next step without waiting for this one);
    A view whose blocks outnumber the pool's slots is trained in depth-ordered chunks of the pool's rows
@@ -36,6 +38,11 @@ what any view of its batch sees) or of the pixel exchange
 (``engine.pipelines.pixel_exchange.OffloadedPixelExchangeTrainer``: the Gaussians of the rank's box that its view of
 the step sees).
 
+The device's budget (``--gpu-memory``) is spent on block slots, each holding a block's rows and room for
+them in a step's working set: ``store.working_set_bytes`` itemises a working-set Gaussian's device bytes
+from the sizes the code allocates, ``store.tier_bytes`` each tier's bytes per Gaussian (``run.py scaling
+--offload`` prints both, and the largest model each tier holds).
+
 The package: ``layout`` (the blocks' index, a row's layout, a working set's rows), ``tiers`` (host
 memory, disk), ``cache`` (the device's pool of blocks, the boxes in flight), ``chunked`` (a view in
 chunks), ``store`` (the store).
@@ -50,7 +57,8 @@ random order, as in memory: a tour's neighbouring views in a row cost quality.
 The moves overlap the kernels: where blocks move in host mode the host's table is page-locked, a
 block moves by one copy between its rows there and its slot, and the next step's blocks (a guess from
 the next view) move in on a stream of their own while this step trains (``DeviceCache.prefetch``);
-what the guess missed moves at the step, queued before its kernels.
+what the guess missed moves at the step, queued before its kernels.  In disk mode the blocks move
+through page-locked staging buffers on a GPU (``numbasplat.device.StagingRing``), a copy a block.
 """
 from dataclasses import replace
 

@@ -24,10 +24,15 @@ class DeviceCache:
     None.  With it a block moves by one copy between its host rows and its slot, queued without the
     host waiting; ``prefetch`` queues the next step's moves on a stream of their own (``CopyStream``)
     while this step's kernels run.  Without it (disk mode, or no page-locked table) the blocks come
-    from ``host.get`` and go back by ``host.put`` (on the GPU the host waits for those copies, so
-    ``prefetch`` does nothing there)."""
+    from ``host.get`` and go back by ``host.put``: on a GPU through page-locked staging buffers
+    (``staging``: ``device.StagingRing`` of ``STAGING_BLOCKS`` blocks each), a copy a block queued
+    without the host waiting for it; elsewhere, or with ``staged`` False, in one gathered copy each way,
+    which the host waits for on a GPU.  (On a GPU ``prefetch`` does nothing there: disk mode reads the
+    next blocks ahead on a thread, ``DiskBlocks.prefetch``.)"""
 
     INDEX_BYTES = 16  # a Gaussian's block and place in it on the device (int32 each), and ``pool_rows``' scan
+    STAGING_BLOCKS = 32  # blocks a staging buffer holds (two buffers: 2 x 32 x 4096 rows of 720 B at SH 3, 189 MB)
+    staged = None  # moves without ``direct`` through ``staging``: None on GPUs only; True, False: always, never
 
     def __init__(self, xp, layout, block_rows, slots, index, direct=None):
         self.xp, self.block_rows, self.direct = xp, block_rows, direct
@@ -42,6 +47,9 @@ class DeviceCache:
         self.incoming = set()  # blocks ``prefetch`` moved in that no step has used yet (counted as misses)
         self.copies = device.CopyStream()
         self.moved_bytes = self.hits = self.misses = 0
+        staged = _backend.is_device(self.pool) if self.staged is None else self.staged
+        self.staging = (device.StagingRing(self.STAGING_BLOCKS * block_rows, layout.columns_total)
+                        if direct is None and staged else None)
 
     def fetch(self, blocks, index, host):
         """Make ``blocks`` resident, the least recently used others out: the kernels queued next wait
@@ -64,8 +72,8 @@ class DeviceCache:
         """Move in those of ``blocks`` (the next step's) that are missing and fit beside ``busy`` (this
         step's, which its kernels use) and ``blocks``, on the copy stream, after the kernels queued so
         far: the moves overlap this step's kernels.  A guess: ``fetch`` moves what it missed."""
-        if self.direct is None and self.xp is not np:
-            return
+        if self.direct is None and self.xp is not np:  # (disk mode reads its next blocks ahead on a thread instead:
+            return  # blocks moved in here would be read from the disk by the host, before the step's kernels)
         missing = [int(b) for b in blocks if self.slot[b] < 0]
         keep = set(int(b) for b in blocks) | set(int(b) for b in busy)
         room = len(self.free) + sum(1 for o in self.lru if o not in keep)
@@ -100,9 +108,12 @@ class DeviceCache:
                                    index.sizes[b], stream)
             self.moved_bytes += int(index.sizes[missing].sum()) * self.pool.strides[0]
             return
-        moving = np.concatenate([host.get(b) for b in missing])
-        self.pool[self.xp.asarray(self._rows_of(missing, index))] = self.xp.asarray(moving)
-        self.moved_bytes += moving.nbytes
+        tables = [host.get(b) for b in missing]
+        self.moved_bytes += sum(t.nbytes for t in tables)
+        if self.staging is not None:  # a copy a block, from a page-locked buffer to its slot, queued
+            self.staging.upload(tables, self.pool, [int(self.slot[b]) * self.block_rows for b in missing], stream)
+            return
+        self.pool[self.xp.asarray(self._rows_of(missing, index))] = self.xp.asarray(np.concatenate(tables))
 
     def hold_all(self, table):
         """Every block resident at once: ``table`` (host or device) holds the rows block by block,
@@ -160,7 +171,7 @@ class DeviceCache:
 
     def _write_back(self, blocks, index, host, stream):
         """Resident ``blocks``' rows to ``host``: a copy a block into the page-locked table, queued on
-        ``stream``, or one copy from the device and ``host.put``."""
+        ``stream``; or through the staging buffers, or one copy from the device, and ``host.put``."""
         if not len(blocks):
             return
         if self.direct is not None:
@@ -168,6 +179,13 @@ class DeviceCache:
                 device.copy_rows(self.direct, index.starts[b], self.pool, self.slot[b] * self.block_rows,
                                    index.sizes[b], stream)
             self.moved_bytes += int(index.sizes[blocks].sum()) * self.pool.strides[0]
+            return
+        if self.staging is not None:  # a copy a block, from its slot into a page-locked buffer, then ``host.put``
+            sizes = [int(index.sizes[b]) for b in blocks]
+            slots = [int(self.slot[b]) * self.block_rows for b in blocks]
+            for b, table in zip(blocks, self.staging.download(self.pool, slots, sizes, stream)):
+                host.put(b, table)  # (a copy: the buffer is used again)
+            self.moved_bytes += sum(sizes) * self.pool.strides[0]
             return
         tables = _backend.to_host(self.pool[self.xp.asarray(self._rows_of(blocks, index))])  # (a new array)
         ends = np.cumsum(index.sizes[blocks])

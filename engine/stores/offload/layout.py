@@ -6,7 +6,7 @@ from collections import namedtuple
 import numpy as np
 
 from numbasplat import backend as _backend
-from numbasplat.optim import GROUPS, FlatParams, group_widths
+from numbasplat.optim import GROUPS, FlatParams, RowsAdam, group_widths
 from numbasplat.rows import flat_to_rows, rows_to_flat
 
 from engine.pipelines.partition import GROW_PX, REACH, cluster_boxes, morton_codes, visible_regions
@@ -128,9 +128,15 @@ class RowLayout:
             return
         for part, buffer in enumerate(buffers):
             flat_to_rows(buffer, rows, self._plan(xp, part * w, (part + 1) * w), table, model.backend)
+        self.store_statistics(statistics, table, rows, xp, model.backend)
+
+    def store_statistics(self, statistics, table, rows, xp, backend):
+        """Write ``statistics`` (missing ones: zeros) into rows ``rows`` (on ``xp``'s device) of ``table``, a
+        kernel per statistic: all a working set trained in place (``model(in_place=True)``) has to write back."""
+        n, w = int(rows.shape[0]), self.width
         for j, k in enumerate(self.statistics):
             column = xp.asarray(statistics[k], np.float32) if k in statistics else xp.zeros(n, np.float32)
-            flat_to_rows(column, rows, self._plan(xp, 3 * w + j, 3 * w + j + 1), table, model.backend)
+            flat_to_rows(column, rows, self._plan(xp, 3 * w + j, 3 * w + j + 1), table, backend)
 
     def table(self, model, statistics, xp=None):
         """The (N, columns) table of ``model`` and ``statistics`` (``store``'s), on ``xp``'s device."""
@@ -140,20 +146,48 @@ class RowLayout:
         self.store(model, statistics, out, model.xp.arange(len(model)))
         return out
 
-    def model(self, table, step, backend, rows=None, betas=(0.9, 0.999)):
+    def model_columns(self, in_place):
+        """The table's column ranges that ``model`` copies into its array: every one, or ``in_place`` the
+        parameters and the statistics."""
+        w = self.width
+        return [(0, w), (3 * w, self.columns_total)] if in_place else [(0, self.columns_total)]
+
+    def model_bytes(self, in_place):
+        """Bytes per Gaussian that ``model`` allocates: its array (``model_columns``, float32), and the
+        statistics not of float32, which are copies of their columns there, not views."""
+        copies = sum(dtype.itemsize for dtype in self.statistics.values() if dtype != np.float32)
+        return 4 * sum(b - a for a, b in self.model_columns(in_place)) + copies
+
+    def model(self, table, step, backend, rows=None, betas=(0.9, 0.999), in_place=False):
         """-> (``GaussianModel`` on ``backend`` with Adam at ``step`` and ``betas``, statistics) of the rows
-        ``rows`` (default: all) of ``table``; the model trains on views of one array that ``store`` writes back."""
+        ``rows`` (default: all) of ``table``; the model trains on views of one array that ``store`` writes back.
+        ``in_place``: that array holds the parameters and statistics alone, and Adam (``RowsAdam``) reads
+        and writes the moments in ``table``'s rows and writes the new parameters there too: a working set
+        trained on its pool rows without a second copy of its moments (``store_statistics`` writes back
+        the rest); its gradients are made at their first use (``GaussianModel.release_grads``)."""
         xp = _backend.array_module(backend)
         table = xp.asarray(table)
         rows = xp.arange(len(table)) if rows is None else xp.asarray(rows, np.int64)
         n, w = int(rows.shape[0]), self.width
-        flat = xp.empty(n * self.columns_total, np.float32)
-        rows_to_flat(table, rows, self._plan(xp), flat, backend)
+        moved = self.model_columns(in_place)
+        flat = xp.empty(n * sum(b - a for a, b in moved), np.float32)
+        at = 0
+        for a, b in moved:
+            rows_to_flat(table, rows, self._plan(xp, a, b), flat[at:at + n * (b - a)], backend)
+            at += n * (b - a)
         params = FlatParams(n, self.sh_bases, xp, data=flat[:n * w])
-        model = GaussianModel.from_flat(params, flat[n * w:2 * n * w], flat[2 * n * w:3 * n * w], step, backend,
-                                        *betas)
-        model._rows_flat = (flat, (model.params.data, model.adam.m, model.adam.v))
-        statistics = {k: flat[(3 * w + j) * n:(3 * w + j + 1) * n].astype(dtype, copy=False)  # (float32: views)
+        if in_place:
+            model = GaussianModel.from_flat(params, flat[:0], flat[:0], step, backend, *betas, grads=False)
+            model.adam = RowsAdam(params, *betas, backend=model.backend, table=table, rows=rows,
+                                  columns=(0, w, 2 * w))  # (a row: parameters, m, v, statistics)
+            model.adam.step_count = int(step)
+            first = n * w
+        else:
+            model = GaussianModel.from_flat(params, flat[n * w:2 * n * w], flat[2 * n * w:3 * n * w], step, backend,
+                                            *betas)
+            model._rows_flat = (flat, (model.params.data, model.adam.m, model.adam.v))
+            first = 3 * n * w
+        statistics = {k: flat[first + j * n:first + (j + 1) * n].astype(dtype, copy=False)  # (float32: views)
                       for j, (k, dtype) in enumerate(self.statistics.items())}
         return model, statistics
 

@@ -1,6 +1,7 @@
 """The model out of core as a pipeline's store (``engine.stores.memory``): its blocks' tiers, the device's
 pool, and the working set of the views that a step trains (``OutOfCoreStore``)."""
 import resource
+from collections import namedtuple
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -8,16 +9,63 @@ import numpy as np
 
 from numbasplat import backend as _backend
 from numbasplat import device
+from numbasplat.rendering import (BINNING_GAUSSIAN_BYTES, binning_intersection_bytes, gradient_record_bytes,
+                                  projection_bytes, sort_scratch_bytes)
 from numbasplat.rows import reach_boxes
 
 from engine.pipelines.partition import REACH, morton_codes
-from engine.recipe.strategy import BYTES_PER_GAUSSIAN
 from .cache import BoxesInFlight, DeviceCache
 from .chunked import ChunkedView
 from .layout import BLOCK_ROWS, BlockIndex, RowLayout, WorkingRows, format_bytes, frustum_part
 from .tiers import DiskBlocks, HostBlocks
 
 GPU_SHARE = 0.8  # --gpu-memory 0: this share of the device memory free at the start
+INTERSECTIONS_PER_GAUSSIAN = 8.0  # the tile intersections per working-set Gaussian that the device's budget
+# assumes (``working_set_bytes``): a view's binning takes 22 B each at its peak, and a GPU's sort 12 B more
+VIEW_BYTES_PER_PIXEL = 24 + 36 + 12 + 12 + 8 + 2 * 24  # the device's budget keeps room for the largest view's
+# per-pixel buffers: the render (image, transmittance, depth, last), the loss (the SSIM maps, the image's
+# gradient, the target in float32), the raster backward's alpha and depth gradients, a chunked view's two
+# pixel states (float32 on a GPU; numbasplat.rendering.STATE_FIELDS)
+
+
+def working_set_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN, tiles=0):
+    """-> ({what: device bytes per working-set Gaussian}, the step's peak of them): where an out-of-core step's
+    device memory goes, per Gaussian of its working set with ``intersections`` tile intersections on average
+    (over ``tiles`` tiles: the sort keys' width), from the sizes that the code allocates (``layout``: the
+    rows' ``RowLayout``; the functions of ``numbasplat.rendering`` that size ``project``'s, ``bin_tiles``' and
+    ``rasterize_backward``'s buffers; a GPU's sort scratch is an estimate).  The pool's rows and the working
+    set's buffers live through the step; the binning's peak (its sorts) and the backward's (the gradient
+    records, the sorted ids the binning kept, the parameters' gradients, made there and let go at the
+    check-in) come one after the other, so the peak counts the larger.  Per view, not per Gaussian (not here: ``VIEW_BYTES_PER_PIXEL``): the render and the loss's
+    buffers; per model Gaussian: the index (``DeviceCache.INDEX_BYTES``)."""
+    lasting = {
+        "pool rows: parameters, Adam's moments, statistics": layout.row_bytes,
+        "working copy: parameters, statistics (its moments stay in the pool)": layout.model_bytes(in_place=True),
+        "projection: records, radii, tile counts": projection_bytes(),
+        "the working set's pool rows, visible mask": 8 + 1,
+    }
+    binning = BINNING_GAUSSIAN_BYTES + intersections * binning_intersection_bytes(tiles)
+    scratch = intersections * sort_scratch_bytes(tiles)
+    backward = gradient_record_bytes() + intersections * 4 + 4 * layout.width
+    items = {**lasting, "binning at its peak: depth order, intersections and their sort": binning,
+             "binning's sort scratch on a GPU (an estimate)": scratch,
+             "backward: gradient records, the sorted intersections' ids, the parameters' gradients": backward}
+    return items, sum(lasting.values()) + max(binning + scratch, backward)
+
+
+TierBytes = namedtuple("TierBytes", "working_set index host disk")
+
+
+def tier_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN):
+    """-> ``TierBytes``: the bytes per Gaussian of each tier of a model out of core in ``layout``'s rows
+    (``--offload``): on the device per working-set Gaussian (``working_set``: ``working_set_bytes``' peak)
+    and per model Gaussian (``index``: ``DeviceCache.INDEX_BYTES``); in host memory per model Gaussian at a
+    refinement or a snapshot, which gather the whole model there (``_gather_whole``): in host mode the
+    blocks' table and the model's arrays made of it, in disk mode a table of the blocks in model order and
+    those arrays (its cache of blocks, capped by --host-memory, besides); on the disk per model Gaussian
+    (disk mode: the blocks' files)."""
+    return TierBytes(working_set_bytes(layout, intersections)[1], DeviceCache.INDEX_BYTES, 2 * layout.row_bytes,
+                     layout.row_bytes)
 
 
 class OutOfCoreModel:
@@ -62,6 +110,7 @@ class OutOfCoreStore:
         self.mode, self.offload_dir, self.host_memory = mode, offload_dir, host_memory
         self.gpu_memory, self.prefetch, self.block_rows, self.shard = int(gpu_memory), prefetch, block_rows, shard
         self.host = self.index = self.layout = self.cache = self.boxes = None
+        self.device_budget = None  # device bytes for the pool and the index (``_slots``; None: no cap)
 
     def open(self, backend, views, images_bytes, betas, fresh_statistics):
         """Ready the store for a trainer on ``backend`` whose training ``views`` (``.camera``, ``.name``)
@@ -155,6 +204,19 @@ class OutOfCoreStore:
             self.boxes.settle()
             seen = gaussians.take(self.index.rows(self.index.visible(camera)))
         return type(seen)(**{k: self.xp.asarray(a) for k, a in seen.arrays().items()})
+
+    def last_working_set(self):
+        """The last step's working set as a model on the device (None: none, or a chunked view's)."""
+        return self._working[1] if self._working is not None else None
+
+    def step_device_bytes(self, intersections, tiles=0):
+        """Device bytes that ``working_set_bytes`` (at ``intersections`` per Gaussian over ``tiles``) makes of
+        the last step: the pool, its working set's buffers beside their pool rows, the index, the training
+        images and the largest view's per-pixel buffers."""
+        count = self._in_pool.count if self._in_pool is not None else 0
+        peak = working_set_bytes(self.layout, intersections, tiles)[1]
+        return (int(self.cache.pool.nbytes) + count * (peak - self.layout.row_bytes)
+                + DeviceCache.INDEX_BYTES * len(self.index) + self.images_bytes + self._view_bytes())
 
     def prefers_tour(self, below):
         """Whether the device's pool holds under the share ``below`` of the blocks (views in a tour along
@@ -426,20 +488,33 @@ class OutOfCoreStore:
 
     def _slot_bytes(self):
         """Device bytes a block slot takes: its rows' table, and room for them in a step's working set
-        (the strategy's estimate of a Gaussian's parameters, gradients, moments and per-step buffers)."""
-        return self.block_rows * (self.layout.row_bytes + BYTES_PER_GAUSSIAN)
+        (``working_set_bytes``' peak)."""
+        return int(np.ceil(self.block_rows * working_set_bytes(self.layout)[1]))
 
     def _slots(self, n):
         """How many block slots the device may hold, besides the index of ``n`` Gaussians there and the
-        training images (which the cap counts too)."""
-        budget = self.gpu_memory - self.images_bytes
-        if not self.gpu_memory:
-            if not _backend.on_gpu(self.backend):
-                return 1 << 62  # no cap: every block may stay
-            import cupy
-            free, _ = cupy.cuda.runtime.memGetInfo()
-            budget = int(GPU_SHARE * (free + cupy.get_default_memory_pool().free_bytes()))
-        return max(0, budget - DeviceCache.INDEX_BYTES * n) // self._slot_bytes()
+        training images (which the cap counts too); the budget kept in ``device_budget``."""
+        self.device_budget = self._device_budget()
+        if self.device_budget is None:
+            return 1 << 62  # no cap: every block may stay
+        return max(0, self.device_budget - DeviceCache.INDEX_BYTES * n) // self._slot_bytes()
+
+    def _view_bytes(self):
+        """Device bytes of the largest training view's per-pixel buffers (``VIEW_BYTES_PER_PIXEL``)."""
+        return VIEW_BYTES_PER_PIXEL * max((v.camera.width * v.camera.height for v in self.views), default=0)
+
+    def _device_budget(self):
+        """Device bytes for the pool and the index: ``gpu_memory`` less the training images, or where it is
+        0, ``GPU_SHARE`` of the device's free memory now (the images already in it); less room for the
+        largest view's per-pixel buffers (``VIEW_BYTES_PER_PIXEL``); None on the CPU backend without a cap."""
+        view = self._view_bytes()
+        if self.gpu_memory:
+            return self.gpu_memory - self.images_bytes - view
+        if not _backend.on_gpu(self.backend):
+            return None
+        import cupy
+        free, _ = cupy.cuda.runtime.memGetInfo()
+        return int(GPU_SHARE * (free + cupy.get_default_memory_pool().free_bytes())) - view
 
     def _gather_whole(self):
         """-> (the whole model on the host, its statistics): the device's changed blocks written back
@@ -468,7 +543,8 @@ class OutOfCoreStore:
         if len(blocks) > self.cache.slots:
             chunked = self.chunked_views and len(views) == 1
             slots = 1 if chunked else len(blocks)  # (chunks need one block's room; else the whole working set)
-            need = slots * self._slot_bytes() + DeviceCache.INDEX_BYTES * len(self.index) + self.images_bytes
+            need = (slots * self._slot_bytes() + DeviceCache.INDEX_BYTES * len(self.index) + self.images_bytes
+                    + self._view_bytes())
             if chunked and self.cache.slots >= 1:
                 self._waits.append(waited.stop())
                 return self._chunked(views[0], blocks)
@@ -513,19 +589,21 @@ class OutOfCoreStore:
 
     def rows_in(self, rows):
         """-> (the model rows ``rows`` (host, model order) as a model on the device with Adam at the store's
-        step, their statistics): gathered from the host's tier into the pool's first rows."""
+        step, their statistics): gathered from the host's tier into the pool's first rows (one copy, no
+        array of them on the device besides), and trained in place there as a working set is
+        (``_load_working``)."""
         n = len(rows)
         table = self._host_rows(rows)
-        self.cache.pool[:n] = self.xp.asarray(table)
+        device.copy_rows(self.cache.pool, 0, table, 0, n)
         self.cache.moved_bytes += table.nbytes
         return self.layout.model(self.cache.pool, self._adam_steps, self.backend, rows=self.xp.arange(n),
-                                 betas=self.betas)
+                                 betas=self.betas, in_place=True)
 
     def rows_out(self, rows, model, statistics):
         """``rows_in``'s ``model`` and ``statistics`` of the model rows ``rows``, trained, back to the host's
-        tier (through the pool's first rows)."""
+        tier (through the pool's first rows, where Adam wrote the parameters and moments)."""
         n = len(rows)
-        self.layout.store(model, statistics, self.cache.pool, self.xp.arange(n))
+        self.layout.store_statistics(statistics, self.cache.pool, self.xp.arange(n), self.xp, self.backend)
         table = _backend.to_host(self.cache.pool[:n])
         self.cache.moved_bytes += table.nbytes
         index = self.index
@@ -575,17 +653,22 @@ class OutOfCoreStore:
 
     def _load_working(self, in_pool):
         """-> (the model of the working set ``in_pool``, its statistics) on the device: the last step's
-        as it is where its rows are the same, else gathered from the pool."""
+        as it is where its rows are the same, else gathered from the pool.  It trains in place: its
+        parameters and statistics are a copy, its moments stay in the pool's rows, where Adam writes the
+        new parameters too (``RowLayout.model(in_place=True)``)."""
         if self._working is None or self._working[0] is not in_pool:
+            self._working = None  # (the last working set's buffers free before this one's are made)
             self._working = (in_pool, *self.layout.model(self.cache.pool, self._adam_steps, self.backend,
-                                                         rows=in_pool.rows, betas=self.betas))
+                                                         rows=in_pool.rows, betas=self.betas, in_place=True))
         return self._working[1:]
 
     def _store_working(self, working, statistics, in_pool, lr_means, lr_scales):
-        """The trained working set back to the pool (parameters, moments, statistics); its blocks' boxes
-        recomputed there and read a step late (their growth bounded by the step's learning rates)."""
+        """The trained working set's statistics back to the pool (Adam wrote its parameters and moments there);
+        its blocks' boxes recomputed there and read a step late (their growth bounded by the step's learning
+        rates)."""
         self._adam_steps = working.adam.step_count
-        self.layout.store(working, statistics, self.cache.pool, in_pool.rows)
+        working.release_grads()  # (made again at the next step's backward: the binning's peak does without them)
+        self.layout.store_statistics(statistics, self.cache.pool, in_pool.rows, self.xp, self.backend)
         self.cache.dirty.update(int(b) for b in in_pool.blocks)
         self._whole = None
         reach = self.cache.boxes(in_pool.starts, in_pool.sizes, self.layout)
