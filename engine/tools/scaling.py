@@ -296,8 +296,6 @@ def offload_report(t, say, measured=0, paper=BILLION):
     measured peak (0: none), said
     beside what the itemised bytes make of the last step (the pool, its working set's buffers, the index,
     the images and the view's per-pixel buffers).  -> the numbers."""
-    import os
-    import shutil
     from engine.stores.offload import RowLayout
     from engine.stores.offload.store import INTERSECTIONS_PER_GAUSSIAN, tier_bytes, working_set_bytes
     store, n, degree = t.store, len(t.model), t.sh_degree_now()
@@ -322,6 +320,25 @@ def offload_report(t, say, measured=0, paper=BILLION):
         say(f"peak device memory {measured / 2**30:.2f} GiB measured; the items make "
             f"{store.step_device_bytes(k, tiles) / 2**30:.2f} GiB of the last step (its pool, its working set at "
             f"{peak:.0f} B a Gaussian less its pool rows, the index, the images, the view's buffers)")
+    tiers, largest = _largest_models(store, n, k, say)
+    sh3 = RowLayout(16, {name: np.zeros(0, dtype) for name, dtype in store.layout.statistics.items()})
+    on_paper = tier_bytes(sh3, k)
+    ws3, index3, host3, disk3 = on_paper
+    say(f"on paper, {paper / 1e9:g}B Gaussians at SH degree 3: device {index3 * paper / 2**30:,.1f} GiB for the "
+        f"index and {ws3:.0f} B per working-set Gaussian, host {host3 * paper / 2**30:,.0f} GiB, disk "
+        f"{disk3 * paper / 2**30:,.0f} GiB")
+    return {"working_set_bytes": items, "working_set_peak_bytes": peak, "intersections_per_gaussian": k,
+            "not_built": options,
+            "tier_bytes": tiers._asdict(), "largest": largest, "on_paper": on_paper._asdict()}
+
+
+def _largest_models(store, n, k, say):
+    """``offload_report``'s largest models here: each tier's bytes per Gaussian (``tier_bytes``, at ``k``
+    intersections a Gaussian) and the largest model that the device's budget, host memory and the free
+    disk hold, said (``n``: the model's Gaussians now).  -> (the tiers' bytes, {tier: Gaussians})."""
+    import os
+    import shutil
+    from engine.stores.offload.store import tier_bytes
     tiers = tier_bytes(store.layout, k)
     device_ws, device_model, host, disk = tiers
     budget = store.device_budget
@@ -344,15 +361,7 @@ def offload_report(t, say, measured=0, paper=BILLION):
     say(f"  disk ({free_disk / 2**30:.0f} GiB free at {folder}): {disk} B per Gaussian: {largest['disk'] / 1e6:,.0f}M "
         f"Gaussians{'' if store.mode == 'disk' else ' (with --offload disk)'}; host memory still holds the "
         "whole model at a refinement or snapshot")
-    sh3 = RowLayout(16, {name: np.zeros(0, dtype) for name, dtype in store.layout.statistics.items()})
-    on_paper = tier_bytes(sh3, k)
-    ws3, index3, host3, disk3 = on_paper
-    say(f"on paper, {paper / 1e9:g}B Gaussians at SH degree 3: device {index3 * paper / 2**30:,.1f} GiB for the "
-        f"index and {ws3:.0f} B per working-set Gaussian, host {host3 * paper / 2**30:,.0f} GiB, disk "
-        f"{disk3 * paper / 2**30:,.0f} GiB")
-    return {"working_set_bytes": items, "working_set_peak_bytes": peak, "intersections_per_gaussian": k,
-            "not_built": options,
-            "tier_bytes": tiers._asdict(), "largest": largest, "on_paper": on_paper._asdict()}
+    return tiers, largest
 
 
 def _release_cached_blocks(backend):
