@@ -301,6 +301,40 @@ def test_consolidation_buckets_views_of_disjoint_ranks_in_order():
     assert u["utilisation_after"] == pytest.approx((4 + 2 + 3) / 3 / 4)
 
 
+class _StubAllgather:
+    """A stand-in communicator whose ``Allgather`` keeps the caller's buffer as ``rank``'s (in ``sent``)
+    and answers with every rank's buffer kept so far (zeros for those not yet sent)."""
+
+    def __init__(self, rank, size, sent):
+        self.rank, self.size, self.sent = rank, size, sent
+
+    def Get_size(self):
+        return self.size
+
+    def Allgather(self, send, recv):
+        self.sent[self.rank] = send.copy()
+        for r in range(self.size):
+            recv[r] = self.sent.get(r, 0)
+
+
+def test_covered_tiles_gathered_as_bits_are_every_ranks_tiles_of_the_views_it_takes_part_in():
+    """``_allgather_covered``: three ranks, views of tile counts that are not whole bytes, a rank in some
+    views only; each rank's {view: covered tiles} comes back as it was sent, for its views alone."""
+    from types import SimpleNamespace
+    from engine.pipelines.pixel_exchange import _allgather_covered
+    plans = [SimpleNamespace(n_tiles=5, composers=[0, 2]), SimpleNamespace(n_tiles=12, composers=[1, 2]),
+             SimpleNamespace(n_tiles=3, composers=[0, 1, 2])]
+    rng = np.random.default_rng(1)
+    mine = [{k: rng.random(p.n_tiles) < 0.5 for k, p in enumerate(plans) if r in p.composers} for r in range(3)]
+    sent = {}
+    for r in range(3):
+        got = _allgather_covered(_StubAllgather(r, 3, sent), plans, mine[r])
+    assert [sorted(d) for d in got] == [[0, 2], [1, 2], [0, 1, 2]]
+    for r in range(3):
+        for k, tiles in mine[r].items():
+            np.testing.assert_array_equal(got[r][k], tiles, err_msg=f"rank {r} view {k}")
+
+
 def test_a_rank_holding_part_of_the_sky_takes_part_only_in_the_views_that_see_its_gaussians():
     """Rank 0 holds one cluster and a sky far above both; rank 1 the other cluster.  One box over
     rank 0's Gaussians would span rank 1's cluster too (every view would count rank 0); its boxes of
