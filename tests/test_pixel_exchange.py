@@ -288,6 +288,22 @@ def test_saturated_tiles_are_skipped_on_later_visits_at_the_loss_of_at_most_thei
     assert np.abs(losses - full).max() < 1e-3 * full.max(), (losses, full)
 
 
+def test_saturation_marks_each_rank_behind_where_the_light_in_front_of_it_is_spent():
+    """``Saturation.saturated`` on three ranks in the order 2, 0, 1 over a 2x2-tile view: the front
+    rank is never marked; rank 0 where the front layer's light is spent, rank 1 where the product of the
+    two layers in front of it is (each tile alone, and only where all its pixels are dark)."""
+    from engine.pipelines.pixel_exchange import SATURATED, Saturation
+    trans = np.ones((3, 32, 32), np.float32)  # the layers in the order's positions: front, middle, back
+    trans[0, :16, :16] = 0.0                          # tile 0: the front layer spends it
+    trans[0, :16, 16:] = trans[1, :16, 16:] = 0.5 * SATURATED ** 0.5  # tile 1: only the two in front together
+    trans[0, 16:, :16] = 0.0
+    trans[0, 31, 0] = 1.0                             # tile 2: one pixel lit: not saturated
+    marks = Saturation.saturated(trans, [2, 0, 1], 0, 4, 3)
+    np.testing.assert_array_equal(marks, [[True, False, False, False], [True, True, False, False],
+                                          [False, False, False, False]])
+    np.testing.assert_array_equal(Saturation.saturated(trans, [2, 0, 1], 1, 3, 3), marks[:, 1:3])
+
+
 def test_consolidation_buckets_views_of_disjoint_ranks_in_order():
     from engine.pipelines.pixel_exchange import consolidate, utilisation
     parts = [frozenset(s) for s in ({0}, {1}, {0, 1}, {2}, {1, 2}, {0}, {3})]

@@ -263,14 +263,17 @@ class Saturation:
     def saturated(trans, order, lo, hi, ranks):
         """(ranks, hi - lo) bool: the composer's tiles lo..hi-1 that each rank's box may skip: the light
         reaching it (the product of the transmittances in front, ``trans`` in ``order``) stays under
-        ``SATURATED`` on every pixel of the tile."""
+        ``SATURATED`` on every pixel of the tile.  The ranks behind the first are read in one copy to
+        the host (one device wait, not one a rank)."""
         xp = _backend.array_module_of(trans)
         marks = np.zeros((ranks, hi - lo), bool)
-        reach = xp.ones(trans.shape[1:], trans.dtype)
-        for k, s in enumerate(order):
+        reach, behind = xp.ones(trans.shape[1:], trans.dtype), []
+        for k in range(len(order)):
             if k:
-                marks[s] = _backend.to_host(image_tiles(reach[..., None], lo, hi).max(axis=1) < SATURATED)
+                behind.append(image_tiles(reach[..., None], lo, hi).max(axis=1) < SATURATED)
             reach = reach * trans[k]
+        if behind:
+            marks[list(order[1:])] = _backend.to_host(xp.stack(behind))
         return marks
 
     def update(self, view, marks):
