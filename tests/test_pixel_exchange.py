@@ -288,6 +288,22 @@ def test_saturated_tiles_are_skipped_on_later_visits_at_the_loss_of_at_most_thei
     assert np.abs(losses - full).max() < 1e-3 * full.max(), (losses, full)
 
 
+def test_saturation_marks_each_rank_behind_where_the_light_in_front_of_it_is_spent():
+    """``Saturation.saturated`` on three ranks in the order 2, 0, 1 over a 2x2-tile view: the front
+    rank is never marked; rank 0 where the front layer's light is spent, rank 1 where the product of the
+    two layers in front of it is (each tile alone, and only where all its pixels are dark)."""
+    from engine.pipelines.pixel_exchange import SATURATED, Saturation
+    trans = np.ones((3, 32, 32), np.float32)  # the layers in the order's positions: front, middle, back
+    trans[0, :16, :16] = 0.0                          # tile 0: the front layer spends it
+    trans[0, :16, 16:] = trans[1, :16, 16:] = 0.5 * SATURATED ** 0.5  # tile 1: only the two in front together
+    trans[0, 16:, :16] = 0.0
+    trans[0, 31, 0] = 1.0                             # tile 2: one pixel lit: not saturated
+    marks = Saturation.saturated(trans, [2, 0, 1], 0, 4, 3)
+    np.testing.assert_array_equal(marks, [[True, False, False, False], [True, True, False, False],
+                                          [False, False, False, False]])
+    np.testing.assert_array_equal(Saturation.saturated(trans, [2, 0, 1], 1, 3, 3), marks[:, 1:3])
+
+
 def test_consolidation_buckets_views_of_disjoint_ranks_in_order():
     from engine.pipelines.pixel_exchange import consolidate, utilisation
     parts = [frozenset(s) for s in ({0}, {1}, {0, 1}, {2}, {1, 2}, {0}, {3})]
@@ -299,6 +315,40 @@ def test_consolidation_buckets_views_of_disjoint_ranks_in_order():
     u = utilisation(parts, buckets, 4)
     assert u["utilisation_before"] == pytest.approx(9 / 7 / 4)
     assert u["utilisation_after"] == pytest.approx((4 + 2 + 3) / 3 / 4)
+
+
+class _StubAllgather:
+    """A stand-in communicator whose ``Allgather`` keeps the caller's buffer as ``rank``'s (in ``sent``)
+    and answers with every rank's buffer kept so far (zeros for those not yet sent)."""
+
+    def __init__(self, rank, size, sent):
+        self.rank, self.size, self.sent = rank, size, sent
+
+    def Get_size(self):
+        return self.size
+
+    def Allgather(self, send, recv):
+        self.sent[self.rank] = send.copy()
+        for r in range(self.size):
+            recv[r] = self.sent.get(r, 0)
+
+
+def test_covered_tiles_gathered_as_bits_are_every_ranks_tiles_of_the_views_it_takes_part_in():
+    """``_allgather_covered``: three ranks, views of tile counts that are not whole bytes, a rank in some
+    views only; each rank's {view: covered tiles} comes back as it was sent, for its views alone."""
+    from types import SimpleNamespace
+    from engine.pipelines.pixel_exchange import _allgather_covered
+    plans = [SimpleNamespace(n_tiles=5, composers=[0, 2]), SimpleNamespace(n_tiles=12, composers=[1, 2]),
+             SimpleNamespace(n_tiles=3, composers=[0, 1, 2])]
+    rng = np.random.default_rng(1)
+    mine = [{k: rng.random(p.n_tiles) < 0.5 for k, p in enumerate(plans) if r in p.composers} for r in range(3)]
+    sent = {}
+    for r in range(3):
+        got = _allgather_covered(_StubAllgather(r, 3, sent), plans, mine[r])
+    assert [sorted(d) for d in got] == [[0, 2], [1, 2], [0, 1, 2]]
+    for r in range(3):
+        for k, tiles in mine[r].items():
+            np.testing.assert_array_equal(got[r][k], tiles, err_msg=f"rank {r} view {k}")
 
 
 def test_a_rank_holding_part_of_the_sky_takes_part_only_in_the_views_that_see_its_gaussians():

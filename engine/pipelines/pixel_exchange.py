@@ -145,6 +145,7 @@ class StepInFlight(NamedTuple):
     first: int  # the images trained before it
     drawn_from: tuple  # (the RNG's state, the epoch's order, its buckets, the utilisation) before its views were
     # drawn; None without steps rendered ahead
+    marks_anew: bool  # whether any view of it is composed in full and marked anew (the same on every rank)
 
     @property
     def end(self):
@@ -249,22 +250,30 @@ class Saturation:
 
     def marks(self, view, epoch, n_tiles):
         """(ranks, tiles) bool marks to use for ``view`` in ``epoch``; None: compose it fully (and mark)."""
-        if view not in self.packed or epoch % self.every == 0:
+        if self.composes_in_full(view, epoch):
             return None
         return np.unpackbits(self.packed[view], count=self.ranks * n_tiles).reshape(self.ranks, n_tiles).astype(bool)
+
+    def composes_in_full(self, view, epoch):
+        """Whether ``view`` is composed in full in ``epoch`` (and marked anew): the same on every rank,
+        as every rank keeps the same marks."""
+        return view not in self.packed or epoch % self.every == 0
 
     @staticmethod
     def saturated(trans, order, lo, hi, ranks):
         """(ranks, hi - lo) bool: the composer's tiles lo..hi-1 that each rank's box may skip: the light
         reaching it (the product of the transmittances in front, ``trans`` in ``order``) stays under
-        ``SATURATED`` on every pixel of the tile."""
+        ``SATURATED`` on every pixel of the tile.  The ranks behind the first are read in one copy to
+        the host (one device wait, not one a rank)."""
         xp = _backend.array_module_of(trans)
         marks = np.zeros((ranks, hi - lo), bool)
-        reach = xp.ones(trans.shape[1:], trans.dtype)
-        for k, s in enumerate(order):
+        reach, behind = xp.ones(trans.shape[1:], trans.dtype), []
+        for k in range(len(order)):
             if k:
-                marks[s] = _backend.to_host(image_tiles(reach[..., None], lo, hi).max(axis=1) < SATURATED)
+                behind.append(image_tiles(reach[..., None], lo, hi).max(axis=1) < SATURATED)
             reach = reach * trans[k]
+        if behind:
+            marks[list(order[1:])] = _backend.to_host(xp.stack(behind))
         return marks
 
     def update(self, view, marks):
@@ -461,7 +470,8 @@ class PixelExchangeTrainer(RankedTrainer):
         model, state = self.store.checkout([views[k] for k in mine], self.upcoming_views(len(mine)))
         renders = {k: self._render(model, plans[k], views[k], epoch, degree,
                                    bg if plans[k].order[-1] == self.rank else none, clock) for k in mine}
-        return StepInFlight(views, plans, mine, model, state, renders, bg, first, drawn_from)
+        marks_anew = self.saturation is not None and any(self.saturation.composes_in_full(v, epoch) for v in views)
+        return StepInFlight(views, plans, mine, model, state, renders, bg, first, drawn_from, marks_anew)
 
     def _settles_after(self, step):
         """Whether no step may be rendered ahead past ``step`` (a ``StepInFlight``): where the training
@@ -510,7 +520,7 @@ class PixelExchangeTrainer(RankedTrainer):
         all the step's views.  -> (every rank's covered tiles per view, the tiles sent, the tiles
         received and their ``TileMessages``)."""
         me, plans, renders = self.rank, flight.plans, flight.renders
-        covered = self.comm.allgather({k: r.covered.get() for k, r in renders.items()})
+        covered = _allgather_covered(self.comm, plans, {k: r.covered.get() for k, r in renders.items()})
         send, recv_tiles = TileMessages(self.size), TileMessages(self.size)
         for k in flight.mine:
             plan, j_me = plans[k], plans[k].composers.index(me)
@@ -543,7 +553,7 @@ class PixelExchangeTrainer(RankedTrainer):
                 grads[s, k] = image_tiles(d_layers[layer], ids - first)
             for j, d in enumerate(plan.composers):
                 returned.add(d, k, _covered_tiles(covered, me, k, *plan.range(j)))
-        if self.saturation is not None:
+        if flight.marks_anew:
             self._update_marks(flight.views, flight.plans,
                                [m for block in self.comm.allgather(new_marks) for m in block])
         return shares, back, returned, grads
@@ -718,6 +728,23 @@ class OffloadedPixelExchangeTrainer(PixelExchangeTrainer):
                                           block_rows, shard=True)
         super().__init__(dataset, out_dir, cfg, comm, backend, log, transport, saturation, revalidate_every,
                          consolidation, batch_size, store=store)  # (no steps rendered ahead: each loads its own)
+
+
+def _allgather_covered(comm, plans, mine):
+    """Every rank's covered tiles of the step's views (``mine``: this rank's, {view: (tiles,) bool}),
+    as [{view: (tiles,) bool}] a rank, a rank's dict holding the views it takes part in.  One
+    fixed-size allgather of bits: every rank knows the step's plans, so the layout (each view's tiles
+    in the step's order) needs no sizes exchanged and no pickling.  Collective."""
+    starts = np.cumsum([0] + [plan.n_tiles for plan in plans])
+    bits = np.zeros(int(starts[-1]), bool)
+    for k, tiles in mine.items():
+        bits[starts[k]:starts[k + 1]] = tiles
+    packed = np.packbits(bits)
+    every = np.empty((comm.Get_size(), len(packed)), np.uint8)
+    comm.Allgather(packed, every)
+    every = np.unpackbits(every, axis=1, count=len(bits)).astype(bool)
+    return [{k: every[r, starts[k]:starts[k + 1]] for k, plan in enumerate(plans) if r in plan.composers}
+            for r in range(len(every))]
 
 
 def _covered_tiles(covered, source, k, first, last):
