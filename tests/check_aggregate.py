@@ -66,22 +66,13 @@ def train(dataset, out, parts, args):
 
 
 def split_gradients(t, parts, deterministic):
-    """One view's loss gradients of trainer ``t``'s model through ``Placement(parts)`` (host arrays):
-    projection, binning, raster, loss, raster backward and projection backward, each split ``parts`` ways."""
-    import numbasplat as ns
-    from numbasplat.placement import Placement
-    placement = Placement(parts, t.backend)
-    g, cam = t.model.gaussians, t.data.train[0].camera
-    p = placement.project(g, cam, sh_degree=t.cfg.sh_degree, antialias=t.cfg.antialias)
-    b = placement.bin_tiles(p, deterministic=deterministic)
-    r = placement.rasterize(p, b, t.cfg.background)
-    _, d_image = placement.image_loss(r.image, t.targets[0], t.cfg.lambda_dssim)
-    grad = placement.rasterize_backward(p, b, r, d_image, deterministic=deterministic)
-    xp = _backend.array_module(t.backend)
-    out = ns.Gaussians(**{k: xp.zeros_like(a) for k, a in g.arrays().items()})
-    placement.project_backward(g, p, grad, out, accumulate=False)
+    """One view's image and loss gradients of trainer ``t``'s model, split ``parts`` ways (host arrays)."""
+    from placement_step import split_step
+    result, _ = split_step(parts, t.model.gaussians, t.data.train[0].camera, t.targets[0], t.backend,
+                           deterministic=deterministic, background=t.cfg.background, lam=t.cfg.lambda_dssim,
+                           sh_degree=t.cfg.sh_degree, antialias=t.cfg.antialias)
     _backend.synchronize()
-    return {"image": _backend.to_host(r.image), **{f"d_{k}": _backend.to_host(a) for k, a in out.arrays().items()}}
+    return {k: _backend.to_host(v) for k, v in result.items() if k == "image" or k.startswith("d_")}
 
 
 def gradients(t, args):

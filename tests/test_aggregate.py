@@ -17,6 +17,7 @@ from engine.tools.camera_path import look_at
 from engine.tools.demo import ground_truth
 from numbasplat.optim import GROUPS
 from numbasplat.placement import Placement, SplitBinning, even_ranges
+from placement_step import split_step
 from scenes import edge_case_scene
 
 WIDTH, HEIGHT = 56, 40  # 4 x 3 tiles: 2 parts take tile rows 2 + 1, 3 parts 1 + 1 + 1 (the last 8 pixels high)
@@ -27,20 +28,6 @@ def camera(width=WIDTH, height=HEIGHT):
     """A camera off the scene's axes, its principal point off-centre."""
     return ns.Camera(look_at((4.0, -3.0, 2.5), (0, 0, 0.5)), 0.9 * width, 0.95 * width, 0.53 * width,
                      0.46 * height, width, height)
-
-
-def split_step(parts, g, cam, target, backend="cpu", deterministic=False, separate_gradients=False):
-    """One view's forward, loss and backward through ``Placement(parts)``.  -> ({name: result}, the binning)."""
-    placement = Placement(parts, backend, separate_gradients=separate_gradients)
-    p = placement.project(g, cam)
-    b = placement.bin_tiles(p, deterministic=deterministic)
-    r = placement.rasterize(p, b, (0.2, 0.3, 0.1))
-    loss, d_image = placement.image_loss(r.image, target, 0.2)
-    grad = placement.rasterize_backward(p, b, r, d_image, deterministic=deterministic)
-    out = ns.Gaussians(**{k: np.zeros_like(a) for k, a in g.arrays().items()})
-    placement.project_backward(g, p, grad, out, accumulate=False)
-    return dict(proj=p.proj, counts=p.counts, image=r.image, trans=r.trans, depth=r.depth, loss=float(loss), grad=grad,
-                **{f"d_{k}": a for k, a in out.arrays().items()}), b
 
 
 def test_even_ranges_cover_every_row_once():
@@ -233,7 +220,7 @@ import numpy as np
 import numbasplat as ns
 from numbasplat import backend
 from scenes import edge_case_scene
-from test_aggregate import split_step
+from placement_step import split_step
 assert backend.BACKEND == "cuda"
 W, H = 40, 20  # 3 x 2 tiles
 g = edge_case_scene(n=14, seed=5, dtype=np.float32, degree=1)
