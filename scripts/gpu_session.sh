@@ -765,7 +765,8 @@ curves)  # issue 57: runs scored every EVAL (default 1000) steps (test PSNR, and
     # (--no-opacity-reset: the reference never resets), nographs (--step-graphs off), regs (opacity and scale
     # regularisers at 0.01), opreg (the opacities' alone), du7k (--densify-until 7000), det (--deterministic),
     # sh1 (--sh-degree 1), mcmc (--strategy mcmc), regsnr (regs without opacity resets, which the regularisers
-    # push under the prune threshold), lr30k (the means' decay over 30k whatever the run's length, as Inria's);
+    # push under the prune threshold), lr30k (the means' decay over 30k whatever the run's length, as Inria's),
+    # late (the regularisers from step 7000, the opacity resets before it alone: a 7k run unchanged);
     # ITERS (default 30000), SEEDS (default 0).  Runs are named CAPTURE[@IMAGES]_VARIANT_ITERSk_sSEED
     iters=${ITERS:-30000}; k=$((iters / 1000))k
     nvidia-cuda-mps-control -d 2>/dev/null && step "MPS on"
@@ -773,6 +774,7 @@ curves)  # issue 57: runs scored every EVAL (default 1000) steps (test PSNR, and
     noreset=(--no-opacity-reset); nographs=(--step-graphs off); regs=(--opacity-reg 0.01 --scale-reg 0.01)
     opreg=(--opacity-reg 0.01 --scale-reg 0); du7k=(--densify-until 7000); det=(--deterministic); sh1=(--sh-degree 1)
     mcmc=(--strategy mcmc); regsnr=("${regs[@]}" --no-opacity-reset); lr30k=(--lr-means-steps 30000)
+    late=("${regs[@]}" --regularise-from 7000)
     for c in ${CAPTURES:-helmet mouse}; do
         cap=${c%@*}; imgs=images_4; [ "$c" != "$cap" ] && imgs=${c#*@}
         data=(--data .data/$cap --images $imgs)

@@ -115,7 +115,7 @@ def test_regularisers_gradients_match_finite_differences_over_the_whole_model():
     scales = np.array([1e-4, 0.01, 0.3, 2.0, 40.0])
     model = model_of(logits, scales)
     reg = DefaultStrategy(opacity_reg=0.3, scale_reg=0.7)
-    grads = reg.loss_gradients(model, {})
+    grads = reg.loss_gradients(model, {}, 0)
     n = len(logits)
 
     def opacity_term(o):  # one Gaussian's share of the loss (the others' shares do not depend on it)
@@ -131,13 +131,40 @@ def test_regularisers_gradients_match_finite_differences_over_the_whole_model():
         np.testing.assert_allclose(grads["opacities"][i], fd, rtol=1e-5, atol=1e-12)
         fd = (scale_term(s64[i] + h) - scale_term(s64[i] - h)) / (2 * h)
         np.testing.assert_allclose(grads["scales"][i], fd, rtol=1e-5)
-    shard = reg.loss_gradients(model, {}, total=4 * n)  # these rows as a quarter of a 4n-Gaussian model
+    shard = reg.loss_gradients(model, {}, 0, total=4 * n)  # these rows as a quarter of a 4n-Gaussian model
     for k in grads:
         np.testing.assert_allclose(shard[k], grads[k] / 4, rtol=1e-6)
-    assert DefaultStrategy().loss_gradients(model, {}) is None
-    only = DefaultStrategy(scale_reg=0.7).loss_gradients(model, {})
+    assert DefaultStrategy().loss_gradients(model, {}, 0) is None
+    only = DefaultStrategy(scale_reg=0.7).loss_gradients(model, {}, 0)
     assert set(only) == {"scales"}
     assert (MCMCStrategy().opacity_reg, MCMCStrategy().scale_reg) == (0.01, 0.01)
+
+
+def test_regularisers_from_a_step_take_over_from_the_opacity_resets():
+    """With ``regularise_from`` the regularisers give nothing before that step and their gradients from
+    it; the default strategy's opacity resets happen before it only (both at once collapse a model),
+    and the importance pass's windows after resets (``opacity_resets``) follow the same rule."""
+    from engine.recipe.workload import opacity_resets
+    model = model_of([0.5, -1.0, 2.0], [0.01, 0.2, 0.05])
+    s = DefaultStrategy(opacity_reg=0.01, scale_reg=0.01, regularise_from=7000)
+    assert s.loss_gradients(model, {}, 6999) is None and not s.regularises_at(6999)
+    late = s.loss_gradients(model, {}, 7000)
+    assert s.regularises_at(7000)
+    now = DefaultStrategy(opacity_reg=0.01, scale_reg=0.01).loss_gradients(model, {}, 0)
+    for k in now:
+        np.testing.assert_array_equal(late[k], now[k])
+    ctx = Context(1.0, np.random.default_rng(0))
+    resets = [step for step in range(500, 15_001, 500) if s.resets_at(step, ctx)]
+    assert resets == [3000, 6000]
+    assert [w[0] for w in opacity_resets(s, 30_000)] == [3000, 6000]
+    assert [w[0] for w in opacity_resets(DefaultStrategy(), 30_000)] == [3000, 6000, 9000, 12000]
+    always = DefaultStrategy(opacity_reg=0.01)  # from step 0: no resets at all
+    assert not any(always.resets_at(step, ctx) for step in range(500, 15_001, 500))
+    assert DefaultStrategy(regularise_from=7000).resets_at(9000, ctx)  # no regulariser: the resets as ever
+    state = s.initialize_state()
+    s._fresh(state, np, 3)
+    done = s.after_optimizer(model, state, 9000, ctx)  # (prunes the Gaussian larger than max_world_size)
+    assert "opacity_reset" not in done and (model.host_arrays()["opacities"] >= -1.0).all()
 
 
 def _rotation_of(q):

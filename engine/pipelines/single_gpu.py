@@ -226,6 +226,7 @@ class SingleGPUTrainer(Trainer):
             image, loss, total = step(room, False)
         else:
             key = (len(model), degree, self.step >= getattr(strategy, "refine_stop", 0),
+                   strategy.regularises_at(self.step),
                    "random" if self.cfg.random_background else bg.tobytes(),
                    array_key([model.params.data, model.grads.data, model.adam.m, model.adam.v, *state.values()]))
             fits = lambda captured_room: self._room.fits(i, len(model), captured_room)  # noqa: E731

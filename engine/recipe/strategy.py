@@ -132,14 +132,21 @@ class Regularisers:
     """L1 regularisers that push the Gaussians' opacities and scales down (3DGS as MCMC's; gsplat's
     ``opacity_reg`` and ``scale_reg``): opacity_reg * mean(sigmoid(o)) + scale_reg * mean(exp(s)),
     the means over the whole model's Gaussians (the scales' over their 3 axes too); 0 turns one off.
-    They fight what a few training views let the model fit: floaters and overgrown Gaussians."""
+    They fight what a few training views let the model fit: floaters and overgrown Gaussians.
+    They act from step ``regularise_from`` on: a 7k run is then the same without them, where a
+    30k run overfits (BENCHMARKS.md, issue 57)."""
     opacity_reg: float = 0.0
     scale_reg: float = 0.0
+    regularise_from: int = 0
 
-    def loss_gradients(self, model, state, total=None):
-        """Their gradients for ``model``'s rows (``total``: the whole model's Gaussians, where
-        ``model`` is a rank's shard or a working set; default its own), or None where both are off."""
-        if not (self.opacity_reg or self.scale_reg):
+    def regularises_at(self, step):
+        """Whether ``loss_gradients`` gives gradients at ``step``."""
+        return bool(self.opacity_reg or self.scale_reg) and step >= self.regularise_from
+
+    def loss_gradients(self, model, state, step, total=None):
+        """Their gradients for ``model``'s rows at ``step`` (``total``: the whole model's Gaussians, where
+        ``model`` is a rank's shard or a working set; default its own), or None where they do not act."""
+        if not self.regularises_at(step):
             return None
         xp = model.xp
         g = model.gaussians
@@ -165,6 +172,15 @@ class DefaultStrategy(Regularisers, RefineSchedule):
     absgrad: bool = False
     reset_at_start: bool = False     # also reset opacities at refine_start (3DGS does on white backgrounds)
     reset: bool = True               # reset opacities at all (the large-Gaussian prunes still wait for reset_every)
+
+    @property
+    def resets_until(self):
+        """Opacity resets happen before this step: the end of densification, or where the regularisers
+        begin.  Both at once collapse a model: a reset leaves opacities at 0.01, the regularisers push
+        them under ``prune_opacity`` and the prunes take them (helmet lost 10 dB, BENCHMARKS.md)."""
+        if self.opacity_reg or self.scale_reg:
+            return min(self.refine_stop, self.regularise_from)
+        return self.refine_stop
 
     def initialize_state(self):
         """The statistics since the last refinement, per Gaussian: the summed screen-space gradient
@@ -199,7 +215,7 @@ class DefaultStrategy(Regularisers, RefineSchedule):
     def resets_at(self, step, ctx):
         """Whether ``after_optimizer`` resets the opacities at ``step``."""
         at_start = self.reset_at_start and ctx.reached(step, self.refine_start)
-        return self.reset and step < self.refine_stop and (ctx.crossed(step, self.reset_every) or at_start)
+        return self.reset and step < self.resets_until and (ctx.crossed(step, self.reset_every) or at_start)
 
     def acts_at(self, step, ctx):
         """Whether ``after_optimizer`` changes the model at ``step`` (refines or resets; at other steps it

@@ -138,6 +138,8 @@ class TrainConfig:
     opacity_reg: float | None = None  # the weight of the L1 regulariser on opacities (unset: 0.01 with mcmc, 0 with
                                       # the default strategy, as gsplat)
     scale_reg: float | None = None    # the weight of the L1 regulariser on scales (unset: as opacity_reg's)
+    regularise_from: int = 0          # the regularisers act from this step (the default strategy's opacity
+                                      # resets stop there: both at once collapse a model)
     mcmc_noise_lr: float = 5e5        # mcmc: the scale of the noise on the means (x their learning rate)
     init_opacity: float | None = None # the starting Gaussians' opacity (unset: 0.5 with mcmc, 0.1 with the default
                                       # strategy, as gsplat's presets)
@@ -406,6 +408,7 @@ class Trainer(ABC):
     def _make_strategy(self):
         c = self.cfg
         regs = {k: getattr(c, k) for k in ("opacity_reg", "scale_reg") if getattr(c, k) is not None}
+        regs["regularise_from"] = c.regularise_from
         if c.strategy == "default":
             # no refinement or opacity reset at the last step: nothing would train what they change
             return DefaultStrategy(grad_threshold=c.grad_threshold, refine_start=c.densify_from,
@@ -704,7 +707,7 @@ class Trainer(ABC):
         """Add the strategy's regularisers' gradients to the gradient buffers of ``model`` (default: the
         trainer's; ``state`` its strategy state) before Adam."""
         model = self.model if model is None else model
-        extra = self.strategy.loss_gradients(model, self.strategy_state if state is None else state,
+        extra = self.strategy.loss_gradients(model, self.strategy_state if state is None else state, self.step,
                                              self.gaussian_total())
         if extra:
             for k, v in extra.items():

@@ -102,9 +102,9 @@ def opacity_resets(strategy, iterations):
     ``strategy`` (the default strategy's rule) up to ``iterations``: the opacities relearn in them."""
     if not getattr(strategy, "reset", False):
         return []
-    stop = min(strategy.refine_stop, iterations)
+    stop = min(strategy.resets_until, iterations)
     resets = list(range(strategy.reset_every, stop, strategy.reset_every))
-    resets += [strategy.refine_start] if strategy.reset_at_start else []
+    resets += [strategy.refine_start] if strategy.reset_at_start and strategy.refine_start < stop else []
     return [(r, r + strategy.reset_every // RECOVERY_SHARE) for r in sorted(resets)]
 
 
