@@ -761,7 +761,8 @@ proxy)  # issue 63: GPU partitions as stand-in GPUs.  CUDA MPS limits each clien
 curves)  # issue 57: runs scored every EVAL (default 1000) steps (test PSNR, and 5 training views': --eval-every),
     # ours per VARIANT and SEED and the reference (REF=0: none; seed 0 alone, its own), every run sharing the GPU under
     # MPS (quality, not time).  CAPTURES (default "helmet mouse"): .data/NAME staged with images_2 and sparse, trained
-    # at half of images_2 (images_4, made here unless staged), or NAME@images_2 at images_2; lego and fern as $LEGO, $FERN.  VARIANTS: base, noreset
+    # at half of images_2 (images_4, made here unless staged), or NAME@images_2 at images_2; lego and fern as $LEGO, $FERN,
+    # citylarge as $CITYLARGE (generated here).  VARIANTS: base, noreset
     # (--no-opacity-reset: the reference never resets), nographs (--step-graphs off), regs (opacity and scale
     # regularisers at 0.01), opreg (the opacities' alone), du7k (--densify-until 7000), det (--deterministic),
     # sh1 (--sh-degree 1), mcmc (--strategy mcmc), regsnr (regs without opacity resets, which the regularisers
@@ -778,7 +779,8 @@ curves)  # issue 57: runs scored every EVAL (default 1000) steps (test PSNR, and
     for c in ${CAPTURES:-helmet mouse}; do
         cap=${c%@*}; imgs=images_4; [ "$c" != "$cap" ] && imgs=${c#*@}
         data=(--data .data/$cap --images $imgs)
-        case $cap in lego) data=("${LEGO[@]}") ;; fern) data=("${FERN[@]}") ;; *) [ $imgs = images_4 ] && half_images .data/$cap ;; esac
+        case $cap in lego) data=("${LEGO[@]}") ;; fern) data=("${FERN[@]}") ;; citylarge) large_city; data=("${CITYLARGE[@]}") ;;
+            *) [ $imgs = images_4 ] && half_images .data/$cap ;; esac
         for v in ${VARIANTS:-base}; do
             extra=${v}[@]; [ $v = base ] && extra=none[@]
             for seed in ${SEEDS:-0}; do
