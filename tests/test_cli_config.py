@@ -83,8 +83,11 @@ def test_the_strategy_takes_the_densification_settings(tmp_path):
     cfg = TrainConfig(strategy="mcmc", cap_max=99, opacity_reg=0.5, scale_reg=0.25, mcmc_noise_lr=7.0)
     s = SingleGPUTrainer(ds, tmp_path, cfg, backend="cpu").strategy
     assert (s.cap_max, s.opacity_reg, s.scale_reg, s.noise_lr) == (99, 0.5, 0.25, 7.0)
+    assert s.regularise_from == 0
     s = SingleGPUTrainer(ds, tmp_path, TrainConfig(scale_reg=0.2), backend="cpu").strategy
-    assert (type(s).__name__, s.opacity_reg, s.scale_reg) == ("DefaultStrategy", 0.0, 0.2)
+    assert (type(s).__name__, s.opacity_reg, s.scale_reg, s.regularise_from) == ("DefaultStrategy", 0.01, 0.2, 7000)
+    s = SingleGPUTrainer(ds, tmp_path, TrainConfig(opacity_reg=0.03, regularise_from=0), backend="cpu").strategy
+    assert (s.opacity_reg, s.scale_reg, s.regularise_from, s.resets_until) == (0.03, 0.03, 0, 0)
 
 
 def write(path, settings):

@@ -73,6 +73,8 @@ def initial_arrays(data, cfg, rng):
     return arrays
 
 
+REGULARISER_WEIGHT = 0.01  # gsplat's mcmc preset's opacity_reg and scale_reg
+LATE_REGULARISERS = 7000   # the default strategy's regularisers start here: a 7k run is 3DGS's, a 30k run overfits less
 MCMC_START = (0.5, 0.1)     # gsplat's mcmc preset (init_opa, init_scale): more opaque, smaller starting Gaussians
 DEFAULT_START = (0.1, 1.0)  # 3DGS's
 
@@ -84,6 +86,17 @@ def starting_opacity_and_scale(cfg):
     opacity, scale = MCMC_START if cfg.strategy == "mcmc" else DEFAULT_START
     return (opacity if cfg.init_opacity is None else cfg.init_opacity,
             scale if cfg.init_scale is None else cfg.init_scale)
+
+
+def regularisers(cfg):
+    """The strategy's regularisers (``opacity_reg``, ``scale_reg``, ``regularise_from``): ``cfg``'s where set, else
+    0.01 each, from step 0 with mcmc and from ``LATE_REGULARISERS`` with the default strategy, whose opacity resets
+    come before them.  Later captures of few views (mouse, office) overfit in a 30k run without them, and from the
+    start they cost a 7k run on office (BENCHMARKS.md, issue 57)."""
+    opacity = REGULARISER_WEIGHT if cfg.opacity_reg is None else cfg.opacity_reg
+    start = (0 if cfg.strategy == "mcmc" else LATE_REGULARISERS) if cfg.regularise_from is None else cfg.regularise_from
+    return dict(opacity_reg=opacity, scale_reg=opacity if cfg.scale_reg is None else cfg.scale_reg,
+                regularise_from=start)
 
 
 def crossed(prev, step, every):
@@ -135,11 +148,10 @@ class TrainConfig:
                                       # the higher bands train 20x slower
     strategy: str = "default"         # default | mcmc
     cap_max: int = 1_000_000          # mcmc: the most Gaussians
-    opacity_reg: float | None = None  # the weight of the L1 regulariser on opacities (unset: 0.01 with mcmc, 0 with
-                                      # the default strategy, as gsplat)
+    opacity_reg: float | None = None  # the weight of the L1 regulariser on opacities (unset: 0.01)
     scale_reg: float | None = None    # the weight of the L1 regulariser on scales (unset: as opacity_reg's)
-    regularise_from: int = 0          # the regularisers act from this step (the default strategy's opacity
-                                      # resets stop there: both at once collapse a model)
+    regularise_from: int | None = None  # the regularisers act from this step (unset: 7000 with the default
+                                      # strategy, whose opacity resets stop there, 0 with mcmc)
     mcmc_noise_lr: float = 5e5        # mcmc: the scale of the noise on the means (x their learning rate)
     init_opacity: float | None = None # the starting Gaussians' opacity (unset: 0.5 with mcmc, 0.1 with the default
                                       # strategy, as gsplat's presets)
@@ -407,8 +419,7 @@ class Trainer(ABC):
 
     def _make_strategy(self):
         c = self.cfg
-        regs = {k: getattr(c, k) for k in ("opacity_reg", "scale_reg") if getattr(c, k) is not None}
-        regs["regularise_from"] = c.regularise_from
+        regs = regularisers(c)
         if c.strategy == "default":
             # no refinement or opacity reset at the last step: nothing would train what they change
             return DefaultStrategy(grad_threshold=c.grad_threshold, refine_start=c.densify_from,
