@@ -762,20 +762,20 @@ curves)  # issue 57: runs scored every EVAL (default 1000) steps (test PSNR, and
     # ours per VARIANT and SEED and the reference (REF=0: none; seed 0 alone, its own), every run sharing the GPU under
     # MPS (quality, not time).  CAPTURES (default "helmet mouse"): .data/NAME staged with images_2 and sparse, trained
     # at half of images_2 (images_4, made here unless staged), or NAME@images_2 at images_2; lego and fern as $LEGO, $FERN,
-    # citylarge as $CITYLARGE (generated here).  VARIANTS: base, noreset
-    # (--no-opacity-reset: the reference never resets), nographs (--step-graphs off), regs (opacity and scale
-    # regularisers at 0.01), opreg (the opacities' alone), du7k (--densify-until 7000), det (--deterministic),
-    # sh1 (--sh-degree 1), mcmc (--strategy mcmc), regsnr (regs without opacity resets, which the regularisers
-    # push under the prune threshold), lr30k (the means' decay over 30k whatever the run's length, as Inria's),
-    # late (the regularisers from step 7000, the opacity resets before it alone: a 7k run unchanged);
+    # citylarge as $CITYLARGE (generated here).  VARIANTS: base (today's default: the regularisers at 0.01 from
+    # step 7000, the opacity resets before it alone), old (the default before 38dca4a: no regularisers, resets until
+    # 15k), noreset (--no-opacity-reset: the reference never resets), nographs (--step-graphs off), regs (the
+    # regularisers from step 0, so no opacity resets), opreg (the opacities' alone, from step 0), du7k
+    # (--densify-until 7000), det (--deterministic), sh1 (--sh-degree 1), mcmc (--strategy mcmc), lr30k (the means'
+    # decay over 30k whatever the run's length, as Inria's), late (base, spelt out);
     # ITERS (default 30000), SEEDS (default 0).  Runs are named CAPTURE[@IMAGES]_VARIANT_ITERSk_sSEED
     iters=${ITERS:-30000}; k=$((iters / 1000))k
     nvidia-cuda-mps-control -d 2>/dev/null && step "MPS on"
     export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/torch_ext REF_EVAL_EVERY=${EVAL:-1000}
-    noreset=(--no-opacity-reset); nographs=(--step-graphs off); regs=(--opacity-reg 0.01 --scale-reg 0.01)
-    opreg=(--opacity-reg 0.01 --scale-reg 0); du7k=(--densify-until 7000); det=(--deterministic); sh1=(--sh-degree 1)
-    mcmc=(--strategy mcmc); regsnr=("${regs[@]}" --no-opacity-reset); lr30k=(--lr-means-steps 30000)
-    late=("${regs[@]}" --regularise-from 7000)
+    noreset=(--no-opacity-reset); nographs=(--step-graphs off); regs=(--opacity-reg 0.01 --scale-reg 0.01 --regularise-from 0)
+    opreg=(--opacity-reg 0.01 --scale-reg 0 --regularise-from 0); du7k=(--densify-until 7000); det=(--deterministic)
+    sh1=(--sh-degree 1); mcmc=(--strategy mcmc); lr30k=(--lr-means-steps 30000); old=(--opacity-reg 0 --scale-reg 0)
+    late=(--opacity-reg 0.01 --scale-reg 0.01 --regularise-from 7000)
     for c in ${CAPTURES:-helmet mouse}; do
         cap=${c%@*}; imgs=images_4; [ "$c" != "$cap" ] && imgs=${c#*@}
         data=(--data .data/$cap --images $imgs)

@@ -53,7 +53,7 @@ with abort_on_error(comm):
         cfg.importance_every, cfg.importance_prune, cfg.view_masks, cfg.lod_min_px = 12, 0.02, "on", 0.8
         cfg.view_mask_below = 0.5
     if "regs" in sys.argv:  # L1 regularisers on opacities and scales: means over the whole model, not a shard
-        cfg.opacity_reg, cfg.scale_reg = 0.5, 0.5
+        cfg.opacity_reg, cfg.scale_reg, cfg.regularise_from = 0.5, 0.5, 0  # (from step 0: this run is short)
     small = "small" in sys.argv  # one batch of two views, 100 Gaussians: what the simulator can afford
     if small:
         cfg.iterations, cfg.n_random_init = 2, 100
