@@ -84,8 +84,9 @@ def choose_exchange(data, cfg, comm, trainer=None):
 
 def exchange_decision_steps(cfg, start):
     """The steps after ``start`` (and before the last) where ``--exchange auto`` decides again, on the
-    model as densification left it: the end of each phase between opacity resets (the step before
-    each reset) and the end of densification."""
+    model as densification left it: the end of each period of the opacity resets while densification runs
+    (the step before each multiple of ``opacity_reset_every``, where the late regularisers have ended the
+    resets too: the model still grows) and the end of densification."""
     steps = {cfg.densify_until}
     if cfg.opacity_reset and cfg.opacity_reset_every > 0:
         steps.update(range(cfg.opacity_reset_every - 1, cfg.densify_until, cfg.opacity_reset_every))

@@ -139,9 +139,14 @@ class Regularisers:
     scale_reg: float = 0.0
     regularise_from: int = 0
 
+    @property
+    def regularising(self):
+        """Whether either regulariser has a weight."""
+        return bool(self.opacity_reg or self.scale_reg)
+
     def regularises_at(self, step):
         """Whether ``loss_gradients`` gives gradients at ``step``."""
-        return bool(self.opacity_reg or self.scale_reg) and step >= self.regularise_from
+        return self.regularising and step >= self.regularise_from
 
     def loss_gradients(self, model, state, step, total=None):
         """Their gradients for ``model``'s rows at ``step`` (``total``: the whole model's Gaussians, where
@@ -178,9 +183,15 @@ class DefaultStrategy(Regularisers, RefineSchedule):
         """Opacity resets happen before this step: the end of densification, or where the regularisers
         begin.  Both at once collapse a model: a reset leaves opacities at 0.01, the regularisers push
         them under ``prune_opacity`` and the prunes take them (helmet lost 10 dB, BENCHMARKS.md)."""
-        if self.opacity_reg or self.scale_reg:
-            return min(self.refine_stop, self.regularise_from)
-        return self.refine_stop
+        return min(self.refine_stop, self.regularise_from) if self.regularising else self.refine_stop
+
+    def reset_steps(self, iterations):
+        """The steps up to ``iterations`` whose crossing resets the opacities (``resets_at``'s rule), sorted."""
+        if not self.reset:
+            return []
+        stop = min(self.resets_until, iterations)
+        steps = list(range(self.reset_every, stop, self.reset_every))
+        return sorted(steps + ([self.refine_start] if self.reset_at_start and self.refine_start < stop else []))
 
     def initialize_state(self):
         """The statistics since the last refinement, per Gaussian: the summed screen-space gradient

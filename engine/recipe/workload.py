@@ -100,12 +100,8 @@ RECOVERY_SHARE = 6  # a pass waits a sixth of the reset period after a reset (50
 def opacity_resets(strategy, iterations):
     """The windows (reset, reset + reset_every // RECOVERY_SHARE) after the opacity resets of
     ``strategy`` (the default strategy's rule) up to ``iterations``: the opacities relearn in them."""
-    if not getattr(strategy, "reset", False):
-        return []
-    stop = min(strategy.resets_until, iterations)
-    resets = list(range(strategy.reset_every, stop, strategy.reset_every))
-    resets += [strategy.refine_start] if strategy.reset_at_start and strategy.refine_start < stop else []
-    return [(r, r + strategy.reset_every // RECOVERY_SHARE) for r in sorted(resets)]
+    resets = strategy.reset_steps(iterations) if hasattr(strategy, "reset_steps") else []  # (MCMC: none)
+    return [(r, r + strategy.reset_every // RECOVERY_SHARE) for r in resets]
 
 
 def view_bit(packed, view, xp):
