@@ -739,7 +739,8 @@ proxy)  # issue 63: GPU partitions as stand-in GPUs.  CUDA MPS limits each clien
     # SCENES (default "lego"; lego, fern or a COLMAP capture in .data), PS (default "2 4 8"), PIPES (default
     # "gaussian pixel"), ITERS (default 1000); extra train options after the part's name.
     shift; iters=${ITERS:-1000}
-    if nvidia-cuda-mps-control -d 2> "$R/mps.txt"; then step "MPS on"; mps=1; else step "no MPS: $(cat "$R/mps.txt")"; mps=0; fi
+    if nvidia-cuda-mps-control -d > "$R/mps.txt" 2>&1 || pgrep -x nvidia-cuda-mps >/dev/null; then step "MPS on"; mps=1
+    else step "no MPS: $(cat "$R/mps.txt")"; mps=0; fi  # a daemon an earlier part started counts as on
     for scene in ${SCENES:-lego}; do
         case $scene in lego) args=("${LEGO[@]}") ;; fern) args=("${FERN[@]}") ;; *) args=(--data .data/$scene --images images_4) ;; esac
         train warm_$scene 300 "${args[@]}" "$@"
@@ -768,7 +769,7 @@ curves)  # issue 57: runs scored every EVAL (default 1000) steps (test PSNR, and
     # regularisers from step 0, so no opacity resets), opreg (the opacities' alone, from step 0), du7k
     # (--densify-until 7000), det (--deterministic), sh1 (--sh-degree 1), mcmc (--strategy mcmc), lr30k (the means'
     # decay over 30k whatever the run's length, as Inria's), late (base, spelt out), lr2x (the means' learning rate
-    # doubled: the demo and helmet's CPU proxy gain 0.5-1.1 dB);
+    # doubled: the demo and helmet's CPU proxy gain 0.5-1.1 dB), late3 (the late regularisers at 0.03);
     # ITERS (default 30000), SEEDS (default 0).  Runs are named CAPTURE[@IMAGES]_VARIANT_ITERSk_sSEED
     iters=${ITERS:-30000}; k=$((iters / 1000))k
     nvidia-cuda-mps-control -d 2>/dev/null && step "MPS on"
@@ -777,6 +778,7 @@ curves)  # issue 57: runs scored every EVAL (default 1000) steps (test PSNR, and
     opreg=(--opacity-reg 0.01 --scale-reg 0 --regularise-from 0); du7k=(--densify-until 7000); det=(--deterministic)
     sh1=(--sh-degree 1); mcmc=(--strategy mcmc); lr30k=(--lr-means-steps 30000); old=(--opacity-reg 0 --scale-reg 0)
     late=(--opacity-reg 0.01 --scale-reg 0.01 --regularise-from 7000); lr2x=(--lr-means 0.00032)
+    late3=(--opacity-reg 0.03 --scale-reg 0.03 --regularise-from 7000)
     for c in ${CAPTURES:-helmet mouse}; do
         cap=${c%@*}; imgs=images_4; [ "$c" != "$cap" ] && imgs=${c#*@}
         data=(--data .data/$cap --images $imgs)
