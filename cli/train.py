@@ -3,7 +3,7 @@ pipeline for the ranks at hand, the run."""
 import argparse
 import contextlib
 import os
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from .args import (Parser, add_data_options, add_viewer_options, claimed_output, count, load_data, mpi_comm,
@@ -61,6 +61,9 @@ def train_model(dataset, a, cfg, settings=None, step_hooks=(), resumable=True):
     from engine.recipe.trainer import SNAPSHOT, Interrupted
     options = options_from_args(a)
     comm = mpi_comm(batched=options.batch_size is not None)
+    if a.init_ply and cfg.lr_means is None:  # trained Gaussians, not random points: 3DGS's rate
+        from engine.recipe.trainer import MEANS_LR
+        cfg = replace(cfg, lr_means=MEANS_LR)
     t = make_trainer(dataset, a.out, cfg, options, comm)
     if a.init_ply:
         from data.ply import load_ply

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from comm import abort_on_error  # noqa: E402
 from engine.pipelines.pixel_exchange import OffloadedPixelExchangeTrainer, PixelExchangeTrainer  # noqa: E402
-from engine.recipe.trainer import TrainConfig  # noqa: E402
+from engine.recipe.trainer import MEANS_LR, TrainConfig  # noqa: E402
 from scenes import cluster_capture, slab_capture  # noqa: E402
 
 out = Path(sys.argv[1])
@@ -29,7 +29,7 @@ with abort_on_error(comm):
                       log_every=4, background=(1.0, 1.0, 1.0), densify_from=3 if densify else 10**6, densify_every=4,
                       grad_threshold=1e-5, visible_adam=clusters or "visible" in sys.argv)
     if "wander" in sys.argv:  # means learning rates 3000x: Gaussians cross into other boxes and migrate
-        cfg.lr_means, cfg.lr_means_final = 3000 * cfg.lr_means, 3000 * cfg.lr_means_final
+        cfg.lr_means, cfg.lr_means_final = 3000 * MEANS_LR, 3000 * cfg.lr_means_final
     pipeline, caps = PixelExchangeTrainer, {}
     if "offload" in sys.argv:  # each rank's Gaussians out of core, in blocks of 8 rows
         pipeline, caps = OffloadedPixelExchangeTrainer, {"mode": "host", "block_rows": 8}

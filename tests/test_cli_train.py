@@ -61,6 +61,21 @@ def test_every_view_trains_unless_told_and_cfg_json_repeats_the_run(capture, tmp
     assert len(list((tmp_path / "eval" / "test" / "ours_2" / "renders").glob("*.png"))) == 2   # Inria's layout
 
 
+def test_the_means_rate_doubles_from_random_points_alone(capture, tmp_path, capsys):
+    """A capture without SfM points starts from random points, whose means learn at twice 3DGS's rate;
+    with SfM points, or from a PLY's Gaussians (--init-ply), at 3DGS's (cfg.json records it)."""
+    bare = tmp_path / "bare"
+    shutil.copytree(capture, bare)
+    (bare / "sparse" / "0" / "points3D.bin").unlink()
+    rates = {}
+    for name, data, more in [("points", capture, ()), ("random", bare, ()),
+                             ("ply", bare, ("--init-ply", str(tmp_path / "points" / "point_cloud" / "iteration_2"
+                                                              / "point_cloud.ply")))]:
+        run(capsys, "--data", str(data), "--out", str(tmp_path / name), "--iters", "2", *more)
+        rates[name] = json.loads((tmp_path / name / "cfg.json").read_text())["lr_means"]
+    assert rates == {"points": 1.6e-4, "random": 3.2e-4, "ply": 1.6e-4}
+
+
 def test_resolution_and_max_width_reach_the_loader(capture, tmp_path, capsys):
     said = run(capsys, "--data", str(capture), "--out", str(tmp_path), "--iters", "1", "--resolution", "2")
     assert "images: 10 train, no test views; 16x12 (downscaled from 32x24: resolution 1/2)" in said

@@ -64,11 +64,29 @@ def test_resume_matches_uninterrupted_run(dataset, tmp_path):
 def test_means_learning_rate_decay(dataset, tmp_path, iterations, steps, at, rate):
     """The means' rate decays to 1/100 over ``lr_means_steps``, by default the run, at least 7k and at
     most 30k (``means_decay_steps``), and the trainer's config records the length it used."""
-    t = SingleGPUTrainer(dataset, tmp_path, small_config(iterations=iterations, lr_means_steps=steps))
+    t = SingleGPUTrainer(dataset, tmp_path, small_config(iterations=iterations, lr_means_steps=steps, lr_means=1.6e-4))
     t.init_model()
     t.step = at
     assert t.cfg.lr_means_steps == (steps or min(max(iterations, 7000), 30_000))
     assert t.learning_rates()[0]["means"] == pytest.approx(rate * dataset.scene_scale)
+
+
+@pytest.mark.parametrize("points, given, rate", [
+    (0, None, 3.2e-4),     # random initial points (the demo, Blender scenes): twice 3DGS's
+    (50, None, 1.6e-4),    # SfM points: 3DGS's
+    (0, 1e-4, 1e-4),       # given: kept
+])
+def test_means_learning_rate_by_start(dataset, tmp_path, points, given, rate):
+    """The means' default rate is 3DGS's from SfM points and twice it from random points
+    (``means_learning_rate``); a rate given is kept, and ``run.py train --init-ply`` starts at 3DGS's."""
+    import dataclasses
+    rng = np.random.default_rng(0)
+    data = dataclasses.replace(dataset, points=rng.normal(size=(points, 3)).astype(np.float32),
+                               colors=rng.uniform(size=(points, 3)).astype(np.float32))
+    t = SingleGPUTrainer(data, tmp_path, small_config(lr_means=given), backend="cpu")
+    assert t.cfg.lr_means == pytest.approx(rate)
+    t.init_model()
+    assert t.learning_rates()[0]["means"] == pytest.approx(rate * data.scene_scale)
 
 
 def test_eval_every_scores_test_and_training_views(dataset, tmp_path):
