@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzpass [S]|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelahead P|pixelpolish [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|graphsab [S]|pending [S]|hostprof|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P|proxy|curves
+#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzpass [S]|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelahead P|pixelpolish [P]|pixelprof [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|graphsab [S]|pending [S]|hostprof|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P|proxy|curves
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -518,6 +518,16 @@ pixelpolish)  # issue 25: does P = 4's shortfall come from the blend order? lego
         >> "$R/polished.txt" 2>&1
     echo "pixel to $at, then gaussian to 7000: $(grep -av Warn "$R/polished.txt" | tail -1)"
     rm -rf "$R"/*/snapshot.h5 "$R"/*/test_renders ;;
+pixelprof)  # issue 63: where the pixel exchange's step goes at P ranks sharing the GPU (default 4): lego at 700 images
+    # per exchange (pixel, then gaussian), every rank's host profile over images 400-500 (--host-profile); on an H100
+    # (cd98133) pixel P = 4 took 36.6 ms an image, its synced phases 11.7 ms of it
+    p=${2:-4}
+    for ex in pixel gaussian; do
+        name=lego_${ex}_p${p}_prof; step "$name"
+        mpi "$p" --out "$R/$name" --iters 700 --quiet "${LEGO[@]}" --exchange $ex --host-profile 400:100 > "$R/$name.txt" 2>&1
+        offload_summary "$R/$name"; grep -a "rank [0-9]: " "$R/$name.txt" | grep -v Warn | head -$((12 * p))
+        rm -rf "$R/$name/snapshot.h5" "$R/$name/test_renders"
+    done ;;
 pixelbytes)  # issue 25: bytes per image, pixel against Gaussian-level, at P = 2, 4, 8 from one rank (run.py scaling
     # --model-ranks): lego and fern 7k models, and the generated city's ground truth (small preset, first 8 views)
     KEEP=1 train lego7k 7000 "${LEGO[@]}"; KEEP=1 train fern7k 7000 "${FERN[@]}"  # their snapshots: bytes
