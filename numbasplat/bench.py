@@ -19,7 +19,7 @@ from .math import gaussian_ops as go
 from .tile_loss import s3im_permutations
 from .optim import Adam, FlatParams, column_lrs
 from .placement import Placement
-from .rendering import rasterize_tile_loss
+from .rendering import ROOM_MARGIN, ROOM_SLACK, rasterize_tile_loss
 
 STAGES = ("project", "bin_sort", "raster_fwd", "loss", "raster_bwd", "project_bwd", "adam")
 LR = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "sh": 2.5e-3}
@@ -72,11 +72,13 @@ def peak_device_bytes():
 
 
 def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile=False, loss="global",
-        fuse=True, deterministic=False, out=print, virtual_devices=1):
+        fuse=True, deterministic=False, out=print, virtual_devices=1, into_room=False):
     """Time ``iters`` training steps (after ``warmup``) on ``scene``, the (Gaussians, Camera) of a benchmark
     scene (``data.bench_scene.load_scene``), printing each stage's median through ``out``; -> the medians (ms).
     ``virtual_devices``: every stage split that many ways, as the aggregate device splits it
-    (``numbasplat.placement``; 1: the plain calls)."""
+    (``numbasplat.placement``; 1: the plain calls).  ``into_room``: the steps after the first bin into
+    room for the first one's totals (``bin_tiles(room=)``, each part its own), without the exact
+    binning's sync, as training does."""
     if deterministic and loss == "tile":
         raise ValueError("--deterministic cannot be combined with --loss tile (its fused kernel adds gradients "
                          "with atomics)")
@@ -98,6 +100,7 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
     clock = _Clock(backend)
     times = {s: [] for s in STAGES + ("step", "forward")}
     launches = []
+    room = None  # (``into_room``: the first binning's slots, which the scene keeps step after step)
     prof = cProfile.Profile() if profile else None
     for it in range(warmup + iters):
         if prof and it == warmup:
@@ -106,7 +109,10 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
         m = [clock.mark()]
         p = placement.project(g, cam, sh_degree, check=False)
         m.append(clock.mark())
-        b = placement.bin_tiles(p, deterministic=deterministic)
+        b = placement.bin_tiles(p, room=room, deterministic=deterministic)
+        if into_room and room is None:  # (the room's margin, as training keeps, holds the totals as Adam moves)
+            room = [int(ROOM_MARGIN * n) + ROOM_SLACK for n in (b.part_slots if placement.split else [b.n_isect])]
+            room = room if placement.split else room[0]
         m.append(clock.mark())
         if loss == "tile":
             perms = xp.asarray(s3im_permutations(rng, 10))

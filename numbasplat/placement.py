@@ -36,7 +36,7 @@ from .math import gaussian_ops as go
 from .math.tiles import TILE, tile_grid
 from .loss import l1_ssim_loss
 from .rendering import (bin_tiles, depth_order, empty_projection, empty_render, project, project_backward, rasterize,
-                        rasterize_backward, tile_row_counts, _background)
+                        rasterize_backward, tile_row_bounds, tile_row_counts, _background)
 
 
 def even_ranges(n, parts):
@@ -51,13 +51,22 @@ def even_ranges(n, parts):
 class SplitBinning:
     """A view's binning in parts of its tile rows: ``parts`` holds each part's (tile rows
     (first, last), the projection with the part's tile counts, its ``Binning``: its tiles'
-    intersections alone).  ``overflow`` None (bins exactly, no room), ``n_isect`` the parts' slots."""
+    intersections alone).  Binned into room (``Placement.bin_tiles(room=)``): ``total`` the parts'
+    intersections ((parts,) int64 on the device) and ``overflow`` a (1,) device flag, nonzero where
+    any part's did not fit; binned exactly, both None."""
     parts: list
     overflow: object = None
+    total: object = None
 
     @property
     def n_isect(self):
+        """The parts' slots."""
         return sum(b.n_isect for _, _, b in self.parts)
+
+    @property
+    def part_slots(self):
+        """Each part's slots (of an exact binning: its intersections), a tuple of ints."""
+        return tuple(int(b.n_isect) for _, _, b in self.parts)
 
 
 class SplitLoss:
@@ -66,6 +75,10 @@ class SplitLoss:
 
     def __init__(self, shares):
         self.shares = shares
+
+    def again(self):
+        """The same shares, not yet read (``LazyLoss.again``: a step graph's replay writes them anew)."""
+        return SplitLoss([s.again() for s in self.shares])
 
     def __float__(self):
         return float(sum(float(s) for s in self.shares))
@@ -91,6 +104,7 @@ class Placement:
             else bool(separate_gradients)
         self._streams = _device.part_streams(self.devices) if self.devices is not None else None
         self._advised = None  # the model buffers whose rows were last advised to their GPUs (``_advise``)
+        self._bounds = (None, None)  # (a tile grid, its parts' first tiles on the device: ``_tile_bounds``)
 
     @property
     def split(self):
@@ -103,10 +117,6 @@ class Placement:
         does not bound the model (it pages from the host past it)."""
         return self.devices is not None
 
-    @property
-    def bins_into_room(self):
-        """Whether ``bin_tiles`` takes room (``bin_tiles(room=)``): on one part only."""
-        return not self.split
 
     def describe(self):
         """One line for the log: how the step is split."""
@@ -154,22 +164,40 @@ class Placement:
 
     def bin_tiles(self, p, room=None, deterministic=False):
         """``rendering.bin_tiles`` of ``p``: split, each part bins only its tile rows' intersections
-        (a ``SplitBinning``; exact, so ``room`` is for one part only), all in the view's one depth order."""
+        (a ``SplitBinning``), all in the view's one depth order.  ``room``: slots for the intersections
+        (``bin_tiles(room=)``, no sync), one part's an int, a split's a sequence of each part's; None:
+        exact (split: every part's total read in one sync)."""
         if not self.split:
             return bin_tiles(p, self.backend, room=room, deterministic=deterministic)
-        if room is not None:
-            raise ValueError("Placement.bin_tiles: a split binning bins exactly (room is for one part)")
+        if room is not None and len(room) != self.parts:
+            raise ValueError(f"Placement.bin_tiles: room for {len(room)} parts, the split has {self.parts}")
         ranges = self.tile_row_ranges(p.camera)
-        counts = tile_row_counts(p, ranges, self.backend)
-        totals = _backend.to_host(counts.sum(axis=1, dtype=np.int64))  # (every part's, in one sync)
+        counts = tile_row_counts(p, ranges, self.backend, bounds=self._tile_bounds(p.camera))
+        if room is None:
+            totals = _backend.to_host(counts.sum(axis=1, dtype=np.int64))  # (every part's, in one sync)
         order = depth_order(p, self.backend)  # (the view's, which every part's binning shares: one sort)
         parts = []
         for k, rows in enumerate(ranges):
             part_p = p.with_counts(counts[k])
             with self.on_part(k):
-                parts.append((rows, part_p, bin_tiles(part_p, self.backend, total=int(totals[k]), order=order,
-                                                      deterministic=deterministic, tile_rows=rows)))
-        return SplitBinning(parts)
+                exact = dict(total=int(totals[k])) if room is None else dict(room=room[k])
+                parts.append((rows, part_p, bin_tiles(part_p, self.backend, order=order, deterministic=deterministic,
+                                                      tile_rows=rows, **exact)))
+        if room is None:
+            return SplitBinning(parts)
+        self._join()  # (the parts' totals and flags cross parts)
+        xp = _backend.array_module(self.backend)
+        return SplitBinning(parts, overflow=xp.concatenate([b.overflow for _, _, b in parts]).max(keepdims=True),
+                            total=xp.concatenate([b.total for _, _, b in parts]))
+
+    def _tile_bounds(self, camera):
+        """The parts' first tiles and the end (``tile_row_counts``' bounds) for ``camera``'s tile grid, on the
+        device once per grid: an upload inside a step would keep a step graph from capturing it."""
+        key = tuple(camera.tiles)
+        if self._bounds[0] != key:
+            bounds = tile_row_bounds(camera, self.tile_row_ranges(camera))
+            self._bounds = (key, _backend.array_module(self.backend).asarray(bounds))
+        return self._bounds[1]
 
     def rasterize(self, p, b, background=None):
         """``rendering.rasterize``: each part composites the pixels of its tile rows into one ``Render``."""

@@ -21,6 +21,7 @@ from .math.tiles import TILE, TILE_PIXELS, tile_grid
 from .tile_loss import loss_from_tile_sums, tile_loss_sums
 
 INT32_MAX = 2**31 - 1
+ROOM_MARGIN, ROOM_SLACK = 1.2, 4096  # binning into room (``bin_tiles(room=)``): slots for an expected total
 
 
 def _dispatch(backend):
@@ -294,7 +295,7 @@ def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, 
     tiles, ``numbasplat.placement``), ``p``'s counts being the part's (``tile_row_counts``: the
     Gaussians whose tile span reaches the rows); their tiles outside the rows sort after every
     tile, in no range, so each tile of the rows holds what a binning of every tile gives it, in
-    the same order.
+    the same order.  With ``room``, the part's intersections go into that many slots, as above.
 
     ``order``: ``depth_order`` of a projection of the same Gaussians whose tile counts cover
     ``p``'s (the view's, shared by the parts of its tile rows), which saves the sort: a Gaussian
@@ -305,8 +306,8 @@ def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, 
     tx, ty = p.camera.tiles
     n_tiles = tx * ty
     if tile_rows is not None:
-        if room is not None or n_views != 1:
-            raise ValueError("bin_tiles: tile_rows bins one view exactly (no room)")
+        if n_views != 1:
+            raise ValueError("bin_tiles: tile_rows bins one view")
         first, last = tile_rows[0] * tx, min(tile_rows[1] * tx, n_tiles)
     n = len(p.counts)
     order = depth_order(p, backend) if order is None else order
@@ -351,14 +352,22 @@ def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, 
     return b
 
 
-def tile_row_counts(p: Projection, row_ranges, backend=None):
+def tile_row_bounds(camera, row_ranges):
+    """The first tile of each part that the contiguous ``row_ranges`` of ``camera``'s tile rows make, and
+    the tiles' end: (parts + 1,) int64 on the host."""
+    tx, ty = camera.tiles
+    return np.array([min(first * tx, tx * ty) for first, _ in row_ranges] + [tx * ty], np.int64)
+
+
+def tile_row_counts(p: Projection, row_ranges, backend=None, bounds=None):
     """Each part's tile counts of ``p``'s Gaussians, for the parts of the tiles that the contiguous
     ``row_ranges`` of tile rows make (``bin_tiles(tile_rows=)``): a Gaussian's count where its
     tile span reaches the part's rows (``route_plan``'s test, one launch for every part), 0
-    elsewhere.  -> (parts, N) int32, each row contiguous."""
+    elsewhere.  ``bounds``: the parts' first tiles and the end, where the caller keeps them on the
+    device.  -> (parts, N) int32, each row contiguous."""
     kernels, xp = _dispatch(backend)
-    tx, ty = p.camera.tiles
-    bounds = np.array([min(first * tx, tx * ty) for first, _ in row_ranges] + [tx * ty], np.int64)
+    if bounds is None:
+        bounds = tile_row_bounds(p.camera, row_ranges)
     plan = xp.zeros((2, len(row_ranges), 1, len(p.counts)), np.int32)
     route_plan(p, 0, 0, bounds, plan, backend)
     return xp.ascontiguousarray(plan[1, :, 0])

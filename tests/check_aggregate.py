@@ -118,10 +118,13 @@ def overhead(scenes):
     for path in scenes:
         scene = load_scene(path)
         print(f"overhead: {path} ({len(scene[0]):,} Gaussians)")
-        times = {}
-        for parts in (1, 2, 4):
-            times[parts] = bench.run(scene, iters=20, warmup=3, virtual_devices=parts, out=lambda *a: None)["step"]
-            print(f"  virtual devices {parts}: {times[parts]:8.3f} ms/step, {times[parts] / times[1]:.3f}x of one")
+        for how, into_room in (("binned exactly", False), ("binned into room", True)):
+            times = {}
+            for parts in (1, 2, 4):
+                times[parts] = bench.run(scene, iters=20, warmup=3, virtual_devices=parts, into_room=into_room,
+                                         out=lambda *a: None)["step"]
+                print(f"  virtual devices {parts}, {how}: {times[parts]:8.3f} ms/step, "
+                      f"{times[parts] / times[1]:.3f}x of one")
 
 
 def oversubscribe(args):

@@ -7,12 +7,17 @@ from numbasplat.placement import Placement
 
 
 def split_step(parts, g, cam, target, backend="cpu", deterministic=False, separate_gradients=False,
-               background=(0.2, 0.3, 0.1), lam=0.2, sh_degree=None, antialias=False):
+               background=(0.2, 0.3, 0.1), lam=0.2, sh_degree=None, antialias=False, into_room=False):
     """Projection, binning, raster, loss, raster backward and projection backward of ``g`` seen by
-    ``cam`` against ``target``, each split ``parts`` ways.  -> ({name: result}, the binning)."""
+    ``cam`` against ``target``, each split ``parts`` ways; ``into_room``: binned again into room of a few
+    slots more than each part's exact binning (``bin_tiles(room=)``).  -> ({name: result}, the binning)."""
     placement = Placement(parts, backend, separate_gradients=separate_gradients)
     p = placement.project(g, cam, sh_degree=sh_degree, antialias=antialias)
     b = placement.bin_tiles(p, deterministic=deterministic)
+    if into_room:
+        room = [n + 5 for n in b.part_slots] if placement.split else b.n_isect + 5
+        b = placement.bin_tiles(p, room=room, deterministic=deterministic)
+        assert int(_backend.to_host(b.overflow)[0]) == 0
     r = placement.rasterize(p, b, background)
     loss, d_image = placement.image_loss(r.image, target, lam)
     grad = placement.rasterize_backward(p, b, r, d_image, deterministic=deterministic)

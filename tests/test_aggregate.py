@@ -45,6 +45,10 @@ def test_each_split_operator_gives_the_whole_ones_values(parts):
     whole, _ = split_step(1, g, cam, target)
     split, b = split_step(parts, g, cam, target)
     assert isinstance(b, SplitBinning) and len(b.parts) == parts
+    roomy, b = split_step(parts, g, cam, target, into_room=True)
+    assert b.total is not None
+    for k in whole:
+        np.testing.assert_allclose(roomy[k], whole[k], rtol=0, atol=TOLERANCE, err_msg=f"{k}, into room")
     assert np.abs(whole["grad"]).max() > 0 and (whole["counts"] > 0).sum() > 20  # (not an empty scene)
     for k in whole:
         np.testing.assert_allclose(split[k], whole[k], rtol=0, atol=TOLERANCE, err_msg=k)
@@ -80,6 +84,70 @@ def test_each_part_bins_only_its_own_tiles():
             np.testing.assert_array_equal(part.ids[a:b], whole.ids[w0:w1])
         total += int((part.ranges[:, 1] - part.ranges[:, 0]).sum())
     assert total == whole.n_isect
+
+
+def test_a_split_binning_into_room_bins_as_the_exact_one():
+    """Each part binned into room of its own (no sync) holds the exact split binning's intersections in
+    its tiles' ranges, its total on the device; a part whose room is too small raises the view's flag."""
+    g = edge_case_scene(n=60, seed=3, dtype=np.float32)
+    cam = ns.Camera(np.eye(4), 36.0, 40.0, WIDTH * 0.52, HEIGHT * 0.47, WIDTH, HEIGHT)
+    p = ns.project(g, cam, backend="cpu")
+    placement = Placement(3, "cpu")
+    exact = placement.bin_tiles(p)
+    assert exact.overflow is None and exact.total is None and min(exact.part_slots) > 0
+    roomy = placement.bin_tiles(p, room=[n + 7 for n in exact.part_slots])
+    assert roomy.total.tolist() == list(exact.part_slots) and int(roomy.overflow[0]) == 0
+    for (rows, _, a), (_, _, b) in zip(exact.parts, roomy.parts):
+        np.testing.assert_array_equal(b.ranges, a.ranges, err_msg=str(rows))
+        for t in np.flatnonzero(a.ranges[:, 1] > a.ranges[:, 0]):
+            np.testing.assert_array_equal(b.ids[slice(*b.ranges[t])], a.ids[slice(*a.ranges[t])])
+    short = list(exact.part_slots)
+    short[1] -= 1  # one part's room a slot short: the view's flag, that part's total still counted
+    tight = placement.bin_tiles(p, room=short)
+    assert int(tight.overflow[0]) == 1 and tight.total.tolist() == list(exact.part_slots)
+    with pytest.raises(ValueError, match="room for 2 parts, the split has 3"):
+        placement.bin_tiles(p, room=[10, 10])
+
+
+def test_binning_room_of_a_split_keeps_each_parts_room():
+    """Split, a view's rooms and totals are each part's: a room per part from its last total (grown with the
+    model), fitting only where every part's does, and an overflow where any part's total outgrew its room."""
+    from engine.pipelines.single_gpu import BinningRoom
+    room = BinningRoom(parts=2)
+    room.last = {0: ((1000, 10), 100)}
+    assert room.room(0, 100) == (int(room.MARGIN * 1000) + room.SLACK, int(room.MARGIN * 10) + room.SLACK)
+    assert room.room(0, 200)[0] == int(room.MARGIN * 2000) + room.SLACK and room.room(1, 100) is None
+    half = 1 + (room.MARGIN - 1) / 2
+    assert room.fits(0, 100, (int(half * 1000) + room.SLACK, int(half * 10) + room.SLACK))
+    assert not room.fits(0, 100, (10**9, int(half * 10) - 1 + room.SLACK))
+    room._total[:] = (900, 20)  # as a step's copy of its parts' totals lands
+    room.pending = (0, 100, (1000, 15), None)
+    room.settle()
+    assert room.last[0] == ((900, 20), 100) and room.overflows == 1 and room.skipped == [0]
+
+
+def trained_into_room(dataset, out, parts):
+    """``trained``'s run, every step after a view's first binning into room (as on GPUs)."""
+    t = make_trainer(dataset, out, config(), PipelineOptions(virtual_devices=parts), backend="cpu",
+                     log=lambda *a: None)
+    t.binning_room = True
+    t.train(progress=False)
+    assert t._room.parts == (parts if parts > 1 else None) and t._room.overflows == 0
+    assert len(t._room.last) == len(dataset.train)
+    assert all(len(total) == parts for total, _ in t._room.last.values()) if parts > 1 else True
+    return t
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+def test_virtual_devices_binning_into_room_train_the_model_of_one_device(dataset, one_device, parts, tmp_path):
+    """50 steps densifying, each part binning into its own room after a view's first step: every
+    parameter and moment as one device's exact binning (the room changes no bit)."""
+    split = trained_into_room(dataset, tmp_path, parts)
+    assert len(split.model) == len(one_device.model)
+    for which in ("params", "m", "v"):
+        a, b = one_device.model.host_arrays(which), split.model.host_arrays(which)
+        for group in GROUPS:
+            np.testing.assert_allclose(b[group], a[group], rtol=0, atol=TOLERANCE, err_msg=f"{which} {group}")
 
 
 def test_split_adam_updates_every_row_as_the_whole():
@@ -228,7 +296,8 @@ cam = ns.Camera(np.eye(4), 30.0, 33.0, W * 0.52, H * 0.47, W, H)
 target = np.random.default_rng(0).random((H, W, 3)).astype(np.float32)
 one = split_step(1, g, cam, target, "cuda")[0]
 assert np.abs(one["grad"]).max() > 0 and (one["counts"] > 0).sum() > 5
-for two in (split_step(2, g, cam, target, "cuda")[0], split_step(2, g, cam, target, "cuda", deterministic=True)[0]):
+for two in (split_step(2, g, cam, target, "cuda")[0], split_step(2, g, cam, target, "cuda", deterministic=True)[0],
+            split_step(2, g, cam, target, "cuda", into_room=True)[0]):
     for k in one:  # (float atomics: the sums' order varies)
         assert np.allclose(two[k], one[k], rtol=1e-5, atol=1e-6), (k, np.abs(np.asarray(two[k]) - one[k]).max())
 one = split_step(1, g, cam, target, "cuda", deterministic=True)[0]
@@ -253,6 +322,22 @@ def test_bench_times_the_split_step(tmp_path, capsys):
     assert cli.main(["bench", "--scene", str(path), "--iters", "1", "--warmup", "0", "--virtual-devices", "3"]) == 0
     out = capsys.readouterr().out
     assert "3 virtual devices" in out and "step_ms=" in out, out
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+def test_bench_into_room_steps_as_binning_exactly(parts):
+    """``bench.run(into_room=True)``: the steps after the first bin into its slots (each part its own) and
+    train the scene as exact binning does: the same loss after 3 steps."""
+    from numbasplat import bench
+    g = edge_case_scene(n=80, seed=2, dtype=np.float32, degree=1)
+    cam = ns.Camera(np.eye(4), 36.0, 40.0, WIDTH * 0.52, HEIGHT * 0.47, WIDTH, HEIGHT)
+    said = {}
+    for into_room in (False, True):
+        lines = []
+        bench.run((g, cam), iters=2, warmup=1, backend="cpu", virtual_devices=parts, into_room=into_room,
+                  out=lines.append)
+        said[into_room] = lines[0].split("loss value ")[1]
+    assert said[True] == said[False]
 
 
 def test_info_says_which_gpus_reach_each_other(monkeypatch):

@@ -14,7 +14,7 @@ from numbasplat import backend as _backend
 from numbasplat.chunks import chunked_frame, rasterize_chunk, rasterize_chunk_backward
 from numbasplat.device import DeviceValues, pinned_empty, queue_to_host, stream_event
 from numbasplat.loss import psnr
-from numbasplat.rendering import INT32_MAX, behind_state, front_state
+from numbasplat.rendering import INT32_MAX, ROOM_MARGIN, ROOM_SLACK, behind_state, front_state
 
 from engine.recipe.model import GROUPS, GaussianModel
 from engine.recipe.trainer import PhaseClock, Trainer
@@ -35,24 +35,27 @@ class BinningRoom:
     room is set from the total it had, and it waits in ``skipped`` for the trainer, which trains
     it again at the step after the one that read the overflow, so that no view loses its turn.
     A step calls ``plan`` (host), ``bin_into`` (device: what a step graph captures) and ``record``
-    (host).
+    (host).  On an aggregate device (``parts``: its split's parts) each part bins its tile rows into
+    a room of its own: rooms and totals are then tuples of each part's, and a view overflows where
+    any part's did.
 
     An opacity reset shrinks every Gaussian's reach (it follows the opacity), so the totals fall,
     then climb back faster than the model grows as the opacities recover: ``hold_totals`` keeps
     each view's room at least what it took before the reset, grown with the model since, for its
     next ``HOLD_VISITS`` binnings (the skipped steps come in the epochs right after a reset, while
     densification still grows the model: BENCHMARKS.md, Large scenes)."""
-    MARGIN = 1.2
-    SLACK = 4096
+    MARGIN = ROOM_MARGIN
+    SLACK = ROOM_SLACK
     HOLD_VISITS = 4
 
-    def __init__(self):
+    def __init__(self, parts=None):
+        self.parts = parts   # a split binning's parts (``Placement.bin_tiles``); None: one binning
         self.last = {}       # view -> (its intersections, the model's Gaussians) when it was last binned
         self.held = {}       # view -> [its intersections before a reset, the model's Gaussians then, binnings left]
         self.pending = None  # (view, Gaussians, room, the event after its total's copy) of the last step
         self.overflows = 0
         self.skipped = []    # views whose step was skipped, not yet trained again
-        self._total = pinned_empty(1, np.int64)  # each step's total lands here (read before the next)
+        self._total = pinned_empty(parts or 1, np.int64)  # each step's total lands here (read before the next)
 
     def expected(self, view, gaussians):
         """The intersections ``view`` is expected to have with a model of ``gaussians``: its last
@@ -60,16 +63,20 @@ class BinningRoom:
         if view not in self.last:
             return None
         def grown(total, then):  # a total taken with a model of ``then`` Gaussians, scaled to today's
-            return total * max(gaussians / max(then, 1), 1.0)
+            return np.asarray(total, np.float64) * max(gaussians / max(then, 1), 1.0)
         total = grown(*self.last[view])
         if view in self.held:
-            total = max(total, grown(*self.held[view][:2]))
+            total = np.maximum(total, grown(*self.held[view][:2]))
         return total
 
     def room(self, view, gaussians):
-        """Slots for ``view``'s intersections with a model of ``gaussians`` (None: bin exactly)."""
+        """Slots for ``view``'s intersections with a model of ``gaussians`` (None: bin exactly); split,
+        a tuple of each part's."""
         total = self.expected(view, gaussians)
-        return None if total is None else min(int(self.MARGIN * total) + self.SLACK, INT32_MAX)
+        if total is None:
+            return None
+        slots = np.minimum((self.MARGIN * total).astype(np.int64) + self.SLACK, INT32_MAX)
+        return int(slots) if self.parts is None else tuple(int(k) for k in slots)
 
     def hold_totals(self):
         """After an opacity reset: each view's room keeps its total from before it for a while."""
@@ -81,7 +88,7 @@ class BinningRoom:
         ``expected`` with half the margin and ``SLACK`` to spare (the whole margin would capture the
         graph again at nearly every binning, none would leave more steps skipped)."""
         total = self.expected(view, gaussians)
-        return total is not None and room >= (1 + (self.MARGIN - 1) / 2) * total + self.SLACK
+        return total is not None and bool(np.all(np.asarray(room) >= (1 + (self.MARGIN - 1) / 2) * total + self.SLACK))
 
     def plan(self, view, gaussians):
         """Before binning ``view``: read the last step's total, count this binning against the held
@@ -94,17 +101,21 @@ class BinningRoom:
                 del self.held[view]
         return room
 
-    def bin_into(self, p, room, backend=None, deterministic=False):
-        """The device's part: ``bin_tiles`` of the projection ``p`` into ``room``, its total queued
-        for the host (a step graph captures this)."""
-        b = ns.bin_tiles(p, backend=backend, room=room, deterministic=deterministic)
+    def bin_into(self, p, room, placement, deterministic=False):
+        """The device's part: ``placement``'s ``bin_tiles`` of the projection ``p`` into ``room``, its
+        total queued for the host (a step graph captures this)."""
+        b = placement.bin_tiles(p, room=room, deterministic=deterministic)
         if room is not None:
             queue_to_host(b.total, self._total)
         return b
 
+    def exact_total(self, b):
+        """The intersections of ``b``, binned exactly: an int, or split, a tuple of each part's."""
+        return b.n_isect if self.parts is None else b.part_slots
+
     def record(self, view, gaussians, room, exact_total=None):
-        """After the step is queued: the total of an exact binning (``room`` None), or the room's
-        total to read when the next step bins."""
+        """After the step is queued: the total of an exact binning (``room`` None: ``exact_total``), or
+        the room's total to read when the next step bins."""
         if room is None:
             self.last[view] = (exact_total, gaussians)
         else:
@@ -117,9 +128,9 @@ class BinningRoom:
             self.pending = None
             if event is not None:
                 event.synchronize()
-            total = int(self._total[0])
+            total = int(self._total[0]) if self.parts is None else tuple(int(k) for k in self._total)
             self.last[view] = (total, n)
-            if total > room:
+            if np.any(np.asarray(total) > np.asarray(room)):
                 self.overflows += 1
                 self.skipped.append(view)
 
@@ -147,10 +158,10 @@ class SingleGPUTrainer(Trainer):
         step skipped for room goes back in the order (trains next).
         -> (room: None bins exactly, whether the step bins into room at all)."""
         wanted = _backend.on_gpu(self.backend) if self.binning_room is None else self.binning_room
-        if not wanted or self.appearance is not None or self.store.out_of_core or not self.placement.bins_into_room:
+        if not wanted or self.appearance is not None or self.store.out_of_core:
             return None, False
         if self._room is None:
-            self._room = BinningRoom()
+            self._room = BinningRoom(self.placement.parts if self.placement.split else None)
         room = self._room.plan(view, len(model))
         while self._room.skipped:  # the last step's view did not fit: it trains next (popped from the end)
             self.order.append(self._room.skipped.pop())
@@ -272,13 +283,13 @@ class SingleGPUTrainer(Trainer):
         p = self.project_view(model, state, i, degree)
         clock.end("project")
         fixed = self.cfg.deterministic
-        b = (self._room.bin_into(p, room, self.backend, deterministic=fixed) if roomed
+        b = (self._room.bin_into(p, room, self.placement, deterministic=fixed) if roomed
              else self.placement.bin_tiles(p, deterministic=fixed))
         image, loss, grad = self._render_loss_backward(p, b, i, bg, clock)
         visible = self.owner_backward(model, state, [p], [grad], skip=b.overflow)
         clock.end("owner")
         self.placement.adam_update(model.adam, model.grads.data, visible, skip=b.overflow)
-        return image, loss, (b.n_isect if room is None else None)
+        return image, loss, (self._room.exact_total(b) if roomed and room is None else None)
 
     def _render_loss_backward(self, p, b, i, bg, clock):
         """View ``i``'s render of the projection ``p`` (binned: ``b``) on ``bg``, its loss, and the raster
@@ -306,13 +317,13 @@ class SingleGPUTrainer(Trainer):
         """The step graphs where this step may use one: on a GPU with ``cfg.step_graphs`` on, binning
         into room, the global loss (the tile loss draws its arrangements on the host), no colour
         correction (its per-image values live on the host), the model in memory (a working set's buffers
-        change from step to step), and not a timed step (its phases are
-        synced).  None otherwise."""
+        change from step to step), one device (virtual parts too: they queue on its stream), and not a
+        timed step (its phases are synced).  None otherwise."""
         c = self.cfg
         if self._graphs is None:
             wanted = (c.step_graphs == "on" and _backend.on_gpu(self.backend) and self.binning_room is not False
                       and c.loss != "tile" and self.appearance is None and not self.store.out_of_core
-                      and not self.placement.split)
+                      and self.placement.devices is None)
             if not wanted:
                 return None
             self._graphs = StepGraphs()
