@@ -99,7 +99,8 @@ def equivalence(args):
     with tempfile.TemporaryDirectory() as tmp:
         for parts in (1, 2, 4):
             runs[parts] = train(dataset, Path(tmp) / f"v{parts}", parts, args)
-            print(f"  virtual devices {parts}: {runs[parts][1]:8.2f} ms/step, {runs[parts][2]:,} Gaussians")
+            graphs = {k: v for k, v in runs[parts][3].log_extra().items() if k.startswith("graph")}
+            print(f"  virtual devices {parts}: {runs[parts][1]:8.2f} ms/step, {runs[parts][2]:,} Gaussians, {graphs}")
     base = runs[1][0]
     for parts in (2, 4):  # reported, not judged: densification's thresholds amplify the sums' rounding
         model = runs[parts][0]
