@@ -262,6 +262,14 @@ class Placement:
         self._join()
         return out
 
+    def prepare_adam(self, adam):
+        """Upload what the split's ``adam_update`` reads of ``adam`` (each part's rows' layouts, once per
+        model size), before a step that a step graph may capture (an upload there stops the capture).
+        Call after ``adam.set_step``."""
+        if self.split:
+            for rows in self.gaussian_ranges(adam.params.n):
+                adam.group_spans(*rows)
+
     def adam_update(self, adam, grads, visible=None, skip=None):
         """``Adam.update`` of the step: each part updates its Gaussians' rows of every group."""
         if not self.split:

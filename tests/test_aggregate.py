@@ -163,9 +163,13 @@ def test_split_adam_updates_every_row_as_the_whole():
     for parts in (1, 3):
         params = FlatParams.from_gaussians(g)
         adam = Adam(params, backend="cpu")
+        placement = Placement(parts, "cpu")
         for step in range(3):
             adam.set_step(lrs)
-            Placement(parts, "cpu").adam_update(adam, grads[step], visible=visible)
+            placement.prepare_adam(adam)  # (what the update uploads, before it: a step graph may capture it)
+            uploaded = set(adam._span_layouts)
+            placement.adam_update(adam, grads[step], visible=visible)
+            assert set(adam._span_layouts) == uploaded
         results.append((params.data, adam.m, adam.v))
     assert not np.array_equal(results[0][0], FlatParams.from_gaussians(g).data)
     for a, b in zip(*results):

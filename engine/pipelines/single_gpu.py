@@ -220,6 +220,7 @@ class SingleGPUTrainer(Trainer):
         degree = self.sh_degree_now()
         lr, cols = self.learning_rates()
         model.adam.set_step(cols)  # on the device, where the step's Adam reads them
+        self.placement.prepare_adam(model.adam)
         room, roomed = self._room_for(i, model)
         self.workload.viewed(i, self.backend)
 
