@@ -19,7 +19,7 @@ from .math import gaussian_ops as go
 from .tile_loss import s3im_permutations
 from .optim import Adam, FlatParams, column_lrs
 from .placement import Placement
-from .rendering import ROOM_MARGIN, ROOM_SLACK, rasterize_tile_loss
+from .rendering import rasterize_tile_loss, room_slots
 
 STAGES = ("project", "bin_sort", "raster_fwd", "loss", "raster_bwd", "project_bwd", "adam")
 LR = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "sh": 2.5e-3}
@@ -111,8 +111,7 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
         m.append(clock.mark())
         b = placement.bin_tiles(p, room=room, deterministic=deterministic)
         if into_room and room is None:  # (the room's margin, as training keeps, holds the totals as Adam moves)
-            room = [int(ROOM_MARGIN * n) + ROOM_SLACK for n in (b.part_slots if placement.split else [b.n_isect])]
-            room = room if placement.split else room[0]
+            room = room_slots(placement.slots(b))
         m.append(clock.mark())
         if loss == "tile":
             perms = xp.asarray(s3im_permutations(rng, 10))

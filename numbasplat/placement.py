@@ -117,7 +117,6 @@ class Placement:
         does not bound the model (it pages from the host past it)."""
         return self.devices is not None
 
-
     def describe(self):
         """One line for the log: how the step is split."""
         where = "one after another on this device" if self.devices is None else f"on GPUs {self.devices}"
@@ -189,6 +188,11 @@ class Placement:
         xp = _backend.array_module(self.backend)
         return SplitBinning(parts, overflow=xp.concatenate([b.overflow for _, _, b in parts]).max(keepdims=True),
                             total=xp.concatenate([b.total for _, _, b in parts]))
+
+    def slots(self, b):
+        """``bin_tiles``' slots of the binning ``b`` (binned exactly: its intersections): an int on one part,
+        split a tuple of each part's, as ``bin_tiles(room=)`` takes them."""
+        return b.part_slots if self.split else b.n_isect
 
     def _tile_bounds(self, camera):
         """The parts' first tiles and the end (``tile_row_counts``' bounds) for ``camera``'s tile grid, on the

@@ -24,6 +24,14 @@ INT32_MAX = 2**31 - 1
 ROOM_MARGIN, ROOM_SLACK = 1.2, 4096  # binning into room (``bin_tiles(room=)``): slots for an expected total
 
 
+def room_slots(total, margin=ROOM_MARGIN, slack=ROOM_SLACK):
+    """Slots to bin into (``bin_tiles(room=)``) where ``total`` intersections are expected: ``margin`` times
+    it plus ``slack``, at most ``INT32_MAX``.  ``total`` a number -> an int; each part's of a split binning
+    (a sequence) -> a tuple of each part's."""
+    slots = np.minimum((margin * np.asarray(total, np.float64)).astype(np.int64) + slack, INT32_MAX)
+    return int(slots) if slots.ndim == 0 else tuple(int(k) for k in slots)
+
+
 def _dispatch(backend):
     """The backend's kernels and array module."""
     kernels = _backend.kernels(backend)

@@ -14,7 +14,7 @@ from numbasplat import backend as _backend
 from numbasplat.chunks import chunked_frame, rasterize_chunk, rasterize_chunk_backward
 from numbasplat.device import DeviceValues, pinned_empty, queue_to_host, stream_event
 from numbasplat.loss import psnr
-from numbasplat.rendering import INT32_MAX, ROOM_MARGIN, ROOM_SLACK, behind_state, front_state
+from numbasplat.rendering import ROOM_MARGIN, ROOM_SLACK, behind_state, front_state, room_slots
 
 from engine.recipe.model import GROUPS, GaussianModel
 from engine.recipe.trainer import PhaseClock, Trainer
@@ -73,10 +73,7 @@ class BinningRoom:
         """Slots for ``view``'s intersections with a model of ``gaussians`` (None: bin exactly); split,
         a tuple of each part's."""
         total = self.expected(view, gaussians)
-        if total is None:
-            return None
-        slots = np.minimum((self.MARGIN * total).astype(np.int64) + self.SLACK, INT32_MAX)
-        return int(slots) if self.parts is None else tuple(int(k) for k in slots)
+        return None if total is None else room_slots(total, self.MARGIN, self.SLACK)
 
     def hold_totals(self):
         """After an opacity reset: each view's room keeps its total from before it for a while."""
@@ -108,10 +105,6 @@ class BinningRoom:
         if room is not None:
             queue_to_host(b.total, self._total)
         return b
-
-    def exact_total(self, b):
-        """The intersections of ``b``, binned exactly: an int, or split, a tuple of each part's."""
-        return b.n_isect if self.parts is None else b.part_slots
 
     def record(self, view, gaussians, room, exact_total=None):
         """After the step is queued: the total of an exact binning (``room`` None: ``exact_total``), or
@@ -290,7 +283,7 @@ class SingleGPUTrainer(Trainer):
         visible = self.owner_backward(model, state, [p], [grad], skip=b.overflow)
         clock.end("owner")
         self.placement.adam_update(model.adam, model.grads.data, visible, skip=b.overflow)
-        return image, loss, (self._room.exact_total(b) if roomed and room is None else None)
+        return image, loss, (self.placement.slots(b) if roomed and room is None else None)
 
     def _render_loss_backward(self, p, b, i, bg, clock):
         """View ``i``'s render of the projection ``p`` (binned: ``b``) on ``bg``, its loss, and the raster
