@@ -33,20 +33,23 @@ with abort_on_error(comm):
     pipeline, caps = PixelExchangeTrainer, {}
     if "offload" in sys.argv:  # each rank's Gaussians out of core, in blocks of 8 rows
         pipeline, caps = OffloadedPixelExchangeTrainer, {"mode": "host", "block_rows": 8}
-    if "ahead1" in sys.argv:  # a step rendered ahead; "settle2": the pipeline empties every 2 images (and migrates)
+    import engine.pipelines.pixel_exchange
+    if "wander" in sys.argv:  # the Gaussians that left their box migrate every image (the default: every 100)
+        engine.pipelines.pixel_exchange.SETTLE_EVERY = 1
+    if "settle2" in sys.argv:  # they migrate every 2 images (with a step in flight: the pipeline empties there)
+        engine.pipelines.pixel_exchange.SETTLE_EVERY = 2
+    if "ahead1" in sys.argv:  # a step rendered ahead
         caps["render_ahead"] = 1
-        if "settle2" in sys.argv:
-            import engine.pipelines.pixel_exchange
-            engine.pipelines.pixel_exchange.SETTLE_EVERY = 2
     t = pipeline(data, out, cfg, comm, backend="cpu", saturation="saturation-off" not in sys.argv,
                  consolidation="consolidation-off" not in sys.argv, batch_size=2 if "batch2" in sys.argv else None,
                  **caps)
     t.start_from({"params": start})
-    migrated, in_flight = [], []  # the Gaussians each migration moved (over all ranks); the steps in flight then
-    migrate = t._migrate
+    migrated, in_flight, at = [], [], []  # the Gaussians each migration moved (over all ranks); the steps in flight
+    migrate = t._migrate                  # then; the image it came after
 
     def counted_migrate(model, state):
         in_flight.append(len(t._in_flight))
+        at.append(t.step)
         moved = migrate(model, state)  # (the new shard, its state, the Gaussians moved)
         migrated.append(moved[2])
         return moved
@@ -87,7 +90,7 @@ with abort_on_error(comm):
     if comm.Get_rank() == 0 and densify:  # (grown: the rows as the ranks hold them)
         np.savez(out / "final.npz", losses=np.array(losses), **params)
         print("gaussians", len(params["means"]), "migrations", len(migrated), "in flight", sum(in_flight),
-              "migrated", sum(migrated))
+              "migrated", sum(migrated), "at", at)
     elif comm.Get_rank() == 0:
         back = np.empty_like(order)
         back[order] = np.arange(len(order))

@@ -82,7 +82,7 @@ from .gaussian_exchange import halo_ranges
 from .partition import GROW_PX, SpatialPartition, cluster_boxes, visible_regions
 
 REBALANCE = 1.1  # rebuild the tree after densification when the largest rank holds over this x the mean
-SETTLE_EVERY = 100  # with steps rendered ahead: the pipeline empties (and migrates) every this many images
+SETTLE_EVERY = 100  # the Gaussians that left their box migrate every this many images (steps in flight: the pipeline empties)
 SATURATION_EPOCHS = 4  # a view's saturation marks are made anew every this many epochs
 # the light under which a box behind is skipped.  Not the rasterizer's cut-off T_MIN (1e-4), as
 # Splaxel's: our rasterizer ends a pixel before its transmittance would drop under T_MIN, so a
@@ -669,15 +669,17 @@ class PixelExchangeTrainer(RankedTrainer):
     def _after_step(self, model, state, ctx, lr):
         """The step's ``model`` (``state``: its strategy state) back to the store (``lr``: its learning
         rates), then the strategy's refinements and resets on the whole shard, and the Gaussians that
-        left their box to its owner (after a refinement the tree rebuilt if unbalanced; with steps
-        rendered ahead, only where the pipeline is empty: ``_settles_after``).  Out of core the whole
-        shard is gathered (and cut into blocks anew) only where Gaussians left their box on any rank (only
-        the working set's rows moved) or the strategy acts.  Collective.  -> the strategy's events."""
+        left their box to its owner where they migrate (``_migrates_after``; after a refinement the tree
+        rebuilt if unbalanced).  Out of core the whole shard is gathered (and cut into blocks anew) only
+        where the strategy acts, or where they migrate and some left their box on any rank (only the
+        working set's rows moved).  Collective.  -> the strategy's events."""
         self.store.checkin(model, state, lr)
-        if self.store.out_of_core:
+        migrates = self._migrates_after(ctx.prev_step, self.step)
+        if self.store.out_of_core and not self.strategy.acts_at(self.step, ctx):
+            if not migrates:
+                return {}
             leaving = 0 if model is None else int((self.partition.owner(model.group("means")) != self.rank).sum())
-            leaving = int(self.exchange.allreduce_sum(np.array([float(leaving)]))[0])
-            if not leaving and not self.strategy.acts_at(self.step, ctx):
+            if not int(self.exchange.allreduce_sum(np.array([float(leaving)]))[0]):
                 return {}
         model, state = self.store.whole()
         events = self.strategy.after_optimizer(model, state, self.step, ctx)
@@ -685,10 +687,18 @@ class PixelExchangeTrainer(RankedTrainer):
             model, state, moves = self._rebalance(model, state)
             events.update(moves, gaussians=self.total)
             self._buckets = []  # boxes and Gaussians changed: plan the rest of the epoch anew
-        elif not self._in_flight:
+        elif migrates:
             model, state, _ = self._migrate(model, state)
         self.store.hold(model, state)
         return events
+
+    def _migrates_after(self, prev, step):
+        """Whether the Gaussians that left their box migrate after the step from image ``prev`` to
+        ``step``: with no step in flight, every ``SETTLE_EVERY`` images and where the loop acts (a
+        snapshot, an evaluation, the end).  Not every step: a migration is a collective and rebuilds
+        the shard's buffers, and between migrations a Gaussian that left its box only blends in its old
+        box's order.  The same on every rank."""
+        return not self._in_flight and (crossed(prev, step, SETTLE_EVERY) or self.loop_acts_after(prev, step))
 
     def _update_marks(self, views, plans, blocks):
         """Put the composers' new saturation marks (``blocks``: (view in the bucket, lo, hi, (P, hi - lo))
