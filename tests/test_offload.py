@@ -576,6 +576,22 @@ def test_a_device_cap_too_small_for_a_block_stops_with_the_size_it_needs(dataset
     assert snapshot_bytes(tmp_path / "out") == before
 
 
+def test_a_device_cap_too_small_for_the_index_stops_before_allocating_it(dataset, tmp_path):
+    """A cap that the training images, the largest view's buffers and the block index already overfill (a large
+    capture under a small ``--gpu-memory``) stops with the sizes and the cap that fits, not an allocator's error."""
+    trained_until(dataset, tmp_path / "out", 10)
+    before = snapshot_bytes(tmp_path / "out")
+    view = view_bytes(dataset)
+    have, need = (re.escape(format_bytes(b)) for b in (view + 64, view + 16 * 400 + slot_bytes(4)))
+    with pytest.raises(ValueError, match=fr"--gpu-memory {have} is too small: the training images take 0 B of it "
+                                         fr"\(--targets uint8 keeps them in a quarter\), the largest view's buffers "
+                                         fr"{re.escape(format_bytes(view))}, the index of 400 Gaussians 6\.2 KiB and one "
+                                         fr"block .*; give --gpu-memory {need} or more"):
+        OffloadTrainer(dataset, tmp_path / "out", offload_config(iterations=40), backend="cpu", block_rows=16,
+                       gpu_memory=view + 64).load_snapshot(tmp_path / "out" / SNAPSHOT)
+    assert snapshot_bytes(tmp_path / "out") == before
+
+
 def test_a_store_without_chunked_views_refuses_a_view_too_large_with_the_size_it_needs(dataset, tmp_path):
     """A store whose pipeline trains no chunked views (an MPI rank's shard) refuses a view larger than its
     pool, naming the cap its whole working set needs."""

@@ -497,7 +497,15 @@ class OutOfCoreStore:
         self.device_budget = self._device_budget()
         if self.device_budget is None:
             return 1 << 62  # no cap: every block may stay
-        return max(0, self.device_budget - DeviceCache.INDEX_BYTES * n) // self._slot_bytes()
+        index = DeviceCache.INDEX_BYTES * n
+        if self.gpu_memory and self.device_budget < index:  # (not even the index fits: say so before allocating it)
+            need = self.images_bytes + self._view_bytes() + index + self._slot_bytes()
+            raise ValueError(f"--gpu-memory {format_bytes(self.gpu_memory)} is too small: the training images take "
+                             f"{format_bytes(self.images_bytes)} of it (--targets uint8 keeps them in a quarter), the "
+                             f"largest view's buffers {format_bytes(self._view_bytes())}, the index of {n:,} Gaussians "
+                             f"{format_bytes(index)} and one block {format_bytes(self._slot_bytes())}; give "
+                             f"--gpu-memory {format_bytes(need)} or more")
+        return max(0, self.device_budget - index) // self._slot_bytes()
 
     def _view_bytes(self):
         """Device bytes of the largest training view's per-pixel buffers (``VIEW_BYTES_PER_PIXEL``)."""
