@@ -111,6 +111,8 @@ def train_model(dataset, a, cfg, settings=None, step_hooks=(), resumable=True):
     except FloatingPointError as e:
         raise SystemExit(f"error: {e}")
     except MemoryError as e:
+        if os.environ.get("NUMBASPLAT_DEBUG"):  # (the traceback, as for bad input: cli/__init__.py)
+            raise
         raise SystemExit(f"error: out of memory ({e}); try --max-gaussians N, --resolution 2 (or more), "
                          "or --densify-until with an earlier step")
     return t

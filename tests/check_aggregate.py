@@ -23,7 +23,7 @@ simulator are tested by tests/test_aggregate.py.  Three parts, each on by its fl
     python tests/check_aggregate.py --scene /tmp/b1m.npz --scene /tmp/b6m.npz          # overhead
     python tests/check_aggregate.py --oversubscribe ../shared/data/city6m --gpu-memory 4GiB --steps 300
     python run.py synth --out /tmp/c3m --gaussians 3000000 && python tests/check_aggregate.py --oversubscribe /tmp/c3m \
-        --init-ply /tmp/c3m/ground_truth.ply --gpu-memory 1GiB --steps 300
+        --init-ply /tmp/c3m/ground_truth.ply --gpu-memory 1GiB --steps 300 --train-option=--targets --train-option=uint8
 """
 import argparse
 import json
@@ -139,7 +139,7 @@ def oversubscribe(args):
             cmd = [sys.executable, "run.py", "train", "--data", args.oversubscribe, "--out", str(out),
                    "--iterations", str(args.steps), "--gpu-memory", args.gpu_memory, "--log-every", "50",
                    "--snapshot-every", "0", "--save-at", "0", "--eval-at", "0", *flags,
-                   *(["--init-ply", args.init_ply] if args.init_ply else [])]
+                   *(["--init-ply", args.init_ply] if args.init_ply else []), *args.train_option]
             print(f"oversubscription, {name}: {' '.join(cmd)}", flush=True)
             try:
                 r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.run_timeout)
@@ -171,6 +171,8 @@ def main():
     ap.add_argument("--scene", action="append", default=[], help="a bench scene (.npz) to time; repeatable")
     ap.add_argument("--oversubscribe", metavar="DATA", help="a capture to train past --gpu-memory")
     ap.add_argument("--gpu-memory", default="4GiB")
+    ap.add_argument("--train-option", action="append", default=[], metavar="OPT",
+                    help="a run.py train option for both --oversubscribe runs (repeatable: --train-option=--targets ...)")
     ap.add_argument("--run-timeout", type=float, default=240, help="seconds each --oversubscribe run may take")
     ap.add_argument("--init-ply", default=None, help="--oversubscribe from these Gaussians (a city's ground truth)")
     args = ap.parse_args()

@@ -592,6 +592,19 @@ def test_a_device_cap_too_small_for_the_index_stops_before_allocating_it(dataset
     assert snapshot_bytes(tmp_path / "out") == before
 
 
+def test_a_gpu_caps_headroom_stays_out_of_the_budget_and_the_cap_named_holds_the_need(dataset, tmp_path):
+    """On a GPU ``GPU_HEADROOM`` of a ``--gpu-memory`` cap is kept for what the budget does not count (the
+    allocator's split chunks); the cap that an error names (``_cap_for``) leaves exactly the bytes needed."""
+    from engine.stores.offload.store import GPU_HEADROOM
+    store = trained_until(dataset, tmp_path / "out", 10).store
+    assert store._headroom() == (0.0, 0)  # the CPU backend: the cap is the budget
+    store._headroom = lambda: GPU_HEADROOM
+    for need in (1, 10**6, 3 * 10**9):
+        store.gpu_memory = store._cap_for(need + store.images_bytes + store._view_bytes())
+        assert need <= store._device_budget() <= need + 2
+        assert store.gpu_memory - need > GPU_HEADROOM[0] * store.gpu_memory + GPU_HEADROOM[1] - 2
+
+
 def test_a_store_without_chunked_views_refuses_a_view_too_large_with_the_size_it_needs(dataset, tmp_path):
     """A store whose pipeline trains no chunked views (an MPI rank's shard) refuses a view larger than its
     pool, naming the cap its whole working set needs."""

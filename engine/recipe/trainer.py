@@ -791,12 +791,13 @@ class Trainer(ABC):
         naming which attributes of how many Gaussians went non-finite and the step's loss
         (``model``: the Gaussians to check, default the trainer's)."""
         model = self.store.recent() if model is None else model
-        if bool(self.xp.isfinite(model.params.data).all()):
+        xp = model.xp  # (the device's, or the host's where the store holds the model there: after a chunked view)
+        if bool(xp.isfinite(model.params.data).all()):
             return
         g = model.gaussians
         bad = []
         for name, a in g.arrays().items():
-            n = int((~self.xp.isfinite(a.reshape(len(a), -1)).all(axis=1)).sum())
+            n = int((~xp.isfinite(a.reshape(len(a), -1)).all(axis=1)).sum())
             if n:
                 bad.append(f"{name} of {n}")
         raise FloatingPointError(f"training diverged before step {self.step}: non-finite {', '.join(bad)} of "

@@ -20,6 +20,9 @@ from .layout import BLOCK_ROWS, BlockIndex, RowLayout, WorkingRows, format_bytes
 from .tiers import DiskBlocks, HostBlocks
 
 GPU_SHARE = 0.8  # --gpu-memory 0: this share of the device memory free at the start
+GPU_HEADROOM = (0.05, 32 << 20)  # under a --gpu-memory cap on a GPU, this share of it plus these bytes stay out of
+# the budget, for what it does not count: the allocator's split chunks, a step's transient arrays (a 6M city under
+# 1 GiB ran out by 61 MB at a chunk's gradients without it)
 INTERSECTIONS_PER_GAUSSIAN = 8.0  # the tile intersections per working-set Gaussian that the device's budget
 # assumes (``working_set_bytes``): a view's binning takes 22 B each at its peak, and a GPU's sort 12 B more
 VIEW_BYTES_PER_PIXEL = 24 + 36 + 12 + 12 + 8 + 2 * 24  # the device's budget keeps room for the largest view's
@@ -499,7 +502,7 @@ class OutOfCoreStore:
             return 1 << 62  # no cap: every block may stay
         index = DeviceCache.INDEX_BYTES * n
         if self.gpu_memory and self.device_budget < index:  # (not even the index fits: say so before allocating it)
-            need = self.images_bytes + self._view_bytes() + index + self._slot_bytes()
+            need = self._cap_for(self.images_bytes + self._view_bytes() + index + self._slot_bytes())
             raise ValueError(f"--gpu-memory {format_bytes(self.gpu_memory)} is too small: the training images take "
                              f"{format_bytes(self.images_bytes)} of it (--targets uint8 keeps them in a quarter), the "
                              f"largest view's buffers {format_bytes(self._view_bytes())}, the index of {n:,} Gaussians "
@@ -511,13 +514,25 @@ class OutOfCoreStore:
         """Device bytes of the largest training view's per-pixel buffers (``VIEW_BYTES_PER_PIXEL``)."""
         return VIEW_BYTES_PER_PIXEL * max((v.camera.width * v.camera.height for v in self.views), default=0)
 
+    def _headroom(self):
+        """(share of the cap, bytes) kept out of a ``gpu_memory`` cap's budget: ``GPU_HEADROOM`` on a GPU, none
+        on the CPU backend (no allocator's chunks there)."""
+        return GPU_HEADROOM if _backend.on_gpu(self.backend) else (0.0, 0)
+
+    def _cap_for(self, need):
+        """The ``--gpu-memory`` whose budget holds ``need`` bytes besides the headroom."""
+        share, fixed = self._headroom()
+        return int(np.ceil((need + fixed) / (1.0 - share)))
+
     def _device_budget(self):
-        """Device bytes for the pool and the index: ``gpu_memory`` less the training images, or where it is
-        0, ``GPU_SHARE`` of the device's free memory now (the images already in it); less room for the
-        largest view's per-pixel buffers (``VIEW_BYTES_PER_PIXEL``); None on the CPU backend without a cap."""
+        """Device bytes for the pool and the index: ``gpu_memory`` less the training images and the headroom
+        (``_headroom``), or where it is 0, ``GPU_SHARE`` of the device's free memory now (the images already in
+        it); less room for the largest view's per-pixel buffers (``VIEW_BYTES_PER_PIXEL``); None on the CPU
+        backend without a cap."""
         view = self._view_bytes()
         if self.gpu_memory:
-            return self.gpu_memory - self.images_bytes - view
+            share, fixed = self._headroom()
+            return self.gpu_memory - int(share * self.gpu_memory) - fixed - self.images_bytes - view
         if not _backend.on_gpu(self.backend):
             return None
         import cupy
@@ -551,8 +566,8 @@ class OutOfCoreStore:
         if len(blocks) > self.cache.slots:
             chunked = self.chunked_views and len(views) == 1
             slots = 1 if chunked else len(blocks)  # (chunks need one block's room; else the whole working set)
-            need = (slots * self._slot_bytes() + DeviceCache.INDEX_BYTES * len(self.index) + self.images_bytes
-                    + self._view_bytes())
+            need = self._cap_for(slots * self._slot_bytes() + DeviceCache.INDEX_BYTES * len(self.index)
+                                 + self.images_bytes + self._view_bytes())
             if chunked and self.cache.slots >= 1:
                 self._waits.append(waited.stop())
                 return self._chunked(views[0], blocks)
