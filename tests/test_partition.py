@@ -65,3 +65,12 @@ def test_visible_region_bounds_the_box_and_is_tight():
     assert grown[0] == tight[0] - 5 and grown[2] == tight[2] + 5
     assert visible_region(np.array([-1, -20, -1.0]), np.array([1, -10, 1.0]), cam, grow=3) is None  # behind
     assert visible_region(np.array([50, -1, -1.0]), np.array([60, 1, 1.0]), cam, grow=3) is None  # beside
+    from engine.pipelines.partition import PARALLEL_BOXES
+    centres = rng.uniform(-12, 12, (PARALLEL_BOXES + 5, 3))  # past PARALLEL_BOXES: the parallel pass, as box by box
+    half = rng.uniform(0.1, 3.0, (len(centres), 3))
+    rects, seen = visible_regions(centres - half, centres + half, cam, grow=2)
+    few = [visible_regions(centres[a:a + 100] - half[a:a + 100], centres[a:a + 100] + half[a:a + 100], cam, grow=2)
+           for a in range(0, len(centres), 100)]
+    np.testing.assert_array_equal(np.concatenate([f[1] for f in few]), seen)
+    np.testing.assert_array_equal(np.concatenate([f[0] for f in few]), rects)
+    assert 0 < seen.sum() < len(seen)

@@ -131,3 +131,21 @@ def test_make_trainer_picks_the_pipeline_of_the_options_and_ranks(dataset, tmp_p
         assert cfg.visible_adam == (options.offload != "none"), name  # offloading turns it on
     assert made == {"single": "SingleGPUTrainer", "aggregate": "SingleGPUTrainer", "offload": "OffloadTrainer", "gaussian": "GaussianExchangeTrainer",
                     "pixel": "PixelExchangeTrainer", "offloaded pixel": "OffloadedPixelExchangeTrainer"}
+
+
+@pytest.mark.mpi
+def test_ranks_of_a_node_share_its_cores_among_their_host_threads():
+    """``share_host_threads``: each of 2 ranks of a node runs Numba's parallel loops on at most half its cores
+    (every rank on every core starved the threads of ranks busy in a collective)."""
+    import os
+    import subprocess
+    import sys
+    from conftest import REPO_ROOT, mpiexec_path
+    code = ("from mpi4py import MPI; import numba; from engine.pipelines.distributed import share_host_threads; "
+            "before = numba.get_num_threads(); print(before, share_host_threads(MPI.COMM_WORLD))")
+    r = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=REPO_ROOT, env=dict(os.environ, NUMBASPLAT_BACKEND="cpu",
+                                                            PYTHONPATH=str(REPO_ROOT)))
+    assert r.returncode == 0, r.stdout + r.stderr
+    pairs = [tuple(map(int, line.split())) for line in r.stdout.split("\n") if line.strip()]
+    assert len(pairs) == 2 and all(after == max(1, min(before, (os.cpu_count() or 1) // 2)) for before, after in pairs)

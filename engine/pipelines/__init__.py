@@ -48,8 +48,9 @@ def make_trainer(data, out, cfg, options, comm=None, backend=None, log=print):
             return OffloadTrainer(data, out, cfg, **made)
         from .single_gpu import SingleGPUTrainer
         return SingleGPUTrainer(data, out, cfg, **made)
-    from .distributed import select_device
+    from .distributed import select_device, share_host_threads
     select_device(comm)
+    share_host_threads(comm)
     made.update(batch_size=options.batch_size, transport=options.transport)
     if exchange == "pixel":
         from .pixel_exchange import OffloadedPixelExchangeTrainer, PixelExchangeTrainer

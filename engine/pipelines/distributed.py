@@ -24,6 +24,18 @@ def select_device(comm):
     cupy.cuda.Device(local % cupy.cuda.runtime.getDeviceCount()).use()
 
 
+def share_host_threads(comm):
+    """The node's cores shared among its ranks: each rank's compiled host passes (Numba's parallel loops)
+    use at most its share of them, not every core each (ranks busy in their collectives starved the
+    others' threads: BENCHMARKS.md, the partition proxy).  -> the threads this rank now uses."""
+    import os
+    import numba
+    from mpi4py import MPI
+    here = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
+    numba.set_num_threads(max(1, min(numba.get_num_threads(), (os.cpu_count() or 1) // here)))
+    return numba.get_num_threads()
+
+
 def disagreement(comm, fields):
     """Where the ranks' ``fields`` ({name: JSON value}, the same names on every rank) differ: one
     message, the same on every rank, naming each differing field, the ranks that differ from rank 0

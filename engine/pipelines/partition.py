@@ -104,6 +104,7 @@ class SpatialPartition:
 
 REACH = 4.0   # a Gaussian reaches this many of its largest scale past its centre (the boxes a view may see)
 GROW_PX = 16  # and this many pixels more on screen (the screen-space blur, the projection's linearisation)
+PARALLEL_BOXES = 4096  # visible_regions runs in parallel threads from this many boxes on
 
 
 def morton_codes(points, bits=10):
@@ -142,16 +143,18 @@ def visible_regions(lo, hi, camera, grow, near=0.01):
     image.  A box clipped by the near plane is convex, with the box's corners in front and its
     edges' crossings of the plane as vertices; the image's edges are the frustum's side planes,
     so clipping the rectangle to the image gives the frustum's intersection.  One compiled pass,
-    parallel over the boxes (the out-of-core trainer culls tens of thousands of blocks a step)."""
+    parallel over the boxes where there are ``PARALLEL_BOXES`` or more (the out-of-core trainer culls
+    tens of thousands of blocks a step), else serial: a parallel region's threads for a rank's few
+    boxes cost more than the pass (25 ms a step with 4 ranks a host busy in their collectives)."""
     lo, hi = np.ascontiguousarray(lo, np.float64), np.ascontiguousarray(hi, np.float64)
     rects, seen = np.zeros((len(lo), 4), np.int64), np.zeros(len(lo), np.bool_)
-    _box_regions(lo, hi, np.ascontiguousarray(camera.viewmat, np.float64), float(camera.fx), float(camera.fy),
+    regions = _box_regions_parallel if len(lo) >= PARALLEL_BOXES else _box_regions_serial
+    regions(lo, hi, np.ascontiguousarray(camera.viewmat, np.float64), float(camera.fx), float(camera.fy),
                  float(camera.cx), float(camera.cy), int(camera.width), int(camera.height), float(grow), float(near),
                  rects, seen)
     return rects, seen
 
 
-@njit(parallel=True, cache=True)
 def _box_regions(lo, hi, viewmat, fx, fy, cx, cy, width, height, grow, near, rects, seen):
     """``visible_regions``' pass: box k's corners (bit a of corner c picks hi on axis a) in camera
     space, those in front and the crossings of its 12 edges with the near plane projected and bounded."""
@@ -192,6 +195,10 @@ def _box_regions(lo, hi, viewmat, fx, fy, cx, cy, width, height, grow, near, rec
         if x0 < x1 and y0 < y1:
             seen[k] = True
             rects[k, 0], rects[k, 1], rects[k, 2], rects[k, 3] = int(x0), int(y0), int(x1), int(y1)
+
+
+_box_regions_parallel = njit(parallel=True, cache=True)(_box_regions)
+_box_regions_serial = njit(cache=True)(_box_regions)
 
 
 def visible_region(lo, hi, camera, grow, near=0.01):
