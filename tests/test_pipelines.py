@@ -142,10 +142,11 @@ def test_ranks_of_a_node_share_its_cores_among_their_host_threads():
     import sys
     from conftest import REPO_ROOT, mpiexec_path
     code = ("from mpi4py import MPI; import numba; from engine.pipelines.distributed import share_host_threads; "
-            "before = numba.get_num_threads(); print(before, share_host_threads(MPI.COMM_WORLD))")
+            "before = numba.get_num_threads(); got = MPI.COMM_WORLD.gather((before, share_host_threads(MPI.COMM_WORLD))); "
+            "MPI.COMM_WORLD.Get_rank() or print(got)")
     r = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120, cwd=REPO_ROOT, env=dict(os.environ, NUMBASPLAT_BACKEND="cpu",
                                                             PYTHONPATH=str(REPO_ROOT)))
     assert r.returncode == 0, r.stdout + r.stderr
-    pairs = [tuple(map(int, line.split())) for line in r.stdout.split("\n") if line.strip()]
+    pairs = eval(r.stdout.strip().splitlines()[-1])  # (every rank's threads before and after)
     assert len(pairs) == 2 and all(after == max(1, min(before, (os.cpu_count() or 1) // 2)) for before, after in pairs)
