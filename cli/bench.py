@@ -19,7 +19,8 @@ def cmd_bench(a):
         raise SystemExit("error: --deterministic cannot be combined with --loss tile (its fused kernel adds "
                          "gradients with atomics)")
     bench.run(load_scene(a.scene), iters=a.iters, warmup=a.warmup, sh_degree=a.sh_degree, profile=a.profile,
-              loss=a.loss, fuse=not a.no_fuse, deterministic=a.deterministic, virtual_devices=a.virtual_devices)
+              loss=a.loss, fuse=not a.no_fuse, deterministic=a.deterministic, virtual_devices=a.virtual_devices,
+              into_room=a.graphs, graphs=a.graphs)
 
 
 def make_scene(a):
@@ -295,6 +296,9 @@ def add_commands(sub):
     b.add_argument("--virtual-devices", type=count(1), default=1, metavar="N",
                    help="every stage split N ways as train --virtual-devices splits it (the aggregate device's "
                         "overhead on one device)")
+    b.add_argument("--graphs", action="store_true",
+                   help="time replays of one CUDA graph of the step, binning into the first step's room, as "
+                        "training's step graphs run it (the step alone, not its stages)")
     b.set_defaults(fn=cmd_bench)
     c = sub.add_parser("scaling", help="training images/s and the step's phases on a benchmark scene or a dataset, "
                                        "one rank or many (mpiexec); on one rank bytes per step and a cost model")

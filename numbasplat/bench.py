@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from . import backend as _backend
+from . import device
 from .math import gaussian_ops as go
 from .tile_loss import s3im_permutations
 from .optim import Adam, FlatParams, column_lrs
@@ -72,13 +73,22 @@ def peak_device_bytes():
 
 
 def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile=False, loss="global",
-        fuse=True, deterministic=False, out=print, virtual_devices=1, into_room=False):
+        fuse=True, deterministic=False, out=print, virtual_devices=1, into_room=False, graphs=False):
     """Time ``iters`` training steps (after ``warmup``) on ``scene``, the (Gaussians, Camera) of a benchmark
     scene (``data.bench_scene.load_scene``), printing each stage's median through ``out``; -> the medians (ms).
     ``virtual_devices``: every stage split that many ways, as the aggregate device splits it
     (``numbasplat.placement``; 1: the plain calls).  ``into_room``: the steps after the first bin into
     room for the first one's totals (``bin_tiles(room=)``, each part its own), without the exact
-    binning's sync, as training does."""
+    binning's sync, as training does.  ``graphs`` (with ``into_room``): the timed steps replay a CUDA
+    graph of one step, as training's step graphs do (``engine.pipelines.step_graphs``): the host's
+    launches out of the time, only the whole step timed (on the CPU backend and in the simulator the
+    step itself runs in the graph's place)."""
+    if graphs and not into_room:
+        raise ValueError("bench graphs: a captured step bins into a fixed room (into_room)")
+    if graphs and loss == "tile":
+        raise ValueError("--graphs times --loss global (the tile loss's fused path reads its counts on the host)")
+    if graphs:
+        warmup = max(warmup, 2)  # (the first step compiles and makes the room, the second is captured after it)
     if deterministic and loss == "tile":
         raise ValueError("--deterministic cannot be combined with --loss tile (its fused kernel adds gradients "
                          "with atomics)")
@@ -102,54 +112,84 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
     launches = []
     room = None  # (``into_room``: the first binning's slots, which the scene keeps step after step)
     prof = cProfile.Profile() if profile else None
+
+    def step(mark):
+        """One training step, ``mark()`` between its stages.  -> (its loss, its binning)."""
+        nonlocal room
+        mark()
+        p = placement.project(g, cam, sh_degree, check=False)
+        mark()
+        b = placement.bin_tiles(p, room=room, deterministic=deterministic)
+        if into_room and room is None:  # (the room's margin, as training keeps, holds the totals as Adam moves)
+            room = room_slots(placement.slots(b))
+        mark()
+        if loss == "tile":
+            perms = xp.asarray(s3im_permutations(rng, 10))
+            loss_value, rec, _, stats = rasterize_tile_loss(p, b, target, perms, 0.2, fuse=fuse, backend=backend,
+                                                             lazy=True)
+            fstats.update(stats)
+            mark(), mark(), mark()  # raster, loss and backward are one stage (reported as raster_fwd)
+        else:
+            r = placement.rasterize(p, b)
+            mark()
+            loss_value, d_img = placement.image_loss(r.image, target, 0.2)  # as in training
+            mark()
+            rec = placement.rasterize_backward(p, b, r, d_img, deterministic=deterministic)
+            mark()
+        placement.project_backward(g, p, rec, gg, accumulate=False)
+        mark()
+        placement.adam_update(opt, grads.data)
+        mark()
+        return loss_value, b
+
+    fstats = {}
+    graph = scratch = None
     for it in range(warmup + iters):
         if prof and it == warmup:
             prof.enable()
         n0 = kernels.launch_count()
-        m = [clock.mark()]
-        p = placement.project(g, cam, sh_degree, check=False)
-        m.append(clock.mark())
-        b = placement.bin_tiles(p, room=room, deterministic=deterministic)
-        if into_room and room is None:  # (the room's margin, as training keeps, holds the totals as Adam moves)
-            room = room_slots(placement.slots(b))
-        m.append(clock.mark())
-        if loss == "tile":
-            perms = xp.asarray(s3im_permutations(rng, 10))
-            loss_value, rec, _, fstats = rasterize_tile_loss(p, b, target, perms, 0.2, fuse=fuse, backend=backend,
-                                                              lazy=True)
-            m += [clock.mark()] * 3  # raster, loss and backward are one stage (reported as raster_fwd)
-        else:
-            r = placement.rasterize(p, b)
-            m.append(clock.mark())
-            loss_value, d_img = placement.image_loss(r.image, target, 0.2)  # as in training
-            m.append(clock.mark())
-            rec = placement.rasterize_backward(p, b, r, d_img, deterministic=deterministic)
-            m.append(clock.mark())
-        placement.project_backward(g, p, rec, gg, accumulate=False)
-        m.append(clock.mark())
         opt.set_step(lrs)
-        placement.adam_update(opt, grads.data)
-        m.append(clock.mark())
+        m = []
+        if graph is None:
+            loss_value, b = step(lambda: m.append(clock.mark()))
+        else:  # the step graph, timed as a whole
+            m.append(clock.mark())
+            if scratch is not None:
+                graph.launch(scratch.stream)  # (its loss lands in the captured step's output array)
+            else:
+                loss_value, b = graph()
+            m.append(clock.mark())
+        if graphs and graph is None and it >= 1:  # (past the step that compiled and made the room)
+            placement.prepare_adam(opt)
+            if _backend.on_gpu(backend):
+                scratch = device.GraphScratch()
+                graph, (loss_value, b) = device.capture_graph(lambda: step(lambda: None), scratch)
+            else:
+                graph = lambda: step(lambda: None)  # noqa: E731 (the step itself in the graph's place)
         if it >= warmup:
-            for s, a, c in zip(STAGES, m, m[1:]):
-                times[s].append(clock.elapsed_ms(a, c))
+            if len(m) > 2:
+                for s, a, c in zip(STAGES, m, m[1:]):
+                    times[s].append(clock.elapsed_ms(a, c))
+                times["forward"].append(clock.elapsed_ms(m[0], m[3]))
             times["step"].append(clock.elapsed_ms(m[0], m[-1]))
-            times["forward"].append(clock.elapsed_ms(m[0], m[3]))
             launches.append(None if n0 is None else kernels.launch_count() - n0)
     if prof:
         prof.disable()
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
         out(buf.getvalue())
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = {k: statistics.median(v) for k, v in times.items() if v}  # (a graph's step: its stages not apart)
     n = len(g_host)
     out(f"scene: {n} Gaussians, {cam.width}x{cam.height}, backend {backend}, loss {loss} "
         f"{'(fused where it fits)' if loss == 'tile' and fuse else ''}"
         f"{', deterministic' if deterministic else ''}"
         f"{f', {virtual_devices} virtual devices' if virtual_devices > 1 else ''}, {iters} iterations (median ms), "
         f"intersections {b.n_isect}, loss value {float(loss_value):.4f}")
+    if graphs:
+        out("  (each timed step a replay of one CUDA graph of the step, on the CPU the step itself: its stages "
+            "not timed apart)")
     for s in STAGES:
-        if loss == "tile" and s in ("loss", "raster_bwd"):
+        if (loss == "tile" and s in ("loss", "raster_bwd")) or s not in med:
             continue
         label = "raster+loss+bwd" if loss == "tile" and s == "raster_fwd" else s
         out(f"  {label:15s} {med[s]:8.3f}")
@@ -159,7 +199,7 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
         for name, fused_path in (("unfused", False), ("fused", True)):
             rd, wr = traffic_bytes(b.n_isect, cam.width * cam.height, fused_path)
             out(f"modelled device traffic, {name}: read {rd / 2**20:.1f} MiB, write {wr / 2**20:.1f} MiB")
-    if loss != "tile":
+    if loss != "tile" and "forward" in med:
         out(f"  {'forward':15s} {med['forward']:8.3f}   (project + bin_sort + raster_fwd)")
     if launches[0] is not None:
         out(f"numba kernel launches per step: {statistics.median(launches):.0f}")

@@ -106,6 +106,36 @@ def stream_event():
     return cupy.cuda.get_current_stream().record()
 
 
+class GraphScratch:
+    """A memory pool and a stream of CUDA graphs' own: the scratch arrays of the steps that
+    ``capture_graph`` captures come from the pool, which nothing else allocates from (a graph keeps
+    the addresses it was captured with), and the graphs are captured and launched on the stream
+    (blocking: ordered with the default stream's work)."""
+
+    def __init__(self):
+        import cupy
+        self.pool, self.stream = cupy.cuda.MemoryPool(), cupy.cuda.Stream()
+
+    def free(self):
+        """Let the scratch go (every graph captured with it dropped first)."""
+        self.pool.free_all_blocks()
+
+
+def capture_graph(call, scratch):
+    """``call()``'s device work captured into a CUDA graph on ``scratch`` (a ``GraphScratch``), its
+    arrays allocated from the scratch's pool.  -> (the graph: ``graph.launch(scratch.stream)`` queues
+    it again; what ``call`` returned, kept allocated with the graph).  ``call`` must neither upload from
+    the host nor wait for the device (either stops the capture)."""
+    import cupy
+    with scratch.stream, cupy.cuda.using_allocator(scratch.pool.malloc):
+        scratch.stream.begin_capture(cupy.cuda.runtime.streamCaptureModeRelaxed)
+        try:
+            outputs = call()
+        finally:
+            graph = scratch.stream.end_capture()
+    return graph, outputs
+
+
 def address(a):
     """Where the data of ``a`` (a device or a numpy array) starts."""
     return a.data.ptr if is_device(a) else a.__array_interface__["data"][0]

@@ -11,7 +11,9 @@ simulator are tested by tests/test_aggregate.py.  Three parts, each on by its fl
   another grouping of the same float sums than one pass: equal to rounding, not to the bit.
   Also prints each run's ms per step and Gaussians.  Exits 1 past the tolerance.
 * ``--scene FILE.npz`` (``run.py bench --make 1M --out b1m.npz``; 6M too): ``run.py bench``'s step
-  time at virtual devices 1, 2 and 4 and each one's ratio to 1 (issue 61's target: 1.1x at 4).
+  time at virtual devices 1, 2 and 4 and each one's ratio to 1 (issue 61's target: 1.1x at 4): binned
+  exactly, into room, and replaying a step graph (as training runs the step: the host's launches, 4x as
+  many at 4 parts, out of the time).
 * ``--oversubscribe DATA --gpu-memory 4GiB``: ``run.py train`` of DATA (a scene whose model grows past
   twice the cap: the 6M city at 4 GiB) with ``--devices 1 --gpu-memory G`` (managed memory, the rest
   of the GPU reserved) and with ``--offload host --gpu-memory G``, ``--steps`` steps each: images/s
@@ -121,11 +123,12 @@ def overhead(scenes):
     for path in scenes:
         scene = load_scene(path)
         print(f"overhead: {path} ({len(scene[0]):,} Gaussians)")
-        for how, into_room in (("binned exactly", False), ("binned into room", True)):
+        for how, kw in (("binned exactly", {}), ("binned into room", {"into_room": True}),
+                        ("a step graph, into room", {"into_room": True, "graphs": True})):
             times = {}
             for parts in (1, 2, 4):
-                times[parts] = bench.run(scene, iters=20, warmup=3, virtual_devices=parts, into_room=into_room,
-                                         out=lambda *a: None)["step"]
+                times[parts] = bench.run(scene, iters=20, warmup=3, virtual_devices=parts, out=lambda *a: None,
+                                         **kw)["step"]
                 print(f"  virtual devices {parts}, {how}: {times[parts]:8.3f} ms/step, "
                       f"{times[parts] / times[1]:.3f}x of one")
 

@@ -30,7 +30,7 @@ its device work as a real graph would need it.
 import time
 from dataclasses import dataclass
 
-from numbasplat.device import address
+from numbasplat.device import GraphScratch, address, capture_graph
 
 
 @dataclass
@@ -49,7 +49,7 @@ class StepGraphs:
         self.simulate = simulate
         self._entries = {}
         self._seen = set()  # the views stepped once as usual (their next steps may be captured)
-        self._pool = self._stream = None
+        self._scratch = None  # (a GraphScratch: the graphs' memory pool and stream, made at the first capture)
         self.captures = self.replays = 0
         self.capture_seconds = 0.0  # the host's time capturing (the captured steps' own work included)
         self.failures, self.last_failure = 0, None  # captures that failed (their steps ran as usual), and why
@@ -57,8 +57,8 @@ class StepGraphs:
     def clear(self):
         """Drop every graph (the model or the strategy state changed) and the scratch they shared."""
         self._entries.clear()
-        if self._pool is not None:
-            self._pool.free_all_blocks()
+        if self._scratch is not None:
+            self._scratch.free()
 
     def run(self, view, key, room, fits, step):
         """``view``'s step: ``step(room, captured)`` -> its outputs (device arrays), called as is the
@@ -90,23 +90,15 @@ class StepGraphs:
         if self.simulate:
             e.outputs = e.graph()
         else:
-            e.graph.launch(self._stream)
+            e.graph.launch(self._scratch.stream)
         return e.outputs, e.room
 
     def _capture(self, call):
         if self.simulate:
             return call, None  # (the outputs come from each replay)
-        import cupy
-        if self._pool is None:
-            self._pool = cupy.cuda.MemoryPool()
-            self._stream = cupy.cuda.Stream()  # blocking: ordered with the default stream's work
-        with self._stream, cupy.cuda.using_allocator(self._pool.malloc):
-            self._stream.begin_capture(cupy.cuda.runtime.streamCaptureModeRelaxed)
-            try:
-                outputs = call()
-            finally:
-                graph = self._stream.end_capture()
-        return graph, outputs
+        if self._scratch is None:
+            self._scratch = GraphScratch()
+        return capture_graph(call, self._scratch)
 
 
 def array_key(arrays):
