@@ -128,7 +128,8 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
             loss_value, rec, _, stats = rasterize_tile_loss(p, b, target, perms, 0.2, fuse=fuse, backend=backend,
                                                              lazy=True)
             fstats.update(stats)
-            mark(), mark(), mark()  # raster, loss and backward are one stage (reported as raster_fwd)
+            for _ in range(3):  # raster, loss and backward are one stage (reported as raster_fwd)
+                mark()
         else:
             r = placement.rasterize(p, b)
             mark()
@@ -171,8 +172,8 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
                 for s, a, c in zip(STAGES, m, m[1:]):
                     times[s].append(clock.elapsed_ms(a, c))
                 times["forward"].append(clock.elapsed_ms(m[0], m[3]))
+                launches.append(None if n0 is None else kernels.launch_count() - n0)  # (a replay launches none)
             times["step"].append(clock.elapsed_ms(m[0], m[-1]))
-            launches.append(None if n0 is None else kernels.launch_count() - n0)
     if prof:
         prof.disable()
         buf = io.StringIO()
@@ -201,7 +202,7 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
             out(f"modelled device traffic, {name}: read {rd / 2**20:.1f} MiB, write {wr / 2**20:.1f} MiB")
     if loss != "tile" and "forward" in med:
         out(f"  {'forward':15s} {med['forward']:8.3f}   (project + bin_sort + raster_fwd)")
-    if launches[0] is not None:
+    if launches and launches[0] is not None:
         out(f"numba kernel launches per step: {statistics.median(launches):.0f}")
     peak = peak_device_bytes()
     if peak:

@@ -145,7 +145,7 @@ def visible_regions(lo, hi, camera, grow, near=0.01):
     so clipping the rectangle to the image gives the frustum's intersection.  One compiled pass,
     parallel over the boxes where there are ``PARALLEL_BOXES`` or more (the out-of-core trainer culls
     tens of thousands of blocks a step), else serial: a parallel region's threads for a rank's few
-    boxes cost more than the pass (25 ms a step with 4 ranks a host busy in their collectives)."""
+    boxes cost more than the pass where the host's ranks keep its cores busy in their collectives."""
     lo, hi = np.ascontiguousarray(lo, np.float64), np.ascontiguousarray(hi, np.float64)
     rects, seen = np.zeros((len(lo), 4), np.int64), np.zeros(len(lo), np.bool_)
     regions = _box_regions_parallel if len(lo) >= PARALLEL_BOXES else _box_regions_serial

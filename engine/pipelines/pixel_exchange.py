@@ -479,8 +479,14 @@ class PixelExchangeTrainer(RankedTrainer):
         ``SETTLE_EVERY`` images, where the Gaussians that left their box migrate (rows that move would
         leave a render in flight pointing at others).  The same on every rank."""
         first, end = step.first, step.end
-        return (self.loop_acts_after(first, end) or crossed(first, end, SETTLE_EVERY)
-                or self.strategy.acts_at(end, self.context(prev_step=first)))
+        return self._migration_due(first, end) or self.strategy.acts_at(end, self.context(prev_step=first))
+
+    def _migration_due(self, prev, step):
+        """Whether the step from image ``prev`` to ``step`` ends where the Gaussians that left their box
+        migrate: every ``SETTLE_EVERY`` images and where the loop acts (a snapshot, an evaluation, the
+        end).  Not every step: a migration is a collective and rebuilds the shard's buffers, and between
+        migrations a Gaussian that left its box only blends in its old box's order."""
+        return crossed(prev, step, SETTLE_EVERY) or self.loop_acts_after(prev, step)
 
     def save_snapshot(self, path=None):
         """The snapshot of the steps trained (``_drop_in_flight``: a stop signal may come mid-flight)."""
@@ -669,12 +675,13 @@ class PixelExchangeTrainer(RankedTrainer):
     def _after_step(self, model, state, ctx, lr):
         """The step's ``model`` (``state``: its strategy state) back to the store (``lr``: its learning
         rates), then the strategy's refinements and resets on the whole shard, and the Gaussians that
-        left their box to its owner where they migrate (``_migrates_after``; after a refinement the tree
-        rebuilt if unbalanced).  Out of core the whole shard is gathered (and cut into blocks anew) only
-        where the strategy acts, or where they migrate and some left their box on any rank (only the
-        working set's rows moved).  Collective.  -> the strategy's events."""
+        left their box to its owner where they migrate (``_migration_due``, with no step in flight;
+        after a refinement the tree rebuilt if unbalanced).  Out of core the whole shard is gathered
+        (and cut into blocks anew) only where the strategy acts, or where they migrate and some left
+        their box on any rank (only the working set's rows moved).  Collective.  -> the strategy's
+        events."""
         self.store.checkin(model, state, lr)
-        migrates = self._migrates_after(ctx.prev_step, self.step)
+        migrates = not self._in_flight and self._migration_due(ctx.prev_step, self.step)
         if self.store.out_of_core and not self.strategy.acts_at(self.step, ctx):
             if not migrates:
                 return {}
@@ -691,14 +698,6 @@ class PixelExchangeTrainer(RankedTrainer):
             model, state, _ = self._migrate(model, state)
         self.store.hold(model, state)
         return events
-
-    def _migrates_after(self, prev, step):
-        """Whether the Gaussians that left their box migrate after the step from image ``prev`` to
-        ``step``: with no step in flight, every ``SETTLE_EVERY`` images and where the loop acts (a
-        snapshot, an evaluation, the end).  Not every step: a migration is a collective and rebuilds
-        the shard's buffers, and between migrations a Gaussian that left its box only blends in its old
-        box's order.  The same on every rank."""
-        return not self._in_flight and (crossed(prev, step, SETTLE_EVERY) or self.loop_acts_after(prev, step))
 
     def _update_marks(self, views, plans, blocks):
         """Put the composers' new saturation marks (``blocks``: (view in the bucket, lo, hi, (P, hi - lo))

@@ -131,9 +131,8 @@ MEANS_LR = 1.6e-4
 def means_learning_rate(random_start):
     """The default learning rate of the means: 3DGS's (``MEANS_LR``) from SfM points, twice it from
     random points (``random_start``: the capture has none), which start far from the surfaces and must
-    travel to them.  Doubled, lego gains 0.3 dB at 7k and holds its 30k, the demo gains 1.1 dB; the
-    captures that start from SfM points lost up to 1.4 dB at 30k with it (BENCHMARKS.md, "Quality
-    that holds")."""
+    travel to them.  Doubled, random starts gain and captures that start from SfM points lose
+    (BENCHMARKS.md, "Quality that holds")."""
     return 2 * MEANS_LR if random_start else MEANS_LR
 
 

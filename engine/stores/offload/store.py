@@ -21,8 +21,7 @@ from .tiers import DiskBlocks, HostBlocks
 
 GPU_SHARE = 0.8  # --gpu-memory 0: this share of the device memory free at the start
 GPU_HEADROOM = (0.05, 32 << 20)  # under a --gpu-memory cap on a GPU, this share of it plus these bytes stay out of
-# the budget, for what it does not count: the allocator's split chunks, a step's transient arrays (a 6M city under
-# 1 GiB ran out by 61 MB at a chunk's gradients without it)
+# the budget, for what it does not count: the allocator's split chunks, a step's transient arrays
 INTERSECTIONS_PER_GAUSSIAN = 8.0  # the tile intersections per working-set Gaussian that the device's budget
 # assumes (``working_set_bytes``): a view's binning takes 22 B each at its peak, and a GPU's sort 12 B more
 VIEW_BYTES_PER_PIXEL = 24 + 36 + 12 + 12 + 8 + 2 * 24  # the device's budget keeps room for the largest view's
