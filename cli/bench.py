@@ -3,7 +3,7 @@ import argparse
 import os
 import sys
 
-from .args import TRANSPORTS, byte_size, count, mpi_comm, positive
+from .args import TRANSPORTS, byte_size, count, mpi_comm, nonnegative, positive
 
 
 def cmd_bench(a):
@@ -77,6 +77,7 @@ def cmd_scaling(a):
         raise ValueError(f"--pipeline single runs on one rank, not {comm.Get_size()}: leave it out under mpiexec")
     options = dict(iters=a.iters, warmup=a.warmup, grad_comm=a.grad_comm, transport=a.transport,
                    model_ranks=a.model_ranks, link_gbs=a.link_gbs or scaling.NVLINK_GBS,
+                   link_latency_s=scaling.NVLINK_LATENCY_S if a.link_latency_us is None else 1e-6 * a.link_latency_us,
                    balanced=a.model_bounds == "balanced", loss=a.loss, timeline=a.timeline,
                    timeline_trace=a.timeline_trace,
                    offload=None if a.offload == "none" else dict(offload=a.offload, offload_dir=a.offload_dir,
@@ -327,6 +328,9 @@ def add_commands(sub):
     c.add_argument("--link-gbs", type=positive, default=None, metavar="GB/s",
                    help="the cost model's link, gigabytes per second per GPU and direction (default: NCCL's "
                         "effective NVLink 4 bandwidth, engine/tools/scaling.py NVLINK_GBS)")
+    c.add_argument("--link-latency-us", type=nonnegative, default=None, metavar="US",
+                   help="the cost model's time a collective round costs beyond its bytes, microseconds (default: "
+                        "NCCL's smallest messages over NVLink, engine/tools/scaling.py NVLINK_LATENCY_S)")
     c.add_argument("--timeline", type=count(0), default=0, metavar="STEPS",
                    help="then this many steps under CUPTI (needs torch): kernels, device busy and idle time and "
                         "host waits per step (engine/tools/timeline.py)")

@@ -748,7 +748,8 @@ proxy)  # issue 63: GPU partitions as stand-in GPUs.  CUDA MPS limits each clien
     # would).  Starts the MPS daemon and stops it at the end; without MPS, says why and runs the ranks unlimited.
     # SCENES (default "lego"; lego, fern or a COLMAP capture in .data), PS (default "2 4 8"), PIPES (default
     # "gaussian pixel"), ITERS (default 1000); extra train options after the part's name.  Beside each P, the
-    # cost model's prediction (run.py scaling --model-ranks P) from the one rank's model, its link LINK_GBS.
+    # cost model's prediction (run.py scaling --model-ranks P) from the one rank's model on one rank of the
+    # exchange pipeline, its link LINK_GBS (default 10) and LATENCY_US a collective round (default 4).
     shift; iters=${ITERS:-1000}
     if nvidia-cuda-mps-control -d > "$R/mps.txt" 2>&1 || pgrep -x nvidia-cuda-mps >/dev/null; then step "MPS on"; mps=1
     else step "no MPS: $(cat "$R/mps.txt")"; mps=0; fi  # a daemon an earlier part started counts as on
@@ -759,10 +760,11 @@ proxy)  # issue 63: GPU partitions as stand-in GPUs.  CUDA MPS limits each clien
             pct=$((100 / p)); [ $mps = 1 ] || pct=100
             CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pct KEEP=1 train ${scene}_one_p$p "$iters" "${args[@]}" "$@"
             offload_summary "$R/${scene}_one_p$p"
-            step "the cost model at P = $p from that run's model (a link of ${LINK_GBS:-10} GB/s: host-staged)"
+            step "the cost model at P = $p from that run's model on one rank of the exchange pipeline (its host work in; a link of ${LINK_GBS:-10} GB/s and ${LATENCY_US:-4} us a round)"
             CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pct timeout 300 python3 run.py scaling --model "$R/${scene}_one_p$p" \
-                --pipeline single --views 8 --iters 10 --model-ranks "$p" --link-gbs "${LINK_GBS:-10}" \
-                > "$R/${scene}_model_p$p.txt" 2>&1; grep -av Warn "$R/${scene}_model_p$p.txt" | tail -14
+                --pipeline gaussian-exchange --views 8 --iters 10 --model-ranks "$p" --link-gbs "${LINK_GBS:-10}" \
+                --link-latency-us "${LATENCY_US:-4}" > "$R/${scene}_model_p$p.txt" 2>&1
+            grep -av Warn "$R/${scene}_model_p$p.txt" | grep -A20 '^phases' | grep -v '^pixel\|^    P  \(pixel\|views\)' | head -24
             for pipe in ${PIPES:-gaussian pixel}; do
                 name=${scene}_${pipe}_p$p; step "$name at $pct% of the SMs a rank"
                 mpiexec --allow-run-as-root --oversubscribe -x CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pct -n "$p" python3 \

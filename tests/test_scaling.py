@@ -198,6 +198,39 @@ def test_cost_model_with_even_work_and_the_link():
     assert slow - times[2] == pytest.approx(busy.link_bytes("dense").max() / 1e9)
 
 
+EXCHANGE_PHASE_TIMES = {**PHASE_TIMES, "plan": (0.001, 0.001), "forward_exchange": (0.002, 0.0015),
+                        "halo_exchange": (0.0005, 0.0005), "backward_exchange": (0.003, 0.002), "reduce": (0.0004, 0.0004)}
+
+
+@pytest.mark.parametrize("step", [0.030, 0.010])  # more than the phases add up to, and less
+def test_cost_model_adds_the_exchange_pipelines_host_work_and_round_latency(step):
+    phases = EXCHANGE_PHASE_TIMES
+    total = sum(t for t, _ in phases.values())
+    assert scaling.has_exchange_phases(phases) and not scaling.has_exchange_phases(PHASE_TIMES)
+    # one rank of the exchange pipeline: its synced phases, not fitted into the step (each exchange syncs)
+    one = scaling.predict_step(phases, step, ideal_traffic(1), "sparse", 1e9, latency_s=1e-3)
+    assert one["step"] == pytest.approx(max(step, total)) and one["link"].max() == 0  # no round crosses ranks
+    latency = 2e-4
+    for P in (2, 4):
+        m = scaling.predict_step(phases, step, ideal_traffic(P), "dense", 1e9, latency_s=latency)
+        # every rank: a view's projection, plan, records and gradients packed (P views of a P-th of the
+        # rows), its tiles; Adam a P-th; the halo and the sum as one rank's; each round's latency
+        per_view = {"project", "plan", "owner", "forward_exchange", "backward_exchange", "render", "loss",
+                    "backward", "halo_exchange", "reduce"}
+        expect = sum(phases[k][0] for k in per_view) + phases["optimizer"][0] / P
+        np.testing.assert_allclose(m["work"], expect)
+        np.testing.assert_allclose(m["link"], scaling.ROUNDS * latency)
+        assert m["step"] == pytest.approx(expect + scaling.ROUNDS * latency + max(step - total, 0.0))
+    # measured on the single pipeline, the exchange pipeline's host work and the rounds' latency stay out
+    # of the comparison table, as the pixel pipeline's do
+    lines = scaling.exchange_model_table({2: even_pixel_counts(2)}, {2: ideal_traffic(2)}, phases, step, 1,
+                                         {"NVLink": 370.0})
+    own = sum(t for k, (t, _) in phases.items() if k not in PHASE_TIMES)
+    single = scaling.predict_step(PHASE_TIMES, step - own, ideal_traffic(2), "sparse", 370e9)["step"]
+    pixel = scaling.predict_pixel_step(PHASE_TIMES, step - own, even_pixel_counts(2), 370e9)["step"]
+    assert lines[-1].split() == ["2", f"{2 / single:.1f}", f"{1 / pixel:.1f}"]
+
+
 def even_pixel_counts(P, views=2, tiles=100, isect=5000, sent_tiles=0):
     """A ``PixelTraffic`` of P ranks whose work is split evenly, each sending every other ``sent_tiles``
     partial tiles a view forward (and as many gradients back)."""

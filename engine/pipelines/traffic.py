@@ -77,10 +77,11 @@ class Traffic:
     def shares(self):
         """Per rank, its part of the work of one rank rendering one view, by what that work grows
         with: projected records (every view of its rows), rows, intersections binned,
-        intersections rasterized, pixels."""
+        intersections rasterized, pixels; "each": all of it (work every rank does alike)."""
         return {"view_rows": self.views * self.rows / self.gaussians, "rows": self.rows / self.gaussians,
                 "isect_received": self.isect_received / self.view_isect,
-                "isect_own": self.isect_own / self.view_isect, "pixels": self.tiles / self.view_tiles}
+                "isect_own": self.isect_own / self.view_isect, "pixels": self.tiles / self.view_tiles,
+                "each": np.ones(self.ranks)}
 
 
 def off_diagonal(m):

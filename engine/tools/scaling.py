@@ -42,6 +42,9 @@ from . import timeline as timeline_module
 # 212). BENCHMARKS.md holds exchange times, not bandwidths, to use instead.
 NVLINK_GBS = 370.0
 INFINIBAND_GBS = 25.0  # a 200 Gb/s InfiniBand link (HDR), GB/s per direction: the line rate (clusters)
+# NCCL's time for its smallest messages between NVLink GPUs (sendrecv_perf on 4 H800s, NVIDIA/nccl
+# issue 1984), seconds: the cost model's default time a collective round costs beyond its bytes.
+NVLINK_LATENCY_S = 4e-6
 H200_BYTES = 141e9  # an H200's memory
 
 
@@ -125,12 +128,13 @@ def model_workload(trainer, views=None):
 
 
 def run(workload, iters=30, warmup=5, comm=None, grad_comm="sparse", transport="auto", backend=None,
-        model_ranks=(), link_gbs=NVLINK_GBS, balanced=True, loss="global", timeline=0,
-        timeline_trace=None, offload=None, out=print):
+        model_ranks=(), link_gbs=NVLINK_GBS, link_latency_s=NVLINK_LATENCY_S, balanced=True, loss="global",
+        timeline=0, timeline_trace=None, offload=None, out=print):
     """Train ``workload`` (or a benchmark scene's path) and report: images per second, the phase
     table per rank, and on one rank the peak device memory and, for each of ``model_ranks``, the
     bytes a step of the Gaussian-exchange pipeline would move over that many ranks and the step
-    time the cost model (``predict_step``) gives for them.  ``comm``: the ranks (None: the
+    time the cost model (``predict_step``, a link of ``link_gbs`` and ``link_latency_s`` a round)
+    gives for them.  ``comm``: the ranks (None: the
     single-GPU pipeline; ``COMM_SELF``: the batched one on one rank).  ``balanced``: the modelled
     renderers' tile ranges balance the batch's intersections (else even).  Returns the report's
     numbers (rank 0's; the others return None).  Each timed step starts and ends synced (its
@@ -172,7 +176,8 @@ def run(workload, iters=30, warmup=5, comm=None, grad_comm="sparse", transport="
         report = _report(workload, t, n, size, iters, steps, losses, back_to_back, per_rank, traced, say)
         if size == 1:
             med, medians = report["step"], report["phases"]
-            report.update(_model_report(t, med, medians[0], peak, model_ranks, grad_comm, link_gbs, balanced, say))
+            report.update(_model_report(t, med, medians[0], peak, model_ranks, grad_comm, (link_gbs, link_latency_s),
+                                         balanced, say))
     return report
 
 
@@ -231,9 +236,10 @@ def _time_steps(t, comm, warmup, iters):
     return steps, losses, peak, back_to_back, phases
 
 
-def _model_report(t, step, phases, peak, model_ranks, grad_comm, link_gbs, balanced, say):
+def _model_report(t, step, phases, peak, model_ranks, grad_comm, link, balanced, say):
     """The one-rank part of the report: memory per Gaussian and the largest scenes; the bytes per
-    step and the cost model for each of ``model_ranks``."""
+    step and the cost model for each of ``model_ranks`` over ``link`` (GB/s, seconds a round)."""
+    link_gbs, latency = link
     report = {}
     if t.store.out_of_core:
         report.update(offload_report(t, say, peak))
@@ -261,7 +267,7 @@ def _model_report(t, step, phases, peak, model_ranks, grad_comm, link_gbs, balan
         views = [i % len(train) for i in range(p)]  # the batch: one view per rank
         traffic[p] = step_traffic(g, [train[i].camera for i in views], [t.targets[i] for i in views], p,
                                   t.sh_degree_now(), t.cfg.background, t.cfg.lambda_dssim, balanced, t.backend)
-        predicted[p] = predict_step(phases, step, traffic[p], grad_comm, link_gbs * 1e9)
+        predicted[p] = predict_step(phases, step, traffic[p], grad_comm, link_gbs * 1e9, latency)
     for line in traffic_table(traffic, balanced):
         say(line)
     cams = [c.camera for c in train[:max(model_ranks)]]
@@ -272,7 +278,7 @@ def _model_report(t, step, phases, peak, model_ranks, grad_comm, link_gbs, balan
     consolidation = {p: view_utilisation(g, every, p) for p in model_ranks}
     for line in utilisation_table(consolidation):
         say(line)
-    for line in model_table(predicted, step, t.batch, link_gbs, grad_comm):
+    for line in model_table(predicted, step, t.batch, link, grad_comm, has_exchange_phases(phases)):
         say(line)
     for line in exchange_model_table(pixel, traffic, phases, step, t.batch,
                                      {"NVLink": link_gbs, "IB 200Gb": INFINIBAND_GBS}):
@@ -471,37 +477,62 @@ SCALES = {"project": "view_rows", "plan": "view_rows", "owner": "view_rows", "op
 and the ranks' sum) are where the model puts the link's time instead."""
 
 
-def predict_step(phases, step, traffic, grad_comm, link_bytes_per_s):
+EXCHANGE_SCALES = {"forward_exchange": "view_rows", "backward_exchange": "view_rows", "halo_exchange": "each",
+                   "reduce": "each"}
+"""The Gaussian-exchange pipeline's own phases, as one rank of it measures them (``run.py scaling
+--pipeline gaussian-exchange``, where nothing crosses ranks): their host work (packing, encoding and
+decoding the records and gradients, the collectives' calls) grows with the records a rank packs, the
+halo's and the ranks' sum's stays ("each": one rank's)."""
+
+ROUNDS = 5
+"""The collective rounds a step of the Gaussian exchange waits on: the plan's counts, the records, the
+halo, the gradients and the ranks' sum (``engine/pipelines/gaussian_exchange.py``)."""
+
+
+def has_exchange_phases(phases):
+    """Whether ``phases`` came from the Gaussian-exchange pipeline (its own phases measured)."""
+    return any(k in phases for k in EXCHANGE_SCALES)
+
+
+def predict_step(phases, step, traffic, grad_comm, link_bytes_per_s, latency_s=0.0):
     """The cost model: the predicted seconds of a step of the Gaussian-exchange pipeline over
     ``traffic.ranks`` ranks, from what one rank measured (``phases``: {phase: (median seconds,
-    host part)} of synced steps; ``step``: the median seconds of an unsynced step) and the
-    step's ``Traffic``.
+    host part)} of synced steps; ``step``: the median seconds of a step synced one at a time) and
+    the step's ``Traffic``.
 
     Assumptions.  A phase's time grows with its work (``SCALES``): owner phases with the
     records they project (their rows, for every view of the batch), Adam with the rows, the
     render with the intersections binned, the backward with those rasterized, the loss with the
     pixels.  Ranks work in parallel and the slowest sets the step.  A rank's messages cross one
     link of ``link_bytes_per_s`` each way, one after the other (no overlap with computing), and
-    the other phases (exchanges within one rank, the sum over ranks) become that.  What the step
-    takes beyond its phases (host launches, syncs) stays as measured on one rank, however many
-    views a step has.  Synced phases that add up to more than the step (the syncs cost the host's
-    overlap with the device) are scaled down to it.  So one rank's prediction is the measured step.
+    each of the step's ``ROUNDS`` collectives costs ``latency_s`` more.
+
+    Where ``phases`` are the Gaussian-exchange pipeline's on one rank (``has_exchange_phases``), its
+    own phases' host work is added as ``EXCHANGE_SCALES`` grows it, and the step is the sum of its
+    phases as synced: each exchange waits for the device (the send counts, the buffers), so the host
+    cannot queue the next phases while the device works.  Measured on the single-GPU pipeline
+    instead, that host work is left out, and synced phases that add up to more than the step (the
+    syncs cost the host's overlap with the device) are scaled down to it: one rank's prediction is
+    then the measured step.  What the step takes beyond its phases stays as measured on one rank.
 
     Returns seconds per step, and its parts: per rank the work and the link's time; the
     fixed rest."""
-    work, fixed = scaled_work(phases, step, SCALES, traffic.shares())
-    link = traffic.link_bytes(grad_comm) / link_bytes_per_s
+    exchange = has_exchange_phases(phases)
+    scales = {**SCALES, **EXCHANGE_SCALES} if exchange else SCALES
+    work, fixed = scaled_work(phases, step, scales, traffic.shares(), fit=not exchange)
+    link = traffic.link_bytes(grad_comm) / link_bytes_per_s + (ROUNDS * latency_s if traffic.ranks > 1 else 0.0)
     return {"step": float((work + link).max() + fixed), "work": work, "link": link, "fixed": fixed}
 
 
-def scaled_work(phases, step, scales, shares):
+def scaled_work(phases, step, scales, shares, fit=True):
     """Each rank's seconds of the phases named in ``scales`` (phase -> a key of ``shares``, per rank
-    its part of one rank's work), and the step's fixed rest: the measured ``step`` less its phases,
-    synced ``phases`` that add up to more than the step scaled down to it first."""
+    its part of one rank's work), and the step's fixed rest: the measured ``step`` less its phases
+    (none where they add up to more).  ``fit``: synced ``phases`` that add up to more than the step
+    are scaled down to it first (the host's overlap with the device, which the syncs cost)."""
     scaled = sum(phases[k][0] for k in scales if k in phases)
-    fit = min(1.0, step / scaled) if scaled > 0 else 1.0
-    work = fit * sum(phases[k][0] * shares[scales[k]] for k in scales if k in phases)
-    return work, step - fit * scaled
+    factor = min(1.0, step / scaled) if fit and scaled > 0 else 1.0
+    work = factor * sum(phases[k][0] * shares[scales[k]] for k in scales if k in phases)
+    return work, max(step - factor * scaled, 0.0)
 
 
 PIXEL_SCALES = {"project": "rows", "owner": "rows", "optimizer": "rows", "render": "isect", "backward": "isect",
@@ -537,6 +568,9 @@ def exchange_model_table(pixel, traffic, phases, step, views, links):
     """The lines comparing both exchanges' modelled images/s for each link of ``links`` ({name: GB/s}):
     the Gaussian-level pipeline's batch of P views a step (sparse gradients), the pixel-level one's one
     view a step (``predict_pixel_step``)."""
+    own = [k for k in phases if k == "plan" or k in EXCHANGE_SCALES]  # the exchange pipeline's own phases
+    compute = {k: v for k, v in phases.items() if k not in own}
+    step = max(step - sum(phases[k][0] for k in own), 0.0)  # as the single pipeline would step
     lines = ["cost model, images/s of the Gaussian-level (sparse) against the pixel-level exchange "
              f"(measured on 1 rank: {1e3 * step:.2f} ms, {views / step:.1f} images/s; host work of each "
              "pipeline beyond one rank's left out):",
@@ -544,17 +578,21 @@ def exchange_model_table(pixel, traffic, phases, step, views, links):
     for p, counts in pixel.items():
         cells = []
         for gbs in links.values():
-            g = predict_step(phases, step, traffic[p], "sparse", gbs * 1e9)["step"]
-            x = predict_pixel_step(phases, step, counts, gbs * 1e9)["step"]
+            g = predict_step(compute, step, traffic[p], "sparse", gbs * 1e9)["step"]
+            x = predict_pixel_step(compute, step, counts, gbs * 1e9)["step"]
             cells.append(f"{p / g:16.1f} {1 / x:16.1f}")
         lines.append(f"  {p:3d} " + " ".join(cells))
     return lines
 
 
-def model_table(predicted, step, views, link_gbs, grad_comm):
-    """The lines of the cost model's table: a row per rank count beside the measured one."""
-    lines = [f"cost model (predict_step; link {link_gbs:g} GB/s per GPU and direction, {grad_comm} gradients): "
-             f"measured on 1 rank {1e3 * step:.2f} ms, {views / step:.1f} images/s",
+def model_table(predicted, step, views, link, grad_comm, host_work):
+    """The lines of the cost model's table: a row per rank count beside the measured one (``link``: GB/s
+    and seconds a round; ``host_work``: whether the pipeline's own host work is in, ``has_exchange_phases``)."""
+    gbs, latency = link
+    lines = [f"cost model (predict_step; link {gbs:g} GB/s per GPU and direction, {1e6 * latency:g} us a round, "
+             f"{grad_comm} gradients): measured on 1 rank {1e3 * step:.2f} ms, {views / step:.1f} images/s; "
+             + ("the exchange pipeline's host work in" if host_work else
+                "the exchange pipeline's host work left out (measure with --pipeline gaussian-exchange)"),
              f"  {'P':>3s} {'ms/step':>9s} {'work ms':>9s} {'link ms':>9s} {'fixed ms':>9s} {'images/s':>9s} "
              f"{'speed-up':>9s}"]
     for p, m in predicted.items():
