@@ -329,8 +329,9 @@ def add_commands(sub):
                    help="the cost model's link, gigabytes per second per GPU and direction (default: NCCL's "
                         "effective NVLink 4 bandwidth, engine/tools/scaling.py NVLINK_GBS)")
     c.add_argument("--link-latency-us", type=nonnegative, default=None, metavar="US",
-                   help="the cost model's time a collective round costs beyond its bytes, microseconds (default: "
-                        "NCCL's smallest messages over NVLink, engine/tools/scaling.py NVLINK_LATENCY_S)")
+                   help="the cost model's time a round between two ranks costs beyond its bytes (a collective of P "
+                        "ranks takes log2 P rounds), microseconds (default: NCCL's smallest messages over NVLink, "
+                        "engine/tools/scaling.py NVLINK_LATENCY_S)")
     c.add_argument("--timeline", type=count(0), default=0, metavar="STEPS",
                    help="then this many steps under CUPTI (needs torch): kernels, device busy and idle time and "
                         "host waits per step (engine/tools/timeline.py)")

@@ -505,7 +505,8 @@ def predict_step(phases, step, traffic, grad_comm, link_bytes_per_s, latency_s=0
     render with the intersections binned, the backward with those rasterized, the loss with the
     pixels.  Ranks work in parallel and the slowest sets the step.  A rank's messages cross one
     link of ``link_bytes_per_s`` each way, one after the other (no overlap with computing), and
-    each of the step's ``ROUNDS`` collectives costs ``latency_s`` more.
+    each of the step's ``ROUNDS`` collectives costs ``latency_s`` (a round between two ranks) for each
+    of its log2(P) stages (recursive doubling, as collectives of small messages run) more.
 
     Where ``phases`` are the Gaussian-exchange pipeline's on one rank (``has_exchange_phases``), its
     own phases' host work is added as ``EXCHANGE_SCALES`` grows it, and the step is the sum of its
@@ -520,7 +521,7 @@ def predict_step(phases, step, traffic, grad_comm, link_bytes_per_s, latency_s=0
     exchange = has_exchange_phases(phases)
     scales = {**SCALES, **EXCHANGE_SCALES} if exchange else SCALES
     work, fixed = scaled_work(phases, step, scales, traffic.shares(), fit=not exchange)
-    link = traffic.link_bytes(grad_comm) / link_bytes_per_s + (ROUNDS * latency_s if traffic.ranks > 1 else 0.0)
+    link = traffic.link_bytes(grad_comm) / link_bytes_per_s + ROUNDS * latency_s * np.log2(traffic.ranks)
     return {"step": float((work + link).max() + fixed), "work": work, "link": link, "fixed": fixed}
 
 
