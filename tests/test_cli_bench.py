@@ -135,8 +135,8 @@ def test_scaling_on_a_tiny_city_reports_phases_bytes_and_the_cost_model(tmp_path
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert f"scaling: {city}, 2 training views; 20000 Gaussians, 64x36, 1 rank(s)" in out, out
-    phases = [line.split()[0] for line in out.split("steps synced at their boundaries:\n")[1].splitlines()[1:8]]
-    assert phases == ["project", "render", "loss", "backward", "owner", "optimizer", "sum"], out
+    phases = [line.split()[0] for line in out.split("steps synced at their boundaries:\n")[1].splitlines()[1:9]]
+    assert phases == ["project", "render", "loss", "backward", "owner", "optimizer", "refine", "sum"], out
     rate = float(out.split("images/s")[0].split()[-1])
     model = out.split("cost model")[1]
     assert "link 100 GB/s" in model and "dense gradients" in model and f"{rate:.1f} images/s" in model, out

@@ -18,7 +18,7 @@ from numbasplat.math import geometry as geo
 from numbasplat.math import gaussian_ops as go
 from numbasplat.math.tiles import TILE
 
-SINGLE_PHASES = {"project", "render", "loss", "backward", "owner", "optimizer"}
+SINGLE_PHASES = {"project", "render", "loss", "backward", "owner", "optimizer", "refine"}
 
 
 @pytest.fixture(scope="module")

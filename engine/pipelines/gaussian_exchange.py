@@ -241,8 +241,8 @@ class GaussianExchangeTrainer(RankedTrainer):
         clock.end("backward_exchange")
         seen = self._owner(step)
         clock.end("owner")
-        events = self._optimizer(step, seen)
-        clock.end("optimizer")
+        events = self._optimizer(step, seen, clock)
+        clock.end("refine")
         loss = self._reduce(step)
         clock.end("reduce")
         self.stats = {"forward_rows": int(len(step.send)), "forward_bytes": int(step.send.nbytes), **clock.stats(),
@@ -369,9 +369,9 @@ class GaussianExchangeTrainer(RankedTrainer):
             step.projected = [int((p.counts > 0).sum()) for p in step.projs]
         return seen
 
-    def _optimizer(self, step, seen):
+    def _optimizer(self, step, seen, clock):
         """Step 6's update: Adam at the batch's learning rates (of the rows ``seen``), the shard back
-        to the store, densification.  -> the strategy's events."""
+        to the store (the phase "optimizer" of ``clock``), densification.  -> the strategy's events."""
         lr, cols = self.learning_rates(batched=True)
         step.model.adam.step(step.model.grads.data, cols, seen)
         prev = self.step
@@ -382,6 +382,7 @@ class GaussianExchangeTrainer(RankedTrainer):
             ctx.max_gaussians = int(np.bincount(self._owners(np.arange(ctx.max_gaussians), ctx.max_gaussians),
                                                 minlength=self.size)[self.rank])
         self.store.checkin(step.model, step.state, lr)
+        clock.end("optimizer")
         return self._refine(ctx)
 
     def _reduce(self, step):

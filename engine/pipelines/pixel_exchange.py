@@ -512,8 +512,8 @@ class PixelExchangeTrainer(RankedTrainer):
         got, _ = self.exchange.alltoallv(sent_back, back.counts(), returned.counts())
         clock.end("backward_exchange")
         seen = self._owner(flight, returned, got, clock)
-        events = self._optimizer(flight, seen)
-        clock.end("optimizer")
+        events = self._optimizer(flight, seen, clock)
+        clock.end("refine")
         loss = float(self.exchange.allreduce_sum(np.array([sum(map(float, shares))]))[0]) / len(flight.views)
         clock.end("reduce")
         self.stats = self._step_stats(flight, sent, sent_back, clock)
@@ -585,10 +585,10 @@ class PixelExchangeTrainer(RankedTrainer):
         clock.end("owner")
         return seen
 
-    def _optimizer(self, flight, seen):
+    def _optimizer(self, flight, seen, clock):
         """Step 4's update: Adam at the batch's learning rates (a rank in no view of the step moves none
-        of its Gaussians; Adam counts the step), then ``_after_step``: densification, ownership.
-        -> the strategy's events."""
+        of its Gaussians; Adam counts the step; the phase "optimizer" of ``clock``), then ``_after_step``:
+        densification, ownership.  -> the strategy's events."""
         model = flight.model
         lr, cols = self.learning_rates(batched=True)
         if flight.mine:
@@ -597,6 +597,7 @@ class PixelExchangeTrainer(RankedTrainer):
             model.adam.step(model.grads.data, self.learning_rates()[1], self.xp.zeros(len(model), bool))
         prev = self.step
         self.step += len(flight.views)
+        clock.end("optimizer")
         ctx = self.context(lr_means=lr["means"], prev_step=prev, offset=self.offset)
         events = self._after_step(model, flight.state, ctx, lr)
         self._last_view = tuple(flight.views)

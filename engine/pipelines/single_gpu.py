@@ -243,12 +243,13 @@ class SingleGPUTrainer(Trainer):
         self._progress_view = (image, i)
         self.step += 1
         self.store.checkin(model, state, lr)
+        clock.end("optimizer")
         events = self._refine(self.context(lr_means=lr["means"]))
         if events and self._graphs is not None:
             self._graphs.clear()
         if self._room is not None and events.get("opacity_reset"):
             self._room.hold_totals()
-        clock.end("optimizer")
+        clock.end("refine")
         self.stats = {**self.store.step_stats(), **clock.stats()}
         return loss, events
 

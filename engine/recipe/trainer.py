@@ -247,15 +247,17 @@ class TrainConfig:
 
 
 PHASES = ("project", "plan", "forward_exchange", "render", "halo_exchange", "loss", "backward",
-          "backward_exchange", "owner", "optimizer", "reduce")
+          "backward_exchange", "owner", "optimizer", "refine", "reduce")
 """The phases of a step, in order, named alike in every pipeline (each runs those it has):
 projection of the model's (or shard's) Gaussians for the step's views; the send plan (which
 records go to which renderer, and the counts' exchange); the records' exchange; binning and
 rasterization (with ``--loss tile`` also the loss and raster backward, one fused kernel); the
 rendered tiles that the global loss needs from other renderers; the loss and its image
 gradient; the raster backward; the gradients' exchange back to the owners; the owners'
-projection backward and the strategy's statistics; Adam and densification; the ranks' sum of
-the loss and the tile costs."""
+projection backward and the strategy's statistics; Adam; the strategy's refinements and resets
+(and the pixel exchange's migrations: steps where none acts take no time there, so that a logged
+step, which a refinement's often is, still shows Adam's time alone); the ranks' sum of the loss and
+the tile costs."""
 
 
 class PhaseClock:
