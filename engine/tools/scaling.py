@@ -473,8 +473,9 @@ def traffic_table(traffic, balanced):
 
 SCALES = {"project": "view_rows", "plan": "view_rows", "owner": "view_rows", "optimizer": "rows",
           "render": "isect_received", "loss": "pixels", "backward": "isect_own"}
-"""How each phase's work grows (a key of ``Traffic.shares``); the other phases (the exchanges
-and the ranks' sum) are where the model puts the link's time instead."""
+"""How each phase's work grows (a key of ``Traffic.shares``).  The exchanges and the ranks' sum
+cost the link's time and, where one rank of the exchange pipeline measured them, their host work
+(``EXCHANGE_SCALES``)."""
 
 
 EXCHANGE_SCALES = {"forward_exchange": "view_rows", "backward_exchange": "view_rows", "halo_exchange": "each",
