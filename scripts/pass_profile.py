@@ -9,10 +9,17 @@ the masks' bookkeeping; ``trainer.PhaseClock``), mean milliseconds a view, in br
 
     python scripts/pass_profile.py --data city [--views 64] [--repeats 3]
     python scripts/pass_profile.py --data .data/helmet --images images_4 --ply OUT/point_cloud/iteration_30000/point_cloud.ply --lod-min-px 0.5
+
+``--prune-table`` prints instead the share of the Gaussians that ``--importance-prune T`` would prune
+at several T, under three normalisations of the importance: by the largest (the pass's), by the
+median of those that contribute, and by one view's pixels (a Gaussian's blending weight summed over
+the views, in views' worth of pixels): which one prunes alike across captures (issue 62).
 """
 import argparse
 import statistics
 import sys
+
+import numpy as np
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,6 +42,7 @@ def main():
     ap.add_argument("--views", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sh-degree", type=int, default=None, help="default: the model's")
+    ap.add_argument("--prune-table", action="store_true", help="what each pruning threshold would prune (no timing)")
     a = ap.parse_args()
     if a.ply:
         from data import load_dataset
@@ -50,6 +58,10 @@ def main():
     degree = g.sh_degree() if a.sh_degree is None else a.sh_degree
     cameras = [v.camera for v in data.train]
     print(f"{name}: {len(g):,} Gaussians, SH degree {degree}, {cameras[0].width}x{cameras[0].height}")
+
+    if a.prune_table:
+        prune_table(g, cameras, degree, xp)
+        return
 
     def score(views, clock=None):
         lod = LodReach(len(g), a.lod_min_px, xp) if a.lod_min_px > 0 else None
@@ -70,6 +82,20 @@ def main():
           f"{len(cameras)} views")
     print("stages, synced (mean ms a view): " + ", ".join(
         f"{k} {1e3 * t / len(cameras):.3f} ({1e3 * clock.host[k] / len(cameras):.3f})" for k, t in clock.times.items()))
+
+
+def prune_table(g, cameras, degree, xp):
+    """The shares pruned under each threshold and normalisation (``--prune-table``)."""
+    importance = _backend.to_host(importance_scores(g, cameras, degree, False, MASK_BELOW)[0]).astype(float)
+    contributing = importance[importance > 0]
+    pixels = cameras[0].width * cameras[0].height
+    scales = {"largest": importance.max(), "median": float(np.median(contributing)) if len(contributing) else 1.0,
+              "pixels": pixels}
+    print(f"importance: largest {importance.max():.4g} ({importance.max() / pixels:.3g} views' pixels), median of the "
+          f"contributing {scales['median']:.4g}, none {np.mean(importance == 0):.3f} of the Gaussians")
+    for name, scale in scales.items():
+        print(f"by the {name}: " + ", ".join(f"{t:g} {np.mean(importance / scale < t):.3f}"
+                                              for t in (1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2)))
 
 
 if __name__ == "__main__":

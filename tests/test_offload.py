@@ -563,6 +563,40 @@ def test_a_view_larger_than_the_device_trains_in_chunks_as_the_whole_working_set
     assert a.adam.step_count == b.adam.step_count == 30
 
 
+def test_the_device_budget_follows_the_binnings_intersections(dataset, tmp_path):
+    """A cap whose pool holds every block at the intersections per Gaussian assumed at first: once binnings
+    show ten times as many (a model grown from a few large Gaussians, as a capture's SfM points), the budget's
+    working rows shrink below the pool's, a view whose rows no longer fit trains in chunks of at most those
+    rows (the step's device bytes at the binnings' intersections within the cap, as they were not before),
+    and the pool that a refinement makes anew holds fewer slots.  The run's own binnings are recorded, each
+    exact (a step's and every chunk's)."""
+    from engine.stores.offload.store import INTERSECTIONS_PER_GAUSSIAN, INTERSECTIONS_SPARE
+    cap = 25 * slot_bytes(4) + 16 * 400 + view_bytes(dataset)  # every block at the assumed intersections
+    t = trained_until(dataset, tmp_path / "out", 10, gpu_memory=cap)
+    t.train(progress=False, until=12)
+    store = t.store
+    store.checkout([0])
+    assert store.cache.slots == 25 and store.chunked_steps == 0 and store._working_rows() >= 400
+    seen = list(store._binned)
+    assert len(seen) == 2 and all(0 < k < INTERSECTIONS_PER_GAUSSIAN for k in seen)  # (the 2 steps since the resume)
+    k = 10 * INTERSECTIONS_PER_GAUSSIAN
+    store.binned(400, 400 * k / INTERSECTIONS_SPARE)
+    assert store.intersections_per_gaussian() == k
+    rows = store._working_rows()
+    assert 16 <= rows < 400
+    before = store.step_device_bytes(k)  # (the last step's whole working set, at the new intersections)
+    assert before > store.device_budget + 16 * 400 + store.images_bytes + view_bytes(dataset)
+    view = store.checkout([1])[0]
+    assert getattr(view, "chunked", False) and store.chunked_steps == 1 and view.count == rows
+    assert store.step_device_bytes(k) <= cap
+    chunks = view.depth_chunks(dataset.train[1].camera)
+    assert len(chunks) > 1 and max(len(c) for c in chunks) <= rows
+    store._install(store.whole()[0], {})  # (a refinement's re-cut: the pool made at the binnings' intersections)
+    slots = store.cache.slots
+    assert 1 <= slots < 25 and slots == (store.device_budget - 16 * 400) // store._slot_bytes()
+    assert store._working_rows() >= 16 * slots
+
+
 def test_a_device_cap_too_small_for_a_block_stops_with_the_size_it_needs(dataset, tmp_path):
     t = trained_until(dataset, tmp_path / "out", 10, gpu_memory=slot_bytes(4) + view_bytes(dataset))  # no slot beside the index
     before = snapshot_bytes(tmp_path / "out")

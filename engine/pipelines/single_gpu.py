@@ -280,6 +280,8 @@ class SingleGPUTrainer(Trainer):
         fixed = self.cfg.deterministic
         b = (self._room.bin_into(p, room, self.placement, deterministic=fixed) if roomed
              else self.placement.bin_tiles(p, deterministic=fixed))
+        if not roomed:  # (exact: its intersections known on the host, which an out-of-core store's budget follows)
+            self.store.binned(len(model), b.n_isect)
         image, loss, grad = self._render_loss_backward(p, b, i, bg, clock)
         visible = self.owner_backward(model, state, [p], [grad], skip=b.overflow)
         clock.end("owner")
@@ -377,7 +379,9 @@ class OffloadTrainer(SingleGPUTrainer):
         for k in range(len(chunks)):
             model, state = view.checkout(k)
             p = self.project_view(model, state, i, degree)
-            rasterize_chunk(frame, k, p, ns.bin_tiles(p, backend=backend), pixels, bg, backend)
+            b = ns.bin_tiles(p, backend=backend)
+            self.store.binned(len(model), b.n_isect)
+            rasterize_chunk(frame, k, p, b, pixels, bg, backend)
         clock.end("render")
         image = frame.image
         loss, d_img = self.view_loss(image, self.targets[i])

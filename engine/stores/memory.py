@@ -43,6 +43,10 @@ class MemoryStore:
     def checkin(self, model, state, lr):
         """The model that ``checkout`` gave, trained: it is the held one already."""
 
+    def binned(self, gaussians, intersections):
+        """A step's exact binning of ``gaussians`` rows into ``intersections`` tile intersections: nothing
+        to size here (an out-of-core store sizes the device's budget by them)."""
+
     def whole(self, device=False):
         """-> (the whole model, its strategy state): the held ones."""
         return self.model, self.state

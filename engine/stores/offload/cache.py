@@ -119,7 +119,10 @@ class DeviceCache:
         """Every block resident at once: ``table`` (host or device) holds the rows block by block,
         block b from row b * ``block_rows`` (``BlockIndex``'s blocks are full but the last), so
         it is the pool with block b in slot b."""
-        self.pool[:len(table)] = self.xp.asarray(table)
+        if self.xp is np or _backend.is_device(table):
+            self.pool[:len(table)] = table
+        else:  # (straight into the pool: no device copy of the table beside it)
+            self.pool[:len(table)].set(np.ascontiguousarray(table))
         if not _backend.is_device(table):  # (from the host, as ``fetch`` counts)
             self.moved_bytes += table.nbytes
         self.slot[:] = np.arange(len(self.slot))

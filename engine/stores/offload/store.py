@@ -1,7 +1,7 @@
 """The model out of core as a pipeline's store (``engine.stores.memory``): its blocks' tiers, the device's
 pool, and the working set of the views that a step trains (``OutOfCoreStore``)."""
 import resource
-from collections import namedtuple
+from collections import deque, namedtuple
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -23,7 +23,9 @@ GPU_SHARE = 0.8  # --gpu-memory 0: this share of the device memory free at the s
 GPU_HEADROOM = (0.05, 32 << 20)  # under a --gpu-memory cap on a GPU, this share of it plus these bytes stay out of
 # the budget, for what it does not count: the allocator's split chunks, a step's transient arrays
 INTERSECTIONS_PER_GAUSSIAN = 8.0  # the tile intersections per working-set Gaussian that the device's budget
-# assumes (``working_set_bytes``): a view's binning takes 22 B each at its peak, and a GPU's sort 12 B more
+# assumes (``working_set_bytes``) at least: a view's binning takes 22 B each at its peak, and a GPU's sort 12 B more
+INTERSECTIONS_WINDOW = 100  # the budget follows the largest intersections per Gaussian of this many recent binnings
+INTERSECTIONS_SPARE = 1.25  # ... times this (``OutOfCoreStore.intersections_per_gaussian``)
 VIEW_BYTES_PER_PIXEL = 24 + 36 + 12 + 12 + 8 + 2 * 24  # the device's budget keeps room for the largest view's
 # per-pixel buffers: the render (image, transmittance, depth, last), the loss (the SSIM maps, the image's
 # gradient, the target in float32), the raster backward's alpha and depth gradients, a chunked view's two
@@ -133,6 +135,7 @@ class OutOfCoreStore:
         self._working = None  # (its ``_rows``, the model it trained, its statistics): the next step's if still current
         self._in_pool = None  # the working set checked out (None: the step trains none of this store's rows)
         self.chunked_steps = 0  # the steps that trained a view in chunks (``ChunkedView``)
+        self._binned = deque(maxlen=INTERSECTIONS_WINDOW)  # the recent binnings' intersections per Gaussian
         self.wait_s = 0.0  # the kernels' stream's time on the steps' moves (``DeviceInterval``s read so far)
         self._waits = []  # those not yet read
         self._since_log = self._counters()
@@ -177,6 +180,19 @@ class OutOfCoreStore:
             self._chunked_done(model)
             return
         self._store_working(model, state, self._in_pool, lr["means"], lr["scales"])
+
+    def binned(self, gaussians, intersections):
+        """A step's (or a chunk's) exact binning of ``gaussians`` working-set rows into ``intersections`` tile
+        intersections: the device's budget follows them (``intersections_per_gaussian``)."""
+        if gaussians:
+            self._binned.append(int(intersections) / gaussians)
+
+    def intersections_per_gaussian(self):
+        """The tile intersections per working-set Gaussian that the device's budget assumes: at least
+        ``INTERSECTIONS_PER_GAUSSIAN``, more where the recent binnings had more (the largest of them, with
+        ``INTERSECTIONS_SPARE``): a model grown from a capture's few large SfM Gaussians has ten times as many
+        at first, and a working set whose binning outgrew its room would leave the cap."""
+        return max([INTERSECTIONS_PER_GAUSSIAN] + [INTERSECTIONS_SPARE * k for k in self._binned])
 
     def whole(self, device=False):
         """-> (the whole model, its statistics): in host memory, the device's changed blocks written back
@@ -480,18 +496,42 @@ class OutOfCoreStore:
 
     def _gather_resident(self):
         """-> (the whole model, its statistics) on the device, from its pool, where it holds every
-        block (a working set of them all), else None."""
-        if not (self.cache.slot >= 0).all():
+        block (a working set of them all) and a ``--gpu-memory`` cap leaves room for a refinement there
+        (``_room_to_refine``), else None."""
+        if not (self.cache.slot >= 0).all() or not self._room_to_refine():
             return None
         self.cache.copies.kernels_after()  # (the last blocks may still be on their way)
         every = np.arange(self.index.blocks)
         return self.layout.model(self.cache.pool, self._adam_steps, self.backend,
                                  rows=self.cache.rows(every, len(self.index)), betas=self.betas)
 
+    def _room_to_refine(self):
+        """Whether the cap leaves room beside the pool for a refinement of the whole model on the device:
+        the model gathered from the pool, the strategy's refined model (up to twice the rows: clones and
+        splits) and the table it is cut into anew (``_install``), each ``row_bytes`` a row.  Always without a
+        cap: the pool then took only a share of the free memory."""
+        if not self.gpu_memory or not _backend.on_gpu(self.backend):
+            return True
+        import cupy
+        pool = cupy.get_default_memory_pool()
+        return pool.get_limit() - pool.used_bytes() >= 4 * len(self.index) * self.layout.row_bytes
+
     def _slot_bytes(self):
         """Device bytes a block slot takes: its rows' table, and room for them in a step's working set
-        (``working_set_bytes``' peak)."""
-        return int(np.ceil(self.block_rows * working_set_bytes(self.layout)[1]))
+        (``working_set_bytes``' peak at ``intersections_per_gaussian``)."""
+        return int(np.ceil(self.block_rows * self._working_row_bytes()))
+
+    def _working_row_bytes(self):
+        """Device bytes a working-set Gaussian takes at the step's peak, its pool row included."""
+        return working_set_bytes(self.layout, self.intersections_per_gaussian())[1]
+
+    def _working_rows(self):
+        """The working-set rows that the budget holds beside the pool as it was made, at the intersections per
+        Gaussian assumed now (which may have grown since: fewer rows than the pool's then); None: no cap."""
+        if self.device_budget is None:
+            return None
+        spare = self.device_budget - DeviceCache.INDEX_BYTES * len(self.index) - int(self.cache.pool.nbytes)
+        return max(0, spare) // int(np.ceil(self._working_row_bytes() - self.layout.row_bytes))
 
     def _slots(self, n):
         """How many block slots the device may hold, besides the index of ``n`` Gaussians there and the
@@ -562,14 +602,15 @@ class OutOfCoreStore:
         waited = device.DeviceInterval()
         boxes = self.boxes.for_culling()
         blocks = self._blocks_seen(views, boxes)
-        if len(blocks) > self.cache.slots:
+        rows = self._working_rows()
+        if len(blocks) > self.cache.slots or (rows is not None and self.index.sizes[blocks].sum() > rows):
             chunked = self.chunked_views and len(views) == 1
             slots = 1 if chunked else len(blocks)  # (chunks need one block's room; else the whole working set)
             need = self._cap_for(slots * self._slot_bytes() + DeviceCache.INDEX_BYTES * len(self.index)
                                  + self.images_bytes + self._view_bytes())
-            if chunked and self.cache.slots >= 1:
+            if chunked and self.cache.slots >= 1 and (rows is None or rows >= 1):
                 self._waits.append(waited.stop())
-                return self._chunked(views[0], blocks)
+                return self._chunked(views[0], blocks, rows)
             have = self.gpu_memory or self.cache.slots * self._slot_bytes()
             names = ("view " if len(views) == 1 else "views ") + ", ".join(self.views[i].name for i in views)
             seen = f"({int(self.index.sizes[blocks].sum()):,} Gaussians in {len(blocks)} blocks)"
@@ -598,16 +639,18 @@ class OutOfCoreStore:
         return self._rows
 
     # ------------------------------------------------------------------ a view in chunks
-    def _chunked(self, view, blocks):
-        """-> a ``ChunkedView`` of training ``view``, whose ``blocks`` outnumber the pool's slots: the
-        pool's changed blocks written back and every block let go (the pool stages the chunks' rows),
-        the boxes in flight landed (the step's are computed on the host after it)."""
+    def _chunked(self, view, blocks, rows=None):
+        """-> a ``ChunkedView`` of training ``view``, whose ``blocks`` outnumber the pool's slots or hold
+        more than the budget's working ``rows`` (None: no cap): the pool's changed blocks written back and
+        every block let go (the pool stages the chunks' rows, at most ``rows`` a chunk), the boxes in flight
+        landed (the step's are computed on the host after it)."""
         self.cache.flush(self.index, self.host)
         self.cache.release_all()
         self.boxes.settle()
         self._rows = self._working = None
         self.chunked_steps += 1
-        return ChunkedView(self, view, blocks, self.cache.slots * self.block_rows)
+        size = self.cache.slots * self.block_rows
+        return ChunkedView(self, view, blocks, size if rows is None else min(size, rows))
 
     def rows_in(self, rows):
         """-> (the model rows ``rows`` (host, model order) as a model on the device with Adam at the store's
