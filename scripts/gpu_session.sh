@@ -325,7 +325,8 @@ blitzpass)  # issue 62: do BlitzGS's switches pay on 360° captures now that the
     # a small share?  CAPTURES (default "helmet office": .data/NAME staged with images_2 and sparse, trained at
     # images_4, made here unless staged) at ITERS (default 30000), seed S (default 0), VARIANTS (default "base
     # all"): base (today's defaults), all (every switch: importance every 3000 pruning under 1e-4, view masks,
-    # LOD 0.5 px), auto (all with --view-masks auto --lod-views auto), noprune (all but the importance pruning).  One run at a time (timed) after a warm-up
+    # LOD 0.5 px), auto (all with --view-masks auto --lod-views auto), noprune (all but the importance pruning), p5 (all,
+    # pruning under 1e-5).  One run at a time (timed) after a warm-up
     # run that compiles every kernel, the pass's too (one at 500): about 5 minutes on an H100 for the default
     # four runs; auto too: a capture a call (CAPTURES=helmet VARIANTS="base all auto", then office)
     # Prints each run's training time and PSNR, its passes' seconds (each, and the warm-up's) and the views culled,
@@ -334,6 +335,7 @@ blitzpass)  # issue 62: do BlitzGS's switches pay on 360° captures now that the
     all=(--importance-every 3000 --importance-prune 0.0001 --view-masks on --lod-min-px 0.5)
     auto=(--importance-every 3000 --importance-prune 0.0001 --view-masks auto --lod-min-px 0.5 --lod-views auto)
     noprune=(--importance-every 3000 --importance-prune 0 --view-masks on --lod-min-px 0.5)
+    p5=(--importance-every 3000 --importance-prune 0.00001 --view-masks on --lod-min-px 0.5)
     for cap in $captures; do half_images .data/$cap; done
     train warm 1100 --data .data/${captures%% *} --images images_4 "${all[@]/3000/500}"
     for cap in $captures; do
