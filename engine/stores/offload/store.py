@@ -26,6 +26,9 @@ INTERSECTIONS_PER_GAUSSIAN = 8.0  # the tile intersections per working-set Gauss
 # assumes (``working_set_bytes``) at least: a view's binning takes 22 B each at its peak, and a GPU's sort 12 B more
 INTERSECTIONS_WINDOW = 100  # the budget follows the largest intersections per Gaussian of this many recent binnings
 INTERSECTIONS_SPARE = 1.25  # ... times this (``OutOfCoreStore.intersections_per_gaussian``)
+DEVICE_REFINE_ROWS = 8  # a refinement of the whole model on the device takes up to this many table rows' bytes a
+# Gaussian beside the pool: the model gathered from it (parameters, moments, gradients, statistics), the strategy's
+# refined model (up to twice the rows) and its transients, the table it is cut into anew (``_install``)
 VIEW_BYTES_PER_PIXEL = 24 + 36 + 12 + 12 + 8 + 2 * 24  # the device's budget keeps room for the largest view's
 # per-pixel buffers: the render (image, transmittance, depth, last), the loss (the SSIM maps, the image's
 # gradient, the target in float32), the raster backward's alpha and depth gradients, a chunked view's two
@@ -506,15 +509,14 @@ class OutOfCoreStore:
                                  rows=self.cache.rows(every, len(self.index)), betas=self.betas)
 
     def _room_to_refine(self):
-        """Whether the cap leaves room beside the pool for a refinement of the whole model on the device:
-        the model gathered from the pool, the strategy's refined model (up to twice the rows: clones and
-        splits) and the table it is cut into anew (``_install``), each ``row_bytes`` a row.  Always without a
-        cap: the pool then took only a share of the free memory."""
+        """Whether the cap leaves room beside the pool for a refinement of the whole model on the device
+        (``DEVICE_REFINE_ROWS`` rows a Gaussian); always without a cap, where the pool took only a share of
+        the free memory.  Else the refinement runs on the host."""
         if not self.gpu_memory or not _backend.on_gpu(self.backend):
             return True
         import cupy
         pool = cupy.get_default_memory_pool()
-        return pool.get_limit() - pool.used_bytes() >= 4 * len(self.index) * self.layout.row_bytes
+        return pool.get_limit() - pool.used_bytes() >= DEVICE_REFINE_ROWS * len(self.index) * self.layout.row_bytes
 
     def _slot_bytes(self):
         """Device bytes a block slot takes: its rows' table, and room for them in a step's working set
