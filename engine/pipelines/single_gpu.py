@@ -187,6 +187,12 @@ class SingleGPUTrainer(Trainer):
         model, state = self.store.whole()
         return model.state(), {k: _backend.to_host(a) for k, a in state.items()}
 
+    def saved_state(self):
+        return self.store.saved_state()
+
+    def saved_gaussians(self):
+        return self.store.saved_gaussians()
+
     def whole_state(self):
         """The model's own buffers and strategy state, on the device (the importance pass cuts its
         rows there: no copies to the host and back)."""

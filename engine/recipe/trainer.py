@@ -596,6 +596,17 @@ class Trainer(ABC):
         device arrays instead of host copies (read them before changing the model).  Collective."""
         return self.gather_state()
 
+    def saved_state(self):
+        """What ``gather_state`` gives, for a snapshot: a pipeline may give arrays that the snapshot reads a
+        slice of rows at a time (``TableRows``: an out-of-core model is not gathered).  Collective."""
+        return self.gather_state()
+
+    def saved_gaussians(self):
+        """The whole model's ``Gaussians`` for the PLY on the root rank (None on the others), which it may
+        read a slice of rows at a time, as ``saved_state``'s.  Collective."""
+        model = self.whole_model()
+        return None if model is None else model.gaussians
+
     @abstractmethod
     def whole_model(self):
         """The whole model (a ``GaussianModel``) on the root rank, which evaluates it; None on the
@@ -887,7 +898,7 @@ class Trainer(ABC):
     def save_snapshot(self, path=None):
         """One snapshot whatever the pipeline: the root rank writes the whole state."""
         from engine.tools.snapshot import VIEWS_ARRAY, records_array, state_arrays, write_snapshot
-        state = self.gather_state()
+        state = self.saved_state()
         if self.is_root:
             model_state, strategy_state = state
             attrs = {"step": self.step, "adam_step": model_state["step"], "config": asdict(self.cfg),

@@ -8,13 +8,17 @@ strategy state, and asks it explicitly for what a step trains and gives it back:
 * ``checkin(model, state, lr)``: that model trained (``lr``: the step's learning rates, by group);
   None where this rank trained nothing in the step;
 * ``whole()`` -> (model, state): every Gaussian, for refinement, snapshots, the viewer and
-  evaluation; ``hold(model, state)`` takes a whole model (a start, a refinement's result) instead.
+  evaluation; ``hold(model, state)`` takes a whole model (a start, a refinement's result) instead;
+* ``saved_state()``, ``saved_gaussians()``: what a snapshot and the PLY write, host arrays or arrays that
+  they read a slice of rows at a time (out of core: never the whole model gathered a second time);
+* ``binned(gaussians, intersections)``: a step's exact binning, which an out-of-core store's budget follows.
 
 ``MemoryStore`` holds the model in this process's memory: what it checks out is the model itself.
 ``engine.stores.offload.OutOfCoreStore`` holds it in host memory or on disk, the device a view's working
 set.  Between steps ``model`` is the store's stand-in for the whole (its size, SH bases), which the
 recipe reads; a pipeline never replaces it, only the store's calls change what it holds.
 """
+from numbasplat import backend as _backend
 
 
 class MemoryStore:
@@ -50,6 +54,14 @@ class MemoryStore:
     def whole(self, device=False):
         """-> (the whole model, its strategy state): the held ones."""
         return self.model, self.state
+
+    def saved_state(self):
+        """-> (model state, strategy state) for a snapshot: host copies."""
+        return self.model.state(), {k: _backend.to_host(a) for k, a in self.state.items()}
+
+    def saved_gaussians(self):
+        """-> the model's ``Gaussians`` for the PLY (on its device: the PLY reads a slice of rows at a time)."""
+        return self.model.gaussians
 
     def group(self, name):
         """Parameter group ``name`` (e.g. "means") of the whole model, on its device."""

@@ -148,13 +148,12 @@ def write_cfg_args(out, dataset, sh_degree, white_background):
 def write_model_outputs(trainer):
     """The trained model in Inria's layout: OUT/point_cloud/iteration_N/point_cloud.ply,
     OUT/cameras.json and OUT/cfg_args, so that viewers (SIBR, SuperSplat, ...) open OUT.
-    Collective (it gathers the whole model); the root rank writes.  -> the PLY's path (root)."""
+    Collective (the whole model, gathered or read a slice of rows at a time); the root rank writes.  -> the PLY's path (root)."""
     from data.ply import save_ply
-    model = trainer.whole_model()
-    if model is None:
+    g = trainer.saved_gaussians()
+    if g is None:
         return None
     ply = point_cloud_path(trainer.out, trainer.step)
-    g = model.gaussians
     save_ply(ply, g)
     write_cameras_json(trainer.out, trainer.data)
     degree = math.isqrt(g.sh.shape[1]) - 1

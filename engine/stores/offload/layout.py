@@ -97,6 +97,18 @@ class RowLayout:
         self.plan = np.ascontiguousarray(np.array(plan, np.int32).T)  # (4, columns): a, b, d, the column
         self._plans = {}
 
+    def table_rows(self, table, rows, step):
+        """-> (model state, statistics) of ``table``'s rows ``rows`` (host, model order) as ``TableRows``:
+        ``GaussianModel.state()``'s groups and the statistics, none of them read yet."""
+        w = self.width
+        tails = {g: ((self.sh_bases, 3) if g == "sh" else () if g == "opacities" else (b - a,))
+                 for g, (a, b) in self.columns.items()}
+        state = {which: {g: TableRows(table, rows, (i * w + a, i * w + b), tails[g])
+                         for g, (a, b) in self.columns.items()} for i, which in enumerate(("params", "m", "v"))}
+        statistics = {k: TableRows(table, rows, (3 * w + j, 3 * w + j + 1), (), dtype)
+                      for j, (k, dtype) in enumerate(self.statistics.items())}
+        return {**state, "step": int(step)}, statistics
+
     def _plan(self, xp, start=0, stop=None):
         """The plan on ``xp``'s device of the table's columns ``start`` .. ``stop`` (default: all), as if
         their buffer (the parameters, m, v or a statistic alone) were the flat one."""
@@ -190,6 +202,34 @@ class RowLayout:
         statistics = {k: flat[first + j * n:first + (j + 1) * n].astype(dtype, copy=False)  # (float32: views)
                       for j, (k, dtype) in enumerate(self.statistics.items())}
         return model, statistics
+
+
+class TableRows:
+    """A host array of the whole model read from the host's one table a slice of rows at a time: columns
+    ``columns`` (a, b) of the table's rows ``rows`` (model order), shaped ``(len(rows),) + tail`` as ``dtype``.
+    What snapshots and the PLY write out of core (``OutOfCoreStore.saved_state``): each slice they take is a
+    copy of those rows alone, so the host never holds the model a second time."""
+
+    chunked = True  # (``engine.tools.snapshot.write_snapshot`` writes such arrays a slice of rows at a time)
+
+    def __init__(self, table, rows, columns, tail=(), dtype=np.float32):
+        self.table, self.rows, self.columns, self.tail = table, rows, columns, tuple(tail)
+        self.dtype = np.dtype(dtype)
+        self.shape = (len(rows),) + self.tail
+        self.ndim, self.size = len(self.shape), int(np.prod(self.shape))
+        self.nbytes = self.size * self.dtype.itemsize
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __getitem__(self, key):
+        """``key``: a slice of rows, or a tuple of one and indices into the rest (as ``sh[rows, 1:, :]``)."""
+        key = key if isinstance(key, tuple) else (key,)
+        if not isinstance(key[0], slice):
+            raise TypeError("TableRows reads slices of rows")
+        a, b = self.columns
+        chunk = self.table[self.rows[key[0]], a:b].reshape((-1,) + self.tail).astype(self.dtype, copy=False)
+        return chunk[(slice(None),) + key[1:]]
 
 
 def frustum_part(gaussians, camera):

@@ -7,6 +7,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+import numbasplat as ns
+
 from numbasplat import backend as _backend
 from numbasplat import device
 from numbasplat.rendering import (BINNING_GAUSSIAN_BYTES, binning_intersection_bytes, gradient_record_bytes,
@@ -201,6 +203,20 @@ class OutOfCoreStore:
         """-> (the whole model, its statistics): in host memory, the device's changed blocks written back
         first; with ``device``, on the device where its pool holds every block (a refinement there)."""
         return (device and self._gather_resident()) or self._gather_whole()
+
+    def saved_state(self):
+        """-> (model state, strategy state) for a snapshot, host arrays in model order: in host mode read from
+        the host's one table a slice of rows at a time as they are written (``TableRows``: the host never
+        holds the model twice), else gathered whole (disk mode: its blocks' files)."""
+        if self._whole is None and self.host.whole is not None:
+            self.cache.flush(self.index, self.host)
+            return self.layout.table_rows(self.host.whole, self.index.table_rows, self._adam_steps)
+        model, statistics = self._gather_whole()
+        return model.state(), {k: _backend.to_host(a) for k, a in statistics.items()}
+
+    def saved_gaussians(self):
+        """-> the whole model's ``Gaussians`` for the PLY, host, read as ``saved_state``'s."""
+        return ns.Gaussians(**self.saved_state()[0]["params"])
 
     def group(self, name):
         """Parameter group ``name`` (e.g. "means") of the whole model, host, in model order: read from the
