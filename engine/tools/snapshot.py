@@ -25,7 +25,7 @@ VIEWS_ARRAY = "data/views"  # the training views' ``view_records`` (``records_ar
 VERSION_ATTR = "numbasplat_format"
 
 
-SNAPSHOT_CHUNK_ROWS = 1 << 20  # rows of a ``chunked`` array read and written at a time
+SNAPSHOT_CHUNK_ROWS = 1 << 20  # rows of a ``read_in_slices`` array read and written at a time
 
 
 def _json_default(o):
@@ -43,14 +43,14 @@ def _json_default(o):
 
 def write_snapshot(path, arrays, attrs):
     """Atomically write ``arrays`` ({"group/name": ndarray, or an array read ``SNAPSHOT_CHUNK_ROWS`` rows
-    at a time: one with ``chunked`` true, as ``TableRows``}) and JSON ``attrs`` to ``path``.
+    at a time: one with ``read_in_slices`` true, as ``TableRows``}) and JSON ``attrs`` to ``path``.
 
     A disk without room for the arrays is refused before HDF5 writes, and one that fills up
     mid-file is one OSError of the first failure (``atomic_path``'s one line), not the second
     that HDF5 raises closing the file."""
     path = os.fspath(path)
     meta = json.dumps(attrs, default=_json_default)  # fail before touching the disk
-    arrays = {name: a if getattr(a, "chunked", False) else np.asarray(a) for name, a in arrays.items()}
+    arrays = {name: a if getattr(a, "read_in_slices", False) else np.asarray(a) for name, a in arrays.items()}
     for name in arrays:
         if not name or name.startswith("/") or "" in name.split("/"):
             raise ValueError(f"bad snapshot array name {name!r}")
@@ -60,7 +60,7 @@ def write_snapshot(path, arrays, attrs):
             f.attrs[VERSION_ATTR] = FORMAT_VERSION
             f.attrs[META_ATTR] = meta
             for name, a in arrays.items():  # (intermediate groups from the slashes)
-                if getattr(a, "chunked", False):  # read a slice of rows at a time (``TableRows``)
+                if getattr(a, "read_in_slices", False):  # read a slice of rows at a time (``TableRows``)
                     d = f.create_dataset(name, shape=a.shape, dtype=a.dtype)
                     for start in range(0, len(a), SNAPSHOT_CHUNK_ROWS):
                         d[start:start + SNAPSHOT_CHUNK_ROWS] = a[start:start + SNAPSHOT_CHUNK_ROWS]

@@ -210,7 +210,7 @@ class TableRows:
     What snapshots and the PLY write out of core (``OutOfCoreStore.saved_state``): each slice they take is a
     copy of those rows alone, so the host never holds the model a second time."""
 
-    chunked = True  # (``engine.tools.snapshot.write_snapshot`` writes such arrays a slice of rows at a time)
+    read_in_slices = True  # (``engine.tools.snapshot.write_snapshot`` writes such arrays a slice of rows at a time)
 
     def __init__(self, table, rows, columns, tail=(), dtype=np.float32):
         self.table, self.rows, self.columns, self.tail = table, rows, columns, tuple(tail)
