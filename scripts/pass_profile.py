@@ -18,9 +18,9 @@ the views, in views' worth of pixels): which one prunes alike across captures (i
 import argparse
 import statistics
 import sys
+from pathlib import Path
 
 import numpy as np
-from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

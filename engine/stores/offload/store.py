@@ -195,8 +195,8 @@ class OutOfCoreStore:
     def intersections_per_gaussian(self):
         """The tile intersections per working-set Gaussian that the device's budget assumes: at least
         ``INTERSECTIONS_PER_GAUSSIAN``, more where the recent binnings had more (the largest of them, with
-        ``INTERSECTIONS_SPARE``): a model grown from a capture's few large SfM Gaussians has ten times as many
-        at first, and a working set whose binning outgrew its room would leave the cap."""
+        ``INTERSECTIONS_SPARE``): a model grown from a capture's few large SfM Gaussians may have many more at
+        first, and a working set whose binning outgrew its room would leave the cap."""
         return max([INTERSECTIONS_PER_GAUSSIAN] + [INTERSECTIONS_SPARE * k for k in self._binned])
 
     def whole(self, device=False):
