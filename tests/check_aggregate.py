@@ -13,7 +13,7 @@ simulator are tested by tests/test_aggregate.py.  Three parts, each on by its fl
 * ``--scene FILE.npz`` (``run.py bench --make 1M --out b1m.npz``; 6M too): ``run.py bench``'s step
   time at virtual devices 1, 2 and 4 and each one's ratio to 1 (issue 61's target: 1.1x at 4): binned
   exactly, into room, and replaying a step graph (as training runs the step: the host's launches, 4x as
-  many at 4 parts, out of the time).
+  many at 4 parts, out of the time); binned exactly and into room, each stage's time too.
 * ``--oversubscribe DATA --gpu-memory 4GiB``: ``run.py train`` of DATA (a scene whose model grows past
   twice the cap: the 6M city at 4 GiB) with ``--devices 1 --gpu-memory G`` (managed memory, the rest
   of the GPU reserved) and with ``--offload host --gpu-memory G``, ``--steps`` steps each: images/s
@@ -127,10 +127,13 @@ def overhead(scenes):
                         ("a step graph, into room", {"into_room": True, "graphs": True})):
             times = {}
             for parts in (1, 2, 4):
-                times[parts] = bench.run(scene, iters=20, warmup=3, virtual_devices=parts, out=lambda *a: None,
-                                         **kw)["step"]
-                print(f"  virtual devices {parts}, {how}: {times[parts]:8.3f} ms/step, "
-                      f"{times[parts] / times[1]:.3f}x of one")
+                times[parts] = bench.run(scene, iters=20, warmup=3, virtual_devices=parts, out=lambda *a: None, **kw)
+                print(f"  virtual devices {parts}, {how}: {times[parts]['step']:8.3f} ms/step, "
+                      f"{times[parts]['step'] / times[1]['step']:.3f}x of one")
+            if "graphs" not in kw:  # where the parts' time goes, stage by stage (a step graph's are not apart)
+                for stage in bench.STAGES:
+                    print(f"    {stage:12s} " + " / ".join(f"{times[parts][stage]:7.3f}" for parts in (1, 2, 4))
+                          + " ms at 1 / 2 / 4 parts")
 
 
 def oversubscribe(args):
