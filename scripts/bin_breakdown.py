@@ -1,6 +1,10 @@
 """Where ``bin_tiles``' time goes, step by step, and two alternatives, on a benchmark scene.
 
-    python scripts/bin_breakdown.py SCENE.npz      (GPU only; scenes from run.py bench --make)
+    python scripts/bin_breakdown.py SCENE.npz [PARTS]     (GPU only; scenes from run.py bench --make)
+
+With PARTS (the aggregate device's split, ``numbasplat.placement``), the split binning's steps too:
+each part's tile counts, then part by part its count gather and scan, emit, the mask of its rows,
+its tile argsort, the gather and the ranges (the parts share the view's depth order).
 
 Each step runs 15 times between CUDA events; the medians (ms) are printed in pipeline order.
 """
@@ -34,7 +38,7 @@ def timed(label, fn, reps=15):
     return out
 
 
-def main(path):
+def main(path, parts=1):
     g, cam = load_scene(path)
     g = Gaussians(**{k: cp.asarray(a) for k, a in g.arrays().items()})
     p = R.project(g, cam, check=False)
@@ -60,9 +64,38 @@ def main(path):
     print("  alternatives:")
     timed("tile argsort (uint32 keys)", lambda: cp.argsort(tile_of))
     timed("ranges by bincount + scan", lambda: cp.cumsum(cp.bincount(tile_of, minlength=tx * ty + 1)))
+    if parts > 1:
+        split(p, order, parts)
+
+
+def split(p, order, parts):
+    """The split binning's steps (``Placement.bin_tiles``, exact), part by part."""
+    from numbasplat.placement import even_ranges
+    k = kernels("cuda")
+    cam = p.camera
+    tx, ty = cam.tiles
+    rows = even_ranges(ty, parts)
+    print(f"  split in {parts} parts of tile rows {rows}:")
+    counts = timed("every part's tile counts", lambda: R.tile_row_counts(p, rows))
+    for part, (first_row, last_row) in enumerate(rows):
+        c = counts[part]
+        ends = timed(f"{part}: count gather + scan", lambda: cp.cumsum(c[order], dtype=np.int64))
+        total = int(ends[-1])
+        ids, tile_of, overflow = cp.empty(total, np.int32), cp.empty(total, np.uint32), cp.zeros(1, np.int32)
+        timed(f"{part}: emit ({total} slots)", lambda: k.emit_intersections(
+            p.proj, order, c, ends, TILE, tx, ty, cam.width, cam.height, 0, total, tile_of, ids, overflow))
+        first, last = first_row * tx, last_row * tx
+        masked = timed(f"{part}: mask to its rows", lambda: cp.where((tile_of >= first) & (tile_of < last), tile_of,
+                                                                   np.uint32(tx * ty)).astype(np.uint32))
+        keys = masked.astype(np.uint16)
+        perm = timed(f"{part}: stable tile argsort", lambda: cp.argsort(keys))
+        timed(f"{part}: the gather", lambda: ids[perm])
+        ranges = cp.zeros((tx * ty, 2), np.int32)
+        timed(f"{part}: ranges", lambda: k.tile_ranges(masked, perm, ranges))
+        print(f"  {part}: {int((masked < tx * ty).sum())} of its {total} slots in its rows")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3):
         sys.exit(__doc__)
-    main(sys.argv[1])
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) == 3 else 1)

@@ -3,7 +3,7 @@
 Not collected by pytest (a GPU check, as tests/check_*.py); tests/test_offload.py checks on the CPU
 that the two refinements are equal row for row.  This trains one capture twice with ``--offload
 host`` under a ``--gpu-memory`` cap that leaves blocks on the host (so the block-by-block path runs),
-densifying: once refining the whole model (``OutOfCoreStore.refine_in_blocks`` off, today's
+densifying: once refining the whole model (``OutOfCoreStore.refine_in_blocks`` off, the old
 default) and once block by block.  Prints each run's test PSNR, Gaussians, training seconds and
 peak host memory (RSS), and exits 1 where the block-by-block run's PSNR is more than
 ``--tolerance`` dB below (GPU atomics make the two runs differ beyond rounding), 2 where the cap

@@ -111,8 +111,8 @@ class OutOfCoreStore:
     chunked_views = False  # a view larger than the pool is checked out in chunks (``ChunkedView``): set by a
     # pipeline whose step trains them (``OffloadTrainer``); else such a view is refused
     home = "cpu"  # a model to hold is made in host memory, then cut into blocks
-    refine_in_blocks = False  # refine block by block on the host's table (``refine``), not gathering the whole
-    # model a second time; off by default: its blocks are no longer all full after a refinement (the re-cut's are)
+    refine_in_blocks = True  # refine block by block on the host's table (``refine``), not gathering the whole
+    # model a second time (off: the whole model gathered and re-cut into full blocks, as before; BENCHMARKS.md)
 
     def __init__(self, mode="host", offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True,
                  block_rows=BLOCK_ROWS, shard=False):
@@ -458,7 +458,7 @@ class OutOfCoreStore:
         else:
             global_rows = plan.new_kept[rows]
         done = strategy.after_optimizer(model, statistics, step, replace(ctx, rows=rows), decided=local)
-        out = self.layout.table(model, {})
+        out = self.layout.table(model, statistics)  # (fresh after a refinement; kept by a reset alone)
         pieces = self._cut_block(out, global_rows)
         order = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
         plan.pieces[b] = [global_rows[p] for p in pieces]
