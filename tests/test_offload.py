@@ -403,10 +403,12 @@ def test_blocks_coming_back_do_not_keep_the_arrays_they_came_in_alive(tmp_path):
 
 def test_disk_blocks_cache_within_the_cap_and_read_ahead(tmp_path):
     """Host memory holds at most the cap (three quarters the cache, a quarter the read-ahead); a block
-    read ahead serves the next read; one changed since it was read ahead is not served stale."""
+    read ahead serves the next read; one changed since it was read ahead is not served stale.  (The
+    writes behind drained before the read ahead: a block being written is served from memory.)"""
     tables = {b: np.full((10, 5), b, np.float32) for b in range(6)}  # 200 bytes each
     store = DiskBlocks(tmp_path / "d", capacity=4 * 200 + 100)  # cache 675 bytes: 3 blocks
     store.reset(tables)
+    store.flush()
     assert store.cached_bytes <= 675 and store.written_bytes >= 3 * 200  # the others went to disk
     for b in range(6):
         assert (store.get(b) == b).all()
@@ -415,6 +417,7 @@ def test_disk_blocks_cache_within_the_cap_and_read_ahead(tmp_path):
     for b in (3, 4, 5, 1):
         store.get(b)  # 0 out: written back
     assert 0 not in store.cache
+    store.flush()
     reads = store.read_bytes
     store.prefetch([0])
     store._wait()
@@ -926,6 +929,44 @@ def test_a_refinement_block_by_block_equals_the_whole_models(growth):
     assert store.refine_peak_bytes < 8 * block_rows * 2 * store.layout.row_bytes * 4
 
 
+def test_an_opacity_reset_block_by_block_keeps_the_statistics_as_the_whole_models():
+    """A step that resets the opacities without refining, made block by block (``OutOfCoreStore.refine``), keeps
+    the densification statistics gathered so far, as the whole model's reset does (a refinement alone starts
+    them afresh), and caps the opacities and their moments alike (rotated, unevenly scaled Gaussians)."""
+    from engine.recipe.model import GaussianModel
+    from engine.recipe.strategy import Context
+    from engine.stores.offload import OutOfCoreStore
+    rng = np.random.default_rng(4)
+    n, block_rows = 300, 16
+    start = {"means": rng.normal(size=(n, 3)).astype(np.float32),
+             "scales": np.log(rng.uniform(0.002, 0.05, (n, 3))).astype(np.float32),
+             "quats": rng.normal(size=(n, 4)).astype(np.float32),
+             "opacities": rng.normal(0, 3, n).astype(np.float32), "sh": rng.normal(size=(n, 1, 3)).astype(np.float32)}
+    statistics = {"grad": rng.uniform(0, 1e-3, n).astype(np.float32), "count": rng.integers(1, 5, n).astype(np.int32),
+                  "max_radius": rng.uniform(0, 9, n).astype(np.float32)}
+    strategy = DefaultStrategy(refine_start=0, refine_every=7, reset_every=10)
+    store = OutOfCoreStore("host", block_rows=block_rows, gpu_memory=1)
+    store.open(backend="cpu", views=[], images_bytes=0, betas=(0.9, 0.999),
+               fresh_statistics=DefaultStrategy.fresh_statistics)
+    store._slots = lambda count: 2  # (a device pool of two blocks: the model is out of core)
+    model = GaussianModel.from_state({"params": start}, "cpu")
+    model.adam.m[...] = rng.normal(size=model.adam.m.shape)
+    store.hold(model, statistics)
+    whole, state = store.whole()
+    whole = GaussianModel.from_state(whole.state(), "cpu")
+    state = {k: np.array(a) for k, a in state.items()}
+    ctx = Context(1.0, np.random.default_rng(7))
+    assert strategy.resets_at(10, ctx) and not strategy.refines_at(10, ctx)
+    expected = strategy.after_optimizer(whole, state, 10, ctx)
+    assert store.refine(strategy, 10, Context(1.0, np.random.default_rng(7))) == expected == {"opacity_reset": True}
+    got, got_state = store.whole()
+    for w in ("params", "m", "v"):
+        for g in GROUPS:
+            np.testing.assert_array_equal(got.group(g, w), whole.group(g, w), err_msg=f"{w} {g}")
+    for k, a in statistics.items():
+        np.testing.assert_array_equal(np.asarray(got_state[k]), a, err_msg=k)
+
+
 def test_snapshots_and_the_ply_read_the_host_table_a_slice_of_rows_at_a_time(dataset, tmp_path, monkeypatch):
     """Host mode writes the snapshot and the PLY from the host's one table a slice of rows at a time (1024
     here), not from a gathered copy of the model: the files equal those of the gathered model (a snapshot that
@@ -1030,3 +1071,258 @@ def test_the_working_set_bytes_are_what_a_step_allocates(dataset, tmp_path):
         t.store.cache.pool.nbytes + n * (peak - 720) + DeviceCache.INDEX_BYTES * n + view_bytes(dataset)
     t.store.checkin(model, state, t.learning_rates()[0])
     assert model._grads is None  # (let go until the next backward)
+
+
+def _held_bytes(store):
+    """The bytes that a ``DiskBlocks`` holds: its cache and its blocks in transit (read ahead, being read, being
+    written)."""
+    with store.lock:
+        return store.cached_bytes + store._in_transit()
+
+
+@pytest.mark.parametrize("slow", [False, True])
+def test_disk_blocks_writing_behind_serve_the_latest_rows_and_write_what_writing_at_once_does(tmp_path, slow):
+    """A seeded mix of puts, gets (some changed in place and put back, as ``rows_out`` does), reads ahead and a
+    re-cut on 20 blocks of several shapes under a cap of a few blocks, written behind and, the twin, at once:
+    every get is the block's latest rows, the cache and the blocks in transit hold at most the cap, a re-cut
+    leaves no file of the cut before, and once the writes drain the two wrote the same bytes and every block
+    not changed since it left the cache has its latest rows in its file.  A slow writer makes the gets and
+    puts reach blocks whose writes are in flight."""
+    import time
+    rng = np.random.default_rng(7)
+    shapes = {b: (int(rng.integers(3, 12)), int(rng.integers(2, 7))) for b in range(20)}
+    capacity = 5 * 11 * 6 * 4  # five of the largest blocks (264 bytes): a quarter of it in transit
+    behind = DiskBlocks(tmp_path / "behind", capacity)
+    at_once = DiskBlocks(tmp_path / "at_once", capacity, write_behind=False)
+    stores = (behind, at_once)
+    if slow:
+        write = behind._write
+
+        def slow_write(b, table, generation):
+            time.sleep(0.003)
+            write(b, table, generation)
+        behind._write = slow_write
+
+    def recut():
+        tables = {b: rng.normal(size=s).astype(np.float32) for b, s in shapes.items()}
+        for store in stores:
+            store.reset({b: t.copy() for b, t in tables.items()})
+            assert all(name.startswith(f"g{store.generation}-") for name in os.listdir(store.folder))
+        return tables
+
+    latest = recut()
+    in_flight = 0  # gets of blocks being written
+    for step in range(800):
+        b, op = int(rng.integers(20)), rng.choice(["put", "get", "change", "prefetch"], p=[0.3, 0.3, 0.25, 0.15])
+        if step == 400:
+            latest = recut()
+        elif op == "put":
+            latest[b] = rng.normal(size=shapes[b]).astype(np.float32)
+            for store in stores:
+                store.put(b, latest[b].copy())
+        elif op == "prefetch":
+            ahead = rng.choice(20, size=4, replace=False)
+            for store in stores:
+                store.prefetch(ahead)
+        else:
+            with behind.lock:
+                in_flight += b in behind.writing
+            rows = rng.integers(shapes[b][0], size=2)
+            value = np.float32(rng.normal())
+            for store in stores:
+                got = store.get(b)
+                np.testing.assert_array_equal(got, latest[b])
+                if op == "change":
+                    got[rows] = value
+                    store.put(b, got)
+            if op == "change":
+                latest[b] = latest[b].copy()
+                latest[b][rows] = value
+        for store in stores:
+            assert _held_bytes(store) <= capacity
+    behind.flush()
+    assert behind.written_bytes == at_once.written_bytes > 0
+    assert list(behind.cache) == list(at_once.cache) and behind.dirty == at_once.dirty and not behind.writing
+    for store in stores:
+        for b in sorted(set(range(20)) - store.dirty):
+            np.testing.assert_array_equal(np.fromfile(store._path(b), np.float32).reshape(shapes[b]), latest[b])
+    assert in_flight > 0 or not slow
+    for store in stores:
+        folder = store.folder
+        store.close()
+        assert not os.path.exists(folder)
+
+
+@pytest.mark.parametrize("at", ["get", "put", "prefetch", "flush", "reset", "close"])
+def test_a_write_behind_that_fails_stops_the_next_call_with_one_message(tmp_path, monkeypatch, at):
+    """A write that fails on the writer thread (a full disk) is raised at the training thread's next call as
+    the one line that a write at once gives (no traceback of the writer thread), again at every call but
+    ``close``, which raises it only where no call did; the failed block's rows stay in memory."""
+    import threading
+    import traceback
+    tables = {b: np.full((10, 5), b, np.float32) for b in range(8)}  # 200 bytes each
+    store = DiskBlocks(tmp_path / "d", capacity=8 * 200)  # a cache of 6 blocks, 2 in transit
+    real_write, gate = os.write, threading.Event()
+
+    def full(fd, data):
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(store.folder):
+            gate.wait(10)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+    monkeypatch.setattr(os, "write", full)
+    store.reset(tables)  # blocks 0 and 1 out of the cache: their writes wait at the gate
+    assert sorted(store.writing) == [0, 1] and store.failure is None
+    gate.set()
+    with store.changed:
+        assert store.changed.wait_for(lambda: store.writes_in_flight == 0, timeout=10)
+    message = (r"^\[Errno 28\] --offload-dir .*/d: cannot write a block of the model \(the disk is full\); "
+               r"training stopped, the last snapshot is kept$")
+    calls = {"get": lambda: store.get(0), "put": lambda: store.put(3, tables[3]), "prefetch": lambda: store.prefetch([0]),
+             "flush": store.flush, "reset": lambda: store.reset(tables), "close": store.close}
+    with pytest.raises(OSError, match=message) as raised:
+        calls[at]()
+    e = raised.value
+    assert e.errno == errno.ENOSPC and e.__cause__ is None and e.__suppress_context__
+    assert "_write_in_flight" not in "".join(traceback.format_exception(e))  # (the training thread's call alone)
+    if at != "close":
+        with pytest.raises(OSError, match=message):
+            store.get(5)
+        assert (store.writing[0][1] == 0).all() and (store.writing[1][1] == 1).all()
+    folder = store.folder
+    store.close()  # (raised already: not again)
+    assert not os.path.exists(folder)
+
+
+def test_writes_behind_that_fall_behind_hold_the_training_thread_within_the_cap(tmp_path):
+    """With the writer stalled: a read ahead skips the blocks being written, a get of one is served from memory
+    (no read), and puts of changed blocks go on while the writes in flight fit the room in transit, then wait
+    rather than hold more than the cap; the writer freed, they finish and every block reads back its latest."""
+    import threading
+    store = DiskBlocks(tmp_path / "d", capacity=16 * 200)  # a cache of 12 blocks of 200 bytes, 4 in transit
+    latest = {b: np.full((10, 5), b, np.float32) for b in range(16)}
+    store.reset(latest)
+    store.flush()  # blocks 0 to 3 in their files, 4 to 15 cached (changed)
+    write, gate = store._write, threading.Event()
+
+    def stalled(*args):
+        gate.wait(10)
+        write(*args)
+    store._write = stalled
+    latest[0] = np.full((10, 5), 100, np.float32)
+    store.put(0, latest[0])  # 4 out, its write stalled
+    reads = store.read_bytes
+    store.prefetch([4, 1])
+    store._wait()
+    assert list(store.staged) == [1] and store.read_bytes == reads + 200  # (4 is being written: not read)
+    got = store.get(4)
+    assert got is store.writing[4][1] and store.read_bytes == reads + 200  # 5 out, its write stalled too
+    done, held = [], []
+
+    def puts():
+        for b in (2, 3, 12, 13):
+            latest[b] = np.full((10, 5), 200 + b, np.float32)
+            store.put(b, latest[b])
+            done.append(b)
+            held.append(_held_bytes(store))
+    worker = threading.Thread(target=puts, daemon=True)
+    worker.start()
+    worker.join(0.5)
+    assert worker.is_alive() and done == [2]  # 6 out (the room in transit full), then 7 out: it waits
+    assert store.writes_in_flight == 4 and _held_bytes(store) <= store.capacity
+    gate.set()
+    worker.join(10)
+    assert not worker.is_alive() and done == [2, 3, 12, 13] and max(held) <= store.capacity
+    store.flush()
+    for b in range(16):
+        np.testing.assert_array_equal(store.get(b), latest[b])
+    store.close()
+
+
+def test_a_block_written_again_before_its_first_write_lands_is_served_its_latest_rows(tmp_path):
+    """A block out of the cache changed, read back while its write is in flight, changed and out again: when
+    the first write lands the block stays in memory (its file has the older rows until the second lands), and
+    the writes land in order, the file then holding the latest rows."""
+    import threading
+    store = DiskBlocks(tmp_path / "d", capacity=8 * 200)  # a cache of 6 blocks of 200 bytes, 2 in transit
+    store.reset({b: np.full((10, 5), b, np.float32) for b in range(10)})
+    for b in (0, 1, 2, 3, 4, 5):
+        store.get(b)  # (from their files)
+    store.flush()  # every block in its file, the cache 0 to 5 unchanged
+    write, permits = store._write, threading.Semaphore(0)
+
+    def one_at_a_time(*args):
+        assert permits.acquire(timeout=10)
+        write(*args)
+    store._write = one_at_a_time
+    first, second = np.full((10, 5), 100, np.float32), np.full((10, 5), 200, np.float32)
+    store.put(0, first.copy())
+    for b in (6, 7, 8, 9, 1, 2):
+        store.get(b)  # 1 to 5 out unchanged, then 0 changed: its first write in flight
+    np.testing.assert_array_equal(store.get(0), first)  # (from memory: 6 out)
+    store.put(0, second.copy())
+    for b in (3, 4, 5, 6, 7, 8):
+        store.get(b)  # 7, 8, 9, 1, 2 out unchanged, then 0 changed: its second write in flight
+    assert store.writes_in_flight == 2 and store.writing[0][0] == store.version[0] == 3  # (reset's put the first)
+    permits.release()
+    with store.changed:
+        assert store.changed.wait_for(lambda: store.writes_in_flight == 1, timeout=10)
+    np.testing.assert_array_equal(np.fromfile(store._path(0), np.float32), first.ravel())
+    reads = store.read_bytes
+    np.testing.assert_array_equal(store.get(0), second)
+    assert store.read_bytes == reads  # (not its file: the first write's rows)
+    permits.release()
+    store.flush()
+    np.testing.assert_array_equal(np.fromfile(store._path(0), np.float32), second.ravel())
+    store.close()
+
+
+def test_a_file_is_never_written_while_it_is_read_ahead_and_a_torn_read_ahead_is_dropped(tmp_path):
+    """A block read ahead, meanwhile read at once, changed and out of the cache: its write behind waits for the
+    read ahead to end, which is then dropped (the block is being written).  Written at once, a read ahead of a
+    file half written (a short read) is dropped too, not raised at the next call."""
+    import threading
+    store = DiskBlocks(tmp_path / "d", capacity=8 * 200)  # a cache of 6 blocks of 200 bytes, 2 in transit
+    store.reset({b: np.full((10, 5), b, np.float32) for b in range(10)})
+    for b in (0, 1, 2, 3, 4, 5):
+        store.get(b)
+    store.flush()  # every block in its file, the cache 0 to 5 unchanged
+    read, go, reading = store._read, threading.Event(), threading.Event()
+
+    def held_ahead(b, generation=None):
+        if threading.current_thread().name.startswith("offload-prefetch"):
+            reading.set()
+            assert go.wait(10)
+        return read(b, generation)
+    store._read = held_ahead
+    store.prefetch([6])
+    assert reading.wait(10)  # the reader in block 6's file
+    assert (store.get(6) == 6).all()
+    changed = np.full((10, 5), 60, np.float32)
+    store.put(6, changed.copy())
+    for b in (7, 8, 9, 0, 1, 2):
+        store.get(b)  # 0 to 5 out unchanged, then 6 changed: its write waits for the read
+    written = store.written_bytes
+    with store.changed:
+        assert not store.changed.wait_for(lambda: store.writes_in_flight == 0, timeout=0.3)
+    assert store.written_bytes == written and sorted(store.writing) == [6]
+    go.set()
+    store._wait()
+    store.flush()
+    assert not store.staged and store.written_bytes == written + 200
+    np.testing.assert_array_equal(np.fromfile(store._path(6), np.float32), changed.ravel())
+    np.testing.assert_array_equal(store.get(6), changed)
+    store.close()
+
+    at_once = DiskBlocks(tmp_path / "e", capacity=8 * 200, write_behind=False)
+    at_once.reset({b: np.full((10, 5), b, np.float32) for b in range(10)})
+    read = at_once._read
+
+    def torn(b, generation=None):
+        if threading.current_thread().name.startswith("offload-prefetch"):
+            raise ValueError("cannot reshape array of size 0 into shape (10,5)")
+        return read(b, generation)
+    at_once._read = torn
+    at_once.prefetch([0, 1])
+    at_once._wait()
+    assert not at_once.staged and (at_once.get(0) == 0).all()
+    at_once.close()

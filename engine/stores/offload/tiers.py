@@ -56,10 +56,18 @@ class DiskBlocks(HostBlocks):
     removed at the end), host memory a cache of at most ``capacity`` bytes (``--host-memory``): the
     least recently used blocks leave it first, written back if they changed.  The files are a
     working copy, rewritten from the model at each resume: the snapshot (HDF5, written atomically
-    by the trainer) is what a crash leaves.  With ``prefetch``, a thread reads ``prefetch``'s blocks
-    ahead into a staging area of a quarter of ``capacity``."""
+    by the trainer) is what a crash leaves.
 
-    def __init__(self, folder, capacity, prefetch=True):
+    Blocks in transit take a quarter of ``capacity`` (where either thread runs), the cache the rest:
+    with ``prefetch``, a reader thread reads ``prefetch``'s blocks ahead into a staging area; with
+    ``write_behind``, a writer thread writes the blocks that leave the cache changed, so that neither
+    the reads nor the writes hold up the training thread while the disk keeps up.  A block on its way
+    to its file stays reachable (``writing``) until it is there: a read of it is served from memory,
+    never from a file half written, and its bytes count toward the cap, the training thread waiting
+    for the oldest writes where they fall behind.  A write's failure (a full disk) stops training at
+    the next call with one message, the last snapshot kept."""
+
+    def __init__(self, folder, capacity, prefetch=True, write_behind=True):
         super().__init__()
         self.folder_arg = folder
         try:
@@ -70,7 +78,7 @@ class DiskBlocks(HostBlocks):
                                    f"{e.strerror or e}") from None
         self._finalizer = weakref.finalize(self, shutil.rmtree, self.folder, True)
         self.capacity = int(capacity)
-        self.staging_capacity = self.capacity // 4 if prefetch else 0
+        self.staging_capacity = self.capacity // 4 if prefetch or write_behind else 0  # the blocks in transit
         self.cache = OrderedDict()  # block: table, the most recently used last
         self.dirty = set()
         self.cached_bytes = 0
@@ -79,27 +87,37 @@ class DiskBlocks(HostBlocks):
         self.version = {}  # block: puts so far (a read ahead of an older version is dropped)
         self.staged = {}
         self.staged_bytes = 0
+        self.reading, self.reading_bytes = None, 0  # (generation, block) that the reader thread reads now, its room
         self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)  # (notified as blocks leave transit)
         self.reader = ThreadPoolExecutor(1, thread_name_prefix="offload-prefetch") if prefetch else None
         self.pending = None
         self.prefetched_bytes = 0
+        self.writer = ThreadPoolExecutor(1, thread_name_prefix="offload-write") if write_behind else None
+        self.writing = {}  # block: (version, table) of its latest write in flight
+        self.writes_in_flight = 0
+        self.writing_bytes = 0  # the bytes of the writes in flight (a block written twice counts twice)
+        self.failure = None  # a write's error, raised on the training thread
+        self.failure_raised = False
 
     def _path(self, b, generation=None):
         return os.path.join(self.folder, f"g{self.generation if generation is None else generation}-b{b}.f32")
 
     def reset(self, tables, whole=None):  # (``whole`` unused: the blocks are files, a few of them cached)
         self._wait()
+        self.flush()  # (the writes in flight landed: the files before go after them; a failure raised)
         largest = max((t.nbytes for t in tables.values()), default=0)
         if largest > self.capacity - self.staging_capacity:
             raise ValueError(f"--host-memory {format_bytes(self.capacity)} is too small: a block of the model "
-                             f"takes {format_bytes(largest)} (and the read-ahead a quarter of the cap); give "
-                             f"--host-memory {format_bytes(int(np.ceil(largest * 4 / 3)))} or more")
+                             f"takes {format_bytes(largest)} (and the reads ahead and writes behind a quarter of the "
+                             f"cap); give --host-memory {format_bytes(int(np.ceil(largest * 4 / 3)))} or more")
         old = self.generation
         with self.lock:
             self.generation += 1
             self.cache.clear()
             self.staged.clear()
             self.dirty.clear()
+            self.writing.clear()
             self.cached_bytes = self.staged_bytes = 0
             self.shapes = {b: t.shape for b, t in tables.items()}
             self.version = dict.fromkeys(tables, 0)
@@ -110,6 +128,8 @@ class DiskBlocks(HostBlocks):
                 os.unlink(os.path.join(self.folder, name))
 
     def get(self, b):
+        """Block ``b``'s table: from the cache, the read ahead, the writes in flight, else its file."""
+        self._raise_failure()
         with self.lock:
             if b in self.cache:
                 self.cache.move_to_end(b)
@@ -117,6 +137,9 @@ class DiskBlocks(HostBlocks):
             table = self.staged.pop(b, None)
             if table is not None:
                 self.staged_bytes -= table.nbytes
+                self.changed.notify_all()
+            elif b in self.writing:
+                table = self.writing[b][1]  # (its file is being written: the same rows, counted while in flight)
         if table is None:
             table = self._read(b)
         self._insert(b, table, dirty=False)
@@ -124,29 +147,50 @@ class DiskBlocks(HostBlocks):
 
     def put(self, b, table):
         """Block ``b``'s rows now, in the cache (an array of their own: the cap counts each block alone)."""
+        self._raise_failure()
         with self.lock:
             self.version[b] = self.version.get(b, 0) + 1
             old = self.staged.pop(b, None)
             if old is not None:
                 self.staged_bytes -= old.nbytes
+                self.changed.notify_all()
         self._insert(b, own_memory(table), dirty=True)
 
     def _insert(self, b, table, dirty):
+        """Block ``b``'s ``table`` into the cache, the least recently used blocks out first to make room (the
+        changed ones written, behind where ``write_behind``) and, where the writes in flight fill the room in
+        transit, the oldest of them landed first: the cache, the reads ahead and the writes never hold more
+        than the cap."""
         with self.lock:
-            old = self.cache.pop(b, None)
-            self.cached_bytes += table.nbytes - (0 if old is None else old.nbytes)
-            self.cache[b] = table
-            if dirty:
-                self.dirty.add(b)
+            held = self.cache.get(b)
+            if held is not None:
+                self.cache.move_to_end(b)  # (the last out)
+            need = table.nbytes - (0 if held is None else held.nbytes)
             evicted = []
-            while self.cached_bytes > self.capacity - self.staging_capacity and len(self.cache) > 1:
+            room = self.capacity - self.staging_capacity
+            while self.cached_bytes + need > room and len(self.cache) > (held is not None):
                 e, t = self.cache.popitem(last=False)
                 self.cached_bytes -= t.nbytes
                 if e in self.dirty:
                     self.dirty.discard(e)
-                    evicted.append((e, t))
-        for e, t in evicted:  # (the main thread writes; the reader thread only reads files of blocks not cached)
-            self._write(e, t)
+                    if self.writer is not None:
+                        self._write_behind(e, t)
+                    else:
+                        evicted.append((e, t))
+            self.changed.wait_for(lambda: self.writes_in_flight == 0 or self._in_transit() <= self.staging_capacity)
+            self.cache.pop(b, None)
+            self.cache[b] = table
+            self.cached_bytes += need
+            if dirty:
+                self.dirty.add(b)
+            generation = self.generation
+        for e, t in evicted:  # (the reader thread reads only files of blocks neither cached nor being written)
+            self._write(e, t, generation)
+        self._raise_failure()
+
+    def _in_transit(self):
+        """The bytes between the cache and the files: read ahead, being read, being written (under the lock)."""
+        return self.staged_bytes + self.reading_bytes + self.writing_bytes
 
     def _read(self, b, generation=None):
         """Block ``b``'s table from its file (of ``generation``, default the current one's), counted."""
@@ -155,9 +199,9 @@ class DiskBlocks(HostBlocks):
             self.read_bytes += table.nbytes
         return table
 
-    def _write(self, b, table):
-        """Write block ``b``'s file; a failure (a full disk) stops training with one message."""
-        path = self._path(b)
+    def _write(self, b, table, generation):
+        """Write block ``b``'s file of ``generation``; a failure (a full disk) stops training with one message."""
+        path = self._path(b, generation)
         data = memoryview(np.ascontiguousarray(table)).cast("B")
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -171,32 +215,98 @@ class DiskBlocks(HostBlocks):
             why = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
             raise OSError(e.errno, f"--offload-dir {self.folder_arg}: cannot write a block of the model "
                                    f"({why}); training stopped, the last snapshot is kept") from None
-        self.written_bytes += len(data)
+        with self.lock:
+            self.written_bytes += len(data)
+
+    # ------------------------------------------------------------------ writing behind
+    def _write_behind(self, b, table):
+        """Hand block ``b``'s ``table`` to the writer thread; it stays in ``writing`` until its file is
+        written (under the lock)."""
+        entry = (self.version.get(b, 0), table)
+        self.writing[b] = entry
+        self.writes_in_flight += 1
+        self.writing_bytes += table.nbytes
+        self.writer.submit(self._write_in_flight, b, entry, self.generation)
+
+    def _write_in_flight(self, b, entry, generation):
+        """The writer thread's write of ``entry`` (version, table) to block ``b``'s file: the block leaves
+        ``writing`` unless a later write of it is queued; an error kept for the training thread (the
+        block then stays in ``writing``: its rows are in memory alone)."""
+        failure = None
+        with self.changed:  # (a file is never written while it is read)
+            self.changed.wait_for(lambda: self.reading != (generation, b))
+        if self.failure is None:  # (after a failure, nothing more is written: training stops)
+            try:
+                self._write(b, entry[1], generation)
+            except Exception as e:  # noqa: BLE001 (raised on the training thread at its next call)
+                failure = e
+        with self.changed:
+            if failure is not None and self.failure is None:
+                self.failure = failure
+            if self.failure is None and self.writing.get(b, (None,))[0] == entry[0]:
+                del self.writing[b]
+            self.writes_in_flight -= 1
+            self.writing_bytes -= entry[1].nbytes
+            self.changed.notify_all()
+
+    def flush(self):
+        """Wait for the writes in flight (every block that left the cache changed then in its file); a
+        write's failure raised."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.writes_in_flight == 0)
+        self._raise_failure()
+
+    def _raise_failure(self, again=True):
+        """Raise a write's failure on this (the training) thread: the one-line error ``_write`` made (once
+        only where ``again`` is off)."""
+        failure = self.failure
+        if failure is None or (self.failure_raised and not again):
+            return
+        self.failure_raised = True
+        if isinstance(failure, OSError):
+            raise OSError(failure.errno, failure.strerror) from None
+        raise failure
 
     # ------------------------------------------------------------------ reading ahead
     def prefetch(self, blocks):
-        """Read ahead, on the reader thread, those of ``blocks`` that are neither cached nor staged
-        (as many as the staging area holds)."""
+        """Read ahead, on the reader thread, those of ``blocks`` that are neither cached, staged nor being
+        written (as many as the room in transit holds)."""
+        self._raise_failure()
         if self.reader is None or (self.pending is not None and not self.pending.done()):
             return
         self._wait()
         with self.lock:
             wanted = [(int(b), self.version.get(int(b), 0)) for b in blocks
-                      if b not in self.cache and b not in self.staged]
+                      if b not in self.cache and b not in self.staged and b not in self.writing]
             generation = self.generation
         if wanted:
             self.pending = self.reader.submit(self._read_ahead, wanted, generation)
 
     def _read_ahead(self, wanted, generation):
+        """The reader thread's reads of ``wanted`` ((block, version)) into the staging area, while they fit the
+        room in transit (the writes in flight landing first); a read is kept only if the block did not change."""
         for b, version in wanted:
-            with self.lock:
-                room = self.staging_capacity - self.staged_bytes
-                if generation != self.generation or 4 * int(np.prod(self.shapes[b])) > room:
+            need = 4 * int(np.prod(self.shapes[b]))
+            with self.changed:  # room for it, the writes in flight first landed where they take it
+                self.changed.wait_for(lambda: self.writes_in_flight == 0 or self.failure is not None
+                                      or self._in_transit() + need <= self.staging_capacity)
+                if (generation != self.generation or self.failure is not None
+                        or self._in_transit() + need > self.staging_capacity):
                     return
-            table = self._read(b, generation)
+                if b in self.cache or b in self.staged or b in self.writing:
+                    continue  # (in memory already: a file being written is never read)
+                self.reading, self.reading_bytes = (generation, b), need
+            try:
+                table = self._read(b, generation)
+            except (OSError, ValueError):  # (a file written meanwhile, at once: the read repeats on demand)
+                continue
+            finally:
+                with self.changed:
+                    self.reading, self.reading_bytes = None, 0
+                    self.changed.notify_all()
             with self.lock:  # kept only if nothing changed the block meanwhile
                 if (generation == self.generation and self.version.get(b) == version and b not in self.cache
-                        and b not in self.staged):
+                        and b not in self.staged and b not in self.writing):
                     self.staged[b] = table
                     self.staged_bytes += table.nbytes
                     self.prefetched_bytes += table.nbytes
@@ -211,9 +321,18 @@ class DiskBlocks(HostBlocks):
             self.pending = None
 
     def close(self):
-        self._wait()
-        if self.reader is not None:
-            self.reader.shutdown()
-        self.cache.clear()
-        self.staged.clear()
-        self._finalizer()
+        """Wait for the threads' reads and writes, remove the folder; a write's failure not yet raised then
+        raised."""
+        try:
+            self._wait()
+            with self.changed:
+                self.changed.wait_for(lambda: self.writes_in_flight == 0)
+        finally:
+            for pool in (self.reader, self.writer):
+                if pool is not None:
+                    pool.shutdown()
+            self.cache.clear()
+            self.staged.clear()
+            self.writing.clear()
+            self._finalizer()
+        self._raise_failure(again=False)
