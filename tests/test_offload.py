@@ -886,14 +886,29 @@ def test_out_of_core_refuses_the_tile_loss_and_appearance_in_check(change):
             check(small_config(visible_adam=True, **change), options)
 
 
+def held_out_of_core(start, statistics, block_rows, rng):
+    """``start``'s parameters (random first moments) and ``statistics`` held by a store out of core (a device pool
+    of two blocks, refinement block by block) -> (the store, a copy of its whole model, its statistics)."""
+    from engine.recipe.model import GaussianModel
+    from engine.stores.offload import OutOfCoreStore
+    store = OutOfCoreStore("host", block_rows=block_rows, gpu_memory=1)
+    store.open(backend="cpu", views=[], images_bytes=0, betas=(0.9, 0.999),
+               fresh_statistics=DefaultStrategy.fresh_statistics)
+    store._slots = lambda count: 2
+    store.refine_in_blocks = True
+    model = GaussianModel.from_state({"params": start}, "cpu")
+    model.adam.m[...] = rng.normal(size=model.adam.m.shape)
+    store.hold(model, statistics)
+    whole, state = store.whole()
+    return store, GaussianModel.from_state(whole.state(), "cpu"), {k: np.array(a) for k, a in state.items()}
+
+
 @pytest.mark.parametrize("growth", [4.0, 0.6])  # x the gradients; below 1 more prunes (opacities lower)  # (the model grows: blocks split; it shrinks: the table shrinks)
 def test_a_refinement_block_by_block_equals_the_whole_models(growth):
     """Clones, splits and prunes made block by block on the host's table (``OutOfCoreStore.refine``) give the
     whole model's refinement, row for row in the same order (rotated, unevenly scaled Gaussians; the random
     draws of the splits by global row), with host memory beyond the table of a few blocks only."""
-    from engine.recipe.model import GaussianModel
     from engine.recipe.strategy import Context
-    from engine.stores.offload import OutOfCoreStore
     rng = np.random.default_rng(3)
     n, block_rows = 400, 16
     start = {"means": rng.normal(size=(n, 3)).astype(np.float32),
@@ -903,17 +918,7 @@ def test_a_refinement_block_by_block_equals_the_whole_models(growth):
     statistics = {"grad": (rng.uniform(0, growth * 4e-4, n)).astype(np.float32),
                   "count": rng.integers(0, 3, n).astype(np.int32), "max_radius": np.zeros(n, np.float32)}
     strategy = DefaultStrategy(refine_start=0, refine_every=10, percent_dense=0.02)
-    store = OutOfCoreStore("host", block_rows=block_rows, gpu_memory=1)
-    store.open(backend="cpu", views=[], images_bytes=0, betas=(0.9, 0.999),
-               fresh_statistics=DefaultStrategy.fresh_statistics)
-    store._slots = lambda count: 2  # (a device pool of two blocks: the model is out of core)
-    store.refine_in_blocks = True
-    model = GaussianModel.from_state({"params": start}, "cpu")
-    model.adam.m[...] = rng.normal(size=model.adam.m.shape)
-    store.hold(model, statistics)
-    whole, state = store.whole()
-    whole = GaussianModel.from_state(whole.state(), "cpu")
-    state = {k: np.array(a) for k, a in state.items()}
+    store, whole, state = held_out_of_core(start, statistics, block_rows, rng)
     whole_ctx, ctx = Context(1.0, np.random.default_rng(7)), Context(1.0, np.random.default_rng(7))
     expected = strategy.after_optimizer(whole, state, 10, whole_ctx)
     events = store.refine(strategy, 10, ctx)
@@ -933,9 +938,7 @@ def test_an_opacity_reset_block_by_block_keeps_the_statistics_as_the_whole_model
     """A step that resets the opacities without refining, made block by block (``OutOfCoreStore.refine``), keeps
     the densification statistics gathered so far, as the whole model's reset does (a refinement alone starts
     them afresh), and caps the opacities and their moments alike (rotated, unevenly scaled Gaussians)."""
-    from engine.recipe.model import GaussianModel
     from engine.recipe.strategy import Context
-    from engine.stores.offload import OutOfCoreStore
     rng = np.random.default_rng(4)
     n, block_rows = 300, 16
     start = {"means": rng.normal(size=(n, 3)).astype(np.float32),
@@ -945,16 +948,7 @@ def test_an_opacity_reset_block_by_block_keeps_the_statistics_as_the_whole_model
     statistics = {"grad": rng.uniform(0, 1e-3, n).astype(np.float32), "count": rng.integers(1, 5, n).astype(np.int32),
                   "max_radius": rng.uniform(0, 9, n).astype(np.float32)}
     strategy = DefaultStrategy(refine_start=0, refine_every=7, reset_every=10)
-    store = OutOfCoreStore("host", block_rows=block_rows, gpu_memory=1)
-    store.open(backend="cpu", views=[], images_bytes=0, betas=(0.9, 0.999),
-               fresh_statistics=DefaultStrategy.fresh_statistics)
-    store._slots = lambda count: 2  # (a device pool of two blocks: the model is out of core)
-    model = GaussianModel.from_state({"params": start}, "cpu")
-    model.adam.m[...] = rng.normal(size=model.adam.m.shape)
-    store.hold(model, statistics)
-    whole, state = store.whole()
-    whole = GaussianModel.from_state(whole.state(), "cpu")
-    state = {k: np.array(a) for k, a in state.items()}
+    store, whole, state = held_out_of_core(start, statistics, block_rows, rng)
     ctx = Context(1.0, np.random.default_rng(7))
     assert strategy.resets_at(10, ctx) and not strategy.refines_at(10, ctx)
     expected = strategy.after_optimizer(whole, state, 10, ctx)
