@@ -78,7 +78,7 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
     scene (``data.bench_scene.load_scene``), printing each stage's median through ``out``; -> the medians (ms).
     ``virtual_devices``: every stage split that many ways, as the aggregate device splits it
     (``numbasplat.placement``; 1: the plain calls).  ``into_room``: the steps after the first bin into
-    room for the first one's totals (``bin_tiles(room=)``, each part its own), without the exact
+    room for the first one's totals (``bin_tiles(room=)``; a split's as ``Placement.slots`` gives them), without the exact
     binning's sync, as training does.  ``graphs`` (with ``into_room``): the timed steps replay a CUDA
     graph of one step, as training's step graphs do (``engine.pipelines.step_graphs``): the host's
     launches out of the time, only the whole step timed (on the CPU backend and in the simulator the

@@ -9,8 +9,12 @@ each operator runs in ``parts`` pieces whose results land in the shared arrays:
     project, project_backward (the SH evaluation within), Adam   by contiguous ranges of Gaussians
     bin_tiles, rasterize, rasterize_backward, image_loss         by contiguous ranges of tile rows
 
-Each part of the tiles bins only the intersections of its own tiles (``bin_tiles(tile_rows=)``),
-so the view's binning is a ``SplitBinning`` of one ``Binning`` per part.  What crosses parts is
+Parts that share a device (virtual parts, or one GPU) share one binning of the view: its intersections
+are sorted by tile, so each part's tile rows are a contiguous slice of it, and binning again per part
+would repeat the scan of every Gaussian (the count, the emit) once a part.  Parts on separate
+devices each bin only the intersections of their own tiles (``bin_tiles(tile_rows=)``), side by
+side.  Either way the view's binning is a ``SplitBinning``, each part's tiles holding the lists a
+binning of every tile gives them.  What crosses parts is
 reduced here, explicitly: the loss (each part's share of the tiles, added: ``SplitLoss``) and
 the screen-space gradient records behind the densification statistics (each part's raster
 backward adds its tiles' gradients into the records; on separate devices each into its own
@@ -51,22 +55,25 @@ def even_ranges(n, parts):
 class SplitBinning:
     """A view's binning in parts of its tile rows: ``parts`` holds each part's (tile rows
     (first, last), the projection with the part's tile counts, its ``Binning``: its tiles'
-    intersections alone).  Binned into room (``Placement.bin_tiles(room=)``): ``total`` the parts'
-    intersections ((parts,) int64 on the device) and ``overflow`` a (1,) device flag, nonzero where
-    any part's did not fit; binned exactly, both None."""
+    intersections alone), or, with ``shared``, the one ``Binning`` of every tile that all parts
+    read their rows of (and the view's projection).  Binned into room (``Placement.bin_tiles(room=)``):
+    ``total`` the intersections on the device (each part's, (parts,) int64; shared, the view's (1,))
+    and ``overflow`` a (1,) device flag, nonzero where any part's did not fit; binned exactly, both None."""
     parts: list
     overflow: object = None
     total: object = None
+    shared: object = None
 
     @property
     def n_isect(self):
-        """The parts' slots."""
-        return sum(b.n_isect for _, _, b in self.parts)
+        """The slots: the parts' (shared: the one binning's)."""
+        return self.shared.n_isect if self.shared is not None else sum(b.n_isect for _, _, b in self.parts)
 
     @property
     def part_slots(self):
-        """Each part's slots (of an exact binning: its intersections), a tuple of ints."""
-        return tuple(int(b.n_isect) for _, _, b in self.parts)
+        """Each part's slots (of an exact binning: its intersections), a tuple of ints; shared, the
+        one binning's slots, an int."""
+        return int(self.shared.n_isect) if self.shared is not None else tuple(int(b.n_isect) for _, _, b in self.parts)
 
 
 class SplitLoss:
@@ -90,9 +97,11 @@ class Placement:
     ``devices``: the GPU of each part (real devices, a list as long as ``parts``); None: every part
     on this process's device, one after another (virtual devices).  ``separate_gradients``: each
     part's raster backward adds into its own gradient records, which ``rasterize_backward`` then
-    adds up in part order (the reduction separate devices need; default: with ``devices``)."""
+    adds up in part order (the reduction separate devices need; default: with ``devices``).
+    ``shared_binning``: the parts read their tile rows of one binning of the view (default: where
+    they share a device); else each part bins its own rows (``bin_tiles``)."""
 
-    def __init__(self, parts=1, backend=None, devices=None, separate_gradients=None):
+    def __init__(self, parts=1, backend=None, devices=None, separate_gradients=None, shared_binning=None):
         if int(parts) != parts or parts < 1:
             raise ValueError(f"Placement: parts must be a whole number of at least 1, got {parts!r}")
         if devices is not None and len(devices) != parts:
@@ -102,6 +111,8 @@ class Placement:
         self.devices = None if devices is None else [int(d) for d in devices]
         self.separate_gradients = (devices is not None and len(set(devices)) > 1) if separate_gradients is None \
             else bool(separate_gradients)
+        self.shared_binning = (devices is None or len(set(devices)) == 1) if shared_binning is None \
+            else bool(shared_binning)
         self._streams = _device.part_streams(self.devices) if self.devices is not None else None
         self._advised = None  # the model buffers whose rows were last advised to their GPUs (``_advise``)
         self._bounds = (None, None)  # (a tile grid, its parts' first tiles on the device: ``_tile_bounds``)
@@ -116,6 +127,12 @@ class Placement:
         """Whether the arrays live in CUDA managed memory (on real devices), where a GPU's free memory
         does not bound the model (it pages from the host past it)."""
         return self.devices is not None
+
+    @property
+    def binnings(self):
+        """How many binnings a view's split makes, each with its own room (``bin_tiles(room=)``): one
+        where the parts share it."""
+        return self.parts if self.split and not self.shared_binning else 1
 
     def describe(self):
         """One line for the log: how the step is split."""
@@ -162,15 +179,21 @@ class Placement:
         return p
 
     def bin_tiles(self, p, room=None, deterministic=False):
-        """``rendering.bin_tiles`` of ``p``: split, each part bins only its tile rows' intersections
-        (a ``SplitBinning``), all in the view's one depth order.  ``room``: slots for the intersections
-        (``bin_tiles(room=)``, no sync), one part's an int, a split's a sequence of each part's; None:
-        exact (split: every part's total read in one sync)."""
+        """``rendering.bin_tiles`` of ``p``: split, a ``SplitBinning`` of the parts' tile rows, either
+        one binning of the view that they share (``shared_binning``) or each part's of its rows'
+        intersections alone, all in the view's one depth order.  ``room``: slots for the intersections
+        (``bin_tiles(room=)``, no sync), an int for each binning (``binnings``: more than one, a
+        sequence of each part's); None: exact (each part's: every part's total read in one sync)."""
         if not self.split:
             return bin_tiles(p, self.backend, room=room, deterministic=deterministic)
+        ranges = self.tile_row_ranges(p.camera)
+        if self.shared_binning:
+            with self.on_part(0):
+                b = bin_tiles(p, self.backend, room=room, deterministic=deterministic)
+            self._join()
+            return SplitBinning([(rows, p, b) for rows in ranges], b.overflow, b.total, shared=b)
         if room is not None and len(room) != self.parts:
             raise ValueError(f"Placement.bin_tiles: room for {len(room)} parts, the split has {self.parts}")
-        ranges = self.tile_row_ranges(p.camera)
         counts = tile_row_counts(p, ranges, self.backend, bounds=self._tile_bounds(p.camera))
         if room is None:
             totals = _backend.to_host(counts.sum(axis=1, dtype=np.int64))  # (every part's, in one sync)
@@ -190,8 +213,8 @@ class Placement:
                             total=xp.concatenate([b.total for _, _, b in parts]))
 
     def slots(self, b):
-        """``bin_tiles``' slots of the binning ``b`` (binned exactly: its intersections): an int on one part,
-        split a tuple of each part's, as ``bin_tiles(room=)`` takes them."""
+        """``bin_tiles``' slots of the binning ``b`` (binned exactly: its intersections): an int for one
+        binning, a tuple of each part's for several (``binnings``), as ``bin_tiles(room=)`` takes them."""
         return b.part_slots if self.split else b.n_isect
 
     def _tile_bounds(self, camera):

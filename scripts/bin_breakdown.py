@@ -2,7 +2,7 @@
 
     python scripts/bin_breakdown.py SCENE.npz [PARTS]     (GPU only; scenes from run.py bench --make)
 
-With PARTS (the aggregate device's split, ``numbasplat.placement``), the split binning's steps too:
+With PARTS (the aggregate device's split on separate GPUs, ``numbasplat.placement``), its binning's steps too:
 each part's tile counts, then part by part its count gather and scan, emit, the mask of its rows,
 its tile argsort, the gather and the ranges (the parts share the view's depth order).
 
@@ -69,7 +69,8 @@ def main(path, parts=1):
 
 
 def split(p, order, parts):
-    """The split binning's steps (``Placement.bin_tiles``, exact), part by part."""
+    """The binning of parts on separate devices (``Placement(shared_binning=False).bin_tiles``, exact),
+    part by part."""
     from numbasplat.placement import even_ranges
     k = kernels("cuda")
     cam = p.camera

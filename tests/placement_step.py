@@ -7,15 +7,16 @@ from numbasplat.placement import Placement
 
 
 def split_step(parts, g, cam, target, backend="cpu", deterministic=False, separate_gradients=False,
-               background=(0.2, 0.3, 0.1), lam=0.2, sh_degree=None, antialias=False, into_room=False):
+               background=(0.2, 0.3, 0.1), lam=0.2, sh_degree=None, antialias=False, into_room=False,
+               shared_binning=None):
     """Projection, binning, raster, loss, raster backward and projection backward of ``g`` seen by
     ``cam`` against ``target``, each split ``parts`` ways; ``into_room``: binned again into room of a few
-    slots more than each part's exact binning (``bin_tiles(room=)``).  -> ({name: result}, the binning)."""
-    placement = Placement(parts, backend, separate_gradients=separate_gradients)
+    slots more than each part's exact binning (``bin_tiles(room=)``); ``shared_binning``: ``Placement``'s.  -> ({name: result}, the binning)."""
+    placement = Placement(parts, backend, separate_gradients=separate_gradients, shared_binning=shared_binning)
     p = placement.project(g, cam, sh_degree=sh_degree, antialias=antialias)
     b = placement.bin_tiles(p, deterministic=deterministic)
     if into_room:
-        room = [n + 5 for n in b.part_slots] if placement.split else b.n_isect + 5
+        room = [n + 5 for n in b.part_slots] if placement.binnings > 1 else b.n_isect + 5
         b = placement.bin_tiles(p, room=room, deterministic=deterministic)
         assert int(_backend.to_host(b.overflow)[0]) == 0
     r = placement.rasterize(p, b, background)

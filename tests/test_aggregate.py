@@ -35,17 +35,19 @@ def test_even_ranges_cover_every_row_once():
     assert even_ranges(2, 3) == [(0, 1), (1, 2), (2, 2)]
 
 
+@pytest.mark.parametrize("shared_binning", [True, False], ids=["shared-binning", "binning-per-part"])
 @pytest.mark.parametrize("parts", [2, 3, 5])
-def test_each_split_operator_gives_the_whole_ones_values(parts):
-    """Projection, binning by tile rows, raster forward, loss, raster and projection backward, split,
-    against one part (5 parts over 3 tile rows: some parts have no tiles)."""
+def test_each_split_operator_gives_the_whole_ones_values(parts, shared_binning):
+    """Projection, binning (one the parts share, or each part's of its tile rows), raster forward, loss,
+    raster and projection backward, split, against one part (5 parts over 3 tile rows: some parts have
+    no tiles)."""
     g = edge_case_scene(n=60, seed=3, dtype=np.float32)
     cam = ns.Camera(np.eye(4), 36.0, 40.0, WIDTH * 0.52, HEIGHT * 0.47, WIDTH, HEIGHT)
     target = np.random.default_rng(0).random((HEIGHT, WIDTH, 3)).astype(np.float32)
     whole, _ = split_step(1, g, cam, target)
-    split, b = split_step(parts, g, cam, target)
-    assert isinstance(b, SplitBinning) and len(b.parts) == parts
-    roomy, b = split_step(parts, g, cam, target, into_room=True)
+    split, b = split_step(parts, g, cam, target, shared_binning=shared_binning)
+    assert isinstance(b, SplitBinning) and len(b.parts) == parts and (b.shared is not None) == shared_binning
+    roomy, b = split_step(parts, g, cam, target, into_room=True, shared_binning=shared_binning)
     assert b.total is not None
     for k in whole:
         np.testing.assert_allclose(roomy[k], whole[k], rtol=0, atol=TOLERANCE, err_msg=f"{k}, into room")
@@ -74,7 +76,7 @@ def test_each_part_bins_only_its_own_tiles():
     whole = ns.bin_tiles(p, backend="cpu")
     tx = cam.tiles[0]
     total = 0
-    for (first, last), _, part in Placement(2, "cpu").bin_tiles(p).parts:
+    for (first, last), _, part in Placement(2, "cpu", shared_binning=False).bin_tiles(p).parts:
         mine = np.zeros(len(part.ranges), bool)
         mine[first * tx:last * tx] = True
         assert (part.ranges[~mine] == 0).all()
@@ -92,7 +94,7 @@ def test_a_split_binning_into_room_bins_as_the_exact_one():
     g = edge_case_scene(n=60, seed=3, dtype=np.float32)
     cam = ns.Camera(np.eye(4), 36.0, 40.0, WIDTH * 0.52, HEIGHT * 0.47, WIDTH, HEIGHT)
     p = ns.project(g, cam, backend="cpu")
-    placement = Placement(3, "cpu")
+    placement = Placement(3, "cpu", shared_binning=False)
     exact = placement.bin_tiles(p)
     assert exact.overflow is None and exact.total is None and min(exact.part_slots) > 0
     roomy = placement.bin_tiles(p, room=[n + 7 for n in exact.part_slots])
@@ -126,23 +128,32 @@ def test_binning_room_of_a_split_keeps_each_parts_room():
     assert room.last[0] == ((900, 20), 100) and room.overflows == 1 and room.skipped == [0]
 
 
-def trained_into_room(dataset, out, parts):
-    """``trained``'s run, every step after a view's first binning into room (as on GPUs)."""
+def trained_into_room(dataset, out, parts, shared_binning):
+    """``trained``'s run, every step after a view's first binning into room (as on GPUs); the parts
+    sharing one binning of each view (one room), or each binning its own rows (a room each, as parts
+    on separate GPUs do)."""
     t = make_trainer(dataset, out, config(), PipelineOptions(virtual_devices=parts), backend="cpu",
                      log=lambda *a: None)
+    assert t.placement.shared_binning  # (virtual devices share one device)
+    if not shared_binning:
+        t.placement = Placement(parts, "cpu", shared_binning=False)
     t.binning_room = True
     t.train(progress=False)
-    assert t._room.parts == (parts if parts > 1 else None) and t._room.overflows == 0
+    binnings = 1 if shared_binning else parts
+    assert t._room.parts == (binnings if binnings > 1 else None) and t._room.overflows == 0
     assert len(t._room.last) == len(dataset.train)
-    assert all(len(total) == parts for total, _ in t._room.last.values()) if parts > 1 else True
+    assert all(len(total) == parts for total, _ in t._room.last.values()) if binnings > 1 else True
     return t
 
 
+@pytest.mark.parametrize("shared_binning", [True, False], ids=["shared-binning", "binning-per-part"])
 @pytest.mark.parametrize("parts", [2, 3])
-def test_virtual_devices_binning_into_room_train_the_model_of_one_device(dataset, one_device, parts, tmp_path):
-    """50 steps densifying, each part binning into its own room after a view's first step: every
-    parameter and moment as one device's exact binning (the room changes no bit)."""
-    split = trained_into_room(dataset, tmp_path, parts)
+def test_virtual_devices_binning_into_room_train_the_model_of_one_device(dataset, one_device, parts, shared_binning,
+                                                                         tmp_path):
+    """50 steps densifying, binning into room after a view's first step (one room for the binning the
+    parts share, or one for each part's): every parameter and moment as one device's exact binning
+    (the room changes no bit)."""
+    split = trained_into_room(dataset, tmp_path, parts, shared_binning)
     assert len(split.model) == len(one_device.model)
     for which in ("params", "m", "v"):
         a, b = one_device.model.host_arrays(which), split.model.host_arrays(which)

@@ -154,7 +154,7 @@ class SingleGPUTrainer(Trainer):
         if not wanted or self.appearance is not None or self.store.out_of_core:
             return None, False
         if self._room is None:
-            self._room = BinningRoom(self.placement.parts if self.placement.split else None)
+            self._room = BinningRoom(self.placement.binnings if self.placement.binnings > 1 else None)
         room = self._room.plan(view, len(model))
         while self._room.skipped:  # the last step's view did not fit: it trains next (popped from the end)
             self.order.append(self._room.skipped.pop())
