@@ -749,16 +749,47 @@ proxy)  # issue 63: GPU partitions as stand-in GPUs.  CUDA MPS limits each clien
     # small GPUs): the ratio of their images/s, over P, is a strong-scaling efficiency with every host cost,
     # imbalance and exchange in it (memory bandwidth is shared, not split: it flatters the one rank less than P
     # would).  Starts the MPS daemon and stops it at the end; without MPS, says why and runs the ranks unlimited.
-    # SCENES (default "lego"; lego, fern or a COLMAP capture in .data), PS (default "2 4 8"), PIPES (default
-    # "gaussian pixel"), ITERS (default 1000); extra train options after the part's name.  Beside each P, the
-    # cost model's prediction (run.py scaling --model-ranks P) from the one rank's model on one rank of the
-    # exchange pipeline, its link LINK_GBS (default 10) and LATENCY_US a collective round (default 4).
+    # SCENES (default "lego"; lego, fern, citylarge (the large preset's 64 views at 1600x900, made here), a COLMAP
+    # capture in .data, or a benchmark scene b1m / b6m: below), PS (default "2 4 8"), PIPES (default "gaussian
+    # pixel"; also dense, parity and ahead: the Gaussian exchange dense or in parity shards, the pixel exchange
+    # rendering 2 steps ahead), ITERS (default 1000); INIT_ITERS (default 0): the P runs start from the model of a one-process run
+    # that long (--init-ply; ITERS up to the densification's start then time a model of that size, not one
+    # growing from its points); extra train options after the part's name.  Beside each P, the cost model's
+    # prediction (run.py scaling --model-ranks P) from the one rank's model on one rank of the exchange pipeline,
+    # its link LINK_GBS (default 10) and LATENCY_US a collective round (default 4).  A benchmark scene (b1m:
+    # 1M Gaussians at 1297x840, b6m: 6M at 1920x1080) runs run.py scaling on its 8 renders instead: one process
+    # (the single-GPU step) on 1/P of the SMs against P ranks of the Gaussian exchange (sparse and dense), ITERS
+    # timed steps (default there 30).
     shift; iters=${ITERS:-1000}
     if nvidia-cuda-mps-control -d > "$R/mps.txt" 2>&1 || pgrep -x nvidia-cuda-mps >/dev/null; then step "MPS on"; mps=1
     else step "no MPS: $(cat "$R/mps.txt")"; mps=0; fi  # a daemon an earlier part started counts as on
     for scene in ${SCENES:-lego}; do
-        case $scene in lego) args=("${LEGO[@]}") ;; fern) args=("${FERN[@]}") ;; *) args=(--data .data/$scene --images images_4) ;; esac
+        case $scene in
+        b1m|b6m)
+            [ $scene = b1m ] && size="1000000:1297x840" || size="6000000:1920x1080"
+            [ -f .data/$scene.npz ] || python3 .data/scene_gen.py .data/$scene.npz --n ${size%%:*} --res ${size#*:} > /dev/null
+            for p in ${PS:-2 4 8}; do
+                pct=$((100 / p)); [ $mps = 1 ] || pct=100
+                step "$scene: one process at $pct% of the SMs"
+                CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pct timeout 300 python3 run.py scaling --scene .data/$scene.npz \
+                    --iters "${ITERS:-30}" 2>&1 | grep -av Warn | tail -3
+                for comm in sparse dense; do
+                    step "$scene: $p ranks at $pct% each, $comm"
+                    timeout 400 mpiexec --allow-run-as-root --oversubscribe -x CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pct \
+                        -n "$p" python3 run.py scaling --scene .data/$scene.npz --iters "${ITERS:-30}" --grad-comm $comm \
+                        2>&1 | grep -av Warn | tail -4
+                done
+            done
+            continue ;;
+        lego) args=("${LEGO[@]}") ;; fern) args=("${FERN[@]}") ;; citylarge) large_city; args=("${CITYLARGE[@]}") ;;
+        *) args=(--data .data/$scene --images images_4) ;;
+        esac
         train warm_$scene 300 "${args[@]}" "$@"
+        if [ "${INIT_ITERS:-0}" -gt 0 ]; then
+            KEEP=1 train ${scene}_init "$INIT_ITERS" "${args[@]}" "$@"
+            args+=(--init-ply "$R/${scene}_init/point_cloud/iteration_$INIT_ITERS/point_cloud.ply")
+            step "the P runs start from ${scene}_init's model: $(grep -ao '"gaussians": [0-9]*' "$R/${scene}_init/log.jsonl" | tail -1)"
+        fi
         for p in ${PS:-2 4 8}; do
             pct=$((100 / p)); [ $mps = 1 ] || pct=100
             CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pct KEEP=1 train ${scene}_one_p$p "$iters" "${args[@]}" "$@"
@@ -769,9 +800,13 @@ proxy)  # issue 63: GPU partitions as stand-in GPUs.  CUDA MPS limits each clien
                 --link-latency-us "${LATENCY_US:-4}" > "$R/${scene}_model_p$p.txt" 2>&1
             grep -av Warn "$R/${scene}_model_p$p.txt" | grep -A20 '^phases' | grep -v '^pixel\|^    P  \(pixel\|views\)' | head -24
             for pipe in ${PIPES:-gaussian pixel}; do
+                case $pipe in  # gaussian (sparse), dense, parity (--shard parity), pixel, ahead (pixel, --render-ahead 2)
+                    dense) how=(--exchange gaussian --grad-comm dense) ;; parity) how=(--exchange gaussian --shard parity) ;;
+                    ahead) how=(--exchange pixel --render-ahead 2) ;; *) how=(--exchange $pipe) ;;
+                esac
                 name=${scene}_${pipe}_p$p; step "$name at $pct% of the SMs a rank"
                 mpiexec --allow-run-as-root --oversubscribe -x CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pct -n "$p" python3 \
-                    run.py train --out "$R/$name" --iters "$iters" --eval --quiet --exchange $pipe "${args[@]}" "$@" \
+                    run.py train --out "$R/$name" --iters "$iters" --eval --quiet "${how[@]}" "${args[@]}" "$@" \
                     > "$R/$name.txt" 2>&1
                 grep -av Warn "$R/$name.txt" | tail -1; offload_summary "$R/$name"
                 python3 scripts/mpi_summary.py "$R/$name" 2>&1 | head -$((p + 1))
