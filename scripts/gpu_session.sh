@@ -777,7 +777,7 @@ proxy)  # issue 63: GPU partitions as stand-in GPUs.  CUDA MPS limits each clien
                     step "$scene: $p ranks at $pct% each, $comm"
                     timeout 400 mpiexec --allow-run-as-root --oversubscribe -x CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pct \
                         -n "$p" python3 run.py scaling --scene .data/$scene.npz --iters "${ITERS:-30}" --grad-comm $comm \
-                        2>&1 | grep -av Warn | tail -4
+                        2>&1 | grep -av Warn | tail -24
                 done
             done
             continue ;;
