@@ -11,7 +11,7 @@ import socket
 import sys
 from pathlib import Path
 
-TRANSPORTS = ["auto", "nccl", "cuda", "host"]  # comm.TRANSPORTS and "auto" (comm is imported late: mpi4py)
+TRANSPORTS = ["auto", "nccl", "cuda", "host", "ipc"]  # comm.TRANSPORTS and "auto" (comm is imported late: mpi4py)
 
 # Inria's 3DGS and gsplat's spellings of our options (users bring their habits and scripts): theirs ->
 # ours, or ours in the order tried where commands differ (Inria's -m is the model eval reads, and the

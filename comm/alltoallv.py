@@ -15,6 +15,11 @@ How device arrays cross ranks is a ``Transport``:
   grouped send/recv per peer on the current stream, over NVLink or the
   network, with no host copy and no sync.  NCCL needs one GPU per rank, so
   "auto" takes it only when every rank has its own GPU and NCCL loads.
+* ``CudaIpc`` ("ipc") copies device rows between the ranks of one host through
+  CUDA IPC: each rank's rows in a device buffer that every rank has mapped,
+  each rank copying its rows out of the others'.  It works where ranks share a
+  GPU (which NCCL refuses: GPU partitions standing in for GPUs, MPS) and
+  between GPUs of one host, with a plain MPI; it is asked for by name.
 
 "auto" tries them in that order of preference: ``CudaAware``, ``Nccl``, ``HostStaged``.
 
@@ -228,7 +233,115 @@ class Nccl(Transport):
         nccl.groupEnd()
 
 
-TRANSPORTS = {"host": HostStaged, "cuda": CudaAware, "nccl": Nccl}
+class CudaIpcMemory:
+    """Device buffers that other processes of the host map: CUDA IPC (CuPy's runtime calls)."""
+
+    def allocate(self, nbytes):
+        """-> (a flat uint8 device array of ``nbytes``, the handle that maps it elsewhere, what ``free`` takes)."""
+        import cupy
+        ptr = cupy.cuda.runtime.malloc(nbytes)  # (its own allocation: a pooled one would export its neighbours)
+        return self._array(ptr, nbytes), cupy.cuda.runtime.ipcGetMemHandle(ptr), ptr
+
+    def free(self, owned):
+        import cupy
+        cupy.cuda.runtime.free(owned)
+
+    def open(self, handle, nbytes):
+        """-> (another rank's buffer of ``nbytes`` from its handle, mapped here; what ``close`` takes)."""
+        import cupy
+        ptr = cupy.cuda.runtime.ipcOpenMemHandle(handle)
+        return self._array(ptr, nbytes), ptr
+
+    def close(self, mapped):
+        import cupy
+        cupy.cuda.runtime.ipcCloseMemHandle(mapped)
+
+    @staticmethod
+    def _array(ptr, nbytes):
+        import cupy
+        memory = cupy.cuda.UnownedMemory(ptr, nbytes, None)
+        return cupy.ndarray(nbytes, np.uint8, cupy.cuda.MemoryPointer(memory, 0))
+
+    def synchronize(self):
+        synchronize()
+
+
+class CudaIpc(Transport):
+    """Device rows between the ranks of one host through CUDA IPC, with any MPI.
+
+    Each rank copies its rows into a device buffer of its own that the other ranks map once
+    (``cudaIpcOpenMemHandle``; a new buffer, twice the size, where the rows outgrow it), and waits
+    for the copy; the ranks then meet (an MPI allgather of each one's rows' places, and of a new
+    buffer's handle), each copies the rows sent to it out of the others' buffers into ``recv``, and
+    the ranks meet again (a barrier) before any buffer is written anew.  The device copies run on
+    the current stream; on one GPU (ranks sharing it, as GPU partitions standing in for GPUs do)
+    they never leave it.  ``memory``: the buffers' kind (``CudaIpcMemory``; the tests give host
+    shared memory)."""
+    name = "ipc"
+
+    def __init__(self, memory=None):
+        self.memory = memory or CudaIpcMemory()
+        self._mine = None    # (array, handle, owned, generation): this rank's buffer
+        self._retired = []   # buffers outgrown, freed once every rank has let them go (the next barrier)
+        self._handles = {}   # rank: (generation, handle, nbytes): the newest buffer each rank has made
+        self._peers = {}     # rank: (generation, array, mapped): the buffers mapped here
+
+    def _buffer(self, nbytes):
+        """This rank's buffer, of ``nbytes`` at least; -> whether it is new (its handle to send)."""
+        if self._mine is not None and self._mine[0].nbytes >= nbytes:
+            return False
+        generation = 0 if self._mine is None else self._mine[3] + 1
+        size = max(nbytes, 1 << 20, 0 if self._mine is None else 2 * self._mine[0].nbytes)
+        if self._mine is not None:
+            self._retired.append(self._mine[2])
+        array, handle, owned = self.memory.allocate(size)
+        self._mine = (array, handle, owned, generation)
+        return True
+
+    def _peer(self, s):
+        """Rank ``s``'s newest buffer, mapped here (the one before let go)."""
+        generation, handle, nbytes = self._handles[s]
+        if s in self._peers and self._peers[s][0] != generation:
+            self.memory.close(self._peers.pop(s)[2])  # (no array of it left here)
+        if s not in self._peers:
+            self._peers[s] = (generation, *self.memory.open(handle, nbytes))
+        return self._peers[s][1]
+
+    def _exchange(self, comm, send, scounts, sd, recv, rcounts, rd, row_bytes):
+        me = comm.Get_rank()
+        new = self._buffer(send.nbytes)
+        mine = self._mine
+        if send.nbytes:
+            mine[0][:send.nbytes] = _bytes(send)
+        self.memory.synchronize()  # (the rows are in the buffer before any rank reads it)
+        places = comm.allgather((mine[3], mine[1] if new else None, mine[0].nbytes, (sd * row_bytes).tolist()))
+        for s, (generation, handle, nbytes, _) in enumerate(places):
+            if handle is not None and s != me:
+                self._handles[s] = (generation, handle, nbytes)
+                self._peer(s)  # (mapped now: the buffer before is let go before the barrier below)
+        out = _bytes(recv)
+        for s in range(len(places)):
+            if s != me and rcounts[s]:
+                first, n = places[s][3][me], int(rcounts[s]) * row_bytes
+                out[int(rd[s]) * row_bytes:int(rd[s]) * row_bytes + n] = self._peer(s)[first:first + n]
+        self.memory.synchronize()
+        comm.Barrier()  # every rank has read the buffers (and let outgrown ones go) before any is written
+        for owned in self._retired:
+            self.memory.free(owned)
+        self._retired = []
+
+    def close(self, comm):
+        """Let the other ranks' buffers go, then (once every rank has: a barrier) free this rank's.  Collective."""
+        for _, _, mapped in self._peers.values():
+            self.memory.close(mapped)
+        self._peers.clear()
+        comm.Barrier()
+        for owned in self._retired + ([self._mine[2]] if self._mine is not None else []):
+            self.memory.free(owned)
+        self._mine, self._retired = None, []
+
+
+TRANSPORTS = {"host": HostStaged, "cuda": CudaAware, "nccl": Nccl, "ipc": CudaIpc}
 
 
 def _own_gpus(comm):

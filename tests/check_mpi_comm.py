@@ -113,6 +113,52 @@ def check_host_staging_of_device_rows(trial):
     np.testing.assert_array_equal(recv, expect)
 
 
+class HostSharedMemory:
+    """``CudaIpc``'s buffers as POSIX shared memory, so that its protocol runs on CPU ranks."""
+
+    def allocate(self, nbytes):
+        from multiprocessing import shared_memory
+        shm = shared_memory.SharedMemory(create=True, size=nbytes)
+        return FakeDeviceArray(np.ndarray(nbytes, np.uint8, shm.buf)), shm.name, shm
+
+    def free(self, shm):
+        shm.close()
+        shm.unlink()
+
+    def open(self, name, nbytes):
+        from multiprocessing import resource_tracker, shared_memory
+        shm = shared_memory.SharedMemory(name=name)
+        resource_tracker.unregister(shm._name, "shared_memory")  # (its maker unlinks it)
+        return FakeDeviceArray(np.ndarray(nbytes, np.uint8, shm.buf)), shm
+
+    def close(self, shm):
+        shm.close()
+
+    def synchronize(self):
+        pass
+
+
+def check_ipc_of_device_rows():
+    """CudaIpc's protocol (each rank's rows in a buffer the others map, read out by each rank): rows of
+    random counts, a buffer outgrown mid-way (its handle sent anew, the old one let go), empty exchanges."""
+    t = a2a.CudaIpc(HostSharedMemory())
+    for trial, scale in enumerate((1, 100000, 1, 0, 250000, 3)):  # (100,000 rows of 12 bytes: past the first buffer)
+        rng = np.random.default_rng(700 + trial * 10 + rank)
+        counts = rng.integers(0, 5, P) * scale
+        if scale < 1000:
+            counts[rng.random(P) < 0.3] = 0
+        else:  # (rows to every rank: each one's buffer outgrown)
+            counts = rng.integers(1, 5, P) * scale
+        send = np.concatenate([rows_for(rank, d, counts[d], 3, np.float32, trial) for d in range(P)])
+        rcounts = np.array(comm.alltoall(counts.tolist()), np.int64)
+        recv = np.full((rcounts.sum(), 3), -1, np.float32)
+        t.alltoallv(comm, FakeDeviceArray(send), counts.astype(np.int64), FakeDeviceArray(recv), rcounts)
+        expect = np.concatenate([rows_for(s, rank, rcounts[s], 3, np.float32, trial) for s in range(P)])
+        np.testing.assert_array_equal(recv, expect, err_msg=f"trial {trial}")
+    assert t._mine[3] >= 1 or P == 1, "no buffer outgrown: the test missed the growth"
+    t.close(comm)
+
+
 def check_mismatch(ex):
     """Ranks disagreeing on dtype are caught with the counts: every rank raises, none hangs."""
     dtype = np.float64 if rank == 0 else np.float32
@@ -186,6 +232,7 @@ def main():
         if not DEVICE:
             for t in range(4):
                 check_host_staging_of_device_rows(t)
+            check_ipc_of_device_rows()
         comm.Barrier()
         print(f"rank {rank} ok", flush=True)
 

@@ -73,7 +73,8 @@ class PipelineOptions:
                                    # the rank count
     grad_comm: str = "sparse"      # backward exchange under MPI: zero-eliding (ByteSplat) or dense
     transport: str = "auto"        # how GPU buffers cross ranks under MPI: auto picks a CUDA-aware MPI, else NCCL
-                                   # when every rank has its own GPU, else copies through host memory
+                                   # when every rank has its own GPU, else copies through host memory; ipc: CUDA
+                                   # IPC between the ranks of one host (ranks sharing a GPU too)
     devices: str | None = None     # the aggregate device: N (the first N visible GPUs) or all, as one device in one
                                    # process: the model in CUDA managed memory, every operator split across
                                    # the GPUs (projection, Adam by Gaussians; binning and raster by tiles); 1:
