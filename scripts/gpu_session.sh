@@ -759,7 +759,8 @@ proxy)  # issue 63: GPU partitions as stand-in GPUs.  CUDA MPS limits each clien
     # its link LINK_GBS (default 10) and LATENCY_US a collective round (default 4).  A benchmark scene (b1m:
     # 1M Gaussians at 1297x840, b6m: 6M at 1920x1080) runs run.py scaling on its 8 renders instead: one process
     # (the single-GPU step) on 1/P of the SMs against P ranks of the Gaussian exchange (sparse and dense), ITERS
-    # timed steps (default there 30).
+    # timed steps (default there 30).  TRANSPORT (default host): how the ranks' device rows cross (--transport;
+    # ipc: CUDA IPC on the one GPU, host: staged through host memory; NCCL refuses ranks sharing a GPU).
     shift; iters=${ITERS:-1000}
     if nvidia-cuda-mps-control -d > "$R/mps.txt" 2>&1 || pgrep -x nvidia-cuda-mps >/dev/null; then step "MPS on"; mps=1
     else step "no MPS: $(cat "$R/mps.txt")"; mps=0; fi  # a daemon an earlier part started counts as on
@@ -777,6 +778,7 @@ proxy)  # issue 63: GPU partitions as stand-in GPUs.  CUDA MPS limits each clien
                     step "$scene: $p ranks at $pct% each, $comm"
                     timeout 400 mpiexec --allow-run-as-root --oversubscribe -x CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pct \
                         -n "$p" python3 run.py scaling --scene .data/$scene.npz --iters "${ITERS:-30}" --grad-comm $comm \
+                        --transport "${TRANSPORT:-host}" \
                         2>&1 | grep -av Warn | tail -24
                 done
             done
@@ -806,7 +808,8 @@ proxy)  # issue 63: GPU partitions as stand-in GPUs.  CUDA MPS limits each clien
                 esac
                 name=${scene}_${pipe}_p$p; step "$name at $pct% of the SMs a rank"
                 mpiexec --allow-run-as-root --oversubscribe -x CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pct -n "$p" python3 \
-                    run.py train --out "$R/$name" --iters "$iters" --eval --quiet "${how[@]}" "${args[@]}" "$@" \
+                    run.py train --out "$R/$name" --iters "$iters" --eval --quiet "${how[@]}" --transport "${TRANSPORT:-host}" \
+                    "${args[@]}" "$@" \
                     > "$R/$name.txt" 2>&1
                 grep -av Warn "$R/$name.txt" | tail -1; offload_summary "$R/$name"
                 python3 scripts/mpi_summary.py "$R/$name" 2>&1 | head -$((p + 1))
