@@ -142,22 +142,25 @@ def offload_config(**kw):
     return small_config(**{"visible_adam": True, "view_order": "trajectory", **kw})
 
 
-@pytest.mark.parametrize("scene,mode,staged", [("demo", "host", None), ("clusters", "host", None),
-                                               ("clusters", "disk", None), ("clusters", "disk", True)])
-def test_offloaded_training_equals_in_memory_training_with_visible_adam(dataset, tmp_path, scene, mode, staged,
+@pytest.mark.parametrize("scene,mode,staged,slots", [("demo", "host", None, 26), ("clusters", "host", None, 26),
+                                                     ("clusters", "disk", None, 26), ("clusters", "disk", True, 26),
+                                                     ("clusters", "disk", None, 21)])
+def test_offloaded_training_equals_in_memory_training_with_visible_adam(dataset, tmp_path, scene, mode, staged, slots,
                                                                          monkeypatch):
     """The demo (every view sees everything; densification from random points) and two clusters
     that the views see one at a time (the working set is half the model): equal parameters and
     moments after 40 steps with densification, the offloaded run stopped at 23 and resumed.  On the
     clusters the device holds about 25 of the blocks (8, 39 at the end), and in disk mode host memory
     a quarter of the model: blocks leave both and come back (``staged``: through the staging buffers,
-    as on a GPU, here of two blocks each)."""
+    as on a GPU, here of two blocks each).  Where it holds 20, the device lacks blocks at the later refinements,
+    which disk mode then makes block by block from the blocks' files."""
     monkeypatch.setattr(DeviceCache, "staged", staged)
     monkeypatch.setattr(DeviceCache, "STAGING_BLOCKS", 2)
     from scenes import cluster_capture
     data, start = (dataset, None) if scene == "demo" else cluster_capture(per_cluster=60, views=8)
     cfg = lambda: offload_config(iterations=40, sh_degree=0)  # noqa: E731
-    caps = {} if scene == "demo" else {"gpu_memory": 26 * slot_bytes(1) + view_bytes(data)}  # 26 slots of 16 rows, sh degree 0
+    caps = {} if scene == "demo" else {"gpu_memory": slots * slot_bytes(1) + view_bytes(data)}  # slots of 16 rows, sh
+    # degree 0 (the index takes part of one)
     if mode == "disk":
         caps.update(offload_dir=tmp_path / "blocks", host_memory=120 * 45 * 4 // 4)
 
@@ -180,10 +183,12 @@ def test_offloaded_training_equals_in_memory_training_with_visible_adam(dataset,
     assert len(memory.model) != (400 if start is None else 120), "densification did not run"
     if scene == "clusters":
         assert resumed.stats["resident_gaussians"] < 0.8 * len(model)  # the working set: about one cluster
-        assert resumed.store.cache.misses > resumed.store.index.blocks  # blocks left the device and came back
+        assert resumed.store.cache.misses > (resumed.store.index.blocks if slots == 26 else 0)  # blocks left the
+        # device and came back (in 20 slots, views larger than the pool train in chunks at the end)
     assert (resumed.store.cache.staging is not None) == bool(staged)
     if mode == "disk":
         assert first.store.host.read_bytes > 0 and resumed.store.host.read_bytes > 0  # blocks came back from the disk
+        assert (getattr(resumed.store, "refine_peak_bytes", None) is not None) == (slots < 26)  # (block by block)
     else:  # the blocks written back went into the one table, which the whole model was gathered from
         whole = resumed.store.host.whole
         assert whole is not None and all(np.shares_memory(t, whole) for t in resumed.store.host.tables.values())
@@ -501,19 +506,24 @@ def test_auto_view_order_tours_only_while_the_device_holds_under_half_the_blocks
     assert SingleGPUTrainer(dataset, tmp_path / "c", small_config(), backend="cpu").epoch_view_order() == "random"
 
 
-def test_a_parameter_group_read_from_the_host_table_is_the_whole_models(tmp_path):
+@pytest.mark.parametrize("mode", ["host", "disk"])
+def test_a_parameter_group_read_from_the_host_table_is_the_whole_models(tmp_path, monkeypatch, mode):
     """What the pixel exchange's boxes need of an out-of-core shard (its means and scales) comes from
-    the host's table without gathering the model, the device's changed blocks written back first:
-    equal to the gathered model's, while blocks move."""
+    the host's tier without gathering the model (its one table; in disk mode its blocks one at a time, host
+    memory a cache of three of them), the device's changed blocks written back first: equal to the gathered
+    model's, while blocks move."""
     from scenes import cluster_capture
     data, start = cluster_capture(per_cluster=60, views=8)
-    t = OffloadTrainer(data, tmp_path, offload_config(sh_degree=0), backend="cpu", block_rows=8,
-                       gpu_memory=13 * slot_bytes(1, 8) + 16 * 120 + view_bytes(data))  # 13 slots of 15 blocks
+    disk = {} if mode == "host" else dict(mode="disk", offload_dir=tmp_path / "blocks", host_memory=5 * 8 * 45 * 4)
+    t = OffloadTrainer(data, tmp_path / "out", offload_config(sh_degree=0), backend="cpu", block_rows=8,
+                       gpu_memory=13 * slot_bytes(1, 8) + 16 * 120 + view_bytes(data), **disk)  # 13 slots of 15 blocks
     t.start_from({"params": start})
     for _ in range(5):
         t.train_step()
     assert t.store.cache.slots < t.store.index.blocks and t.store.cache.dirty
-    means, scales = t.store.group("means"), t.store.group("scales")
+    with monkeypatch.context() as patched:
+        forbid_gathering(patched)
+        means, scales = t.store.group("means"), t.store.group("scales")
     g = t.store.whole()[0].gaussians
     np.testing.assert_array_equal(means, g.means)
     np.testing.assert_array_equal(scales, g.scales)
@@ -886,12 +896,19 @@ def test_out_of_core_refuses_the_tile_loss_and_appearance_in_check(change):
             check(small_config(visible_adam=True, **change), options)
 
 
-def held_out_of_core(start, statistics, block_rows, rng):
+def held_out_of_core(start, statistics, block_rows, rng, folder=None, cached_blocks=3):
     """``start``'s parameters (random first moments) and ``statistics`` held by a store out of core (a device pool
-    of two blocks, refinement block by block) -> (the store, a copy of its whole model, its statistics)."""
+    of two blocks, refinement block by block): in host mode, or with ``folder`` in disk mode there, its host
+    memory a cache of ``cached_blocks`` blocks (and the room in transit, a third of that) -> (the store, a copy
+    of its whole model, its statistics)."""
     from engine.recipe.model import GaussianModel
     from engine.stores.offload import OutOfCoreStore
-    store = OutOfCoreStore("host", block_rows=block_rows, gpu_memory=1)
+    disk = {}
+    if folder is not None:
+        row_bytes = RowLayout(start["sh"].shape[1], DefaultStrategy.fresh_statistics(np, 0)).row_bytes
+        disk = dict(mode="disk", offload_dir=folder, host_memory=int(np.ceil(cached_blocks * block_rows * row_bytes
+                                                                               * 4 / 3)))
+    store = OutOfCoreStore(block_rows=block_rows, gpu_memory=1, **disk)
     store.open(backend="cpu", views=[], images_bytes=0, betas=(0.9, 0.999),
                fresh_statistics=DefaultStrategy.fresh_statistics)
     store._slots = lambda count: 2
@@ -900,30 +917,56 @@ def held_out_of_core(start, statistics, block_rows, rng):
     model.adam.m[...] = rng.normal(size=model.adam.m.shape)
     store.hold(model, statistics)
     whole, state = store.whole()
+    store._whole = None  # (not kept: disk mode's blocks are read back from their files)
     return store, GaussianModel.from_state(whole.state(), "cpu"), {k: np.array(a) for k, a in state.items()}
 
 
+def random_start(rng, n, sh_bases=1, opacity=0.0):
+    """``n`` rotated, unevenly scaled Gaussians' parameters, their opacities' logits about ``opacity``."""
+    return {"means": rng.normal(size=(n, 3)).astype(np.float32),
+            "scales": np.log(rng.uniform(0.002, 0.05, (n, 3))).astype(np.float32),
+            "quats": rng.normal(size=(n, 4)).astype(np.float32),
+            "opacities": rng.normal(opacity, 3, n).astype(np.float32),
+            "sh": rng.normal(size=(n, sh_bases, 3)).astype(np.float32)}
+
+
+def assert_blocks_hold_their_boxes(store):
+    """Each block's box is the reach of its rows, as the host's tier holds them."""
+    index, layout = store.index, store.layout
+    table = np.concatenate([store.host.scan(b) for b in range(index.blocks)])
+    lo, hi = reach_boxes(table, index.starts, index.sizes, layout.columns["means"][0], layout.columns["scales"][0],
+                         REACH, backend="cpu")
+    np.testing.assert_array_equal(index.lo, lo)
+    np.testing.assert_array_equal(index.hi, hi)
+
+
+@pytest.mark.parametrize("mode", ["host", "disk"])
 @pytest.mark.parametrize("growth", [4.0, 0.6])  # x the gradients; below 1 more prunes (opacities lower)  # (the model grows: blocks split; it shrinks: the table shrinks)
-def test_a_refinement_block_by_block_equals_the_whole_models(growth):
-    """Clones, splits and prunes made block by block on the host's table (``OutOfCoreStore.refine``) give the
-    whole model's refinement, row for row in the same order (rotated, unevenly scaled Gaussians; the random
-    draws of the splits by global row), with host memory beyond the table of a few blocks only."""
+def test_a_refinement_block_by_block_equals_the_whole_models(growth, mode, tmp_path):
+    """Clones, splits and prunes made block by block (``OutOfCoreStore.refine``) on the host's table, or in disk
+    mode from the blocks' files (a cache of three of the 25 blocks) to new ones, give the whole model's refinement,
+    row for row in the same order (rotated, unevenly scaled Gaussians; the random draws of the splits by global
+    row), with host memory beyond the table (or the cache) of a few blocks only; each new block's box is its
+    rows' reach."""
     from engine.recipe.strategy import Context
     rng = np.random.default_rng(3)
     n, block_rows = 400, 16
-    start = {"means": rng.normal(size=(n, 3)).astype(np.float32),
-             "scales": np.log(rng.uniform(0.002, 0.05, (n, 3))).astype(np.float32),
-             "quats": rng.normal(size=(n, 4)).astype(np.float32),
-             "opacities": rng.normal(0 if growth > 1 else -4, 3, n).astype(np.float32), "sh": rng.normal(size=(n, 1, 3)).astype(np.float32)}
+    start = random_start(rng, n, opacity=0 if growth > 1 else -4)
     statistics = {"grad": (rng.uniform(0, growth * 4e-4, n)).astype(np.float32),
                   "count": rng.integers(0, 3, n).astype(np.int32), "max_radius": np.zeros(n, np.float32)}
     strategy = DefaultStrategy(refine_start=0, refine_every=10, percent_dense=0.02)
-    store, whole, state = held_out_of_core(start, statistics, block_rows, rng)
+    store, whole, state = held_out_of_core(start, statistics, block_rows, rng,
+                                           folder=tmp_path / "blocks" if mode == "disk" else None)
     whole_ctx, ctx = Context(1.0, np.random.default_rng(7)), Context(1.0, np.random.default_rng(7))
     expected = strategy.after_optimizer(whole, state, 10, whole_ctx)
+    read_before = store.host.read_bytes
     events = store.refine(strategy, 10, ctx)
     assert events == expected and expected["cloned"] and expected["split"] and expected["pruned"]
     assert ctx.rng.integers(2**63) == whole_ctx.rng.integers(2**63)  # (the one key drawn, as the whole model draws it)
+    if mode == "disk":  # the blocks were read back from their files, the new ones written to files of their own
+        assert store.host.whole is None and store.host.read_bytes > read_before and not store.host.cache
+        files = os.listdir(store.host.folder)
+        assert sorted(files) == sorted(f"g{store.host.generation}-b{b}.f32" for b in range(store.index.blocks))
     assert (len(store.whole()[0]) > n) == (growth > 1)
     got, got_state = store.whole()
     for w in ("params", "m", "v"):
@@ -931,24 +974,26 @@ def test_a_refinement_block_by_block_equals_the_whole_models(growth):
             np.testing.assert_array_equal(got.group(g, w), whole.group(g, w), err_msg=f"{w} {g}")
     assert all(not got_state[k].any() for k in got_state)
     assert store.index.sizes.max() <= block_rows and store.index.blocks >= len(got) / block_rows
+    assert_blocks_hold_their_boxes(store)
     assert store.refine_peak_bytes < 8 * block_rows * 2 * store.layout.row_bytes * 4
+    store.close()
 
 
-def test_an_opacity_reset_block_by_block_keeps_the_statistics_as_the_whole_models():
-    """A step that resets the opacities without refining, made block by block (``OutOfCoreStore.refine``), keeps
-    the densification statistics gathered so far, as the whole model's reset does (a refinement alone starts
-    them afresh), and caps the opacities and their moments alike (rotated, unevenly scaled Gaussians)."""
+@pytest.mark.parametrize("mode", ["host", "disk"])
+def test_an_opacity_reset_block_by_block_keeps_the_statistics_as_the_whole_models(mode, tmp_path):
+    """A step that resets the opacities without refining, made block by block (``OutOfCoreStore.refine``; in disk
+    mode from the blocks' files to new ones), keeps the densification statistics gathered so far, as the whole
+    model's reset does (a refinement alone starts them afresh), and caps the opacities and their moments alike
+    (rotated, unevenly scaled Gaussians)."""
     from engine.recipe.strategy import Context
     rng = np.random.default_rng(4)
     n, block_rows = 300, 16
-    start = {"means": rng.normal(size=(n, 3)).astype(np.float32),
-             "scales": np.log(rng.uniform(0.002, 0.05, (n, 3))).astype(np.float32),
-             "quats": rng.normal(size=(n, 4)).astype(np.float32),
-             "opacities": rng.normal(0, 3, n).astype(np.float32), "sh": rng.normal(size=(n, 1, 3)).astype(np.float32)}
+    start = random_start(rng, n)
     statistics = {"grad": rng.uniform(0, 1e-3, n).astype(np.float32), "count": rng.integers(1, 5, n).astype(np.int32),
                   "max_radius": rng.uniform(0, 9, n).astype(np.float32)}
     strategy = DefaultStrategy(refine_start=0, refine_every=7, reset_every=10)
-    store, whole, state = held_out_of_core(start, statistics, block_rows, rng)
+    store, whole, state = held_out_of_core(start, statistics, block_rows, rng,
+                                           folder=tmp_path / "blocks" if mode == "disk" else None)
     ctx = Context(1.0, np.random.default_rng(7))
     assert strategy.resets_at(10, ctx) and not strategy.refines_at(10, ctx)
     expected = strategy.after_optimizer(whole, state, 10, ctx)
@@ -959,13 +1004,145 @@ def test_an_opacity_reset_block_by_block_keeps_the_statistics_as_the_whole_model
             np.testing.assert_array_equal(got.group(g, w), whole.group(g, w), err_msg=f"{w} {g}")
     for k, a in statistics.items():
         np.testing.assert_array_equal(np.asarray(got_state[k]), a, err_msg=k)
+    assert_blocks_hold_their_boxes(store)
+    store.close()
 
 
-def test_snapshots_and_the_ply_read_the_host_table_a_slice_of_rows_at_a_time(dataset, tmp_path, monkeypatch):
-    """Host mode writes the snapshot and the PLY from the host's one table a slice of rows at a time (1024
-    here), not from a gathered copy of the model: the files equal those of the gathered model (a snapshot that
-    resumes the same run), and the host's peak while writing them stays under a tenth of the table (20,000
-    Gaussians at SH degree 3, rotated and uneven, after steps that moved them)."""
+def test_a_refinement_on_disk_holds_a_few_blocks_and_the_decisions_never_the_model(tmp_path, monkeypatch):
+    """Disk mode refines block by block from the blocks' files to new ones, and saves after, without gathering
+    the model: host memory beyond its cache (three of the 79 blocks) stays a few blocks and some bytes a Gaussian
+    for the decisions and the new index, far under the model (20,000 Gaussians at SH degree 3, growing by clones
+    and splits, some pruned); the refined model equals the whole model's refinement, as the saved arrays do."""
+    import tracemalloc
+    from engine.recipe.strategy import Context
+    rng = np.random.default_rng(5)
+    n, block_rows = 20_000, 256
+    start = random_start(rng, n, sh_bases=16, opacity=-2)
+    statistics = {"grad": rng.uniform(0, 4e-4, n).astype(np.float32), "count": rng.integers(0, 3, n).astype(np.int32),
+                  "max_radius": np.zeros(n, np.float32)}
+    strategy = DefaultStrategy(refine_start=0, refine_every=10, percent_dense=0.02)
+    store, whole, state = held_out_of_core(start, statistics, block_rows, rng, folder=tmp_path / "blocks")
+    expected = strategy.after_optimizer(whole, state, 10, Context(1.0, np.random.default_rng(7)))
+    assert expected["cloned"] and expected["split"] and expected["pruned"]
+    block_bytes, model_bytes = block_rows * store.layout.row_bytes, n * store.layout.row_bytes
+    with monkeypatch.context() as patched:
+        forbid_gathering(patched)
+        tracemalloc.start()
+        try:
+            events = store.refine(strategy, 10, Context(1.0, np.random.default_rng(7)))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        saved, saved_statistics = store.saved_state()
+        saved = {w: {g: a[:] for g, a in saved[w].items()} for w in ("params", "m", "v")}
+        saved_statistics = {k: a[:] for k, a in saved_statistics.items()}
+    assert events == expected and len(store.index) > n
+    assert peak < 8 * block_bytes + 100 * len(store.index) < model_bytes / 3, (peak, block_bytes, model_bytes)
+    got, got_state = store.whole()
+    for w in ("params", "m", "v"):
+        for g in GROUPS:
+            np.testing.assert_array_equal(got.group(g, w), whole.group(g, w), err_msg=f"{w} {g}")
+            np.testing.assert_array_equal(saved[w][g], whole.host_arrays(w)[g], err_msg=f"saved {w} {g}")
+    for k, a in got_state.items():
+        np.testing.assert_array_equal(saved_statistics[k], a, err_msg=k)
+    store.close()
+
+
+def test_a_refinement_on_disk_that_fails_midway_leaves_the_blocks_before(tmp_path, monkeypatch):
+    """The new blocks of a refinement on disk are files of the next generation, the blocks before let go only
+    once every one is written: a refinement that fails midway (an error in the strategy) leaves the model as it
+    was, and the next one is the whole model's; a full disk stops it with the one message naming the folder."""
+    from engine.recipe.strategy import Context
+    rng = np.random.default_rng(6)
+    n, block_rows = 300, 16
+    start = random_start(rng, n)
+    statistics = {"grad": rng.uniform(0, 8e-4, n).astype(np.float32), "count": rng.integers(0, 3, n).astype(np.int32),
+                  "max_radius": np.zeros(n, np.float32)}
+    strategy = DefaultStrategy(refine_start=0, refine_every=10, percent_dense=0.02)
+    store, whole, state = held_out_of_core(start, statistics, block_rows, rng, folder=tmp_path / "blocks")
+    before = {w: {g: np.array(a) for g, a in whole.host_arrays(w).items()} for w in ("params", "m", "v")}
+    refine_block = type(store)._refine_block
+    calls = []
+
+    def failing(self, *args):
+        calls.append(1)
+        if len(calls) == 5:
+            raise RuntimeError("the strategy failed")
+        return refine_block(self, *args)
+    with monkeypatch.context() as patched:
+        patched.setattr(type(store), "_refine_block", failing)
+        with pytest.raises(RuntimeError, match="the strategy failed"):
+            store.refine(strategy, 10, Context(1.0, np.random.default_rng(7)))
+    got, got_state = store.whole()
+    for w in ("params", "m", "v"):
+        for g in GROUPS:
+            np.testing.assert_array_equal(got.host_arrays(w)[g], before[w][g], err_msg=f"{w} {g}")
+    for k, a in statistics.items():
+        np.testing.assert_array_equal(got_state[k], a, err_msg=k)
+    store._whole = None
+    expected = strategy.after_optimizer(whole, state, 10, Context(1.0, np.random.default_rng(7)))
+    assert store.refine(strategy, 10, Context(1.0, np.random.default_rng(7))) == expected and expected["split"]
+    got = store.whole()[0]
+    for w in ("params", "m", "v"):
+        for g in GROUPS:
+            np.testing.assert_array_equal(got.group(g, w), whole.group(g, w), err_msg=f"{w} {g}")
+    store._whole = None
+    real_write = os.write
+
+    def full(fd, data):
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(store.host.folder)):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(OSError, match=r"--offload-dir .*/blocks: cannot write a block of the model \(the disk is "
+                                      r"full\); training stopped, the last snapshot is kept"):
+        store.refine(strategy, 20, Context(1.0, np.random.default_rng(7)))
+    monkeypatch.undo()
+    store.close()
+
+
+def test_rows_read_from_a_file_of_columns_are_the_tables_rows(tmp_path):
+    """``FileRows`` (disk mode's saved arrays, read from a file of the model's columns in model order) gives what
+    ``TableRows`` (host mode's, read from the one table) gives, for any slice of rows and indices into the rest."""
+    from engine.stores.offload.layout import FileRows, TableRows
+    rng = np.random.default_rng(8)
+    table = rng.normal(size=(50, 12)).astype(np.float32)
+    rows = rng.permutation(50)  # (model row i: table row rows[i])
+    path = tmp_path / "columns.f32"
+    with open(path, "wb") as f:
+        f.write(b"\0" * 8)  # (an offset before them)
+        f.write(np.ascontiguousarray(table[rows, 3:9]).tobytes())
+        f.write(np.ascontiguousarray(np.round(table[rows, 9] * 100)).tobytes())  # (a count after them)
+    in_table, in_file = (TableRows(table, rows, (3, 9), (2, 3)), FileRows(path, 8, 50, (3, 9), (2, 3)))
+    assert in_file.shape == in_table.shape == (50, 2, 3) and in_file.nbytes == in_table.nbytes == 50 * 6 * 4
+    for key in (slice(0, 10), slice(5, 50, 3), slice(None, None, -1), slice(40, 2, -7), slice(60, 70), slice(9, 3),
+                (slice(3, 9), 1), (slice(None), slice(None), 2)):
+        np.testing.assert_array_equal(in_file[key], in_table[key], err_msg=str(key))
+    counts = FileRows(path, 8 + 4 * 50 * 6, 50, (9, 10), (), np.int32)  # (a statistic, float32 in the rows)
+    np.testing.assert_array_equal(counts[:], np.round(table[rows, 9] * 100).astype(np.int32))
+    assert counts[:].dtype == np.int32
+    with pytest.raises(TypeError, match="FileRows reads slices of rows"):
+        in_file[3]
+
+
+def forbid_gathering(monkeypatch):
+    """Gathering the whole model out of core (``OutOfCoreStore._gather_whole``) fails the test from now on."""
+    from engine.stores.offload import OutOfCoreStore
+
+    def gathered(self):
+        raise AssertionError("the whole model was gathered in host memory")
+    monkeypatch.setattr(OutOfCoreStore, "_gather_whole", gathered)
+
+
+@pytest.mark.parametrize("mode", ["host", "disk"])
+def test_snapshots_and_the_ply_read_the_model_out_of_core_a_slice_of_rows_at_a_time(dataset, tmp_path, monkeypatch,
+                                                                                      mode):
+    """The snapshot and the PLY are written a slice of rows at a time (1024 here), never from a gathered copy
+    of the model: in host mode from the host's one table, in disk mode from a file of the model's columns in
+    model order made from the blocks' files (host memory a cache of three of the 40 blocks), once for both and
+    let go at the next step.  The files equal those of the gathered model (a snapshot that resumes the same
+    run), and the host's peak while writing them stays under a tenth of the model (20,000 Gaussians at SH
+    degree 3, rotated and uneven, after steps that moved them)."""
     import tracemalloc
     import h5py
     import data.ply as ply
@@ -974,25 +1151,36 @@ def test_snapshots_and_the_ply_read_the_host_table_a_slice_of_rows_at_a_time(dat
     monkeypatch.setattr(snapshot, "SNAPSHOT_CHUNK_ROWS", 1024)
     monkeypatch.setattr(ply, "PLY_CHUNK_ROWS", 1024)
     rng = np.random.default_rng(1)
-    n = 20_000
+    n, block_rows = 20_000, 512
     quats = rng.normal(size=(n, 4)).astype(np.float32)
     start = dict(means=rng.uniform(-1, 1, (n, 3)).astype(np.float32),
                  scales=np.log(rng.uniform(0.02, 0.1, (n, 3))).astype(np.float32), quats=quats,
                  opacities=rng.normal(0, 1, n).astype(np.float32), sh=rng.normal(0, 0.3, (n, 16, 3)).astype(np.float32))
-    t = OffloadTrainer(dataset, tmp_path / "out", offload_config(sh_degree=3, iterations=4, densify_from=10**6),
-                       backend="cpu", block_rows=512)
+    row_bytes = RowLayout(16, DefaultStrategy.fresh_statistics(np, 0)).row_bytes
+    disk = {} if mode == "host" else dict(mode="disk", offload_dir=tmp_path / "blocks",
+                                           host_memory=4 * block_rows * row_bytes)  # 3 blocks and one in transit
+    cfg = lambda: offload_config(sh_degree=3, iterations=4, densify_from=10**6)  # noqa: E731
+    t = OffloadTrainer(dataset, tmp_path / "out", cfg(), backend="cpu", block_rows=block_rows, **disk)
     t.start_from({"params": start})
     t.train(progress=False, until=3)
-    table = t.store.host.whole
-    tracemalloc.start()
-    try:
-        t.save_snapshot(tmp_path / "lazy.h5")
-        ply_path = write_model_outputs(t)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert t.store._whole is None  # (nothing gathered)
-    assert peak < table.nbytes / 10, (peak, table.nbytes)
+    model_bytes = n * row_bytes
+    assert mode == "disk" or t.store.host.whole.nbytes == model_bytes
+    with monkeypatch.context() as patched:
+        forbid_gathering(patched)
+        tracemalloc.start()
+        try:
+            t.save_snapshot(tmp_path / "lazy.h5")
+            written = t.store.host.written_bytes
+            ply_path = write_model_outputs(t)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peak < model_bytes / 10, (peak, model_bytes)
+    if mode == "disk":  # the blocks came back from their files; the PLY read the file the snapshot had made
+        assert t.store.host.read_bytes > model_bytes and t.store.host.written_bytes == written
+        assert t.store.index.blocks == 40 and len(t.store.host.cache) <= 3
+        in_model_order = t.store.host.ordered[1]
+        assert os.path.getsize(in_model_order) == model_bytes and len(os.listdir(t.store.host.folder)) == 41
     model, statistics = t.store.whole()  # the gathered model, as the snapshot wrote it before
     with h5py.File(tmp_path / "lazy.h5") as f:
         for which in ("params", "m", "v"):
@@ -1000,11 +1188,14 @@ def test_snapshots_and_the_ply_read_the_host_table_a_slice_of_rows_at_a_time(dat
                 np.testing.assert_array_equal(f[f"{'adam/' if which != 'params' else ''}{which}/{g}"][()], a)
         for k, a in statistics.items():
             np.testing.assert_array_equal(f[f"strategy/{k}"][()], a)
+            assert f[f"strategy/{k}"].dtype == a.dtype
         assert f["adam/m/sh"].shape == (n, 16, 3) and f["params/opacities"].shape == (n,)
     ply.save_ply(tmp_path / "gathered.ply", model.gaussians)
     assert open(ply_path, "rb").read() == open(tmp_path / "gathered.ply", "rb").read()
-    resumed = OffloadTrainer(dataset, tmp_path / "again", offload_config(sh_degree=3, iterations=4,
-                                                                         densify_from=10**6), backend="cpu", block_rows=512)
+    if mode == "disk":  # the next step lets the file go: the disk holds the blocks alone again
+        t.train_step()
+        assert not os.path.exists(in_model_order) and len(os.listdir(t.store.host.folder)) == 40
+    resumed = OffloadTrainer(dataset, tmp_path / "again", cfg(), backend="cpu", block_rows=block_rows)
     resumed.load_snapshot(tmp_path / "lazy.h5")
     for g, a in resumed.whole_model().host_arrays("params").items():
         np.testing.assert_array_equal(a, model.host_arrays("params")[g])

@@ -27,8 +27,11 @@ One step, one view:
    (``BoxesInFlight``: the host queues the next step without waiting for this one);
    A view whose blocks outnumber the pool's slots is trained in depth-ordered chunks of the pool's rows
    instead (``chunked``: ``ChunkedView``; ``OffloadTrainer`` only, other pipelines refuse it);
-3. where the strategy densifies or resets (``DefaultStrategy.acts_at``), the whole model is
-   gathered in host memory, changed, and cut into blocks anew; snapshots gather it likewise.
+3. where the strategy densifies or resets (``DefaultStrategy.acts_at``), the model is refined block by
+   block (``OutOfCoreStore.refine``: host mode in its one table, disk mode into the next generation of
+   block files), never gathered a second time in host memory; snapshots and the PLY read it a slice of
+   rows at a time (disk mode from a file of its columns in model order).  Where the device's pool holds
+   every block, the refinement runs there on the gathered pool.
 
 All of this is one store (``OutOfCoreStore``, ``engine.stores.memory``'s interface), which any pipeline may
 own instead of its ``MemoryStore``: the single-process pipeline (``engine.pipelines.single_gpu.OffloadTrainer`` is

@@ -97,17 +97,30 @@ class RowLayout:
         self.plan = np.ascontiguousarray(np.array(plan, np.int32).T)  # (4, columns): a, b, d, the column
         self._plans = {}
 
-    def table_rows(self, table, rows, step):
-        """-> (model state, statistics) of ``table``'s rows ``rows`` (host, model order) as ``TableRows``:
-        ``GaussianModel.state()``'s groups and the statistics, none of them read yet."""
+    def saved_arrays(self):
+        """-> [(part, name, the table's columns (a, b), the array's shape past its rows, dtype)]: where each array
+        of ``GaussianModel.state()`` (part "params", "m" or "v") and each statistic (part "statistics") lies in a
+        row, in the order a snapshot writes them."""
         w = self.width
         tails = {g: ((self.sh_bases, 3) if g == "sh" else () if g == "opacities" else (b - a,))
                  for g, (a, b) in self.columns.items()}
-        state = {which: {g: TableRows(table, rows, (i * w + a, i * w + b), tails[g])
-                         for g, (a, b) in self.columns.items()} for i, which in enumerate(("params", "m", "v"))}
-        statistics = {k: TableRows(table, rows, (3 * w + j, 3 * w + j + 1), (), dtype)
-                      for j, (k, dtype) in enumerate(self.statistics.items())}
+        arrays = [(which, g, (i * w + a, i * w + b), tails[g], np.dtype(np.float32))
+                  for i, which in enumerate(("params", "m", "v")) for g, (a, b) in self.columns.items()]
+        return arrays + [("statistics", k, (3 * w + j, 3 * w + j + 1), (), dtype)
+                         for j, (k, dtype) in enumerate(self.statistics.items())]
+
+    def saved_state(self, read, step):
+        """-> (model state, statistics) with Adam at ``step``: ``GaussianModel.state()``'s groups and the
+        statistics, each array ``read(columns, tail, dtype)`` (``saved_arrays``' of it: a ``SlicedRows``, none
+        of them read yet)."""
+        state, statistics = {"params": {}, "m": {}, "v": {}}, {}
+        for part, name, columns, tail, dtype in self.saved_arrays():
+            (statistics if part == "statistics" else state[part])[name] = read(columns, tail, dtype)
         return {**state, "step": int(step)}, statistics
+
+    def table_rows(self, table, rows, step):
+        """-> ``saved_state`` of ``table``'s rows ``rows`` (host, model order), each array ``TableRows``."""
+        return self.saved_state(lambda columns, tail, dtype: TableRows(table, rows, columns, tail, dtype), step)
 
     def _plan(self, xp, start=0, stop=None):
         """The plan on ``xp``'s device of the table's columns ``start`` .. ``stop`` (default: all), as if
@@ -204,18 +217,18 @@ class RowLayout:
         return model, statistics
 
 
-class TableRows:
-    """A host array of the whole model read from the host's one table a slice of rows at a time: columns
-    ``columns`` (a, b) of the table's rows ``rows`` (model order), shaped ``(len(rows),) + tail`` as ``dtype``.
-    What snapshots and the PLY write out of core (``OutOfCoreStore.saved_state``): each slice they take is a
-    copy of those rows alone, so the host never holds the model a second time."""
+class SlicedRows:
+    """A host array of the whole model, out of core, that is read a slice of rows at a time: columns ``columns``
+    (a, b) of its ``n`` rows (model order), shaped ``(n,) + tail`` as ``dtype``.  What snapshots and the PLY write
+    out of core (``OutOfCoreStore.saved_state``): each slice they take is a copy of those rows alone, so the host
+    never holds the model a second time.  A subclass reads the rows (``_read``)."""
 
     read_in_slices = True  # (``engine.tools.snapshot.write_snapshot`` writes such arrays a slice of rows at a time)
 
-    def __init__(self, table, rows, columns, tail=(), dtype=np.float32):
-        self.table, self.rows, self.columns, self.tail = table, rows, columns, tuple(tail)
+    def __init__(self, n, columns, tail=(), dtype=np.float32):
+        self.columns, self.tail = columns, tuple(tail)
         self.dtype = np.dtype(dtype)
-        self.shape = (len(rows),) + self.tail
+        self.shape = (int(n),) + self.tail
         self.ndim, self.size = len(self.shape), int(np.prod(self.shape))
         self.nbytes = self.size * self.dtype.itemsize
 
@@ -226,10 +239,44 @@ class TableRows:
         """``key``: a slice of rows, or a tuple of one and indices into the rest (as ``sh[rows, 1:, :]``)."""
         key = key if isinstance(key, tuple) else (key,)
         if not isinstance(key[0], slice):
-            raise TypeError("TableRows reads slices of rows")
-        a, b = self.columns
-        chunk = self.table[self.rows[key[0]], a:b].reshape((-1,) + self.tail).astype(self.dtype, copy=False)
+            raise TypeError(f"{type(self).__name__} reads slices of rows")
+        chunk = self._read(key[0]).reshape((-1,) + self.tail).astype(self.dtype, copy=False)
         return chunk[(slice(None),) + key[1:]]
+
+    def _read(self, rows):
+        """-> float32 (rows, b - a): the columns of the rows of the slice ``rows``."""
+        raise NotImplementedError
+
+
+class TableRows(SlicedRows):
+    """``SlicedRows`` of a host table: the columns of its rows ``rows`` (model order), in host mode the host's
+    one table of every block."""
+
+    def __init__(self, table, rows, columns, tail=(), dtype=np.float32):
+        super().__init__(len(rows), columns, tail, dtype)
+        self.table, self.rows = table, rows
+
+    def _read(self, rows):
+        a, b = self.columns
+        return self.table[self.rows[rows], a:b]
+
+
+class FileRows(SlicedRows):
+    """``SlicedRows`` of a file that holds the columns in model order from ``offset`` (a float32 (n, b - a)
+    array; disk mode's ``DiskBlocks.in_model_order``): a slice of rows is one read."""
+
+    def __init__(self, path, offset, n, columns, tail=(), dtype=np.float32):
+        super().__init__(n, columns, tail, dtype)
+        self.path, self.offset = path, offset
+
+    def _read(self, rows):
+        picked, width = range(len(self))[rows], self.columns[1] - self.columns[0]
+        if not len(picked):
+            return np.empty((0, width), np.float32)
+        first, last = min(picked[0], picked[-1]), max(picked[0], picked[-1])  # (the rows read: first .. last)
+        values = np.fromfile(self.path, np.float32, count=(last - first + 1) * width,
+                             offset=self.offset + 4 * first * width).reshape(-1, width)
+        return values[picked.start - first::picked.step][:len(picked)]
 
 
 def frustum_part(gaussians, camera):

@@ -18,7 +18,7 @@ from numbasplat.rows import reach_boxes
 from engine.pipelines.partition import REACH, morton_codes
 from .cache import BoxesInFlight, DeviceCache
 from .chunked import ChunkedView
-from .layout import BLOCK_ROWS, BlockIndex, RowLayout, WorkingRows, format_bytes, frustum_part
+from .layout import BLOCK_ROWS, BlockIndex, FileRows, RowLayout, WorkingRows, format_bytes, frustum_part
 from .tiers import DiskBlocks, HostBlocks
 
 GPU_SHARE = 0.8  # --gpu-memory 0: this share of the device memory free at the start
@@ -68,11 +68,12 @@ TierBytes = namedtuple("TierBytes", "working_set index host disk")
 def tier_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN):
     """-> ``TierBytes``: the bytes per Gaussian of each tier of a model out of core in ``layout``'s rows
     (``--offload``): on the device per working-set Gaussian (``working_set``: ``working_set_bytes``' peak)
-    and per model Gaussian (``index``: ``DeviceCache.INDEX_BYTES``); in host memory per model Gaussian at a
-    refinement or a snapshot, which gather the whole model there (``_gather_whole``): in host mode the
-    blocks' table and the model's arrays made of it, in disk mode a table of the blocks in model order and
-    those arrays (its cache of blocks, capped by --host-memory, besides); on the disk per model Gaussian
-    (disk mode: the blocks' files)."""
+    and per model Gaussian (``index``: ``DeviceCache.INDEX_BYTES``); in host memory per model Gaussian at
+    what still gathers the whole model there (``_gather_whole``: an evaluation, a refinement that cannot be
+    made block by block, ``refine``; snapshots never do): in host mode the blocks' table and the model's
+    arrays made of it, in disk mode a table of the blocks in model order and those arrays (its cache of
+    blocks, capped by --host-memory, besides); on the disk per model Gaussian (disk mode: the blocks' files;
+    a snapshot writes the model once more there for a while, ``DiskBlocks.in_model_order``)."""
     return TierBytes(working_set_bytes(layout, intersections)[1], DeviceCache.INDEX_BYTES, 2 * layout.row_bytes,
                      layout.row_bytes)
 
@@ -96,6 +97,79 @@ class OutOfCoreModel:
         return self._store.whole()[0].gaussians
 
 
+class RefinedInTable:
+    """A refinement block by block in host mode (``OutOfCoreStore.refine``): each block read from the host's one
+    ``table`` and its new rows written to their new place there (``plan``'s) once no row still to be read lies
+    there: back to front where the model grows, front to back where it shrinks."""
+
+    def __init__(self, table, plan):
+        self.table, self.plan, self.pending = table, plan, []
+
+    def order(self):
+        """The blocks in the order they are refined."""
+        blocks = len(self.plan.pieces)
+        return range(blocks - 1, -1, -1) if self.plan.growing else range(blocks)
+
+    def rows(self, b):
+        """Block ``b``'s rows before the refinement."""
+        return self.table[self.plan.old_starts[b]:self.plan.old_ends[b]]
+
+    def put(self, b, out):
+        """Block ``b``'s new rows ``out``: written where no row still to be read lies, the others written later;
+        -> the bytes of the blocks held until now (this one's among them)."""
+        plan = self.plan
+        self.pending.append((b, out))
+        held = sum(o.nbytes for _, o in self.pending)
+        frontier = plan.old_starts[b] if plan.growing else plan.old_ends[b]
+        ready = [p for p in self.pending if (plan.new_starts[p[0]] >= frontier if plan.growing
+                                             else plan.new_starts[p[0]] + len(p[1]) <= frontier)]
+        for c, rows_out in ready:
+            self._write(c, rows_out)
+        self.pending = [p for p in self.pending if all(p[0] != c for c, _ in ready)]
+        return held
+
+    def done(self):
+        """The blocks still waiting written."""
+        for c, rows_out in self.pending:
+            self._write(c, rows_out)
+        self.pending = []
+
+    def _write(self, b, rows_out):
+        start = self.plan.new_starts[b]
+        self.table[start:start + len(rows_out)] = rows_out
+
+
+class RefinedToFiles:
+    """A refinement block by block in disk mode (``OutOfCoreStore.refine``): each block read from the tier
+    (``DiskBlocks.scan``: its cache, else its file; nothing enters the cache) and its new rows written as its new
+    blocks' files of the tier's next generation (``DiskBlocks.put_next``; ``plan.first_piece``: their numbers),
+    while the blocks before stay as they are: they are let go only when every new block is written (``done``:
+    ``DiskBlocks.advance``), so a failure midway leaves the tier whole."""
+
+    def __init__(self, host, plan):
+        self.host, self.plan = host, plan
+
+    def order(self):
+        """The blocks in the order they are refined (any order would do: the new blocks' numbers are planned)."""
+        return range(len(self.plan.pieces))
+
+    def rows(self, b):
+        """Block ``b``'s rows before the refinement."""
+        return self.host.scan(b)
+
+    def put(self, b, out):
+        """Block ``b``'s new rows ``out``, its new blocks' after one another, each to its file (behind, in the room
+        in transit); -> the bytes of the blocks held until now: this one's alone."""
+        ends = np.cumsum([len(p) for p in self.plan.pieces[b]], dtype=np.int64)
+        for j, (start, end) in enumerate(zip(np.concatenate([[0], ends[:-1]]), ends)):
+            self.host.put_next(int(self.plan.first_piece[b]) + j, out[start:end])
+        return out.nbytes
+
+    def done(self):
+        """The new blocks the tier's, the blocks before let go."""
+        self.host.advance(len(self.plan.lo))
+
+
 class OutOfCoreStore:
     """The Gaussians out of the device (``--offload host|disk``), the device a step's working set:
     a store (``engine.stores.memory``) for any pipeline, the whole model of one process or a rank's shard.
@@ -111,8 +185,9 @@ class OutOfCoreStore:
     chunked_views = False  # a view larger than the pool is checked out in chunks (``ChunkedView``): set by a
     # pipeline whose step trains them (``OffloadTrainer``); else such a view is refused
     home = "cpu"  # a model to hold is made in host memory, then cut into blocks
-    refine_in_blocks = True  # refine block by block on the host's table (``refine``), not gathering the whole
-    # model a second time (off: the whole model gathered and re-cut into full blocks, as before; BENCHMARKS.md)
+    refine_in_blocks = True  # refine block by block on the host's tier (``refine``: host mode's one table, disk
+    # mode's files), not gathering the whole model a second time (off: the whole model gathered and re-cut into
+    # full blocks, as before; BENCHMARKS.md)
 
     def __init__(self, mode="host", offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True,
                  block_rows=BLOCK_ROWS, shard=False):
@@ -170,6 +245,7 @@ class OutOfCoreStore:
         None) where ``views`` is empty (this rank trains none of its rows in the step).  ``upcoming``: the
         next step's views, whose blocks move in while this step trains."""
         self._before_step = self._counters()
+        self.host.remove_model_order()  # (what a save read from it is written by now)
         self._in_pool = self._working_set(views, upcoming) if len(views) else None
         if isinstance(self._in_pool, ChunkedView):
             return self._in_pool, {}
@@ -205,12 +281,21 @@ class OutOfCoreStore:
         return (device and self._gather_resident()) or self._gather_whole()
 
     def saved_state(self):
-        """-> (model state, strategy state) for a snapshot, host arrays in model order: in host mode read from
-        the host's one table a slice of rows at a time as they are written (``TableRows``: the host never
-        holds the model twice), else gathered whole (disk mode: its blocks' files)."""
-        if self._whole is None and self.host.whole is not None:
+        """-> (model state, strategy state) for a snapshot, host arrays in model order, read from the host's tier a
+        slice of rows at a time as they are written (``SlicedRows``: the host never holds the model twice): in
+        host mode from its one table (``TableRows``), in disk mode from a file of the model's columns in model
+        order that its blocks are written to first (``FileRows``, ``DiskBlocks.in_model_order``); the model
+        itself where it is gathered already."""
+        if self._whole is None and self._tier_reads_rows():
             self.cache.flush(self.index, self.host)
-            return self.layout.table_rows(self.host.whole, self.index.table_rows, self._adam_steps)
+            if self.host.whole is not None:
+                return self.layout.table_rows(self.host.whole, self.index.table_rows, self._adam_steps)
+            arrays = self.layout.saved_arrays()
+            path, offsets = self.host.in_model_order(self.index, [columns for _, _, columns, _, _ in arrays])
+            n = len(self.index)
+            return self.layout.saved_state(
+                lambda columns, tail, dtype: FileRows(path, offsets[columns], n, columns, tail, dtype),
+                self._adam_steps)
         model, statistics = self._gather_whole()
         return model.state(), {k: _backend.to_host(a) for k, a in statistics.items()}
 
@@ -219,13 +304,24 @@ class OutOfCoreStore:
         return ns.Gaussians(**self.saved_state()[0]["params"])
 
     def group(self, name):
-        """Parameter group ``name`` (e.g. "means") of the whole model, host, in model order: read from the
-        host's one table without gathering the model where there is one (a few columns, not whole rows)."""
-        if self._whole is None and self.host.whole is not None:
+        """Parameter group ``name`` (e.g. "means") of the whole model, host, in model order: read from the host's
+        tier without gathering the model where it can (a few columns, not whole rows): from its one table, or in
+        disk mode block by block."""
+        if self._whole is None and self._tier_reads_rows():
             self.cache.flush(self.index, self.host)
             a, b = self.layout.columns[name]
-            return self.host.whole[self.index.table_rows, a:b]
+            if self.host.whole is not None:
+                return self.host.whole[self.index.table_rows, a:b]
+            out = np.empty((len(self.index), b - a), np.float32)
+            for block in range(self.index.blocks):
+                out[self.index.members(block)] = self.host.scan(block)[:, a:b]
+            return out
         return getattr(self._gather_whole()[0].gaussians, name)
+
+    def _tier_reads_rows(self):
+        """Whether the host's tier gives rows without the model gathered: host mode's one table of every block,
+        or disk mode's files."""
+        return self.host.whole is not None or isinstance(self.host, DiskBlocks)
 
     def recent(self):
         """The last working set (on the device), else the whole model."""
@@ -344,55 +440,67 @@ class OutOfCoreStore:
         self._whole = (model, statistics) if model.xp is np else None
 
     def _place(self, host_table, table, slots, counts):
-        """The host's tier the blocks of ``self.index`` as views of ``host_table`` (their rows block after block),
-        a new device pool of ``slots`` slots (every block in it at once from ``table``, the same rows on the model's
-        device, where it holds them all), the traffic ``counts`` carried on."""
+        """The host's tier the blocks of ``self.index`` as views of ``host_table`` (their rows block after block; None:
+        the tier holds them already, disk mode's refined blocks), a new device pool of ``slots`` slots (every block in
+        it at once from ``table``, the same rows on the model's device, where it holds them all; else they come in
+        as views see them), the traffic ``counts`` carried on."""
         index = self.index
-        self.host.reset({b: host_table[index.starts[b]:index.starts[b] + index.sizes[b]] for b in range(index.blocks)},
-                        whole=host_table)
+        if host_table is not None:
+            self.host.reset({b: host_table[index.starts[b]:index.starts[b] + index.sizes[b]]
+                             for b in range(index.blocks)}, whole=host_table)
         direct = host_table if self._locked is not None and device.is_pinned(host_table) else None
         self.cache = DeviceCache(self.xp, self.layout, self.block_rows, slots, index, direct)
         self.cache.moved_bytes, self.cache.hits, self.cache.misses = counts  # (the traffic counts on)
-        if self.cache.slots == index.blocks:
+        if self.cache.slots == index.blocks and table is not None:
             self.cache.hold_all(table)
 
     def refine(self, strategy, step, ctx):
-        """The strategy's refinement or reset (``after_optimizer``) at ``step``, made block by block on the host's
-        one table where the strategy decides per Gaussian (``candidates``), the device's pool lacks some blocks
-        and the table can take the new model in place; -> its events, or None where it cannot (the caller then
-        refines the whole model).  Equal to the whole model's refinement, rows in the same order: the decisions are
-        each Gaussian's, the memory guard's is made over all the candidates, and the random draws are functions of
-        the global row (``Context.rows``) under the one key the whole model would draw.  Host memory beyond the
-        table: a block's rows, the blocks written later (``refine_peak_bytes``) and the decisions (17 B a Gaussian).
-        Blocks that grow past ``block_rows`` split in Morton order; the index and the boxes are made anew."""
+        """The strategy's refinement or reset (``after_optimizer``) at ``step``, made block by block on the host's tier
+        where the strategy decides per Gaussian (``candidates``) and the device's pool lacks some blocks: in host mode
+        on its one table, where it can take the new model in place; in disk mode from the blocks' files to new ones
+        (``RefinedToFiles``).  -> its events, or None where it cannot (the caller then refines the whole model).
+        Equal to the whole model's refinement, rows in the same order: the decisions are each Gaussian's, the memory
+        guard's is made over all the candidates, and the random draws are functions of the global row
+        (``Context.rows``) under the one key the whole model would draw.  Host memory beyond the table (host mode)
+        or the cache and its room in transit (disk mode): a block's rows, the blocks written later
+        (``refine_peak_bytes``) and the decisions (17 B a Gaussian).  Blocks that grow past ``block_rows`` split in
+        Morton order; the index and the boxes are made anew."""
         table = self.host.whole
-        if (not self.refine_in_blocks or not hasattr(strategy, "candidates") or table is None or (self.cache.slot >= 0).all()
-                or (self._locked is None and table.base is not None)):
+        on_disk = isinstance(self.host, DiskBlocks)
+        if (not self.refine_in_blocks or not hasattr(strategy, "candidates") or not self._tier_reads_rows()
+                or (self.cache.slot >= 0).all() or (not on_disk and self._locked is None and table.base is not None)):
             return None
         self.cache.flush(self.index, self.host)
         plan = self._refinement_plan(strategy, step, ctx)
-        capacity = len(self._locked) if self._locked is not None else max(plan.n, plan.n_new)
-        if plan.n_new > capacity:
-            return None
-        self.host.reset({})
+        if on_disk:
+            blocks = RefinedToFiles(self.host, plan)
+        else:
+            capacity = len(self._locked) if self._locked is not None else max(plan.n, plan.n_new)
+            if plan.n_new > capacity:
+                return None
+            self.host.reset({})
+            if self._locked is not None:
+                table = self._locked[:max(plan.n, plan.n_new)]
+            elif plan.growing:
+                table.resize((plan.n_new, table.shape[1]), refcheck=False)
+            blocks = RefinedInTable(table, plan)
         self._whole = None
-        if self._locked is not None:
-            table = self._locked[:max(plan.n, plan.n_new)]
-        elif plan.growing:
-            table.resize((plan.n_new, table.shape[1]), refcheck=False)
-        events = self._refine_blocks(strategy, step, ctx, plan, table)
-        if self._locked is not None:
+        events = self._refine_blocks(strategy, step, ctx, plan, blocks)
+        if on_disk:
+            table = None
+        elif self._locked is not None:
             table = self._locked[:plan.n_new]
         elif not plan.growing:
             table.resize((plan.n_new, table.shape[1]), refcheck=False)
         if plan.decided is not None:
             events["gaussians"] = plan.n_new
-        self._reindex(table, plan.new_starts, plan.pieces)
+        self._reindex(table, plan)
         return events
 
     def _refinement_plan(self, strategy, step, ctx):
         """Where every row goes: the whole model's decisions (``_refinement``; none at a step that only
-        resets), each block's new size and first row, each kept row's new global row."""
+        resets), each block's new size, first row and new blocks (``_pieces``: their first's number), each kept
+        row's new global row; the new blocks' boxes to come."""
         index, n = self.index, len(self.index)
         decided = self._refinement(strategy, step, ctx) if strategy.refines_at(step, ctx) else None
         keep = np.ones(n, bool) if decided is None else decided[0]
@@ -401,49 +509,55 @@ class OutOfCoreStore:
             + np.bincount(index.block[clone], minlength=index.blocks) \
             + 2 * np.bincount(index.block[split], minlength=index.blocks)
         n_new = int(new_sizes.sum())
+        pieces = self._pieces(new_sizes)
+        first_piece = np.concatenate([[0], np.cumsum(pieces)[:-1]]).astype(np.int64)
         return SimpleNamespace(
             decided=decided, keep=keep, clone=clone, split=split, n=n, n_new=n_new, growing=n_new >= n,
             old_starts=index.starts, old_ends=index.starts + index.sizes,
             new_starts=np.concatenate([[0], np.cumsum(new_sizes)[:-1]]).astype(np.int64),
             new_kept=np.cumsum(keep) - 1, n_kept=int(keep.sum()),
             clone_places=dict(self._by_block(clone)), split_places=dict(self._by_block(split)),
-            pieces=[None] * index.blocks)
+            first_piece=first_piece, pieces=[None] * index.blocks,
+            lo=np.empty((int(pieces.sum()), 3), np.float32), hi=np.empty((int(pieces.sum()), 3), np.float32))
 
-    def _refine_blocks(self, strategy, step, ctx, plan, table):
-        """Refine each block on its own rows and write it to its new place in ``table`` once no row still
-        to be read lies there (back to front where the model grows, front to back where it shrinks)."""
-        index = self.index
+    def _pieces(self, size):
+        """How many blocks a refined block of ``size`` rows (or each of an array of sizes) becomes: none where it
+        is empty, itself, or past ``block_rows`` as many as hold its rows (``_cut_block``)."""
+        return -(-size // self.block_rows)
+
+    def _refine_blocks(self, strategy, step, ctx, plan, blocks):
+        """Refine each block on its own rows (read from ``blocks``, a ``RefinedInTable`` or ``RefinedToFiles``) and
+        hand its new rows back to ``blocks``, which writes them where they go; the new blocks' boxes computed
+        from their rows."""
         rng_before = ctx.rng.bit_generator.state
-        events, pending = {}, []
+        events = {}
         self.refine_peak_bytes = 0
-        for b in (range(index.blocks - 1, -1, -1) if plan.growing else range(index.blocks)):
+        means_and_scales = self.layout.columns["means"][0], self.layout.columns["scales"][0]
+        for b in blocks.order():
             rng = np.random.Generator(type(ctx.rng.bit_generator)())
             rng.bit_generator.state = rng_before
-            out, done = self._refine_block(strategy, step, replace(ctx, rng=rng), plan, table, b)
+            out, done = self._refine_block(strategy, step, replace(ctx, rng=rng), plan, blocks.rows(b), b)
             for k, v in done.items():
                 events[k] = events.get(k, 0) + v if isinstance(v, int) and not isinstance(v, bool) else v
-            pending.append((b, out))
-            pending_bytes = sum(o.nbytes for _, o in pending)
-            self.refine_peak_bytes = max(self.refine_peak_bytes, pending_bytes + 3 * out.nbytes)
-            frontier = plan.old_starts[b] if plan.growing else plan.old_ends[b]
-            ready = [p for p in pending if (plan.new_starts[p[0]] >= frontier if plan.growing
-                                            else plan.new_starts[p[0]] + len(p[1]) <= frontier)]
-            for c, rows_out in ready:
-                table[plan.new_starts[c]:plan.new_starts[c] + len(rows_out)] = rows_out
-            pending = [p for p in pending if all(p[0] != c for c, _ in ready)]
-        for c, rows_out in pending:
-            table[plan.new_starts[c]:plan.new_starts[c] + len(rows_out)] = rows_out
+            sizes = np.array([len(p) for p in plan.pieces[b]], np.int64)
+            if len(sizes):
+                first = plan.first_piece[b]
+                starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+                plan.lo[first:first + len(sizes)], plan.hi[first:first + len(sizes)] = reach_boxes(
+                    out, starts, sizes, *means_and_scales, REACH, backend="cpu")
+            held = blocks.put(b, out)
+            self.refine_peak_bytes = max(self.refine_peak_bytes, held + 3 * out.nbytes)
+        blocks.done()
         ctx.rng.bit_generator.state = rng.bit_generator.state
         return events
 
     def _refine_block(self, strategy, step, ctx, plan, table, b):
-        """Block ``b`` refined alone (its global rows in ``ctx.rows``, the whole model's decisions for
-        them): -> (its new rows in the table's layout, cut into the pieces its new blocks take; the
-        strategy's events).  ``plan.pieces[b]`` gets the pieces' global rows."""
+        """Block ``b`` (its rows ``table``) refined alone (its global rows in ``ctx.rows``, the whole model's
+        decisions for them): -> (its new rows in the table's layout, its new blocks' after one another; the
+        strategy's events).  ``plan.pieces[b]`` gets the new blocks' global rows."""
         index = self.index
         rows = index.members(b)
-        model, statistics = self.layout.model(table[plan.old_starts[b]:plan.old_ends[b]], self._adam_steps, "cpu",
-                                              betas=self.betas)
+        model, statistics = self.layout.model(table, self._adam_steps, "cpu", betas=self.betas)
         local = None
         if plan.decided is not None:
             none = np.zeros(0, np.int64)
@@ -465,13 +579,14 @@ class OutOfCoreStore:
         return out[order], done
 
     def _refinement(self, strategy, step, ctx):
-        """The whole model's refinement decisions, made block by block: -> (keep mask, clone rows, split rows)."""
+        """The whole model's refinement decisions, made block by block (each read from the host's tier, as a pass
+        over every block reads it: ``scan``): -> (keep mask, clone rows, split rows)."""
         index, n = self.index, len(self.index)
         prune = np.zeros(n, bool)
         clone, split, clone_grads, split_grads = [], [], [], []
         for b in range(index.blocks):
             rows = index.members(b)
-            model, statistics = self.layout.model(self.host.get(b), self._adam_steps, "cpu", betas=self.betas)
+            model, statistics = self.layout.model(self.host.scan(b), self._adam_steps, "cpu", betas=self.betas)
             grads, prune[rows], c, s = strategy.candidates(model, statistics, step, ctx)
             clone.append(rows[c]), split.append(rows[s]), clone_grads.append(grads[c]), split_grads.append(grads[s])
         by_row = [np.argsort(np.concatenate(r)) for r in (clone, split)]
@@ -485,30 +600,27 @@ class OutOfCoreStore:
     def _cut_block(self, table, global_rows):
         """A refined block's rows (``table``; their new ``global_rows``) -> the places in ``table`` of each block it
         becomes, each in model order: none where it is empty, itself, or past ``block_rows`` pieces in the Morton
-        order of their centres."""
+        order of their centres (``_pieces`` of them)."""
         by_row = np.argsort(global_rows, kind="stable")
         if len(table) <= self.block_rows:
             return [by_row] if len(table) else []
         a = self.layout.columns["means"][0]
         order = np.argsort(morton_codes(table[:, a:a + 3]), kind="stable")
         return [part[np.argsort(global_rows[part], kind="stable")]
-                for part in np.array_split(order, -(-len(table) // self.block_rows))]
+                for part in np.array_split(order, self._pieces(len(table)))]
 
-    def _reindex(self, table, new_starts, pieces):
-        """The index of the refined blocks (``pieces``: each old block's new blocks' model rows, laid out in
-        ``table`` from ``new_starts``), the boxes computed from the table, the host's tier and the pool made anew."""
-        block = np.empty(len(table), np.int64)
-        sizes = [len(p) for ps in pieces for p in ps]
-        for j, rows in enumerate(p for ps in pieces for p in ps):
+    def _reindex(self, table, plan):
+        """The index of the refined blocks (``plan.pieces``: each old block's new blocks' model rows, laid out in
+        ``table`` from ``plan.new_starts`` in host mode, in the tier's files in disk mode (``table`` None); their
+        boxes ``plan.lo``, ``plan.hi``), the host's tier and the pool made anew."""
+        block = np.empty(plan.n_new, np.int64)
+        for j, rows in enumerate(p for ps in plan.pieces for p in ps):
             block[rows] = j
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        lo, hi = reach_boxes(table, starts, np.array(sizes, np.int64), self.layout.columns["means"][0],
-                             self.layout.columns["scales"][0], REACH, backend="cpu")
         self.boxes.settle()
         self.cache.settle()
         counts = (self.cache.moved_bytes, self.cache.hits, self.cache.misses)
         self.cache = None
-        self.index = BlockIndex.of_blocks(block, lo, hi)
+        self.index = BlockIndex.of_blocks(block, plan.lo, plan.hi)
         self.boxes = BoxesInFlight(self.index)
         self._rows = self._working = None
         self._place(table, table, self._slots(len(self.index)), counts)

@@ -37,6 +37,13 @@ class HostBlocks:
     def get(self, b):
         return self.tables[b]
 
+    def scan(self, b):
+        """Block ``b``'s table for a pass over every block (a refinement's, a save's): ``get``'s here."""
+        return self.tables[b]
+
+    def remove_model_order(self):
+        """(Host mode saves from its one table: no file of the model in model order.)"""
+
     def put(self, b, table):
         """Block ``b``'s rows now, copied into its table in place: the blocks stay the one array that
         ``reset`` was given views of, so host memory holds the model once however often parts of it
@@ -65,7 +72,12 @@ class DiskBlocks(HostBlocks):
     to its file stays reachable (``writing``) until it is there: a read of it is served from memory,
     never from a file half written, and its bytes count toward the cap, the training thread waiting
     for the oldest writes where they fall behind.  A write's failure (a full disk) stops training at
-    the next call with one message, the last snapshot kept."""
+    the next call with one message, the last snapshot kept.
+
+    A pass over every block (``scan``) reads them without the cache: a refinement block by block writes its new
+    blocks as the files of the next generation (``put_next``) while it reads the blocks before, which stay whole
+    until ``advance`` makes the new ones the tier's; a save reads the model in model order from a file of its
+    columns (``in_model_order``)."""
 
     def __init__(self, folder, capacity, prefetch=True, write_behind=True):
         super().__init__()
@@ -85,6 +97,8 @@ class DiskBlocks(HostBlocks):
         self.shapes = {}
         self.generation = 0
         self.version = {}  # block: puts so far (a read ahead of an older version is dropped)
+        self.next_shapes = {}  # block: its shape, of the blocks ``put_next`` wrote for the next generation
+        self.ordered = None  # (what it holds, its path, {columns: offset}): the last ``in_model_order`` file
         self.staged = {}
         self.staged_bytes = 0
         self.reading, self.reading_bytes = None, 0  # (generation, block) that the reader thread reads now, its room
@@ -111,6 +125,44 @@ class DiskBlocks(HostBlocks):
             raise ValueError(f"--host-memory {format_bytes(self.capacity)} is too small: a block of the model "
                              f"takes {format_bytes(largest)} (and the reads ahead and writes behind a quarter of the "
                              f"cap); give --host-memory {format_bytes(int(np.ceil(largest * 4 / 3)))} or more")
+        old = self._renew({b: t.shape for b, t in tables.items()})
+        for b, t in tables.items():
+            self.put(b, t)
+        self._remove_generation(old)
+
+    def put_next(self, b, table):
+        """Block ``b`` of the next generation (a refinement's new blocks, ``advance``), written to its file while
+        the blocks now are still read: their cache and files stay as they are.  Behind, on the writer thread, where
+        ``write_behind`` (its bytes counted in transit: the training thread waits for the oldest writes where they
+        fill the room), else at once."""
+        self._raise_failure()
+        table = np.ascontiguousarray(table)
+        generation = self.generation + 1
+        with self.changed:
+            self.next_shapes[b] = table.shape
+            if self.writer is not None:
+                self.changed.wait_for(lambda: self.writes_in_flight == 0
+                                      or self._in_transit() + table.nbytes <= self.staging_capacity)
+                self.writes_in_flight += 1
+                self.writing_bytes += table.nbytes
+                self.writer.submit(self._write_next, b, table, generation)
+                return
+        self._write(b, table, generation)
+
+    def advance(self, blocks):
+        """The blocks 0 .. ``blocks`` - 1 that ``put_next`` wrote are the tier's now: their writes landed (a failure
+        raised, the blocks before then kept), the blocks before and their cache let go, their files removed."""
+        written, self.next_shapes = self.next_shapes, {}
+        missing = [b for b in range(blocks) if b not in written]
+        if missing:
+            raise RuntimeError(f"blocks {missing[:5]} of the next generation were never written")
+        self._wait()
+        self.flush()
+        self._remove_generation(self._renew({b: written[b] for b in range(blocks)}))
+
+    def _renew(self, shapes):
+        """A new generation of blocks of ``shapes`` ({block: shape}), none cached, none in transit (the reads
+        ahead and the writes in flight landed first); -> the generation before."""
         old = self.generation
         with self.lock:
             self.generation += 1
@@ -119,12 +171,15 @@ class DiskBlocks(HostBlocks):
             self.dirty.clear()
             self.writing.clear()
             self.cached_bytes = self.staged_bytes = 0
-            self.shapes = {b: t.shape for b, t in tables.items()}
-            self.version = dict.fromkeys(tables, 0)
-        for b, t in tables.items():
-            self.put(b, t)
-        for name in os.listdir(self.folder):  # the blocks before
-            if name.startswith(f"g{old}-"):
+            self.shapes = dict(shapes)
+            self.version = dict.fromkeys(shapes, 0)
+        self.remove_model_order()
+        return old
+
+    def _remove_generation(self, generation):
+        """The files of ``generation``'s blocks removed."""
+        for name in os.listdir(self.folder):
+            if name.startswith(f"g{generation}-"):
                 os.unlink(os.path.join(self.folder, name))
 
     def get(self, b):
@@ -145,9 +200,24 @@ class DiskBlocks(HostBlocks):
         self._insert(b, table, dirty=False)
         return table
 
+    def scan(self, b):
+        """Block ``b``'s table for a pass over every block (a refinement's, a save's), as ``get`` finds it but
+        not put in the cache: a pass over more blocks than it holds would only push out the blocks the next
+        steps use, and write the changed ones."""
+        self._raise_failure()
+        with self.lock:
+            table = self.cache.get(b)
+            if table is None:
+                table = self.staged.get(b)
+            if table is None and b in self.writing:
+                table = self.writing[b][1]
+        return self._read(b) if table is None else table
+
     def put(self, b, table):
         """Block ``b``'s rows now, in the cache (an array of their own: the cap counts each block alone)."""
         self._raise_failure()
+        if self.ordered is not None:
+            self.remove_model_order()  # (no longer the model's rows: its room on the disk back)
         with self.lock:
             self.version[b] = self.version.get(b, 0) + 1
             old = self.staged.pop(b, None)
@@ -212,11 +282,15 @@ class DiskBlocks(HostBlocks):
             finally:
                 os.close(fd)
         except OSError as e:
-            why = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
-            raise OSError(e.errno, f"--offload-dir {self.folder_arg}: cannot write a block of the model "
-                                   f"({why}); training stopped, the last snapshot is kept") from None
+            raise self._cannot_write(e, "a block of the model") from None
         with self.lock:
             self.written_bytes += len(data)
+
+    def _cannot_write(self, e, what):
+        """The one-line error of a write of ``what`` in the folder that failed with ``e`` (a full disk)."""
+        why = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+        return OSError(e.errno, f"--offload-dir {self.folder_arg}: cannot write {what} ({why}); training "
+                                f"stopped, the last snapshot is kept")
 
     # ------------------------------------------------------------------ writing behind
     def _write_behind(self, b, table):
@@ -232,22 +306,37 @@ class DiskBlocks(HostBlocks):
         """The writer thread's write of ``entry`` (version, table) to block ``b``'s file: the block leaves
         ``writing`` unless a later write of it is queued; an error kept for the training thread (the
         block then stays in ``writing``: its rows are in memory alone)."""
-        failure = None
         with self.changed:  # (a file is never written while it is read)
             self.changed.wait_for(lambda: self.reading != (generation, b))
-        if self.failure is None:  # (after a failure, nothing more is written: training stops)
-            try:
-                self._write(b, entry[1], generation)
-            except Exception as e:  # noqa: BLE001 (raised on the training thread at its next call)
-                failure = e
+        failure = self._try_write(b, entry[1], generation)
         with self.changed:
-            if failure is not None and self.failure is None:
-                self.failure = failure
-            if self.failure is None and self.writing.get(b, (None,))[0] == entry[0]:
+            if failure is None and self.failure is None and self.writing.get(b, (None,))[0] == entry[0]:
                 del self.writing[b]
-            self.writes_in_flight -= 1
-            self.writing_bytes -= entry[1].nbytes
-            self.changed.notify_all()
+            self._landed(entry[1].nbytes, failure)
+
+    def _write_next(self, b, table, generation):
+        """The writer thread's write of block ``b`` of the next generation (``put_next``: nothing reads it yet)."""
+        failure = self._try_write(b, table, generation)
+        with self.changed:
+            self._landed(table.nbytes, failure)
+
+    def _try_write(self, b, table, generation):
+        """``_write`` on the writer thread: -> its error, kept for the training thread (after a failure nothing
+        more is written: training stops)."""
+        if self.failure is None:
+            try:
+                self._write(b, table, generation)
+            except Exception as e:  # noqa: BLE001 (raised on the training thread at its next call)
+                return e
+        return None
+
+    def _landed(self, nbytes, failure):
+        """A write in flight of ``nbytes`` done, with ``failure`` (None: none) (under the lock)."""
+        if failure is not None and self.failure is None:
+            self.failure = failure
+        self.writes_in_flight -= 1
+        self.writing_bytes -= nbytes
+        self.changed.notify_all()
 
     def flush(self):
         """Wait for the writes in flight (every block that left the cache changed then in its file); a
@@ -266,6 +355,110 @@ class DiskBlocks(HostBlocks):
         if isinstance(failure, OSError):
             raise OSError(failure.errno, failure.strerror) from None
         raise failure
+
+    # ------------------------------------------------------------------ the model in model order
+    def in_model_order(self, index, ranges):
+        """-> (path, {columns: offset}): a file of the model's columns ``ranges`` ((a, b) of the blocks' tables,
+        whose ``BlockIndex`` is ``index``) in model order, each range a float32 (N, b - a) array from its offset,
+        one after the other: what a snapshot and the PLY read a slice of rows at a time, the model not gathered
+        in host memory.  A block holds rows from all over the model order, so it is made in two passes, each
+        writing runs of rows: every block's rows appended to the part of a scratch file that holds the slice of
+        model rows they fall in, then each slice (the last first) put in model order, its ranges written to
+        their places, and the scratch file cut short before it.  Host memory: a block, then a slice and one
+        range of it (a slice fills at most half the room in transit, which holds nothing while the store saves,
+        and holds a block at least); the disk: the model once more and a slice, besides the blocks.  Kept, and
+        given again, until a block changes (the PLY after the snapshot reads it too)."""
+        key = (self.generation, len(index), tuple(ranges))
+        if self.ordered is not None and self.ordered[0] == key:
+            return self.ordered[1:]
+        self._wait()
+        self.flush()
+        self.remove_model_order()
+        n, shapes = len(index), [self.shapes[b] for b in range(index.blocks)]
+        columns = shapes[0][1] if shapes else 1
+        row_bytes = 4 * columns
+        slice_rows = max(max((s[0] for s in shapes), default=1), self.staging_capacity // (2 * row_bytes))
+        offsets, at = {}, 0
+        for a, b in ranges:
+            offsets[(a, b)] = at
+            at += 4 * n * (b - a)
+        path = os.path.join(self.folder, "model-order.f32")
+        try:
+            self._write_in_model_order(index, offsets, path, slice_rows, columns)
+        except BaseException:
+            if os.path.exists(path):
+                os.unlink(path)
+            raise
+        self.ordered = (key, path, offsets)
+        return path, offsets
+
+    def _write_in_model_order(self, index, offsets, path, slice_rows, columns):
+        """``in_model_order``'s two passes, into the file ``path`` (``offsets``: each range's), the slices of
+        ``slice_rows`` rows of ``columns`` columns in a scratch file beside it, removed after."""
+        n, row_bytes, what = len(index), 4 * columns, "the model in model order to save it"
+        scratch = path[:-len(".f32")] + "-slices.f32"
+        by_slice = self._open(scratch, os.O_RDWR, what)
+        try:
+            out = self._open(path, os.O_WRONLY, what)
+            try:
+                filled = np.zeros(-(-n // slice_rows), np.int64)  # each slice's rows appended so far
+                for b in range(index.blocks):
+                    table, members = self.scan(b), index.members(b)  # (its rows in model order)
+                    part = members // slice_rows
+                    for run in np.split(np.arange(len(members)), np.flatnonzero(np.diff(part)) + 1):
+                        k = int(part[run[0]])
+                        self._write_at(by_slice, table[run[0]:run[-1] + 1],
+                                       (k * slice_rows + int(filled[k])) * row_bytes, what)
+                        filled[k] += len(run)
+                for start in reversed(range(0, n, slice_rows)):
+                    stop = min(n, start + slice_rows)
+                    rows = self._read_at(scratch, start * row_bytes, (stop - start) * columns).reshape(-1, columns)
+                    appended = np.argsort(index.block[start:stop], kind="stable")  # (block after block, as pass 1)
+                    for (a, b), offset in offsets.items():
+                        ordered = np.empty((stop - start, b - a), np.float32)
+                        ordered[appended] = rows[:, a:b]
+                        self._write_at(out, ordered, offset + 4 * start * (b - a), what)
+                    rows = ordered = None  # (let go before the next slice is read)
+                    os.ftruncate(by_slice, start * row_bytes)
+            finally:
+                os.close(out)
+        finally:
+            os.close(by_slice)
+            os.unlink(scratch)
+
+    def _open(self, path, flags, what):
+        """The file ``path`` opened anew (created, emptied) with ``flags``; a failure named (``what``)."""
+        try:
+            return os.open(path, flags | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError as e:
+            raise self._cannot_write(e, what) from None
+
+    def _write_at(self, fd, array, offset, what):
+        """``array``'s bytes written to the open file ``fd`` from ``offset``, counted; a failure named (``what``)."""
+        data = memoryview(np.ascontiguousarray(array)).cast("B")
+        done = 0
+        try:
+            while done < len(data):
+                done += os.pwrite(fd, data[done:], offset + done)
+        except OSError as e:
+            raise self._cannot_write(e, what) from None
+        with self.lock:
+            self.written_bytes += len(data)
+
+    def _read_at(self, path, offset, count):
+        """``count`` float32 of the file ``path`` from ``offset``, counted."""
+        values = np.fromfile(path, np.float32, count=count, offset=offset)
+        with self.lock:
+            self.read_bytes += values.nbytes
+        return values
+
+    def remove_model_order(self):
+        """The last ``in_model_order`` file removed, its room on the disk back: once what was saved from it is
+        written (the store's next step), or a block changed, or the blocks are new."""
+        if self.ordered is not None:
+            path, self.ordered = self.ordered[1], None
+            if os.path.exists(path):
+                os.unlink(path)
 
     # ------------------------------------------------------------------ reading ahead
     def prefetch(self, blocks):
@@ -334,5 +527,6 @@ class DiskBlocks(HostBlocks):
             self.cache.clear()
             self.staged.clear()
             self.writing.clear()
+            self.ordered = None
             self._finalizer()
         self._raise_failure(again=False)
