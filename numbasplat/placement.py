@@ -71,9 +71,8 @@ class SplitBinning:
 
     @property
     def part_slots(self):
-        """Each part's slots (of an exact binning: its intersections), a tuple of ints; shared, the
-        one binning's slots, an int."""
-        return int(self.shared.n_isect) if self.shared is not None else tuple(int(b.n_isect) for _, _, b in self.parts)
+        """Each part's binning's slots (of an exact binning: its intersections), a tuple of ints."""
+        return tuple(int(b.n_isect) for _, _, b in self.parts)
 
 
 class SplitLoss:
@@ -215,7 +214,7 @@ class Placement:
     def slots(self, b):
         """``bin_tiles``' slots of the binning ``b`` (binned exactly: its intersections): an int for one
         binning, a tuple of each part's for several (``binnings``), as ``bin_tiles(room=)`` takes them."""
-        return b.part_slots if self.split else b.n_isect
+        return b.part_slots if self.binnings > 1 else b.n_isect
 
     def _tile_bounds(self, camera):
         """The parts' first tiles and the end (``tile_row_counts``' bounds) for ``camera``'s tile grid, on the
