@@ -20,7 +20,8 @@ def cmd_bench(a):
                          "gradients with atomics)")
     bench.run(load_scene(a.scene), iters=a.iters, warmup=a.warmup, sh_degree=a.sh_degree, profile=a.profile,
               loss=a.loss, fuse=not a.no_fuse, deterministic=a.deterministic, virtual_devices=a.virtual_devices,
-              into_room=a.graphs, graphs=a.graphs)
+              into_room=a.graphs, graphs=a.graphs, fuse_adam=None if a.adam is None else a.adam == "fused",
+              compare_adam=a.adam is None)
 
 
 def make_scene(a):
@@ -297,6 +298,10 @@ def add_commands(sub):
     b.add_argument("--virtual-devices", type=count(1), default=1, metavar="N",
                    help="every stage split N ways as train --virtual-devices splits it (the aggregate device's "
                         "overhead on one device)")
+    b.add_argument("--adam", choices=["fused", "separate"],
+                   help="time the step with Adam's update fused into the projection backward's kernels, or after "
+                        "them, alone (default: as training runs it, fused unless --virtual-devices, then the other "
+                        "too, for comparison)")
     b.add_argument("--graphs", action="store_true",
                    help="time replays of one CUDA graph of the step, binning into the first step's room, as "
                         "training's step graphs run it (the step alone, not its stages)")

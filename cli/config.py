@@ -77,6 +77,7 @@ FLAGS = {
     "lod_min_px": dict(metavar="R"),
     "targets": dict(choices=["auto", "float32", "uint8"]),
     "step_graphs": dict(choices=["on", "off"]),
+    "fuse_adam": dict(choices=["on", "off"]),
     "save_at": dict(type=steps, nargs="+", action=MergeSteps, metavar="N[,N...]"),
     "eval_at": dict(type=steps, nargs="+", action=MergeSteps, metavar="N[,N...]"),
     # PipelineOptions
@@ -85,6 +86,7 @@ FLAGS = {
     "offload_dir": dict(metavar="PATH"),
     "host_memory": dict(type=byte_size, metavar="BYTES"),
     "gpu_memory": dict(type=byte_size, metavar="BYTES"),
+    "offload_adam": dict(choices=["device", "host"]),
     "exchange": dict(choices=["gaussian", "pixel", "auto"]),
     "saturation": dict(choices=["on", "off"]),
     "render_ahead": dict(metavar="K"),

@@ -7,13 +7,13 @@ there); ``pinned_empty`` allocates page-locked host memory, from which and into 
 need no wait (``is_pinned``, ``release_pinned``); ``copy_rows`` and ``CopyStream`` move rows
 between host and device beside the kernels' stream, ``StagingRing`` through page-locked buffers where the
 host's rows are not page-locked; ``DeviceInterval`` times a span of queued work; ``cap_device_memory``
-bounds CuPy's pool.  The aggregate device's kit (``numbasplat.placement`` with real GPUs) is at the
-end: a stream per GPU, managed memory, its advice and prefetches, a reserve that caps a GPU, and
-the GPUs' peer access.  On the CPU backend and in the CUDA simulator
+bounds CuPy's pool.  The aggregate device's kit (``numbasplat.placement``) is at the end: a stream
+per part of its split operators (``PartStreams``), and for real GPUs managed memory, its advice and
+prefetches, a reserve that caps a GPU, and the GPUs' peer access.  On the CPU backend and in the CUDA simulator
 (numpy arrays: ``numbasplat.backend.on_gpu`` is False) every call does its work at once.
 """
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
@@ -344,40 +344,61 @@ def cap_device_memory(nbytes):
 
 
 # --------------------------------------------------------------------------- the aggregate device
-# (``numbasplat.placement`` with real GPUs: ``--devices``.  Nothing here runs on the CPU backend or in
-# the simulator: each helper returns at once there, or is called only with devices.)
+# (``numbasplat.placement`` on a GPU: its parts' streams, and with real GPUs, ``--devices``, the rest.
+# Nothing here runs on the CPU backend or in the simulator: each helper returns at once there, or is
+# called only on a GPU, ``PartStreams`` there with a test's fake of CuPy's streams.)
 
-def part_streams(devices):
-    """A non-blocking stream on each of ``devices`` (GPU ids), for ``on_device``."""
-    import cupy
-    streams = []
-    for d in devices:
-        with cupy.cuda.Device(d):
-            streams.append(cupy.cuda.Stream(non_blocking=True))
-    return streams
+class PartStreams:
+    """A CUDA stream for each part of the aggregate device's split operators (``numbasplat.placement``),
+    forked from the caller's stream before an operator and joined back after it, so that the parts'
+    kernels run side by side: on one GPU (virtual parts) each part's launches hold a share of the
+    work too small to fill the GPU alone, and one after another their tails leave it idle; on
+    separate GPUs (``devices``, each stream on its part's GPU) they run at once.
 
+    ``fork()`` records an event on the caller's stream; ``on_part(k, fork)`` makes part ``k``'s stream
+    wait for it (for everything the caller had queued) and current for what runs inside; ``join()`` makes
+    the caller's stream wait for an event recorded on every part's stream.  Inside a captured CUDA graph
+    (``capture_graph``) that wait on the capturing stream's event draws each part's stream into the
+    capture, and the fork and join become the graph's parallel branches.  ``api``: CuPy's ``cupy.cuda``
+    (streams, events, devices), or a test's recording fake of it."""
 
-@contextmanager
-def on_device(device_id, stream):
-    """Queue what runs inside on GPU ``device_id`` (current) and its ``stream``, after what the
-    caller's stream had queued (an event between them: a part reads the operator before it)."""
-    import cupy
-    before = cupy.cuda.get_current_stream().record()
-    with cupy.cuda.Device(device_id):
-        stream.wait_event(before)
-        with stream:
-            yield
+    def __init__(self, parts, devices=None, api=None):
+        if api is None:
+            import cupy
+            api = cupy.cuda
+        self.api = api
+        self.devices = devices  # (None: every stream on the current device)
+        self.streams = []
+        for k in range(parts):
+            with self._on_device(k):
+                self.streams.append(api.Stream(non_blocking=True))
+        self._events = []  # the last operator's, kept alive until the next fork (a graph's capture reads them)
 
+    def _on_device(self, k):
+        return self.api.Device(self.devices[k]) if self.devices is not None else nullcontext()
 
-def join_streams(devices, streams):
-    """Make the caller's stream wait for everything queued on ``streams`` (an operator's parts), each
-    of the GPU of ``devices`` beside it (an event is recorded on its own device)."""
-    import cupy
-    current = cupy.cuda.get_current_stream()
-    for d, s in zip(devices, streams):
-        with cupy.cuda.Device(d):
-            done = s.record()
-        current.wait_event(done)
+    def fork(self):
+        """An event on the caller's stream after everything queued there: each part starts after it."""
+        event = self.api.get_current_stream().record(self.api.Event(disable_timing=True))
+        self._events = [event]
+        return event
+
+    @contextmanager
+    def on_part(self, k, fork):
+        """Queue what runs inside on part ``k``'s stream (and its GPU), after the event ``fork``."""
+        with self._on_device(k):
+            self.streams[k].wait_event(fork)
+            with self.streams[k]:
+                yield
+
+    def join(self):
+        """Make the caller's stream wait for everything queued on every part's stream."""
+        caller = self.api.get_current_stream()
+        for k, stream in enumerate(self.streams):
+            with self._on_device(k):
+                done = stream.record(self.api.Event(disable_timing=True))
+            caller.wait_event(done)
+            self._events.append(done)
 
 
 def managed_memory():

@@ -4,7 +4,8 @@ Each group (means, scales, ...) is a contiguous block of N*width values, so
 the ``Gaussians`` views are plain reshapes and one launch updates everything.
 Learning rates are per column of a group (the sh group's first 3 columns are
 the DC band, the rest the higher bands, which 3DGS trains 20x slower).  The
-update itself is ``numbasplat.math.adam``'s, run by the backend's ``adam`` kernel.
+update itself is ``numbasplat.math.adam``'s, run by the backend's ``adam`` kernel, or by the
+projection backward's kernels as they compute the gradients (``rendering.project_backward_adam``).
 """
 import math
 from dataclasses import dataclass
@@ -164,6 +165,23 @@ class Adam:
                 kernels.adam(p.data[lo:hi], grads[lo:hi], self.m[lo:hi], self.v[lo:hi], *layout,
                              tail[0], visible[first:last] if visible is not None else tail[1], *tail[2:])
 
+    def fusable(self):
+        """Whether a kernel may apply this optimizer's update itself (``step_values``): its moments are
+        flat buffers like the parameters (not a row table's columns: ``RowsAdam``)."""
+        return self.m.shape == self.params.data.shape == self.v.shape
+
+    def step_values(self):
+        """What a kernel that applies the step's update per Gaussian reads besides the buffers (after
+        ``set_step``; ``rendering.project_backward_adam``): the moments as ``Gaussians`` of views like the
+        parameters' groups (m, v), each group's per-column rates ({group: a view of the device values
+        ``set_step`` wrote}), the betas, eps, and the two bias corrections (a view of those values)."""
+        p = self.params
+        m, v = p.like(self.m).gaussians(), p.like(self.v).gaussians()
+        scalars = self._scalars.array
+        _, widths, col0 = self._host_layout
+        rates = {g: scalars[int(col0[k]):int(col0[k] + widths[k])] for k, g in enumerate(GROUPS)}
+        return m, v, rates, np.float32(self.b1), np.float32(self.b2), np.float32(self.eps), scalars[-2:]
+
     def group_spans(self, first, last):
         """The flat spans [lo, hi) that Gaussians first..last-1 hold, one per group (after ``set_step``)."""
         return [span for span, _ in self._row_layouts(first, last)]
@@ -197,7 +215,20 @@ class Adam:
 
 
 @dataclass
-class RowsAdam(Adam):
+class MomentsElsewhereAdam(Adam):
+    """``Adam`` whose moments are kept by its owner, not in flat buffers of its own (``m``, ``v``
+    empty): ``RowsAdam`` (a row table's columns) and the out-of-core store's ``HostAdam`` (the host's
+    rows)."""
+
+    def __post_init__(self):
+        xp = _backend.array_module(self.backend or _backend.BACKEND)
+        self.m = xp.empty(0, np.float32) if self.m is None else self.m
+        self.v = xp.empty(0, np.float32) if self.v is None else self.v
+        super().__post_init__()
+
+
+@dataclass
+class RowsAdam(MomentsElsewhereAdam):
     """``Adam`` whose moments are not flat buffers of their own but columns of a row table (the
     out-of-core trainer's pool of blocks, ``numbasplat.rows``): Gaussian k of ``params`` is row
     ``rows[k]`` of ``table``, its parameters from column ``columns[0]``, its moments from ``columns[1]``
@@ -209,10 +240,8 @@ class RowsAdam(Adam):
     columns: object = None
 
     def __post_init__(self):
-        xp = _backend.array_module(self.backend or _backend.BACKEND)
-        self.m = xp.empty(0, np.float32) if self.m is None else self.m  # (the moments are the table's)
-        self.v = xp.empty(0, np.float32) if self.v is None else self.v
         super().__post_init__()
+        xp = _backend.array_module(self.backend or _backend.BACKEND)
         self.columns = xp.asarray(np.asarray(self.columns, np.int32))
 
     def update(self, grads, visible=None, skip=None, rows=None):

@@ -21,15 +21,22 @@ backward adds its tiles' gradients into the records; on separate devices each in
 buffer, added here in part order).
 
 ``Placement(parts)`` alone is the virtual aggregate device (``--virtual-devices N``): the parts
-run one after another on this process's device, the GPU or the CPU backend, exactly as N devices
-would split the work, so that N = 2 or 3 trains the bits of N = 1 on the CPU (each Gaussian's
-gradient is added tile by tile in the same order; every per-Gaussian and per-element operator is
-its own row's).  With ``devices`` (real GPU ids, ``--devices``), part k runs with device k
-current, on its own stream, the model's arrays in CUDA managed memory (``numbasplat.device``'s
-managed kit) prefetched to the device before its part.  ``Placement()`` (one part, no devices)
-is the plain single device: each operator is the one call it always was.
+run on this process's device, the GPU or the CPU backend, exactly as N devices would split the
+work, so that N = 2 or 3 trains the bits of N = 1 on the CPU (each Gaussian's gradient is added
+tile by tile in the same order; every per-Gaussian and per-element operator is its own row's).  On
+the CPU they run one after another; on a GPU each part may have a stream of its own (``part_streams``,
+``device.PartStreams``), forked from the caller's stream before every split operator and joined
+back after it, so that the parts' small launches run side by side as separate devices' would (in a
+step graph: the graph's parallel branches).  The parts of an operator write disjoint rows (of
+Gaussians, of pixels), so the overlap changes no bit, but for the raster backward's gradient
+records, which every part adds into: by float atomics, whose order varies from run to run with or
+without the overlap, or, deterministic, in a fixed order that continues part by part, whose parts
+therefore stay on the caller's stream, one after another (``rasterize_backward``).  With
+``devices`` (real GPU ids, ``--devices``), part k runs with device k current, on its own stream,
+the model's arrays in CUDA managed memory (``numbasplat.device``'s managed kit) prefetched to the
+device before its part.  ``Placement()`` (one part, no devices) is the plain single device: each
+operator is the one call it always was.
 """
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,13 +101,18 @@ class Placement:
     """Each operator of a step split ``parts`` ways (see the module's docstring), on ``backend``.
 
     ``devices``: the GPU of each part (real devices, a list as long as ``parts``); None: every part
-    on this process's device, one after another (virtual devices).  ``separate_gradients``: each
+    on this process's device (virtual devices).  ``separate_gradients``: each
     part's raster backward adds into its own gradient records, which ``rasterize_backward`` then
     adds up in part order (the reduction separate devices need; default: with ``devices``).
     ``shared_binning``: the parts read their tile rows of one binning of the view (default: where
-    they share a device); else each part bins its own rows (``bin_tiles``)."""
+    they share a device); else each part bins its own rows (``bin_tiles``).  ``part_streams``: each
+    part on a CUDA stream of its own, forked and joined around every split operator (a
+    ``device.PartStreams``, or True to make one; default: with ``devices``, and virtual parts on the
+    caller's stream until the streams are timed on a GPU); False: every part on the caller's stream,
+    one after another."""
 
-    def __init__(self, parts=1, backend=None, devices=None, separate_gradients=None, shared_binning=None):
+    def __init__(self, parts=1, backend=None, devices=None, separate_gradients=None, shared_binning=None,
+                 part_streams=None):
         if int(parts) != parts or parts < 1:
             raise ValueError(f"Placement: parts must be a whole number of at least 1, got {parts!r}")
         if devices is not None and len(devices) != parts:
@@ -112,7 +124,13 @@ class Placement:
             else bool(separate_gradients)
         self.shared_binning = (devices is None or len(set(devices)) == 1) if shared_binning is None \
             else bool(shared_binning)
-        self._streams = _device.part_streams(self.devices) if self.devices is not None else None
+        if part_streams is None:
+            part_streams = devices is not None
+        if devices is not None and part_streams is False:
+            raise ValueError("Placement: parts on separate devices run on their devices' streams (part_streams)")
+        if part_streams is True:
+            part_streams = _device.PartStreams(self.parts, self.devices)
+        self.streams = part_streams or None  # (a device.PartStreams, or None: the caller's stream)
         self._advised = None  # the model buffers whose rows were last advised to their GPUs (``_advise``)
         self._bounds = (None, None)  # (a tile grid, its parts' first tiles on the device: ``_tile_bounds``)
 
@@ -135,7 +153,9 @@ class Placement:
 
     def describe(self):
         """One line for the log: how the step is split."""
-        where = "one after another on this device" if self.devices is None else f"on GPUs {self.devices}"
+        where = (f"on GPUs {self.devices}" if self.devices is not None else
+                 "side by side on this device, a stream each" if self.streams is not None else
+                 "one after another on this device")
         return f"aggregate device: every operator split {self.parts} ways, {where}"
 
     # ------------------------------------------------------------------ the split
@@ -147,20 +167,20 @@ class Placement:
         """Each part's tiles: contiguous rows of tiles [first, last) of ``camera``'s image."""
         return even_ranges(tile_grid(camera.width, camera.height)[1], self.parts)
 
-    @contextmanager
-    def on_part(self, k):
-        """Run what is queued inside on part ``k``'s device and stream (virtual parts: as it is)."""
-        if self._streams is None:
-            yield
+    def _in_parts(self, shares, streams=True):
+        """``(k, shares[k])`` for each part ``k`` of an operator in turn, what the caller queues with it on
+        part ``k``'s stream (and GPU): the parts' streams wait for what the caller's stream had queued
+        before the first (a fork), and the caller's stream waits for every part's after the last (a
+        join), so that the parts run side by side and what follows reads every part's result.  Without
+        part streams, or ``streams`` False, each part queues on the caller's stream, one after another."""
+        if self.streams is None or not streams:
+            yield from enumerate(shares)
             return
-        with _device.on_device(self.devices[k], self._streams[k]):
-            yield
-
-    def _join(self):
-        """Wait until every part's queued work is done (separate devices' streams), before a
-        result crosses parts."""
-        if self._streams is not None:
-            _device.join_streams(self.devices, self._streams)
+        fork = self.streams.fork()
+        for k, share in enumerate(shares):
+            with self.streams.on_part(k, fork):
+                yield k, share
+        self.streams.join()
 
     # ------------------------------------------------------------------ the operators
     def project(self, g, camera, sh_degree=None, antialias=False, check=None):
@@ -170,11 +190,9 @@ class Placement:
             return project(g, camera, sh_degree, antialias, self.backend, check)
         degree = g.sh_degree() if sh_degree is None else int(sh_degree)
         p = empty_projection(camera, len(g), g.means.dtype, degree, antialias, self.backend)
-        for k, (a, b) in enumerate(self.gaussian_ranges(len(g))):
-            with self.on_part(k):
-                _device.prefetch_rows(g.arrays().values(), a, b, self._device_of(k))
-                project(g.rows(a, b), camera, degree, antialias, self.backend, check, into=p.rows(a, b))
-        self._join()
+        for k, (a, b) in self._in_parts(self.gaussian_ranges(len(g))):
+            _device.prefetch_rows(g.arrays().values(), a, b, self._device_of(k))
+            project(g.rows(a, b), camera, degree, antialias, self.backend, check, into=p.rows(a, b))
         return p
 
     def bin_tiles(self, p, room=None, deterministic=False):
@@ -186,10 +204,9 @@ class Placement:
         if not self.split:
             return bin_tiles(p, self.backend, room=room, deterministic=deterministic)
         ranges = self.tile_row_ranges(p.camera)
-        if self.shared_binning:
-            with self.on_part(0):
+        if self.shared_binning:  # (one binning, not split: on the first part's GPU, or the caller's stream)
+            for _ in self._in_parts([0], streams=self.devices is not None):
                 b = bin_tiles(p, self.backend, room=room, deterministic=deterministic)
-            self._join()
             return SplitBinning([(rows, p, b) for rows in ranges], b.overflow, b.total, shared=b)
         if room is not None and len(room) != self.parts:
             raise ValueError(f"Placement.bin_tiles: room for {len(room)} parts, the split has {self.parts}")
@@ -198,15 +215,13 @@ class Placement:
             totals = _backend.to_host(counts.sum(axis=1, dtype=np.int64))  # (every part's, in one sync)
         order = depth_order(p, self.backend)  # (the view's, which every part's binning shares: one sort)
         parts = []
-        for k, rows in enumerate(ranges):
+        for k, rows in self._in_parts(ranges):
             part_p = p.with_counts(counts[k])
-            with self.on_part(k):
-                exact = dict(total=int(totals[k])) if room is None else dict(room=room[k])
-                parts.append((rows, part_p, bin_tiles(part_p, self.backend, order=order, deterministic=deterministic,
-                                                      tile_rows=rows, **exact)))
+            exact = dict(total=int(totals[k])) if room is None else dict(room=room[k])
+            parts.append((rows, part_p, bin_tiles(part_p, self.backend, order=order, deterministic=deterministic,
+                                                  tile_rows=rows, **exact)))
         if room is None:
             return SplitBinning(parts)
-        self._join()  # (the parts' totals and flags cross parts)
         xp = _backend.array_module(self.backend)
         return SplitBinning(parts, overflow=xp.concatenate([b.overflow for _, _, b in parts]).max(keepdims=True),
                             total=xp.concatenate([b.total for _, _, b in parts]))
@@ -232,46 +247,47 @@ class Placement:
         xp = _backend.array_module(self.backend)
         r = empty_render(p.camera.height, p.camera.width, p.proj.dtype, _background(xp, background, p.proj.dtype),
                          self.backend)
-        for k, (rows, part_p, part_b) in enumerate(b.parts):
-            with self.on_part(k):
-                rasterize(part_p, part_b, r.background, self.backend, tile_rows=rows, into=r)
-        self._join()
+        for _, (rows, part_p, part_b) in self._in_parts(b.parts):
+            rasterize(part_p, part_b, r.background, self.backend, tile_rows=rows, into=r)
         return r
 
     def image_loss(self, image, target, lam, tiles=None):
         """``loss.l1_ssim_loss`` (lazy) of ``image`` against ``target``: split, the sum of each part's
         share over its tile rows (``SplitLoss``), and the image gradient assembled from each part's
-        rows (each right on its own tiles).  ``tiles``: a caller's own share of the tiles (one part)."""
+        rows (each right on its own tiles).  ``tiles``: a caller's own share of the tiles (one part).
+        (Side by side, neighbouring parts write the same values into the SSIM maps of the tile row
+        between them, which the CUDA loss keeps in one scratch array: each tile's maps are its own
+        pixels', whichever part computes them.)"""
         if not self.split or tiles is not None:
             return l1_ssim_loss(image, target, lam, backend=self.backend, tiles=tiles, lazy=True)
         H, W = image.shape[:2]
         tx = tile_grid(W, H)[0]
         shares, d_image = [], None
-        for k, (first, last) in enumerate(even_ranges(tile_grid(W, H)[1], self.parts)):
-            with self.on_part(k):
-                share, d = l1_ssim_loss(image, target, lam, backend=self.backend, tiles=(first * tx, last * tx),
-                                        lazy=True)
-                if d_image is None:
-                    d_image = _backend.array_module(self.backend).empty_like(d)
-                d_image[first * TILE:last * TILE] = d[first * TILE:last * TILE]
-                shares.append(share)
-        self._join()
+        for _, (first, last) in self._in_parts(even_ranges(tile_grid(W, H)[1], self.parts)):
+            share, d = l1_ssim_loss(image, target, lam, backend=self.backend, tiles=(first * tx, last * tx),
+                                    lazy=True)
+            if d_image is None:
+                d_image = _backend.array_module(self.backend).empty_like(d)
+            d_image[first * TILE:last * TILE] = d[first * TILE:last * TILE]
+            shares.append(share)
         return SplitLoss(shares), d_image
 
     def rasterize_backward(self, p, b, r, d_image, deterministic=False):
         """``rendering.rasterize_backward``: each part's tile rows' backward, its gradients added into
         the view's records (in part order: a Gaussian's gradient is added tile by tile as one pass
-        adds it); with ``separate_gradients``, into the part's own records, added up here."""
+        adds it); with ``separate_gradients``, into the part's own records, added up here.  Where the
+        order is the bits (``deterministic`` into one record array: each part's sums continue the last
+        part's), the virtual parts run one after another on the caller's stream; else side by side
+        (float atomics: their order varies from run to run whether or not the parts overlap)."""
         if not self.split:
             return rasterize_backward(p, b, r, d_image, backend=self.backend, deterministic=deterministic)
         xp = _backend.array_module(self.backend)
         shape = (p.proj.shape[0], go.GRAD_FIELDS)
         grads = [xp.zeros(shape, p.proj.dtype) for _ in (b.parts if self.separate_gradients else b.parts[:1])]
-        for k, (rows, part_p, part_b) in enumerate(b.parts):
-            with self.on_part(k):
-                rasterize_backward(part_p, part_b, r, d_image, grad=grads[k if self.separate_gradients else 0],
-                                   backend=self.backend, deterministic=deterministic, tile_rows=rows)
-        self._join()
+        in_order = deterministic and not self.separate_gradients and self.devices is None
+        for k, (rows, part_p, part_b) in self._in_parts(b.parts, streams=not in_order):
+            rasterize_backward(part_p, part_b, r, d_image, grad=grads[k if self.separate_gradients else 0],
+                               backend=self.backend, deterministic=deterministic, tile_rows=rows)
         total = grads[0]
         for more in grads[1:]:  # the cross-part reduction of the screen-space gradients
             total += more
@@ -281,11 +297,9 @@ class Placement:
         """``rendering.project_backward`` into ``out``: each part's Gaussians' rows."""
         if not self.split:
             return project_backward(g, p, grad, out, accumulate=accumulate, backend=self.backend)
-        for k, (a, b) in enumerate(self.gaussian_ranges(len(g))):
-            with self.on_part(k):
-                project_backward(g.rows(a, b), p.rows(a, b), grad[a:b], out.rows(a, b), accumulate=accumulate,
-                                 backend=self.backend)
-        self._join()
+        for _, (a, b) in self._in_parts(self.gaussian_ranges(len(g))):
+            project_backward(g.rows(a, b), p.rows(a, b), grad[a:b], out.rows(a, b), accumulate=accumulate,
+                             backend=self.backend)
         return out
 
     def prepare_adam(self, adam):
@@ -297,19 +311,20 @@ class Placement:
                 adam.group_spans(*rows)
 
     def adam_update(self, adam, grads, visible=None, skip=None):
-        """``Adam.update`` of the step: each part updates its Gaussians' rows of every group."""
+        """``Adam.update`` of the step: each part updates its Gaussians' rows of every group (the rows'
+        layouts uploaded first on the caller's stream, where the parts' streams wait for them: parts of
+        one size share one)."""
         if not self.split:
             return adam.update(grads, visible, skip)
+        self.prepare_adam(adam)
         buffers = (adam.params.data, grads, adam.m, adam.v)
         if self.devices is not None:
             self._advise(adam, buffers)
-        for k, rows in enumerate(self.gaussian_ranges(adam.params.n)):
-            with self.on_part(k):
-                if self.devices is not None:
-                    for lo, hi in adam.group_spans(*rows):
-                        _device.prefetch_rows(buffers, lo, hi, self.devices[k])
-                adam.update(grads, visible, skip, rows=rows)
-        self._join()
+        for k, rows in self._in_parts(self.gaussian_ranges(adam.params.n)):
+            if self.devices is not None:
+                for lo, hi in adam.group_spans(*rows):
+                    _device.prefetch_rows(buffers, lo, hi, self.devices[k])
+            adam.update(grads, visible, skip, rows=rows)
 
     def _advise(self, adam, buffers):
         """On separate devices, once per model (densification makes new buffers): each part's rows of

@@ -619,6 +619,35 @@ def project_backward(g: Gaussians, p: Projection, grad, out: Gaussians = None, a
     return out
 
 
+def project_backward_adam(p: Projection, grad, adam, visible=False, skip=None, backend=None):
+    """``project_backward`` with ``adam``'s update of the step fused into it: each Gaussian's gradients,
+    as its kernel computes them, go straight into the Adam update of its parameters and moments
+    (``numbasplat.math.adam``, as ``Adam.update`` applies it), instead of into a gradient buffer that
+    Adam reads back: the buffer is neither written nor read, and Adam takes no launch of its own.
+    The parameters are ``adam.params``' (the Gaussians ``p`` projected); the rates and bias
+    corrections those ``adam.set_step`` wrote.  ``visible``: visible-only Adam, the Gaussians ``p``
+    does not draw (no tiles: ``p.counts > 0`` is the mask) keep their state; ``skip``: a (1,) int32
+    device flag, set: nothing changes (``Adam.update``'s).  Exact where nothing else needs the
+    gradients before the update (not a regulariser's, a batch's sum, a split by rows)."""
+    kernels, xp = _dispatch(backend)
+    if not adam.fusable():
+        raise ValueError("project_backward_adam: the optimizer's moments are not flat buffers like its parameters")
+    g = adam.params.gaussians()
+    if len(p.counts) != len(g):
+        raise ValueError(f"project_backward_adam: a projection of {len(p.counts)} Gaussians, the optimizer's "
+                         f"parameters hold {len(g)}")
+    if len(g):
+        m, v, lr, b1, b2, eps, corrections = adam.step_values()
+        rows = (len(g), -1)  # the SH of a Gaussian as one row: its values are contiguous
+        kernels.project_backward_adam(g.means, g.quats, g.scales, g.opacities, g.sh.reshape(rows), p.sh_degree, p.cam,
+                                      p.camera.width, p.camera.height, p.antialias, p.proj, p.counts, grad,
+                                      m.means, m.quats, m.scales, m.opacities, m.sh.reshape(rows),
+                                      v.means, v.quats, v.scales, v.opacities, v.sh.reshape(rows),
+                                      lr["means"], lr["quats"], lr["scales"], lr["opacities"], lr["sh"], bool(visible),
+                                      _constant(xp, np.zeros(1, np.int32)) if skip is None else skip,
+                                      b1, b2, eps, corrections)
+
+
 def screen_gradient_stats(p: Projection, grad, scale, columns, sums, seen, max_radius, skip=None, backend=None):
     """Densification statistics of one view, in one pass over its Gaussians: add each drawn
     Gaussian's screen-space gradient norm (record columns ``columns``, in NDC units: times half the

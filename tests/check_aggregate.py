@@ -13,7 +13,11 @@ simulator are tested by tests/test_aggregate.py.  Three parts, each on by its fl
 * ``--scene FILE.npz`` (``run.py bench --make 1M --out b1m.npz``; 6M too): ``run.py bench``'s step
   time at virtual devices 1, 2 and 4 and each one's ratio to 1 (issue 61's target: 1.1x at 4): binned
   exactly, into room, and replaying a step graph (as training runs the step: the host's launches, 4x as
-  many at 4 parts, out of the time); binned exactly and into room, each stage's time too.
+  many at 4 parts, out of the time), each with the parts one after another on the step's stream and
+  side by side on a stream each (``Placement(part_streams=)``); binned exactly and into room, each
+  stage's time too.  Then one view's step at 2 and 4 parts, run as usual and replayed from a captured
+  graph, with part streams off and on: ``--deterministic``, every image and gradient array must have
+  the same bits (exits 1 if not); without, the largest difference is printed (float atomics).
 * ``--oversubscribe DATA --gpu-memory 4GiB``: ``run.py train`` of DATA (a scene whose model grows past
   twice the cap: the 6M city at 4 GiB) with ``--devices 1 --gpu-memory G`` (managed memory, the rest
   of the GPU reserved) and with ``--offload host --gpu-memory G``, ``--steps`` steps each: images/s
@@ -34,6 +38,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -117,23 +123,99 @@ def equivalence(args):
     return gradients(runs[1][3], args)
 
 
+SPLIT_ADAM = dict(fuse_adam=False, compare_adam=False)  # (one part's Adam as the parts': after the projection
+#  backward, not fused into it, so that the ratios are the split's alone)
+
+
 def overhead(scenes):
+    """The step times of each bench scene (see the module's docstring) and ``part_streams_agree``.  -> whether
+    part streams changed no bit."""
     from data.bench_scene import load_scene
     from numbasplat import bench
+    ok = True
     for path in scenes:
         scene = load_scene(path)
         print(f"overhead: {path} ({len(scene[0]):,} Gaussians)")
         for how, kw in (("binned exactly", {}), ("binned into room", {"into_room": True}),
                         ("a step graph, into room", {"into_room": True, "graphs": True})):
             times = {}
+            for streams in (False, True):
+                for parts in (1, 2, 4):
+                    if parts == 1 and streams:  # (one part is the plain step either way)
+                        times[1, True] = times[1, False]
+                        continue
+                    times[parts, streams] = bench.run(scene, iters=20, warmup=3, virtual_devices=parts,
+                                                      part_streams=streams, out=lambda *a: None, **kw,
+                                                      **SPLIT_ADAM)
+            one = times[1, False]["step"]
             for parts in (1, 2, 4):
-                times[parts] = bench.run(scene, iters=20, warmup=3, virtual_devices=parts, out=lambda *a: None, **kw)
-                print(f"  virtual devices {parts}, {how}: {times[parts]['step']:8.3f} ms/step, "
-                      f"{times[parts]['step'] / times[1]['step']:.3f}x of one")
+                off, on = times[parts, False]["step"], times[parts, True]["step"]
+                print(f"  virtual devices {parts}, {how}: part streams off {off:8.3f} ms/step, {off / one:.3f}x of "
+                      f"one; on {on:8.3f} ms/step, {on / one:.3f}x of one ({on / off:.3f}x of off)")
             if "graphs" not in kw:  # where the parts' time goes, stage by stage (a step graph's are not apart)
-                for stage in bench.STAGES:
-                    print(f"    {stage:12s} " + " / ".join(f"{times[parts][stage]:7.3f}" for parts in (1, 2, 4))
-                          + " ms at 1 / 2 / 4 parts")
+                for streams in (False, True):
+                    for stage in bench.STAGES:
+                        print(f"    {stage:12s} " + " / ".join(f"{times[parts, streams][stage]:7.3f}"
+                                                           for parts in (1, 2, 4))
+                              + f" ms at 1 / 2 / 4 parts, part streams {'on' if streams else 'off'}")
+        ok &= part_streams_agree(scene)
+    return ok
+
+
+def part_streams_agree(scene):
+    """One view's step of ``scene`` (``placement_step.split_step``: projection to projection backward) split 2
+    and 4 ways, binned into room, run as usual and replayed from a CUDA graph captured of it, with part
+    streams off and on: ``--deterministic``, whether every image and gradient array and the loss have the
+    same bits all four ways; without, the largest difference on against off is printed (the raster
+    backward's float atomics add in an order that varies from run to run)."""
+    import cupy
+    from numbasplat.device import GraphScratch, PartStreams, capture_graph
+    from numbasplat.optim import FlatParams
+    from numbasplat.rendering import room_slots
+    from placement_step import split_step
+    g_host, cam = scene
+    g = FlatParams.from_gaussians(g_host, cupy).gaussians()
+    target = cupy.asarray(np.random.default_rng(0).random((cam.height, cam.width, 3), np.float32))
+    keys = ("image", "trans", "depth", "grad", "d_means", "d_quats", "d_scales", "d_opacities", "d_sh")
+
+    def host(result):
+        return {**{k: cupy.asnumpy(result[k]) for k in keys}, "loss": np.float64(float(result["loss"]))}
+
+    ok = True
+    for deterministic in (True, False):
+        for parts in (2, 4):
+            b = split_step(parts, g, cam, target, "cuda", deterministic=deterministic, part_streams=False)[1]
+            room = room_slots(b.n_isect)  # (the parts share one binning: one room)
+            runs = {}
+            for streams in (False, True):
+                part_streams = PartStreams(parts) if streams else False  # (made before a capture)
+
+                def step():
+                    return split_step(parts, g, cam, target, "cuda", deterministic=deterministic,
+                                      part_streams=part_streams, room=room)[0]
+                runs[streams, "as usual"] = host(step())
+                scratch = GraphScratch()
+                graph, outputs = capture_graph(step, scratch)
+                graph.launch(scratch.stream)
+                scratch.stream.synchronize()
+                runs[streams, "a graph"] = host(outputs)
+                del graph, outputs
+                scratch.free()
+            label = f"  one view's step, {parts} parts{', --deterministic' if deterministic else ''}"
+            if deterministic:
+                base = runs[False, "as usual"]
+                differ = sorted({k for run in runs.values() for k in base if not np.array_equal(run[k], base[k])})
+                ok &= not differ
+                print(f"{label}: part streams on and off, as usual and in a graph: "
+                      + ("the same bits (ok)" if not differ else f"FAIL, {', '.join(differ)} differ"))
+            else:
+                for how in ("as usual", "a graph"):
+                    on, off = runs[True, how], runs[False, how]
+                    worst = max(float(abs(on[k] - off[k]).max() / max(abs(off[k]).max(), 1e-30)) for k in keys)
+                    print(f"{label}, {how}: part streams on against off, largest relative difference {worst:.3g} "
+                          "(the float atomics' order)")
+            cupy.get_default_memory_pool().free_all_blocks()
+    return ok
 
 
 def oversubscribe(args):
@@ -188,7 +270,7 @@ def main():
     if args.equivalence or not (args.scene or args.oversubscribe):
         ok = equivalence(args)
     if args.scene:
-        overhead(args.scene)
+        ok &= overhead(args.scene)
     if args.oversubscribe:
         oversubscribe(args)
     print("aggregate checks: " + ("ok" if ok else "FAILED"))

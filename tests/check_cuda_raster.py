@@ -3,7 +3,9 @@
 Runs under the CUDA simulator in CI (tests/test_cuda_raster.py) and on a real GPU
 (``python tests/check_cuda_raster.py`` in scripts/gpu_check.sh).  Exits non-zero on
 any mismatch beyond: images 1e-5 absolute, gradients and contribution totals 1e-4 relative,
-dominant Gaussians none.
+dominant Gaussians none.  ``python tests/check_cuda_raster.py fused-adam``: Adam fused into the
+projection backward against the separate Adam alone (``compare_fused_adam``; the simulator's run of
+it is tests/test_fused_adam.py's).
 """
 import sys
 from pathlib import Path
@@ -82,6 +84,78 @@ def compare_adam(steps=3):
         print(f"  {key:12s} {'ok' if err <= GRAD_TOL else 'FAIL'} err={err:.2e} (tol {GRAD_TOL:g})")
         if err > GRAD_TOL:
             failures.append("adam " + key)
+    return failures
+
+
+FUSED_ADAM_TOL = 1e-6
+
+
+def compare_fused_adam(steps=2, sizes=((48, 40, 3, 3), (40, 48, 3, 1), (48, 40, 1, 1)), n=200 if SIM else 5000):
+    """The projection backward with Adam fused (``project_backward_adam``) against the projection backward
+    then ``Adam.update``, on the CUDA backend: at each step both from the same state and the same
+    screen-space gradients (the raster backward's atomics vary from run to run), every Gaussian and
+    visible-only, per-group rates; parameters and both moments within FUSED_ADAM_TOL (the separate
+    Adam kernel's fast division and square root against the fused kernels' exact ones); a skipped step
+    leaves the state as it was.  ``sizes``: (W, H, SH degree stored, SH degree rendered), non-square
+    images; ``n`` Gaussians (200 in the simulator: two blocks of the SH kernel)."""
+    from numbasplat.optim import Adam, FlatParams, column_lrs
+    from numbasplat.rendering import project_backward_adam
+    xp = array_module("cuda")
+    lr = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "sh": 2.5e-3, "sh_rest": 1e-4}
+
+    def clone(adam, cols):
+        """A copy of ``adam``'s model and moments, set for the next step."""
+        c = Adam(adam.params.like(adam.params.data.copy()), backend="cuda", m=adam.m.copy(), v=adam.v.copy())
+        c.step_count = adam.step_count
+        c.set_step(cols)
+        return c
+
+    print("fused Adam")
+    failures = []
+    for W, H, stored, degree in sizes:
+        g = edge_case_scene(n=n, seed=30 + stored, dtype=np.float32, degree=stored)
+        params = FlatParams.from_gaussians(g, xp)
+        rng = np.random.default_rng(stored)
+        m = (1e-3 * rng.normal(size=params.size)).astype(np.float32)  # as if trained before: a Gaussian not drawn
+        state = Adam(params, backend="cuda", m=xp.asarray(m), v=xp.asarray(m * m + 1e-7))  # moves unless visible-only
+        cam = look_at_camera(W=W, H=H)
+        cols = column_lrs(lr, state.params.sh_bases)
+        for step in range(steps):
+            f = ns.render(state.params.gaussians(), cam, sh_degree=degree, backend="cuda")
+            d_img = xp.asarray(rng.normal(size=(H, W, 3)).astype(np.float32))
+            rec = ns.rasterize_backward(f.projection, f.binning, f.render, d_img, backend="cuda")
+            p = f.projection
+            for visible in (False, True):
+                apart, fused = clone(state, cols), clone(state, cols)
+                grads = apart.params.like(xp.zeros(apart.params.size, np.float32))
+                ns.project_backward(apart.params.gaussians(), p, rec, grads.gaussians(), accumulate=False,
+                                    backend="cuda")
+                apart.update(grads.data, p.counts > 0 if visible else None)
+                project_backward_adam(p, rec, fused, visible=visible, backend="cuda")
+                label = f"{W}x{H} SH {degree} of {stored} step {step} {'visible' if visible else 'all'}"
+                for key, got, ref in (("params", fused.params.data, apart.params.data), ("m", fused.m, apart.m),
+                                      ("v", fused.v, apart.v)):
+                    err = rel(to_host(got), to_host(ref))
+                    ok = err <= FUSED_ADAM_TOL
+                    print(f"  {label:34s} {key:6s} {'ok' if ok else 'FAIL'} err={err:.2e} (tol {FUSED_ADAM_TOL:g})")
+                    if not ok:
+                        failures.append(f"fused adam {label} {key}")
+                hidden = to_host(p.counts) == 0
+                moved = to_host(fused.params.like(fused.params.data != state.params.data).view("opacities"))
+                if not hidden.any() or (moved[hidden].any() if visible else not moved[hidden].all()) \
+                        or not moved[~hidden].all():
+                    print(f"  {label}: the Gaussians not drawn {'moved' if visible else 'kept still'} FAIL")
+                    failures.append(f"fused adam {label} visible")
+                if not visible:
+                    after = fused
+            skipped = clone(state, cols)
+            project_backward_adam(p, rec, skipped, skip=xp.ones(1, np.int32), backend="cuda")
+            for key, got, ref in (("params", skipped.params.data, state.params.data), ("m", skipped.m, state.m),
+                                  ("v", skipped.v, state.v)):
+                if not np.array_equal(to_host(got), to_host(ref)):
+                    print(f"  {W}x{H} step {step} skipped: {key} changed FAIL")
+                    failures.append(f"fused adam skip {key}")
+            state = after
     return failures
 
 
@@ -343,6 +417,8 @@ def main(sizes=((37, 29, 40), (48, 32, 150))):  # (W, H, Gaussians): 150 spans t
     print("empty scene")
     failures += compare(empty, look_at_camera(W=20, H=17), (0.3, 0.3, 0.3), False, seed=9)
     failures += compare_adam()
+    if not SIM:  # (minutes in the simulator: tests/test_fused_adam.py runs it there on its own)
+        failures += compare_fused_adam()
     failures += compare_binning_room()
     failures += compare_screen_stats()
     failures += compare_routes()
@@ -356,5 +432,12 @@ def main(sizes=((37, 29, 40), (48, 32, 150))):  # (W, H, Gaussians): 150 spans t
     return 1 if failures else 0
 
 
+def main_fused_adam():
+    """``compare_fused_adam`` alone (``python tests/check_cuda_raster.py fused-adam``)."""
+    failures = compare_fused_adam()
+    print("FAILED: " + ", ".join(failures) if failures else "all fused Adam checks passed")
+    return 1 if failures else 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main_fused_adam() if sys.argv[1:] == ["fused-adam"] else main())

@@ -187,6 +187,106 @@ def test_split_adam_updates_every_row_as_the_whole():
         np.testing.assert_array_equal(b, a)
 
 
+def recorded_cpu_kernels(monkeypatch, fake):
+    """Every CPU kernel noted as a launch on ``fake``'s current stream (a ``RecordingCuda``) when called."""
+    from numbasplat import cpu
+    for name in cpu.__all__:
+        if callable(getattr(cpu, name)) and name not in ("array_module", "launch_count", "fused_layout"):
+            monkeypatch.setattr(cpu, name, fake.recording(getattr(cpu, name), name))
+
+
+def split_scene():
+    g = edge_case_scene(n=60, seed=3, dtype=np.float32)
+    cam = ns.Camera(np.eye(4), 36.0, 40.0, WIDTH * 0.52, HEIGHT * 0.47, WIDTH, HEIGHT)
+    return g, cam, np.random.default_rng(0).random((HEIGHT, WIDTH, 3)).astype(np.float32)
+
+
+PARTS_SIDE_BY_SIDE = {"part 0", "part 1", "part 2"}
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_part_streams_fork_before_and_join_after_each_split_operator(monkeypatch, deterministic):
+    """3 parts on streams of their own (``device.PartStreams`` over a recording fake of CuPy's streams,
+    the CPU kernels noted as launches on the current stream): every launch comes after every launch the
+    host queued before it but for the other parts' of its operator (each part's stream waits for an event
+    on the caller's stream, the caller's for every part's); projection, raster, loss, raster backward and
+    projection backward each run their parts side by side, the deterministic raster backward on the
+    caller's stream, part after part; the values are those of the parts one after another."""
+    from fake_streams import RecordingCuda
+    from numbasplat.device import PartStreams
+    g, cam, target = split_scene()
+    plain, _ = split_step(3, g, cam, target, deterministic=deterministic, part_streams=False)
+    fake = RecordingCuda()
+    recorded_cpu_kernels(monkeypatch, fake)
+    streamed, _ = split_step(3, g, cam, target, deterministic=deterministic, part_streams=PartStreams(3, api=fake))
+    for k in plain:
+        np.testing.assert_array_equal(streamed[k], plain[k], err_msg=k)
+    assert fake.unordered() == []
+    windows = fake.windows()
+    assert len(windows) == (4 if deterministic else 5) and all(w == PARTS_SIDE_BY_SIDE for w in windows.values())
+    backward = [launch.stream.name for launch in fake.launches if launch.name == "raster_backward"]
+    assert backward == (["caller"] * 3 if deterministic else ["part 0", "part 1", "part 2"])
+    assert fake.current is fake.caller
+
+
+def adam_by_parts(g, part_streams):
+    """One Adam step of ``g``'s parameters on random gradients, split 3 ways.  -> (params, m, v)."""
+    from numbasplat.optim import Adam, FlatParams, column_lrs
+    params = FlatParams.from_gaussians(g)
+    adam = Adam(params, backend="cpu")
+    adam.set_step(column_lrs({"means": 1e-2, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "sh": 2.5e-3},
+                             g.sh.shape[1]))
+    grads = np.random.default_rng(1).normal(size=params.size).astype(np.float32)
+    Placement(3, "cpu", part_streams=part_streams).adam_update(adam, grads)
+    return params.data, adam.m, adam.v
+
+
+def test_part_streams_of_adam_and_of_binnings_per_part(monkeypatch):
+    """Adam's parts, and parts that bin their own tile rows, side by side on their streams, ordered as
+    ``test_part_streams_fork_before_and_join_after_each_split_operator`` asks: the bits of the parts one
+    after another."""
+    from fake_streams import RecordingCuda
+    from numbasplat.device import PartStreams
+    g, cam, target = split_scene()
+    plain, _ = split_step(3, g, cam, target, shared_binning=False, part_streams=False)
+    plain_adam = adam_by_parts(g, False)
+    fake = RecordingCuda()
+    recorded_cpu_kernels(monkeypatch, fake)
+    streams = PartStreams(3, api=fake)
+    streamed, _ = split_step(3, g, cam, target, shared_binning=False, part_streams=streams)
+    for k in plain:
+        np.testing.assert_array_equal(streamed[k], plain[k], err_msg=k)
+    for a, b in zip(plain_adam, adam_by_parts(g, streams)):
+        np.testing.assert_array_equal(b, a)
+    assert fake.unordered() == []
+    # projection, the parts' binnings, raster, loss, raster backward, projection backward, Adam
+    assert len(fake.windows()) == 7 and all(w == PARTS_SIDE_BY_SIDE for w in fake.windows().values())
+
+
+def test_the_fork_join_check_finds_a_part_that_does_not_wait_or_is_not_joined(monkeypatch):
+    """The check of the tests above fails where a part's stream skips the fork's event, or the join skips a
+    part's stream."""
+    from fake_streams import FakeEvent, RecordingCuda
+    from numbasplat.device import PartStreams
+
+    class NoFork(PartStreams):
+        def on_part(self, k, fork):
+            return super().on_part(k, FakeEvent()) if k == 1 else super().on_part(k, fork)
+
+    class NoJoin(PartStreams):
+        def join(self):
+            last = self.streams.pop()
+            super().join()
+            self.streams.append(last)
+
+    g, cam, target = split_scene()
+    for broken in (NoFork, NoJoin):
+        fake = RecordingCuda()
+        recorded_cpu_kernels(monkeypatch, fake)
+        split_step(3, g, cam, target, part_streams=broken(3, api=fake))
+        assert fake.unordered(), broken.__name__
+
+
 def aggregate_dataset(n_views=8):
     """Views of the demo's scene (rotated Gaussians, uneven scales) at WIDTH x HEIGHT."""
     g = ground_truth(0)
@@ -325,7 +425,45 @@ print("AGGREGATE SIM OK")
 
 test_two_virtual_devices_equal_one_under_the_simulator = simulator_test(
     f"import sys; sys.path.insert(0, {str(__import__('conftest').TESTS_DIR)!r})\n" + SIM_SCRIPT,
-    "AGGREGATE SIM OK", timeout=240)
+    "AGGREGATE SIM OK", timeout=420)
+
+
+SIM_STREAMS_SCRIPT = """
+import numpy as np
+import numbasplat as ns
+from numbasplat import backend
+from numbasplat.cuda import launch
+from numbasplat.device import PartStreams
+from fake_streams import RecordingCuda
+from scenes import edge_case_scene
+from placement_step import split_step
+assert backend.BACKEND == "cuda"
+W, H = 24, 40  # 2 x 3 tiles: a tile row a part
+g = edge_case_scene(n=14, seed=5, dtype=np.float32, degree=1)
+cam = ns.Camera(np.eye(4), 30.0, 33.0, W * 0.52, H * 0.47, W, H)
+target = np.random.default_rng(0).random((H, W, 3)).astype(np.float32)
+for deterministic in (False, True):
+    plain = split_step(3, g, cam, target, "cuda", deterministic=deterministic, part_streams=False)[0]
+    fake = RecordingCuda()
+    launch.Kernel.__getitem__ = fake.recording(unrecorded := launch.Kernel.__getitem__)
+    streamed = split_step(3, g, cam, target, "cuda", deterministic=deterministic,
+                          part_streams=PartStreams(3, api=fake))[0]
+    launch.Kernel.__getitem__ = unrecorded
+    assert np.abs(plain["grad"]).max() > 0 and (plain["counts"] > 0).sum() > 5
+    for k in plain:  # (the simulator runs a launch at once: the same sums in the same order)
+        assert np.array_equal(np.asarray(streamed[k]), np.asarray(plain[k])), (deterministic, k)
+    assert not fake.unordered(), [(a.name, a.stream.name, b.name, b.stream.name) for a, b in fake.unordered()][:5]
+    windows = fake.windows()
+    assert len(windows) == (4 if deterministic else 5), windows
+    assert all(w == {"part 0", "part 1", "part 2"} for w in windows.values()), windows
+    on_caller = {a.name for a in fake.launches if a.stream is fake.caller}
+    assert any("slot_sum" in name for name in on_caller) == deterministic, on_caller
+print("PART STREAMS SIM OK")
+"""
+
+test_part_streams_fork_and_join_the_cuda_launches_under_the_simulator = simulator_test(
+    f"import sys; sys.path.insert(0, {str(__import__('conftest').TESTS_DIR)!r})\n" + SIM_STREAMS_SCRIPT,
+    "PART STREAMS SIM OK", timeout=360)
 
 
 def test_bench_times_the_split_step(tmp_path, capsys):

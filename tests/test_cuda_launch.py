@@ -30,6 +30,7 @@ KERNEL_NAMES = {
     "_raster_backward_fixed_kernel", "_slot_sum_kernel",  # the raster backward of --deterministic
     "_raster_forward_carry_kernel", "_raster_backward_carry_kernel",  # a view in depth-ordered chunks
     "_raster_backward_fixed_carry_kernel",
+    "_sh_adam_kernel", "_geometry_adam_kernel",  # the projection backward with Adam fused
 }
 
 

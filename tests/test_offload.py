@@ -29,12 +29,12 @@ from test_trainer import fast_refine, small_config
 import numbasplat as ns
 
 
-def slot_bytes(sh_bases, block_rows=16):
+def slot_bytes(sh_bases, block_rows=16, adam="device"):
     """Device bytes that the store budgets for a block slot of ``block_rows`` rows at ``sh_bases`` (the default
-    strategy's statistics): what the tests' caps are made of."""
+    strategy's statistics; Adam on the ``adam`` side): what the tests' caps are made of."""
     from engine.stores.offload.store import working_set_bytes
     layout = RowLayout(sh_bases, DefaultStrategy.fresh_statistics(np, 0))
-    return int(np.ceil(block_rows * working_set_bytes(layout)[1]))
+    return int(np.ceil(block_rows * working_set_bytes(layout, adam=adam)[1]))
 
 
 def view_bytes(data):
@@ -201,18 +201,93 @@ def test_offloaded_training_equals_in_memory_training_with_visible_adam(dataset,
     assert 0 <= log[-1]["cache_hit_rate"] <= 1 and log[-1]["moved_bytes"] > 0
 
 
-@pytest.mark.parametrize("mode", ["host", "disk"])
-def test_an_offloaded_shard_trains_as_the_shard_in_memory(tmp_path, mode):
+@pytest.mark.parametrize("mode,staged,slots", [("host", None, 20), ("disk", None, 20), ("disk", True, 20),
+                                              ("host", None, 12), ("disk", None, 12)])
+def test_adam_on_the_host_trains_as_adam_on_the_device_in_blocks_and_chunks(tmp_path, mode, staged, slots,
+                                                                            monkeypatch):
+    """``--offload-adam host``: the moments in the host's tier alone, the pool's rows the parameters and statistics,
+    each working set's Adam run on the host's rows.  200 steps of two clusters seen one at a time (rotated,
+    unevenly scaled Gaussians, SH degree 1; 120 Gaussians, 469 after densifying at steps 50 and 100, an opacity
+    reset at 90), the device holding ``slots`` blocks of 16 rows: with 20 blocks leave and come back once there
+    are 30; with 12 they do from step 50, and from step 100 the views outgrow the pool and train in chunks, the
+    refinements made block by block.  In disk mode host memory holds a quarter of the start, ``staged``: the moves
+    go through staging buffers of two blocks.  Stopped at step 75 and resumed, the parameters and both moments
+    equal those of Adam on the device (the same slots, uninterrupted) within 1e-6."""
+    from engine.stores.offload import OutOfCoreStore
+    from scenes import cluster_capture
+    monkeypatch.setattr(DeviceCache, "staged", staged)
+    monkeypatch.setattr(DeviceCache, "STAGING_BLOCKS", 2)
+    monkeypatch.setattr(OutOfCoreStore, "_slots", lambda self, n: slots)  # (both runs' pools alike)
+    data, start = cluster_capture(per_cluster=60, views=8)
+    rng = np.random.default_rng(1)
+    start["sh"] = np.concatenate([start["sh"], rng.normal(0, 0.1, (120, 3, 3)).astype(np.float32)], axis=1)
+    caps = {}
+    if mode == "disk":
+        caps.update(offload_dir=tmp_path / "blocks", host_memory=120 * 72 * 4 // 4)
+
+    def trainer(adam, folder):
+        t = OffloadTrainer(data, tmp_path / folder, offload_config(iterations=200, sh_degree=1, snapshot_every=0),
+                           backend="cpu", block_rows=16, mode=mode, offload_adam=adam, **caps)
+        s = t.strategy
+        s.refine_start, s.refine_every, s.reset_every, s.refine_stop = 20, 50, 90, 150
+        t.start_from({"params": start})
+        return t
+    device = trainer("device", "device")
+    device.train(progress=False)
+    trainer("host", "host").train(progress=False, until=75)
+    resumed = trainer("host", "host")
+    resumed.load_snapshot(tmp_path / "host" / SNAPSHOT)
+    resumed.train(progress=False)
+    store = resumed.store
+    assert store.cache.pool.shape[1] == store.layout.width + len(store.layout.statistics)  # (no moments there)
+    assert device.store.cache.pool.shape[1] == store.layout.columns_total
+    assert len(resumed.model) == len(device.model) > 120, "densification did not run"
+    assert store.cache.misses > (store.index.blocks if slots == 20 else 0)  # blocks left the device and came back
+    assert (store.chunked_steps > 0) == (device.store.chunked_steps > 0) == (slots == 12)
+    if mode == "disk":
+        assert store.host.read_bytes > 0
+    a, b = device.gather_state()[0], resumed.gather_state()[0]
+    assert a["step"] == b["step"] == 200
+    for w in ("params", "m", "v"):
+        for g in GROUPS:
+            np.testing.assert_allclose(b[w][g], a[w][g], rtol=1e-6, atol=1e-7 if w != "v" else 1e-12,
+                                       err_msg=f"{w} {g}")
+    assert all(np.abs(a["v"][g]).max() > 0 for g in GROUPS)  # (moments to compare)
+
+
+def test_an_unknown_offload_adam_is_named(dataset, tmp_path, capsys):
+    """``--offload-adam`` takes device or host; any other value stops with one message naming the flag (on the
+    command line, in a config file, to the pipeline), and so does the flag without ``--offload``."""
+    import cli
+    from engine.pipelines import PipelineOptions, check
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "--data", "d", "--offload", "host", "--offload-adam", "gpu"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: argument --offload-adam: invalid choice: 'gpu'"), err
+    (tmp_path / "run.json").write_text(json.dumps({"data": "d", "out": "o", "offload": "host", "offload_adam": "gpu"}))
+    assert cli.main(["train", "--config", str(tmp_path / "run.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "offload_adam" in err and "invalid choice" in err, err
+    with pytest.raises(ValueError, match=r"^--offload-adam gpu: unknown \(device or host\)$"):
+        OffloadTrainer(dataset, tmp_path, offload_config(), backend="cpu", offload_adam="gpu")
+    with pytest.raises(ValueError, match=r"^--offload-adam cpu: unknown \(device or host\)$"):
+        check(offload_config(), PipelineOptions(offload="host", offload_adam="cpu"))
+    with pytest.raises(ValueError, match=r"^--offload-adam is for --offload host or disk$"):
+        check(offload_config(), PipelineOptions(offload_adam="host"))
+
+
+@pytest.mark.parametrize("mode,adam", [("host", "device"), ("disk", "device"), ("host", "host")])
+def test_an_offloaded_shard_trains_as_the_shard_in_memory(tmp_path, mode, adam):
     """The Gaussian-exchange pipeline with its shard out of core (one rank, batches of 2 views): on
     two clusters seen one at a time, under a device cap that holds 30 blocks of 16 rows (blocks leave
     and come back), stopped at step 24 and resumed, the parameters and moments equal the pipeline's
-    in memory with visible-only Adam (the rows that either view of a batch saw).  Under mpiexec:
-    tests/test_gaussian_exchange.py."""
+    in memory with visible-only Adam (the rows that either view of a batch saw), Adam run on the device
+    or (``adam`` host, ``--offload-adam host``) on the host.  Under mpiexec: tests/test_gaussian_exchange.py."""
     from mpi4py import MPI
     from engine.pipelines.gaussian_exchange import GaussianExchangeTrainer, OffloadedGaussianExchangeTrainer
     from scenes import cluster_capture
     data, start = cluster_capture(per_cluster=60, views=8)
-    caps = {"gpu_memory": 30 * slot_bytes(1) + view_bytes(data)}
+    caps = {"gpu_memory": 30 * slot_bytes(1, adam=adam) + view_bytes(data)}
     if mode == "disk":
         caps.update(offload_dir=tmp_path / "blocks", host_memory=120 * 45 * 4 // 4)
 
@@ -222,7 +297,7 @@ def test_an_offloaded_shard_trains_as_the_shard_in_memory(tmp_path, mode):
             t = GaussianExchangeTrainer(data, tmp_path / folder, cfg, MPI.COMM_SELF, batch_size=2, backend="cpu")
         else:
             t = OffloadedGaussianExchangeTrainer(data, tmp_path / folder, cfg, MPI.COMM_SELF, batch_size=2,
-                                                 backend="cpu", block_rows=16, mode=mode, **caps)
+                                                 backend="cpu", block_rows=16, mode=mode, offload_adam=adam, **caps)
         t = fast_refine(t)
         t.start_from({"params": start})
         return t
@@ -374,6 +449,45 @@ def test_prefetch_moves_the_next_blocks_beside_this_steps_and_fetch_counts_them_
     cache.fetch([3, 4], index, host)  # the step's own fetch moves what the guess did not
     assert cache.slot[4] >= 0 and (cache.misses, cache.hits) == (5, 1)
     assert (cache.pool[cache.slot[4] * 16:(cache.slot[4] + 1) * 16] == 4).all()
+
+
+@pytest.mark.parametrize("moves", ["gathered", "staged", "direct"])
+def test_a_pool_without_moments_moves_the_parameters_and_statistics_and_keeps_the_hosts_moments(moves, monkeypatch):
+    """``--offload-adam host``'s pool (``RowLayout.without_moments``): blocks come in as their rows' parameters and
+    statistics alone, gathered, through the staging buffers (of one block each) or direct from the host's one
+    table; a changed block goes back into those columns of its host rows, whose moments stay as they were; a
+    pool that holds every block takes those columns of the whole table."""
+    monkeypatch.setattr(DeviceCache, "staged", moves == "staged")
+    monkeypatch.setattr(DeviceCache, "STAGING_BLOCKS", 1)
+    index = BlockIndex(np.random.default_rng(0).uniform(-1, 1, (80, 3)), np.full((80, 3), -3.0), block_rows=16)
+    layout = RowLayout(1, {"count": np.zeros(0, np.int32), "grad": np.zeros(0, np.float32)})
+    pool_layout = layout.without_moments()
+    w, s = layout.width, len(layout.statistics)
+    assert (pool_layout.columns_total, layout.columns_total) == (w + s, 3 * w + s)
+    kept = np.r_[0:w, 3 * w:3 * w + s]  # the host row's columns that the pool holds
+    whole = np.arange(80 * layout.columns_total, dtype=np.float32).reshape(80, -1)
+    before = whole.copy()
+    host = HostBlocks()
+    host.reset({b: whole[16 * b:16 * b + 16] for b in range(5)}, whole=whole)
+    cache = DeviceCache(np, layout, 16, 3, index, direct=whole if moves == "direct" else None, pool_layout=pool_layout)
+    assert cache.pool.shape == (48, w + s) and (cache.staging is not None) == (moves == "staged")
+    cache.fetch([0, 1], index, host)
+    for b in (0, 1):
+        np.testing.assert_array_equal(cache.pool[cache.slot[b] * 16:(cache.slot[b] + 1) * 16],
+                                      before[16 * b:16 * b + 16][:, kept])
+    assert cache.moved_bytes == 2 * 16 * pool_layout.row_bytes
+    cache.pool[cache.slot[1] * 16:(cache.slot[1] + 1) * 16] = -1.0
+    cache.dirty.add(1)
+    cache.fetch([2, 3, 4], index, host)  # 0 and 1 out: 1 written back
+    expected = before.copy()
+    expected[16:32, kept] = -1.0
+    np.testing.assert_array_equal(whole, expected)  # (its moments, columns w .. 3w, as they were)
+    for b in (2, 3, 4):
+        np.testing.assert_array_equal(cache.pool[cache.slot[b] * 16:(cache.slot[b] + 1) * 16],
+                                      expected[16 * b:16 * b + 16][:, kept])
+    every = DeviceCache(np, layout, 16, 5, index, pool_layout=pool_layout)
+    every.hold_all(whole)
+    np.testing.assert_array_equal(every.pool, expected[:, kept])
 
 
 def test_blocks_coming_back_do_not_keep_the_arrays_they_came_in_alive(tmp_path):
@@ -550,17 +664,20 @@ def test_the_part_of_a_model_a_frustum_holds_renders_as_the_whole(dataset):
     np.testing.assert_array_equal(render_image(part, camera, backend="cpu"), render_image(whole, camera, backend="cpu"))
 
 
+@pytest.mark.parametrize("adam", ["device", "host"])
 @pytest.mark.parametrize("mode", ["host", "disk"])
-def test_a_view_larger_than_the_device_trains_in_chunks_as_the_whole_working_set(dataset, tmp_path, mode):
+def test_a_view_larger_than_the_device_trains_in_chunks_as_the_whole_working_set(dataset, tmp_path, mode, adam):
     """A cap of 3 block slots (48 rows) for views that see all 25 blocks (400 Gaussians, then more, and
     the index more of the cap): each view is trained in depth-ordered chunks of at most 48 rows, rendered front to back with the
-    pixels' state carried and back-propagated back to front, each chunk's rows stepped by Adam and
-    checked in; after steps with densification and an opacity reset the model equals the run whose
-    device holds every block (the unchunked out-of-core step)."""
+    pixels' state carried and back-propagated back to front, each chunk's rows stepped by Adam (on the device, or
+    ``adam`` host: on the host's rows, ``--offload-adam host``) and checked in; after steps with densification and
+    an opacity reset the model equals the run whose device holds every block (the unchunked out-of-core step)."""
     cfg = lambda: offload_config(iterations=30, sh_degree=1)  # noqa: E731
     roomy = fast_refine(OffloadTrainer(dataset, tmp_path / "roomy", cfg(), backend="cpu", block_rows=16))
     tight = fast_refine(OffloadTrainer(dataset, tmp_path / "tight", cfg(), backend="cpu", block_rows=16,
-                                       gpu_memory=3 * slot_bytes(4) + 16 * 400 + view_bytes(dataset),  # 3 slots, the index
+                                       gpu_memory=3 * slot_bytes(4, adam=adam) + 16 * 400 + view_bytes(dataset),  # 3
+                                       # slots, the index
+                                       offload_adam=adam,
                                        **({} if mode == "host" else dict(mode="disk", offload_dir=tmp_path / "d",
                                                                          host_memory=8 * 16 * 72 * 4))))
     roomy.train(progress=False)
@@ -816,7 +933,9 @@ def test_offloaded_training_on_the_cuda_kernels_equals_in_memory_in_simulator(tm
     """The CUDA path end to end, simulated: offloaded training (the working set's rows by the pool-rows
     scan, moved by the row plans, boxes on the device) equals in-memory training with visible-only
     Adam after 16 steps and two densifications, both where the device holds every block (densified
-    there, cut straight into a full pool) and under a cap that moves blocks (densified on the host)."""
+    there, cut straight into a full pool) and under a cap that moves blocks (densified on the host), there
+    also with Adam on the host (``--offload-adam host``: the new parameters scattered into the pool by the
+    device's row plans)."""
     run_sim(f"""
         from pathlib import Path
         import numpy as np
@@ -839,9 +958,11 @@ def test_offloaded_training_on_the_cuda_kernels_equals_in_memory_in_simulator(tm
         a = run("memory").model.host_arrays()
         assert len(a["means"]) > 40, "densification did not run"
         view = VIEW_BYTES_PER_PIXEL * max(v.camera.width * v.camera.height for v in data.train)
-        for name, caps in (("full", {{}}), ("capped", {{"gpu_memory": 9 * {slot_bytes(1, 8)} + 16 * 200 + view}})):
+        for name, caps in (("full", {{}}), ("capped", {{"gpu_memory": 9 * {slot_bytes(1, 8)} + 16 * 200 + view}}),
+                           ("capped-host", {{"gpu_memory": 9 * {slot_bytes(1, 8, "host")} + 16 * 200 + view,
+                                            "offload_adam": "host"}})):
             t = run(name, **caps)
-            assert (t.store.cache.misses > 0) == (name == "capped")
+            assert (t.store.cache.misses > 0) == name.startswith("capped")
             b = t.whole_model().host_arrays()
             for g in GROUPS:
                 np.testing.assert_allclose(b[g], a[g], rtol=1e-5, atol=1e-6, err_msg=name + " " + g)
@@ -1201,21 +1322,26 @@ def test_snapshots_and_the_ply_read_the_model_out_of_core_a_slice_of_rows_at_a_t
         np.testing.assert_array_equal(a, model.host_arrays("params")[g])
 
 
-def test_the_working_set_bytes_are_what_a_step_allocates(dataset, tmp_path):
+@pytest.mark.parametrize("adam", ["device", "host"])
+def test_the_working_set_bytes_are_what_a_step_allocates(dataset, tmp_path, adam):
     """``working_set_bytes`` at SH degree 3, item by item, against the arrays that a step on the CPU backend
     allocates for a working set of 20,000 Gaussians: the pool's rows, the working copy (parameters and
     statistics, no moments, no gradients until the backward), the projection, the rows and visible mask,
     the binning's peak as tracemalloc sees it (numpy's arrays; the tiles' ranges and a few objects besides),
-    the backward's records, kept ids and the parameters' gradients, which the check-in lets go."""
+    the backward's records, kept ids and the parameters' gradients, which the check-in lets go.  With Adam on
+    the host (``--offload-adam host``) the pool's rows hold no moments, and the update allocates host memory
+    alone: the parameters gathered from the host's rows and those rows' places (on a GPU also the gradients
+    and the visible mask brought over)."""
     import tracemalloc
     from engine.stores.offload.store import working_set_bytes
     rng = np.random.default_rng(0)
     n = 20_000
-    quats = np.zeros((n, 4), np.float32)
-    quats[:, 0] = 1
-    start = dict(means=rng.uniform(-1, 1, (n, 3)).astype(np.float32), scales=np.full((n, 3), np.log(0.08), np.float32),
+    quats = rng.normal(size=(n, 4)).astype(np.float32)
+    start = dict(means=rng.uniform(-1, 1, (n, 3)).astype(np.float32),
+                 scales=np.log(rng.uniform(0.04, 0.12, (n, 3))).astype(np.float32),
                  quats=quats, opacities=np.zeros(n, np.float32), sh=rng.normal(0, 0.3, (n, 16, 3)).astype(np.float32))
-    t = OffloadTrainer(dataset, tmp_path, offload_config(sh_degree=3), backend="cpu", block_rows=512)
+    t = OffloadTrainer(dataset, tmp_path, offload_config(sh_degree=3), backend="cpu", block_rows=512,
+                       offload_adam=adam)
     t.start_from({"params": start})
     i = 1
     model, state = t.store.checkout([i])
@@ -1235,8 +1361,8 @@ def test_the_working_set_bytes_are_what_a_step_allocates(dataset, tmp_path):
     r = ns.rasterize(p, b, None, "cpu")
     grad = ns.rasterize_backward(p, b, r, np.ones_like(r.image), backend="cpu")
     assert model._grads is None  # (none yet: the binning's peak does without them)
-    t.owner_backward(model, state, [p], [grad])
-    items, peak = working_set_bytes(t.store.layout, intersections / n, tiles)
+    visible = t.owner_backward(model, state, [p], [grad])
+    items, peak = working_set_bytes(t.store.layout, intersections / n, tiles, adam)
     copies = sum(a.nbytes for a in state.values() if not np.shares_memory(a, model.params.data.base))
     allocated = [t.store.cache.pool.nbytes / len(t.store.cache.pool), (model.params.data.base.nbytes + copies) / n,
                  (p.proj.nbytes + p.radii.nbytes + p.counts.nbytes) / n,
@@ -1250,10 +1376,24 @@ def test_the_working_set_bytes_are_what_a_step_allocates(dataset, tmp_path):
     assert backward * n == grad.nbytes + b.ids.nbytes + model.grads.data.nbytes
     assert scratch == intersections / n * (2 + 2 + 8)  # (a GPU's sort: not allocated here)
     assert peak == sum(allocated) + max(binning + scratch, backward)
-    assert list(items.values())[:2] == [720, 252]  # (SH degree 3: 59 parameters, 3 statistics, one int32)
+    pool_row = 720 if adam == "device" else 248  # (SH degree 3: 59 parameters, m and v or none, 3 statistics)
+    assert list(items.values())[:2] == [pool_row, 252]  # (the working copy: 59 parameters, 3 statistics, one int32)
     assert model.grads.data.nbytes == 236 * n
     assert t.store.step_device_bytes(intersections / n, tiles) == \
-        t.store.cache.pool.nbytes + n * (peak - 720) + DeviceCache.INDEX_BYTES * n + view_bytes(dataset)
+        t.store.cache.pool.nbytes + n * (peak - pool_row) + DeviceCache.INDEX_BYTES * n + view_bytes(dataset)
+    if adam == "host":  # the update's allocations (its second: the first compiles): on the host
+        assert t.store.host.whole is not None  # (host mode's one table: its rows stepped in place, not gathered)
+        model.adam.set_step(t.learning_rates()[1])
+        model.adam.update(model.grads.data, visible)
+        model.adam.set_step(t.learning_rates()[1])
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            model.adam.update(model.grads.data, visible)
+            update_peak = tracemalloc.get_traced_memory()[1] - before
+        finally:
+            tracemalloc.stop()
+        assert abs(update_peak - n * (236 + 8)) < 4096
     t.store.checkin(model, state, t.learning_rates()[0])
     assert model._grads is None  # (let go until the next backward)
 

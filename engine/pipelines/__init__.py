@@ -38,7 +38,7 @@ def make_trainer(data, out, cfg, options, comm=None, backend=None, log=print):
     made = dict(backend=backend, log=log)
     if out_of_core:
         made.update(mode=options.offload, offload_dir=options.offload_dir, host_memory=options.host_memory or 0,
-                    gpu_memory=options.gpu_memory or 0)
+                    gpu_memory=options.gpu_memory or 0, offload_adam=options.offload_adam)
     if comm is None:
         from .aggregate import aggregate_trainer, is_aggregate
         if is_aggregate(options):

@@ -6,11 +6,12 @@ operator across the GPUs, so the model code has no communication.  Here the mode
 single-GPU pipeline itself (``SingleGPUTrainer``: the same trainer, strategies, snapshots and
 viewer); what changes is its ``placement`` (``numbasplat.placement.Placement``), through which the
 step's operators run, each split across the parts, the cross-part reductions (the loss, the
-screen-space gradients) in it.  ``--virtual-devices N`` runs the N parts one after another on this
-process's device, which tests the split without several GPUs (N = 2 or 3 equals 1:
-tests/test_aggregate.py); ``--devices N|all`` puts the parts on GPUs 0..N-1 with the CuPy arrays
-in managed memory (``numbasplat.device.managed_memory``), and ``--devices 1 --gpu-memory G`` caps
-one GPU so that a model larger than G pages in from the host (``reserve_device_memory``).
+screen-space gradients) in it.  ``--virtual-devices N`` runs the N parts on this process's device
+(on a GPU side by side, a stream each; on the CPU one after another), which tests the split without
+several GPUs (N = 2 or 3 equals 1: tests/test_aggregate.py); ``--devices N|all`` puts the parts on
+GPUs 0..N-1 with the CuPy arrays in managed memory (``numbasplat.device.managed_memory``), and
+``--devices 1 --gpu-memory G`` caps one GPU so that a model larger than G pages in from the host
+(``reserve_device_memory``).
 ``check`` (engine/pipelines/options.py) holds the refusals.
 """
 from numbasplat import device as _device

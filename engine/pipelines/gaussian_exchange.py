@@ -489,9 +489,9 @@ class OffloadedGaussianExchangeTrainer(GaussianExchangeTrainer):
 
     def __init__(self, dataset, out_dir, cfg, comm, batch_size=None, grad_comm="sparse", backend=None, log=print,
                  transport="auto", shard="contiguous", mode="host", offload_dir=None, host_memory=0, gpu_memory=0,
-                 prefetch=True, block_rows=BLOCK_ROWS):
+                 prefetch=True, block_rows=BLOCK_ROWS, offload_adam="device"):
         self.options, store = out_of_core(self.options, mode, offload_dir, host_memory, gpu_memory, prefetch,
-                                          block_rows, shard=True)
+                                          block_rows, shard=True, adam=offload_adam)
         super().__init__(dataset, out_dir, cfg, comm, batch_size, grad_comm, backend, log, transport, shard, store)
 
 

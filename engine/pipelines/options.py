@@ -22,6 +22,7 @@ from dataclasses import dataclass
 SHARDS = ("contiguous", "parity")
 GRAD_COMMS = ("sparse", "dense")
 OFFLOAD_MODES = ("host", "disk")
+OFFLOAD_ADAM = ("device", "host")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,11 @@ class PipelineOptions:
                                     # e.g. 24GiB (default: 80% of the free memory at the start); with --devices
                                     # 1: the GPU memory left free for the run, the rest reserved (the model in
                                     # managed memory pages in from the host past it)
+    offload_adam: str = "device"    # with --offload: where Adam runs on a view's working set: device (its moments
+                                    # in the device's cache of blocks beside its parameters), or host (its moments
+                                    # stay in host memory or on disk and never reach the GPU: the gradients go to
+                                    # the host, Adam runs there, the new parameters come back; less GPU memory a
+                                    # Gaussian, more traffic a step; the same model)
     exchange: str = "gaussian"     # what ranks trade under MPI: Gaussians (owners send projected Gaussians to the
                                    # ranks that render their tiles; batch of one view a rank) or pixels (Splaxel:
                                    # each rank owns a box of space and renders it, partial images are composed in
@@ -107,6 +113,10 @@ def check(cfg, options, comm=None, pipeline=None, live_view=False):
                          f"pixel): auto measures both on the whole model in device memory")
     if not out_of_core and (options.offload_dir or options.host_memory):
         raise ValueError("--offload-dir and --host-memory are for --offload host or disk")
+    if options.offload_adam not in OFFLOAD_ADAM:
+        raise ValueError(f"--offload-adam {options.offload_adam}: unknown (device or host)")
+    if not out_of_core and options.offload_adam != "device":
+        raise ValueError("--offload-adam is for --offload host or disk")
     if not out_of_core and options.gpu_memory and aggregate_devices(options) != 1:
         raise ValueError("--gpu-memory is for --offload host or disk, or --devices 1")
     _check_aggregate(cfg, options, comm)

@@ -733,9 +733,10 @@ class OffloadedPixelExchangeTrainer(PixelExchangeTrainer):
 
     def __init__(self, dataset, out_dir, cfg, comm, backend=None, log=print, transport="auto", saturation=True,
                  revalidate_every=SATURATION_EPOCHS, consolidation=True, batch_size=None, mode="host",
-                 offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True, block_rows=BLOCK_ROWS):
+                 offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True, block_rows=BLOCK_ROWS,
+                 offload_adam="device"):
         self.options, store = out_of_core(self.options, mode, offload_dir, host_memory, gpu_memory, prefetch,
-                                          block_rows, shard=True)
+                                          block_rows, shard=True, adam=offload_adam)
         super().__init__(dataset, out_dir, cfg, comm, backend, log, transport, saturation, revalidate_every,
                          consolidation, batch_size, store=store)  # (no steps rendered ahead: each loads its own)
 

@@ -4,6 +4,8 @@ The step: render the view, L1 + SSIM loss (or ``--loss tile``: L1 + S3IM per
 tile, fused with forward and backward on GPUs), backward through
 rasterization and projection, the strategy's statistics, fused Adam, the
 strategy's densification; each a phase of ``trainer.PHASES`` (``stats``).
+Where nothing else needs the parameters' gradients, Adam's update runs inside
+the projection backward's kernels (``SingleGPUTrainer.fuses_adam``).
 On a GPU the step bins its view into room kept for it (``BinningRoom``), so
 that the host queues whole steps without waiting for the device.
 """
@@ -14,7 +16,8 @@ from numbasplat import backend as _backend
 from numbasplat.chunks import chunked_frame, rasterize_chunk, rasterize_chunk_backward
 from numbasplat.device import DeviceValues, pinned_empty, queue_to_host, stream_event
 from numbasplat.loss import psnr
-from numbasplat.rendering import ROOM_MARGIN, ROOM_SLACK, behind_state, front_state, room_slots
+from numbasplat.rendering import (ROOM_MARGIN, ROOM_SLACK, behind_state, front_state, project_backward_adam,
+                                  room_slots)
 
 from engine.recipe.model import GROUPS, GaussianModel
 from engine.recipe.trainer import PhaseClock, Trainer
@@ -237,7 +240,7 @@ class SingleGPUTrainer(Trainer):
             image, loss, total = step(room, False)
         else:
             key = (len(model), degree, self.step >= getattr(strategy, "refine_stop", 0),
-                   strategy.regularises_at(self.step),
+                   strategy.regularises_at(self.step), self.fuses_adam(),
                    "random" if self.cfg.random_background else bg.tobytes(),
                    array_key([model.params.data, model.grads.data, model.adam.m, model.adam.v, *state.values()]))
             fits = lambda captured_room: self._room.fits(i, len(model), captured_room)  # noqa: E731
@@ -289,10 +292,35 @@ class SingleGPUTrainer(Trainer):
         if not roomed:  # (exact: its intersections known on the host, which an out-of-core store's budget follows)
             self.store.binned(len(model), b.n_isect)
         image, loss, grad = self._render_loss_backward(p, b, i, bg, clock)
-        visible = self.owner_backward(model, state, [p], [grad], skip=b.overflow)
-        clock.end("owner")
-        self.placement.adam_update(model.adam, model.grads.data, visible, skip=b.overflow)
+        if self.fuses_adam():
+            self._owner_backward_adam(model, state, p, grad, skip=b.overflow)
+            clock.end("owner")
+        else:
+            visible = self.owner_backward(model, state, [p], [grad], skip=b.overflow)
+            clock.end("owner")
+            self.placement.adam_update(model.adam, model.grads.data, visible, skip=b.overflow)
         return image, loss, (self.placement.slots(b) if roomed and room is None else None)
+
+    def fuses_adam(self):
+        """Whether this step's Adam update runs inside the projection backward's kernels
+        (``rendering.project_backward_adam``), with ``cfg.fuse_adam`` on: where nothing needs the
+        parameters' gradients between the two, so that each element's update is the separate Adam's to
+        the bit.  Not on the aggregate device (``placement.split``: its parts split the projection
+        backward and Adam by rows, ``Placement.adam_update``), nor out of core (Adam's moments are
+        columns of the store's row table: ``RowsAdam``), nor at a step where the strategy's regularisers
+        act (``add_strategy_gradients`` adds theirs to the gradient buffer before Adam).  The
+        densification statistics read the screen-space gradients, which stay; visible-only Adam's mask
+        is the projection's, which the kernels read.  Adam's time then counts in the phase "owner"."""
+        return (self.cfg.fuse_adam == "on" and not self.placement.split and not self.store.out_of_core
+                and not self.strategy.regularises_at(self.step))
+
+    def _owner_backward_adam(self, model, state, p, grad, skip=None):
+        """``owner_backward`` of the step's one view and Adam's update of ``model``, fused
+        (``fuses_adam``): the strategy's statistics of the view, then the projection backward applying
+        the update that ``model.adam.set_step`` prepared (``visible_adam``: to the Gaussians the view
+        draws); ``skip``: the device flag of a step left out."""
+        self.strategy.after_backward(model, state, self.step, p, grad, self.batch, skip=skip)
+        project_backward_adam(p, grad, model.adam, visible=self.cfg.visible_adam, skip=skip, backend=self.backend)
 
     def _render_loss_backward(self, p, b, i, bg, clock):
         """View ``i``'s render of the projection ``p`` (binned: ``b``) on ``bg``, its loss, and the raster
@@ -320,8 +348,9 @@ class SingleGPUTrainer(Trainer):
         """The step graphs where this step may use one: on a GPU with ``cfg.step_graphs`` on, binning
         into room, the global loss (the tile loss draws its arrangements on the host), no colour
         correction (its per-image values live on the host), the model in memory (a working set's buffers
-        change from step to step), one device (virtual parts too: they queue on its stream), and not a
-        timed step (its phases are synced).  None otherwise."""
+        change from step to step), one device (virtual parts too: their streams fork from the step's
+        stream and join it, captured with it), and not a timed step (its phases are synced).  None
+        otherwise."""
         c = self.cfg
         if self._graphs is None:
             wanted = (c.step_graphs == "on" and _backend.on_gpu(self.backend) and self.binning_room is not False
@@ -350,8 +379,9 @@ class OffloadTrainer(SingleGPUTrainer):
     ``mode``: host or disk; ``offload_dir``, ``host_memory`` (bytes): disk mode's folder and host cache;
     ``gpu_memory`` (bytes, 0: ``GPU_SHARE`` of the device's free memory, no cap on the CPU backend): the
     device's pool of blocks and the working sets built from them; ``prefetch``: disk mode reads the next
-    view's blocks ahead on a thread.  BlitzGS's switches are refused (``culls_views``): their
-    per-Gaussian weights and masks would live beside the blocks, not in their rows.
+    view's blocks ahead on a thread; ``offload_adam``: where Adam runs, device or host (its moments then
+    only in the host's tier: ``engine.stores.offload.host_adam``).  BlitzGS's switches are refused
+    (``culls_views``): their per-Gaussian weights and masks would live beside the blocks, not in their rows.
 
     A view whose working set is larger than the device's pool is trained in depth-ordered chunks of
     its rows (``_chunked_step``; the store's ``ChunkedView``): the same step, in a chunk's memory."""
@@ -359,9 +389,9 @@ class OffloadTrainer(SingleGPUTrainer):
     supports_deterministic = False
 
     def __init__(self, dataset, out_dir, cfg, backend=None, log=print, block_rows=BLOCK_ROWS, mode="host",
-                 offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True):
+                 offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True, offload_adam="device"):
         self.options, store = out_of_core(self.options, mode, offload_dir, host_memory, gpu_memory, prefetch,
-                                          block_rows)
+                                          block_rows, adam=offload_adam)
         store.chunked_views = True
         super().__init__(dataset, out_dir, cfg, backend, log, store=store)
 

@@ -21,7 +21,10 @@ strategy state changes (``clear``).  A view's room for its tile intersections
 (``single_gpu.BinningRoom``) is fixed in its graph: the graph is captured again when the view's
 room no longer fits.  A step that cannot be captured (one that would upload from the host, such
 as a camera the constants' cache let go) runs as usual until its key changes, and the log says
-why (``graph_capture_failures``).
+why (``graph_capture_failures``).  The aggregate device's virtual parts (``numbasplat.placement``)
+run each split operator on streams of their own, which wait for an event of the step's stream and
+which it waits for after: the capture follows them there, and the graph holds each operator's parts
+as parallel branches.
 
 On the CPU backend and in the simulator there are no graphs: ``StepGraphs(simulate=True)``
 (tests) replays the captured call itself, so that a test sees the trainer's host work split from

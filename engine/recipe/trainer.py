@@ -222,6 +222,10 @@ class TrainConfig:
     lr_appearance: float = 1e-3       # the learning rate of the colour corrections
     step_graphs: str = "on"           # on a GPU, a single process replays each view's step as a CUDA graph
                                       # (engine/pipelines/step_graphs.py): one launch where Python queued ~35
+    fuse_adam: str = "off"            # on: a single process applies Adam's update in the projection backward's
+                                      # kernels wherever that is exact (engine/pipelines/single_gpu.py): no
+                                      # gradient buffer written and read back, no launch of Adam's own (off
+                                      # until timed on a GPU: BENCHMARKS.md, the rasterizer)
     targets: str = "auto"             # the training images on the GPU: float32, or uint8 (a quarter of the
                                       # memory, rounded to 8 bits: exact for 8-bit images the loader left as
                                       # they were); auto: uint8 where float32 would take over an

@@ -297,8 +297,9 @@ def offload_report(t, say, measured=0, paper=BILLION):
     model it holds: the device's budget over the index (with one block's slot beside it: chunked views
     train any view) and the largest working set beside this model's index, host memory (physical) over
     its bytes, the free disk at --offload-dir (else the temporary folder's) over its; each tier's bytes for
-    a scene of ``paper`` Gaussians at SH degree 3; and what two options not built would make of a
-    working-set Gaussian (Adam's moments in host memory, as CLM; in bfloat16).  ``measured``: the device's
+    a scene of ``paper`` Gaussians at SH degree 3; and where Adam runs on the device, what two options would
+    make of a working-set Gaussian (``not_built``: Adam's moments in host memory, as CLM, which
+    ``--offload-adam host`` runs; in bfloat16, not built).  ``measured``: the device's
     measured peak (0: none), said
     beside what the itemised bytes make of the last step (the pool, its working set's buffers, the index,
     the images and the view's per-pixel buffers).  -> the numbers."""
@@ -312,23 +313,29 @@ def offload_report(t, say, measured=0, paper=BILLION):
         camera = t.data.train[t._progress_view[1]].camera
         counts = ns.project(model.gaussians, camera, sh_degree=degree, backend=t.backend, check=False).counts
         k, tiles = float(counts.sum()) / max(len(model), 1), int(np.prod(camera.tiles))
-    items, peak = working_set_bytes(store.layout, k, tiles)
+    items, peak = working_set_bytes(store.layout, k, tiles, store.adam)
     say(f"device bytes per working-set Gaussian at SH degree {held}, {k:.2f} tile intersections each "
         f"(the last view's): {peak:.0f} B at the step's peak")
     for what, size in items.items():
         say(f"  {what}: {size:.0f} B")
     moments = 2 * 4 * store.layout.width  # (float32 m and v)
-    options = {"moments in host memory": peak - moments, "moments in bfloat16": peak - moments // 2}
-    say(f"  not built: Adam's moments in host memory, Adam run there on the working set (CLM): "
-        f"{options['moments in host memory']:.0f} B, and {moments} B a working-set Gaussian moved each step (its "
-        f"gradients out, its parameters back); moments in bfloat16 (not exact): {options['moments in bfloat16']:.0f} B")
+    options = {}
+    if store.adam == "device":
+        options = {"moments in host memory": peak - moments, "moments in bfloat16": peak - moments // 2}
+        say(f"  with --offload-adam host: Adam's moments in host memory, Adam run there on the working set (CLM): "
+            f"{options['moments in host memory']:.0f} B, and {moments} B a working-set Gaussian moved each step (its "
+            f"gradients out, its parameters back); not built: moments in bfloat16 (not exact): "
+            f"{options['moments in bfloat16']:.0f} B")
+    else:
+        say(f"  Adam on the host (--offload-adam host): its moments in host memory, {moments} B a working-set "
+            f"Gaussian moved each step (its gradients out, its parameters back)")
     if measured:
         say(f"peak device memory {measured / 2**30:.2f} GiB measured; the items make "
             f"{store.step_device_bytes(k, tiles) / 2**30:.2f} GiB of the last step (its pool, its working set at "
             f"{peak:.0f} B a Gaussian less its pool rows, the index, the images, the view's buffers)")
     tiers, largest = _largest_models(store, n, k, say)
     sh3 = RowLayout(16, {name: np.zeros(0, dtype) for name, dtype in store.layout.statistics.items()})
-    on_paper = tier_bytes(sh3, k)
+    on_paper = tier_bytes(sh3, k, store.adam)
     ws3, index3, host3, disk3 = on_paper
     say(f"on paper, {paper / 1e9:g}B Gaussians at SH degree 3: device {index3 * paper / 2**30:,.1f} GiB for the "
         f"index and {ws3:.0f} B per working-set Gaussian, host {host3 * paper / 2**30:,.0f} GiB, disk "
@@ -345,7 +352,7 @@ def _largest_models(store, n, k, say):
     import os
     import shutil
     from engine.stores.offload.store import tier_bytes
-    tiers = tier_bytes(store.layout, k)
+    tiers = tier_bytes(store.layout, k, store.adam)
     device_ws, device_model, host, disk = tiers
     budget = store.device_budget
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -17,6 +17,7 @@ from ..math.jit import shared
 
 _ops = go.build(njit(cache=True))  # not inlined: parfors cannot analyse the inlined tuple math
 project_one, visit_tiles, project_backward_one = _ops.project, _ops.visit_tiles, _ops.project_backward
+project_backward_adam_one = _ops.project_backward_adam
 depth_key_one, emit_one, range_edges_one = _ops.depth_key, _ops.emit, _ops.range_edges
 screen_stats_one = _ops.screen_stats
 cull_one = _ops.cull
@@ -85,6 +86,22 @@ def project_backward(means, quats, scales, logits, sh, degree, cam, W, H, antial
     for n in prange(means.shape[0]):
         project_backward_one(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias, proj, counts, grad,
                              d_means, d_quats, d_scales, d_logits, d_sh, accumulate)
+
+
+@njit(parallel=True, cache=True)
+def project_backward_adam(means, quats, scales, logits, sh, degree, cam, W, H, antialias, proj, counts, grad,
+                          m_means, m_quats, m_scales, m_logits, m_sh, v_means, v_quats, v_scales, v_logits, v_sh,
+                          lr_means, lr_quats, lr_scales, lr_logits, lr_sh, visible, skip, b1, b2, eps, corrections):
+    """``project_backward`` with Adam's update of each Gaussian's parameters and moments (``m_*``,
+    ``v_*``; ``lr_*`` each group's per-column rates; ``corrections`` the bias corrections) in place of
+    writing its gradients; ``visible``: Gaussians not drawn keep their state; none where skip[0] is set."""
+    if skip[0] != 0:
+        return
+    hyper = (b1, b2, eps, corrections[0], corrections[1])
+    for n in prange(means.shape[0]):
+        project_backward_adam_one(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias, proj, counts,
+                                  grad, m_means, m_quats, m_scales, m_logits, m_sh, v_means, v_quats, v_scales,
+                                  v_logits, v_sh, lr_means, lr_quats, lr_scales, lr_logits, lr_sh, hyper, visible)
 
 
 @shared

@@ -2,9 +2,10 @@
 
 Per-Gaussian kernels run the bodies of ``numbasplat.math.gaussian_ops`` one thread per
 Gaussian (projection, binning, routing, and the projection's backward in two kernels: the SH
-gradients with coalesced row access, then the geometry).  The raster kernels run one 16x16
-thread block per tile and stream the tile's depth-sorted Gaussians through shared memory in
-batches of ``BLOCK``, built on the per-tile device functions of ``tile`` (shared with the
+gradients with coalesced row access, then the geometry; both also with Adam's update of the
+parameters in place of writing their gradients, ``project_backward_adam``).  The raster kernels
+run one 16x16 thread block per tile and stream the tile's depth-sorted Gaussians through shared
+memory in batches of ``BLOCK``, built on the per-tile device functions of ``tile`` (shared with the
 fused kernel); so does the contributions kernel (each pixel's dominant Gaussian, for pruning).
 The raster backward is compiled twice from one source: adding gradients with float atomics, and
 (``--deterministic``) into a slot per intersection and warp, summed per Gaussian in a fixed order
@@ -29,7 +30,7 @@ _ops = go.build(cuda.jit(device=True))
 project_one, cull_one = _ops.project, _ops.cull
 depth_key_one, emit_one, range_edges_one = _ops.depth_key, _ops.emit, _ops.range_edges
 screen_stats_one = _ops.screen_stats
-geometry_backward_one = _ops.geometry_backward
+geometry_backward_one, geometry_adam_one, adam_put = _ops.geometry_backward, _ops.geometry_adam, _ops.adam_put
 view_direction, colour_grad = _ops.view_direction, _ops.colour_grad
 route_one, route_fill_one = _ops.route, _ops.route_fill
 _store_pixel = cuda.jit(device=True, inline=True)(store_pixel)
@@ -150,79 +151,115 @@ def _next_item(g, k, step_g, step_k, width):
     return g, k
 
 
-@kernel(F2, F2, "int64", F1, F2, I1, F2, F2, F2, "boolean")
-def _sh_backward_kernel(means, sh, degree, cam, proj, counts, grad, d_sh, d_dir, accumulate):
-    """The SH gradients of a block of Gaussians in three phases, so that their 192-byte SH rows
-    are read and written coalesced (a thread per Gaussian would touch 32 cache lines per access):
-    1. a thread per Gaussian: basis and clamp-gated colour gradient, into shared memory;
-    2. a thread per (Gaussian, coefficient) item, in memory order: the coefficient's weight in
-       the view-direction gradient (reads ``sh``), then d_sh = basis * colour gradient (writes);
-    3. a thread per Gaussian: the view-direction gradient from those weights."""
-    basis = cuda.shared.array((SH_BLOCK, SH_PAD), float32)
-    weight = cuda.shared.array((SH_BLOCK, SH_PAD), float32)
-    dcol = cuda.shared.array((SH_BLOCK, 3), float32)
-    live = cuda.shared.array(SH_BLOCK, int32)
-    first = cuda.blockIdx.x * SH_BLOCK
-    n_here = min(SH_BLOCK, means.shape[0] - first)
-    t = cuda.threadIdx.x
-    used = int32((degree + 1) * (degree + 1))
-    if t < n_here:
-        n = first + t
-        live[t] = counts[n] > 0
-        if live[t]:
-            nx, ny, nz, inv = view_direction(n, means, cam)
-            b = sh_basis(degree, nx, ny, nz)
-            for k in range(16):
-                basis[t, k] = b[k]
-            dcol[t, 0], dcol[t, 1], dcol[t, 2] = colour_grad(n, proj, grad)
-    cuda.syncthreads()
-    c0 = cuda.local.array(SH_ILP, float32)
-    c1 = cuda.local.array(SH_ILP, float32)
-    c2 = cuda.local.array(SH_ILP, float32)
-    gs = cuda.local.array(SH_ILP, int32)
-    ks = cuda.local.array(SH_ILP, int32)
-    g, k, step_g, step_k = _first_item(used)
-    for r in range(SH_ROUNDS):
-        for j in range(SH_ILP):  # constant trip counts: unrolled, the loads independent
-            gs[j] = g
-            ks[j] = k
-            if g < n_here and live[g]:
+def _sh_backward(fused):
+    """The SH backward kernel; ``fused`` (a constant of its compilation, so the kernel without it
+    has no trace of it): Adam's update of each coefficient (and its moments ``m_sh``, ``v_sh``; rates
+    ``lr_sh``) in place of writing its gradient to ``d_sh`` (unread), none where skip[0] is set, and
+    with ``visible`` none of the Gaussians not drawn; without ``fused`` those arguments are unread."""
+    def kernel_fn(means, sh, degree, cam, proj, counts, grad, d_sh, d_dir, accumulate, m_sh, v_sh, lr_sh, visible,
+                  skip, b1, b2, eps, corrections):
+        """The SH gradients of a block of Gaussians in three phases, so that their 192-byte SH rows
+        are read and written coalesced (a thread per Gaussian would touch 32 cache lines per access):
+        1. a thread per Gaussian: basis and clamp-gated colour gradient, into shared memory;
+        2. a thread per (Gaussian, coefficient) item, in memory order: the coefficient's weight in
+           the view-direction gradient (reads ``sh``), then d_sh = basis * colour gradient (writes;
+           fused: the coefficient's Adam update, once every thread's reads are done);
+        3. a thread per Gaussian: the view-direction gradient from those weights."""
+        basis = cuda.shared.array((SH_BLOCK, SH_PAD), float32)
+        weight = cuda.shared.array((SH_BLOCK, SH_PAD), float32)
+        dcol = cuda.shared.array((SH_BLOCK, 3), float32)
+        live = cuda.shared.array(SH_BLOCK, int32)
+        if fused and skip[0] != 0:  # (the same for every thread: no barrier is left waiting)
+            return
+        first = cuda.blockIdx.x * SH_BLOCK
+        n_here = min(SH_BLOCK, means.shape[0] - first)
+        t = cuda.threadIdx.x
+        used = int32((degree + 1) * (degree + 1))
+        if t < n_here:
+            n = first + t
+            live[t] = counts[n] > 0
+            if live[t]:
+                nx, ny, nz, inv = view_direction(n, means, cam)
+                b = sh_basis(degree, nx, ny, nz)
+                for k in range(16):
+                    basis[t, k] = b[k]
+                dcol[t, 0], dcol[t, 1], dcol[t, 2] = colour_grad(n, proj, grad)
+        cuda.syncthreads()
+        c0 = cuda.local.array(SH_ILP, float32)
+        c1 = cuda.local.array(SH_ILP, float32)
+        c2 = cuda.local.array(SH_ILP, float32)
+        gs = cuda.local.array(SH_ILP, int32)
+        ks = cuda.local.array(SH_ILP, int32)
+        g, k, step_g, step_k = _first_item(used)
+        for r in range(SH_ROUNDS):
+            for j in range(SH_ILP):  # constant trip counts: unrolled, the loads independent
+                gs[j] = g
+                ks[j] = k
+                if g < n_here and live[g]:
+                    e = 3 * k
+                    c0[j] = sh[first + g, e]
+                    c1[j] = sh[first + g, e + 1]
+                    c2[j] = sh[first + g, e + 2]
+                g, k = _next_item(g, k, step_g, step_k, used)
+            for j in range(SH_ILP):
+                q = gs[j]
+                if q < n_here and live[q]:
+                    weight[q, ks[j]] = dcol[q, 0] * c0[j] + dcol[q, 1] * c1[j] + dcol[q, 2] * c2[j]
+        if fused:
+            cuda.syncthreads()  # every coefficient read for the weights before any is updated
+        width = int32(sh.shape[1] // 3)  # coefficients stored, maybe more than used: those get zeros
+        g, k, step_g, step_k = _first_item(width)
+        while g < n_here:
+            if fused:
+                if live[g] or not visible:
+                    _adam_coefficient(sh, m_sh, v_sh, lr_sh, first + g, 3 * k, live[g] != 0 and k < used, basis[g, k],
+                                      dcol, g, (b1, b2, eps, corrections[0], corrections[1]))
+            elif live[g] or not accumulate:
                 e = 3 * k
-                c0[j] = sh[first + g, e]
-                c1[j] = sh[first + g, e + 1]
-                c2[j] = sh[first + g, e + 2]
-            g, k = _next_item(g, k, step_g, step_k, used)
-        for j in range(SH_ILP):
-            q = gs[j]
-            if q < n_here and live[q]:
-                weight[q, ks[j]] = dcol[q, 0] * c0[j] + dcol[q, 1] * c1[j] + dcol[q, 2] * c2[j]
-    width = int32(d_sh.shape[1] // 3)  # coefficients stored, maybe more than used: those get zeros
-    g, k, step_g, step_k = _first_item(width)
-    while g < n_here:
-        if live[g] or not accumulate:
-            e = 3 * k
-            for c in range(3):
-                v = basis[g, k] * dcol[g, c] if live[g] and k < used else ZERO
-                if accumulate:
-                    v += d_sh[first + g, e + c]
-                d_sh[first + g, e + c] = v
-        g, k = _next_item(g, k, step_g, step_k, width)
-    cuda.syncthreads()
-    if t < n_here:
-        n = first + t
-        gx = gy = gz = ZERO
-        if live[t]:
-            nx, ny, nz, inv = view_direction(n, means, cam)
-            jx, jy, jz = sh_basis_jacobian(degree, nx, ny, nz)
-            for k in range(16):
-                if k < used:
-                    w = weight[t, k]
-                    gx += w * jx[k]
-                    gy += w * jy[k]
-                    gz += w * jz[k]
-        d_dir[n, 0] = gx
-        d_dir[n, 1] = gy
-        d_dir[n, 2] = gz
+                for c in range(3):
+                    v = basis[g, k] * dcol[g, c] if live[g] and k < used else ZERO
+                    if accumulate:
+                        v += d_sh[first + g, e + c]
+                    d_sh[first + g, e + c] = v
+            g, k = _next_item(g, k, step_g, step_k, width)
+        cuda.syncthreads()
+        if t < n_here:
+            n = first + t
+            gx = gy = gz = ZERO
+            if live[t]:
+                nx, ny, nz, inv = view_direction(n, means, cam)
+                jx, jy, jz = sh_basis_jacobian(degree, nx, ny, nz)
+                for k in range(16):
+                    if k < used:
+                        w = weight[t, k]
+                        gx += w * jx[k]
+                        gy += w * jy[k]
+                        gz += w * jz[k]
+            d_dir[n, 0] = gx
+            d_dir[n, 1] = gy
+            d_dir[n, 2] = gz
+
+    name = "_sh_adam_kernel" if fused else "_sh_backward_kernel"
+    kernel_fn.__name__ = kernel_fn.__qualname__ = name  # (its PTX cache key and its KERNELS entry)
+    return kernel(F2, F2, "int64", F1, F2, I1, F2, F2, F2, "boolean", F2, F2, F1, "boolean", I1,
+                  "float32", "float32", "float32", F1)(kernel_fn)
+
+
+@cuda.jit(device=True, inline=True)
+def _adam_coefficient(sh, m_sh, v_sh, lr_sh, n, e, drawn, basis, dcol, g, hyper):
+    """Adam's update of the 3 colour channels of one SH coefficient of Gaussian n (its columns e, e + 1,
+    e + 2), its gradient basis * colour gradient (row g of ``dcol``) where ``drawn``, else 0: the nine
+    loads first (a load cannot pass a store that may alias it)."""
+    p0, p1, p2 = sh[n, e], sh[n, e + 1], sh[n, e + 2]
+    m0, m1, m2 = m_sh[n, e], m_sh[n, e + 1], m_sh[n, e + 2]
+    v0, v1, v2 = v_sh[n, e], v_sh[n, e + 1], v_sh[n, e + 2]
+    adam_put(sh, m_sh, v_sh, n, e, p0, m0, v0, basis * dcol[g, 0] if drawn else ZERO, lr_sh[e], hyper)
+    adam_put(sh, m_sh, v_sh, n, e + 1, p1, m1, v1, basis * dcol[g, 1] if drawn else ZERO, lr_sh[e + 1], hyper)
+    adam_put(sh, m_sh, v_sh, n, e + 2, p2, m2, v2, basis * dcol[g, 2] if drawn else ZERO, lr_sh[e + 2], hyper)
+
+
+_sh_backward_kernel = _sh_backward(False)
+_sh_adam_kernel = _sh_backward(True)
 
 
 @kernel(F2, F2, F2, F1, F1, "int64", "int64", "boolean", I1, F2, F2, F2, F2, F2, F1, "boolean",
@@ -233,6 +270,21 @@ def _geometry_backward_kernel(means, quats, scales, logits, cam, W, H, antialias
     if n < means.shape[0]:
         geometry_backward_one(n, means, quats, scales, logits, cam, W, H, antialias, counts, grad,
                               d_dir[n, 0], d_dir[n, 1], d_dir[n, 2], d_means, d_quats, d_scales, d_logits, accumulate)
+
+
+@kernel(F2, F2, F2, F1, F1, "int64", "int64", "boolean", I1, F2, F2, F2, F2, F2, F1, F2, F2, F2, F1,
+        F1, F1, F1, F1, "boolean", I1, "float32", "float32", "float32", F1, max_registers=80)
+def _geometry_adam_kernel(means, quats, scales, logits, cam, W, H, antialias, counts, grad, d_dir,
+                          m_means, m_quats, m_scales, m_logits, v_means, v_quats, v_scales, v_logits,
+                          lr_means, lr_quats, lr_scales, lr_logits, visible, skip, b1, b2, eps, corrections):
+    """``_geometry_backward_kernel``'s gradients applied by Adam to each Gaussian's mean, rotation,
+    scale and opacity and their moments (``geometry_adam_body``), none where skip[0] is set."""
+    n = cuda.grid(1)
+    if n < means.shape[0] and skip[0] == 0:
+        geometry_adam_one(n, means, quats, scales, logits, cam, W, H, antialias, counts, grad,
+                          d_dir[n, 0], d_dir[n, 1], d_dir[n, 2], m_means, m_quats, m_scales, m_logits,
+                          v_means, v_quats, v_scales, v_logits, lr_means, lr_quats, lr_scales, lr_logits,
+                          (b1, b2, eps, corrections[0], corrections[1]), visible)
 
 
 @kernel(F2, I1, "int64", "int64", "int64", "int64", "int64[::1]", "int64", "int32[:, :, :, ::1]")
@@ -281,10 +333,45 @@ def project_backward(means, quats, scales, logits, sh, degree, cam, W, H, antial
                      d_means, d_quats, d_scales, d_logits, d_sh, accumulate):
     n = means.shape[0]
     d_dir = array_module().empty((n, 3), np.float32)
+    m, v, lr, skip, corrections = _no_adam()
     _sh_backward_kernel[(n + SH_BLOCK - 1) // SH_BLOCK, SH_BLOCK](means, sh, degree, cam, proj, counts, grad,
-                                                                   d_sh, d_dir, accumulate)
+                                                                   d_sh, d_dir, accumulate, m, v, lr, False,
+                                                                   skip, ZERO, ZERO, ZERO, corrections)
     _geometry_backward_kernel[per_item(n)](means, quats, scales, logits, cam, W, H, antialias, counts, grad,
                                            d_dir, d_means, d_quats, d_scales, d_logits, accumulate)
+
+
+def project_backward_adam(means, quats, scales, logits, sh, degree, cam, W, H, antialias, proj, counts, grad,
+                          m_means, m_quats, m_scales, m_logits, m_sh, v_means, v_quats, v_scales, v_logits, v_sh,
+                          lr_means, lr_quats, lr_scales, lr_logits, lr_sh, visible, skip, b1, b2, eps, corrections):
+    """``project_backward`` with Adam's update in place of writing the gradients (the arguments of
+    ``numbasplat.cpu.project_backward_adam``): the same two launches, the SH kernel updating the sh
+    group, the geometry kernel the others."""
+    n = means.shape[0]
+    d_dir = array_module().empty((n, 3), np.float32)
+    no_d_sh = _no_adam()[0]
+    _sh_adam_kernel[(n + SH_BLOCK - 1) // SH_BLOCK, SH_BLOCK](means, sh, degree, cam, proj, counts, grad, no_d_sh,
+                                                               d_dir, False, m_sh, v_sh, lr_sh, visible, skip, b1, b2,
+                                                               eps, corrections)
+    _geometry_adam_kernel[per_item(n)](means, quats, scales, logits, cam, W, H, antialias, counts, grad, d_dir,
+                                       m_means, m_quats, m_scales, m_logits, v_means, v_quats, v_scales, v_logits,
+                                       lr_means, lr_quats, lr_scales, lr_logits, visible, skip, b1, b2, eps,
+                                       corrections)
+
+
+_NO_ADAM = {}
+
+
+def _no_adam():
+    """The (unread) Adam arguments of the SH backward kernel without ``fused``: moments, rates, skip flag,
+    bias corrections; the first also its ``d_sh`` with ``fused``.  Arrays of their own, none the
+    kernel's others: the simulator copies each array argument back after a launch, so one passed
+    twice would come back as one of its copies."""
+    xp = array_module()
+    if xp not in _NO_ADAM:
+        _NO_ADAM[xp] = (xp.zeros((1, 3), np.float32), xp.zeros((1, 3), np.float32), xp.zeros(1, np.float32),
+                        xp.zeros(1, np.int32), xp.ones(2, np.float32))
+    return _NO_ADAM[xp]
 
 
 # --------------------------------------------------------------------------- per tile

@@ -1,4 +1,6 @@
-"""One Adam update of one element of the flat parameter buffer, for both backends' kernels.
+"""One Adam update of one element of the flat parameter buffer, for both backends' kernels: the
+separate Adam kernels, and the projection backward's kernels that apply it as they compute the
+gradients (``gaussian_ops``' ``*_adam_body``, ``rendering.project_backward_adam``).
 
 ``adam_element`` finds an element's learning rate, Gaussian and column from the buffer's layout
 (groups of N * width values, a rate per column of a group); it is plain Python, compiled by each backend (an

@@ -16,6 +16,7 @@ from numpy import float32 as f32
 from types import SimpleNamespace
 
 from . import geometry as geo
+from .adam import adam_update
 from .jit import shared
 from .sh import sh_basis, sh_basis_jacobian
 
@@ -272,6 +273,15 @@ def build(jit):
             radii[n, 1] = 0
 
     @jit
+    def sh_terms(n, means, degree, cam, proj, grad):
+        """What Gaussian n's SH backward reads of its view: the basis and its Jacobian in the view
+        direction, the coefficients used at ``degree``, and the colour gradient."""
+        nx, ny, nz, inv = view_direction(n, means, cam)
+        jx, jy, jz = sh_basis_jacobian(degree, nx, ny, nz)
+        g0, g1, g2 = colour_grad(n, proj, grad)
+        return sh_basis(degree, nx, ny, nz), jx, jy, jz, (degree + 1) * (degree + 1), g0, g1, g2
+
+    @jit
     def sh_backward_body(n, means, sh, degree, cam, proj, counts, grad, d_sh, accumulate):
         """The SH gradients of Gaussian n (``sh`` and ``d_sh`` as (N, K*3) rows, coefficient-major);
         returns the gradient w.r.t. its view direction.  Clamped colour channels (the forward's
@@ -284,11 +294,7 @@ def build(jit):
                 for e in range(d_sh.shape[1]):
                     d_sh[n, e] = 0
             return gx, gy, gz
-        nx, ny, nz, inv = view_direction(n, means, cam)
-        b = sh_basis(degree, nx, ny, nz)
-        jx, jy, jz = sh_basis_jacobian(degree, nx, ny, nz)
-        used = (degree + 1) * (degree + 1)
-        g0, g1, g2 = colour_grad(n, proj, grad)
+        b, jx, jy, jz, used, g0, g1, g2 = sh_terms(n, means, degree, cam, proj, grad)
         for k in range(16):  # a constant trip count: unrolled, so b[k] etc. are registers, not lookups
             e = 3 * k
             if k < used:
@@ -305,12 +311,54 @@ def build(jit):
                 d_sh[n, e + 2] = 0
         return gx, gy, gz
 
+    def geometry_grads(put_logit):
+        """``geometry_grads_body`` compiled with ``put_logit(out, n, gradient)``, which takes Gaussian n's
+        opacity logit gradient as soon as it is known (stored, or applied), so that it is not held
+        through the rest."""
+        @jit
+        def geometry_grads_body(n, means, quats, scales, logits, cam, W, H, antialias, grad, gx, gy, gz, out):
+            """Gaussian n's gradients from its screen-space gradient record and (gx, gy, gz), the gradient
+            w.r.t. its view direction (``sh_backward_body``), for a Gaussian that is drawn (tiles): its
+            opacity logit's to ``put_logit(out, n, .)``; -> (mean x, y, z; rotation w, x, y, z; log-scale
+            x, y, z)."""
+            view = (cam[0], cam[1], cam[2], cam[3], cam[4], cam[5], cam[6], cam[7], cam[8], cam[9], cam[10],
+                    cam[11])
+            mx = means[n, 0]
+            my = means[n, 1]
+            mz = means[n, 2]
+            qw = quats[n, 0]
+            qx = quats[n, 1]
+            qy = quats[n, 2]
+            qz = quats[n, 3]
+            ok, u, v, depth, ca, cb, cc, comp, pa, pb, pc = geo.project(
+                mx, my, mz, qw, qx, qy, qz, scales[n, 0], scales[n, 1], scales[n, 2],
+                view, cam[12], cam[13], cam[14], cam[15], W, H, antialias)
+            s = sigmoid(logits[n])
+            d_opac = grad[n, OPAC]
+            put_logit(out, n, d_opac * comp * s * (f32(1.0) - s))
+            dmx, dmy, dmz, dqw, dqx, dqy, dqz, dl0, dl1, dl2 = geo.project_vjp(
+                mx, my, mz, qw, qx, qy, qz, scales[n, 0], scales[n, 1], scales[n, 2],
+                view, cam[12], cam[13], cam[14], cam[15], W, H, antialias,
+                grad[n, U], grad[n, V], grad[n, DEPTH], grad[n, CA], grad[n, CB], grad[n, CC], d_opac * s)
+            # the colour's view-direction term: through the normalisation of (mean - camera centre)
+            nx, ny, nz, inv = view_direction(n, means, cam)
+            dot = nx * gx + ny * gy + nz * gz
+            return (dmx + (gx - nx * dot) * inv, dmy + (gy - ny * dot) * inv, dmz + (gz - nz * dot) * inv,
+                    dqw, dqx, dqy, dqz, dl0, dl1, dl2)
+        return geometry_grads_body
+
+    @jit
+    def store_logit(out, n, g):
+        """``geometry_grads``' logit gradient into out = (d_logits, accumulate)."""
+        store1(out[0], n, g, out[1])
+
+    geometry_grads_stored = geometry_grads(store_logit)
+
     @jit
     def geometry_backward_body(n, means, quats, scales, logits, cam, W, H, antialias, counts, grad, gx, gy, gz,
                                d_means, d_quats, d_scales, d_logits, accumulate):
-        """Gaussian n's mean, rotation, scale and opacity gradients from its screen-space gradient
-        record and (gx, gy, gz), the gradient w.r.t. its view direction (``sh_backward_body``).
-        Written over the outputs, or added to them (``accumulate``)."""
+        """Gaussian n's mean, rotation, scale and opacity gradients (``geometry_grads``), written over
+        the outputs, or added to them (``accumulate``)."""
         if counts[n] == 0:  # culled: its gradient is zero
             if not accumulate:
                 for j in range(3):
@@ -320,37 +368,126 @@ def build(jit):
                     d_quats[n, j] = 0
                 d_logits[n] = 0
             return
-        view = (cam[0], cam[1], cam[2], cam[3], cam[4], cam[5], cam[6], cam[7], cam[8], cam[9], cam[10], cam[11])
-        mx = means[n, 0]
-        my = means[n, 1]
-        mz = means[n, 2]
-        qw = quats[n, 0]
-        qx = quats[n, 1]
-        qy = quats[n, 2]
-        qz = quats[n, 3]
-        ok, u, v, depth, ca, cb, cc, comp, pa, pb, pc = geo.project(
-            mx, my, mz, qw, qx, qy, qz, scales[n, 0], scales[n, 1], scales[n, 2],
-            view, cam[12], cam[13], cam[14], cam[15], W, H, antialias)
-        s = sigmoid(logits[n])
-        d_opac = grad[n, OPAC]
-        store1(d_logits, n, d_opac * comp * s * (f32(1.0) - s), accumulate)
-        dmx, dmy, dmz, dqw, dqx, dqy, dqz, dl0, dl1, dl2 = geo.project_vjp(
-            mx, my, mz, qw, qx, qy, qz, scales[n, 0], scales[n, 1], scales[n, 2],
-            view, cam[12], cam[13], cam[14], cam[15], W, H, antialias,
-            grad[n, U], grad[n, V], grad[n, DEPTH], grad[n, CA], grad[n, CB], grad[n, CC], d_opac * s)
-        # the colour's view-direction term: through the normalisation of (mean - camera centre)
-        nx, ny, nz, inv = view_direction(n, means, cam)
-        dot = nx * gx + ny * gy + nz * gz
-        store2(d_means, n, 0, dmx + (gx - nx * dot) * inv, accumulate)
-        store2(d_means, n, 1, dmy + (gy - ny * dot) * inv, accumulate)
-        store2(d_means, n, 2, dmz + (gz - nz * dot) * inv, accumulate)
-        store2(d_quats, n, 0, dqw, accumulate)
-        store2(d_quats, n, 1, dqx, accumulate)
-        store2(d_quats, n, 2, dqy, accumulate)
-        store2(d_quats, n, 3, dqz, accumulate)
-        store2(d_scales, n, 0, dl0, accumulate)
-        store2(d_scales, n, 1, dl1, accumulate)
-        store2(d_scales, n, 2, dl2, accumulate)
+        d = geometry_grads_stored(n, means, quats, scales, logits, cam, W, H, antialias, grad, gx, gy, gz,
+                                  (d_logits, accumulate))
+        store2(d_means, n, 0, d[0], accumulate)
+        store2(d_means, n, 1, d[1], accumulate)
+        store2(d_means, n, 2, d[2], accumulate)
+        store2(d_quats, n, 0, d[3], accumulate)
+        store2(d_quats, n, 1, d[4], accumulate)
+        store2(d_quats, n, 2, d[5], accumulate)
+        store2(d_quats, n, 3, d[6], accumulate)
+        store2(d_scales, n, 0, d[7], accumulate)
+        store2(d_scales, n, 1, d[8], accumulate)
+        store2(d_scales, n, 2, d[9], accumulate)
+
+    # ---- the projection backward with Adam's update fused (``rendering.project_backward_adam``): each
+    # gradient goes into its parameter's update (``numbasplat.math.adam``) instead of a gradient buffer.
+    # ``hyper``: (b1, b2, eps, bias correction 1, bias correction 2) of the step.
+
+    @jit
+    def adam_put(a, m, v, n, j, p, mo, vo, g, lr, hyper):
+        """Adam's update of a[n, j] (moments m[n, j], v[n, j]; their values p, mo, vo loaded before) by the
+        gradient g at rate lr."""
+        a[n, j], m[n, j], v[n, j] = adam_update(p, g, mo, vo, lr, hyper[0], hyper[1], hyper[2], hyper[3], hyper[4])
+
+    @jit
+    def adam_row3(a, m, v, n, g0, g1, g2, lr, hyper):
+        """Adam's update of row n of a group 3 wide: every load before the first store (the compiler
+        cannot move a load past a store that may alias it, so interleaved they would wait on each other)."""
+        p0, p1, p2 = a[n, 0], a[n, 1], a[n, 2]
+        m0, m1, m2 = m[n, 0], m[n, 1], m[n, 2]
+        v0, v1, v2 = v[n, 0], v[n, 1], v[n, 2]
+        adam_put(a, m, v, n, 0, p0, m0, v0, g0, lr[0], hyper)
+        adam_put(a, m, v, n, 1, p1, m1, v1, g1, lr[1], hyper)
+        adam_put(a, m, v, n, 2, p2, m2, v2, g2, lr[2], hyper)
+
+    @jit
+    def adam_row4(a, m, v, n, g0, g1, g2, g3, lr, hyper):
+        """``adam_row3`` of a group 4 wide."""
+        p0, p1, p2, p3 = a[n, 0], a[n, 1], a[n, 2], a[n, 3]
+        m0, m1, m2, m3 = m[n, 0], m[n, 1], m[n, 2], m[n, 3]
+        v0, v1, v2, v3 = v[n, 0], v[n, 1], v[n, 2], v[n, 3]
+        adam_put(a, m, v, n, 0, p0, m0, v0, g0, lr[0], hyper)
+        adam_put(a, m, v, n, 1, p1, m1, v1, g1, lr[1], hyper)
+        adam_put(a, m, v, n, 2, p2, m2, v2, g2, lr[2], hyper)
+        adam_put(a, m, v, n, 3, p3, m3, v3, g3, lr[3], hyper)
+
+    @jit
+    def adam_one(a, m, v, n, g, lr, hyper):
+        """Adam's update of a[n] (a group 1 wide)."""
+        a[n], m[n], v[n] = adam_update(a[n], g, m[n], v[n], lr[0], hyper[0], hyper[1], hyper[2], hyper[3], hyper[4])
+
+    @jit
+    def adam_logit(out, n, g):
+        """``geometry_grads``' logit gradient applied by Adam: out = (logits, m, v, rates, hyper)."""
+        adam_one(out[0], out[1], out[2], n, g, out[3], out[4])
+
+    geometry_grads_applied = geometry_grads(adam_logit)
+
+    @jit
+    def geometry_adam_body(n, means, quats, scales, logits, cam, W, H, antialias, counts, grad, gx, gy, gz,
+                           m_means, m_quats, m_scales, m_logits, v_means, v_quats, v_scales, v_logits,
+                           lr_means, lr_quats, lr_scales, lr_logits, hyper, visible):
+        """``geometry_backward_body``'s gradients applied by Adam to Gaussian n's mean, rotation, scale
+        and opacity (and their moments ``m_*``, ``v_*``; ``lr_*`` each group's per-column rates); a
+        Gaussian that is not drawn has gradient 0, and with ``visible`` keeps its state."""
+        if counts[n] == 0:
+            if not visible:
+                z = f32(0.0)
+                adam_one(logits, m_logits, v_logits, n, z, lr_logits, hyper)
+                adam_row3(means, m_means, v_means, n, z, z, z, lr_means, hyper)
+                adam_row4(quats, m_quats, v_quats, n, z, z, z, z, lr_quats, hyper)
+                adam_row3(scales, m_scales, v_scales, n, z, z, z, lr_scales, hyper)
+            return
+        d = geometry_grads_applied(n, means, quats, scales, logits, cam, W, H, antialias, grad, gx, gy, gz,
+                                   (logits, m_logits, v_logits, lr_logits, hyper))
+        adam_row3(means, m_means, v_means, n, d[0], d[1], d[2], lr_means, hyper)
+        adam_row4(quats, m_quats, v_quats, n, d[3], d[4], d[5], d[6], lr_quats, hyper)
+        adam_row3(scales, m_scales, v_scales, n, d[7], d[8], d[9], lr_scales, hyper)
+
+    @jit
+    def sh_adam_body(n, means, sh, degree, cam, proj, counts, grad, m_sh, v_sh, lr_sh, hyper, visible):
+        """``sh_backward_body``'s gradients applied by Adam to Gaussian n's SH coefficients (``sh``,
+        ``m_sh``, ``v_sh`` as (N, K*3) rows; ``lr_sh`` their per-column rates), each coefficient read
+        for the view-direction gradient before it is updated; -> that gradient.  A Gaussian that is
+        not drawn has gradient 0, and with ``visible`` keeps its state."""
+        gx = f32(0.0)
+        gy = f32(0.0)
+        gz = f32(0.0)
+        z = f32(0.0)
+        if counts[n] == 0:
+            if not visible:
+                for e in range(sh.shape[1]):
+                    adam_put(sh, m_sh, v_sh, n, e, sh[n, e], m_sh[n, e], v_sh[n, e], z, lr_sh[e], hyper)
+            return gx, gy, gz
+        b, jx, jy, jz, used, g0, g1, g2 = sh_terms(n, means, degree, cam, proj, grad)
+        for k in range(16):  # (as in sh_backward_body)
+            e = 3 * k
+            if k < used:
+                w = g0 * sh[n, e] + g1 * sh[n, e + 1] + g2 * sh[n, e + 2]
+                gx += w * jx[k]
+                gy += w * jy[k]
+                gz += w * jz[k]
+                for c in range(3):
+                    adam_put(sh, m_sh, v_sh, n, e + c, sh[n, e + c], m_sh[n, e + c], v_sh[n, e + c],
+                             b[k] * (g0 if c == 0 else g1 if c == 1 else g2), lr_sh[e + c], hyper)
+            elif e < sh.shape[1]:
+                for c in range(3):
+                    adam_put(sh, m_sh, v_sh, n, e + c, sh[n, e + c], m_sh[n, e + c], v_sh[n, e + c], z,
+                             lr_sh[e + c], hyper)
+        return gx, gy, gz
+
+    @jit
+    def project_backward_adam_body(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias, proj, counts,
+                                   grad, m_means, m_quats, m_scales, m_logits, m_sh, v_means, v_quats, v_scales,
+                                   v_logits, v_sh, lr_means, lr_quats, lr_scales, lr_logits, lr_sh, hyper, visible):
+        """``project_backward_body``'s gradients of Gaussian n applied by Adam to its parameters and
+        moments (``sh_adam_body``, ``geometry_adam_body``)."""
+        gx, gy, gz = sh_adam_body(n, means, sh, degree, cam, proj, counts, grad, m_sh, v_sh, lr_sh, hyper, visible)
+        geometry_adam_body(n, means, quats, scales, logits, cam, W, H, antialias, counts, grad, gx, gy, gz,
+                           m_means, m_quats, m_scales, m_logits, v_means, v_quats, v_scales, v_logits,
+                           lr_means, lr_quats, lr_scales, lr_logits, hyper, visible)
 
     @jit
     def project_backward_body(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias, proj, counts, grad,
@@ -368,4 +505,6 @@ def build(jit):
                            route_fill=route_fill_body,
                            project_backward=project_backward_body,
                            view_direction=view_direction, colour_grad=colour_grad,
-                           geometry_backward=geometry_backward_body)
+                           geometry_backward=geometry_backward_body,
+                           project_backward_adam=project_backward_adam_body, geometry_adam=geometry_adam_body,
+                           adam_put=adam_put)

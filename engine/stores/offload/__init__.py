@@ -41,6 +41,11 @@ what any view of its batch sees) or of the pixel exchange
 (``engine.pipelines.pixel_exchange.OffloadedPixelExchangeTrainer``: the Gaussians of the rank's box that its view of
 the step sees).
 
+With ``--offload-adam host`` (issue 60's CLM option) Adam's moments never reach the device: the pool's rows
+hold the parameters and statistics alone, and a working set's update runs on the host, on its rows in the
+host's tier (``host_adam.HostAdam``: its gradients to the host, the new parameters back to the pool), the same
+update as the device's to the bit on the CPU backend (tested).
+
 The device's budget (``--gpu-memory``) is spent on block slots, each holding a block's rows and room for
 them in a step's working set: ``store.working_set_bytes`` itemises a working-set Gaussian's device bytes
 from the sizes the code allocates, ``store.tier_bytes`` each tier's bytes per Gaussian (``run.py scaling
@@ -48,7 +53,7 @@ from the sizes the code allocates, ``store.tier_bytes`` each tier's bytes per Ga
 
 The package: ``layout`` (the blocks' index, a row's layout, a working set's rows), ``tiers`` (host
 memory, disk), ``cache`` (the device's pool of blocks, the boxes in flight), ``chunked`` (a view in
-chunks), ``store`` (the store).
+chunks), ``host_adam`` (Adam on the host), ``store`` (the store).
 
 Rows keep the in-memory model's order, so the working set binned and sorted on the device ties as
 the whole model would, and the strategy's random draws fall on the same Gaussians: offloaded
@@ -66,21 +71,22 @@ through page-locked staging buffers on a GPU (``numbasplat.device.StagingRing``)
 from dataclasses import replace
 
 from .cache import BoxesInFlight, DeviceCache
+from .host_adam import ADAM_PLACES, HostAdam
 from .layout import BLOCK_ROWS, BlockIndex, RowLayout, WorkingRows, format_bytes, frustum_part
 from .store import GPU_SHARE, OutOfCoreModel, OutOfCoreStore
 from .tiers import DiskBlocks, HostBlocks, own_memory
 
-__all__ = ["BLOCK_ROWS", "GPU_SHARE", "BlockIndex", "BoxesInFlight", "DeviceCache", "DiskBlocks",
-           "HostBlocks", "OutOfCoreModel", "OutOfCoreStore", "RowLayout", "WorkingRows",
+__all__ = ["ADAM_PLACES", "BLOCK_ROWS", "GPU_SHARE", "BlockIndex", "BoxesInFlight", "DeviceCache", "DiskBlocks",
+           "HostAdam", "HostBlocks", "OutOfCoreModel", "OutOfCoreStore", "RowLayout", "WorkingRows",
            "format_bytes", "frustum_part", "out_of_core", "own_memory"]
 
 
 
 def out_of_core(options, mode="host", offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True,
-                block_rows=BLOCK_ROWS, shard=False):
+                block_rows=BLOCK_ROWS, shard=False, adam="device"):
     """-> (``options`` (``PipelineOptions``) with the out-of-core ones, the ``OutOfCoreStore`` they ask
     for): what a pipeline's constructor gives ``Trainer.__init__``, which checks the options and opens
-    the store.  ``shard``: the store holds a rank's shard."""
+    the store.  ``shard``: the store holds a rank's shard; ``adam``: where Adam runs (``--offload-adam``)."""
     options = replace(options, offload=mode, offload_dir=offload_dir, host_memory=host_memory,
-                      gpu_memory=gpu_memory)
-    return options, OutOfCoreStore(mode, offload_dir, host_memory, gpu_memory, prefetch, block_rows, shard)
+                      gpu_memory=gpu_memory, offload_adam=adam)
+    return options, OutOfCoreStore(mode, offload_dir, host_memory, gpu_memory, prefetch, block_rows, shard, adam)

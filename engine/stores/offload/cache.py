@@ -13,6 +13,32 @@ from numbasplat.rows import pool_rows, reach_boxes
 
 from engine.pipelines.partition import REACH
 
+
+def copy_columns(dst, dst_row, src, src_row, rows, spans, stream=None):
+    """``device.copy_rows`` of the columns ``spans`` alone ((``src``'s first column, ``dst``'s first column,
+    columns), ...), between row tables of different widths, host or device either side, a 2-D copy a span
+    queued as ``copy_rows``' (the same rules); ``spans`` None: whole rows of one width (``copy_rows``).  Rows
+    move so between the host's tier and a pool without Adam's moments (``--offload-adam host``)."""
+    if spans is None:
+        device.copy_rows(dst, dst_row, src, src_row, rows, stream)
+        return
+    dst_row, src_row, rows = int(dst_row), int(src_row), int(rows)
+    if not _backend.is_device(dst) and not _backend.is_device(src):
+        for a, c, k in spans:
+            dst[dst_row:dst_row + rows, c:c + k] = src[src_row:src_row + rows, a:a + k]
+        return
+    if rows == 0:
+        return
+    import cupy
+    handle = stream.stream.ptr if stream is not None else cupy.cuda.get_current_stream().ptr
+    pointer = (lambda x: x.data.ptr if _backend.is_device(x) else x.ctypes.data)
+    size = src.itemsize
+    for a, c, k in spans:
+        cupy.cuda.runtime.memcpy2DAsync(pointer(dst) + dst_row * dst.strides[0] + c * size, dst.strides[0],
+                                        pointer(src) + src_row * src.strides[0] + a * size, src.strides[0],
+                                        k * size, rows, cupy.cuda.runtime.memcpyDefault, handle)
+
+
 class DeviceCache:
     """The blocks resident on the device: one pool of ``slots`` slots of ``block_rows`` rows
     (a block's table in a slot), the least recently used block out first (back to ``host`` if a
@@ -28,18 +54,25 @@ class DeviceCache:
     (``staging``: ``device.StagingRing`` of ``STAGING_BLOCKS`` blocks each), a copy a block queued
     without the host waiting for it; elsewhere, or with ``staged`` False, in one gathered copy each way,
     which the host waits for on a GPU.  (On a GPU ``prefetch`` does nothing there: disk mode reads the
-    next blocks ahead on a thread, ``DiskBlocks.prefetch``.)"""
+    next blocks ahead on a thread, ``DiskBlocks.prefetch``.)
+
+    ``pool_layout``: the pool's rows, ``layout`` (the host's rows) or where Adam runs on the host
+    (``--offload-adam host``) ``layout.without_moments()``: then only the parameters' and the statistics'
+    columns move (``spans``), and a block goes back into its host rows' columns, its moments there kept."""
 
     INDEX_BYTES = 16  # a Gaussian's block and place in it on the device (int32 each), and ``pool_rows``' scan
     STAGING_BLOCKS = 32  # blocks a staging buffer holds (two buffers: 2 x 32 x 4096 rows of 720 B at SH 3, 189 MB)
     staged = None  # moves without ``direct`` through ``staging``: None on GPUs only; True, False: always, never
 
-    def __init__(self, xp, layout, block_rows, slots, index, direct=None):
+    def __init__(self, xp, layout, block_rows, slots, index, direct=None, pool_layout=None):
         self.xp, self.block_rows, self.direct = xp, block_rows, direct
+        pool_layout = layout if pool_layout is None else pool_layout
+        self.spans = layout.spans_in(pool_layout)  # (host column, pool column, columns), None: whole rows
+        self.back = None if self.spans is None else tuple((c, a, k) for a, c, k in self.spans)  # (pool to host)
         blocks = index.blocks
         self.block, self.position = xp.asarray(index.block, np.int32), xp.asarray(index.position, np.int32)
         self.slots = int(min(slots, blocks))
-        self.pool = xp.empty((self.slots * block_rows, layout.columns_total), np.float32)
+        self.pool = xp.empty((self.slots * block_rows, pool_layout.columns_total), np.float32)
         self.slot = np.full(blocks, -1, np.int64)  # each block's slot (-1: not resident)
         self.free = list(range(self.slots))[::-1]
         self.lru = OrderedDict()  # resident blocks, the most recently used last
@@ -48,7 +81,7 @@ class DeviceCache:
         self.copies = device.CopyStream()
         self.moved_bytes = self.hits = self.misses = 0
         staged = _backend.is_device(self.pool) if self.staged is None else self.staged
-        self.staging = (device.StagingRing(self.STAGING_BLOCKS * block_rows, layout.columns_total)
+        self.staging = (device.StagingRing(self.STAGING_BLOCKS * block_rows, pool_layout.columns_total)
                         if direct is None and staged else None)
 
     def fetch(self, blocks, index, host):
@@ -104,11 +137,11 @@ class DeviceCache:
             self.lru[b] = None
         if self.direct is not None:  # a copy a block, host rows to slot, queued
             for b in missing:
-                device.copy_rows(self.pool, self.slot[b] * self.block_rows, self.direct, index.starts[b],
-                                   index.sizes[b], stream)
+                copy_columns(self.pool, self.slot[b] * self.block_rows, self.direct, index.starts[b],
+                             index.sizes[b], self.spans, stream)
             self.moved_bytes += int(index.sizes[missing].sum()) * self.pool.strides[0]
             return
-        tables = [host.get(b) for b in missing]
+        tables = [self.pool_part(host.get(b)) for b in missing]
         self.moved_bytes += sum(t.nbytes for t in tables)
         if self.staging is not None:  # a copy a block, from a page-locked buffer to its slot, queued
             self.staging.upload(tables, self.pool, [int(self.slot[b]) * self.block_rows for b in missing], stream)
@@ -119,12 +152,14 @@ class DeviceCache:
         """Every block resident at once: ``table`` (host or device) holds the rows block by block,
         block b from row b * ``block_rows`` (``BlockIndex``'s blocks are full but the last), so
         it is the pool with block b in slot b."""
-        if self.xp is np or _backend.is_device(table):
+        if self.spans is not None:  # (the pool's columns alone, straight into it)
+            copy_columns(self.pool, 0, table, 0, len(table), self.spans)
+        elif self.xp is np or _backend.is_device(table):
             self.pool[:len(table)] = table
         else:  # (straight into the pool: no device copy of the table beside it)
             self.pool[:len(table)].set(np.ascontiguousarray(table))
         if not _backend.is_device(table):  # (from the host, as ``fetch`` counts)
-            self.moved_bytes += table.nbytes
+            self.moved_bytes += len(table) * self.pool.strides[0]
         self.slot[:] = np.arange(len(self.slot))
         self.free = []
         self.lru = OrderedDict.fromkeys(range(len(self.slot)))
@@ -166,6 +201,24 @@ class DeviceCache:
         (lo, hi), (len(starts), 3)."""
         return reach_boxes(self.pool, starts, sizes, layout.columns["means"][0], layout.columns["scales"][0], REACH)
 
+    def pool_part(self, table):
+        """The columns that the pool holds of host rows ``table``: ``table`` itself where it holds whole rows."""
+        if self.spans is None:
+            return table
+        out = np.empty((len(table), self.pool.shape[1]), np.float32)
+        copy_columns(out, 0, table, 0, len(table), self.spans)
+        return out
+
+    def put_back(self, host, b, rows):
+        """Block ``b``'s ``rows`` as the pool holds them back to ``host``: whole rows as they are, else into
+        its host rows' columns (``host.get``'s, put again: the moments there kept)."""
+        if self.spans is None:
+            host.put(b, rows)
+            return
+        held = host.get(b)
+        copy_columns(held, 0, rows, 0, len(rows), self.back)
+        host.put(b, held)
+
     def _rows_of(self, blocks, index):
         """The pool rows of resident ``blocks``' Gaussians, block after block."""
         sizes = index.sizes[blocks]
@@ -179,21 +232,21 @@ class DeviceCache:
             return
         if self.direct is not None:
             for b in blocks:
-                device.copy_rows(self.direct, index.starts[b], self.pool, self.slot[b] * self.block_rows,
-                                   index.sizes[b], stream)
+                copy_columns(self.direct, index.starts[b], self.pool, self.slot[b] * self.block_rows,
+                             index.sizes[b], self.back, stream)
             self.moved_bytes += int(index.sizes[blocks].sum()) * self.pool.strides[0]
             return
         if self.staging is not None:  # a copy a block, from its slot into a page-locked buffer, then ``host.put``
             sizes = [int(index.sizes[b]) for b in blocks]
             slots = [int(self.slot[b]) * self.block_rows for b in blocks]
             for b, table in zip(blocks, self.staging.download(self.pool, slots, sizes, stream)):
-                host.put(b, table)  # (a copy: the buffer is used again)
+                self.put_back(host, b, table)  # (a copy: the buffer is used again)
             self.moved_bytes += sum(sizes) * self.pool.strides[0]
             return
         tables = _backend.to_host(self.pool[self.xp.asarray(self._rows_of(blocks, index))])  # (a new array)
         ends = np.cumsum(index.sizes[blocks])
         for b, start, end in zip(blocks, ends - index.sizes[blocks], ends):
-            host.put(b, tables[start:end])
+            self.put_back(host, b, tables[start:end])
         self.moved_bytes += tables.nbytes
 
 

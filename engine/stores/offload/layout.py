@@ -80,22 +80,44 @@ class RowLayout:
     """A Gaussian's row of the out-of-core tables, float32: its parameters, both Adam moments (each in
     ``GROUPS`` order, ``width`` columns) and the strategy's statistics (counts exact up to 2**24).
     ``plan``: where each column goes in a model's flat buffers held back to back (``numbasplat.math.rows``),
-    so that rows move between a table and a model in one kernel each way."""
+    so that rows move between a table and a model in one kernel each way.
 
-    def __init__(self, sh_bases, statistics):
+    ``moments`` False: the row of the device's pool where Adam runs on the host (``--offload-adam host``),
+    the parameters and the statistics alone (``without_moments``); the moments stay in the host's tier."""
+
+    def __init__(self, sh_bases, statistics, moments=True):
         self.sh_bases = sh_bases
         widths = group_widths(sh_bases)
         self.width = w = sum(widths.values())
         starts = np.cumsum([0] + [widths[g] for g in GROUPS])
         self.columns = {g: (int(starts[i]), int(starts[i + 1])) for i, g in enumerate(GROUPS)}
         self.statistics = {k: np.dtype(a.dtype) for k, a in statistics.items()}  # name: dtype
-        self.columns_total = 3 * w + len(self.statistics)
+        self.moments = moments
+        self.parts = ("params", "m", "v") if moments else ("params",)  # the flat buffers a row holds, in order
+        self.first_statistic = len(self.parts) * w
+        self.columns_total = self.first_statistic + len(self.statistics)
         self.row_bytes = 4 * self.columns_total
-        plan = [(i * w + a, b - a, c) for i in range(3) for a, b in self.columns.values() for c in range(b - a)]
-        plan += [(3 * w + j, 1, 0) for j in range(len(self.statistics))]
+        plan = [(i * w + a, b - a, c) for i in range(len(self.parts)) for a, b in self.columns.values()
+                for c in range(b - a)]
+        plan += [(self.first_statistic + j, 1, 0) for j in range(len(self.statistics))]
         plan = [p + (j,) for j, p in enumerate(plan)]
         self.plan = np.ascontiguousarray(np.array(plan, np.int32).T)  # (4, columns): a, b, d, the column
         self._plans = {}
+
+    def without_moments(self):
+        """This layout's row without Adam's moments (the device's pool under ``--offload-adam host``)."""
+        if not self.moments:
+            return self
+        return RowLayout(self.sh_bases, {k: np.zeros(0, dtype) for k, dtype in self.statistics.items()}, moments=False)
+
+    def spans_in(self, pool):
+        """-> ((this row's first column, ``pool``'s row's first column, columns), ...): where the columns of
+        ``pool`` (this layout, or ``without_moments``) lie in this layout's row: the parameters and the
+        statistics; None where ``pool`` holds the whole row."""
+        if pool.columns_total == self.columns_total:
+            return None
+        w = self.width
+        return ((0, 0, w), (self.first_statistic, pool.first_statistic, len(self.statistics)))
 
     def saved_arrays(self):
         """-> [(part, name, the table's columns (a, b), the array's shape past its rows, dtype)]: where each array
@@ -105,8 +127,9 @@ class RowLayout:
         tails = {g: ((self.sh_bases, 3) if g == "sh" else () if g == "opacities" else (b - a,))
                  for g, (a, b) in self.columns.items()}
         arrays = [(which, g, (i * w + a, i * w + b), tails[g], np.dtype(np.float32))
-                  for i, which in enumerate(("params", "m", "v")) for g, (a, b) in self.columns.items()]
-        return arrays + [("statistics", k, (3 * w + j, 3 * w + j + 1), (), dtype)
+                  for i, which in enumerate(self.parts) for g, (a, b) in self.columns.items()]
+        s = self.first_statistic
+        return arrays + [("statistics", k, (s + j, s + j + 1), (), dtype)
                          for j, (k, dtype) in enumerate(self.statistics.items())]
 
     def saved_state(self, read, step):
@@ -139,11 +162,12 @@ class RowLayout:
         the out-of-core trainer cuts models of 100M Gaussians into blocks)."""
         xp, n, w = model.xp, len(model), self.width
         rows = xp.asarray(rows, np.int64)
-        buffers = (model.params.data, model.adam.m, model.adam.v)
+        buffers = (model.params.data, model.adam.m, model.adam.v)[:len(self.parts)]
         flat, views = getattr(model, "_rows_flat", (None, ()))
-        if flat is not None and all(a is b for a, b in zip(views, buffers)):
+        if flat is not None and len(views) == len(buffers) and all(a is b for a, b in zip(views, buffers)):
+            s = self.first_statistic
             for j, k in enumerate(self.statistics):
-                column = flat[(3 * w + j) * n:(3 * w + j + 1) * n]
+                column = flat[(s + j) * n:(s + j + 1) * n]
                 source = statistics.get(k)
                 if source is None:
                     column[...] = 0
@@ -155,13 +179,23 @@ class RowLayout:
             flat_to_rows(buffer, rows, self._plan(xp, part * w, (part + 1) * w), table, model.backend)
         self.store_statistics(statistics, table, rows, xp, model.backend)
 
+    def read_params(self, table, rows, flat, backend="cpu"):
+        """The parameters of rows ``rows`` of ``table`` into ``flat`` (``FlatParams``' order), in one kernel."""
+        xp = _backend.array_module(backend)
+        rows_to_flat(table, rows, self._plan(xp, 0, self.width), flat, backend)
+
+    def write_params(self, flat, table, rows, backend="cpu"):
+        """``read_params``' inverse: the parameters ``flat`` into rows ``rows`` of ``table``, in one kernel."""
+        xp = _backend.array_module(backend)
+        flat_to_rows(flat, rows, self._plan(xp, 0, self.width), table, backend)
+
     def store_statistics(self, statistics, table, rows, xp, backend):
         """Write ``statistics`` (missing ones: zeros) into rows ``rows`` (on ``xp``'s device) of ``table``, a
         kernel per statistic: all a working set trained in place (``model(in_place=True)``) has to write back."""
-        n, w = int(rows.shape[0]), self.width
+        n, s = int(rows.shape[0]), self.first_statistic
         for j, k in enumerate(self.statistics):
             column = xp.asarray(statistics[k], np.float32) if k in statistics else xp.zeros(n, np.float32)
-            flat_to_rows(column, rows, self._plan(xp, 3 * w + j, 3 * w + j + 1), table, backend)
+            flat_to_rows(column, rows, self._plan(xp, s + j, s + j + 1), table, backend)
 
     def table(self, model, statistics, xp=None):
         """The (N, columns) table of ``model`` and ``statistics`` (``store``'s), on ``xp``'s device."""
@@ -175,7 +209,7 @@ class RowLayout:
         """The table's column ranges that ``model`` copies into its array: every one, or ``in_place`` the
         parameters and the statistics."""
         w = self.width
-        return [(0, w), (3 * w, self.columns_total)] if in_place else [(0, self.columns_total)]
+        return [(0, w), (self.first_statistic, self.columns_total)] if in_place else [(0, self.columns_total)]
 
     def model_bytes(self, in_place):
         """Bytes per Gaussian that ``model`` allocates: its array (``model_columns``, float32), and the
@@ -183,17 +217,22 @@ class RowLayout:
         copies = sum(dtype.itemsize for dtype in self.statistics.values() if dtype != np.float32)
         return 4 * sum(b - a for a, b in self.model_columns(in_place)) + copies
 
-    def model(self, table, step, backend, rows=None, betas=(0.9, 0.999), in_place=False):
+    def model(self, table, step, backend, rows=None, betas=(0.9, 0.999), in_place=False, adam=None):
         """-> (``GaussianModel`` on ``backend`` with Adam at ``step`` and ``betas``, statistics) of the rows
         ``rows`` (default: all) of ``table``; the model trains on views of one array that ``store`` writes back.
         ``in_place``: that array holds the parameters and statistics alone, and Adam (``RowsAdam``) reads
         and writes the moments in ``table``'s rows and writes the new parameters there too: a working set
         trained on its pool rows without a second copy of its moments (``store_statistics`` writes back
-        the rest); its gradients are made at their first use (``GaussianModel.release_grads``)."""
+        the rest); its gradients are made at their first use (``GaussianModel.release_grads``).  Rows
+        without moments (``without_moments``) train in place with the Adam that ``adam(params, rows)``
+        makes, which holds their moments elsewhere (the store's ``HostAdam``)."""
+        if not self.moments and adam is None:
+            raise ValueError("RowLayout.model: rows without Adam's moments need the Adam that holds them")
         xp = _backend.array_module(backend)
         table = xp.asarray(table)
         rows = xp.arange(len(table)) if rows is None else xp.asarray(rows, np.int64)
         n, w = int(rows.shape[0]), self.width
+        in_place = in_place or not self.moments
         moved = self.model_columns(in_place)
         flat = xp.empty(n * sum(b - a for a, b in moved), np.float32)
         at = 0
@@ -203,8 +242,9 @@ class RowLayout:
         params = FlatParams(n, self.sh_bases, xp, data=flat[:n * w])
         if in_place:
             model = GaussianModel.from_flat(params, flat[:0], flat[:0], step, backend, *betas, grads=False)
-            model.adam = RowsAdam(params, *betas, backend=model.backend, table=table, rows=rows,
-                                  columns=(0, w, 2 * w))  # (a row: parameters, m, v, statistics)
+            model.adam = (adam(params, rows) if not self.moments else
+                          RowsAdam(params, *betas, backend=model.backend, table=table, rows=rows,
+                                   columns=(0, w, 2 * w)))  # (a row: parameters, m, v, statistics)
             model.adam.step_count = int(step)
             first = n * w
         else:

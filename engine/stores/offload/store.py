@@ -18,6 +18,7 @@ from numbasplat.rows import reach_boxes
 from engine.pipelines.partition import REACH, morton_codes
 from .cache import BoxesInFlight, DeviceCache
 from .chunked import ChunkedView
+from .host_adam import ADAM_PLACES, HostAdam
 from .layout import BLOCK_ROWS, BlockIndex, FileRows, RowLayout, WorkingRows, format_bytes, frustum_part
 from .tiers import DiskBlocks, HostBlocks
 
@@ -37,25 +38,29 @@ VIEW_BYTES_PER_PIXEL = 24 + 36 + 12 + 12 + 8 + 2 * 24  # the device's budget kee
 # pixel states (float32 on a GPU; numbasplat.rendering.STATE_FIELDS)
 
 
-def working_set_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN, tiles=0):
+def working_set_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN, tiles=0, adam="device"):
     """-> ({what: device bytes per working-set Gaussian}, the step's peak of them): where an out-of-core step's
     device memory goes, per Gaussian of its working set with ``intersections`` tile intersections on average
     (over ``tiles`` tiles: the sort keys' width), from the sizes that the code allocates (``layout``: the
-    rows' ``RowLayout``; the functions of ``numbasplat.rendering`` that size ``project``'s, ``bin_tiles``' and
-    ``rasterize_backward``'s buffers; a GPU's sort scratch is an estimate).  The pool's rows and the working
+    rows' ``RowLayout``, whose pool rows lack Adam's moments where ``adam`` is host, ``--offload-adam``; the
+    functions of ``numbasplat.rendering`` that size ``project``'s, ``bin_tiles``' and ``rasterize_backward``'s
+    buffers; a GPU's sort scratch is an estimate).  The pool's rows and the working
     set's buffers live through the step; the binning's peak (its sorts) and the backward's (the gradient
     records, the sorted ids the binning kept, the parameters' gradients, made there and let go at the
     check-in) come one after the other, so the peak counts the larger.  Per view, not per Gaussian (not here: ``VIEW_BYTES_PER_PIXEL``): the render and the loss's
     buffers; per model Gaussian: the index (``DeviceCache.INDEX_BYTES``)."""
+    pool = layout.without_moments() if adam == "host" else layout
     lasting = {
-        "pool rows: parameters, Adam's moments, statistics": layout.row_bytes,
-        "working copy: parameters, statistics (its moments stay in the pool)": layout.model_bytes(in_place=True),
+        ("pool rows: parameters, Adam's moments, statistics" if pool.moments else
+         "pool rows: parameters, statistics (Adam's moments in the host's tier)"): pool.row_bytes,
+        "working copy: parameters, statistics" + (" (its moments stay in the pool)" if pool.moments else ""):
+            layout.model_bytes(in_place=True),
         "projection: records, radii, tile counts": projection_bytes(),
         "the working set's pool rows, visible mask": 8 + 1,
     }
     binning = BINNING_GAUSSIAN_BYTES + intersections * binning_intersection_bytes(tiles)
     scratch = intersections * sort_scratch_bytes(tiles)
-    backward = gradient_record_bytes() + intersections * 4 + 4 * layout.width
+    backward = gradient_record_bytes() + intersections * 4 + 4 * layout.width  # (Adam on the host reads a copy)
     items = {**lasting, "binning at its peak: depth order, intersections and their sort": binning,
              "binning's sort scratch on a GPU (an estimate)": scratch,
              "backward: gradient records, the sorted intersections' ids, the parameters' gradients": backward}
@@ -65,17 +70,17 @@ def working_set_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN, tiles=0)
 TierBytes = namedtuple("TierBytes", "working_set index host disk")
 
 
-def tier_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN):
+def tier_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN, adam="device"):
     """-> ``TierBytes``: the bytes per Gaussian of each tier of a model out of core in ``layout``'s rows
-    (``--offload``): on the device per working-set Gaussian (``working_set``: ``working_set_bytes``' peak)
-    and per model Gaussian (``index``: ``DeviceCache.INDEX_BYTES``); in host memory per model Gaussian at
-    what still gathers the whole model there (``_gather_whole``: an evaluation, a refinement that cannot be
-    made block by block, ``refine``; snapshots never do): in host mode the blocks' table and the model's
-    arrays made of it, in disk mode a table of the blocks in model order and those arrays (its cache of
-    blocks, capped by --host-memory, besides); on the disk per model Gaussian (disk mode: the blocks' files;
-    a snapshot writes the model once more there for a while, ``DiskBlocks.in_model_order``)."""
-    return TierBytes(working_set_bytes(layout, intersections)[1], DeviceCache.INDEX_BYTES, 2 * layout.row_bytes,
-                     layout.row_bytes)
+    (``--offload``): on the device per working-set Gaussian (``working_set``: ``working_set_bytes``' peak, with
+    Adam run on the ``adam`` side) and per model Gaussian (``index``: ``DeviceCache.INDEX_BYTES``); in host
+    memory per model Gaussian at what still gathers the whole model there (``_gather_whole``: an evaluation, a
+    refinement that cannot be made block by block, ``refine``; snapshots never do): in host mode the blocks'
+    table and the model's arrays made of it, in disk mode a table of the blocks in model order and those arrays
+    (its cache of blocks, capped by --host-memory, besides); on the disk per model Gaussian (disk mode: the
+    blocks' files; a snapshot writes the model once more there for a while, ``DiskBlocks.in_model_order``)."""
+    return TierBytes(working_set_bytes(layout, intersections, adam=adam)[1], DeviceCache.INDEX_BYTES,
+                     2 * layout.row_bytes, layout.row_bytes)
 
 
 class OutOfCoreModel:
@@ -179,7 +184,9 @@ class OutOfCoreStore:
     backend): the device's pool of blocks and the working sets built from them; ``prefetch``: disk
     mode reads the next view's blocks ahead on a thread; ``block_rows``: Gaussians a block holds;
     ``shard``: it holds one rank's shard (evaluation then renders the part of the whole model in a
-    view's frustum, not the store's own rows)."""
+    view's frustum, not the store's own rows); ``adam``: where a working set's Adam runs (``--offload-adam``):
+    on the device, its moments in the pool's rows (``RowsAdam``), or on the host, its moments in the host's
+    tier alone and the pool's rows its parameters and statistics (``HostAdam``)."""
 
     out_of_core = True
     chunked_views = False  # a view larger than the pool is checked out in chunks (``ChunkedView``): set by a
@@ -190,7 +197,11 @@ class OutOfCoreStore:
     # full blocks, as before; BENCHMARKS.md)
 
     def __init__(self, mode="host", offload_dir=None, host_memory=0, gpu_memory=0, prefetch=True,
-                 block_rows=BLOCK_ROWS, shard=False):
+                 block_rows=BLOCK_ROWS, shard=False, adam="device"):
+        if adam not in ADAM_PLACES:
+            raise ValueError(f"--offload-adam {adam}: unknown (device or host)")
+        self.adam = adam
+        self.pool_layout = None  # the pool's rows: ``layout``, or without Adam's moments (``adam`` host)
         self.mode, self.offload_dir, self.host_memory = mode, offload_dir, host_memory
         self.gpu_memory, self.prefetch, self.block_rows, self.shard = int(gpu_memory), prefetch, block_rows, shard
         self.host = self.index = self.layout = self.cache = self.boxes = None
@@ -237,6 +248,7 @@ class OutOfCoreStore:
         blocks anew."""
         if self.layout is None or self.layout.sh_bases != model.sh_bases:
             self.layout = RowLayout(model.sh_bases, self.fresh_statistics(np, 0))
+            self.pool_layout = self.layout.without_moments() if self.adam == "host" else self.layout
         self._adam_steps = model.adam.step_count
         self._install(model, self._statistics_of(model, state))
 
@@ -347,8 +359,8 @@ class OutOfCoreStore:
         the last step: the pool, its working set's buffers beside their pool rows, the index, the training
         images and the largest view's per-pixel buffers."""
         count = self._in_pool.count if self._in_pool is not None else 0
-        peak = working_set_bytes(self.layout, intersections, tiles)[1]
-        return (int(self.cache.pool.nbytes) + count * (peak - self.layout.row_bytes)
+        peak = working_set_bytes(self.layout, intersections, tiles, self.adam)[1]
+        return (int(self.cache.pool.nbytes) + count * (peak - self.pool_layout.row_bytes)
                 + DeviceCache.INDEX_BYTES * len(self.index) + self.images_bytes + self._view_bytes())
 
     def prefers_tour(self, below):
@@ -449,7 +461,7 @@ class OutOfCoreStore:
             self.host.reset({b: host_table[index.starts[b]:index.starts[b] + index.sizes[b]]
                              for b in range(index.blocks)}, whole=host_table)
         direct = host_table if self._locked is not None and device.is_pinned(host_table) else None
-        self.cache = DeviceCache(self.xp, self.layout, self.block_rows, slots, index, direct)
+        self.cache = DeviceCache(self.xp, self.layout, self.block_rows, slots, index, direct, self.pool_layout)
         self.cache.moved_bytes, self.cache.hits, self.cache.misses = counts  # (the traffic counts on)
         if self.cache.slots == index.blocks and table is not None:
             self.cache.hold_all(table)
@@ -627,9 +639,9 @@ class OutOfCoreStore:
 
     def _gather_resident(self):
         """-> (the whole model, its statistics) on the device, from its pool, where it holds every
-        block (a working set of them all) and a ``--gpu-memory`` cap leaves room for a refinement there
-        (``_room_to_refine``), else None."""
-        if not (self.cache.slot >= 0).all() or not self._room_to_refine():
+        block (a working set of them all) with Adam's moments (not ``adam`` host) and a ``--gpu-memory`` cap
+        leaves room for a refinement there (``_room_to_refine``), else None."""
+        if not (self.cache.slot >= 0).all() or not self._room_to_refine() or not self.pool_layout.moments:
             return None
         self.cache.copies.kernels_after()  # (the last blocks may still be on their way)
         every = np.arange(self.index.blocks)
@@ -653,7 +665,7 @@ class OutOfCoreStore:
 
     def _working_row_bytes(self):
         """Device bytes a working-set Gaussian takes at the step's peak, its pool row included."""
-        return working_set_bytes(self.layout, self.intersections_per_gaussian())[1]
+        return working_set_bytes(self.layout, self.intersections_per_gaussian(), adam=self.adam)[1]
 
     def _working_rows(self):
         """The working-set rows that the budget holds beside the pool as it was made, at the intersections per
@@ -661,7 +673,7 @@ class OutOfCoreStore:
         if self.device_budget is None:
             return None
         spare = self.device_budget - DeviceCache.INDEX_BYTES * len(self.index) - int(self.cache.pool.nbytes)
-        return max(0, spare) // int(np.ceil(self._working_row_bytes() - self.layout.row_bytes))
+        return max(0, spare) // int(np.ceil(self._working_row_bytes() - self.pool_layout.row_bytes))
 
     def _slots(self, n):
         """How many block slots the device may hold, besides the index of ``n`` Gaussians there and the
@@ -788,27 +800,58 @@ class OutOfCoreStore:
         array of them on the device besides), and trained in place there as a working set is
         (``_load_working``)."""
         n = len(rows)
-        table = self._host_rows(rows)
+        table = self.cache.pool_part(self._host_rows(rows))
         device.copy_rows(self.cache.pool, 0, table, 0, n)
         self.cache.moved_bytes += table.nbytes
-        return self.layout.model(self.cache.pool, self._adam_steps, self.backend, rows=self.xp.arange(n),
-                                 betas=self.betas, in_place=True)
+        pool_rows = self.xp.arange(n)
+        return self.pool_layout.model(self.cache.pool, self._adam_steps, self.backend, rows=pool_rows,
+                                      betas=self.betas, in_place=True, adam=self._host_adam(rows, pool_rows))
 
     def rows_out(self, rows, model, statistics):
         """``rows_in``'s ``model`` and ``statistics`` of the model rows ``rows``, trained, back to the host's
-        tier (through the pool's first rows, where Adam wrote the parameters and moments)."""
+        tier (through the pool's first rows, where Adam wrote the parameters and, on the device, the moments)."""
         n = len(rows)
-        self.layout.store_statistics(statistics, self.cache.pool, self.xp.arange(n), self.xp, self.backend)
+        self.pool_layout.store_statistics(statistics, self.cache.pool, self.xp.arange(n), self.xp, self.backend)
         table = _backend.to_host(self.cache.pool[:n])
         self.cache.moved_bytes += table.nbytes
+        self.put_host_rows(rows, table, self.cache.back)
+
+    def put_host_rows(self, rows, table, spans=None):
+        """The rows of the model rows ``rows`` (host, model order) into the host's tier: ``table``'s rows, whole
+        or (``spans``: ``copy_columns``') their columns alone."""
         index = self.index
         if self.host.whole is not None:
-            self.host.whole[index.table_rows[rows]] = table
+            at = index.table_rows[rows]
+            if spans is None:
+                self.host.whole[at] = table
+            for a, c, k in spans or ():
+                self.host.whole[at, c:c + k] = table[:, a:a + k]
             return
         for b, sel in self._by_block(rows):
             held = self.host.get(b)
-            held[index.position[rows[sel]]] = table[sel]
+            at = index.position[rows[sel]]
+            if spans is None:
+                held[at] = table[sel]
+            for a, c, k in spans or ():
+                held[at, c:c + k] = table[sel, a:a + k]
             self.host.put(b, held)
+
+    def host_rows_for_update(self, rows):
+        """-> (a host table that holds the rows of the model rows ``rows`` (host, model order), their rows in
+        it, whether it is a copy, to go back by ``put_host_rows``): host mode's one table where it has it,
+        else the rows gathered (``HostAdam``'s update of a working set)."""
+        if self.host.whole is not None:
+            return self.host.whole, self.index.table_rows[rows], False
+        return self._host_rows(rows), np.arange(len(rows)), True
+
+    def _host_adam(self, rows, pool_rows):
+        """-> None on the device's Adam; on the host's (``adam`` host) a maker of the ``HostAdam`` of the model
+        rows ``rows`` (host) that the pool's rows ``pool_rows`` hold (``RowLayout.model``'s ``adam``)."""
+        if self.adam != "host":
+            return None
+        pool = self.cache.pool
+        return lambda params, _: HostAdam(params, *self.betas, backend=self.backend, store=self, rows=rows,
+                                          pool=pool, pool_rows=pool_rows)
 
     def _host_rows(self, rows):
         """The host tier's table rows of the model rows ``rows`` (a new (n, columns) array)."""
@@ -853,8 +896,10 @@ class OutOfCoreStore:
         new parameters too (``RowLayout.model(in_place=True)``)."""
         if self._working is None or self._working[0] is not in_pool:
             self._working = None  # (the last working set's buffers free before this one's are made)
-            self._working = (in_pool, *self.layout.model(self.cache.pool, self._adam_steps, self.backend,
-                                                         rows=in_pool.rows, betas=self.betas, in_place=True))
+            adam = self._host_adam(self.index.rows(in_pool.blocks) if self.adam == "host" else None, in_pool.rows)
+            self._working = (in_pool, *self.pool_layout.model(self.cache.pool, self._adam_steps, self.backend,
+                                                              rows=in_pool.rows, betas=self.betas, in_place=True,
+                                                              adam=adam))
         return self._working[1:]
 
     def _store_working(self, working, statistics, in_pool, lr_means, lr_scales):
@@ -863,7 +908,7 @@ class OutOfCoreStore:
         rates)."""
         self._adam_steps = working.adam.step_count
         working.release_grads()  # (made again at the next step's backward: the binning's peak does without them)
-        self.layout.store_statistics(statistics, self.cache.pool, in_pool.rows, self.xp, self.backend)
+        self.pool_layout.store_statistics(statistics, self.cache.pool, in_pool.rows, self.xp, self.backend)
         self.cache.dirty.update(int(b) for b in in_pool.blocks)
         self._whole = None
         reach = self.cache.boxes(in_pool.starts, in_pool.sizes, self.layout)

@@ -1,0 +1,74 @@
+"""Adam on the host for a working set whose moments live in the host's tier alone (``--offload-adam host``,
+issue 60's CLM option): the device's pool holds the rows' parameters and statistics
+(``RowLayout.without_moments``), so a working-set Gaussian takes no device bytes for its moments.
+
+A step's update (``HostAdam.update``): the working set's gradients and visible mask come to the host; the CPU
+backend's Adam kernel (``numbasplat.cpu.adam_rows``, the ``numbasplat.math.adam`` update that the device's
+kernels inline too) steps the host's rows of those Gaussians, their parameters and moments there; the new
+parameters go back to the device, into the working set's model and its pool rows.  On the CPU backend it is
+the device's ``RowsAdam`` to the bit: the same kernel on the same values."""
+from dataclasses import dataclass
+
+import numpy as np
+
+from numbasplat import backend as _backend
+from numbasplat.optim import MomentsElsewhereAdam
+
+from engine.pipelines.options import OFFLOAD_ADAM as ADAM_PLACES  # where a working set's Adam runs
+
+
+@dataclass
+class HostAdam(MomentsElsewhereAdam):
+    """``Adam`` of a working set on the device (``params``: its model's parameters) whose moments are in the
+    host's tier of ``store`` (an ``OutOfCoreStore``): ``rows`` (host int64) its Gaussians' model rows and
+    ``pool_rows`` (on the device) their rows in ``pool``, both in the model's order.  ``set_step`` keeps the
+    step's rates on the host, where ``update`` runs (``m``, ``v``: empty, as ``RowsAdam``'s)."""
+    store: object = None
+    rows: object = None
+    pool: object = None
+    pool_rows: object = None
+
+    def __post_init__(self):
+        super().__post_init__()  # (the moments are the host's)
+        self._host_values = None
+        self._host_no_skip, self._host_no_mask = np.zeros(1, np.int32), np.ones(1, np.bool_)
+
+    def set_step(self, lr_columns):
+        """Count a step and keep its per-column rates and bias corrections on the host, in float32 as
+        ``Adam.set_step`` writes them to the device."""
+        self.step_count += 1
+        t = self.step_count
+        values = np.concatenate([np.asarray(lr_columns, np.float32), [1 - self.b1 ** t, 1 - self.b2 ** t]])
+        self._host_values = values.astype(np.float32)
+        if self._host_layout is None:
+            self._host_layout = self.params.layout(lr_columns)
+
+    def update(self, grads, visible=None, skip=None, rows=None):
+        """The step ``set_step`` prepared, on the host: ``grads`` (device, flat like ``params``), ``visible``
+        ((N,) bool, None: every Gaussian), ``skip`` (a (1,) int32 device flag: set, nothing changes) come to
+        the host; the host's rows take the new parameters and moments, the device's model and pool rows the
+        new parameters.  (No split by ``rows``: the aggregate device does not run out of core.)"""
+        if rows is not None:
+            raise ValueError("HostAdam.update: no split by rows (the aggregate device does not run out of core)")
+        if not self.params.size or (skip is not None and _backend.to_host(skip)[0] != 0):
+            return
+        grads = np.ascontiguousarray(_backend.to_host(grads), np.float32)
+        use_visible = visible is not None
+        visible = np.ascontiguousarray(_backend.to_host(visible), np.bool_) if use_visible else self._host_no_mask
+        store, w = self.store, self.params.size // self.params.n
+        table, at, gathered = store.host_rows_for_update(self.rows)
+        params = np.empty(self.params.size, np.float32)
+        store.layout.read_params(table, at, params)
+        lrs, corrections = self._host_values[:-2], self._host_values[-2:]
+        _backend.kernels("cpu").adam_rows(table, at, np.array([0, w, 2 * w], np.int32), params, grads,
+                                          *self._host_layout, lrs, visible, use_visible, self._host_no_skip,
+                                          np.float32(self.b1), np.float32(self.b2), np.float32(self.eps),
+                                          corrections)
+        if gathered:
+            store.put_host_rows(self.rows, table)
+        data = self.params.data
+        if _backend.is_device(data):
+            data.set(params)
+        else:
+            data[...] = params
+        store.pool_layout.write_params(data, self.pool, self.pool_rows, self.backend)
