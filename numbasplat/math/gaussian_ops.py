@@ -282,6 +282,13 @@ def build(jit):
         return sh_basis(degree, nx, ny, nz), jx, jy, jz, (degree + 1) * (degree + 1), g0, g1, g2
 
     @jit
+    def direction_gradient(gx, gy, gz, sh, n, e, g0, g1, g2, jx, jy, jz):
+        """The view-direction gradient (gx, gy, gz) plus the share of Gaussian n's SH coefficient at
+        column e: its colour weighted by the colour gradient, along the basis function's Jacobian."""
+        w = g0 * sh[n, e] + g1 * sh[n, e + 1] + g2 * sh[n, e + 2]
+        return gx + w * jx, gy + w * jy, gz + w * jz
+
+    @jit
     def sh_backward_body(n, means, sh, degree, cam, proj, counts, grad, d_sh, accumulate):
         """The SH gradients of Gaussian n (``sh`` and ``d_sh`` as (N, K*3) rows, coefficient-major);
         returns the gradient w.r.t. its view direction.  Clamped colour channels (the forward's
@@ -298,10 +305,7 @@ def build(jit):
         for k in range(16):  # a constant trip count: unrolled, so b[k] etc. are registers, not lookups
             e = 3 * k
             if k < used:
-                w = g0 * sh[n, e] + g1 * sh[n, e + 1] + g2 * sh[n, e + 2]
-                gx += w * jx[k]
-                gy += w * jy[k]
-                gz += w * jz[k]
+                gx, gy, gz = direction_gradient(gx, gy, gz, sh, n, e, g0, g1, g2, jx[k], jy[k], jz[k])
                 store2(d_sh, n, e, b[k] * g0, accumulate)
                 store2(d_sh, n, e + 1, b[k] * g1, accumulate)
                 store2(d_sh, n, e + 2, b[k] * g2, accumulate)
@@ -465,10 +469,7 @@ def build(jit):
         for k in range(16):  # (as in sh_backward_body)
             e = 3 * k
             if k < used:
-                w = g0 * sh[n, e] + g1 * sh[n, e + 1] + g2 * sh[n, e + 2]
-                gx += w * jx[k]
-                gy += w * jy[k]
-                gz += w * jz[k]
+                gx, gy, gz = direction_gradient(gx, gy, gz, sh, n, e, g0, g1, g2, jx[k], jy[k], jz[k])
                 for c in range(3):
                     adam_put(sh, m_sh, v_sh, n, e + c, sh[n, e + c], m_sh[n, e + c], v_sh[n, e + c],
                              b[k] * (g0 if c == 0 else g1 if c == 1 else g2), lr_sh[e + c], hyper)
