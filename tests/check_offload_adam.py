@@ -83,12 +83,13 @@ def octant_capture(per_cluster, size, seed, backend):
     truth = ns.Gaussians(means.astype(np.float32), np.log(rng.uniform(0.03, 0.09, (n, 3))).astype(np.float32),
                          rng.normal(size=(n, 4)).astype(np.float32), rng.uniform(-1.5, 0.5, n).astype(np.float32),
                          rng.normal(0, 0.3, (n, 16, 3)).astype(np.float32))
+    on_backend = ns.Gaussians(**{k: _backend.asarray(a, backend) for k, a in truth.arrays().items()})
     train = []
     for k, c in enumerate(corners):
         for j in range(2):
             eye = c * (1 - 2.5 / np.linalg.norm(c)) + 0.2 * rng.normal(size=3)
             cam = ns.Camera(look_at(eye, c, up=(0, 0, 1)), 0.9 * size, 0.9 * size, size / 2, size / 2, size, size)
-            image = ns.render(truth, cam, background=np.ones(3, np.float32), backend=backend).image
+            image = ns.render(on_backend, cam, background=np.ones(3, np.float32), backend=backend).image
             image = np.clip(_backend.to_host(image), 0, 1)
             train.append(View(f"view{2 * k + j:02d}", np.ascontiguousarray(image, np.float32), cam))
     start = {k: np.array(a) for k, a in truth.arrays().items()}
