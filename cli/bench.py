@@ -300,8 +300,8 @@ def add_commands(sub):
                         "overhead on one device)")
     b.add_argument("--adam", choices=["fused", "separate"],
                    help="time the step with Adam's update fused into the projection backward's kernels, or after "
-                        "them, alone (default: as training runs it, fused unless --virtual-devices, then the other "
-                        "too, for comparison)")
+                        "them, alone (default: as training runs it by default, separate; then the other too, for "
+                        "comparison, unless --virtual-devices)")
     b.add_argument("--graphs", action="store_true",
                    help="time replays of one CUDA graph of the step, binning into the first step's room, as "
                         "training's step graphs run it (the step alone, not its stages)")

@@ -92,8 +92,8 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
     launches out of the time, only the whole step timed (on the CPU backend and in the simulator the
     step itself runs in the graph's place).  ``fuse_adam``: Adam's update inside the projection backward's
     kernels (``rendering.project_backward_adam``; the stage ``project_bwd`` then holds Adam's work and
-    ``adam`` none), or the projection backward then Adam; None: as training runs it, fused unless the
-    step is split (``virtual_devices``).  ``compare_adam`` (a step not split): the steps timed again with
+    ``adam`` none), or the projection backward then Adam; None: as training runs it by default (``--fuse-adam off``:
+    the projection backward then Adam).  ``compare_adam`` (a step not split): the steps timed again with
     the other Adam (from the model as the first timing left it), both steps' medians printed."""
     if graphs and not into_room:
         raise ValueError("bench graphs: a captured step bins into a fixed room (into_room)")
@@ -109,7 +109,7 @@ def run(scene, iters=20, warmup=3, backend=None, sh_degree=None, seed=0, profile
     placement = Placement(virtual_devices, backend, part_streams=part_streams)
     if fuse_adam and placement.split:
         raise ValueError("bench fuse_adam: a split step updates with Adam by rows, after the projection backward")
-    fuse_adam = not placement.split if fuse_adam is None else bool(fuse_adam)
+    fuse_adam = bool(fuse_adam)  # (None: training's default, off)
     backend = backend or _backend.BACKEND
     xp = _backend.array_module(backend)
     kernels = _backend.kernels(backend)

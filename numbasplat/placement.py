@@ -107,9 +107,9 @@ class Placement:
     ``shared_binning``: the parts read their tile rows of one binning of the view (default: where
     they share a device); else each part bins its own rows (``bin_tiles``).  ``part_streams``: each
     part on a CUDA stream of its own, forked and joined around every split operator (a
-    ``device.PartStreams``, or True to make one; default: with ``devices``, and virtual parts on the
-    caller's stream until the streams are timed on a GPU); False: every part on the caller's stream,
-    one after another."""
+    ``device.PartStreams``, or True to make one; default: with ``devices``, and with virtual parts on a
+    GPU, where side by side their small launches fill it as one part's would); False: every part on the
+    caller's stream, one after another."""
 
     def __init__(self, parts=1, backend=None, devices=None, separate_gradients=None, shared_binning=None,
                  part_streams=None):
@@ -125,7 +125,7 @@ class Placement:
         self.shared_binning = (devices is None or len(set(devices)) == 1) if shared_binning is None \
             else bool(shared_binning)
         if part_streams is None:
-            part_streams = devices is not None
+            part_streams = devices is not None or (self.parts > 1 and _backend.on_gpu(self.backend))
         if devices is not None and part_streams is False:
             raise ValueError("Placement: parts on separate devices run on their devices' streams (part_streams)")
         if part_streams is True:
