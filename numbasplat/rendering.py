@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import backend as _backend
-from .device import HostCopy
+from .device import HostCopy, address
 from .gaussians import CHECKS, Gaussians
 from .math import gaussian_ops as go
 from .math.tiles import TILE, TILE_PIXELS, tile_grid
@@ -249,20 +249,27 @@ BINNING_GAUSSIAN_BYTES = 8 + 8
 BINNING_RANGE_BYTES = 8  # per tile: its [start, end)
 
 
+def tile_key_dtype(tiles):
+    """The dtype of the intersections' sort keys (``bin_tiles``) over ``tiles`` tiles (of every view binned
+    at once): uint16 while they and the pad key after them fit, else uint32."""
+    return np.dtype(np.uint16) if tiles < 2**16 else np.dtype(np.uint32)
+
+
 def binning_intersection_bytes(tiles):
-    """Device bytes ``bin_tiles`` (exact, one view) holds at once per intersection at its peak: its id and
-    tile as emitted, its sort key (16 bits while the ``tiles`` fit), the sort's permutation (int64) and
-    the sorted id (CuPy's sort adds its scratch: not counted; the returned ``Binning`` keeps the sorted
-    ids alone).  Its peak: ``BINNING_GAUSSIAN_BYTES`` per Gaussian, this per intersection and
-    ``BINNING_RANGE_BYTES`` per tile."""
-    return 4 + 4 + (2 if tiles < 2**16 else 4) + 8 + 4
+    """Device bytes ``bin_tiles`` (exact, one view) holds at once per intersection at its peak, the larger
+    of its sort's and its gather's: the id (int32) and sort key (``tile_key_dtype``) as emitted and the
+    sort's permutation (int64); then, the keys let go once sorted, the emitted id, the permutation and the
+    sorted id (CuPy's sort adds its scratch: not counted; the returned ``Binning`` keeps the sorted ids
+    alone).  Its peak: ``BINNING_GAUSSIAN_BYTES`` per Gaussian, this per intersection and
+    ``BINNING_RANGE_BYTES`` per tile (the counts the emission adds up, turned into the ranges in place)."""
+    return max(4 + tile_key_dtype(tiles).itemsize + 8, 4 + 8 + 4)
 
 
 def sort_scratch_bytes(tiles):
     """Device bytes per intersection that a GPU's sort of the intersections takes beside ``bin_tiles``'
     arrays, an estimate: CuPy's argsort sorts a copy of the keys, by thrust's radix sort, which double
     buffers the keys and the int64 indices (numpy's sort on the CPU takes no arrays: none counted there)."""
-    key = 2 if tiles < 2**16 else 4
+    key = tile_key_dtype(tiles).itemsize
     return key + key + 8
 
 
@@ -282,9 +289,10 @@ def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, 
 
     Two short sorts instead of one of 64-bit (tile, depth) keys: the visible
     Gaussians by depth (N float32 keys), then their intersections, emitted in
-    that order, stably by tile id (16-bit keys when the tiles fit).  Ties keep
-    Gaussian index order, as a single stable key sort would.  ``total``, the
-    sum of ``p.counts`` where the caller knows it, saves reading it back (a sync).
+    that order, stably by tile id (16-bit keys when the tiles fit:
+    ``tile_key_dtype``).  Ties keep Gaussian index order, as a single stable key
+    sort would.  ``total``, the sum of ``p.counts`` where the caller knows it,
+    saves reading it back (a sync).
 
     ``room`` bins without knowing the total (no sync either): into that many slots.
     If the total does not fit, the Gaussians from the first one that does not fit
@@ -294,6 +302,11 @@ def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, 
     Records of several views of one size (a renderer's batch under MPI) bin at
     once with ``view_of`` (each record's view, int32) and ``n_views``: view b's
     tile t is then tile b * tiles + t of the ranges.
+
+    The emission writes each intersection's sort key in its final form and width
+    (the view's offset and a part's rows applied) and counts each tile's
+    intersections as it writes them; each tile's range comes from those counts,
+    not from the sorted order (a read of every key through the permutation).
 
     ``deterministic``: the binning also keeps the permutation from emitted to sorted
     intersections, the depth order and its running counts (``Binning.perm``, ``order``,
@@ -313,10 +326,12 @@ def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, 
     kernels, xp = _dispatch(backend)
     tx, ty = p.camera.tiles
     n_tiles = tx * ty
+    keep_from, keep_to = 0, n_tiles  # the view's tiles that get their own key; the others the pad key
     if tile_rows is not None:
         if n_views != 1:
             raise ValueError("bin_tiles: tile_rows bins one view")
-        first, last = tile_rows[0] * tx, min(tile_rows[1] * tx, n_tiles)
+        keep_from, keep_to = tile_rows[0] * tx, min(tile_rows[1] * tx, n_tiles)
+    n_keys = n_views * n_tiles  # view b's tile t: key b * n_tiles + t; the pad key, n_keys, sorts after them all
     n = len(p.counts)
     order = depth_order(p, backend) if order is None else order
     ends = xp.cumsum(p.counts[order], dtype=np.int64)
@@ -334,25 +349,24 @@ def bin_tiles(p: Projection, backend=None, total=None, view_of=None, n_views=1, 
             raise ValueError(f"{total} tile-Gaussian intersections exceed the int32 limit; "
                              "render at a lower resolution or with fewer/smaller Gaussians")
         slots = int(total)
-    # slots left unwritten (room to spare) keep the pad tile, which sorts after every tile, and
+    # slots left unwritten (room to spare) keep the pad key, which sorts after every tile, and
     # Gaussian 0 (a valid row for the CPU backward's per-slot rows, which stay 0 there)
     ids = xp.zeros(slots, np.int32) if room is not None else xp.empty(slots, np.int32)
-    tile_of = xp.full(slots, n_tiles, np.uint32) if room is not None else xp.empty(slots, np.uint32)
+    key_dtype = tile_key_dtype(n_keys)
+    tile_of = xp.full(slots, n_keys, key_dtype) if room is not None else xp.empty(slots, key_dtype)
     overflow = xp.zeros(1, np.int32)
+    # the emission counts each tile's intersections into its row's end column; the sort is stable and by
+    # tile, so the counts alone give each tile's run of the sorted order (empty tiles: [0, 0))
+    ranges = xp.zeros((n_keys, 2), np.int32)
     if n:
+        views = xp.ascontiguousarray(view_of, np.int32) if n_views > 1 else _constant(xp, np.zeros(0, np.int32))
         kernels.emit_intersections(p.proj, order, p.counts, ends, TILE, tx, ty, p.camera.width, p.camera.height,
-                                   0, slots, tile_of, ids, overflow)
-        if tile_rows is not None:  # (the pad tile, n_tiles, sorts after every tile and lands in no range)
-            tile_of = xp.where((tile_of >= first) & (tile_of < last), tile_of, np.uint32(n_tiles)).astype(np.uint32)
-    ranges = xp.zeros((n_views * n_tiles, 2), np.int32)  # empty tiles: [0, 0)
+                                   views, keep_from, keep_to, n_keys, slots, tile_of, ids, ranges, overflow)
     if slots:
-        if n_views > 1:  # the views' tiles one after another; the pad id (n_tiles) after them all
-            tile_of = xp.where(tile_of < n_tiles, tile_of + view_of[ids].astype(np.uint32) * np.uint32(n_tiles),
-                               np.uint32(n_views * n_tiles)).astype(np.uint32, copy=False)
-        keys = tile_of.astype(np.uint16) if n_views * n_tiles < 2**16 else tile_of
-        perm = _stable_argsort(xp, keys)
+        perm = _stable_argsort(xp, tile_of)
+        tile_of = None  # (sorted: let go before the gather)
         ids = ids[perm]
-        kernels.tile_ranges(tile_of, perm, ranges)
+        kernels.ranges_from_counts(ranges)
     b = Binning(ids, ranges, slots, device_total, overflow if room is not None else None)
     if deterministic:
         b.perm = perm if slots else xp.zeros(0, np.int64)
@@ -605,18 +619,33 @@ def rasterize_backward(p: Projection, b: Binning, r: Render, d_image, d_alpha=No
 
 def project_backward(g: Gaussians, p: Projection, grad, out: Gaussians = None, accumulate=True, backend=None):
     """Parameter gradients (a ``Gaussians`` of arrays) into ``out`` if given:
-    added to it, or written over it with ``accumulate=False``."""
+    added to it, or written over it with ``accumulate=False``.  ``out`` may hold ``g``'s own arrays
+    (``_same_arrays``): each Gaussian's gradients are then written over its parameters, every use of a
+    parameter read before its gradient overwrites it, for an optimizer that holds the parameters
+    elsewhere and needs their gradients alone (the out-of-core store's Adam on the host); written over,
+    never added."""
     kernels, xp = _dispatch(backend)
     if out is None:
         out = Gaussians(**{k: xp.empty_like(a) for k, a in g.arrays().items()})
         accumulate = False
     if len(g):
         rows = (len(g), -1)  # the SH of a Gaussian as one row: its values are contiguous
-        kernels.project_backward(g.means, g.quats, g.scales, g.opacities, g.sh.reshape(rows), p.sh_degree, p.cam,
-                                 p.camera.width, p.camera.height, p.antialias, p.proj, p.counts, grad,
-                                 out.means, out.quats, out.scales, out.opacities, out.sh.reshape(rows),
-                                 bool(accumulate))
+        args = (g.means, g.quats, g.scales, g.opacities, g.sh.reshape(rows), p.sh_degree, p.cam, p.camera.width,
+                p.camera.height, p.antialias, p.proj, p.counts, grad)
+        if _same_arrays(g, out):
+            if accumulate:
+                raise ValueError("project_backward: gradients written over their parameters cannot be added to them")
+            kernels.project_backward_over_params(*args)
+        else:
+            kernels.project_backward(*args, out.means, out.quats, out.scales, out.opacities, out.sh.reshape(rows),
+                                     bool(accumulate))
     return out
+
+
+def _same_arrays(a: Gaussians, b: Gaussians):
+    """Whether every array of ``b`` is the one of ``a`` (the same memory, shape and strides)."""
+    same = lambda x, y: address(x) == address(y) and x.shape == y.shape and x.strides == y.strides  # noqa: E731
+    return all(same(x, getattr(b, k)) for k, x in a.arrays().items())
 
 
 def project_backward_adam(p: Projection, grad, adam, visible=False, skip=None, backend=None):

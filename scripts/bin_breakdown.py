@@ -3,8 +3,8 @@
     python scripts/bin_breakdown.py SCENE.npz [PARTS]     (GPU only; scenes from run.py bench --make)
 
 With PARTS (the aggregate device's split on separate GPUs, ``numbasplat.placement``), its binning's steps too:
-each part's tile counts, then part by part its count gather and scan, emit, the mask of its rows,
-its tile argsort, the gather and the ranges (the parts share the view's depth order).
+each part's tile counts, then part by part its count gather and scan, emit (its rows' keys, counted per tile),
+its tile argsort, the gather and the ranges from the counts (the parts share the view's depth order).
 
 Each step runs 15 times between CUDA events; the medians (ms) are printed in pipeline order.
 """
@@ -38,6 +38,12 @@ def timed(label, fn, reps=15):
     return out
 
 
+def _copied(counts, ranges):
+    """``ranges`` holding the tiles' ``counts`` again (``ranges_from_counts`` turns them into ranges in place)."""
+    ranges[...] = counts
+    return ranges
+
+
 def main(path, parts=1):
     g, cam = load_scene(path)
     g = Gaussians(**{k: cp.asarray(a) for k, a in g.arrays().items()})
@@ -53,16 +59,22 @@ def main(path, parts=1):
     order = timed("depth argsort", lambda: cp.argsort(depth))
     ends = timed("count gather + scan", lambda: cp.cumsum(p.counts[order], dtype=np.int64))
     total = timed("total (device sync)", lambda: int(ends[-1]))
-    ids, tile_of, overflow = cp.empty(total, np.int32), cp.empty(total, np.uint32), cp.zeros(1, np.int32)
-    timed("emit intersections", lambda: k.emit_intersections(p.proj, order, p.counts, ends, TILE, tx, ty, cam.width,
-                                                             cam.height, 0, total, tile_of, ids, overflow))
-    keys = tile_of.astype(np.uint16)
-    perm = timed("stable tile argsort (uint16)", lambda: cp.argsort(keys))
-    timed("the gather", lambda: ids[perm])
+    key_dtype = R.tile_key_dtype(tx * ty)
+    ids, tile_of, overflow = cp.empty(total, np.int32), cp.empty(total, key_dtype), cp.zeros(1, np.int32)
     ranges = cp.zeros((tx * ty, 2), np.int32)
-    timed("ranges (edges of the sorted runs)", lambda: k.tile_ranges(tile_of, perm, ranges))
+    no_views = cp.zeros(0, np.int32)
+
+    def emit():
+        ranges.fill(0)  # (the counts start from zero each time)
+        k.emit_intersections(p.proj, order, p.counts, ends, TILE, tx, ty, cam.width, cam.height, no_views, 0,
+                             tx * ty, tx * ty, total, tile_of, ids, ranges, overflow)
+    timed("emit intersections (+ zero counts)", emit)
+    counts = ranges.copy()
+    perm = timed(f"stable tile argsort ({key_dtype})", lambda: cp.argsort(tile_of))
+    timed("the gather", lambda: ids[perm])
+    timed("ranges from the counts (+ their copy)", lambda: k.ranges_from_counts(_copied(counts, ranges)))
     print("  alternatives:")
-    timed("tile argsort (uint32 keys)", lambda: cp.argsort(tile_of))
+    timed("tile argsort (uint32 keys)", lambda: cp.argsort(tile_of.astype(np.uint32)))
     timed("ranges by bincount + scan", lambda: cp.cumsum(cp.bincount(tile_of, minlength=tx * ty + 1)))
     if parts > 1:
         split(p, order, parts)
@@ -82,18 +94,20 @@ def split(p, order, parts):
         c = counts[part]
         ends = timed(f"{part}: count gather + scan", lambda: cp.cumsum(c[order], dtype=np.int64))
         total = int(ends[-1])
-        ids, tile_of, overflow = cp.empty(total, np.int32), cp.empty(total, np.uint32), cp.zeros(1, np.int32)
-        timed(f"{part}: emit ({total} slots)", lambda: k.emit_intersections(
-            p.proj, order, c, ends, TILE, tx, ty, cam.width, cam.height, 0, total, tile_of, ids, overflow))
-        first, last = first_row * tx, last_row * tx
-        masked = timed(f"{part}: mask to its rows", lambda: cp.where((tile_of >= first) & (tile_of < last), tile_of,
-                                                                   np.uint32(tx * ty)).astype(np.uint32))
-        keys = masked.astype(np.uint16)
-        perm = timed(f"{part}: stable tile argsort", lambda: cp.argsort(keys))
+        ids, tile_of = cp.empty(total, np.int32), cp.empty(total, R.tile_key_dtype(tx * ty))
+        overflow, ranges = cp.zeros(1, np.int32), cp.zeros((tx * ty, 2), np.int32)
+        first, last = first_row * tx, min(last_row * tx, tx * ty)
+
+        def emit():
+            ranges.fill(0)
+            k.emit_intersections(p.proj, order, c, ends, TILE, tx, ty, cam.width, cam.height, cp.zeros(0, np.int32),
+                                 first, last, tx * ty, total, tile_of, ids, ranges, overflow)
+        timed(f"{part}: emit its rows' keys ({total} slots)", emit)
+        counts = ranges.copy()
+        perm = timed(f"{part}: stable tile argsort", lambda: cp.argsort(tile_of))
         timed(f"{part}: the gather", lambda: ids[perm])
-        ranges = cp.zeros((tx * ty, 2), np.int32)
-        timed(f"{part}: ranges", lambda: k.tile_ranges(masked, perm, ranges))
-        print(f"  {part}: {int((masked < tx * ty).sum())} of its {total} slots in its rows")
+        timed(f"{part}: ranges from the counts (+ their copy)", lambda: k.ranges_from_counts(_copied(counts, ranges)))
+        print(f"  {part}: {int(counts[:, 1].sum())} of its {total} slots in its rows")
 
 
 if __name__ == "__main__":

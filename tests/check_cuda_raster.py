@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numbasplat as ns  # noqa: E402
 from numbasplat.backend import SIM, array_module, to_host  # noqa: E402
 from numbasplat.cuda.tile import BLOCK  # noqa: E402
+from tests.binning_cases import check_binning_ranges, check_ranges_from_counts  # noqa: E402
 from tests.scenes import edge_case_scene, look_at_camera, reach_table  # noqa: E402
 
 IMAGE_TOL = 1e-5
@@ -420,6 +421,10 @@ def main(sizes=((37, 29, 40), (48, 32, 150))):  # (W, H, Gaussians): 150 spans t
     if not SIM:  # (minutes in the simulator: tests/test_fused_adam.py runs it there on its own)
         failures += compare_fused_adam()
     failures += compare_binning_room()
+    if not SIM:  # (the simulator's run of them, on small images: tests/test_binning.py)
+        failures += [f"binning {label}" + (" deterministic" if deterministic else "")
+                     for label, deterministic in check_binning_ranges("cuda")]
+        failures += [f"ranges from the counts of {rows} tiles" for rows in check_ranges_from_counts("cuda")]
     failures += compare_screen_stats()
     failures += compare_routes()
     failures += compare_contributions()

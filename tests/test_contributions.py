@@ -30,8 +30,8 @@ def records_projection(rows, cam):
     tx, ty = cam.tiles
     counts = np.zeros(len(rows), np.int32)
     for n in range(len(rows)):
-        counts[n] = visit_tiles(n, proj, TILE, tx, ty, cam.width, cam.height, 0, 0, 0, counts, counts, False,
-                                0, 1)
+        counts[n] = visit_tiles(n, proj, TILE, tx, ty, cam.width, cam.height, (0, 0, 0, 0), 0, 0, counts, counts,
+                                None, False, 0, 1)
     return ns.Projection(cam, None, proj, None, counts, 0, False)
 
 

@@ -21,11 +21,12 @@ def _ptx_available():
 
 
 KERNEL_NAMES = {
-    "_project_kernel", "_emit_kernel", "_sh_backward_kernel", "_geometry_backward_kernel", "_route_kernel",
-    "_route_fill_kernel", "_raster_forward_kernel", "_raster_backward_kernel", "_contributions_kernel",  # raster
+    "_project_kernel", "_emit_kernel", "_emit_u16_kernel", "_sh_backward_kernel", "_geometry_backward_kernel",
+    "_route_kernel", "_route_fill_kernel", "_raster_forward_kernel", "_raster_backward_kernel",
+    "_contributions_kernel",  # raster
     "_fused_kernel", "_ssim_fwd_kernel", "_ssim_bwd_kernel", "_tile_loss_kernel", "_adam_kernel",
     "_count_kernel", "_pack_kernel", "_unpack_add_kernel", "_scatter_add_kernel",  # sparse
-    "_depth_key_kernel", "_tile_ranges_kernel", "_screen_stats_kernel",  # binning, the strategy's statistics
+    "_depth_key_kernel", "_ranges_from_counts_kernel", "_screen_stats_kernel",  # binning, the strategy's statistics
     "_row_normals_kernel",  # densification's noise
     "_raster_backward_fixed_kernel", "_slot_sum_kernel",  # the raster backward of --deterministic
     "_raster_forward_carry_kernel", "_raster_backward_carry_kernel",  # a view in depth-ordered chunks

@@ -206,13 +206,16 @@ def test_offloaded_training_equals_in_memory_training_with_visible_adam(dataset,
 def test_adam_on_the_host_trains_as_adam_on_the_device_in_blocks_and_chunks(tmp_path, mode, staged, slots,
                                                                             monkeypatch):
     """``--offload-adam host``: the moments in the host's tier alone, the pool's rows the parameters and statistics,
-    each working set's Adam run on the host's rows.  200 steps of two clusters seen one at a time (rotated,
-    unevenly scaled Gaussians, SH degree 1; 120 Gaussians, 469 after densifying at steps 50 and 100, an opacity
-    reset at 90), the device holding ``slots`` blocks of 16 rows: with 20 blocks leave and come back once there
+    each working set's Adam run on the host's rows and its gradients written over its parameters on the device
+    (every projection backward of the host's runs: a step's, or a chunk's).  200 steps of two clusters seen one
+    at a time (rotated, unevenly scaled Gaussians, SH degree 1; 120 Gaussians, 469 after densifying at steps 50
+    and 100, an opacity reset at 90, from step 120 the opacity and scale regularisers, which read the
+    parameters), the device holding ``slots`` blocks of 16 rows: with 20 blocks leave and come back once there
     are 30; with 12 they do from step 50, and from step 100 the views outgrow the pool and train in chunks, the
     refinements made block by block.  In disk mode host memory holds a quarter of the start, ``staged``: the moves
     go through staging buffers of two blocks.  Stopped at step 75 and resumed, the parameters and both moments
     equal those of Adam on the device (the same slots, uninterrupted) within 1e-6."""
+    import numbasplat.cpu as cpu_kernels
     from engine.stores.offload import OutOfCoreStore
     from scenes import cluster_capture
     monkeypatch.setattr(DeviceCache, "staged", staged)
@@ -230,16 +233,27 @@ def test_adam_on_the_host_trains_as_adam_on_the_device_in_blocks_and_chunks(tmp_
                            backend="cpu", block_rows=16, mode=mode, offload_adam=adam, **caps)
         s = t.strategy
         s.refine_start, s.refine_every, s.reset_every, s.refine_stop = 20, 50, 90, 150
+        s.opacity_reg, s.scale_reg, s.regularise_from = 0.01, 0.01, 120
         t.start_from({"params": start})
         return t
     device = trainer("device", "device")
     device.train(progress=False)
+    calls = {"project_backward": 0, "project_backward_over_params": 0}  # the host's runs' projection backwards
+
+    def counted(name, kernel):
+        def call(*args):
+            calls[name] += 1
+            return kernel(*args)
+        return call
+    for name in calls:
+        monkeypatch.setattr(cpu_kernels, name, counted(name, getattr(cpu_kernels, name)))
     trainer("host", "host").train(progress=False, until=75)
     resumed = trainer("host", "host")
     resumed.load_snapshot(tmp_path / "host" / SNAPSHOT)
     resumed.train(progress=False)
     store = resumed.store
     assert store.cache.pool.shape[1] == store.layout.width + len(store.layout.statistics)  # (no moments there)
+    assert calls["project_backward_over_params"] >= 200 and not calls["project_backward"]
     assert device.store.cache.pool.shape[1] == store.layout.columns_total
     assert len(resumed.model) == len(device.model) > 120, "densification did not run"
     assert store.cache.misses > (store.index.blocks if slots == 20 else 0)  # blocks left the device and came back
@@ -253,6 +267,55 @@ def test_adam_on_the_host_trains_as_adam_on_the_device_in_blocks_and_chunks(tmp_
             np.testing.assert_allclose(b[w][g], a[w][g], rtol=1e-6, atol=1e-7 if w != "v" else 1e-12,
                                        err_msg=f"{w} {g}")
     assert all(np.abs(a["v"][g]).max() > 0 for g in GROUPS)  # (moments to compare)
+
+
+def _gradients_over_the_parameters_case(backend):
+    """A model whose gradients go over its parameters (``GaussianModel.grads_over_params``, as a working set's
+    under ``--offload-adam host``): its projection backward on ``backend`` writes over the parameters, to the
+    bit, the gradients that a model of the same parameters gets in a buffer of their own; adding to them is
+    refused.  Rotated, unevenly scaled Gaussians (some behind the camera, off the image, culled) in a 40 x 30
+    image, at the SH degree stored and below it, where the CUDA SH kernel's threads write other coefficients
+    than they read (a missing barrier shows there); the larger case takes two of that kernel's blocks."""
+    from engine.recipe.model import GaussianModel
+    from numbasplat.backend import to_host
+    from scenes import edge_case_scene, look_at_camera
+    camera = look_at_camera(W=40, H=30)
+    rng = np.random.default_rng(5)
+    for n, degree in ((24, 3), (24, 1), (200, 2)):
+        g = edge_case_scene(n=n, seed=n, dtype=np.float32)
+        apart, over = (GaussianModel(g.arrays(), backend) for _ in range(2))
+        over.grads_over_params = True
+        over.release_grads()  # (the constructor made a buffer of their own)
+        assert over.grads is over.params
+        p = ns.project(apart.gaussians, camera, sh_degree=degree, backend=backend)
+        b = ns.bin_tiles(p, backend=backend)
+        r = ns.rasterize(p, b, None, backend)
+        d_image = apart.xp.asarray(rng.normal(size=r.image.shape).astype(r.image.dtype))
+        grad = ns.rasterize_backward(p, b, r, d_image, backend=backend)
+        for model in (apart, over):
+            ns.project_backward(model.gaussians, p, grad, model.grad_gaussians, accumulate=False, backend=backend)
+        want = to_host(apart.grads.data)
+        assert np.abs(want).max() > 0 and not np.array_equal(want, to_host(apart.params.data))
+        np.testing.assert_array_equal(to_host(over.params.data), want, err_msg=f"{n} Gaussians, degree {degree}")
+        with pytest.raises(ValueError, match="cannot be added"):
+            ns.project_backward(over.gaussians, p, grad, over.grad_gaussians, accumulate=True, backend=backend)
+
+
+def test_gradients_written_over_the_parameters_are_those_of_a_buffer_of_their_own():
+    """``_gradients_over_the_parameters_case`` on the CPU kernels."""
+    _gradients_over_the_parameters_case("cpu")
+
+
+@pytest.mark.sim
+@pytest.mark.timeout(900)
+def test_gradients_written_over_the_parameters_are_those_of_a_buffer_of_their_own_in_simulator():
+    """``_gradients_over_the_parameters_case`` on the CUDA kernels, simulated: the parameters go into the
+    kernels uncopied, so a thread that wrote a gradient before another read its parameter would show."""
+    run_sim("""
+        from test_offload import _gradients_over_the_parameters_case
+        _gradients_over_the_parameters_case("cuda")
+        print("gradients over the parameters ok")
+    """, timeout=900, env={"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")])})
 
 
 def test_an_unknown_offload_adam_is_named(dataset, tmp_path, capsys):
@@ -1329,9 +1392,10 @@ def test_the_working_set_bytes_are_what_a_step_allocates(dataset, tmp_path, adam
     statistics, no moments, no gradients until the backward), the projection, the rows and visible mask,
     the binning's peak as tracemalloc sees it (numpy's arrays; the tiles' ranges and a few objects besides),
     the backward's records, kept ids and the parameters' gradients, which the check-in lets go.  With Adam on
-    the host (``--offload-adam host``) the pool's rows hold no moments, and the update allocates host memory
-    alone: the parameters gathered from the host's rows and those rows' places (on a GPU also the gradients
-    and the visible mask brought over)."""
+    the host (``--offload-adam host``) the pool's rows hold no moments, the backward writes the gradients over
+    the working copy's parameters (no buffer of their own), and the update allocates host memory alone: the
+    parameters gathered from the host's rows and those rows' places (on a GPU also the gradients and the
+    visible mask brought over)."""
     import tracemalloc
     from engine.stores.offload.store import working_set_bytes
     rng = np.random.default_rng(0)
@@ -1362,7 +1426,8 @@ def test_the_working_set_bytes_are_what_a_step_allocates(dataset, tmp_path, adam
     grad = ns.rasterize_backward(p, b, r, np.ones_like(r.image), backend="cpu")
     assert model._grads is None  # (none yet: the binning's peak does without them)
     visible = t.owner_backward(model, state, [p], [grad])
-    items, peak = working_set_bytes(t.store.layout, intersections / n, tiles, adam)
+    items, peak = t.store.working_set_bytes(intersections / n, tiles)
+    assert (items, peak) == working_set_bytes(t.store.layout, intersections / n, tiles, adam)  # (the pipeline's)
     copies = sum(a.nbytes for a in state.values() if not np.shares_memory(a, model.params.data.base))
     allocated = [t.store.cache.pool.nbytes / len(t.store.cache.pool), (model.params.data.base.nbytes + copies) / n,
                  (p.proj.nbytes + p.radii.nbytes + p.counts.nbytes) / n,
@@ -1373,12 +1438,14 @@ def test_the_working_set_bytes_are_what_a_step_allocates(dataset, tmp_path, adam
     assert abs(binning_peak - (n * items["binning at its peak: depth order, intersections and their sort"]
                                + 8 * tiles)) < 4096  # (a byte a Gaussian: 20,000)
     binning, scratch, backward = list(items.values())[4:]
-    assert backward * n == grad.nbytes + b.ids.nbytes + model.grads.data.nbytes
+    over_params = np.shares_memory(model.grads.data, model.params.data)
+    assert over_params == (adam == "host")
+    assert backward * n == grad.nbytes + b.ids.nbytes + (0 if over_params else model.grads.data.nbytes)
     assert scratch == intersections / n * (2 + 2 + 8)  # (a GPU's sort: not allocated here)
     assert peak == sum(allocated) + max(binning + scratch, backward)
     pool_row = 720 if adam == "device" else 248  # (SH degree 3: 59 parameters, m and v or none, 3 statistics)
     assert list(items.values())[:2] == [pool_row, 252]  # (the working copy: 59 parameters, 3 statistics, one int32)
-    assert model.grads.data.nbytes == 236 * n
+    assert model.grads.data.nbytes == 236 * n  # (with Adam on the host, the working copy's parameters' bytes)
     assert t.store.step_device_bytes(intersections / n, tiles) == \
         t.store.cache.pool.nbytes + n * (peak - pool_row) + DeviceCache.INDEX_BYTES * n + view_bytes(dataset)
     if adam == "host":  # the update's allocations (its second: the first compiles): on the host

@@ -380,7 +380,8 @@ class OffloadTrainer(SingleGPUTrainer):
     ``gpu_memory`` (bytes, 0: ``GPU_SHARE`` of the device's free memory, no cap on the CPU backend): the
     device's pool of blocks and the working sets built from them; ``prefetch``: disk mode reads the next
     view's blocks ahead on a thread; ``offload_adam``: where Adam runs, device or host (its moments then
-    only in the host's tier: ``engine.stores.offload.host_adam``).  BlitzGS's switches are refused
+    only in the host's tier: ``engine.stores.offload.host_adam``; the backward then writes the gradients over
+    the working set's parameters, which the host's Adam does not read).  BlitzGS's switches are refused
     (``culls_views``): their per-Gaussian weights and masks would live beside the blocks, not in their rows.
 
     A view whose working set is larger than the device's pool is trained in depth-ordered chunks of
@@ -393,6 +394,7 @@ class OffloadTrainer(SingleGPUTrainer):
         self.options, store = out_of_core(self.options, mode, offload_dir, host_memory, gpu_memory, prefetch,
                                           block_rows, adam=offload_adam)
         store.chunked_views = True
+        store.grads_over_params = True  # (one projection backward per checked-out model: a view's, or a chunk's)
         super().__init__(dataset, out_dir, cfg, backend, log, store=store)
 
     def _device_step(self, model, state, i, bg, degree, room, roomed, clock):

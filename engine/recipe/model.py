@@ -105,6 +105,10 @@ class GaussianModel:
     """Parameters in one flat buffer (``FlatParams``), a gradient buffer of the
     same layout, and the fused Adam over them."""
 
+    grads_over_params = False  # the gradients' buffer the parameters' own (``grads``): a backward writes each
+    # gradient over its parameter, for an Adam that holds the parameters elsewhere and needs their gradients alone
+    # (the out-of-core store's ``HostAdam``, which brings the new parameters back)
+
     def __init__(self, arrays, backend=None, b1=0.9, b2=0.999):
         self.backend = backend or _backend.BACKEND
         self.xp = _backend.array_module(self.backend)
@@ -129,9 +133,11 @@ class GaussianModel:
     @property
     def grads(self):
         """The parameters' gradients, a ``FlatParams`` like ``params``: made (zeros) at its first use where the
-        model was made without it or let it go (``from_flat(grads=False)``, ``release_grads``)."""
+        model was made without it or let it go (``from_flat(grads=False)``, ``release_grads``); ``params``
+        itself where ``grads_over_params``."""
         if self._grads is None:
-            self._grads = self.params.like(self.xp.zeros(self.params.size, np.float32))
+            self._grads = (self.params if self.grads_over_params else
+                           self.params.like(self.xp.zeros(self.params.size, np.float32)))
         return self._grads
 
     def release_grads(self):
@@ -145,8 +151,8 @@ class GaussianModel:
         return self.params.sh_bases
 
     def nbytes(self):
-        """Bytes of the parameters, their gradients and both Adam moments."""
-        grads = () if self._grads is None else (self._grads.data,)
+        """Bytes of the parameters, their gradients (where they have a buffer of their own) and both Adam moments."""
+        grads = () if self._grads is None or self._grads is self.params else (self._grads.data,)
         return sum(int(a.nbytes) for a in (self.params.data, *grads, self.adam.m, self.adam.v))
 
     @property

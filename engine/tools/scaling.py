@@ -304,7 +304,7 @@ def offload_report(t, say, measured=0, paper=BILLION):
     beside what the itemised bytes make of the last step (the pool, its working set's buffers, the index,
     the images and the view's per-pixel buffers).  -> the numbers."""
     from engine.stores.offload import RowLayout
-    from engine.stores.offload.store import INTERSECTIONS_PER_GAUSSIAN, tier_bytes, working_set_bytes
+    from engine.stores.offload.store import INTERSECTIONS_PER_GAUSSIAN, tier_bytes
     store, n, degree = t.store, len(t.model), t.sh_degree_now()
     held = round(store.layout.sh_bases ** 0.5) - 1  # the SH degree the rows hold
     k, tiles = INTERSECTIONS_PER_GAUSSIAN, 0
@@ -313,7 +313,7 @@ def offload_report(t, say, measured=0, paper=BILLION):
         camera = t.data.train[t._progress_view[1]].camera
         counts = ns.project(model.gaussians, camera, sh_degree=degree, backend=t.backend, check=False).counts
         k, tiles = float(counts.sum()) / max(len(model), 1), int(np.prod(camera.tiles))
-    items, peak = working_set_bytes(store.layout, k, tiles, store.adam)
+    items, peak = store.working_set_bytes(k, tiles)
     say(f"device bytes per working-set Gaussian at SH degree {held}, {k:.2f} tile intersections each "
         f"(the last view's): {peak:.0f} B at the step's peak")
     for what, size in items.items():

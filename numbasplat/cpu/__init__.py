@@ -13,8 +13,8 @@ from . import loss, optim, raster, rows, sparse, tile_loss as _tile_loss
 from .loss import as_images, l1_ssim, ssim_forward
 from .optim import adam, adam_rows
 from .raster import (contributions, cull, depth_keys, emit_intersections, project, project_backward,
-                     project_backward_adam, raster_backward, raster_forward, route, route_fill, screen_stats,
-                     tile_ranges)
+                     project_backward_adam, project_backward_over_params, ranges_from_counts, raster_backward,
+                     raster_forward, route, route_fill, screen_stats)
 from .rows import move_rows, pool_rows, reach_boxes, row_normals
 from .sparse import decode_add, encode, scatter_add
 from .tile_loss import tile_loss
@@ -44,5 +44,6 @@ def launch_count():
 
 __all__ = ["FUSED_TILE_LOSS", "STATE_DTYPE", "adam", "adam_rows", "array_module", "as_images", "contributions", "cull", "decode_add",
            "depth_keys", "emit_intersections", "encode", "fused_layout", "l1_ssim", "launch_count", "move_rows",
-           "pool_rows", "project", "project_backward", "project_backward_adam", "raster_backward", "raster_forward",
-           "reach_boxes", "route", "route_fill", "row_normals", "scatter_add", "screen_stats", "ssim_forward", "tile_loss", "tile_ranges"]
+           "pool_rows", "project", "project_backward", "project_backward_adam", "project_backward_over_params",
+           "ranges_from_counts", "raster_backward", "raster_forward",
+           "reach_boxes", "route", "route_fill", "row_normals", "scatter_add", "screen_stats", "ssim_forward", "tile_loss"]

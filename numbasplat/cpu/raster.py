@@ -18,7 +18,7 @@ from ..math.jit import shared
 _ops = go.build(njit(cache=True))  # not inlined: parfors cannot analyse the inlined tuple math
 project_one, visit_tiles, project_backward_one = _ops.project, _ops.visit_tiles, _ops.project_backward
 project_backward_adam_one = _ops.project_backward_adam
-depth_key_one, emit_one, range_edges_one = _ops.depth_key, _ops.emit, _ops.range_edges
+depth_key_one, emit_one, range_from_count_one = _ops.depth_key, _ops.emit, _ops.range_from_count
 screen_stats_one = _ops.screen_stats
 cull_one = _ops.cull
 route_one, route_fill_one = _ops.route, _ops.route_fill
@@ -49,17 +49,26 @@ def depth_keys(proj, counts, keys):
 
 
 @njit(parallel=True, cache=True)
-def emit_intersections(proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids, ids,
-                       overflow):
+def emit_intersections(proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, view_of, keep_from, keep_to, pad,
+                       room, tile_ids, ids, tally, overflow):
+    """The CUDA kernel's emission and its count of each kept tile's intersections into the end column of
+    ``tally``: without atomics here, the count is a serial pass over the emitted keys after the parallel
+    emission (pad keys, ``tally``'s row count and beyond, count nowhere)."""
     for k in prange(order.shape[0]):
-        emit_one(k, proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids, ids, overflow,
-                 0, 1)
+        emit_one(k, proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, view_of, keep_from, keep_to, pad, room,
+                 tile_ids, ids, tally, overflow, 0, 1)
+    for i in range(tile_ids.shape[0]):
+        if tile_ids[i] < tally.shape[0]:
+            tally[tile_ids[i], 1] += 1
 
 
-@njit(parallel=True, cache=True)
-def tile_ranges(tile_of, perm, ranges):
-    for i in prange(perm.shape[0]):
-        range_edges_one(i, tile_of, perm, ranges)
+@njit(cache=True)
+def ranges_from_counts(ranges):
+    """Each tile's [start, end) in the sorted intersections from its count (``range_from_count_body``):
+    a running sum over the tiles in order."""
+    start = 0
+    for t in range(ranges.shape[0]):
+        start += range_from_count_one(t, start, ranges)
 
 
 @njit(parallel=True, cache=True)
@@ -86,6 +95,17 @@ def project_backward(means, quats, scales, logits, sh, degree, cam, W, H, antial
     for n in prange(means.shape[0]):
         project_backward_one(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias, proj, counts, grad,
                              d_means, d_quats, d_scales, d_logits, d_sh, accumulate)
+
+
+@njit(parallel=True, cache=True)
+def project_backward_over_params(means, quats, scales, logits, sh, degree, cam, W, H, antialias, proj, counts, grad):
+    """``project_backward`` with each Gaussian's gradients written over its parameters
+    (``rendering.project_backward`` into the parameters themselves): each parameter array passed once and
+    used as its gradients' output too, since the arrays of a parallel loop are compiled as not aliasing one
+    another; ``project_backward_body`` reads every parameter of a Gaussian before it writes its gradient."""
+    for n in prange(means.shape[0]):
+        project_backward_one(n, means, quats, scales, logits, sh, degree, cam, W, H, antialias, proj, counts, grad,
+                             means, quats, scales, logits, sh, False)
 
 
 @njit(parallel=True, cache=True)

@@ -17,6 +17,7 @@ from numba import cuda, float32, int32
 
 from ..math import gaussian_ops as go
 from ..math.blend import blend_step, dominant_step, load_behind, load_front, store_behind, store_front, store_pixel
+from ..math.jit import SIM
 from ..math.sh import sh_basis, sh_basis_jacobian
 from ..math.tiles import TILE, tile_grid
 from .launch import F1, F2, F3, I1, I2, L1, THREADS, U1, array_module, kernel, per_item
@@ -26,9 +27,18 @@ from .tile import (BLOCK, NF, NG, ONE, RED_ROWS, WARPS, ZERO, add_over_warp, bac
 
 BATCH_WORDS = BLOCK * NF    # a batch of records in shared memory (a constant, as Numba needs)
 
-_ops = go.build(cuda.jit(device=True))
+
+@cuda.jit(device=True, inline=True)
+def _count_tile(tally, key):
+    """An emitted intersection added to its tile's count (the end column of row ``key``): other threads
+    emit into the same tiles, so an atomic add, whose value goes unused (a reduction the threads do not
+    wait on)."""
+    cuda.atomic.add(tally, (key, 1), 1)
+
+
+_ops = go.build(cuda.jit(device=True), count_tile=_count_tile)
 project_one, cull_one = _ops.project, _ops.cull
-depth_key_one, emit_one, range_edges_one = _ops.depth_key, _ops.emit, _ops.range_edges
+depth_key_one, emit_one, range_from_count_one = _ops.depth_key, _ops.emit, _ops.range_from_count
 screen_stats_one = _ops.screen_stats
 geometry_backward_one, geometry_adam_one, adam_put = _ops.geometry_backward, _ops.geometry_adam, _ops.adam_put
 view_direction, colour_grad = _ops.view_direction, _ops.colour_grad
@@ -70,46 +80,90 @@ def _depth_key_kernel(proj, counts, keys):
 
 EMIT_WIDE = 16  # a Gaussian over this many tiles or more is emitted by its whole warp
 EMIT_RUN = 4    # Gaussians consecutive in depth order that a warp's lanes take together (32 / EMIT_RUN runs)
+U16 = "uint16[::1]"  # the sort keys where the tiles fit 16 bits
 
 
-@kernel(F2, "int64[::1]", I1, "int64[::1]", "int64", "int64", "int64", "int64", "int64", "int64", "int64", U1, I1, I1)
-def _emit_kernel(proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids, ids, overflow):
-    """A thread per Gaussian, except that a warp emits its wide Gaussians (EMIT_WIDE tiles or more)
-    together, one at a time, its lanes writing consecutive slots of each tile row: one thread over
-    thousands of tiles would hold its warp (and its block) that long, with stores to 32 scattered
-    places per instruction.  No shuffles: the wide ones' indices go through shared memory (a block
-    barrier, which the simulator has and every thread reaches).
+def _emit(key_type):
+    """The emission kernel, writing its sort keys as ``key_type`` (uint32, or uint16 where the keys fit:
+    the tiles' sort then takes them as they are, with no copy into a narrower type)."""
+    def kernel_fn(proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, view_of, keep_from, keep_to, pad, room,
+                  tile_ids, ids, tally, overflow):
+        """A thread per Gaussian, except that a warp emits its wide Gaussians (EMIT_WIDE tiles or more)
+        together, one at a time, its lanes writing consecutive slots of each tile row: one thread over
+        thousands of tiles would hold its warp (and its block) that long, with stores to 32 scattered
+        places per instruction.  No shuffles: the wide ones' indices go through shared memory (a block
+        barrier, which the simulator has and every thread reaches).
 
-    A warp takes 32 / EMIT_RUN runs of EMIT_RUN Gaussians consecutive in depth order, spread over
-    the order (run a of warp w is the run a * warps + w), not 32 consecutive ones: the wide ones
-    cluster in depth order (the near ones), and a warp that took a cluster would emit them one
-    after another while the rest of the grid had finished; within a run, lanes write neighbouring
-    slots.  Slots come from ``ends``, so which thread takes a Gaussian changes no output."""
-    wide = cuda.shared.array(THREADS, int32)
+        A warp takes 32 / EMIT_RUN runs of EMIT_RUN Gaussians consecutive in depth order, spread over
+        the order (run a of warp w is the run a * warps + w), not 32 consecutive ones: the wide ones
+        cluster in depth order (the near ones), and a warp that took a cluster would emit them one
+        after another while the rest of the grid had finished; within a run, lanes write neighbouring
+        slots.  Slots come from ``ends``, so which thread takes a Gaussian changes no output.
+
+        Each intersection is also counted into its tile's row of ``tally`` (``_count_tile``), from
+        which ``ranges_from_counts`` makes the tiles' ranges.  Counting here rather than in a histogram
+        pass over the emitted keys costs no launch and no second read of the keys; the atomic adds go
+        to a small array that stays in L2, need no reply, and rarely collide: a warp's lanes emit
+        different Gaussians, each at its own place in its run of tiles, and the lanes sharing a wide
+        Gaussian write neighbouring tiles."""
+        wide = cuda.shared.array(THREADS, int32)
+        t = cuda.threadIdx.x
+        lane = t % 32
+        warp = cuda.grid(1) // 32
+        warps = (order.shape[0] + 31) // 32
+        k = ((lane // EMIT_RUN) * warps + warp) * EMIT_RUN + lane % EMIT_RUN if warp < warps else order.shape[0]
+        wide[t] = -1
+        if k < order.shape[0]:
+            if counts[order[k]] >= EMIT_WIDE:
+                wide[t] = k
+            else:
+                emit_one(k, proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, view_of, keep_from, keep_to, pad,
+                         room, tile_ids, ids, tally, overflow, 0, 1)
+        cuda.syncthreads()
+        for j in range(t - lane, t - lane + 32):
+            if wide[j] >= 0:  # the same for every lane of the warp
+                emit_one(wide[j], proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, view_of, keep_from, keep_to,
+                         pad, room, tile_ids, ids, tally, overflow, lane, 32)
+
+    name = "_emit_kernel" if key_type == U1 else "_emit_u16_kernel"
+    kernel_fn.__name__ = kernel_fn.__qualname__ = name  # (its PTX cache key and its KERNELS entry)
+    return kernel(F2, L1, I1, L1, "int64", "int64", "int64", "int64", "int64", I1, "int64", "int64", "int64", "int64",
+                  key_type, I1, I2, I1)(kernel_fn)
+
+
+_emit_kernel = _emit(U1)
+_emit_u16_kernel = _emit(U16)
+
+SCAN_THREADS = 1024  # the one block that turns the tiles' counts into their ranges
+
+
+@kernel(I2)
+def _ranges_from_counts_kernel(ranges):
+    """Each tile's [start, end) from its count in the end column of its row (``range_from_count_body``),
+    in one block: each thread sums the counts of a contiguous run of tiles, the block scans those sums
+    in shared memory (each thread's start: the counts of the runs before it), then each thread walks its
+    run again writing the ranges.  The tiles are few enough that one block takes them in one launch."""
+    sums = cuda.shared.array(SCAN_THREADS, int32)
     t = cuda.threadIdx.x
-    lane = t % 32
-    warp = cuda.grid(1) // 32
-    warps = (order.shape[0] + 31) // 32
-    k = ((lane // EMIT_RUN) * warps + warp) * EMIT_RUN + lane % EMIT_RUN if warp < warps else order.shape[0]
-    wide[t] = -1
-    if k < order.shape[0]:
-        if counts[order[k]] >= EMIT_WIDE:
-            wide[t] = k
-        else:
-            emit_one(k, proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids, ids,
-                     overflow, 0, 1)
+    threads = cuda.blockDim.x
+    per = (ranges.shape[0] + threads - 1) // threads
+    lo = min(t * per, ranges.shape[0])
+    hi = min(lo + per, ranges.shape[0])
+    own = 0
+    for r in range(lo, hi):
+        own += ranges[r, 1]
+    sums[t] = own
     cuda.syncthreads()
-    for j in range(t - lane, t - lane + 32):
-        if wide[j] >= 0:  # the same for every lane of the warp
-            emit_one(wide[j], proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids,
-                     ids, overflow, lane, 32)
-
-
-@kernel(U1, "int64[::1]", I2)
-def _tile_ranges_kernel(tile_of, perm, ranges):
-    i = cuda.grid(1)
-    if i < perm.shape[0]:
-        range_edges_one(i, tile_of, perm, ranges)
+    step = 1
+    while step < threads:  # (Hillis-Steele: inclusive sums)
+        before = sums[t - step] if t >= step else 0
+        cuda.syncthreads()
+        sums[t] += before
+        cuda.syncthreads()
+        step *= 2
+    start = sums[t] - own
+    for r in range(lo, hi):
+        start += range_from_count_one(r, start, ranges)
 
 
 @kernel(F2, I1, I2, "int64", "int64", "float32", "float32", I1, F1, I1, F1)
@@ -162,8 +216,9 @@ def _sh_backward(fused):
         are read and written coalesced (a thread per Gaussian would touch 32 cache lines per access):
         1. a thread per Gaussian: basis and clamp-gated colour gradient, into shared memory;
         2. a thread per (Gaussian, coefficient) item, in memory order: the coefficient's weight in
-           the view-direction gradient (reads ``sh``), then d_sh = basis * colour gradient (writes;
-           fused: the coefficient's Adam update, once every thread's reads are done);
+           the view-direction gradient (reads ``sh``), then, once every thread's reads are done,
+           d_sh = basis * colour gradient (writes, which may go over ``sh``; fused: the coefficient's
+           Adam update);
         3. a thread per Gaussian: the view-direction gradient from those weights."""
         basis = cuda.shared.array((SH_BLOCK, SH_PAD), float32)
         weight = cuda.shared.array((SH_BLOCK, SH_PAD), float32)
@@ -205,8 +260,8 @@ def _sh_backward(fused):
                 q = gs[j]
                 if q < n_here and live[q]:
                     weight[q, ks[j]] = dcol[q, 0] * c0[j] + dcol[q, 1] * c1[j] + dcol[q, 2] * c2[j]
-        if fused:
-            cuda.syncthreads()  # every coefficient read for the weights before any is updated
+        cuda.syncthreads()  # every coefficient read for the weights before any is written over: updated (fused),
+        # or its gradient written where ``d_sh`` is ``sh`` itself (``project_backward_over_params``)
         width = int32(sh.shape[1] // 3)  # coefficients stored, maybe more than used: those get zeros
         g, k, step_g, step_k = _first_item(width)
         while g < n_here:
@@ -319,14 +374,16 @@ def depth_keys(proj, counts, keys):
     _depth_key_kernel[per_item(proj.shape[0])](proj, counts, keys)
 
 
-def emit_intersections(proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids, ids,
-                       overflow):
-    _emit_kernel[per_item(order.shape[0])](proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room,
-                                           tile_ids, ids, overflow)
+def emit_intersections(proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, view_of, keep_from, keep_to, pad,
+                       room, tile_ids, ids, tally, overflow):
+    k = _emit_u16_kernel if tile_ids.dtype == np.uint16 else _emit_kernel
+    k[per_item(order.shape[0])](proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, view_of, keep_from, keep_to,
+                                pad, room, tile_ids, ids, tally, overflow)
 
 
-def tile_ranges(tile_of, perm, ranges):
-    _tile_ranges_kernel[per_item(perm.shape[0])](tile_of, perm, ranges)
+def ranges_from_counts(ranges):
+    threads = min(SCAN_THREADS, max(32, -(-ranges.shape[0] // 32) * 32))  # (a small grid of tiles: fewer)
+    _ranges_from_counts_kernel[1, threads](ranges)
 
 
 def project_backward(means, quats, scales, logits, sh, degree, cam, W, H, antialias, proj, counts, grad,
@@ -339,6 +396,26 @@ def project_backward(means, quats, scales, logits, sh, degree, cam, W, H, antial
                                                                    skip, ZERO, ZERO, ZERO, corrections)
     _geometry_backward_kernel[per_item(n)](means, quats, scales, logits, cam, W, H, antialias, counts, grad,
                                            d_dir, d_means, d_quats, d_scales, d_logits, accumulate)
+
+
+def project_backward_over_params(means, quats, scales, logits, sh, degree, cam, W, H, antialias, proj, counts, grad):
+    """``project_backward`` with each Gaussian's gradients written over its parameters (the arguments of
+    ``numbasplat.cpu.project_backward_over_params``): the SH kernel reads every coefficient of its block
+    before a barrier and writes their gradients after it, and the geometry kernel, which runs after it (the
+    SH kernel reads the means too), reads a Gaussian's parameters in its thread before writing their
+    gradients.  In the simulator, which copies each numpy argument in and back out on its own, the
+    parameters go in uncopied, so that a parameter and its gradient are one memory there too."""
+    means, quats, scales, logits, sh = (_uncopied(a) for a in (means, quats, scales, logits, sh))
+    project_backward(means, quats, scales, logits, sh, degree, cam, W, H, antialias, proj, counts, grad,
+                     means, quats, scales, logits, sh, False)
+
+
+def _uncopied(a):
+    """``a`` as a launch's argument that the simulator does not copy (its memory itself); itself on a GPU."""
+    if not SIM:
+        return a
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+    return FakeCUDAArray(a)
 
 
 def project_backward_adam(means, quats, scales, logits, sh, degree, cam, W, H, antialias, proj, counts, grad,

@@ -44,8 +44,19 @@ def footprint(u, v, ca, cb, cc, opacity):
     return ext, cc / det, ca / det
 
 
-def build(jit):
-    """The per-Gaussian bodies compiled with ``jit``; returns them in a namespace."""
+def build(jit, count_tile=None):
+    """The per-Gaussian bodies compiled with ``jit``; returns them in a namespace.
+
+    ``count_tile(tally, key)``: how the backend adds an emitted intersection to its tile's count,
+    the end column of row ``key`` of the tally (``emit_body``), where threads emitting other
+    Gaussians add to the same rows: the CUDA kernels' atomic add.  None: emission counts nothing
+    (the CPU kernels, which have no atomics, count the emitted keys in one pass after their
+    parallel loop)."""
+    if count_tile is None:
+        @jit
+        def count_tile(tally, key):
+            pass
+
     @jit
     def store1(a, n, v, accumulate):
         """a[n] += v, or a[n] = v: write mode never reads (the buffer may be uninitialised)."""
@@ -77,18 +88,20 @@ def build(jit):
         return g0, g1, g2
 
     @jit
-    def visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, key_base, o, limit, tile_ids, ids, write,
+    def visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, key_map, o, limit, tile_ids, ids, tally, write,
                          first, stride):
         """Count (write=False) or emit (write=True) the tiles hit by Gaussian n.
 
-        Emitting writes (global tile id, Gaussian id) pairs into slots
-        [o, o + limit), ``limit`` being the count from projection.  The two
-        passes are compiled into different kernels, where the compiler may
-        fuse float operations differently, so a boundary tile can flip: never
-        write past ``limit``, and pad a shortfall with tile id ``key_base +
-        tiles``, which sorts after every real tile and lands in no range.
-        ``stride`` threads may share the writing: this one writes the slots
-        ``first``, ``first + stride``, ... of each row's run (one thread: 0, 1)."""
+        Emitting writes (sort key, Gaussian id) pairs into slots [o, o + limit), ``limit`` being
+        the count from projection, and counts each key into the ``tally`` (``count_tile``).
+        ``key_map`` = (key_base, keep_from, keep_to, pad): tile t of the view (row-major) is written
+        as key ``key_base + t`` where ``keep_from <= t < keep_to``, else as ``pad``, which sorts
+        after every kept tile and lands in no range (a part's tile rows, ``bin_tiles(tile_rows=)``).
+        The two passes are compiled into different kernels, where the compiler may fuse float
+        operations differently, so a boundary tile can flip: never write past ``limit``, and pad a
+        shortfall with ``pad`` too.  ``stride`` threads may share the writing: this one writes the
+        slots ``first``, ``first + stride``, ... of each row's run (one thread: 0, 1)."""
+        key_base, keep_from, keep_to, pad = key_map
         u = proj[n, U]
         v = proj[n, V]
         ca, cb, cc = proj[n, CA], proj[n, CB], proj[n, CC]
@@ -105,12 +118,18 @@ def build(jit):
                     for tx in range(a + first, b + 1, stride):
                         j = k + tx - a
                         if j < limit:
-                            tile_ids[o + j] = key_base + ty * tiles_x + tx
+                            t = ty * tiles_x + tx
+                            if keep_from <= t < keep_to:
+                                key = key_base + t
+                                tile_ids[o + j] = key
+                                count_tile(tally, key)
+                            else:
+                                tile_ids[o + j] = pad
                             ids[o + j] = n
                 k += max(b - a + 1, 0)
         if write:
             for j in range(k + first, limit, stride):
-                tile_ids[o + j] = key_base + tiles_x * tiles_y
+                tile_ids[o + j] = pad
                 ids[o + j] = n
         return k
 
@@ -121,32 +140,36 @@ def build(jit):
         keys[n] = proj[n, DEPTH] if counts[n] > 0 else f32(math.inf)
 
     @jit
-    def emit_body(k, proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, key_base, room, tile_ids, ids,
-                  overflow, first, stride):
+    def emit_body(k, proj, order, counts, ends, tile, tiles_x, tiles_y, W, H, view_of, keep_from, keep_to, pad,
+                  room, tile_ids, ids, tally, overflow, first, stride):
         """Emit the intersections of the k-th Gaussian in depth order (``order``) into slots
         [ends[k] - counts, ends[k]) (``ends``: the running count in that order) when they all fit in
-        the ``room`` slots; the last Gaussian writes overflow[0] = 1 if the total does not fit.
-        ``first``, ``stride``: this thread's share of the writes (``visit_tiles_body``)."""
+        the ``room`` slots, counting each kept tile's into the end column of its ``tally`` row; the
+        last Gaussian writes overflow[0] = 1 if the total does not fit.  ``view_of``: each
+        Gaussian's view, whose tiles' keys follow the views before it (empty: one view);
+        ``keep_from``, ``keep_to``, ``pad``: the tiles kept and the key of the others
+        (``visit_tiles_body``).  ``first``, ``stride``: this thread's share of the writes."""
         n = order[k]
         c = counts[n]
         end = ends[k]
         if c > 0 and end <= room:
-            visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, key_base, end - c, c, tile_ids, ids, True,
-                             first, stride)
+            key_base = view_of[n] * (tiles_x * tiles_y) if view_of.shape[0] > 0 else 0
+            visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, (key_base, keep_from, keep_to, pad), end - c, c,
+                             tile_ids, ids, tally, True, first, stride)
         if k == order.shape[0] - 1 and first == 0:
             overflow[0] = 1 if end > room else 0
 
     @jit
-    def range_edges_body(i, tile_of, perm, ranges):
-        """Where the i-th intersection in sorted order (``tile_of[perm[i]]``) starts or ends its tile's
-        run, write that edge of the tile's row of ``ranges`` (rows of empty tiles stay as they are;
-        pad ids past the last row land nowhere)."""
-        t = tile_of[perm[i]]
-        if t < ranges.shape[0]:
-            if i == 0 or tile_of[perm[i - 1]] != t:
-                ranges[t, 0] = i
-            if i == perm.shape[0] - 1 or tile_of[perm[i + 1]] != t:
-                ranges[t, 1] = i + 1
+    def range_from_count_body(t, start, ranges):
+        """Turn tile t's row of ``ranges``, its count of intersections in the end column (``emit_body``),
+        into its [start, start + count) in the sorted intersections, ``start`` being the count of every
+        tile before it: the tiles' sort is stable and by tile, so each tile's run follows the earlier
+        tiles' runs.  The row of an empty tile stays [0, 0).  -> the count."""
+        c = ranges[t, 1]
+        if c > 0:
+            ranges[t, 0] = start
+            ranges[t, 1] = start + c
+        return c
 
     @jit
     def screen_stats_body(n, grad, counts, radii, col_u, col_v, sx, sy, skip, sums, seen, max_radius):
@@ -242,7 +265,8 @@ def build(jit):
         proj[n, OPAC] = opacity
         proj[n, DEPTH] = depth
         # tile counting reads the stored (rounded) record back, exactly as emission will
-        cnt = visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, 0, 0, 0, counts, counts, False, 0, 1)
+        cnt = visit_tiles_body(n, proj, tile, tiles_x, tiles_y, W, H, (0, 0, 0, 0), 0, 0, counts, counts,
+                               radii, False, 0, 1)
         if cnt > 0:
             ext, cov_a, cov_c = footprint(proj[n, U], proj[n, V], proj[n, CA], proj[n, CB], proj[n, CC], opacity)
             radii[n, 0] = int(math.ceil(math.sqrt(ext * cov_a)))
@@ -501,8 +525,8 @@ def build(jit):
                                d_means, d_quats, d_scales, d_logits, accumulate)
 
     return SimpleNamespace(visit_tiles=visit_tiles_body, depth_key=depth_key_body, emit=emit_body,
-                           range_edges=range_edges_body, screen_stats=screen_stats_body, project=project_body,
-                           cull=cull_body, route=route_body,
+                           range_from_count=range_from_count_body, screen_stats=screen_stats_body,
+                           project=project_body, cull=cull_body, route=route_body,
                            route_fill=route_fill_body,
                            project_backward=project_backward_body,
                            view_direction=view_direction, colour_grad=colour_grad,

@@ -44,7 +44,9 @@ the step sees).
 With ``--offload-adam host`` (issue 60's CLM option) Adam's moments never reach the device: the pool's rows
 hold the parameters and statistics alone, and a working set's update runs on the host, on its rows in the
 host's tier (``host_adam.HostAdam``: its gradients to the host, the new parameters back to the pool), the same
-update as the device's to the bit on the CPU backend (tested).
+update as the device's to the bit on the CPU backend (tested).  The host's rows hold the parameters that update
+reads, so in the single-process pipeline the backward writes the gradients over the working set's parameters on
+the device, which keeps no gradients' buffer.
 
 The device's budget (``--gpu-memory``) is spent on block slots, each holding a block's rows and room for
 them in a step's working set: ``store.working_set_bytes`` itemises a working-set Gaussian's device bytes

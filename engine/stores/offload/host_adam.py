@@ -6,12 +6,18 @@ A step's update (``HostAdam.update``): the working set's gradients and visible m
 backend's Adam kernel (``numbasplat.cpu.adam_rows``, the ``numbasplat.math.adam`` update that the device's
 kernels inline too) steps the host's rows of those Gaussians, their parameters and moments there; the new
 parameters go back to the device, into the working set's model and its pool rows.  On the CPU backend it is
-the device's ``RowsAdam`` to the bit: the same kernel on the same values."""
+the device's ``RowsAdam`` to the bit: the same kernel on the same values.
+
+Since the host holds the parameters that the update reads, the device's copy of them in the working set's
+model is not read after the backward: where each checked-out model takes one projection backward
+(``OutOfCoreStore.grads_over_params``, the single-process pipeline's), the backward writes the gradients over
+it (``GaussianModel.grads_over_params``) and the device keeps no gradients' buffer."""
 from dataclasses import dataclass
 
 import numpy as np
 
 from numbasplat import backend as _backend
+from numbasplat import device
 from numbasplat.optim import MomentsElsewhereAdam
 
 from engine.pipelines.options import OFFLOAD_ADAM as ADAM_PLACES  # where a working set's Adam runs
@@ -47,10 +53,17 @@ class HostAdam(MomentsElsewhereAdam):
         """The step ``set_step`` prepared, on the host: ``grads`` (device, flat like ``params``), ``visible``
         ((N,) bool, None: every Gaussian), ``skip`` (a (1,) int32 device flag: set, nothing changes) come to
         the host; the host's rows take the new parameters and moments, the device's model and pool rows the
-        new parameters.  (No split by ``rows``: the aggregate device does not run out of core.)"""
+        new parameters.  ``grads`` may be the model's parameters themselves, the backward's gradients written
+        over them (``GaussianModel.grads_over_params``): the update reads the parameters from the host's rows
+        alone, and a skipped step takes them back from the pool's rows.  (No split by ``rows``: the aggregate
+        device does not run out of core.)"""
         if rows is not None:
             raise ValueError("HostAdam.update: no split by rows (the aggregate device does not run out of core)")
-        if not self.params.size or (skip is not None and _backend.to_host(skip)[0] != 0):
+        if not self.params.size:
+            return
+        if skip is not None and _backend.to_host(skip)[0] != 0:
+            if device.address(grads) == device.address(self.params.data):
+                self.store.pool_layout.read_params(self.pool, self.pool_rows, self.params.data, self.backend)
             return
         grads = np.ascontiguousarray(_backend.to_host(grads), np.float32)
         use_visible = visible is not None

@@ -38,7 +38,8 @@ VIEW_BYTES_PER_PIXEL = 24 + 36 + 12 + 12 + 8 + 2 * 24  # the device's budget kee
 # pixel states (float32 on a GPU; numbasplat.rendering.STATE_FIELDS)
 
 
-def working_set_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN, tiles=0, adam="device"):
+def working_set_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN, tiles=0, adam="device",
+                      grads_over_params=True):
     """-> ({what: device bytes per working-set Gaussian}, the step's peak of them): where an out-of-core step's
     device memory goes, per Gaussian of its working set with ``intersections`` tile intersections on average
     (over ``tiles`` tiles: the sort keys' width), from the sizes that the code allocates (``layout``: the
@@ -47,9 +48,13 @@ def working_set_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN, tiles=0,
     buffers; a GPU's sort scratch is an estimate).  The pool's rows and the working
     set's buffers live through the step; the binning's peak (its sorts) and the backward's (the gradient
     records, the sorted ids the binning kept, the parameters' gradients, made there and let go at the
-    check-in) come one after the other, so the peak counts the larger.  Per view, not per Gaussian (not here: ``VIEW_BYTES_PER_PIXEL``): the render and the loss's
-    buffers; per model Gaussian: the index (``DeviceCache.INDEX_BYTES``)."""
+    check-in) come one after the other, so the peak counts the larger.  With Adam on the host and
+    ``grads_over_params`` (``OutOfCoreStore.grads_over_params``: the single-process pipeline's) the backward
+    writes the parameters' gradients over the working copy's parameters, which the host's Adam does not read:
+    they take no bytes of their own.  Per view, not per Gaussian (not here: ``VIEW_BYTES_PER_PIXEL``): the
+    render and the loss's buffers; per model Gaussian: the index (``DeviceCache.INDEX_BYTES``)."""
     pool = layout.without_moments() if adam == "host" else layout
+    over_params = adam == "host" and grads_over_params
     lasting = {
         ("pool rows: parameters, Adam's moments, statistics" if pool.moments else
          "pool rows: parameters, statistics (Adam's moments in the host's tier)"): pool.row_bytes,
@@ -60,10 +65,12 @@ def working_set_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN, tiles=0,
     }
     binning = BINNING_GAUSSIAN_BYTES + intersections * binning_intersection_bytes(tiles)
     scratch = intersections * sort_scratch_bytes(tiles)
-    backward = gradient_record_bytes() + intersections * 4 + 4 * layout.width  # (Adam on the host reads a copy)
+    backward = gradient_record_bytes() + intersections * 4 + (0 if over_params else 4 * layout.width)
     items = {**lasting, "binning at its peak: depth order, intersections and their sort": binning,
              "binning's sort scratch on a GPU (an estimate)": scratch,
-             "backward: gradient records, the sorted intersections' ids, the parameters' gradients": backward}
+             ("backward: gradient records, the sorted intersections' ids (the parameters' gradients written over "
+              "the working copy's parameters)" if over_params else
+              "backward: gradient records, the sorted intersections' ids, the parameters' gradients"): backward}
     return items, sum(lasting.values()) + max(binning + scratch, backward)
 
 
@@ -191,6 +198,10 @@ class OutOfCoreStore:
     out_of_core = True
     chunked_views = False  # a view larger than the pool is checked out in chunks (``ChunkedView``): set by a
     # pipeline whose step trains them (``OffloadTrainer``); else such a view is refused
+    grads_over_params = False  # with Adam on the host, the backward writes a checked-out model's gradients over
+    # its parameters (``GaussianModel.grads_over_params``; the host's Adam reads the host's rows): set by a pipeline
+    # that runs one projection backward per checked-out model (``OffloadTrainer``; a batch's views add theirs
+    # into a buffer of their own), and the device's budget then counts no gradients' buffer (``working_set_bytes``)
     home = "cpu"  # a model to hold is made in host memory, then cut into blocks
     refine_in_blocks = True  # refine block by block on the host's tier (``refine``: host mode's one table, disk
     # mode's files), not gathering the whole model a second time (off: the whole model gathered and re-cut into
@@ -354,12 +365,17 @@ class OutOfCoreStore:
         """The last step's working set as a model on the device (None: none, or a chunked view's)."""
         return self._working[1] if self._working is not None else None
 
+    def working_set_bytes(self, intersections, tiles=0):
+        """``working_set_bytes`` of this store's working sets (its rows, where its Adam runs, whether their
+        gradients go over their parameters) at ``intersections`` per Gaussian over ``tiles``."""
+        return working_set_bytes(self.layout, intersections, tiles, self.adam, self.grads_over_params)
+
     def step_device_bytes(self, intersections, tiles=0):
         """Device bytes that ``working_set_bytes`` (at ``intersections`` per Gaussian over ``tiles``) makes of
         the last step: the pool, its working set's buffers beside their pool rows, the index, the training
         images and the largest view's per-pixel buffers."""
         count = self._in_pool.count if self._in_pool is not None else 0
-        peak = working_set_bytes(self.layout, intersections, tiles, self.adam)[1]
+        peak = self.working_set_bytes(intersections, tiles)[1]
         return (int(self.cache.pool.nbytes) + count * (peak - self.pool_layout.row_bytes)
                 + DeviceCache.INDEX_BYTES * len(self.index) + self.images_bytes + self._view_bytes())
 
@@ -665,7 +681,7 @@ class OutOfCoreStore:
 
     def _working_row_bytes(self):
         """Device bytes a working-set Gaussian takes at the step's peak, its pool row included."""
-        return working_set_bytes(self.layout, self.intersections_per_gaussian(), adam=self.adam)[1]
+        return self.working_set_bytes(self.intersections_per_gaussian())[1]
 
     def _working_rows(self):
         """The working-set rows that the budget holds beside the pool as it was made, at the intersections per
@@ -804,8 +820,9 @@ class OutOfCoreStore:
         device.copy_rows(self.cache.pool, 0, table, 0, n)
         self.cache.moved_bytes += table.nbytes
         pool_rows = self.xp.arange(n)
-        return self.pool_layout.model(self.cache.pool, self._adam_steps, self.backend, rows=pool_rows,
-                                      betas=self.betas, in_place=True, adam=self._host_adam(rows, pool_rows))
+        return self._trained_in_place(self.pool_layout.model(self.cache.pool, self._adam_steps, self.backend,
+                                                             rows=pool_rows, betas=self.betas, in_place=True,
+                                                             adam=self._host_adam(rows, pool_rows)))
 
     def rows_out(self, rows, model, statistics):
         """``rows_in``'s ``model`` and ``statistics`` of the model rows ``rows``, trained, back to the host's
@@ -897,10 +914,16 @@ class OutOfCoreStore:
         if self._working is None or self._working[0] is not in_pool:
             self._working = None  # (the last working set's buffers free before this one's are made)
             adam = self._host_adam(self.index.rows(in_pool.blocks) if self.adam == "host" else None, in_pool.rows)
-            self._working = (in_pool, *self.pool_layout.model(self.cache.pool, self._adam_steps, self.backend,
-                                                              rows=in_pool.rows, betas=self.betas, in_place=True,
-                                                              adam=adam))
+            self._working = (in_pool, *self._trained_in_place(self.pool_layout.model(
+                self.cache.pool, self._adam_steps, self.backend, rows=in_pool.rows, betas=self.betas, in_place=True,
+                adam=adam)))
         return self._working[1:]
+
+    def _trained_in_place(self, working):
+        """``working`` ((a model trained in place on pool rows, its statistics)), its gradients written over its
+        parameters where its Adam runs on the host and the pipeline says so (``grads_over_params``)."""
+        working[0].grads_over_params = self.adam == "host" and self.grads_over_params
+        return working
 
     def _store_working(self, working, statistics, in_pool, lr_means, lr_scales):
         """The trained working set's statistics back to the pool (Adam wrote its parameters and moments there);
