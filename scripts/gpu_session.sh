@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzpass [S]|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelahead P|pixelpolish [P]|pixelprof [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|graphsab [S]|pending [S]|hostprof|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P|proxy|curves
+#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzpass [S]|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelahead P|pixelpolish [P]|pixelprof [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|graphsab [S]|pending [S]|hostprof|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P|proxy|proxyprof|curves
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -744,6 +744,19 @@ viewer)  # issue 28, headless: the viewer's frame latency per render mode at 1M 
     timeout 300 python3 scripts/viewer_bench.py slowdown "${LEGO[@]}" --iters 2000 --repeats 2 \
         > "$R/viewer_slowdown.txt" 2>&1
     cat "$R/viewer_slowdown.txt" ;;
+proxyprof)  # issue 63: where the Gaussian exchange's host time goes on the large city at P = 2 under MPS (50% of
+    # the SMs a rank, device rows through TRANSPORT, default ipc): rank 0 under cProfile (scripts/profile_rank0.sh),
+    # 450 steps from a 4000-step model, its functions by own and by cumulative time to $OUT/proxyprof.txt
+    large_city; KEEP=1 train citylarge_init 4000 "${CITYLARGE[@]}"
+    ply="$R/citylarge_init/point_cloud/iteration_4000/point_cloud.ply"
+    nvidia-cuda-mps-control -d 2>/dev/null && step "MPS on"
+    PROF="$R/prof0" timeout 300 mpiexec --allow-run-as-root --oversubscribe -x CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 \
+        -x PROF -n 2 bash scripts/profile_rank0.sh train --out "$R/city_prof" --iters 450 --quiet --exchange gaussian \
+        --transport "${TRANSPORT:-ipc}" "${CITYLARGE[@]}" --init-ply "$ply" > "$R/city_prof.txt" 2>&1
+    python3 scripts/mpi_summary.py "$R/city_prof" 2>&1 | head -3
+    python3 -c "import pstats, sys; s = pstats.Stats('$R/prof0', stream=sys.stdout); s.sort_stats('tottime').print_stats(35)
+s.sort_stats('cumtime').print_stats(70)" > "$OUT/proxyprof.txt" 2>&1
+    echo quit | nvidia-cuda-mps-control 2>/dev/null; step "MPS off" ;;
 proxy)  # issue 63: GPU partitions as stand-in GPUs.  CUDA MPS limits each client to 1/P of the SMs
     # (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); one rank on 1/P of them (one small GPU) against P ranks on 1/P each (P
     # small GPUs): the ratio of their images/s, over P, is a strong-scaling efficiency with every host cost,
