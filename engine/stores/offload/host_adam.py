@@ -38,6 +38,23 @@ class HostAdam(MomentsElsewhereAdam):
         super().__post_init__()  # (the moments are the host's)
         self._host_values = None
         self._host_no_skip, self._host_no_mask = np.zeros(1, np.int32), np.ones(1, np.bool_)
+        self._staging = {}  # name: a page-locked host buffer, reused from step to step (``_staged``)
+
+    def _staged(self, name, n, dtype):
+        """``n`` values of ``dtype`` in this Adam's page-locked host buffer ``name`` (grown by doubling), which the
+        GPU copies into and out of without a staging copy of its own (a plain array where no GPU runs).  A step's
+        copies out of it are queued on the step's stream before the next step's download is waited for, so
+        reusing it is safe."""
+        buffer = self._staging.get(name)
+        if buffer is None or buffer.size < n:
+            buffer = device.pinned_empty(max(n, 2 * (0 if buffer is None else buffer.size)), dtype)
+            self._staging[name] = buffer
+        return buffer[:n]
+
+    def _download(self, a, name):
+        """The copy of the device array ``a`` into this Adam's page-locked buffer ``name``, queued (``HostCopy``:
+        numpy arrays pass through)."""
+        return device.HostCopy(a, self._staged(name, a.size, a.dtype).reshape(a.shape))
 
     def set_step(self, lr_columns):
         """Count a step and keep its per-column rates and bias corrections on the host, in float32 as
@@ -65,12 +82,15 @@ class HostAdam(MomentsElsewhereAdam):
             if device.address(grads) == device.address(self.params.data):
                 self.store.pool_layout.read_params(self.pool, self.pool_rows, self.params.data, self.backend)
             return
-        grads = np.ascontiguousarray(_backend.to_host(grads), np.float32)
         use_visible = visible is not None
-        visible = np.ascontiguousarray(_backend.to_host(visible), np.bool_) if use_visible else self._host_no_mask
+        downloads = [self._download(grads, "gradients")]
+        if use_visible:  # (both copies queued before the host waits for either)
+            downloads.append(self._download(visible, "visible"))
+        grads = downloads[0].get()
+        visible = downloads[1].get() if use_visible else self._host_no_mask
         store, w = self.store, self.params.size // self.params.n
         table, at, gathered = store.host_rows_for_update(self.rows)
-        params = np.empty(self.params.size, np.float32)
+        params = self._staged("parameters", self.params.size, np.float32)  # (uploaded from page-locked memory)
         store.layout.read_params(table, at, params)
         lrs, corrections = self._host_values[:-2], self._host_values[-2:]
         _backend.kernels("cpu").adam_rows(table, at, np.array([0, w, 2 * w], np.int32), params, grads,
