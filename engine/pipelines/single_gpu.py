@@ -308,7 +308,7 @@ class SingleGPUTrainer(Trainer):
         the bit.  Not on the aggregate device (``placement.split``: its parts split the projection
         backward and Adam by rows, ``Placement.adam_update``), nor out of core (Adam's moments are
         columns of the store's row table: ``RowsAdam``), nor at a step where the strategy's regularisers
-        act (``add_strategy_gradients`` adds theirs to the gradient buffer before Adam).  The
+        act (``owner_backward`` adds theirs to the gradient buffer before Adam).  The
         densification statistics read the screen-space gradients, which stay; visible-only Adam's mask
         is the projection's, which the kernels read.  Adam's time then counts in the phase "owner"."""
         return (self.cfg.fuse_adam == "on" and not self.placement.split and not self.store.out_of_core

@@ -746,22 +746,6 @@ class Trainer(ABC):
         """The whole model's Gaussians (``RankedTrainer``: over every rank's shard)."""
         return len(self.model)
 
-    def strategy_gradients(self, model=None, state=None):
-        """The strategy's regularisers' gradients of ``model`` (default: the trainer's; ``state`` its strategy
-        state), None where they do not act: made from the parameters before the backward, which may write the
-        gradients over them (``GaussianModel.grads_over_params``), and added after it (``add_strategy_gradients``)."""
-        model = self.model if model is None else model
-        return self.strategy.loss_gradients(model, self.strategy_state if state is None else state, self.step,
-                                            self.gaussian_total())
-
-    @staticmethod
-    def add_strategy_gradients(model, extra):
-        """Add ``extra`` (``strategy_gradients``' of ``model``; None: nothing) to ``model``'s gradient buffers
-        before Adam."""
-        if extra:
-            for k, v in extra.items():
-                getattr(model.grad_gaussians, k)[...] += v
-
     # ------------------------------------------------------------------ the step body: per view, in every pipeline
     def project_view(self, model, state, i, degree):
         """Training view ``i``'s projection of ``model`` (this process's Gaussians, or the step's working set;
@@ -796,17 +780,20 @@ class Trainer(ABC):
         """The owner's part of the step's backward: each view's projection backward into ``model``'s
         gradients (the first view's writes them, the rest add), each view's screen-space statistics for
         the strategy (a batch's view sees its own gradient, not its 1/B share of the batch loss; ``skip``:
-        the device flag of a step the optimizer skips), then the regularisers' gradients (made before the
-        backward: ``strategy_gradients``).  On the device alone (a step graph may capture it).  -> the rows
-        that visible-only Adam updates: those any view drew (None: ``visible_adam`` off)."""
+        the device flag of a step the optimizer skips), then the strategy's regularisers' gradients, made
+        from the parameters before the backward, which may write the gradients over them
+        (``GaussianModel.grads_over_params``).  On the device alone (a step graph may capture it).  -> the
+        rows that visible-only Adam updates: those any view drew (None: ``visible_adam`` off)."""
         seen = None
-        extra = self.strategy_gradients(model, state)
+        regularisers = self.strategy.loss_gradients(model, self.strategy_state if state is None else state, self.step,
+                                                    self.gaussian_total()) or {}
         for n, (p, grad) in enumerate(zip(projections, grads)):
             self.placement.project_backward(model.gaussians, p, grad, model.grad_gaussians, accumulate=n > 0)
             self.strategy.after_backward(model, state, self.step, p, grad, self.batch, skip=skip)
             if self.cfg.visible_adam:
                 seen = p.counts > 0 if seen is None else seen | (p.counts > 0)
-        self.add_strategy_gradients(model, extra)
+        for k, v in regularisers.items():
+            getattr(model.grad_gaussians, k)[...] += v
         return seen
 
     def _check_finite(self, loss=None, model=None):
