@@ -105,6 +105,38 @@ def test_adam_with_its_moments_in_table_rows_steps_as_the_flat_one():
     np.testing.assert_array_equal(table[:, [0, 1, -1]], untouched[:, [0, 1, -1]])
 
 
+def test_adam_reading_parameters_from_table_rows_steps_as_rows_adam():
+    """``adam_table_rows`` (the host's Adam of a working set) reads the parameters from the table, not from the
+    flat buffer (garbage here: the device wrote gradients over its copy), and writes every Gaussian's to the
+    flat buffer, stepped or not: bit for bit ``adam_rows`` on a flat buffer read from the table, over visible-only
+    steps with uneven groups (SH degree 3) and permuted rows."""
+    from numbasplat.cpu import adam_rows, adam_table_rows
+    g = edge_case_scene(n=11, dtype=np.float32)
+    flat = FlatParams.from_gaussians(g)
+    n, w = flat.n, flat.size // flat.n
+    rng = np.random.default_rng(4)
+    rows = rng.permutation(n + 3)[:n]
+    table = rng.normal(size=(n + 3, 1 + 3 * w)).astype(np.float32)
+    table[:, 1 + 2 * w:] = np.abs(table[:, 1 + 2 * w:])
+    lrs = column_lrs(LR, flat.sh_bases)
+    layout = flat.layout(lrs)
+    columns = np.array([1, 1 + w, 1 + 2 * w], np.int32)
+    expected, mine = table.copy(), table.copy()
+    for step, vis in enumerate((rng.random(n) < 0.5, rng.random(n) < 0.5, np.ones(n, bool))):
+        grads = rng.normal(size=flat.size).astype(np.float32)
+        args = (grads, *layout, lrs, vis, True, np.zeros(1, np.int32), np.float32(0.9), np.float32(0.999),
+                np.float32(1e-15), np.array([1 - 0.9 ** (step + 1), 1 - 0.999 ** (step + 1)], np.float32))
+        reference = np.empty(flat.size, np.float32)
+        for k, group in zip(range(5), ("means", "scales", "quats", "opacities", "sh")):
+            start, width = layout[0][k], layout[1][k]
+            reference[start:start + n * width] = expected[rows, 1 + layout[2][k]:1 + layout[2][k] + width].reshape(-1)
+        adam_rows(expected, rows, columns, reference, *args)
+        params = np.full(flat.size, np.nan, np.float32)
+        adam_table_rows(mine, rows, columns, params, *args)
+        np.testing.assert_array_equal(mine, expected)
+        np.testing.assert_array_equal(params, reference)
+
+
 def test_adam_step_bound_holds_and_is_reached():
     """The fused Adam's steps (visible-only, rows skipping steps) never move a parameter by more than
     ``adam_step_bound`` learning rates; gradients growing by b2 / b1 a step (where Cauchy-Schwarz is

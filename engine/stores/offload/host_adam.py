@@ -3,10 +3,11 @@ issue 60's CLM option): the device's pool holds the rows' parameters and statist
 (``RowLayout.without_moments``), so a working-set Gaussian takes no device bytes for its moments.
 
 A step's update (``HostAdam.update``): the working set's gradients and visible mask come to the host; the CPU
-backend's Adam kernel (``numbasplat.cpu.adam_rows``, the ``numbasplat.math.adam`` update that the device's
-kernels inline too) steps the host's rows of those Gaussians, their parameters and moments there; the new
-parameters go back to the device, into the working set's model and its pool rows.  On the CPU backend it is
-the device's ``RowsAdam`` to the bit: the same kernel on the same values.
+backend's Adam kernel (``numbasplat.cpu.adam_table_rows``: the ``numbasplat.math.adam`` update that the
+device's kernels inline too, Gaussian by Gaussian, reading the parameters from the host's rows) steps the host's
+rows of those Gaussians, their parameters and moments there; the new parameters go back to the device, into the
+working set's model and its pool rows.  On the CPU backend it is the device's ``RowsAdam`` to the bit: the same
+update on the same values.
 
 Since the host holds the parameters that the update reads, the device's copy of them in the working set's
 model is not read after the backward: where each checked-out model takes one projection backward
@@ -91,9 +92,8 @@ class HostAdam(MomentsElsewhereAdam):
         store, w = self.store, self.params.size // self.params.n
         table, at, gathered = store.host_rows_for_update(self.rows)
         params = self._staged("parameters", self.params.size, np.float32)  # (uploaded from page-locked memory)
-        store.layout.read_params(table, at, params)
         lrs, corrections = self._host_values[:-2], self._host_values[-2:]
-        _backend.kernels("cpu").adam_rows(table, at, np.array([0, w, 2 * w], np.int32), params, grads,
+        _backend.kernels("cpu").adam_table_rows(table, at, np.array([0, w, 2 * w], np.int32), params, grads,
                                           *self._host_layout, lrs, visible, use_visible, self._host_no_skip,
                                           np.float32(self.b1), np.float32(self.b2), np.float32(self.eps),
                                           corrections)
