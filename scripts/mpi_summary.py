@@ -13,7 +13,8 @@ from pathlib import Path
 def phases(run_dir):
     """Images/s over the second half, and each rank's phase times: the median over the second half's timed (log)
     steps, where there are several (one timed step is one sample: a stall or a compile shows as the phase's
-    time), with their bytes from the last."""
+    time), each with the host's part of it in brackets (until the host had queued the phase: ``PhaseClock``),
+    and their bytes from the last."""
     recs = [json.loads(ln) for ln in (Path(run_dir) / "log.jsonl").read_text().splitlines() if ln.strip()]
     last = ([r for r in recs if "rank_stats" in r] or recs)[-1]
     half = [r for r in recs if r["step"] >= last["step"] // 2][0]  # past compilation and warm-up
@@ -25,7 +26,8 @@ def phases(run_dir):
     for rank, s in enumerate(last["rank_stats"]):
         mine = [r["rank_stats"][rank] for r in timed]
         t = " ".join(f"{k} {median([m['times'][k] for m in mine if k in m.get('times', {})]):.2f}"
-                     for k in s.get("times", {}))
+                     + (f" ({median([m['host'][k] for m in mine if k in m.get('host', {})]):.2f})"
+                        if k in s.get("host", {}) else "") for k in s.get("times", {}))
         extra = " ".join(f"{k} {median([m[k] for m in mine if k in m]):.2f}" for k in ("t_encode", "t_exchange",
                                                                                        "t_decode") if k in s)
         extra += f" collectives {statistics.median([m['collective_ms'] for m in mine if 'collective_ms' in m]):.2f}" \
