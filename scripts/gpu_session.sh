@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzpass [S]|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelahead P|pixelpolish [P]|pixelprof [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|graphsab [S]|pending [S]|hostprof|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P|proxy|proxyprof|curves
+#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzpass [S]|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelahead P|pixelpolish [P]|pixelprof [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|graphsab [S]|pending [S]|hostprof|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P|proxy|proxyprof|proxyenc|curves
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -756,6 +756,15 @@ proxyprof)  # issue 63: where the Gaussian exchange's host time goes on the larg
     python3 scripts/mpi_summary.py "$R/city_prof" 2>&1 | head -3
     python3 -c "import pstats, sys; s = pstats.Stats('$R/prof0', stream=sys.stdout); s.sort_stats('tottime').print_stats(35)
 s.sort_stats('cumtime').print_stats(70)" > "$OUT/proxyprof.txt" 2>&1
+    echo quit | nvidia-cuda-mps-control 2>/dev/null; step "MPS off" ;;
+proxyenc)  # issue 63: the sparse exchange at P = 2 under MPS (50% of the SMs a rank, CUDA IPC) without the step
+    # around it, on the large city's rank-0 records (382k of 12 fields, 16% zero), against the encoder alone: whether
+    # the encode phase's 3.4 ms in the proxy is the exchange's own or a wait on the training beside it
+    python3 scripts/encode_bench.py --rows 382000 --zero 0.16
+    nvidia-cuda-mps-control -d 2>/dev/null && step "MPS on"
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 python3 scripts/encode_bench.py --rows 382000 --zero 0.16
+    timeout 120 mpiexec --allow-run-as-root --oversubscribe -x CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 -n 2 python3 \
+        scripts/exchange_bench.py --rows 382000 --zero 0.16 --transport ipc --reps 30
     echo quit | nvidia-cuda-mps-control 2>/dev/null; step "MPS off" ;;
 proxy)  # issue 63: GPU partitions as stand-in GPUs.  CUDA MPS limits each client to 1/P of the SMs
     # (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); one rank on 1/P of them (one small GPU) against P ranks on 1/P each (P
