@@ -26,8 +26,8 @@ def _adam(params, grads, m, v, bounds, widths, col0, lrs, visible, use_visible, 
 def _adam_table(table, rows, columns, params, grads, params_from_table, bounds, widths, col0, lrs, visible,
                 use_visible, skip, b1, b2, eps, corrections):
     """``_adam``'s step with the moments in a row table, Gaussian by Gaussian (a Gaussian's columns are one
-    stretch of its row, so the host's caches read each row once: the layout's element-by-element search
-    made the host's Adam three times slower).  Gaussian k's parameter in column c is element
+    stretch of its row, so the host's caches read each row once, and the group and column come from the loops,
+    not from a search of the layout for every element: BENCHMARKS.md, out of core).  Gaussian k's parameter in column c is element
     ``bounds[g] + k * widths[g] + c - col0[g]`` of ``params`` (its group g's); its moments are in row
     ``rows[k]`` of ``table``, columns ``columns[1] + c`` and ``columns[2] + c``, and column ``columns[0] + c``
     takes the new parameter too.  ``params_from_table``: the step reads the parameters from column
