@@ -110,7 +110,7 @@ def test_adam_reading_parameters_from_table_rows_steps_as_rows_adam():
     flat buffer (garbage here: the device wrote gradients over its copy), and writes every Gaussian's to the
     flat buffer, stepped or not: bit for bit ``adam_rows`` on a flat buffer read from the table, over visible-only
     steps with uneven groups (SH degree 3) and permuted rows."""
-    from numbasplat.cpu.optim import adam_rows, adam_table_rows
+    from numbasplat.cpu import adam_rows, adam_table_rows
     g = edge_case_scene(n=11, dtype=np.float32)
     flat = FlatParams.from_gaussians(g)
     n, w = flat.n, flat.size // flat.n

@@ -11,7 +11,7 @@ import numpy as np
 from ..math.jit import drop_stale_caches
 from . import loss, optim, raster, rows, sparse, tile_loss as _tile_loss
 from .loss import as_images, l1_ssim, ssim_forward
-from .optim import adam, adam_rows
+from .optim import adam, adam_rows, adam_table_rows
 from .raster import (contributions, cull, depth_keys, emit_intersections, project, project_backward,
                      project_backward_adam, project_backward_over_params, ranges_from_counts, raster_backward,
                      raster_forward, route, route_fill, screen_stats)
@@ -42,7 +42,7 @@ def launch_count():
     return None
 
 
-__all__ = ["FUSED_TILE_LOSS", "STATE_DTYPE", "adam", "adam_rows", "array_module", "as_images", "contributions", "cull", "decode_add",
+__all__ = ["FUSED_TILE_LOSS", "STATE_DTYPE", "adam", "adam_rows", "adam_table_rows", "array_module", "as_images", "contributions", "cull", "decode_add",
            "depth_keys", "emit_intersections", "encode", "fused_layout", "l1_ssim", "launch_count", "move_rows",
            "pool_rows", "project", "project_backward", "project_backward_adam", "project_backward_over_params",
            "ranges_from_counts", "raster_backward", "raster_forward",

@@ -3,7 +3,7 @@ issue 60's CLM option): the device's pool holds the rows' parameters and statist
 (``RowLayout.without_moments``), so a working-set Gaussian takes no device bytes for its moments.
 
 A step's update (``HostAdam.update``): the working set's gradients and visible mask come to the host; the CPU
-backend's Adam kernel (``numbasplat.cpu.optim.adam_table_rows``: the ``numbasplat.math.adam`` update that the
+backend's host-only Adam kernel (``numbasplat.cpu.adam_table_rows``: the ``numbasplat.math.adam`` update that the
 device's kernels inline too, Gaussian by Gaussian, reading the parameters from the host's rows) steps the host's
 rows of those Gaussians, their parameters and moments there; the new parameters go back to the device, into the
 working set's model and its pool rows.  On the CPU backend it is the device's ``RowsAdam`` to the bit: the same
@@ -19,7 +19,6 @@ import numpy as np
 
 from numbasplat import backend as _backend
 from numbasplat import device
-from numbasplat.cpu.optim import adam_table_rows  # (the host's own kernel: no backend has another)
 from numbasplat.optim import MomentsElsewhereAdam
 
 from engine.pipelines.options import OFFLOAD_ADAM as ADAM_PLACES  # where a working set's Adam runs
@@ -94,9 +93,10 @@ class HostAdam(MomentsElsewhereAdam):
         table, at, gathered = store.host_rows_for_update(self.rows)
         params = self._staged("parameters", self.params.size, np.float32)  # (uploaded from page-locked memory)
         lrs, corrections = self._host_values[:-2], self._host_values[-2:]
-        adam_table_rows(table, at, np.array([0, w, 2 * w], np.int32), params, grads, *self._host_layout, lrs, visible,
-                        use_visible, self._host_no_skip, np.float32(self.b1), np.float32(self.b2), np.float32(self.eps),
-                        corrections)
+        _backend.kernels("cpu").adam_table_rows(table, at, np.array([0, w, 2 * w], np.int32), params, grads,
+                                                *self._host_layout, lrs, visible, use_visible, self._host_no_skip,
+                                                np.float32(self.b1), np.float32(self.b2), np.float32(self.eps),
+                                                corrections)
         if gathered:
             store.put_host_rows(self.rows, table)
         data = self.params.data
