@@ -126,10 +126,8 @@ def test_adam_reading_parameters_from_table_rows_steps_as_rows_adam():
         grads = rng.normal(size=flat.size).astype(np.float32)
         args = (grads, *layout, lrs, vis, True, np.zeros(1, np.int32), np.float32(0.9), np.float32(0.999),
                 np.float32(1e-15), np.array([1 - 0.9 ** (step + 1), 1 - 0.999 ** (step + 1)], np.float32))
-        reference = np.empty(flat.size, np.float32)
-        for k, group in zip(range(5), ("means", "scales", "quats", "opacities", "sh")):
-            start, width = layout[0][k], layout[1][k]
-            reference[start:start + n * width] = expected[rows, 1 + layout[2][k]:1 + layout[2][k] + width].reshape(-1)
+        reference = np.concatenate([expected[rows, 1 + c:1 + c + width].reshape(-1)  # (FlatParams' order)
+                                    for width, c in zip(layout[1], layout[2])])
         adam_rows(expected, rows, columns, reference, *args)
         params = np.full(flat.size, np.nan, np.float32)
         adam_table_rows(mine, rows, columns, params, *args)

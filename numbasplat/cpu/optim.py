@@ -25,14 +25,14 @@ def _adam(params, grads, m, v, bounds, widths, col0, lrs, visible, use_visible, 
 @njit(parallel=True, cache=True)
 def _adam_table(table, rows, columns, params, grads, params_from_table, bounds, widths, col0, lrs, visible,
                 use_visible, skip, b1, b2, eps, corrections):
-    """``_adam``'s step with the moments in a row table, Gaussian by Gaussian (a Gaussian's columns are one
-    stretch of its row, so the host's caches read each row once, and the group and column come from the loops,
-    not from a search of the layout for every element: BENCHMARKS.md, out of core).  Gaussian k's parameter in column c is element
-    ``bounds[g] + k * widths[g] + c - col0[g]`` of ``params`` (its group g's); its moments are in row
-    ``rows[k]`` of ``table``, columns ``columns[1] + c`` and ``columns[2] + c``, and column ``columns[0] + c``
-    takes the new parameter too.  ``params_from_table``: the step reads the parameters from column
-    ``columns[0] + c`` and writes every Gaussian's (stepped or not) to ``params`` (the host's Adam, whose
-    ``params`` the device's working copy is uploaded from)."""
+    """``_adam``'s step with the moments in a row table, Gaussian by Gaussian: a Gaussian's columns are one
+    stretch of its row, so the host's caches read each row once, and each element's group and column come
+    from the loops, not from a search of the layout (BENCHMARKS.md, out of core).  Gaussian k's parameter in
+    column c is element ``bounds[g] + k * widths[g] + c - col0[g]`` of ``params`` (its group g's); its
+    moments are in row ``rows[k]`` of ``table``, columns ``columns[1] + c`` and ``columns[2] + c``, and column
+    ``columns[0] + c`` takes the new parameter too.  ``params_from_table``: the step reads the parameters
+    from column ``columns[0] + c`` and writes every Gaussian's (stepped or not) to ``params`` (the host's
+    Adam, whose ``params`` the device's working copy is uploaded from)."""
     if skip[0] != 0:
         return
     bc1, bc2 = corrections[0], corrections[1]
