@@ -790,6 +790,64 @@ def test_the_device_budget_follows_the_binnings_intersections(dataset, tmp_path)
     assert store._working_rows() >= 16 * slots
 
 
+def _clusters_binned(tmp_path, folder, adam, roomed, room=None, iterations=40):
+    """An out-of-core run of two clusters seen one at a time (rotated, unevenly scaled Gaussians), its device pool
+    holding 20 blocks of 16 rows (blocks leave and come back once it densifies past them), each view's working
+    set binned into room (``roomed``; ``room``: a ``BinningRoom`` of the test's) or exactly."""
+    from scenes import cluster_capture
+    data, start = cluster_capture(per_cluster=60, views=8)
+    start["sh"] = np.concatenate([start["sh"], np.random.default_rng(1).normal(0, 0.1, (120, 3, 3)).astype(np.float32)],
+                                 axis=1)  # (SH degree 1)
+    t = fast_refine(OffloadTrainer(data, tmp_path / folder, offload_config(iterations=iterations, sh_degree=1),
+                                   backend="cpu", block_rows=16, offload_adam=adam))
+    t.store._slots = lambda n: 20
+    t.binning_room = roomed
+    t.start_from({"params": start})
+    if room is not None:
+        t._room = room
+    return t
+
+
+@pytest.mark.parametrize("adam", ["device", "host"])
+def test_working_sets_binned_into_room_train_as_exact_binning(tmp_path, adam):
+    """Out of core on a GPU each view's working set bins into room kept for the view (``BinningRoom``: no sync
+    for its intersections' total): 40 steps densifying, blocks leaving the device and coming back, give the same
+    parameters and moments to the bit as exact binning, with Adam on the device or on the host, and the device's
+    budget follows the room each step took."""
+    exact = _clusters_binned(tmp_path, "exact", adam, False)
+    exact.train(progress=False)
+    roomy = _clusters_binned(tmp_path, "room", adam, True)
+    roomy.train(progress=False)
+    assert roomy._room.overflows == 0 and len(roomy._room.last) == 8
+    assert roomy.store.cache.misses > roomy.store.cache.slots  # (blocks left the device and came back)
+    a, b = exact.gather_state()[0], roomy.gather_state()[0]
+    assert len(b["params"]["means"]) > 120, "densification did not run"
+    for w in ("params", "m", "v"):
+        for g in GROUPS:
+            np.testing.assert_array_equal(b[w][g], a[w][g], err_msg=f"{w} {g}")
+    assert max(roomy.store._binned) > max(exact.store._binned)  # (a room is more than the total it held)
+
+
+@pytest.mark.parametrize("adam", ["device", "host"])
+def test_a_working_set_that_outgrows_its_room_leaves_the_model_and_its_moments_alone(tmp_path, adam):
+    """After the first pass over the 8 views (binned exactly) every working set gets one slot: each step is
+    skipped, the parameters, moments and densification statistics stay as they were (with Adam on the host the
+    gradients written over the working set's parameters are replaced by the pool's), and the log counts them."""
+    from test_single_gpu import _NoRoom
+    t = _clusters_binned(tmp_path, "out", adam, True, room=_NoRoom(), iterations=8)
+    t.strategy.refine_start = 100
+    t.train(progress=False)
+    before, count = t.gather_state()
+    t.cfg.iterations = 12
+    t.train(progress=False)
+    after, again = t.gather_state()
+    assert t.log_extra()["binning_overflows"] == 4
+    for w in ("params", "m", "v"):
+        for g in GROUPS:
+            np.testing.assert_array_equal(after[w][g], before[w][g], err_msg=f"{w} {g}")
+    np.testing.assert_array_equal(again["count"], count["count"])
+
+
 def test_a_device_cap_too_small_for_a_block_stops_with_the_size_it_needs(dataset, tmp_path):
     t = trained_until(dataset, tmp_path / "out", 10, gpu_memory=slot_bytes(4) + view_bytes(dataset))  # no slot beside the index
     before = snapshot_bytes(tmp_path / "out")

@@ -150,11 +150,12 @@ class SingleGPUTrainer(Trainer):
     def _room_for(self, view, model):
         """Binning room for this step's view (``BinningRoom.plan``), where ``binning_room`` says so
         and no colour correction is trained (its per-image update sees the render and has no skip
-        flag) and the model stays in memory (a working set's rows change from step to step); the view of a
-        step skipped for room goes back in the order (trains next).
+        flag) and the view is not trained in chunks (each chunk bins exactly); the view of a step skipped
+        for room goes back in the order (trains next).  Out of core the room is a view's working set's:
+        the same view checks out the same blocks, grown as the model grows.
         -> (room: None bins exactly, whether the step bins into room at all)."""
         wanted = _backend.on_gpu(self.backend) if self.binning_room is None else self.binning_room
-        if not wanted or self.appearance is not None or self.store.out_of_core:
+        if not wanted or self.appearance is not None or getattr(model, "chunked", False):
             return None, False
         if self._room is None:
             self._room = BinningRoom(self.placement.binnings if self.placement.binnings > 1 else None)
@@ -248,6 +249,7 @@ class SingleGPUTrainer(Trainer):
             loss = loss.again()  # (the graph keeps its loss unread: each replay's is read from its sums)
         if roomed:
             self._room.record(i, len(model), room, total)
+            self.store.binned(len(model), total if room is None else room)  # (the slots the step took)
         # (a graph keeps its loss, not its render: progress_psnr renders a replayed step's view when asked)
         self._progress_view = (image, i)
         self.step += 1

@@ -286,8 +286,9 @@ class OutOfCoreStore:
         self._store_working(model, state, self._in_pool, lr["means"], lr["scales"])
 
     def binned(self, gaussians, intersections):
-        """A step's (or a chunk's) exact binning of ``gaussians`` working-set rows into ``intersections`` tile
-        intersections: the device's budget follows them (``intersections_per_gaussian``)."""
+        """A step's (or a chunk's) binning of ``gaussians`` working-set rows into ``intersections`` tile
+        intersections (its exact total, or the room it binned into): the device's budget follows them
+        (``intersections_per_gaussian``)."""
         if gaussians:
             self._binned.append(int(intersections) / gaussians)
 
