@@ -97,6 +97,18 @@ def queue_to_host(a, into):
                                   cupy.cuda.get_current_stream().ptr)
 
 
+def queue_to_device(a, into):
+    """Queue the copy of the page-locked host array ``a`` into the contiguous device array ``into`` (of its
+    size and dtype) on the current stream: the host goes on while it runs (CuPy's ``set`` waits for it); the
+    caller leaves ``a`` alone until the stream has passed the copy.  A plain copy for numpy."""
+    if not is_device(into):
+        into[...] = a.reshape(into.shape)
+        return
+    import cupy
+    cupy.cuda.runtime.memcpyAsync(into.data.ptr, a.ctypes.data, into.nbytes, cupy.cuda.runtime.memcpyHostToDevice,
+                                  cupy.cuda.get_current_stream().ptr)
+
+
 def stream_event():
     """An event recorded now on the current stream (None on the CPU and in the simulator):
     ``.synchronize()`` waits for what was queued before it."""

@@ -100,8 +100,5 @@ class HostAdam(MomentsElsewhereAdam):
         if gathered:
             store.put_host_rows(self.rows, table)
         data = self.params.data
-        if _backend.is_device(data):
-            data.set(params)
-        else:
-            data[...] = params
+        device.queue_to_device(params, data)  # (the next step's download is queued after it: ``_staged``)
         store.pool_layout.write_params(data, self.pool, self.pool_rows, self.backend)
