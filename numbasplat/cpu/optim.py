@@ -32,23 +32,25 @@ def _adam_table(table, rows, columns, params, grads, params_from_table, bounds, 
     moments are in row ``rows[k]`` of ``table``, columns ``columns[1] + c`` and ``columns[2] + c``, and column
     ``columns[0] + c`` takes the new parameter too.  ``params_from_table``: the step reads the parameters
     from column ``columns[0] + c`` and writes every Gaussian's (stepped or not) to ``params`` (the host's
-    Adam, whose ``params`` the device's working copy is uploaded from)."""
+    Adam, whose ``params`` the device's working copy is uploaded from).  The loops index with unsigned
+    integers: Numba then adds no wrap-around of negative indices to each access, which is a third of the
+    kernel's time on the host (BENCHMARKS.md)."""
     if skip[0] != 0:
         return
     bc1, bc2 = corrections[0], corrections[1]
+    c_p, c_m, c_v = np.uint64(columns[0]), np.uint64(columns[1]), np.uint64(columns[2])
     for k in prange(rows.shape[0]):
-        r = rows[k]
+        row = table[rows[k]]
         stepped = not use_visible or visible[k]
         for g in range(widths.shape[0]):
-            w = widths[g]
-            first = np.int64(bounds[g]) + np.int64(k) * w
+            w = np.uint64(widths[g])
+            first, c0 = np.uint64(bounds[g]) + np.uint64(k) * w, np.uint64(col0[g])
             for j in range(w):
-                c, i = col0[g] + j, first + j
-                p = table[r, columns[0] + c] if params_from_table else params[i]
+                c, i = c0 + np.uint64(j), first + np.uint64(j)
+                p = row[c_p + c] if params_from_table else params[i]
                 if stepped:
-                    p, mi, vi = adam_update(p, grads[i], table[r, columns[1] + c], table[r, columns[2] + c], lrs[c],
-                                            b1, b2, eps, bc1, bc2)
-                    table[r, columns[0] + c], table[r, columns[1] + c], table[r, columns[2] + c] = p, mi, vi
+                    p, mi, vi = adam_update(p, grads[i], row[c_m + c], row[c_v + c], lrs[c], b1, b2, eps, bc1, bc2)
+                    row[c_p + c], row[c_m + c], row[c_v + c] = p, mi, vi
                     params[i] = p
                 elif params_from_table:
                     params[i] = p
