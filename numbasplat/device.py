@@ -101,6 +101,8 @@ def queue_to_device(a, into):
     """Queue the copy of the page-locked host array ``a`` into the contiguous device array ``into`` (of its
     size and dtype) on the current stream: the host goes on while it runs (CuPy's ``set`` waits for it); the
     caller leaves ``a`` alone until the stream has passed the copy.  A plain copy for numpy."""
+    if a.nbytes != into.nbytes or a.dtype != into.dtype:
+        raise ValueError(f"queue_to_device: {a.dtype}{a.shape} into {into.dtype}{into.shape}")
     if not is_device(into):
         into[...] = a.reshape(into.shape)
         return

@@ -33,8 +33,8 @@ def _adam_table(table, rows, columns, params, grads, params_from_table, bounds, 
     ``columns[0] + c`` takes the new parameter too.  ``params_from_table``: the step reads the parameters
     from column ``columns[0] + c`` and writes every Gaussian's (stepped or not) to ``params`` (the host's
     Adam, whose ``params`` the device's working copy is uploaded from).  The loops index with unsigned
-    integers: Numba then adds no wrap-around of negative indices to each access, which is a third of the
-    kernel's time on the host (BENCHMARKS.md)."""
+    integers: Numba then adds no wrap-around of negative indices to each access, which slowed them
+    (BENCHMARKS.md, out of core)."""
     if skip[0] != 0:
         return
     bc1, bc2 = corrections[0], corrections[1]
