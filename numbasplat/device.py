@@ -97,20 +97,6 @@ def queue_to_host(a, into):
                                   cupy.cuda.get_current_stream().ptr)
 
 
-def queue_to_device(a, into):
-    """Queue the copy of the page-locked host array ``a`` into the contiguous device array ``into`` (of its
-    size and dtype) on the current stream: the host goes on while it runs (CuPy's ``set`` waits for it); the
-    caller leaves ``a`` alone until the stream has passed the copy.  A plain copy for numpy."""
-    if a.nbytes != into.nbytes or a.dtype != into.dtype:
-        raise ValueError(f"queue_to_device: {a.dtype}{a.shape} into {into.dtype}{into.shape}")
-    if not is_device(into):
-        into[...] = a.reshape(into.shape)
-        return
-    import cupy
-    cupy.cuda.runtime.memcpyAsync(into.data.ptr, a.ctypes.data, into.nbytes, cupy.cuda.runtime.memcpyHostToDevice,
-                                  cupy.cuda.get_current_stream().ptr)
-
-
 def stream_event():
     """An event recorded now on the current stream (None on the CPU and in the simulator):
     ``.synchronize()`` waits for what was queued before it."""
@@ -186,8 +172,8 @@ def release_pinned():
 
 
 def copy_rows(dst, dst_row, src, src_row, rows, stream=None):
-    """``dst[dst_row:dst_row + rows] = src[src_row:src_row + rows]`` for C-contiguous 2-D arrays of
-    one row width, host or device either side.  With a device array it is queued on ``stream``
+    """``dst[dst_row:dst_row + rows] = src[src_row:src_row + rows]`` for C-contiguous arrays of one row
+    width (1-D: a row is an element), host or device either side.  With a device array it is queued on ``stream``
     (a ``CopyStream``; None: the current stream) and the host does not wait where the host side is
     page-locked: the host must not touch those rows, nor free either array, before the stream is done."""
     if not is_device(dst) and not is_device(src):

@@ -100,5 +100,6 @@ class HostAdam(MomentsElsewhereAdam):
         if gathered:
             store.put_host_rows(self.rows, table)
         data = self.params.data
-        device.queue_to_device(params, data)  # (the next step's download is queued after it: ``_staged``)
+        device.copy_rows(data, 0, params, 0, len(params))  # (queued, the host going on: the next step's download is
+        # queued after it, ``_staged``)
         store.pool_layout.write_params(data, self.pool, self.pool_rows, self.backend)
