@@ -809,6 +809,59 @@ def _clusters_binned(tmp_path, folder, adam, roomed, room=None, iterations=40):
 
 
 @pytest.mark.parametrize("adam", ["device", "host"])
+def test_where_the_device_holds_every_block_each_step_trains_them_all_without_gathering_them_again(
+        tmp_path, monkeypatch, adam):
+    """Two clusters that the views see one at a time, densifying, the device holding every block (no cap): each
+    step's working set is every block, whichever cluster its view sees, gathered from the pool at the start and
+    after each refinement only (not at each change of cluster), and the run equals in-memory training (with Adam on the host
+    too, whose moments stay on the host).  Where the pool holds under every block, a step's working set is the
+    blocks its view sees (about one cluster)."""
+    from scenes import cluster_capture
+    data, start = cluster_capture(per_cluster=60, views=8)
+    start["sh"] = np.concatenate([start["sh"], np.random.default_rng(1).normal(0, 0.1, (120, 3, 3)).astype(np.float32)],
+                                 axis=1)  # (SH degree 1)
+    gathers, cuts = [], []  # the working sets gathered from the pool, the refinements
+    made = RowLayout.model
+    monkeypatch.setattr(RowLayout, "model", lambda self, *a, **k: (k.get("in_place") and gathers.append(1))
+                        or made(self, *a, **k))  # (a working set's gather from the pool)
+
+    def run(folder, kind, slots=None):
+        cfg = offload_config(iterations=40, sh_degree=1)
+        t = fast_refine(SingleGPUTrainer(data, tmp_path / folder, cfg, backend="cpu") if kind == "memory" else
+                        OffloadTrainer(data, tmp_path / folder, cfg, backend="cpu", block_rows=16, offload_adam=adam))
+        if slots is not None:
+            t.store._slots = lambda n: slots
+        t.start_from({"params": start})
+        if kind != "memory":
+            refine = t.store.refine
+            t.store.refine = lambda *a: cuts.append(1) or refine(*a)
+        working = []  # each step's (working set, model) Gaussians
+        if kind != "memory":
+            checkout = t.store.checkout
+
+            def checked_out(*a):
+                out = checkout(*a)
+                working.append((t.store._in_pool.count, len(t.store.index)))
+                return out
+            t.store.checkout = checked_out
+        t.train(progress=False)
+        return t, working
+
+    memory, _ = run("memory", "memory")
+    del gathers[:], cuts[:]
+    every, working = run("every", "offload")
+    assert all(resident == n for resident, n in working), [w for w in working if w[0] != w[1]]  # (every block)
+    assert len(every.store.index) > 120 and len(cuts) >= 3, "densification did not run"
+    assert len(gathers) <= len(cuts) + 1, (len(gathers), len(cuts))  # one at the start and after each refinement
+    a, b = memory.gather_state()[0], every.gather_state()[0]
+    for w in ("params", "m", "v"):
+        for g in GROUPS:
+            np.testing.assert_allclose(b[w][g], a[w][g], rtol=1e-6, atol=1e-7, err_msg=f"{w} {g}")
+    _, working = run("some", "offload", slots=20)
+    assert any(resident < 0.8 * n for resident, n in working), working  # (the blocks a view sees)
+
+
+@pytest.mark.parametrize("adam", ["device", "host"])
 def test_working_sets_binned_into_room_train_as_exact_binning(tmp_path, adam):
     """Out of core on a GPU each view's working set bins into room kept for the view (``BinningRoom``: no sync
     for its intersections' total): 40 steps densifying, blocks leaving the device and coming back, give the same

@@ -756,12 +756,15 @@ class OutOfCoreStore:
     def _working_set(self, views, upcoming):
         """The blocks that the training ``views`` see resident (the missing ones moved in, and those of
         ``upcoming``, the next step's views, queued to move in while this step trains); -> their
-        ``WorkingRows``.  Consecutive steps often have the same blocks in the same slots (every one,
-        where the model fits): their rows are then reused, not found again."""
+        ``WorkingRows``.  Where the pool and the budget hold the whole model, every block, whichever the
+        views see: the working set is then the same from step to step (as the model in memory is), its rows
+        and its model reused, not found and gathered again for each view (copies from the host that wait for
+        the device's queue); the projection leaves out what a view does not see, as in memory.  Else
+        consecutive steps that have the same blocks in the same slots reuse them too."""
         waited = device.DeviceInterval()
         boxes = self.boxes.for_culling()
-        blocks = self._blocks_seen(views, boxes)
         rows = self._working_rows()
+        blocks = self._every_block() if self._holds_every_block(rows) else self._blocks_seen(views, boxes)
         if len(blocks) > self.cache.slots or (rows is not None and self.index.sizes[blocks].sum() > rows):
             chunked = self.chunked_views and len(views) == 1
             slots = 1 if chunked else len(blocks)  # (chunks need one block's room; else the whole working set)
@@ -901,6 +904,15 @@ class OutOfCoreStore:
                              self.layout.columns["scales"][0], REACH, backend="cpu")
         self.index.lo[blocks], self.index.hi[blocks] = lo, hi
         self.boxes._culling = None
+
+    def _holds_every_block(self, rows):
+        """Whether the pool holds every block and the budget's working ``rows`` (None: no cap) the whole model:
+        each step's working set is then every block, as in memory (``_working_set``)."""
+        return self.cache.slots >= self.index.blocks and (rows is None or len(self.index) <= rows)
+
+    def _every_block(self):
+        """Every block of the index (a working set of them all)."""
+        return np.arange(self.index.blocks)
 
     def _blocks_seen(self, views, boxes):
         """The blocks whose ``boxes`` the training ``views`` see."""
