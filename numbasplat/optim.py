@@ -165,6 +165,12 @@ class Adam:
                 kernels.adam(p.data[lo:hi], grads[lo:hi], self.m[lo:hi], self.v[lo:hi], *layout,
                              tail[0], visible[first:last] if visible is not None else tail[1], *tail[2:])
 
+    def buffers(self):
+        """The device arrays that an update reads and writes besides the parameters and their gradients (after
+        ``set_step``): a step graph that captured the update holds while they stay where they are
+        (``engine.pipelines.step_graphs.array_key``)."""
+        return (self.m, self.v, self._scalars.array, *self._layout, self._no_mask, self._no_skip)
+
     def fusable(self):
         """Whether a kernel may apply this optimizer's update itself (``step_values``): its moments are
         flat buffers like the parameters (not a row table's columns: ``RowsAdam``)."""
@@ -243,6 +249,10 @@ class RowsAdam(MomentsElsewhereAdam):
         super().__post_init__()
         xp = _backend.array_module(self.backend or _backend.BACKEND)
         self.columns = xp.asarray(np.asarray(self.columns, np.int32))
+
+    def buffers(self):
+        """``Adam.buffers``, and the table, its rows and its columns."""
+        return (*super().buffers(), self.table, self.rows, self.columns)
 
     def update(self, grads, visible=None, skip=None, rows=None):
         """``Adam.update`` of ``params`` and the table's rows (every Gaussian: ``rows`` must be None, as

@@ -18,6 +18,7 @@ from engine.stores.offload import (BlockIndex, BoxesInFlight, DeviceCache, DiskB
 from engine.pipelines.partition import REACH, morton_codes
 from numbasplat.optim import adam_step_bound
 from engine.pipelines.single_gpu import SingleGPUTrainer
+from engine.pipelines.step_graphs import StepGraphs
 from engine.recipe.strategy import DefaultStrategy
 from engine.recipe.trainer import SNAPSHOT
 from numbasplat.optim import GROUPS
@@ -790,17 +791,21 @@ def test_the_device_budget_follows_the_binnings_intersections(dataset, tmp_path)
     assert store._working_rows() >= 16 * slots
 
 
-def _clusters_binned(tmp_path, folder, adam, roomed, room=None, iterations=40):
+def _clusters_binned(tmp_path, folder, adam, roomed, room=None, iterations=40, slots=20, graphs=False):
     """An out-of-core run of two clusters seen one at a time (rotated, unevenly scaled Gaussians), its device pool
-    holding 20 blocks of 16 rows (blocks leave and come back once it densifies past them), each view's working
-    set binned into room (``roomed``; ``room``: a ``BinningRoom`` of the test's) or exactly."""
+    holding ``slots`` blocks of 16 rows (20: blocks leave and come back once it densifies past them; None: every
+    block), each view's working set binned into room (``roomed``; ``room``: a ``BinningRoom`` of the test's) or
+    exactly; ``graphs``: with step graphs (simulated: a replay calls the captured step)."""
     from scenes import cluster_capture
     data, start = cluster_capture(per_cluster=60, views=8)
     start["sh"] = np.concatenate([start["sh"], np.random.default_rng(1).normal(0, 0.1, (120, 3, 3)).astype(np.float32)],
                                  axis=1)  # (SH degree 1)
     t = fast_refine(OffloadTrainer(data, tmp_path / folder, offload_config(iterations=iterations, sh_degree=1),
                                    backend="cpu", block_rows=16, offload_adam=adam))
-    t.store._slots = lambda n: 20
+    if slots is not None:
+        t.store._slots = lambda n: slots
+    if graphs:
+        t._graphs = StepGraphs(simulate=True)
     t.binning_room = roomed
     t.start_from({"params": start})
     if room is not None:
@@ -879,6 +884,28 @@ def test_working_sets_binned_into_room_train_as_exact_binning(tmp_path, adam):
         for g in GROUPS:
             np.testing.assert_array_equal(b[w][g], a[w][g], err_msg=f"{w} {g}")
     assert max(roomy.store._binned) > max(exact.store._binned)  # (a room is more than the total it held)
+
+
+@pytest.mark.parametrize("adam", ["device", "host"])
+def test_out_of_core_steps_replayed_from_graphs_train_as_steps_run_as_usual(tmp_path, adam):
+    """Where the working set is the whole model (every block resident) and Adam runs on the device, step graphs
+    replay out-of-core steps: 40 steps densifying give the same parameters and moments to the bit as steps run as
+    usual.  With Adam on the host (host work inside the step) or a pool of 6 blocks (under the start's 8: the working
+    set changes with the view, or chunks), no step is replayed."""
+    plain = _clusters_binned(tmp_path, "plain", adam, True, slots=None)
+    plain.train(progress=False)
+    graphed = _clusters_binned(tmp_path, "graphs", adam, True, slots=None, graphs=True)
+    graphed.train(progress=False)
+    assert (graphed._graphs.replays > 0) == (adam == "device"), graphed._graphs.replays
+    a, b = plain.gather_state()[0], graphed.gather_state()[0]
+    assert len(b["params"]["means"]) > 120, "densification did not run"
+    for w in ("params", "m", "v"):
+        for g in GROUPS:
+            np.testing.assert_array_equal(b[w][g], a[w][g], err_msg=f"{w} {g}")
+    capped = _clusters_binned(tmp_path, "capped", adam, True, slots=6, graphs=True)  # (the start's 8 blocks in 6)
+    capped.train(progress=False)
+    assert capped._graphs.replays == capped._graphs.captures == 0
+    assert capped.store.chunked_steps + capped.store.cache.misses > 0  # (the pool held part of the model)
 
 
 @pytest.mark.parametrize("adam", ["device", "host"])

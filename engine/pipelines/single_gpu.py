@@ -243,7 +243,7 @@ class SingleGPUTrainer(Trainer):
             key = (len(model), degree, self.step >= getattr(strategy, "refine_stop", 0),
                    strategy.regularises_at(self.step), self.fuses_adam(),
                    "random" if self.cfg.random_background else bg.tobytes(),
-                   array_key([model.params.data, model.grads.data, model.adam.m, model.adam.v, *state.values()]))
+                   array_key([model.params.data, model.grads.data, *model.adam.buffers(), *state.values()]))
             fits = lambda captured_room: self._room.fits(i, len(model), captured_room)  # noqa: E731
             (image, loss, total), room = graphs.run(i, key, room, fits, step)
             loss = loss.again()  # (the graph keeps its loss unread: each replay's is read from its sums)
@@ -349,19 +349,18 @@ class SingleGPUTrainer(Trainer):
     def _graphs_now(self, timed):
         """The step graphs where this step may use one: on a GPU with ``cfg.step_graphs`` on, binning
         into room, the global loss (the tile loss draws its arrangements on the host), no colour
-        correction (its per-image values live on the host), the model in memory (a working set's buffers
-        change from step to step), one device (virtual parts too: their streams fork from the step's
-        stream and join it, captured with it), and not a timed step (its phases are synced).  None
-        otherwise."""
+        correction (its per-image values live on the host), one device (virtual parts too: their streams fork
+        from the step's stream and join it, captured with it), not a timed step (its phases are synced), and
+        a store whose checked-out model stays the same from step to step (``steady``: the model in memory;
+        out of core, the whole model as the working set, with Adam on the device).  None otherwise."""
         c = self.cfg
         if self._graphs is None:
             wanted = (c.step_graphs == "on" and _backend.on_gpu(self.backend) and self.binning_room is not False
-                      and c.loss != "tile" and self.appearance is None and not self.store.out_of_core
-                      and self.placement.devices is None)
+                      and c.loss != "tile" and self.appearance is None and self.placement.devices is None)
             if not wanted:
                 return None
             self._graphs = StepGraphs()
-        return None if timed else self._graphs
+        return None if timed or not self.store.steady else self._graphs
 
     def progress_psnr(self):
         """PSNR of the last step's view: its render, or where a step graph replayed the step (which

@@ -11,7 +11,9 @@ strategy state, and asks it explicitly for what a step trains and gives it back:
   evaluation; ``hold(model, state)`` takes a whole model (a start, a refinement's result) instead;
 * ``saved_state()``, ``saved_gaussians()``: what a snapshot and the PLY write, host arrays or arrays that
   they read a slice of rows at a time (out of core: never the whole model gathered a second time);
-* ``binned(gaussians, intersections)``: a step's exact binning, which an out-of-core store's budget follows.
+* ``binned(gaussians, intersections)``: a step's exact binning, which an out-of-core store's budget follows;
+* ``steady``: whether the model that ``checkout`` gave stays the same from step to step, its buffers where they
+  are, until the store holds another (a step graph may then replay the steps on it).
 
 ``MemoryStore`` holds the model in this process's memory: what it checks out is the model itself.
 ``engine.stores.offload.OutOfCoreStore`` holds it in host memory or on disk, the device a view's working
@@ -26,6 +28,7 @@ class MemoryStore:
     backend): every view trains the model itself, and ``checkin`` has nothing to move."""
 
     out_of_core = False
+    steady = True  # what ``checkout`` gives stays the same model, its buffers where they are, until ``hold``
 
     def __init__(self):
         self.model = None  # the ``GaussianModel`` (None until the pipeline's start)

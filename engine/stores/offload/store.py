@@ -285,6 +285,16 @@ class OutOfCoreStore:
             return
         self._store_working(model, state, self._in_pool, lr["means"], lr["scales"])
 
+    @property
+    def steady(self):
+        """Whether the working set that ``checkout`` gave stays the same model from step to step, its buffers where
+        they are, until the next refinement (a step graph may replay its steps): every block (``_working_set``),
+        Adam on the device (the host's runs outside the device's step) and no ``gpu_memory`` cap (a step graph's
+        scratch is a memory pool of its own, outside the cap's).  Its gradients' buffer then stays too."""
+        w = self._in_pool
+        return (self.adam == "device" and not self.gpu_memory and isinstance(w, WorkingRows)
+                and len(w.blocks) == self.index.blocks)
+
     def binned(self, gaussians, intersections):
         """A step's (or a chunk's) binning of ``gaussians`` working-set rows into ``intersections`` tile
         intersections (its exact total, or the room it binned into): the device's budget follows them
@@ -943,7 +953,8 @@ class OutOfCoreStore:
         its blocks' boxes recomputed there and read a step late (their growth bounded by the step's learning
         rates)."""
         self._adam_steps = working.adam.step_count
-        working.release_grads()  # (made again at the next step's backward: the binning's peak does without them)
+        if not self.steady:  # (made again at the next step's backward: the binning's peak does without them)
+            working.release_grads()
         self.pool_layout.store_statistics(statistics, self.cache.pool, in_pool.rows, self.xp, self.backend)
         self.cache.dirty.update(int(b) for b in in_pool.blocks)
         self._whole = None
