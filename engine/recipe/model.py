@@ -140,6 +140,11 @@ class GaussianModel:
                            self.params.like(self.xp.zeros(self.params.size, np.float32)))
         return self._grads
 
+    @property
+    def kept_grads(self):
+        """The gradients' buffer where the model holds it now (None: made at its next use, as ``grads`` says)."""
+        return self._grads
+
     def release_grads(self):
         """Let the gradients' buffer go until its next use: an out-of-core working set's live from its
         backward to its update, not through the binning, whose peak then does without them."""

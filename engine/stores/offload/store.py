@@ -290,7 +290,7 @@ class OutOfCoreStore:
         """Whether the working set that ``checkout`` gave stays the same model from step to step, its buffers where
         they are, until the next refinement (a step graph may replay its steps): every block (``_working_set``),
         Adam on the device (the host's runs outside the device's step) and no ``gpu_memory`` cap (a step graph's
-        scratch is a memory pool of its own, outside the cap's).  Its gradients' buffer then stays too."""
+        scratch, the gradients' buffer of a captured step included, is a memory pool of its own, outside the cap's)."""
         w = self._in_pool
         return (self.adam == "device" and not self.gpu_memory and isinstance(w, WorkingRows)
                 and len(w.blocks) == self.index.blocks)
@@ -953,8 +953,7 @@ class OutOfCoreStore:
         its blocks' boxes recomputed there and read a step late (their growth bounded by the step's learning
         rates)."""
         self._adam_steps = working.adam.step_count
-        if not self.steady:  # (made again at the next step's backward: the binning's peak does without them)
-            working.release_grads()
+        working.release_grads()  # (made again at the next step's backward: the binning's peak does without them)
         self.pool_layout.store_statistics(statistics, self.cache.pool, in_pool.rows, self.xp, self.backend)
         self.cache.dirty.update(int(b) for b in in_pool.blocks)
         self._whole = None
