@@ -13,7 +13,7 @@ and by 0.3-2.9 dB on random backgrounds, whose test views keep the white backgro
 targets).
 GPU only: the simulator has no graphs (tests/test_step_graphs.py checks the trainer's side).
 
-    python tests/check_cuda_graphs.py [--data DIR [--images images_8]] [--steps 1500] [--random-background]
+    python tests/check_cuda_graphs.py [--data DIR [--images images_8]] [--steps 1500] [--random-background] [--offload]
 """
 import argparse
 import sys
@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.pipelines.single_gpu import SingleGPUTrainer  # noqa: E402
+from engine.pipelines.single_gpu import OffloadTrainer, SingleGPUTrainer  # noqa: E402
 from engine.recipe.trainer import TrainConfig  # noqa: E402
 from numbasplat.backend import to_host  # noqa: E402
 
@@ -33,11 +33,12 @@ REFINE_START = 200  # the first densification (every 100 steps after), from the 
 PSNR_FLOOR = {False: 0.5, True: 3.0}  # dB, by random_background (see the module's docstring)
 
 
-def trained(data, graphs, steps, out, random_background=False):
-    """-> (trainer, its parameters before the first densification, at the end, its test PSNR)."""
+def trained(data, graphs, steps, out, random_background=False, offload=False):
+    """-> (trainer, its parameters before the first densification, at the end, its test PSNR); ``offload``: out of
+    core in host memory with no cap (its working set every block, as ``--offload host`` where the model fits)."""
     cfg = TrainConfig(iterations=steps, step_graphs="on" if graphs else "off", snapshot_every=0, log_every=100,
-                      background=(1.0, 1.0, 1.0), random_background=random_background)
-    t = SingleGPUTrainer(data, out, cfg)
+                      background=(1.0, 1.0, 1.0), random_background=random_background, visible_adam=offload)
+    t = OffloadTrainer(data, out, cfg, mode="host") if offload else SingleGPUTrainer(data, out, cfg)
     t.strategy.refine_start, t.strategy.refine_every, t.strategy.reset_every = REFINE_START, 100, steps // 2
     t.init_model()
     t.train(progress=False, until=REFINE_START)
@@ -63,6 +64,7 @@ def main(argv=None):
     ap.add_argument("--images", default=None)
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--random-background", action="store_true", help="each step on a random background colour")
+    ap.add_argument("--offload", action="store_true", help="out of core (--offload host), the model fitting the device")
     a = ap.parse_args(argv)
     if a.data:
         from data import load_dataset
@@ -71,7 +73,7 @@ def main(argv=None):
         from engine.tools.demo import make_dataset
         data = make_dataset(size=64, n_views=24)
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [trained(data, graphs, a.steps, Path(tmp) / name, a.random_background)
+        runs = [trained(data, graphs, a.steps, Path(tmp) / name, a.random_background, a.offload)
                 for graphs, name in ((False, "plain"), (False, "again"), (True, "graphs"))]
     (plain, p_early, p_params, p_psnr), (again, a_early, a_params, a_psnr), (graphed, g_early, g_params, g_psnr) = runs
     g = graphed._graphs
