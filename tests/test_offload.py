@@ -730,12 +730,20 @@ def test_the_part_of_a_model_a_frustum_holds_renders_as_the_whole(dataset):
 
 @pytest.mark.parametrize("adam", ["device", "host"])
 @pytest.mark.parametrize("mode", ["host", "disk"])
-def test_a_view_larger_than_the_device_trains_in_chunks_as_the_whole_working_set(dataset, tmp_path, mode, adam):
+def test_a_view_larger_than_the_device_trains_in_chunks_as_the_whole_working_set(dataset, tmp_path, mode, adam,
+                                                                                 monkeypatch):
     """A cap of 3 block slots (48 rows) for views that see all 25 blocks (400 Gaussians, then more, and
     the index more of the cap): each view is trained in depth-ordered chunks of at most 48 rows, rendered front to back with the
     pixels' state carried and back-propagated back to front, each chunk's rows stepped by Adam (on the device, or
     ``adam`` host: on the host's rows, ``--offload-adam host``) and checked in; after steps with densification and
-    an opacity reset the model equals the run whose device holds every block (the unchunked out-of-core step)."""
+    an opacity reset the model equals the run whose device holds every block (the unchunked out-of-core step).  The
+    last chunk rendered stays in the pool for its backward, which runs first: 2K - 1 checkouts a step of K chunks."""
+    from engine.stores.offload.chunked import ChunkedView
+    chunks, checkouts = [], []
+    depth_chunks, checkout = ChunkedView.depth_chunks, ChunkedView.checkout
+    monkeypatch.setattr(ChunkedView, "depth_chunks", lambda self, *a: chunks.append(len(depth_chunks(self, *a)))
+                        or self.chunks)
+    monkeypatch.setattr(ChunkedView, "checkout", lambda self, k: checkouts.append(k) or checkout(self, k))
     cfg = lambda: offload_config(iterations=30, sh_degree=1)  # noqa: E731
     roomy = fast_refine(OffloadTrainer(dataset, tmp_path / "roomy", cfg(), backend="cpu", block_rows=16))
     tight = fast_refine(OffloadTrainer(dataset, tmp_path / "tight", cfg(), backend="cpu", block_rows=16,
@@ -748,6 +756,7 @@ def test_a_view_larger_than_the_device_trains_in_chunks_as_the_whole_working_set
     tight.train(progress=False)
     assert roomy.store.chunked_steps == 0 and tight.store.chunked_steps == 30
     assert tight.stats["resident_gaussians"] == 16 * tight.store.cache.slots <= 48  # (the index grew with the model)
+    assert min(chunks) >= 2 and len(chunks) == 30 and len(checkouts) == sum(2 * k - 1 for k in chunks)
     a, b = roomy.whole_model(), tight.whole_model()
     assert len(a) == len(b) != 400, "densification did not run"
     for w in ("params", "m", "v"):

@@ -408,9 +408,10 @@ class OffloadTrainer(SingleGPUTrainer):
         """View ``i``'s step in depth-ordered chunks (``view``: the store's ``ChunkedView``), the step body
         of ``_device_step`` a chunk at a time: each chunk checked out, projected, binned and rasterized
         front to back with each pixel's state carried (``numbasplat.chunks``); the loss of the whole
-        image; then back to front, each chunk checked out again, its raster backward from the state the
-        chunks behind left, ``owner_backward``, visible-only Adam on its rows, checked in.  Equal to the
-        unchunked step: each Gaussian is in one chunk, its gradient whole when its chunk's backward ran.
+        image; then back to front, each chunk checked out again (but the last, still in the pool with its
+        projection and binning), its raster backward from the state the chunks behind left,
+        ``owner_backward``, visible-only Adam on its rows, checked in.  Equal to the unchunked step: each
+        Gaussian is in one chunk, its gradient whole when its chunk's backward ran.
         -> (the render, the loss, None)."""
         camera, backend = self.data.train[i].camera, self.backend
         chunks = view.depth_chunks(camera, self.cfg.antialias)
@@ -422,16 +423,21 @@ class OffloadTrainer(SingleGPUTrainer):
             b = ns.bin_tiles(p, backend=backend)
             self.store.binned(len(model), b.n_isect)
             rasterize_chunk(frame, k, p, b, pixels, bg, backend)
+        last = (model, state, p, b)  # (the last chunk's backward runs first)
         clock.end("render")
         image = frame.image
         loss, d_img = self.view_loss(image, self.targets[i])
         clock.end("loss")
         pixels = behind_state(frame.render, None, backend)
         for k in range(len(chunks) - 1, -1, -1):
-            model, state = view.checkout(k)
-            p = self.project_view(model, state, i, degree)
-            grad = rasterize_chunk_backward(frame, k, p, ns.bin_tiles(p, backend=backend), d_img, pixels,
-                                            backend=backend)
+            if k < len(chunks) - 1:
+                model, state = view.checkout(k)
+                p = self.project_view(model, state, i, degree)
+                b = ns.bin_tiles(p, backend=backend)
+            else:
+                model, state, p, b = last
+                last = None
+            grad = rasterize_chunk_backward(frame, k, p, b, d_img, pixels, backend=backend)
             visible = self.owner_backward(model, state, [p], [grad])
             model.adam.update(model.grads.data, visible)
             view.checkin(k, model, state)
