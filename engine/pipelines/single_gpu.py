@@ -243,8 +243,8 @@ class SingleGPUTrainer(Trainer):
             key = (len(model), degree, self.step >= getattr(strategy, "refine_stop", 0),
                    strategy.regularises_at(self.step), self.fuses_adam(),
                    "random" if self.cfg.random_background else bg.tobytes(),
-                   array_key([model.params.data, *model.adam.buffers(), *state.values()]
-                             + ([] if model.kept_grads is None else [model.kept_grads.data])))  # (else made in the step)
+                   array_key([model.params.data, *model.adam.buffers(), *state.values()]  # (the gradients: kept,
+                             + ([] if model.kept_grads is None else [model.kept_grads.data])))  # or made in the step)
             fits = lambda captured_room: self._room.fits(i, len(model), captured_room)  # noqa: E731
             (image, loss, total), room = graphs.run(i, key, room, fits, step)
             loss = loss.again()  # (the graph keeps its loss unread: each replay's is read from its sums)
