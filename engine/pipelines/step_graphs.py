@@ -20,8 +20,8 @@ SH degree and those arrays' addresses, and the trainer drops every graph when th
 strategy state changes (``clear``).  Out of core the model is a working set of the store's pool, whose
 steps a graph replays only where it stays the same (``steady``: every block); its gradients live from
 the backward to the update, made in the step (so a captured step's are its scratch).  A view's room
-for its tile intersections (``single_gpu.BinningRoom``) is fixed in its graph: the graph is captured again when the view's
-room no longer fits.  A step that cannot be captured (one that would upload from the host, such
+for its tile intersections (``single_gpu.BinningRoom``) is fixed in its graph: the graph is captured
+again when the view's room no longer fits.  A step that cannot be captured (one that would upload from the host, such
 as a camera the constants' cache let go) runs as usual until its key changes, and the log says
 why (``graph_capture_failures``).  The aggregate device's virtual parts (``numbasplat.placement``)
 run each split operator on streams of their own, which wait for an event of the step's stream and
