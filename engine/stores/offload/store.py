@@ -772,9 +772,12 @@ class OutOfCoreStore:
         the device's queue); the projection leaves out what a view does not see, as in memory.  Else
         consecutive steps that have the same blocks in the same slots reuse them too."""
         waited = device.DeviceInterval()
-        boxes = self.boxes.for_culling()
         rows = self._working_rows()
-        blocks = self._every_block() if self._holds_every_block(rows) else self._blocks_seen(views, boxes)
+        if self._holds_every_block(rows):
+            self.boxes.settle(keep=1)  # (the boxes in flight land as they would for culling; none is grown)
+            blocks = self._every_block()
+        else:
+            blocks = self._blocks_seen(views, self.boxes.for_culling())
         if len(blocks) > self.cache.slots or (rows is not None and self.index.sizes[blocks].sum() > rows):
             chunked = self.chunked_views and len(views) == 1
             slots = 1 if chunked else len(blocks)  # (chunks need one block's room; else the whole working set)
@@ -804,7 +807,7 @@ class OutOfCoreStore:
         self._waits.append(waited.stop())
         if len(upcoming) and self.cache.slots < self.index.blocks:  # the next step's blocks, moved in while this step
             # trains (a guess: its boxes will grow); where the device holds every block nothing moves
-            ahead = self._blocks_seen(upcoming, boxes)
+            ahead = self._blocks_seen(upcoming, self.boxes.for_culling())
             self.cache.prefetch(ahead, blocks, self.index, self.host)
             if self.mode == "disk":
                 self.host.prefetch(ahead)
