@@ -800,15 +800,21 @@ def test_the_device_budget_follows_the_binnings_intersections(dataset, tmp_path)
     assert store._working_rows() >= 16 * slots
 
 
+def _clusters_start():
+    """-> (two clusters seen one at a time, 8 views; their start at SH degree 1: rotated, unevenly scaled)."""
+    from scenes import cluster_capture
+    data, start = cluster_capture(per_cluster=60, views=8)
+    start["sh"] = np.concatenate([start["sh"], np.random.default_rng(1).normal(0, 0.1, (120, 3, 3)).astype(np.float32)],
+                                 axis=1)  # (SH degree 1)
+    return data, start
+
+
 def _clusters_binned(tmp_path, folder, adam, roomed, room=None, iterations=40, slots=20, graphs=False):
     """An out-of-core run of two clusters seen one at a time (rotated, unevenly scaled Gaussians), its device pool
     holding ``slots`` blocks of 16 rows (20: blocks leave and come back once it densifies past them; None: every
     block), each view's working set binned into room (``roomed``; ``room``: a ``BinningRoom`` of the test's) or
     exactly; ``graphs``: with step graphs (simulated: a replay calls the captured step)."""
-    from scenes import cluster_capture
-    data, start = cluster_capture(per_cluster=60, views=8)
-    start["sh"] = np.concatenate([start["sh"], np.random.default_rng(1).normal(0, 0.1, (120, 3, 3)).astype(np.float32)],
-                                 axis=1)  # (SH degree 1)
+    data, start = _clusters_start()
     t = fast_refine(OffloadTrainer(data, tmp_path / folder, offload_config(iterations=iterations, sh_degree=1),
                                    backend="cpu", block_rows=16, offload_adam=adam))
     if slots is not None:
@@ -830,10 +836,7 @@ def test_where_the_device_holds_every_block_each_step_trains_them_all_without_ga
     after each refinement only (not at each change of cluster), and the run equals in-memory training (with Adam on the host
     too, whose moments stay on the host).  Where the pool holds under every block, a step's working set is the
     blocks its view sees (about one cluster)."""
-    from scenes import cluster_capture
-    data, start = cluster_capture(per_cluster=60, views=8)
-    start["sh"] = np.concatenate([start["sh"], np.random.default_rng(1).normal(0, 0.1, (120, 3, 3)).astype(np.float32)],
-                                 axis=1)  # (SH degree 1)
+    data, start = _clusters_start()
     gathers, cuts = [], []  # the working sets gathered from the pool, the refinements
     made = RowLayout.model
     monkeypatch.setattr(RowLayout, "model", lambda self, *a, **k: (k.get("in_place") and gathers.append(1))
@@ -846,12 +849,10 @@ def test_where_the_device_holds_every_block_each_step_trains_them_all_without_ga
         if slots is not None:
             t.store._slots = lambda n: slots
         t.start_from({"params": start})
-        if kind != "memory":
-            refine = t.store.refine
-            t.store.refine = lambda *a: cuts.append(1) or refine(*a)
         working = []  # each step's (working set, model) Gaussians
         if kind != "memory":
-            checkout = t.store.checkout
+            refine, checkout = t.store.refine, t.store.checkout
+            t.store.refine = lambda *a: cuts.append(1) or refine(*a)
 
             def checked_out(*a):
                 out = checkout(*a)
