@@ -33,6 +33,18 @@ ALIASES = {
     "--position-lr-max-steps": "--lr-means-steps", "--scaling-lr": "--lr-scales", "--rotation-lr": "--lr-quats",
     "--opacity-lr": "--lr-opacities", "--feature-lr": "--lr-sh", "--ssim-lambda": "--lambda-dssim",
     "--prune-opa": "--prune-opacity", "--random-bkgd": "--random-background", "--antialiased": "--antialias",
+    "--antialiasing": "--antialias", "--ip": "--host",
+    "--save-iterations": "--save-at", "--save-steps": "--save-at",
+    "--test-iterations": "--eval-at", "--eval-steps": "--eval-at",
+    "--init-num-pts": "--init-points", "--init-opa": "--init-opacity", "--sh-degree-interval": "--sh-increase-every",
+    "--app-opt": "--appearance",
+}
+# Their options that mean something else here, with what to give instead (said where one is unknown).
+UNLIKE = {
+    "--checkpoint-iterations": "this trainer writes OUT/snapshot.h5 every --snapshot-every N steps and at the end",
+    "--start-checkpoint": "continue a run from OUT/snapshot.h5 with --out OUT --resume",
+    "--disable-viewer": "the viewer is off unless --viewer is given",
+    "--ckpt": "continue a run from OUT/snapshot.h5 with --out OUT --resume",
 }
 
 
@@ -99,9 +111,16 @@ class Parser(argparse.ArgumentParser):
         unknown = next((t.partition("=")[0] for t in extras if t.startswith("-") and not is_number(t)), None)
         if unknown is None:
             return f"unrecognized arguments: {' '.join(extras)}"
+        if (instead := self.instead_of(unknown)) is not None:
+            return f"unknown option {unknown}: {instead}"
         close = difflib.get_close_matches(unknown, [o for o in self._option_string_actions if o.startswith("--")], n=1)
         hint = f"did you mean {close[0]}?" if close else f"{self.prog} --help lists them"
         return f"unknown option {unknown}; {hint}"
+
+    def instead_of(self, flag):
+        """What to give instead of another trainer's option ``flag`` (any spelling) that means something else
+        here (``UNLIKE``); None where it is not one."""
+        return UNLIKE.get(self.our_flag(flag if str(flag).startswith("-") else "--" + str(flag)))
 
     def dest_of(self, name):
         """The option a config file's key ``name`` names, by its flag in any spelling; None if none."""

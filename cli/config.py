@@ -205,6 +205,8 @@ def read_settings(path, parser, defaults):
             known = [k for k in defaults if k not in COMMAND_LINE_ONLY]
             close = difflib.get_close_matches(str(key).replace("-", "_"), known, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else "; the keys are the flags' names with underscores"
+            if (instead := parser.instead_of(key)) is not None:
+                hint = f": {instead}"
             raise ConfigError(f"config file {path}: unknown key {key!r}{hint}")
         if name in keys:
             raise ConfigError(f"config file {path}: {keys[name]!r} and {key!r} are the same setting: give one")

@@ -239,3 +239,30 @@ def test_an_unknown_option_is_one_line_naming_the_closest(capsys, argv, said):
 ])
 def test_a_bad_value_is_one_line_not_the_usage(capsys, argv, said):
     assert exits_2(capsys, *argv).startswith(f"error: {said}")
+
+
+def test_their_save_eval_and_init_options_are_aliases(resolved):
+    """Inria's --save_iterations / --test_iterations (lists after one flag) and gsplat's --save_steps /
+    --eval_steps / --init_num_pts / --init_opa / --sh_degree_interval reach ours."""
+    ours = resolved("--data", "d", "--out", "o", "--save-at", "300", "900", "--eval-at", "500", "--init-points", "700",
+                    "--init-opacity", "0.2", "--sh-increase-every", "250", "--host", "0.0.0.0")[1]
+    inria = resolved("-s", "d", "-m", "o", "--save_iterations", "300", "900", "--test_iterations", "500",
+                     "--init-points", "700", "--init-opacity", "0.2", "--sh-increase-every", "250",
+                     "--ip", "0.0.0.0")[1]
+    gsplat = resolved("--data_dir", "d", "--result_dir", "o", "--save_steps", "300", "900", "--eval_steps", "500",
+                      "--init_num_pts", "700", "--init_opa", "0.2", "--sh_degree_interval", "250", "--host",
+                      "0.0.0.0")[1]
+    assert ours == inria == gsplat
+    assert ours["save_at"] != resolved("--data", "d", "--out", "o")[1]["save_at"]
+
+
+@pytest.mark.parametrize("flag, words", [("--checkpoint_iterations", "--snapshot-every"),
+                                         ("--start_checkpoint", "--resume"), ("--disable-viewer", "--viewer")])
+def test_their_options_that_mean_something_else_say_what_to_give(capsys, flag, words):
+    err = exits_2(capsys, "train", "--data", "d", flag, "5")
+    assert err.startswith(f"error: unknown option {flag.replace('_', '-')}: ") and words in err, err
+
+
+def test_a_config_key_that_means_something_else_says_what_to_give(capsys, tmp_path):
+    err = fails(capsys, "--config", write(tmp_path / "inria.json", {"data": "d", "checkpoint_iterations": [100]}))
+    assert "unknown key 'checkpoint_iterations': " in err and "--snapshot-every" in err, err
