@@ -1866,3 +1866,39 @@ def test_a_file_is_never_written_while_it_is_read_ahead_and_a_torn_read_ahead_is
     at_once._wait()
     assert not at_once.staged and (at_once.get(0) == 0).all()
     at_once.close()
+
+
+def test_a_crashed_runs_block_folder_is_removed_at_the_next_start_and_no_other(tmp_path):
+    """Disk mode's folder names its process and host; a later start in ``--offload-dir`` removes those of this
+    host whose process has ended, and keeps a running one's, another host's and one that names none."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from engine.stores.offload.tiers import DiskBlocks
+
+    host = socket.gethostname()
+    ended = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                               text=True, check=True).stdout)
+    names = {"crashed": f"{ended}@{host}-x1y2", "running": f"{os.getpid()}@{host}-x1y2",
+             "elsewhere": f"{ended}@other-{host}-x1y2", "older": "x1y2", "crashed-file": f"{ended + 1}@{host}-z"}
+    for key, name in names.items():
+        path = tmp_path / (DiskBlocks.PREFIX + name)
+        if key == "crashed-file":  # (a file of that name is not a folder: it stays)
+            path.write_text("")
+            continue
+        path.mkdir()
+        (path / "g0-b0.f32").write_bytes(b"\0" * 64)
+    (tmp_path / "mine").mkdir()  # (not a block folder)
+    blocks = DiskBlocks(tmp_path, 10**6)
+    assert Path(blocks.folder).name.startswith(f"{DiskBlocks.PREFIX}{os.getpid()}@{host}-")
+    assert blocks.removed_abandoned == [str(tmp_path / (DiskBlocks.PREFIX + names["crashed"]))]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [Path(blocks.folder).name, "mine"] + [DiskBlocks.PREFIX + names[k]
+                                              for k in ("running", "elsewhere", "older", "crashed-file")])
+    blocks.close()
+    assert not Path(blocks.folder).exists()
+    again = DiskBlocks(tmp_path, 10**6)  # (the closed run's folder is gone; nothing else removed)
+    assert again.removed_abandoned == []
+    again.close()

@@ -40,7 +40,8 @@ class PipelineOptions:
                                    # disk: in files in --offload-dir, host memory a cache of at most --host-memory
                                    # (caps per rank)
     offload_dir: str | None = None  # with --offload disk: the folder for the blocks' files (a fresh subfolder,
-                                    # removed at the end; the snapshot stays in OUT)
+                                    # removed at the end, or at the next start here after a crash; the snapshot
+                                    # stays in OUT)
     host_memory: int | None = None  # with --offload disk: host memory for the cache of blocks, e.g. 64GiB
                                     # (required)
     gpu_memory: int | None = None   # with --offload: device memory for the cache of blocks and the working sets,

@@ -3,6 +3,7 @@ in files with host memory a cache of them (``DiskBlocks``)."""
 import errno
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import weakref
@@ -58,12 +59,42 @@ class HostBlocks:
         self.tables, self.whole = {}, None
 
 
+def remove_abandoned(folder, keep=None):
+    """Remove the block folders (``DiskBlocks``') in ``folder`` but ``keep`` that a process of this host made and
+    that has ended without removing its folder (a crash, a kill): their files are a working copy that no run reads
+    again (a resume rewrites its own from the snapshot).  A folder of another host (a shared file system), of a
+    process still running, or whose name names none (an older version's) stays.  -> the folders removed."""
+    removed = []
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        pid, at, host = name[len(DiskBlocks.PREFIX):].rpartition("-")[0].partition("@")
+        if not name.startswith(DiskBlocks.PREFIX) or path == keep or not at or not pid.isdigit():
+            continue
+        if host == socket.gethostname() and not process_runs(int(pid)) and os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def process_runs(pid):
+    """Whether process ``pid`` of this host runs (another user's too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class DiskBlocks(HostBlocks):
     """Every block's table in a file of its own in a fresh folder in ``folder`` (``--offload-dir``,
     removed at the end), host memory a cache of at most ``capacity`` bytes (``--host-memory``): the
     least recently used blocks leave it first, written back if they changed.  The files are a
     working copy, rewritten from the model at each resume: the snapshot (HDF5, written atomically
-    by the trainer) is what a crash leaves.
+    by the trainer) is what a crash leaves.  A crash leaves the folder too (nothing removes it): the
+    folder's name names its process and host (``PREFIX``), and a later start in ``folder`` removes those of
+    this host whose process has ended (``remove_abandoned``), which may hold as much as the model.
 
     Blocks in transit take a quarter of ``capacity`` (where either thread runs), the cache the rest:
     with ``prefetch``, a reader thread reads ``prefetch``'s blocks ahead into a staging area; with
@@ -79,15 +110,18 @@ class DiskBlocks(HostBlocks):
     until ``advance`` makes the new ones the tier's; a save reads the model in model order from a file of its
     columns (``in_model_order``)."""
 
+    PREFIX = "numbasplat-blocks-"  # each run's folder in ``--offload-dir``: PREFIX, then PID@HOST-, then random
+
     def __init__(self, folder, capacity, prefetch=True, write_behind=True):
         super().__init__()
         self.folder_arg = folder
         try:
             os.makedirs(folder, exist_ok=True)
-            self.folder = tempfile.mkdtemp(prefix="numbasplat-blocks-", dir=folder)
+            self.folder = tempfile.mkdtemp(prefix=f"{self.PREFIX}{os.getpid()}@{socket.gethostname()}-", dir=folder)
         except OSError as e:
             raise OSError(e.errno, f"--offload-dir {folder} is not a writable folder: "
                                    f"{e.strerror or e}") from None
+        self.removed_abandoned = remove_abandoned(folder, keep=self.folder)
         self._finalizer = weakref.finalize(self, shutil.rmtree, self.folder, True)
         self.capacity = int(capacity)
         self.staging_capacity = self.capacity // 4 if prefetch or write_behind else 0  # the blocks in transit
