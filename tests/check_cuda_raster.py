@@ -310,7 +310,7 @@ def compare_block_moves(steps=40):
             cache.prefetch(views[k + 1], views[k], index, host)
             rows = cache.rows(views[k], int(index.sizes[views[k]].sum()))
             cache.pool[rows] = cache.pool[rows] * 1.5 + k  # (a kernel's work on the step's rows)
-            cache.dirty.update(int(b) for b in views[k])
+            cache.changed(views[k])
         cache.flush(index, host)
         tables.append(table)
     ok = np.array_equal(tables[0], tables[1]) and is_pinned(tables[1]) == on_gpu("cuda") and not is_pinned(start)

@@ -449,7 +449,7 @@ def test_device_cache_moves_only_missing_blocks_least_recently_used_out_first(st
     cache.fetch([1], index, host)
     assert (cache.misses, cache.hits, cache.moved_bytes) == (2, 1, 2 * block_bytes)  # resident: nothing moves
     cache.pool[cache.slot[1] * 16:(cache.slot[1] + 1) * 16] = 7.0
-    cache.dirty.add(1)
+    cache.changed([1])
     cache.fetch([2], index, host)  # 0 is the least recently used: out, unchanged, so not written back
     assert cache.slot[0] == -1 and cache.slot[1] >= 0 and cache.moved_bytes == 3 * block_bytes
     cache.fetch([3, 0], index, host)  # 1 (changed) and 2 out: 1 written back
@@ -499,7 +499,7 @@ def test_prefetch_moves_the_next_blocks_beside_this_steps_and_fetch_counts_them_
     cache = DeviceCache(np, layout, 16, 3, index, direct=whole if direct else None)
     cache.fetch([0, 1], index, host)
     cache.pool[cache.slot[1] * 16:(cache.slot[1] + 1) * 16] = 7.0
-    cache.dirty.add(1)
+    cache.changed([1])
     cache.prefetch([2, 3], [0], index, host)  # a free slot, and 1's (0 is this step's)
     assert cache.slot[0] >= 0 and cache.slot[1] == -1 and cache.slot[2] >= 0 and cache.slot[3] >= 0
     assert (host.get(1) == 7.0).all() and (whole[16:32] == 7.0).all()
@@ -541,7 +541,7 @@ def test_a_pool_without_moments_moves_the_parameters_and_statistics_and_keeps_th
                                       before[16 * b:16 * b + 16][:, kept])
     assert cache.moved_bytes == 2 * 16 * pool_layout.row_bytes
     cache.pool[cache.slot[1] * 16:(cache.slot[1] + 1) * 16] = -1.0
-    cache.dirty.add(1)
+    cache.changed([1])
     cache.fetch([2, 3, 4], index, host)  # 0 and 1 out: 1 written back
     expected = before.copy()
     expected[16:32, kept] = -1.0
@@ -698,7 +698,7 @@ def test_a_parameter_group_read_from_the_host_table_is_the_whole_models(tmp_path
     t.start_from({"params": start})
     for _ in range(5):
         t.train_step()
-    assert t.store.cache.slots < t.store.index.blocks and t.store.cache.dirty
+    assert t.store.cache.slots < t.store.index.blocks and t.store.cache.dirty.any()
     with monkeypatch.context() as patched:
         forbid_gathering(patched)
         means, scales = t.store.group("means"), t.store.group("scales")
@@ -1902,3 +1902,58 @@ def test_a_crashed_runs_block_folder_is_removed_at_the_next_start_and_no_other(t
     again = DiskBlocks(tmp_path, 10**6)  # (the closed run's folder is gone; nothing else removed)
     assert again.removed_abandoned == []
     again.close()
+
+
+def test_device_cache_evicts_as_a_least_recently_used_list_would(monkeypatch):
+    """The pool's bookkeeping (arrays over the blocks) against a plain least-recently-used list over 300 random
+    fetches, prefetches and changes of 30 blocks in 8 slots: the same blocks resident, the same written back in
+    the same order, the same hits and misses."""
+    from collections import OrderedDict
+    rng = np.random.default_rng(3)
+    n, slots = 30, 8
+    index = BlockIndex(rng.uniform(-1, 1, (16 * n, 3)), np.full((16 * n, 3), -3.0), block_rows=16)
+    layout = RowLayout(1, {"count": np.zeros(0, np.int32)})
+    host = HostBlocks()
+    host.reset({b: np.full((16, layout.columns_total), b, np.float32) for b in range(n)})
+    written = []
+    put = host.put
+    monkeypatch.setattr(host, "put", lambda b, t: (written.append(b), put(b, t)))
+    cache = DeviceCache(np, layout, 16, slots, index)
+    lru, dirty, incoming, expected = OrderedDict(), set(), set(), []
+    hits = misses = 0
+
+    def move_in(missing, keep):
+        out = max(0, len(missing) - (slots - len(lru)))
+        leaving = [b for b in lru if b not in keep][:out]
+        expected.extend(b for b in leaving if b in dirty)
+        for b in leaving:
+            dirty.discard(b)
+            del lru[b]
+        lru.update((b, None) for b in missing)
+
+    for _ in range(300):
+        blocks = [int(b) for b in rng.choice(n, rng.integers(1, slots + 1), replace=False)]
+        if rng.random() < 0.6:
+            cache.fetch(np.array(blocks), index, host)
+            missing = [b for b in blocks if b not in lru]
+            hits += sum(b not in incoming for b in blocks if b in lru)
+            for b in blocks:
+                if b in lru:
+                    lru.move_to_end(b)
+            incoming.clear()
+            misses += len(missing)
+            move_in(missing, set(blocks))
+            if rng.random() < 0.5:
+                cache.changed(blocks)
+                dirty.update(blocks)
+        else:
+            busy = [b for b in lru if rng.random() < 0.3][:slots - len(blocks)]
+            cache.prefetch(blocks, busy, index, host)
+            keep = set(blocks) | set(busy)
+            missing = [b for b in blocks if b not in lru][:slots - len(lru) + sum(b not in keep for b in lru)]
+            misses += len(missing)
+            incoming.update(missing)
+            move_in(missing, keep)
+        assert sorted(np.flatnonzero(cache.slot >= 0)) == sorted(lru) and written == expected
+        assert (cache.hits, cache.misses) == (hits, misses)
+    assert len(written) > 20 and hits > 100

@@ -1,8 +1,6 @@
 """The out-of-core model's blocks on the device: a pool of block slots (``DeviceCache``), and the blocks'
 boxes as the device recomputes them, read back a step late (``BoxesInFlight``)."""
-import itertools
 import math
-from collections import OrderedDict
 
 import numpy as np
 
@@ -42,9 +40,11 @@ def copy_columns(dst, dst_row, src, src_row, rows, spans, stream=None):
 class DeviceCache:
     """The blocks resident on the device: one pool of ``slots`` slots of ``block_rows`` rows
     (a block's table in a slot), the least recently used block out first (back to ``host`` if a
-    step changed it), and each Gaussian's block and place in it (``index``'s, int32), from which
-    ``rows`` finds a working set's pool rows on the device.  ``moved_bytes``, ``hits``, ``misses``:
-    the traffic so far.
+    step changed it: ``changed``), and each Gaussian's block and place in it (``index``'s, int32), from
+    which ``rows`` finds a working set's pool rows on the device.  ``moved_bytes``, ``hits``, ``misses``:
+    the traffic so far.  The bookkeeping is arrays over the blocks (each block's slot, when it was last
+    used, whether it changed), so that a step's costs follow its missing blocks, not a Python loop over
+    its working set's (thousands of blocks at 100M Gaussians).
 
     ``direct``: the host's one table of every block (``HostBlocks.whole``) in page-locked memory, or
     None.  With it a block moves by one copy between its host rows and its slot, queued without the
@@ -74,10 +74,11 @@ class DeviceCache:
         self.slots = int(min(slots, blocks))
         self.pool = xp.empty((self.slots * block_rows, pool_layout.columns_total), np.float32)
         self.slot = np.full(blocks, -1, np.int64)  # each block's slot (-1: not resident)
-        self.free = list(range(self.slots))[::-1]
-        self.lru = OrderedDict()  # resident blocks, the most recently used last
-        self.dirty = set()
-        self.incoming = set()  # blocks ``prefetch`` moved in that no step has used yet (counted as misses)
+        self.free = list(range(self.slots))[::-1]  # the free slots, the next one taken last
+        self.used = np.zeros(blocks, np.int64)  # when each resident block was last used (``clock``'s count)
+        self.clock = 0
+        self.dirty = np.zeros(blocks, bool)  # the resident blocks that a step changed (``changed``)
+        self.incoming = np.zeros(blocks, bool)  # blocks ``prefetch`` moved in that no step has used yet (misses)
         self.copies = device.CopyStream()
         self.moved_bytes = self.hits = self.misses = 0
         staged = _backend.is_device(self.pool) if self.staged is None else self.staged
@@ -89,17 +90,30 @@ class DeviceCache:
         for the copies ``prefetch`` queued, and those blocks still missing move now, queued on the
         kernels' stream."""
         self.copies.kernels_after()
-        missing = []
-        for b in blocks:
-            b = int(b)
-            if self.slot[b] < 0:
-                missing.append(b)
-            else:
-                self.hits += b not in self.incoming
-                self.lru.move_to_end(b)
-        self.incoming.clear()
+        blocks = np.asarray(blocks, np.int64)
+        resident = self.slot[blocks] >= 0
+        held, missing = blocks[resident], blocks[~resident]
+        self.hits += int(np.count_nonzero(~self.incoming[held]))
+        self._touch(held)
+        self.incoming[:] = False
         self.misses += len(missing)
-        self._move_in(missing, set(int(b) for b in blocks), index, host, None)
+        self._move_in(missing, self._mask(blocks), index, host, None)
+
+    def changed(self, blocks):
+        """Resident ``blocks`` changed (a step trained them): they go back to the host when they leave."""
+        self.dirty[blocks] = True
+
+    def _touch(self, blocks):
+        """``blocks`` used now, in their order (the last the most recently)."""
+        self.used[blocks] = self.clock + np.arange(len(blocks))
+        self.clock += len(blocks)
+
+    def _mask(self, *block_lists):
+        """A flag a block: whether it is in one of ``block_lists``."""
+        mask = np.zeros(len(self.slot), bool)
+        for blocks in block_lists:
+            mask[np.asarray(blocks, np.int64)] = True
+        return mask
 
     def prefetch(self, blocks, busy, index, host):
         """Move in those of ``blocks`` (the next step's) that are missing and fit beside ``busy`` (this
@@ -107,41 +121,40 @@ class DeviceCache:
         far: the moves overlap this step's kernels.  A guess: ``fetch`` moves what it missed."""
         if self.direct is None and self.xp is not np:  # (disk mode reads its next blocks ahead on a thread instead:
             return  # blocks moved in here would be read from the disk by the host, before the step's kernels)
-        missing = [int(b) for b in blocks if self.slot[b] < 0]
-        keep = set(int(b) for b in blocks) | set(int(b) for b in busy)
-        room = len(self.free) + sum(1 for o in self.lru if o not in keep)
-        missing = missing[:room]
-        if not missing:
+        blocks = np.asarray(blocks, np.int64)
+        keep = self._mask(blocks, busy)
+        room = len(self.free) + int(np.count_nonzero((self.slot >= 0) & ~keep))
+        missing = blocks[self.slot[blocks] < 0][:room]
+        if not len(missing):
             return
         self.misses += len(missing)
-        self.incoming.update(missing)
+        self.incoming[missing] = True
         self.copies.after_kernels()
         self._move_in(missing, keep, index, host, self.copies)
         self.copies.queued()
 
     def _move_in(self, missing, keep, index, host, stream):
-        """Slots for ``missing``, the least recently used blocks not in ``keep`` out (back to ``host``
-        if changed), and their rows in, on ``stream`` (None: the kernels')."""
-        if not missing:
+        """Slots for ``missing`` (an array of blocks), the least recently used blocks not in ``keep`` (a flag
+        a block) out (back to ``host`` if changed), and their rows in, on ``stream`` (None: the kernels')."""
+        if not len(missing):
             return
         out = max(0, len(missing) - len(self.free))  # (enough slots: the trainer checks)
-        leaving = list(itertools.islice((o for o in self.lru if o not in keep), out))
-        self._write_back([o for o in leaving if o in self.dirty], index, host, stream)
-        for o in leaving:
-            self.dirty.discard(o)
-            self.free.append(int(self.slot[o]))
-            self.slot[o] = -1
-            del self.lru[o]
-        for b in missing:
-            self.slot[b] = self.free.pop()
-            self.lru[b] = None
+        leaving = self._least_recently_used(np.flatnonzero((self.slot >= 0) & ~keep), out)
+        self._write_back(leaving[self.dirty[leaving]], index, host, stream)
+        self.dirty[leaving] = False
+        self.free.extend(self.slot[leaving].tolist())
+        self.slot[leaving] = -1
+        taken = self.free[len(self.free) - len(missing):][::-1]  # (the free slots taken last first)
+        del self.free[len(self.free) - len(missing):]
+        self.slot[missing] = taken
+        self._touch(missing)
         if self.direct is not None:  # a copy a block, host rows to slot, queued
-            for b in missing:
+            for b in missing.tolist():
                 copy_columns(self.pool, self.slot[b] * self.block_rows, self.direct, index.starts[b],
                              index.sizes[b], self.spans, stream)
             self.moved_bytes += int(index.sizes[missing].sum()) * self.pool.strides[0]
             return
-        tables = [self.pool_part(host.get(b)) for b in missing]
+        tables = [self.pool_part(host.get(b)) for b in missing.tolist()]
         self.moved_bytes += sum(t.nbytes for t in tables)
         if self.staging is not None:  # a copy a block, from a page-locked buffer to its slot, queued
             self.staging.upload(tables, self.pool, [int(self.slot[b]) * self.block_rows for b in missing], stream)
@@ -162,7 +175,7 @@ class DeviceCache:
             self.moved_bytes += len(table) * self.pool.strides[0]
         self.slot[:] = np.arange(len(self.slot))
         self.free = []
-        self.lru = OrderedDict.fromkeys(range(len(self.slot)))
+        self._touch(np.arange(len(self.slot)))
 
     def rows(self, blocks, total):
         """The pool rows of the Gaussians of resident ``blocks`` (``total`` of them), in model order, on
@@ -175,8 +188,8 @@ class DeviceCache:
         """Every changed resident block back to ``host`` (they stay resident), and every copy done:
         the host's tables may be read."""
         self.copies.kernels_after()
-        self._write_back(sorted(self.dirty), index, host, None)
-        self.dirty.clear()
+        self._write_back(np.flatnonzero(self.dirty), index, host, None)
+        self.dirty[:] = False
         self.settle()
 
     def release_all(self):
@@ -185,9 +198,8 @@ class DeviceCache:
         self.settle()
         self.slot[:] = -1
         self.free = list(range(self.slots))[::-1]
-        self.lru.clear()
-        self.dirty.clear()
-        self.incoming.clear()
+        self.dirty[:] = False
+        self.incoming[:] = False
 
     def settle(self):
         """Wait for every copy and kernel queued: the pool and the host's tables are then as the
@@ -219,6 +231,13 @@ class DeviceCache:
         copy_columns(held, 0, rows, 0, len(rows), self.back)
         host.put(b, held)
 
+    def _least_recently_used(self, blocks, count):
+        """The ``count`` of ``blocks`` used least recently, the least first."""
+        if count >= len(blocks):
+            return blocks[np.argsort(self.used[blocks], kind="stable")]
+        first = blocks[np.argpartition(self.used[blocks], count)[:count]]
+        return first[np.argsort(self.used[first], kind="stable")]
+
     def _rows_of(self, blocks, index):
         """The pool rows of resident ``blocks``' Gaussians, block after block."""
         sizes = index.sizes[blocks]
@@ -230,8 +249,9 @@ class DeviceCache:
         ``stream``; or through the staging buffers, or one copy from the device, and ``host.put``."""
         if not len(blocks):
             return
+        blocks = np.asarray(blocks, np.int64)
         if self.direct is not None:
-            for b in blocks:
+            for b in blocks.tolist():
                 copy_columns(self.direct, index.starts[b], self.pool, self.slot[b] * self.block_rows,
                              index.sizes[b], self.back, stream)
             self.moved_bytes += int(index.sizes[blocks].sum()) * self.pool.strides[0]
@@ -239,13 +259,13 @@ class DeviceCache:
         if self.staging is not None:  # a copy a block, from its slot into a page-locked buffer, then ``host.put``
             sizes = [int(index.sizes[b]) for b in blocks]
             slots = [int(self.slot[b]) * self.block_rows for b in blocks]
-            for b, table in zip(blocks, self.staging.download(self.pool, slots, sizes, stream)):
+            for b, table in zip(blocks.tolist(), self.staging.download(self.pool, slots, sizes, stream)):
                 self.put_back(host, b, table)  # (a copy: the buffer is used again)
             self.moved_bytes += sum(sizes) * self.pool.strides[0]
             return
         tables = _backend.to_host(self.pool[self.xp.asarray(self._rows_of(blocks, index))])  # (a new array)
         ends = np.cumsum(index.sizes[blocks])
-        for b, start, end in zip(blocks, ends - index.sizes[blocks], ends):
+        for b, start, end in zip(blocks.tolist(), ends - index.sizes[blocks], ends):
             self.put_back(host, b, tables[start:end])
         self.moved_bytes += tables.nbytes
 

@@ -958,7 +958,7 @@ class OutOfCoreStore:
         self._adam_steps = working.adam.step_count
         working.release_grads()  # (made again at the next step's backward: the binning's peak does without them)
         self.pool_layout.store_statistics(statistics, self.cache.pool, in_pool.rows, self.xp, self.backend)
-        self.cache.dirty.update(int(b) for b in in_pool.blocks)
+        self.cache.changed(in_pool.blocks)
         self._whole = None
         reach = self.cache.boxes(in_pool.starts, in_pool.sizes, self.layout)
         self.boxes.add(in_pool.blocks, *reach, lr_means, lr_scales)
