@@ -123,6 +123,44 @@ def test_boxes_read_a_step_late_still_hold_every_gaussian():
     assert not boxes.pending
 
 
+def test_boxes_owed_are_computed_only_where_read_from_the_pool_as_it_is_then():
+    """Where every block is the working set the store owes its steps' boxes: none is computed at a step, nor
+    where a step lands the boxes in flight (``settle(keep=1)``); culling and a full ``settle`` compute the last
+    owed once, from the rows as they are then, and land them (the index's are older than one step's growth);
+    owing other blocks computes the earlier ones first."""
+    rng = np.random.default_rng(4)
+    means = rng.normal(size=(2000, 3)).astype(np.float32)
+    scales = rng.uniform(-5, -2, (2000, 3)).astype(np.float32)
+    index = BlockIndex(means, scales, block_rows=256)
+    boxes = BoxesInFlight(index)
+    table = np.hstack([means, scales])[index.by_block]
+    every = np.arange(index.blocks)
+    computed = []
+
+    def reach(blocks):
+        def now():
+            computed.append(blocks)
+            return reach_boxes(table, index.starts[blocks], index.sizes[blocks], 0, 3, REACH, "cpu")
+        return now
+
+    for _ in range(3):  # three steps: nothing computed
+        table[:, :3] += np.float32(0.01)
+        boxes.owe(every, reach(every), 1e-3, 1e-3)
+        boxes.settle(keep=1)
+    assert computed == [] and not boxes.pending
+    lo, hi = boxes.for_culling()  # (the index's boxes are three steps old: the owed ones land at once)
+    assert len(computed) == 1 and not boxes.pending
+    exact = reach_boxes(table, index.starts, index.sizes, 0, 3, REACH, "cpu")
+    np.testing.assert_array_equal(lo, exact[0])  # the rows as they were when read: the third step's
+    np.testing.assert_array_equal(hi, exact[1])
+    assert lo is index.lo
+    boxes.owe(every, reach(every), 1e-3, 1e-3)
+    boxes.owe(np.array([1, 2]), reach(np.array([1, 2])), 1e-3, 1e-3)  # other blocks: the earlier ones computed
+    assert len(computed) == 2 and computed[1] is every
+    boxes.settle()
+    assert len(computed) == 3 and not boxes.pending
+
+
 def test_reach_boxes_hold_every_rows_reach_and_nothing_more():
     table, starts, sizes = reach_table()
     lo, hi = reach_boxes(table, starts, sizes, 2, 7, 4.0, "cpu")
@@ -837,10 +875,11 @@ def test_where_the_device_holds_every_block_each_step_trains_them_all_without_ga
     too, whose moments stay on the host).  Where the pool holds under every block, a step's working set is the
     blocks its view sees (about one cluster)."""
     data, start = _clusters_start()
-    gathers, cuts = [], []  # the working sets gathered from the pool, the refinements
-    made = RowLayout.model
+    gathers, cuts, boxes = [], [], []  # the working sets gathered from the pool, the refinements, the boxes made
+    made, reach = RowLayout.model, DeviceCache.boxes
     monkeypatch.setattr(RowLayout, "model", lambda self, *a, **k: (k.get("in_place") and gathers.append(1))
                         or made(self, *a, **k))  # (a working set's gather from the pool)
+    monkeypatch.setattr(DeviceCache, "boxes", lambda self, *a: boxes.append(1) or reach(self, *a))
 
     def run(folder, kind, slots=None):
         cfg = offload_config(iterations=40, sh_degree=1)
@@ -868,12 +907,16 @@ def test_where_the_device_holds_every_block_each_step_trains_them_all_without_ga
     assert all(resident == n for resident, n in working), [w for w in working if w[0] != w[1]]  # (every block)
     assert len(every.store.index) > 120 and len(cuts) >= 3, "densification did not run"
     assert len(gathers) <= len(cuts) + 1, (len(gathers), len(cuts))  # one at the start and after each refinement
+    assert len(boxes) <= len(cuts) + 1, (len(boxes), len(cuts))  # (owed: computed where read, at a refinement)
     a, b = memory.gather_state()[0], every.gather_state()[0]
     for w in ("params", "m", "v"):
         for g in GROUPS:
             np.testing.assert_allclose(b[w][g], a[w][g], rtol=1e-6, atol=1e-7, err_msg=f"{w} {g}")
-    _, working = run("some", "offload", slots=20)
+    del boxes[:]
+    some, working = run("some", "offload", slots=20)
     assert any(resident < 0.8 * n for resident, n in working), working  # (the blocks a view sees)
+    culled = sum(resident < n for resident, n in working) - some.store.chunked_steps  # (a chunked step's: the host's)
+    assert len(boxes) >= culled > 5  # (each such step's, for culling)
 
 
 @pytest.mark.parametrize("adam", ["device", "host"])

@@ -282,23 +282,43 @@ class BoxesInFlight:
         self.index = index
         self.pending = []  # (blocks, HostCopy lo, HostCopy hi, the means' and the scales' rates), oldest first
         self._culling = None  # for_culling's boxes until the next step's arrive (a step culls twice in disk mode)
+        self._owed = None  # (blocks, reach, the rates): a step's boxes not yet computed (``owe``)
 
     def add(self, blocks, lo, hi, lr_means, lr_scales):
         """A step's boxes of ``blocks`` (device arrays), queued to the host."""
         self.pending.append((blocks, device.HostCopy(lo), device.HostCopy(hi), lr_means, lr_scales))
         self._culling = None
 
+    def owe(self, blocks, reach, lr_means, lr_scales):
+        """A step's boxes of ``blocks``, computed only where they are read (``reach()`` -> device (lo, hi), from the
+        pool as it is then: ``for_culling``, ``settle()``, which wait for them): where every block is the working set
+        nothing culls, and each step would compute and copy boxes that the next replaces.  The pool must hold
+        ``blocks`` in the same slots until then (the store reads the boxes before it moves any block)."""
+        if self._owed is not None and not np.array_equal(self._owed[0], blocks):
+            self._compute_owed()
+        self._owed = (blocks, reach, lr_means, lr_scales)
+
+    def _compute_owed(self):
+        """The boxes ``owe`` left, computed now (queued to the host as ``add``'s)."""
+        if self._owed is not None:
+            blocks, reach, lr_means, lr_scales = self._owed
+            self._owed = None
+            self.add(blocks, *reach(), lr_means, lr_scales)
+
     def settle(self, keep=0):
         """Write the boxes that came back into the index, all but the last ``keep`` steps' (waiting
-        for them: the older ones are long done)."""
+        for them: the older ones are long done); ``keep`` 0: every step's, those owed too."""
+        if keep == 0:
+            self._compute_owed()
         while len(self.pending) > keep:
             blocks, lo, hi, _, _ = self.pending.pop(0)
             self.index.lo[blocks], self.index.hi[blocks] = lo.get(), hi.get()
             self._culling = None
 
     def for_culling(self):
-        """(lo, hi) that hold every block's Gaussians now: the last step's blocks grown for its update."""
-        self.settle(keep=1)
+        """(lo, hi) that hold every block's Gaussians now: the last step's blocks grown for its update; after steps
+        that owed their boxes (``owe``), the index's are older than one step, so the boxes owed land first (a wait)."""
+        self.settle(keep=0 if self._owed is not None else 1)
         if not self.pending:
             return self.index.lo, self.index.hi
         if self._culling is None:

@@ -954,14 +954,17 @@ class OutOfCoreStore:
     def _store_working(self, working, statistics, in_pool, lr_means, lr_scales):
         """The trained working set's statistics back to the pool (Adam wrote its parameters and moments there);
         its blocks' boxes recomputed there and read a step late (their growth bounded by the step's learning
-        rates)."""
+        rates), or where the working set is every block, when they are read (``BoxesInFlight.owe``)."""
         self._adam_steps = working.adam.step_count
         working.release_grads()  # (made again at the next step's backward: the binning's peak does without them)
         self.pool_layout.store_statistics(statistics, self.cache.pool, in_pool.rows, self.xp, self.backend)
         self.cache.changed(in_pool.blocks)
         self._whole = None
-        reach = self.cache.boxes(in_pool.starts, in_pool.sizes, self.layout)
-        self.boxes.add(in_pool.blocks, *reach, lr_means, lr_scales)
+        reach = lambda: self.cache.boxes(in_pool.starts, in_pool.sizes, self.layout)  # noqa: E731
+        if len(in_pool.blocks) == self.index.blocks:  # (none is culled while every block is the working set)
+            self.boxes.owe(in_pool.blocks, reach, lr_means, lr_scales)
+            return
+        self.boxes.add(in_pool.blocks, *reach(), lr_means, lr_scales)
         self.cache.moved_bytes += 24 * len(in_pool.blocks)  # the boxes out
 
     def _counters(self):
