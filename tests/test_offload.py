@@ -875,8 +875,9 @@ def test_where_the_device_holds_every_block_each_step_trains_them_all_without_ga
     too, whose moments stay on the host).  Where the pool holds under every block, a step's working set is the
     blocks its view sees (about one cluster)."""
     data, start = _clusters_start()
-    gathers, cuts, boxes = [], [], []  # the working sets gathered from the pool, the refinements, the boxes made
-    made, reach = RowLayout.model, DeviceCache.boxes
+    gathers, cuts, boxes, stored = [], [], [], []  # working sets gathered, refinements, boxes made, statistics stored
+    made, reach, store = RowLayout.model, DeviceCache.boxes, RowLayout.store_statistics
+    monkeypatch.setattr(RowLayout, "store_statistics", lambda self, *a: stored.append(1) or store(self, *a))
     monkeypatch.setattr(RowLayout, "model", lambda self, *a, **k: (k.get("in_place") and gathers.append(1))
                         or made(self, *a, **k))  # (a working set's gather from the pool)
     monkeypatch.setattr(DeviceCache, "boxes", lambda self, *a: boxes.append(1) or reach(self, *a))
@@ -908,6 +909,7 @@ def test_where_the_device_holds_every_block_each_step_trains_them_all_without_ga
     assert len(every.store.index) > 120 and len(cuts) >= 3, "densification did not run"
     assert len(gathers) <= len(cuts) + 1, (len(gathers), len(cuts))  # one at the start and after each refinement
     assert len(boxes) <= len(cuts) + 1, (len(boxes), len(cuts))  # (owed: computed where read, at a refinement)
+    assert len(stored) <= 2 * len(cuts) + 2, (len(stored), len(cuts))  # (owed too: stored where the pool is read)
     a, b = memory.gather_state()[0], every.gather_state()[0]
     for w in ("params", "m", "v"):
         for g in GROUPS:

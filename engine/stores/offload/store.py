@@ -235,6 +235,7 @@ class OutOfCoreStore:
         self._whole = None  # the whole model gathered in host memory, until a step changes it
         self._rows = None  # the last working set's ``WorkingRows``, reused while its blocks and slots are unchanged
         self._working = None  # (its ``_rows``, the model it trained, its statistics): the next step's if still current
+        self._statistics_owed = None  # (statistics, ``WorkingRows``) not yet back in the pool (``_store_owed``)
         self._in_pool = None  # the working set checked out (None: the step trains none of this store's rows)
         self.chunked_steps = 0  # the steps that trained a view in chunks (``ChunkedView``)
         self._binned = deque(maxlen=INTERSECTIONS_WINDOW)  # the recent binnings' intersections per Gaussian
@@ -321,7 +322,7 @@ class OutOfCoreStore:
         order that its blocks are written to first (``FileRows``, ``DiskBlocks.in_model_order``); the model
         itself where it is gathered already."""
         if self._whole is None and self._tier_reads_rows():
-            self.cache.flush(self.index, self.host)
+            self._flush()
             if self.host.whole is not None:
                 return self.layout.table_rows(self.host.whole, self.index.table_rows, self._adam_steps)
             arrays = self.layout.saved_arrays()
@@ -342,7 +343,7 @@ class OutOfCoreStore:
         tier without gathering the model where it can (a few columns, not whole rows): from its one table, or in
         disk mode block by block."""
         if self._whole is None and self._tier_reads_rows():
-            self.cache.flush(self.index, self.host)
+            self._flush()
             a, b = self.layout.columns[name]
             if self.host.whole is not None:
                 return self.host.whole[self.index.table_rows, a:b]
@@ -447,6 +448,7 @@ class OutOfCoreStore:
         the host's tables, the device's pool: every block in it at once where it holds them all (one
         copy), else empty (the views' blocks come in as they are seen)."""
         g = model.gaussians
+        self._statistics_owed = None  # (the old pool's: ``statistics`` are the model's now)
         if self.boxes is not None:
             self.boxes.settle()  # the old index's boxes in flight landed (their pinned memory free to reuse)
         if self.cache is not None:
@@ -509,7 +511,7 @@ class OutOfCoreStore:
         if (not self.refine_in_blocks or not hasattr(strategy, "candidates") or not self._tier_reads_rows()
                 or (self.cache.slot >= 0).all() or (not on_disk and self._locked is None and table.base is not None)):
             return None
-        self.cache.flush(self.index, self.host)
+        self._flush()
         plan = self._refinement_plan(strategy, step, ctx)
         if on_disk:
             blocks = RefinedToFiles(self.host, plan)
@@ -657,6 +659,7 @@ class OutOfCoreStore:
             block[rows] = j
         self.boxes.settle()
         self.cache.settle()
+        self._statistics_owed = None  # (stored before the refinement read the blocks: ``refine``'s flush)
         counts = (self.cache.moved_bytes, self.cache.hits, self.cache.misses)
         self.cache = None
         self.index = BlockIndex.of_blocks(block, plan.lo, plan.hi)
@@ -671,6 +674,7 @@ class OutOfCoreStore:
         if not (self.cache.slot >= 0).all() or not self._room_to_refine() or not self.pool_layout.moments:
             return None
         self.cache.copies.kernels_after()  # (the last blocks may still be on their way)
+        self._store_owed()
         every = np.arange(self.index.blocks)
         return self.layout.model(self.cache.pool, self._adam_steps, self.backend,
                                  rows=self.cache.rows(every, len(self.index)), betas=self.betas)
@@ -751,7 +755,7 @@ class OutOfCoreStore:
         """-> (the whole model on the host, its statistics): the device's changed blocks written back
         first."""
         if self._whole is None:
-            self.cache.flush(self.index, self.host)
+            self._flush()
             index, table = self.index, self.host.whole
             rows = None
             if table is not None:  # the blocks' rows in model order, straight from the one table
@@ -777,6 +781,7 @@ class OutOfCoreStore:
             self.boxes.settle(keep=1)  # (the boxes in flight land as they would for culling; none is grown)
             blocks = self._every_block()
         else:
+            self._store_owed()  # (the blocks may leave the pool, written back)
             blocks = self._blocks_seen(views, self.boxes.for_culling())
         if len(blocks) > self.cache.slots or (rows is not None and self.index.sizes[blocks].sum() > rows):
             chunked = self.chunked_views and len(views) == 1
@@ -819,7 +824,7 @@ class OutOfCoreStore:
         more than the budget's working ``rows`` (None: no cap): the pool's changed blocks written back and
         every block let go (the pool stages the chunks' rows, at most ``rows`` a chunk), the boxes in flight
         landed (the step's are computed on the host after it)."""
-        self.cache.flush(self.index, self.host)
+        self._flush()
         self.cache.release_all()
         self.boxes.settle()
         self._rows = self._working = None
@@ -938,6 +943,7 @@ class OutOfCoreStore:
         parameters and statistics are a copy, its moments stay in the pool's rows, where Adam writes the
         new parameters too (``RowLayout.model(in_place=True)``)."""
         if self._working is None or self._working[0] is not in_pool:
+            self._store_owed()  # (the pool's statistics current before they are gathered)
             self._working = None  # (the last working set's buffers free before this one's are made)
             adam = self._host_adam(self.index.rows(in_pool.blocks) if self.adam == "host" else None, in_pool.rows)
             self._working = (in_pool, *self._trained_in_place(self.pool_layout.model(
@@ -954,18 +960,34 @@ class OutOfCoreStore:
     def _store_working(self, working, statistics, in_pool, lr_means, lr_scales):
         """The trained working set's statistics back to the pool (Adam wrote its parameters and moments there);
         its blocks' boxes recomputed there and read a step late (their growth bounded by the step's learning
-        rates), or where the working set is every block, when they are read (``BoxesInFlight.owe``)."""
+        rates).  Where the working set is every block (the next step's too, unless a refinement or the budget
+        changes it) both wait until read: the statistics until the pool's rows are (``_store_owed``), the boxes
+        until a view is culled (``BoxesInFlight.owe``)."""
         self._adam_steps = working.adam.step_count
         working.release_grads()  # (made again at the next step's backward: the binning's peak does without them)
-        self.pool_layout.store_statistics(statistics, self.cache.pool, in_pool.rows, self.xp, self.backend)
         self.cache.changed(in_pool.blocks)
         self._whole = None
         reach = lambda: self.cache.boxes(in_pool.starts, in_pool.sizes, self.layout)  # noqa: E731
         if len(in_pool.blocks) == self.index.blocks:  # (none is culled while every block is the working set)
+            self._statistics_owed = (statistics, in_pool)
             self.boxes.owe(in_pool.blocks, reach, lr_means, lr_scales)
             return
+        self.pool_layout.store_statistics(statistics, self.cache.pool, in_pool.rows, self.xp, self.backend)
         self.boxes.add(in_pool.blocks, *reach(), lr_means, lr_scales)
         self.cache.moved_bytes += 24 * len(in_pool.blocks)  # the boxes out
+
+    def _store_owed(self):
+        """The statistics that steps of every block left in their working set (``_store_working``) back to the pool,
+        before anything reads the pool's rows (a gather, a write-back, another working set) or replaces it."""
+        if self._statistics_owed is not None:
+            statistics, in_pool = self._statistics_owed
+            self._statistics_owed = None
+            self.pool_layout.store_statistics(statistics, self.cache.pool, in_pool.rows, self.xp, self.backend)
+
+    def _flush(self):
+        """Every changed block back to the host's tier (``DeviceCache.flush``), with what steps owe it."""
+        self._store_owed()
+        self.cache.flush(self.index, self.host)
 
     def _counters(self):
         """The traffic so far (the device's pool, the disk) and the time waited for it."""
