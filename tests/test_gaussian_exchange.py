@@ -329,7 +329,8 @@ def test_cli_offload_with_batches_offloads_the_shard(dataset, tmp_path):
     assert r.returncode == 0, r.stderr
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert "1 ranks, batch 2" in r.stdout + r.stderr
-    assert log[-1]["step"] == 8 and log[-1]["moved_bytes"] > 0 and log[-1]["resident_gaussians"] > 0
+    # (the shard's blocks moved to the device; where the pool holds them all, no step moves any after that)
+    assert log[-1]["step"] == 8 and log[0]["moved_bytes"] > 0 and log[-1]["resident_gaussians"] > 0
     assert (out / "snapshot.h5").exists()
     r = run_cli("train", "--data", str(cap), "--out", str(tmp_path / "pixel"), "--iters", "2", "--quiet",
                 "--batch-size", "2", "--offload", "host", "--exchange", "auto")
