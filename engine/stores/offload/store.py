@@ -292,9 +292,7 @@ class OutOfCoreStore:
         they are, until the next refinement (a step graph may replay its steps): every block (``_working_set``),
         Adam on the device (the host's runs outside the device's step) and no ``gpu_memory`` cap (a step graph's
         scratch, the gradients' buffer of a captured step included, is a memory pool of its own, outside the cap's)."""
-        w = self._in_pool
-        return (self.adam == "device" and not self.gpu_memory and isinstance(w, WorkingRows)
-                and len(w.blocks) == self.index.blocks)
+        return self.adam == "device" and not self.gpu_memory and self._every_block_working(self._in_pool)
 
     def binned(self, gaussians, intersections):
         """A step's (or a chunk's) binning of ``gaussians`` working-set rows into ``intersections`` tile
@@ -928,6 +926,10 @@ class OutOfCoreStore:
         each step's working set is then every block, as in memory (``_working_set``)."""
         return self.cache.slots >= self.index.blocks and (rows is None or len(self.index) <= rows)
 
+    def _every_block_working(self, in_pool):
+        """Whether the working set ``in_pool`` (a ``WorkingRows``, else none) is every block (``_working_set``)."""
+        return isinstance(in_pool, WorkingRows) and len(in_pool.blocks) == self.index.blocks
+
     def _every_block(self):
         """Every block of the index (a working set of them all)."""
         return np.arange(self.index.blocks)
@@ -968,7 +970,7 @@ class OutOfCoreStore:
         self.cache.changed(in_pool.blocks)
         self._whole = None
         reach = lambda: self.cache.boxes(in_pool.starts, in_pool.sizes, self.layout)  # noqa: E731
-        if len(in_pool.blocks) == self.index.blocks:  # (none is culled while every block is the working set)
+        if self._every_block_working(in_pool):  # (none is culled while every block is the working set)
             self._statistics_owed = (statistics, in_pool)
             self.boxes.owe(in_pool.blocks, reach, lr_means, lr_scales)
             return
