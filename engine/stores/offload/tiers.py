@@ -82,8 +82,8 @@ def process_runs(pid):
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # (another user's)
+        pass
     return True
 
 
