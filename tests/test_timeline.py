@@ -147,6 +147,9 @@ def test_host_profile_hook_profiles_only_its_steps():
     row = next(x for x in lines if "inside_the_window" in x)
     assert row.split()[1] == "1.0"
     assert not any("outside_the_window" in x for x in lines)
+    ranked = next(i for i, x in enumerate(lines) if "by cumulative time" in x)
+    cumulative = [float(x.split()[2]) for x in lines[ranked + 1:]]
+    assert cumulative == sorted(cumulative, reverse=True) and len(cumulative) > 1
     with pytest.raises(ValueError, match="STEPS >= 2"):
         tl.HostProfile(0, 1)
     from cli.train import train_parser

@@ -115,8 +115,10 @@ class HostProfile:
     over steps START + 1 to START + STEPS, then the functions by their own host time a step (the
     calls that queue kernels included, not what the device does).  Where ``--timeline`` shows a
     step bound by its host, this says which Python code holds it.  The profiler slows each
-    Python call, so the report ranks; its absolute times are high."""
-    TOP = 25  # functions listed
+    Python call, so the report ranks; its absolute times are high.  A second list ranks by cumulative
+    time, which finds a rare phase's cost (a refinement's, every hundred steps) among its callees."""
+    TOP = 25  # functions listed by own time
+    TOP_CUMULATIVE = 20  # and by cumulative time
 
     def __init__(self, start, steps, log=print):
         if start < 0 or steps < 2:
@@ -132,18 +134,20 @@ class HostProfile:
         elif self.prof is not None and trainer.step >= self.start + self.steps:
             self.prof.disable()
             prof, self.prof, self.start = self.prof, None, -1  # done: never again
-            for line in host_profile_lines(prof, self.steps, self.TOP):
+            for line in host_profile_lines(prof, self.steps, self.TOP) + host_profile_lines(
+                    prof, self.steps, self.TOP_CUMULATIVE, by="cumulative"):
                 self.log(line)
 
 
-def host_profile_lines(prof, steps, top):
-    """The ``top`` functions of the profile ``prof`` by own time, in microseconds and calls a step."""
+def host_profile_lines(prof, steps, top, by="own"):
+    """The ``top`` functions of the profile ``prof`` by ``by`` ("own" or "cumulative") time, in
+    microseconds and calls a step."""
     import pstats
     stats = pstats.Stats(prof).stats  # (file, line, name) -> (primitive calls, calls, own s, cumulative s, callers)
     total = sum(own for _, _, own, _, _ in stats.values())
-    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2 if by == "own" else 3])[:top]
     lines = [f"host profile ({steps} steps): {total / steps * 1e6:.0f} us a step of Python-visible time under "
-             f"the profiler; functions by own time (us a step, calls a step, cumulative us a step):"]
+             f"the profiler; functions by {by} time (us a step, calls a step, cumulative us a step):"]
     for (file, line, name), (_, calls, own, cum, _) in rows:
         where = f"{Path(file).parent.name}/{Path(file).name}:{line}" if file != "~" else "built-in"
         lines.append(f"  {own / steps * 1e6:8.1f} {calls / steps:7.1f} {cum / steps * 1e6:9.1f}  {name} ({where})")
