@@ -217,7 +217,7 @@ def test_offloaded_training_equals_in_memory_training_with_visible_adam(dataset,
     resumed = trainer("offload", "offload")
     resumed.load_snapshot(tmp_path / "offload" / SNAPSHOT)
     resumed.train(progress=False)
-    model = resumed.whole_model()
+    model = resumed.store.whole()[0]  # (with its moments: ``whole_model`` renders, and may be the working set's)
     a, b = memory.model.host_arrays(), model.host_arrays()
     assert len(memory.model) != (400 if start is None else 120), "densification did not run"
     if scene == "clusters":
@@ -795,7 +795,7 @@ def test_a_view_larger_than_the_device_trains_in_chunks_as_the_whole_working_set
     assert roomy.store.chunked_steps == 0 and tight.store.chunked_steps == 30
     assert tight.stats["resident_gaussians"] == 16 * tight.store.cache.slots <= 48  # (the index grew with the model)
     assert min(chunks) >= 2 and len(chunks) == 30 and len(checkouts) == sum(2 * k - 1 for k in chunks)
-    a, b = roomy.whole_model(), tight.whole_model()
+    a, b = roomy.store.whole()[0], tight.store.whole()[0]
     assert len(a) == len(b) != 400, "densification did not run"
     for w in ("params", "m", "v"):
         x, y = a.host_arrays(w), b.host_arrays(w)
@@ -1261,6 +1261,43 @@ def test_a_step_through_the_memory_or_the_host_store_leaves_the_same_whole_model
             np.testing.assert_array_equal(b.group(g, w), a.group(g, w), err_msg=f"{w} {g}")
     np.testing.assert_array_equal(b_state["count"], a_state["count"])
     assert a_state["count"].sum() > 0 and a.adam.step_count == b.adam.step_count == 1
+
+
+def test_a_pool_of_every_block_writes_the_host_table_when_read_and_renders_its_working_set():
+    """A model held where the pool holds every block: the host's table is written only when read (every block
+    changed, the flush writing them), and equals the model then; after a step the model to render is the working set
+    on the device (no gather), with the parameters Adam wrote; after the model is cut anew, not the old working set."""
+    from engine.recipe.model import GaussianModel
+    from engine.stores.offload import OutOfCoreStore
+    from numbasplat.optim import column_lrs
+    from scenes import cluster_capture
+    data, start = cluster_capture(per_cluster=60, views=8)
+    store = OutOfCoreStore("host", block_rows=16)
+    store.open(backend="cpu", views=data.train, images_bytes=0, betas=(0.9, 0.999),
+               fresh_statistics=DefaultStrategy.fresh_statistics)
+    held = GaussianModel.from_state({"params": start}, store.home)
+    statistics = DefaultStrategy.fresh_statistics(np, len(start["means"]))
+    statistics["count"][::3] = 2
+    store.hold(held, statistics)
+    assert store.cache.slots == store.index.blocks and store.cache.dirty.all()  # (nothing written to the host yet)
+    store._flush()  # (as anything that reads the host's table does first)
+    assert not store.cache.dirty.any()
+    np.testing.assert_array_equal(store.host.whole[store.index.table_rows], store.layout.table(held, statistics))
+    lr = {"means": 1e-3, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "sh": 2.5e-3}
+    model, state = store.checkout([0], upcoming=[1])
+    assert len(model) == len(store.index)  # (every block: the working set is the whole model, in model order)
+    model.grads.data[...] = 0.01
+    model.adam.step(model.grads.data, column_lrs(lr, model.sh_bases), None)
+    store.checkin(model, state, lr)
+    rendered = store.rendered()
+    assert rendered is model
+    whole = store.whole()[0]
+    for g in GROUPS:
+        np.testing.assert_array_equal(whole.group(g), rendered.group(g), err_msg=g)
+        assert not np.array_equal(whole.group(g), held.group(g)), g  # (the step's update, not the held model)
+    store.hold(whole, DefaultStrategy.fresh_statistics(np, len(whole)))
+    assert store.rendered() is not model  # (a model cut anew: the last working set is of the old index)
+    store.close()
 
 
 @pytest.mark.parametrize("change", [dict(loss="tile"), dict(appearance=True)])

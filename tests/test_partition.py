@@ -74,3 +74,29 @@ def test_visible_region_bounds_the_box_and_is_tight():
     np.testing.assert_array_equal(np.concatenate([f[1] for f in few]), seen)
     np.testing.assert_array_equal(np.concatenate([f[0] for f in few]), rects)
     assert 0 < seen.sum() < len(seen)
+
+
+def test_morton_codes_interleave_each_axis_bits_and_morton_order_is_their_stable_argsort():
+    """The compiled codes against the bits interleaved one by one in NumPy (uneven bounds on each axis), and
+    the packed sort against NumPy's stable argsort: ties (equal codes, repeated block numbers) keep row order,
+    and keys too wide to pack beside their rows fall back to the argsort."""
+    from engine.pipelines.partition import morton_codes, morton_order, stable_argsort
+    rng = np.random.default_rng(3)
+    points = rng.normal(size=(5000, 3)) * [10.0, 0.5, 3.0] + [100.0, -2.0, 0.0]
+    points[:500] = points[500:1000]  # equal points: equal codes
+    lo, hi = points.min(axis=0), points.max(axis=0)
+    for bits in (10, 4):
+        q = ((points - lo) / (hi - lo) * (2 ** bits - 1)).astype(np.uint64)
+        expected = np.zeros(len(points), np.uint64)
+        for b in range(bits):
+            for axis in range(3):
+                expected |= ((q[:, axis] >> np.uint64(b)) & np.uint64(1)) << np.uint64(3 * b + axis)
+        codes = morton_codes(points, bits)
+        assert np.array_equal(codes, expected)
+        assert np.array_equal(morton_order(points, bits), np.argsort(expected, kind="stable"))
+    blocks = rng.integers(0, 37, 10000)
+    assert np.array_equal(stable_argsort(blocks, 6), np.argsort(blocks, kind="stable"))
+    wide = rng.integers(0, 2 ** 62, 3000, dtype=np.int64)
+    wide[:100] = wide[100:200]
+    assert np.array_equal(stable_argsort(wide, 62), np.argsort(wide, kind="stable"))  # (62 + 12 bits: the argsort)
+    assert len(stable_argsort(np.zeros(0, np.int64), 1)) == 0 and len(morton_codes(np.zeros((0, 3)))) == 0

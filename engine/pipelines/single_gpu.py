@@ -205,7 +205,9 @@ class SingleGPUTrainer(Trainer):
         return {**groups, "step": model.adam.step_count}, dict(state)
 
     def whole_model(self):
-        return self.store.whole()[0]
+        """The whole model, to render and score (the store's ``rendered``: out of core, on the device where
+        the pool holds it)."""
+        return self.store.rendered()
 
     def train_step(self):
         """The host's part of the step around its device work (``_device_step``), which a step graph

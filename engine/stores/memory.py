@@ -70,6 +70,10 @@ class MemoryStore:
         """Parameter group ``name`` (e.g. "means") of the whole model, on its device."""
         return getattr(self.model.gaussians, name)
 
+    def rendered(self):
+        """The whole model to render evaluation views from (read only): the held one."""
+        return self.model
+
     def recent(self):
         """The Gaussians the last step trained (the divergence check reads them): the model."""
         return self.model

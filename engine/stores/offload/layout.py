@@ -9,7 +9,7 @@ from numbasplat import backend as _backend
 from numbasplat.optim import GROUPS, FlatParams, RowsAdam, group_widths
 from numbasplat.rows import flat_to_rows, rows_to_flat
 
-from engine.pipelines.partition import GROW_PX, REACH, cluster_boxes, morton_codes, visible_regions
+from engine.pipelines.partition import GROW_PX, REACH, cluster_boxes, morton_order, stable_argsort, visible_regions
 from engine.recipe.model import GaussianModel
 
 BLOCK_ROWS = 4096  # Gaussians a block holds, about: spatially close ones, culled together
@@ -28,7 +28,7 @@ class BlockIndex:
     ``lo``/``hi`` (B, 3) each block's box (centres grown by ``REACH`` of its members' largest scale)."""
 
     def __init__(self, means, log_scales, block_rows=BLOCK_ROWS):
-        order = np.argsort(morton_codes(means), kind="stable")
+        order = morton_order(means)
         block = np.empty(len(means), np.int64)
         block[order] = np.arange(len(means)) // block_rows
         self._cut(block, *cluster_boxes(means, log_scales, block_rows, order))  # (block b: rows order[b * block_rows:])
@@ -45,7 +45,7 @@ class BlockIndex:
         n = len(block)
         self.block = block
         self.blocks = int(self.block.max()) + 1 if n else 0
-        self.by_block = np.argsort(self.block, kind="stable")  # rows block by block, each block's in model order
+        self.by_block = stable_argsort(self.block, self.blocks.bit_length())  # rows block by block, each in model order
         self.sizes = np.bincount(self.block, minlength=self.blocks)
         self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
         self.position = np.empty(n, np.int64)

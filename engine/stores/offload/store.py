@@ -15,7 +15,7 @@ from numbasplat.rendering import (BINNING_GAUSSIAN_BYTES, binning_intersection_b
                                   projection_bytes, sort_scratch_bytes)
 from numbasplat.rows import reach_boxes
 
-from engine.pipelines.partition import REACH, morton_codes
+from engine.pipelines.partition import REACH, morton_order
 from .cache import BoxesInFlight, DeviceCache
 from .chunked import ChunkedView
 from .host_adam import ADAM_PLACES, HostAdam
@@ -356,14 +356,25 @@ class OutOfCoreStore:
         or disk mode's files."""
         return self.host.whole is not None or isinstance(self.host, DiskBlocks)
 
+    def rendered(self):
+        """The whole model to render evaluation views from (read only): on the device the last working set where
+        it is every block of the index now (in model order, its parameters Adam's latest: as the step graphs train
+        it), else gathered on the host (``part_in_view`` moves a view's part to the device)."""
+        if self._working is not None and self._working[0].index is self.index \
+                and self._every_block_working(self._working[0]):
+            return self._working[1]
+        return self.whole()[0]
+
     def recent(self):
         """The last working set (on the device), else the whole model."""
         return self._working[1] if self._working is not None else self.whole()[0]
 
     def part_in_view(self, gaussians, camera):
-        """The part of ``gaussians`` (the whole model, host) that ``camera``'s evaluation view renders, on
-        the device (the whole need not fit there): the store's blocks that the view sees, or for a shard
-        the Gaussians in the view's frustum."""
+        """The part of ``gaussians`` (the whole model) that ``camera``'s evaluation view renders, on the device (the
+        whole need not fit there): all of them where they are there already (``rendered``), else the store's blocks
+        that the view sees, or for a shard the Gaussians in the view's frustum."""
+        if _backend.is_device(gaussians.means):
+            return gaussians
         if self.shard:
             seen = frustum_part(gaussians, camera)
         else:
@@ -472,11 +483,25 @@ class OutOfCoreStore:
         table = locked if locked is not None and model.xp is np else model.xp.empty(shape, np.float32)
         self.layout.store(model, statistics, table, model.xp.asarray(index.table_rows))
         host_table = table
-        if _backend.is_device(table):
+        later = self._written_back_later(slots, model)
+        if later:  # (its pages untouched until then)
+            host_table = np.empty(shape, np.float32)
+        elif _backend.is_device(table):
             host_table = locked if locked is not None else np.empty(shape, np.float32)
             table.get(out=host_table)
         self._place(host_table, table, slots, counts)
+        if later:
+            self.cache.changed(self._every_block())
         self._whole = (model, statistics) if model.xp is np else None
+
+    def _written_back_later(self, slots, model):
+        """Whether ``model``, cut into blocks, goes to the host's tier only when it is read there (every block changed
+        in the pool, written back at the next ``_flush``): where the pool of ``slots`` slots holds every block
+        with Adam's moments (nothing leaves it until the next cut), the tier is host mode's one table (disk mode
+        writes its files as it is given them) and the model is on the device (or on the CPU backend, whose pool
+        is a copy too).  A refinement on the device then copies nothing to the host."""
+        return (slots >= self.index.blocks and self.pool_layout.moments and self.mode == "host"
+                and (model.xp is not np or not _backend.on_gpu(self.backend)))
 
     def _place(self, host_table, table, slots, counts):
         """The host's tier the blocks of ``self.index`` as views of ``host_table`` (their rows block after block; None:
@@ -644,7 +669,7 @@ class OutOfCoreStore:
         if len(table) <= self.block_rows:
             return [by_row] if len(table) else []
         a = self.layout.columns["means"][0]
-        order = np.argsort(morton_codes(table[:, a:a + 3]), kind="stable")
+        order = morton_order(table[:, a:a + 3])
         return [part[np.argsort(global_rows[part], kind="stable")]
                 for part in np.array_split(order, self._pieces(len(table)))]
 
