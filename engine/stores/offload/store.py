@@ -359,11 +359,12 @@ class OutOfCoreStore:
     def rendered(self):
         """The whole model to render evaluation views from (read only): on the device the last working set where
         it is every block of the index now (in model order, its parameters Adam's latest: as the step graphs train
-        it), else gathered on the host (``part_in_view`` moves a view's part to the device)."""
+        it), else gathered from a pool of every block (after a refinement), else on the host (``part_in_view``
+        moves a view's part to the device)."""
         if self._working is not None and self._working[0].index is self.index \
                 and self._every_block_working(self._working[0]):
             return self._working[1]
-        return self.whole()[0]
+        return self.whole(device=True)[0]
 
     def recent(self):
         """The last working set (on the device), else the whole model."""
