@@ -878,7 +878,7 @@ def test_where_the_device_holds_every_block_each_step_trains_them_all_without_ga
     gathers, cuts, boxes, stored = [], [], [], []  # working sets gathered, refinements, boxes made, statistics stored
     made, reach, store = RowLayout.model, DeviceCache.boxes, RowLayout.store_statistics
     monkeypatch.setattr(RowLayout, "store_statistics", lambda self, *a: stored.append(1) or store(self, *a))
-    monkeypatch.setattr(RowLayout, "model", lambda self, *a, **k: (k.get("in_place") and gathers.append(1))
+    monkeypatch.setattr(RowLayout, "model", lambda self, *a, **k: ("in_place" in k and gathers.append(1))
                         or made(self, *a, **k))  # (a working set's gather from the pool)
     monkeypatch.setattr(DeviceCache, "boxes", lambda self, *a: boxes.append(1) or reach(self, *a))
 

@@ -234,8 +234,10 @@ class OutOfCoreStore:
                      else HostBlocks())
         self._whole = None  # the whole model gathered in host memory, until a step changes it
         self._rows = None  # the last working set's ``WorkingRows``, reused while its blocks and slots are unchanged
-        self._working = None  # (its ``_rows``, the model it trained, its statistics): the next step's if still current
-        self._statistics_owed = None  # (statistics, ``WorkingRows``) not yet back in the pool (``_store_owed``)
+        self._working = None  # (its ``_rows``, the model it trained, its statistics, whether in place): the next
+        # step's if still current
+        self._owed = None  # (the working set's copy of whole rows or None, its statistics, its ``WorkingRows``) not yet
+        # back in the pool (``_store_owed``)
         self._in_pool = None  # the working set checked out (None: the step trains none of this store's rows)
         self.chunked_steps = 0  # the steps that trained a view in chunks (``ChunkedView``)
         self._binned = deque(maxlen=INTERSECTIONS_WINDOW)  # the recent binnings' intersections per Gaussian
@@ -458,7 +460,7 @@ class OutOfCoreStore:
         the host's tables, the device's pool: every block in it at once where it holds them all (one
         copy), else empty (the views' blocks come in as they are seen)."""
         g = model.gaussians
-        self._statistics_owed = None  # (the old pool's: ``statistics`` are the model's now)
+        self._owed = None  # (the old pool's: ``model`` and ``statistics`` replace it)
         if self.boxes is not None:
             self.boxes.settle()  # the old index's boxes in flight landed (their pinned memory free to reuse)
         if self.cache is not None:
@@ -683,7 +685,7 @@ class OutOfCoreStore:
             block[rows] = j
         self.boxes.settle()
         self.cache.settle()
-        self._statistics_owed = None  # (stored before the refinement read the blocks: ``refine``'s flush)
+        self._owed = None  # (stored before the refinement read the blocks: ``refine``'s flush)
         counts = (self.cache.moved_bytes, self.cache.hits, self.cache.misses)
         self.cache = None
         self.index = BlockIndex.of_blocks(block, plan.lo, plan.hi)
@@ -969,15 +971,29 @@ class OutOfCoreStore:
         """-> (the model of the working set ``in_pool``, its statistics) on the device: the last step's
         as it is where its rows are the same, else gathered from the pool.  It trains in place: its
         parameters and statistics are a copy, its moments stay in the pool's rows, where Adam writes the
-        new parameters too (``RowLayout.model(in_place=True)``)."""
+        new parameters too (``RowLayout.model(in_place=True)``).  A steady working set (every block) trains
+        on a copy of its whole rows instead where the device has room (``_copies_whole_rows``): the flat Adam
+        of a model in memory, with no row indirection, and the rows owed back to the pool (``_store_owed``)."""
         if self._working is None or self._working[0] is not in_pool:
-            self._store_owed()  # (the pool's statistics current before they are gathered)
+            self._store_owed()  # (the pool's rows current before they are gathered)
             self._working = None  # (the last working set's buffers free before this one's are made)
             adam = self._host_adam(self.index.rows(in_pool.blocks) if self.adam == "host" else None, in_pool.rows)
+            in_place = not self._copies_whole_rows()
             self._working = (in_pool, *self._trained_in_place(self.pool_layout.model(
-                self.cache.pool, self._adam_steps, self.backend, rows=in_pool.rows, betas=self.betas, in_place=True,
-                adam=adam)))
-        return self._working[1:]
+                self.cache.pool, self._adam_steps, self.backend, rows=in_pool.rows, betas=self.betas,
+                in_place=in_place, adam=adam)), in_place)
+        return self._working[1:3]
+
+    def _copies_whole_rows(self):
+        """Whether the working set checked out trains on a copy of its whole rows (``_load_working``): where it is
+        steady (every block, Adam on the device, no cap) and the device's free memory holds twice that copy."""
+        if not self.steady:
+            return False
+        if not _backend.on_gpu(self.backend):
+            return True
+        import cupy
+        free, _ = cupy.cuda.runtime.memGetInfo()
+        return free + cupy.get_default_memory_pool().free_bytes() >= 2 * len(self.index) * self.layout.model_bytes(False)
 
     def _trained_in_place(self, working):
         """``working`` ((a model trained in place on pool rows, its statistics)), its gradients written over its
@@ -997,20 +1013,26 @@ class OutOfCoreStore:
         self._whole = None
         reach = lambda: self.cache.boxes(in_pool.starts, in_pool.sizes, self.layout)  # noqa: E731
         if self._every_block_working(in_pool):  # (none is culled while every block is the working set)
-            self._statistics_owed = (statistics, in_pool)
-            self.boxes.owe(in_pool.blocks, reach, lr_means, lr_scales)
+            in_place = self._working[3]
+            self._owed = (None if in_place else working, statistics, in_pool)
+            owed_reach = lambda: (self._store_owed(), reach())[1]  # noqa: E731  (from the pool's rows made current)
+            self.boxes.owe(in_pool.blocks, owed_reach, lr_means, lr_scales)
             return
         self.pool_layout.store_statistics(statistics, self.cache.pool, in_pool.rows, self.xp, self.backend)
         self.boxes.add(in_pool.blocks, *reach(), lr_means, lr_scales)
         self.cache.moved_bytes += 24 * len(in_pool.blocks)  # the boxes out
 
     def _store_owed(self):
-        """The statistics that steps of every block left in their working set (``_store_working``) back to the pool,
-        before anything reads the pool's rows (a gather, a write-back, another working set) or replaces it."""
-        if self._statistics_owed is not None:
-            statistics, in_pool = self._statistics_owed
-            self._statistics_owed = None
-            self.pool_layout.store_statistics(statistics, self.cache.pool, in_pool.rows, self.xp, self.backend)
+        """What steps of every block left in their working set (``_store_working``) back to the pool, before anything
+        reads the pool's rows (a gather, a write-back, another working set, the boxes) or replaces it: its statistics,
+        or where it trained on a copy of its whole rows, those rows (one kernel)."""
+        if self._owed is not None:
+            model, statistics, in_pool = self._owed
+            self._owed = None
+            if model is not None:
+                self.layout.store(model, statistics, self.cache.pool, in_pool.rows)
+            else:
+                self.pool_layout.store_statistics(statistics, self.cache.pool, in_pool.rows, self.xp, self.backend)
 
     def _flush(self):
         """Every changed block back to the host's tier (``DeviceCache.flush``), with what steps owe it."""
