@@ -1263,16 +1263,18 @@ def test_a_step_through_the_memory_or_the_host_store_leaves_the_same_whole_model
     assert a_state["count"].sum() > 0 and a.adam.step_count == b.adam.step_count == 1
 
 
-def test_a_pool_of_every_block_writes_the_host_table_when_read_and_renders_its_working_set():
-    """A model held where the pool holds every block: the host's table is written only when read (every block
-    changed, the flush writing them), and equals the model then; after a step the model to render is the working set
-    on the device (no gather), with the parameters Adam wrote; after the model is cut anew, not the old working set."""
+@pytest.mark.parametrize("mode", ["host", "disk"])
+def test_a_pool_of_every_block_writes_the_host_tier_when_read_and_renders_its_working_set(tmp_path, mode):
+    """A model held where the pool holds every block: the host's tier (host mode's table, disk mode's files) is
+    written only when read (every block changed, the flush writing them), and equals the model then; after a step
+    the model to render is the working set on the device (no gather), with the parameters Adam wrote; after the
+    model is cut anew, not the old working set."""
     from engine.recipe.model import GaussianModel
     from engine.stores.offload import OutOfCoreStore
     from numbasplat.optim import column_lrs
     from scenes import cluster_capture
     data, start = cluster_capture(per_cluster=60, views=8)
-    store = OutOfCoreStore("host", block_rows=16)
+    store = OutOfCoreStore(mode, block_rows=16, offload_dir=tmp_path / "blocks", host_memory=64 << 20)
     store.open(backend="cpu", views=data.train, images_bytes=0, betas=(0.9, 0.999),
                fresh_statistics=DefaultStrategy.fresh_statistics)
     held = GaussianModel.from_state({"params": start}, store.home)
@@ -1280,9 +1282,10 @@ def test_a_pool_of_every_block_writes_the_host_table_when_read_and_renders_its_w
     statistics["count"][::3] = 2
     store.hold(held, statistics)
     assert store.cache.slots == store.index.blocks and store.cache.dirty.all()  # (nothing written to the host yet)
-    store._flush()  # (as anything that reads the host's table does first)
+    assert store.host.written_bytes == 0 and not list((tmp_path / "blocks").rglob("*.f32"))
+    store._flush()  # (as anything that reads the host's tier does first)
     assert not store.cache.dirty.any()
-    np.testing.assert_array_equal(store.host.whole[store.index.table_rows], store.layout.table(held, statistics))
+    np.testing.assert_array_equal(store._host_rows(np.arange(len(held))), store.layout.table(held, statistics))
     lr = {"means": 1e-3, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "sh": 2.5e-3}
     model, state = store.checkout([0], upcoming=[1])
     assert len(model) == len(store.index)  # (every block: the working set is the whole model, in model order)

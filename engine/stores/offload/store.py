@@ -487,8 +487,9 @@ class OutOfCoreStore:
         self.layout.store(model, statistics, table, model.xp.asarray(index.table_rows))
         host_table = table
         later = self._written_back_later(slots, model)
-        if later:  # (its pages untouched until then)
-            host_table = np.empty(shape, np.float32)
+        if later:
+            self.host.reset_unwritten(index.starts, index.sizes, shape[1])
+            host_table = None
         elif _backend.is_device(table):
             host_table = locked if locked is not None else np.empty(shape, np.float32)
             table.get(out=host_table)
@@ -499,16 +500,16 @@ class OutOfCoreStore:
 
     def _written_back_later(self, slots, model):
         """Whether ``model``, cut into blocks, goes to the host's tier only when it is read there (every block changed
-        in the pool, written back at the next ``_flush``): where the pool of ``slots`` slots holds every block
-        with Adam's moments (nothing leaves it until the next cut), the tier is host mode's one table (disk mode
-        writes its files as it is given them) and the model is on the device (or on the CPU backend, whose pool
-        is a copy too).  A refinement on the device then copies nothing to the host."""
-        return (slots >= self.index.blocks and self.pool_layout.moments and self.mode == "host"
+        in the pool, written back at the next ``_flush``; ``reset_unwritten``): where the pool of ``slots`` slots
+        holds every block with Adam's moments (nothing leaves it until the next cut) and the model is on the device
+        (or on the CPU backend, whose pool is a copy too).  A refinement on the device then copies nothing to the
+        host, nor writes the disk's files."""
+        return (slots >= self.index.blocks and self.pool_layout.moments
                 and (model.xp is not np or not _backend.on_gpu(self.backend)))
 
     def _place(self, host_table, table, slots, counts):
         """The host's tier the blocks of ``self.index`` as views of ``host_table`` (their rows block after block; None:
-        the tier holds them already, disk mode's refined blocks), a new device pool of ``slots`` slots (every block in
+        the tier holds them already: disk mode's refined blocks, or blocks written later, ``reset_unwritten``), a new device pool of ``slots`` slots (every block in
         it at once from ``table``, the same rows on the model's device, where it holds them all; else they come in
         as views see them), the traffic ``counts`` carried on."""
         index = self.index

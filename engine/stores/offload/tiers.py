@@ -35,6 +35,12 @@ class HostBlocks:
         the whole model is then gathered from it without a second copy of the table."""
         self.tables, self.whole = dict(tables), whole
 
+    def reset_unwritten(self, starts, sizes, columns):
+        """Hold blocks of ``sizes`` rows of ``columns`` (block b's from row ``starts[b]`` of one table) whose rows are
+        not here yet: each is ``put`` before it is read (the device's pool holds them all, changed)."""
+        whole = np.empty((int(np.sum(sizes)), columns), np.float32)  # (its pages untouched until written)
+        self.reset({b: whole[starts[b]:starts[b] + sizes[b]] for b in range(len(sizes))}, whole=whole)
+
     def get(self, b):
         return self.tables[b]
 
@@ -152,17 +158,26 @@ class DiskBlocks(HostBlocks):
         return os.path.join(self.folder, f"g{self.generation if generation is None else generation}-b{b}.f32")
 
     def reset(self, tables, whole=None):  # (``whole`` unused: the blocks are files, a few of them cached)
+        old = self._new_generation({b: t.shape for b, t in tables.items()})
+        for b, t in tables.items():
+            self.put(b, t)
+        self._remove_generation(old)
+
+    def reset_unwritten(self, starts, sizes, columns):
+        """``HostBlocks.reset_unwritten``: a generation of blocks with no files yet (each is ``put`` first)."""
+        self._remove_generation(self._new_generation({b: (int(k), columns) for b, k in enumerate(sizes)}))
+
+    def _new_generation(self, shapes):
+        """``_renew`` for blocks of ``shapes``, after the writes in flight landed (the files before go after them; a
+        failure raised) and the cap checked against the largest block.  -> the generation before."""
         self._wait()
-        self.flush()  # (the writes in flight landed: the files before go after them; a failure raised)
-        largest = max((t.nbytes for t in tables.values()), default=0)
+        self.flush()
+        largest = 4 * max((int(np.prod(shape)) for shape in shapes.values()), default=0)
         if largest > self.capacity - self.staging_capacity:
             raise ValueError(f"--host-memory {format_bytes(self.capacity)} is too small: a block of the model "
                              f"takes {format_bytes(largest)} (and the reads ahead and writes behind a quarter of the "
                              f"cap); give --host-memory {format_bytes(int(np.ceil(largest * 4 / 3)))} or more")
-        old = self._renew({b: t.shape for b, t in tables.items()})
-        for b, t in tables.items():
-            self.put(b, t)
-        self._remove_generation(old)
+        return self._renew(shapes)
 
     def put_next(self, b, table):
         """Block ``b`` of the next generation (a refinement's new blocks, ``advance``), written to its file while
