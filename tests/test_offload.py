@@ -952,6 +952,15 @@ def test_out_of_core_steps_replayed_from_graphs_train_as_steps_run_as_usual(tmp_
     graphed = _clusters_binned(tmp_path, "graphs", adam, True, slots=None, graphs=True)
     graphed.train(progress=False)
     assert (graphed._graphs.replays > 0) == (adam == "device"), graphed._graphs.replays
+    if adam == "device":  # captured as often as in memory: once a view after each refinement (the working set's
+        data, start = _clusters_start()  # buffers, its gradients' too, the same from step to step in between)
+        memory = fast_refine(SingleGPUTrainer(data, tmp_path / "memory", offload_config(iterations=40, sh_degree=1),
+                                              backend="cpu"))
+        memory._graphs, memory.binning_room = StepGraphs(simulate=True), True
+        memory.start_from({"params": start})
+        memory.train(progress=False)
+        assert (graphed._graphs.captures, graphed._graphs.replays) == (memory._graphs.captures,
+                                                                         memory._graphs.replays)
     a, b = plain.gather_state()[0], graphed.gather_state()[0]
     assert len(b["params"]["means"]) > 120, "densification did not run"
     for w in ("params", "m", "v"):

@@ -1009,12 +1009,13 @@ class OutOfCoreStore:
         changes it) both wait until read: the statistics until the pool's rows are (``_store_owed``), the boxes
         until a view is culled (``BoxesInFlight.owe``)."""
         self._adam_steps = working.adam.step_count
-        working.release_grads()  # (made again at the next step's backward: the binning's peak does without them)
+        in_place = self._working[3]
+        if in_place:  # (its gradients made again at the next step's backward: the binning's peak does without them;
+            working.release_grads()  # a copy of whole rows keeps them, as a model in memory does: no cap counts them)
         self.cache.changed(in_pool.blocks)
         self._whole = None
         reach = lambda: self.cache.boxes(in_pool.starts, in_pool.sizes, self.layout)  # noqa: E731
         if self._every_block_working(in_pool):  # (none is culled while every block is the working set)
-            in_place = self._working[3]
             self._owed = (None if in_place else working, statistics, in_pool)
             owed_reach = lambda: (self._store_owed(), reach())[1]  # noqa: E731  (from the pool's rows made current)
             self.boxes.owe(in_pool.blocks, owed_reach, lr_means, lr_scales)
