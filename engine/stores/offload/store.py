@@ -509,9 +509,9 @@ class OutOfCoreStore:
 
     def _place(self, host_table, table, slots, counts):
         """The host's tier the blocks of ``self.index`` as views of ``host_table`` (their rows block after block; None:
-        the tier holds them already: disk mode's refined blocks, or blocks written later, ``reset_unwritten``), a new device pool of ``slots`` slots (every block in
-        it at once from ``table``, the same rows on the model's device, where it holds them all; else they come in
-        as views see them), the traffic ``counts`` carried on."""
+        the tier holds them already: disk mode's refined blocks, or blocks written later, ``reset_unwritten``), a new
+        device pool of ``slots`` slots (every block in it at once from ``table``, the same rows on the model's device,
+        where it holds them all; else they come in as views see them), the traffic ``counts`` carried on."""
         index = self.index
         if host_table is not None:
             self.host.reset({b: host_table[index.starts[b]:index.starts[b] + index.sizes[b]]
@@ -994,7 +994,8 @@ class OutOfCoreStore:
             return True
         import cupy
         free, _ = cupy.cuda.runtime.memGetInfo()
-        return free + cupy.get_default_memory_pool().free_bytes() >= 2 * len(self.index) * self.layout.model_bytes(False)
+        need = 2 * len(self.index) * self.layout.model_bytes(False)
+        return free + cupy.get_default_memory_pool().free_bytes() >= need
 
     def _trained_in_place(self, working):
         """``working`` ((a model trained in place on pool rows, its statistics)), its gradients written over its
