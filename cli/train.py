@@ -361,7 +361,8 @@ def add_train_options(p):
                         "and idle time and host waits per step, keep the trace in OUT/timeline.json.gz (Perfetto)")
     p.add_argument("--host-profile", type=step_window, default=None, metavar="START:STEPS",
                    help="profile the host's Python over STEPS steps after step START and print the functions by "
-                        "their own time a step (where --timeline finds a step bound by its host)")
+                        "their own and by their cumulative time a step (where --timeline finds a step bound by its "
+                        "host; the cumulative list finds a rare phase, such as a refinement)")
     add_config_options(p)
 
 
