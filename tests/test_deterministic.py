@@ -89,13 +89,13 @@ def test_deterministic_backward_needs_a_deterministic_binning():
 
 
 def _trained(dataset, path, graphs, **settings):
-    t = SingleGPUTrainer(dataset, path, small_config(iterations=34, **settings), backend="cpu")
-    t.strategy.refine_start, t.strategy.refine_every, t.strategy.reset_every = 4, 15, 25
+    t = SingleGPUTrainer(dataset, path, small_config(iterations=44, **settings), backend="cpu")
+    t.strategy.refine_start, t.strategy.refine_every, t.strategy.reset_every = 4, 20, 25
     t.binning_room = True
     if graphs:
         t._graphs = StepGraphs(simulate=True)
     t.init_model()
-    t.train(progress=False, until=30)
+    t.train(progress=False, until=40)  # (15 steps between the reset and the next refinement: views come again)
     return t
 
 

@@ -67,9 +67,10 @@ def test_replayed_steps_with_every_blitzgs_switch_train_as_steps_run_as_usual(da
 
 def test_replayed_steps_on_random_backgrounds_train_as_steps_run_as_usual(dataset, tmp_path):
     """Each step's random background is written to device values that the captured step reads: the
-    same model to the bit as steps run as usual on the same backgrounds."""
-    plain = _trained(dataset, tmp_path / "plain", False, until=30, random_background=True)
-    graphed = _trained(dataset, tmp_path / "graphs", True, until=30, random_background=True)
+    same model to the bit as steps run as usual on the same backgrounds (a refinement at 25, and the
+    views' steps replayed around it)."""
+    plain = _trained(dataset, tmp_path / "plain", False, until=40, random_background=True)
+    graphed = _trained(dataset, tmp_path / "graphs", True, until=40, random_background=True)
     assert graphed._graphs.replays > 0 and graphed._random_bg is not None
     for k, a in plain.model.gaussians.arrays().items():
         np.testing.assert_array_equal(graphed.model.gaussians.arrays()[k], a, err_msg=k)
@@ -130,3 +131,39 @@ def test_a_step_that_cannot_be_captured_runs_as_usual_until_its_key_changes():
     graphs.run(0, "new", 10, fits, step)  # a new key: captured again (and failing, run as usual)
     graphs.run(0, "new", 10, fits, step)
     assert graphs.failures == 2 and len(calls) == 5
+
+
+def test_a_step_whose_graph_would_not_be_replayed_runs_as_usual():
+    """``replayed`` False: a step that would be captured runs as usual (a capture never replayed costs the
+    host's and the device's time one after the other); a graph that holds is still replayed."""
+    calls = []
+    def step(room, captured):
+        calls.append((room, captured))
+        return len(calls)
+    graphs = StepGraphs(simulate=True)
+    fits = lambda room: True  # noqa: E731
+    graphs.run(0, "k", 10, fits, step)
+    assert graphs.run(0, "k", 10, fits, step, replayed=False) == (2, 10) and calls[-1] == (10, False)
+    assert graphs.captures == 0 and graphs.unreplayed == 1
+    assert graphs.run(0, "k", 10, fits, step) == (3, 10) and graphs.captures == 1
+    assert graphs.run(0, "k", 10, fits, step, replayed=False) == (4, 10) and graphs.replays == 1
+
+
+def test_views_not_coming_again_before_the_model_changes_are_not_captured(dataset, tmp_path):
+    """Densifying every 6 steps over the 10 views, most views come once between two refinements: the trainer
+    captures a view's step only where the view comes again before the graphs' key changes (its place in the
+    epoch's order, or half an epoch on), so nearly every capture is replayed; the model is the same to the bit
+    as steps run as usual, and where the key holds for long (densification over) views are captured as before."""
+    graphed = _trained(dataset, tmp_path / "graphs", True, until=80, refine_every=6, densify_until=40)
+    plain = _trained(dataset, tmp_path / "plain", False, until=80, refine_every=6, densify_until=40)
+    g = graphed._graphs
+    assert g.unreplayed > 10 and g.replays >= g.captures > 0, (g.captures, g.replays, g.unreplayed)
+    for k, a in plain.model.gaussians.arrays().items():
+        np.testing.assert_array_equal(graphed.model.gaussians.arrays()[k], a, err_msg=k)
+    always = StepGraphs(simulate=True)  # the same run capturing wherever a step could be captured
+    t = SingleGPUTrainer(dataset, tmp_path / "always", small_config(iterations=84, densify_until=40), backend="cpu")
+    t.strategy.refine_start, t.strategy.refine_every, t.strategy.reset_every = 4, 6, 50
+    t.binning_room, t._graphs, t._comes_again = True, always, lambda view: True
+    t.init_model()
+    t.train(progress=False, until=80)
+    assert always.captures > g.captures + 10 and always.replays <= g.replays + 10, (always.captures, always.replays)

@@ -20,6 +20,7 @@ from numbasplat.rendering import (ROOM_MARGIN, ROOM_SLACK, behind_state, front_s
                                   room_slots)
 
 from engine.recipe.model import GROUPS, GaussianModel
+from engine.recipe.strategy import Context
 from engine.recipe.trainer import PhaseClock, Trainer
 from engine.stores.offload import BLOCK_ROWS, out_of_core
 from .step_graphs import StepGraphs, array_key
@@ -145,6 +146,7 @@ class SingleGPUTrainer(Trainer):
     binning_room = None  # bin into kept room (``BinningRoom``)? None: on GPUs; True: always (tests); False: never
     _room = None
     _graphs = None       # the step graphs (``engine.pipelines.step_graphs``), once a step may use them
+    _graphs_held = None  # (from, until, until is a limit): ``_graphs_hold_until``'s last answer
     _random_bg = None    # with ``random_background`` and step graphs: the device values each step's is written to
 
     def _room_for(self, view, model):
@@ -170,6 +172,7 @@ class SingleGPUTrainer(Trainer):
         extra = super().log_extra()
         if self._graphs is not None:
             extra.update(graph_replays=self._graphs.replays, graph_captures=self._graphs.captures,
+                         graph_not_captured=self._graphs.unreplayed,  # (their graphs would not have been replayed)
                          graph_capture_seconds=round(self._graphs.capture_seconds, 3))
             if self._graphs.failures:
                 extra.update(graph_capture_failures=self._graphs.failures,
@@ -242,13 +245,12 @@ class SingleGPUTrainer(Trainer):
         if graphs is None:
             image, loss, total = step(room, False)
         else:
-            key = (len(model), degree, self.step >= getattr(strategy, "refine_stop", 0),
-                   strategy.regularises_at(self.step), self.fuses_adam(),
+            key = (len(model), *self._schedule_key(self.step), self.fuses_adam(),
                    "random" if self.cfg.random_background else bg.tobytes(),
                    array_key([model.params.data, *model.adam.buffers(), *state.values()]  # (the gradients: kept,
                              + ([] if model.kept_grads is None else [model.kept_grads.data])))  # or made in the step)
             fits = lambda captured_room: self._room.fits(i, len(model), captured_room)  # noqa: E731
-            (image, loss, total), room = graphs.run(i, key, room, fits, step)
+            (image, loss, total), room = graphs.run(i, key, room, fits, step, replayed=self._comes_again(i))
             loss = loss.again()  # (the graph keeps its loss unread: each replay's is read from its sums)
         if roomed:
             self._room.record(i, len(model), room, total)
@@ -348,6 +350,40 @@ class SingleGPUTrainer(Trainer):
         grad = self.placement.rasterize_backward(p, b, r, d_img, deterministic=self.cfg.deterministic)
         clock.end("backward")
         return image, loss, grad
+
+    def _schedule_key(self, step):
+        """The parts of a step graph's key that the schedules set, at the step that starts at ``step``: the SH
+        degree, whether densification has ended, whether the regularisers act."""
+        return (self.sh_degree_now(step), step >= getattr(self.strategy, "refine_stop", 0),
+                self.strategy.regularises_at(step))
+
+    def _comes_again(self, view):
+        """Whether ``view`` trains again while a step graph captured now holds (``StepGraphs.run``'s ``replayed``):
+        before the first later step whose key differs (``_graphs_hold_until``), at its place in the epoch's
+        order, or if the epoch holds it no more, in the next epoch, at half of it (its place there is drawn
+        then).  While the model densifies, a capture of many views sees most of them once between two
+        refinements: those steps run as usual rather than be captured for no replay."""
+        order, now = self.order, self.step
+        try:
+            ahead = order[::-1].index(view)  # (the order is popped from its end)
+        except ValueError:
+            ahead = len(order) + len(self.data.train) // 2
+        return now + 1 + ahead < self._graphs_hold_until(now)
+
+    def _graphs_hold_until(self, now):
+        """The first step start after ``now`` whose step graphs differ from those of the step starting at ``now``:
+        the model refined or reset at the end of the step before (the graphs dropped), or a schedule's part of
+        the key changed; looked for up to four epochs ahead, and kept while it holds."""
+        views = len(self.data.train)
+        held = self._graphs_held
+        if held is None or not held[0] <= now < held[1] or (held[2] and now >= held[0] + 2 * views):
+            parts, ctx, limit = self._schedule_key(now), Context(self.data.scene_scale, None), now + 4 * views + 2
+            changes = getattr(self.strategy, "acts_at", self.strategy.refines_at)  # (MCMC: its refinements)
+            t = now + 1
+            while t < limit and not changes(t, ctx) and self._schedule_key(t) == parts:
+                t += 1
+            self._graphs_held = held = (now, t, t == limit)  # (from, until, whether until is the limit alone)
+        return held[1]
 
     def _graphs_now(self, timed):
         """The step graphs where this step may use one: on a GPU with ``cfg.step_graphs`` on, binning

@@ -8,7 +8,10 @@ writes to device memory that the step reads (``Adam.set_step``).  So ``StepGraph
 very first step as usual (it compiles kernels and caches the view's constants on the device),
 captures its step into a CUDA graph (``cudaStreamBeginCapture``) and launches it whenever its key
 has changed since (a densification changes it every few visits), and replays that graph at every
-later step of the view: one launch in place of the step's Python.
+later step of the view: one launch in place of the step's Python.  A capture queues nothing on the
+device until its launch, so a graph never replayed costs the step's host time and device time one
+after the other: where the trainer knows the view will not come again before the key changes (a
+capture of many views, densifying), the step runs as usual instead (``run``'s ``replayed``).
 
 A graph keeps the addresses it was captured with.  The step's scratch arrays then come from a
 memory pool of the graphs' own, which nothing else allocates from; every view's graph shares it
@@ -56,6 +59,7 @@ class StepGraphs:
         self._seen = set()  # the views stepped once as usual (their next steps may be captured)
         self._scratch = None  # (a GraphScratch: the graphs' memory pool and stream, made at the first capture)
         self.captures = self.replays = 0
+        self.unreplayed = 0  # the steps run as usual, not captured, since their graph would not be replayed
         self.capture_seconds = 0.0  # the host's time capturing (the captured steps' own work included)
         self.failures, self.last_failure = 0, None  # captures that failed (their steps ran as usual), and why
 
@@ -65,10 +69,13 @@ class StepGraphs:
         if self._scratch is not None:
             self._scratch.free()
 
-    def run(self, view, key, room, fits, step):
+    def run(self, view, key, room, fits, step, replayed=True):
         """``view``'s step: ``step(room, captured)`` -> its outputs (device arrays), called as is the
         view's first time, captured and launched at its first step with ``key``, replayed after while
         ``fits(room)`` holds for the room it was captured with (``room``: the view's room now).
+        ``replayed``: whether the view comes again while ``key`` holds; where not, a step that would be
+        captured runs as usual instead (a capture queues nothing on the device until its launch, so one
+        never replayed costs the step's host time and its device time one after the other).
         -> (outputs, the room the step binned into)."""
         if view not in self._seen:
             self._seen.add(view)
@@ -77,6 +84,9 @@ class StepGraphs:
         if e is None or e.key != key:
             self._entries[view] = e = _Entry(key)
         if room is None or e.uncapturable:
+            return step(room, False), room
+        if (e.graph is None or not fits(e.room)) and not replayed:
+            self.unreplayed += 1
             return step(room, False), room
         if e.graph is None or not fits(e.room):
             t0 = time.perf_counter()
