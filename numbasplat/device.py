@@ -446,6 +446,13 @@ def prefetch_rows(arrays, first, last, device_id):
                 cupy.cuda.runtime.memPrefetchAsync(ptr, size, device_id, stream)
 
 
+def free_bytes():
+    """The GPU's free memory plus what CuPy's pool holds unused: what new arrays can take."""
+    import cupy
+    free, _ = cupy.cuda.runtime.memGetInfo()
+    return free + cupy.get_default_memory_pool().free_bytes()
+
+
 def reserve_device_memory(keep_free, device_id=None):
     """Hold all but ``keep_free`` bytes of the GPU's free memory in one allocation outside CuPy's
     pool, so that only ``keep_free`` remain for the run (``--gpu-memory`` with ``--devices 1``:

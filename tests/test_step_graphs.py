@@ -134,7 +134,7 @@ def test_a_step_that_cannot_be_captured_runs_as_usual_until_its_key_changes():
 
 
 def test_a_step_whose_graph_would_not_be_replayed_runs_as_usual():
-    """``replayed`` False: a step that would be captured runs as usual (a capture never replayed costs the
+    """``comes_again`` False: a step that would be captured runs as usual (a capture never replayed costs the
     host's and the device's time one after the other); a graph that holds is still replayed."""
     calls = []
     def step(room, captured):
@@ -143,10 +143,10 @@ def test_a_step_whose_graph_would_not_be_replayed_runs_as_usual():
     graphs = StepGraphs(simulate=True)
     fits = lambda room: True  # noqa: E731
     graphs.run(0, "k", 10, fits, step)
-    assert graphs.run(0, "k", 10, fits, step, replayed=False) == (2, 10) and calls[-1] == (10, False)
+    assert graphs.run(0, "k", 10, fits, step, comes_again=lambda: False) == (2, 10) and calls[-1] == (10, False)
     assert graphs.captures == 0 and graphs.unreplayed == 1
     assert graphs.run(0, "k", 10, fits, step) == (3, 10) and graphs.captures == 1
-    assert graphs.run(0, "k", 10, fits, step, replayed=False) == (4, 10) and graphs.replays == 1
+    assert graphs.run(0, "k", 10, fits, step, comes_again=lambda: False) == (4, 10) and graphs.replays == 1
 
 
 def test_views_not_coming_again_before_the_model_changes_are_not_captured(dataset, tmp_path):

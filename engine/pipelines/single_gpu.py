@@ -250,7 +250,8 @@ class SingleGPUTrainer(Trainer):
                    array_key([model.params.data, *model.adam.buffers(), *state.values()]  # (the gradients: kept,
                              + ([] if model.kept_grads is None else [model.kept_grads.data])))  # or made in the step)
             fits = lambda captured_room: self._room.fits(i, len(model), captured_room)  # noqa: E731
-            (image, loss, total), room = graphs.run(i, key, room, fits, step, replayed=self._comes_again(i))
+            (image, loss, total), room = graphs.run(i, key, room, fits, step,
+                                                  comes_again=lambda: self._comes_again(i))
             loss = loss.again()  # (the graph keeps its loss unread: each replay's is read from its sums)
         if roomed:
             self._room.record(i, len(model), room, total)
@@ -358,7 +359,7 @@ class SingleGPUTrainer(Trainer):
                 self.strategy.regularises_at(step))
 
     def _comes_again(self, view):
-        """Whether ``view`` trains again while a step graph captured now holds (``StepGraphs.run``'s ``replayed``):
+        """Whether ``view`` trains again while a step graph captured now holds (``StepGraphs.run``'s ``comes_again``):
         before the first later step whose key differs (``_graphs_hold_until``), at its place in the epoch's
         order, or if the epoch holds it no more, in the next epoch, at half of it (its place there is drawn
         then).  While the model densifies, a capture of many views sees most of them once between two

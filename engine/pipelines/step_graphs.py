@@ -11,7 +11,7 @@ has changed since (a densification changes it every few visits), and replays tha
 later step of the view: one launch in place of the step's Python.  A capture queues nothing on the
 device until its launch, so a graph never replayed costs the step's host time and device time one
 after the other: where the trainer knows the view will not come again before the key changes (a
-capture of many views, densifying), the step runs as usual instead (``run``'s ``replayed``).
+capture of many views, densifying), the step runs as usual instead (``run``'s ``comes_again``).
 
 A graph keeps the addresses it was captured with.  The step's scratch arrays then come from a
 memory pool of the graphs' own, which nothing else allocates from; every view's graph shares it
@@ -69,13 +69,14 @@ class StepGraphs:
         if self._scratch is not None:
             self._scratch.free()
 
-    def run(self, view, key, room, fits, step, replayed=True):
+    def run(self, view, key, room, fits, step, comes_again=None):
         """``view``'s step: ``step(room, captured)`` -> its outputs (device arrays), called as is the
         view's first time, captured and launched at its first step with ``key``, replayed after while
         ``fits(room)`` holds for the room it was captured with (``room``: the view's room now).
-        ``replayed``: whether the view comes again while ``key`` holds; where not, a step that would be
-        captured runs as usual instead (a capture queues nothing on the device until its launch, so one
-        never replayed costs the step's host time and its device time one after the other).
+        ``comes_again()``: whether the view comes again while ``key`` holds, asked only where the step would be
+        captured (None: it does); where not, the step runs as usual instead (a capture queues nothing on the
+        device until its launch, so one never replayed costs the step's host time and its device time one
+        after the other).
         -> (outputs, the room the step binned into)."""
         if view not in self._seen:
             self._seen.add(view)
@@ -85,10 +86,10 @@ class StepGraphs:
             self._entries[view] = e = _Entry(key)
         if room is None or e.uncapturable:
             return step(room, False), room
-        if (e.graph is None or not fits(e.room)) and not replayed:
-            self.unreplayed += 1
-            return step(room, False), room
         if e.graph is None or not fits(e.room):
+            if comes_again is not None and not comes_again():
+                self.unreplayed += 1
+                return step(room, False), room
             t0 = time.perf_counter()
             try:
                 e.room, e.graph, e.outputs = room, *self._capture(lambda: step(room, True))

@@ -33,6 +33,7 @@ import numpy as np
 from tqdm import tqdm
 
 from numbasplat import backend as _backend
+from numbasplat import device
 from numbasplat.loss import psnr, ssim
 from numbasplat.rendering import rasterize_tile_loss
 from numbasplat.tile_loss import s3im_permutations
@@ -50,13 +51,6 @@ from .targets import Targets
 from .view_order import VIEW_ORDERS, epoch_order
 from .workload import Workload
 
-
-
-def _free_device_bytes():
-    """The GPU's free memory plus what CuPy's pool holds unused (the memory guard's measure)."""
-    import cupy
-    free, _ = cupy.cuda.runtime.memGetInfo()
-    return free + cupy.get_default_memory_pool().free_bytes()
 
 
 def initial_arrays(data, cfg, rng):
@@ -739,7 +733,7 @@ class Trainer(ABC):
         """The strategy's ``Context``: the scene scale, the RNG, the memory guard's limits, and a
         pipeline's ``step`` fields (the step's learning rate, this rank's rows)."""
         in_device_memory = not self.store.out_of_core and not self.placement.managed  # (managed: pages to the host)
-        free = _free_device_bytes if _backend.on_gpu(self.backend) and in_device_memory else 0
+        free = device.free_bytes if _backend.on_gpu(self.backend) and in_device_memory else 0
         return Context(self.data.scene_scale, self.rng, self.cfg.max_gaussians, free, **step)
 
     def gaussian_total(self):

@@ -774,9 +774,7 @@ class OutOfCoreStore:
             return self.gpu_memory - int(share * self.gpu_memory) - fixed - self.images_bytes - view
         if not _backend.on_gpu(self.backend):
             return None
-        import cupy
-        free, _ = cupy.cuda.runtime.memGetInfo()
-        return int(GPU_SHARE * (free + cupy.get_default_memory_pool().free_bytes())) - view
+        return int(GPU_SHARE * device.free_bytes()) - view
 
     def _gather_whole(self):
         """-> (the whole model on the host, its statistics): the device's changed blocks written back
@@ -990,12 +988,8 @@ class OutOfCoreStore:
         steady (every block, Adam on the device, no cap) and the device's free memory holds twice that copy."""
         if not self.steady:
             return False
-        if not _backend.on_gpu(self.backend):
-            return True
-        import cupy
-        free, _ = cupy.cuda.runtime.memGetInfo()
         need = 2 * len(self.index) * self.layout.model_bytes(False)
-        return free + cupy.get_default_memory_pool().free_bytes() >= need
+        return not _backend.on_gpu(self.backend) or device.free_bytes() >= need
 
     def _trained_in_place(self, working):
         """``working`` ((a model trained in place on pool rows, its statistics)), its gradients written over its
