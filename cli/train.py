@@ -66,9 +66,10 @@ def train_model(dataset, a, cfg, settings=None, step_hooks=(), resumable=True):
         cfg = replace(cfg, lr_means=MEANS_LR)
     t = make_trainer(dataset, a.out, cfg, options, comm)
     if a.init_ply:
-        from data.ply import load_ply
-        t.start_from({"params": load_ply(a.init_ply)})
-        t.cfg.sh_degree = min(t.cfg.sh_degree, t.model.gaussians.sh_degree())
+        from data.ply import PlyGaussians
+        start = PlyGaussians(a.init_ply)  # (read as the model is made of it: the file is not held beside it)
+        t.start_from({"params": start})
+        t.cfg.sh_degree = min(t.cfg.sh_degree, start.sh_degree)
     if a.resume:
         snap = Path(a.out) / SNAPSHOT
         if not snap.is_file():

@@ -10,6 +10,7 @@ initial points).  Every error is a ValueError that names the file.
 """
 import os
 import re
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -148,10 +149,11 @@ def _read_vertices(f, path, fmt, elements):
             raise ValueError(f"{path}: list element {name!r} before the vertices is not supported")
         f.seek(count * np.dtype([(p, end + t) for p, t in eprops]).itemsize, os.SEEK_CUR)
     dtype = np.dtype([(p, end + t) for p, t in props])
-    buf = f.read(n * dtype.itemsize)
-    if len(buf) < n * dtype.itemsize:
-        raise ValueError(f"{path}: truncated PLY data ({len(buf)} of {n * dtype.itemsize} bytes)")
-    data = np.frombuffer(buf, dtype=dtype, count=n)
+    offset, size = f.tell(), os.fstat(f.fileno()).st_size
+    if size - offset < n * dtype.itemsize:
+        raise ValueError(f"{path}: truncated PLY data ({size - offset} of {n * dtype.itemsize} bytes)")
+    # (memory-mapped: the columns are read as they are used, a slice of rows at a time where so read)
+    data = np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=(n,)) if n else np.zeros(0, dtype)
     return {p: data[p] for p in pnames}, n
 
 
@@ -190,26 +192,55 @@ def load_ply_points(path):
 
 def load_ply(path):
     """Read a 3DGS PLY -> dict of float32 means, scales, quats, opacities, sh (N, K, 3)."""
-    path = os.fspath(path)
-    cols, n, _ = _read_vertex_columns(path, BASE_PROPS)
-    rest = sorted((int(m.group(1)), p) for p in cols if (m := re.fullmatch(r"f_rest_(\d+)", p)))
-    if len(rest) not in REST_TO_DEGREE or [i for i, _ in rest] != list(range(len(rest))):
-        raise ValueError(f"{path}: f_rest_* properties must be f_rest_0..f_rest_M-1 with "
-                         f"M in 0, 9, 24, 45; got {len(rest)}")
-    k = (REST_TO_DEGREE[len(rest)] + 1) ** 2
+    return dict(PlyGaussians(path))
 
-    def stack(keys):
-        return np.stack([np.asarray(cols[p], np.float32) for p in keys], axis=1)
 
-    sh = np.empty((n, k, 3), np.float32)
-    sh[:, 0, :] = stack([f"f_dc_{i}" for i in range(3)])
-    if k > 1:
-        # channel-major on disk: column c*(K-1) + (k-1) holds sh[:, k, c]
-        sh[:, 1:, :] = stack([p for _, p in rest]).reshape(n, 3, k - 1).transpose(0, 2, 1)
-    return {
-        "means": stack(["x", "y", "z"]),
-        "scales": stack([f"scale_{i}" for i in range(3)]),
-        "quats": stack([f"rot_{i}" for i in range(4)]),
-        "opacities": np.asarray(cols["opacity"], np.float32).copy(),
-        "sh": sh,
-    }
+class PlyGaussians(Mapping):
+    """A 3DGS PLY's Gaussians as ``load_ply``'s groups, each read from the memory-mapped file when it is asked
+    for (``g["means"]``), or a slice of rows of every group at a time (``rows``): host memory holds the
+    parameters once, or a slice of them, never the file beside them (a model of 100M Gaussians cut into
+    out-of-core blocks as it is read)."""
+
+    GROUPS = ("means", "scales", "quats", "opacities", "sh")
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self._cols, self.n, _ = _read_vertex_columns(self.path, BASE_PROPS)
+        rest = sorted((int(m.group(1)), p) for p in self._cols if (m := re.fullmatch(r"f_rest_(\d+)", p)))
+        if len(rest) not in REST_TO_DEGREE or [i for i, _ in rest] != list(range(len(rest))):
+            raise ValueError(f"{self.path}: f_rest_* properties must be f_rest_0..f_rest_M-1 with "
+                             f"M in 0, 9, 24, 45; got {len(rest)}")
+        self.sh_degree = REST_TO_DEGREE[len(rest)]
+        self.sh_bases = (self.sh_degree + 1) ** 2
+        self._rest = [p for _, p in rest]
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        return iter(self.GROUPS)
+
+    def __getitem__(self, group):
+        if group not in self.GROUPS:
+            raise KeyError(group)
+        return self._group(group, 0, self.n)
+
+    def rows(self, start, stop):
+        """-> ``load_ply``'s dict of rows ``start`` .. ``stop``."""
+        return {g: self._group(g, start, stop) for g in self.GROUPS}
+
+    def _group(self, group, a, b):
+        def stack(keys):
+            return np.stack([np.asarray(self._cols[p][a:b], np.float32) for p in keys], axis=1)
+        if group == "opacities":
+            return np.array(self._cols["opacity"][a:b], np.float32)
+        if group != "sh":
+            keys = {"means": ["x", "y", "z"], "scales": [f"scale_{i}" for i in range(3)],
+                    "quats": [f"rot_{i}" for i in range(4)]}[group]
+            return stack(keys)
+        k = self.sh_bases
+        sh = np.empty((b - a, k, 3), np.float32)
+        sh[:, 0, :] = stack([f"f_dc_{i}" for i in range(3)])
+        if k > 1:  # channel-major on disk: column c*(K-1) + (k-1) holds sh[:, k, c]
+            sh[:, 1:, :] = stack(self._rest).reshape(b - a, 3, k - 1).transpose(0, 2, 1)
+        return sh

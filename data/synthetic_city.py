@@ -551,8 +551,8 @@ class CityModel:
     spacing: float       # metres between neighbouring surface Gaussians
 
 
-def _allocate(n):
-    k = (SH_DEGREE + 1) ** 2
+def _allocate(n, sh_degree=SH_DEGREE):
+    k = (sh_degree + 1) ** 2
     return ns.Gaussians(np.empty((n, 3), np.float32), np.empty((n, 3), np.float32), np.empty((n, 4), np.float32),
                         np.empty(n, np.float32), np.zeros((n, k, 3), np.float32))
 
@@ -599,12 +599,13 @@ def budget(layout, faces, n):
     return hi, per_tree, n - per_tree * n_trees - int(faces.counts(hi).sum())
 
 
-def city_gaussians(layout, n, seed=None):
-    """The ground-truth model of ``layout`` with exactly ``n`` Gaussians, made in chunks."""
+def city_gaussians(layout, n, seed=None, sh_degree=SH_DEGREE):
+    """The ground-truth model of ``layout`` with exactly ``n`` Gaussians, made in chunks; its colours of SH degree
+    ``SH_DEGREE``, held at ``sh_degree`` (the higher bands zero: rows as wide as a model trained at it)."""
     seed = layout.seed if seed is None else seed
     faces = city_faces(layout)
     spacing, per_tree, n_sky = budget(layout, faces, n)
-    g = _allocate(n)
+    g = _allocate(n, max(sh_degree, SH_DEGREE))
     parts = {}
     counts = faces.counts(spacing)
     start = 0
@@ -973,11 +974,12 @@ def _prepare(out, force):
 
 
 def generate(out, preset="small", gaussians=None, views=None, resolution=None, seed=0, force=False, progress=True,
-             backend=None, exposure=0.0, blocks=None, street_share=STREET_SHARE):
+             backend=None, exposure=0.0, blocks=None, street_share=STREET_SHARE, sh_degree=SH_DEGREE):
     """Write the city dataset of ``preset`` to the folder ``out`` (see the module docstring).
 
     ``gaussians``, ``views``, ``resolution`` ('WxH' or (W, H)) and ``blocks`` (the city is blocks x
-    blocks) override the preset's.  ``street_share``: the share of street views, the rest aerial (0:
+    blocks) override the preset's; ``sh_degree``: the ground truth's SH degree (above ``SH_DEGREE`` its higher
+    bands are zero).  ``street_share``: the share of street views, the rest aerial (0:
     an aerial capture, as Mill-19's; a street view down a long street has half the city in its
     frustum, an orbit a neighbourhood: the out-of-core trainer's working sets).  ``exposure`` > 0 varies the training images' exposure
     (exposure_gains; the gains go to synth.json).  ``backend`` renders ('cpu' or 'cuda'; None: the
@@ -994,13 +996,15 @@ def generate(out, preset="small", gaussians=None, views=None, resolution=None, s
         raise ValueError(f"--seed must be a non-negative integer, got {seed!r}")
     if not (isinstance(exposure, (int, float)) and 0 <= exposure < 2):
         raise ValueError(f"--exposure must be a number in [0, 2), got {exposure!r}")
+    if sh_degree not in (1, 2, 3):
+        raise ValueError(f"--sh-degree must be 1, 2 or 3, got {sh_degree!r}")
     seconds = {}
     t0 = time.perf_counter()
     layout = plan_city(city_blocks, seed)
     faces = city_faces(layout)
     budget(layout, faces, n)   # --gaussians too few: say so before writing anything
     out = _prepare(out, force)
-    model = city_gaussians(layout, n)
+    model = city_gaussians(layout, n, sh_degree=sh_degree)
     city = city_views(layout, n_views, width, height, street_share=street_share)
     xyz, rgb = sparse_points(layout, model)
     seconds["scene"] = time.perf_counter() - t0
@@ -1008,7 +1012,7 @@ def generate(out, preset="small", gaussians=None, views=None, resolution=None, s
     write_colmap_text(out / "sparse" / "0", city, width, height, xyz, rgb)
     save_ply(out / "ground_truth.ply", model.gaussians)
     summary = {
-        "preset": preset, "seed": int(seed), "blocks": city_blocks, "gaussians": n, "sh_degree": SH_DEGREE,
+        "preset": preset, "seed": int(seed), "blocks": city_blocks, "gaussians": n, "sh_degree": sh_degree,
         "parts": {k: list(v) for k, v in model.parts.items()}, "spacing_m": model.spacing,
         "tallest_m": layout.tallest, "width": width, "height": height, "views": n_views,
         "street_views": sum(v.kind == "street" for v in city), "aerial_views": sum(v.kind == "aerial" for v in city),

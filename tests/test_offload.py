@@ -1322,6 +1322,44 @@ def test_out_of_core_refuses_the_tile_loss_and_appearance_in_check(change):
             check(small_config(visible_adam=True, **change), options)
 
 
+@pytest.mark.parametrize("mode", ["host", "disk"])
+def test_a_model_started_from_a_ply_is_cut_into_blocks_as_it_is_read(dataset, tmp_path, monkeypatch, mode):
+    """``train --init-ply`` out of core: the PLY is read a slice of rows at a time (64 here) into the blocks' table,
+    never as a whole model beside it (host memory at the start: the table, disk mode's cache, and under a tenth
+    more), and the blocks
+    hold its parameters (rotated, unevenly scaled Gaussians at SH degree 3), Adam's moments and the statistics
+    zero, as a model made of the whole file would; a pool of two slots, as a GPU's that the blocks move to."""
+    import tracemalloc
+    import data.ply as ply
+    import engine.stores.offload.store as store_module
+    monkeypatch.setattr(store_module, "HOLD_SLICE_ROWS", 64)
+    monkeypatch.setattr(store_module.OutOfCoreStore, "_slots", lambda self, count: 2)  # (blocks move, as on a GPU)
+    rng = np.random.default_rng(2)
+    n = 20_000
+    start = random_start(rng, n, sh_bases=16)
+    ply.save_ply(tmp_path / "start.ply", ns.Gaussians(**start))
+    row_bytes = RowLayout(16, DefaultStrategy.fresh_statistics(np, 0)).row_bytes
+    disk = {} if mode == "host" else dict(mode="disk", offload_dir=tmp_path / "blocks", host_memory=4 * 512 * row_bytes)
+    t = OffloadTrainer(dataset, tmp_path / "out", offload_config(sh_degree=3, iterations=4), backend="cpu",
+                       block_rows=512, gpu_memory=2**30, **disk)
+    read = ply.PlyGaussians(tmp_path / "start.ply")
+    tracemalloc.start()
+    try:
+        t.start_from({"params": read})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    table_bytes = n * t.store.layout.row_bytes
+    assert peak < 1.1 * table_bytes + 64 * n + disk.get("host_memory", 0), (peak, table_bytes)
+    model, statistics = t.store.whole()
+    for k, a in start.items():
+        np.testing.assert_array_equal(getattr(model.gaussians, k), a, err_msg=k)
+    assert not model.adam.m.any() and not model.adam.v.any() and model.adam.step_count == 0
+    assert all(not a.any() for a in statistics.values())
+    np.testing.assert_array_equal(t.store.index.block, BlockIndex(start["means"], start["scales"], 512).block)
+    t.train(progress=False, until=2)  # (and it trains)
+
+
 def held_out_of_core(start, statistics, block_rows, rng, folder=None, cached_blocks=3):
     """``start``'s parameters (random first moments) and ``statistics`` held by a store out of core (a device pool
     of two blocks, refinement block by block): in host mode, or with ``folder`` in disk mode there, its host
@@ -1347,6 +1385,40 @@ def held_out_of_core(start, statistics, block_rows, rng, folder=None, cached_blo
     return store, GaussianModel.from_state(whole.state(), "cpu"), {k: np.array(a) for k, a in state.items()}
 
 
+@pytest.mark.parametrize("mode", ["host", "disk"])
+def test_evaluation_out_of_core_renders_each_view_from_its_blocks_never_the_gathered_model(dataset, tmp_path,
+                                                                                          monkeypatch, mode):
+    """Where the device's pool does not hold every block, evaluation reads each view's blocks from the host's tier
+    (host mode's one table; disk mode's files, its cache of three blocks left alone), never the model gathered in
+    host memory: each view renders the Gaussians the gathered model's blocks in view hold, in model order, and its
+    image equals the whole model's (rotated, unevenly scaled Gaussians at SH degree 3; the pool has two slots
+    of many blocks)."""
+    from engine.stores.offload import OutOfCoreModel
+    from engine.tools.outputs import render_image
+    rng = np.random.default_rng(5)
+    n, block_rows = 600, 16
+    start = random_start(rng, n, sh_bases=16, opacity=1.0)
+    start["means"] *= np.float32(0.5)
+    start["means"][n // 2:] *= np.float32(60)  # (a half all around, far: each view sees a part of it)
+    statistics = DefaultStrategy.fresh_statistics(np, n)
+    store, whole, _ = held_out_of_core(start, statistics, block_rows, rng,
+                                       folder=tmp_path / "blocks" if mode == "disk" else None)
+    with monkeypatch.context() as patched:
+        forbid_gathering(patched)
+        model = store.rendered()
+        assert isinstance(model, OutOfCoreModel) and len(model) == n
+        for v in dataset.train[:4]:
+            part = store.part_in_view(model, v.camera)
+            seen = store.index.rows(store.index.visible(v.camera))
+            assert 0 < len(seen) < n
+            for k, a in whole.gaussians.take(seen).arrays().items():
+                np.testing.assert_array_equal(getattr(part, k), a, err_msg=k)
+            np.testing.assert_allclose(render_image(part, v.camera, sh_degree=3, backend="cpu"),
+                                       render_image(whole.gaussians, v.camera, sh_degree=3, backend="cpu"), atol=1e-6)
+    if mode == "disk":
+        assert len(store.host.cache) <= 3
+
+
 def random_start(rng, n, sh_bases=1, opacity=0.0):
     """``n`` rotated, unevenly scaled Gaussians' parameters, their opacities' logits about ``opacity``."""
     return {"means": rng.normal(size=(n, 3)).astype(np.float32),
@@ -1366,7 +1438,7 @@ def assert_blocks_hold_their_boxes(store):
     np.testing.assert_array_equal(index.hi, hi)
 
 
-@pytest.mark.parametrize("mode", ["host", "disk"])
+@pytest.mark.parametrize("mode", ["host", "disk", "outgrown"])  # outgrown: a page-locked table of the model's size
 @pytest.mark.parametrize("growth", [4.0, 0.6])  # x the gradients; below 1 more prunes (opacities lower)  # (the model grows: blocks split; it shrinks: the table shrinks)
 def test_a_refinement_block_by_block_equals_the_whole_models(growth, mode, tmp_path):
     """Clones, splits and prunes made block by block (``OutOfCoreStore.refine``) on the host's table, or in disk
@@ -1383,10 +1455,15 @@ def test_a_refinement_block_by_block_equals_the_whole_models(growth, mode, tmp_p
     strategy = DefaultStrategy(refine_start=0, refine_every=10, percent_dense=0.02)
     store, whole, state = held_out_of_core(start, statistics, block_rows, rng,
                                            folder=tmp_path / "blocks" if mode == "disk" else None)
+    if mode == "outgrown":  # (page-locked on a GPU: a table that takes the model's rows and no more)
+        store._locked = outgrown = store.host.whole
+        assert outgrown.shape[0] == n
     whole_ctx, ctx = Context(1.0, np.random.default_rng(7)), Context(1.0, np.random.default_rng(7))
     expected = strategy.after_optimizer(whole, state, 10, whole_ctx)
     read_before = store.host.read_bytes
     events = store.refine(strategy, 10, ctx)
+    if mode == "outgrown":  # a larger table where the model grew past it, the same one where it shrank
+        assert (store._locked is outgrown) == (growth < 1) and store.host.whole.base is store._locked
     assert events == expected and expected["cloned"] and expected["split"] and expected["pruned"]
     assert ctx.rng.integers(2**63) == whole_ctx.rng.integers(2**63)  # (the one key drawn, as the whole model draws it)
     if mode == "disk":  # the blocks were read back from their files, the new ones written to files of their own

@@ -43,7 +43,7 @@ def test_the_log_psnr_of_a_replayed_step_is_its_views_psnr_now(dataset, tmp_path
     t = _trained(dataset, tmp_path, True, until=40)
     image, view = t._progress_view
     assert image is None and t._graphs.replays > 0
-    now = psnr(t.view_image(t.model.gaussians, t.data.train[view].camera), t.targets[view])
+    now = psnr(t.view_image(t.model, t.data.train[view].camera), t.targets[view])
     assert t.progress_psnr() == now
     logged = [json.loads(x)["psnr"] for x in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert len(set(logged)) == len(logged), logged

@@ -238,6 +238,20 @@ def test_generated_dataset_loads_with_its_cameras_split_and_images(tiny):
         assert err <= 0.5 / 255 + 1e-6, (v.name, err * 255)
 
 
+def test_a_ground_truth_of_a_higher_sh_degree_holds_the_same_colours_and_zeros_above():
+    """``--sh-degree 3``: the same Gaussians, their degree-1 colours, the higher bands zero (rows as wide as a model
+    trained at degree 3)."""
+    layout = sc.plan_city(2, 5)
+    low, high = sc.city_gaussians(layout, 3000), sc.city_gaussians(layout, 3000, sh_degree=3)
+    assert low.gaussians.sh_degree() == sc.SH_DEGREE == 1 and high.gaussians.sh_degree() == 3
+    for k, a in low.gaussians.arrays().items():
+        b = getattr(high.gaussians, k)
+        np.testing.assert_array_equal(b[:, :4] if k == "sh" else b, a, err_msg=k)
+    assert not high.gaussians.sh[:, 4:].any() and high.gaussians.sh[:, 1:4].any()
+    with pytest.raises(ValueError, match="--sh-degree"):
+        sc.generate("unused", gaussians=3000, sh_degree=4)
+
+
 def test_generation_is_deterministic_in_the_seed(tiny, tmp_path):
     out, _ = tiny
     again = tmp_path / "again"

@@ -186,6 +186,9 @@ class SingleGPUTrainer(Trainer):
     def start_from(self, model_state, strategy_state=None):
         if self._graphs is not None:
             self._graphs.clear()
+        if self.store.out_of_core and set(model_state) == {"params"} and not strategy_state:
+            self.store.hold_new(model_state["params"])  # (cut into blocks as read: no whole model beside them)
+            return
         model = GaussianModel.from_state(model_state, self.store.home)
         self.store.hold(model, ({k: model.xp.asarray(a) for k, a in strategy_state.items()} if strategy_state
                                 else self.strategy.initialize_state()))
@@ -407,7 +410,7 @@ class SingleGPUTrainer(Trainer):
         keeps no render), the view rendered now, after the step's update."""
         image, i = self._progress_view
         if image is None:
-            image = self.view_image(self.whole_model().gaussians, self.data.train[i].camera)
+            image = self.view_image(self.whole_model(), self.data.train[i].camera)
         return psnr(image, self.targets[i])
 
 

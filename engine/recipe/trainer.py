@@ -793,8 +793,11 @@ class Trainer(ABC):
     def _check_finite(self, loss=None, model=None):
         """Stop with a clear message if training diverged (rendering skips this per-step sync),
         naming which attributes of how many Gaussians went non-finite and the step's loss
-        (``model``: the Gaussians to check, default the trainer's)."""
+        (``model``: the Gaussians to check, default the store's last trained: none after a view trained in chunks,
+        whose rows the store checks as they come back)."""
         model = self.store.recent() if model is None else model
+        if model is None:
+            return
         xp = model.xp  # (the device's, or the host's where the store holds the model there: after a chunked view)
         if bool(xp.isfinite(model.params.data).all()):
             return
@@ -823,7 +826,7 @@ class Trainer(ABC):
         perceptual = lpips_metric(self.log) if lpips and views else None
         per_view = []
         for i, v in enumerate(views):
-            img = self.view_image(model.gaussians, v.camera)
+            img = self.view_image(model, v.camera)
             gt = self.xp.asarray(v.image)
             rec = {"name": v.name, "psnr": psnr(img, gt), "ssim": ssim(img, gt, backend=self.backend)}
             if perceptual is not None:
@@ -864,14 +867,14 @@ class Trainer(ABC):
                     fields["test_ssim"] = res["ssim"]
         if self.cfg.tensorboard:  # (the first scored view's render, for its image event)
             first = (self.data.test or train)[0]
-            self.scored_image = _backend.to_host(self.view_image(model.gaussians, first.camera))
+            self.scored_image = _backend.to_host(self.view_image(model, first.camera))
         return fields
 
-    def view_image(self, gaussians, camera):
-        """``gaussians`` (the whole model's) rendered from ``camera`` for evaluation, clipped to [0, 1]: the
-        part of them the store renders the view from (out of core: what the view can see, on the device)."""
-        return render_image(self.store.part_in_view(gaussians, camera), camera, self.cfg.sh_degree, self.cfg.background, self.cfg.antialias,
-                            self.backend)
+    def view_image(self, model, camera):
+        """``model`` (``whole_model``'s) rendered from ``camera`` for evaluation, clipped to [0, 1]: the part of
+        it that the store renders the view from (out of core: what the view can see, on the device)."""
+        return render_image(self.store.part_in_view(model, camera), camera, self.cfg.sh_degree, self.cfg.background,
+                            self.cfg.antialias, self.backend)
 
     def _device_memory_peak(self, release_cache=False):
         """The most device memory CuPy's pool has held so far.  After a refinement every buffer

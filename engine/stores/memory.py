@@ -78,9 +78,9 @@ class MemoryStore:
         """The Gaussians the last step trained (the divergence check reads them): the model."""
         return self.model
 
-    def part_in_view(self, gaussians, camera):
-        """The part of the whole model's ``gaussians`` to render ``camera``'s evaluation view from: all."""
-        return gaussians
+    def part_in_view(self, model, camera):
+        """The Gaussians of ``model`` (``rendered``'s) to render ``camera``'s evaluation view from: all."""
+        return model.gaussians
 
     def step_stats(self):
         """The last step's residency fields for the trainer's ``stats``: none here."""

@@ -336,10 +336,11 @@ def offload_report(t, say, measured=0, paper=BILLION):
     tiers, largest = _largest_models(store, n, k, say)
     sh3 = RowLayout(16, {name: np.zeros(0, dtype) for name, dtype in store.layout.statistics.items()})
     on_paper = tier_bytes(sh3, k, store.adam)
-    ws3, index3, host3, disk3 = on_paper
-    say(f"on paper, {paper / 1e9:g}B Gaussians at SH degree 3: device {index3 * paper / 2**30:,.1f} GiB for the "
-        f"index and {ws3:.0f} B per working-set Gaussian, host {host3 * paper / 2**30:,.0f} GiB, disk "
-        f"{disk3 * paper / 2**30:,.0f} GiB")
+    gib = paper / 2**30
+    say(f"on paper, {paper / 1e9:g}B Gaussians at SH degree 3: device {on_paper.index * gib:,.1f} GiB for the "
+        f"index and {on_paper.working_set:.0f} B per working-set Gaussian; host mode {on_paper.host * gib:,.0f} GiB "
+        f"({on_paper.host_growing * gib:,.0f} GiB while it grows) and the index {on_paper.host_index * gib:,.0f} GiB; "
+        f"disk {on_paper.disk * gib:,.0f} GiB")
     return {"working_set_bytes": items, "working_set_peak_bytes": peak, "intersections_per_gaussian": k,
             "not_built": options,
             "tier_bytes": tiers._asdict(), "largest": largest, "on_paper": on_paper._asdict()}
@@ -353,27 +354,29 @@ def _largest_models(store, n, k, say):
     import shutil
     from engine.stores.offload.store import tier_bytes
     tiers = tier_bytes(store.layout, k, store.adam)
-    device_ws, device_model, host, disk = tiers
     budget = store.device_budget
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     folder = store.offload_dir if store.mode == "disk" else tempfile.gettempdir()
     free_disk = shutil.disk_usage(folder).free
-    largest = {"host": ram // host, "disk": free_disk // disk}
+    largest = {"host": ram // (tiers.host + tiers.host_index),
+               "host growing": ram // (tiers.host_growing + tiers.host_index),
+               "disk": min(free_disk // tiers.disk, ram // tiers.host_index)}
     say(f"largest models here ({n:,} Gaussians now, --offload {store.mode}):")
     if budget is None:
-        say(f"  device: no cap (CPU backend); {device_ws:.0f} B per working-set Gaussian, {device_model} B per model "
-            "Gaussian (the index)")
+        say(f"  device: no cap (CPU backend); {tiers.working_set:.0f} B per working-set Gaussian, {tiers.index} B per "
+            "model Gaussian (the index)")
     else:
-        largest["device"] = max(0, budget - store.block_rows * device_ws) // device_model
-        largest["working set"] = int(max(0, budget - device_model * n) // device_ws)
-        say(f"  device ({budget / 2**30:.1f} GiB for the blocks and the index): {device_model} B per model Gaussian "
+        largest["device"] = max(0, budget - store.block_rows * tiers.working_set) // tiers.index
+        largest["working set"] = int(max(0, budget - tiers.index * n) // tiers.working_set)
+        say(f"  device ({budget / 2**30:.1f} GiB for the blocks and the index): {tiers.index} B per model Gaussian "
             f"(the index): {largest['device'] / 1e6:,.0f}M Gaussians; beside this model's index a working set of "
-            f"{largest['working set'] / 1e6:,.1f}M Gaussians at {device_ws:.0f} B each (larger views train in chunks)")
-    say(f"  host ({ram / 2**30:.0f} GiB): {host} B per Gaussian (the table and the model gathered at a refinement "
-        f"or snapshot): {largest['host'] / 1e6:,.0f}M Gaussians")
-    say(f"  disk ({free_disk / 2**30:.0f} GiB free at {folder}): {disk} B per Gaussian: {largest['disk'] / 1e6:,.0f}M "
-        f"Gaussians{'' if store.mode == 'disk' else ' (with --offload disk)'}; host memory still holds the "
-        "whole model at a refinement or snapshot")
+            f"{largest['working set'] / 1e6:,.1f}M Gaussians at {tiers.working_set:.0f} B each (larger views train in "
+            "chunks)")
+    say(f"  host mode ({ram / 2**30:.0f} GiB): {tiers.host} B per Gaussian, the table ({tiers.host_growing} B while "
+        f"the model grows), and {tiers.host_index} B of the index: {largest['host'] / 1e6:,.0f}M Gaussians "
+        f"({largest['host growing'] / 1e6:,.0f}M growing)")
+    say(f"  disk mode ({free_disk / 2**30:.0f} GiB free at {folder}): {tiers.disk} B per Gaussian on the disk and "
+        f"{tiers.host_index} B of the index in host memory: {largest['disk'] / 1e6:,.0f}M Gaussians")
     return tiers, largest
 
 

@@ -11,17 +11,20 @@ import numbasplat as ns
 
 from numbasplat import backend as _backend
 from numbasplat import device
+from numbasplat.optim import FlatParams
 from numbasplat.rendering import (BINNING_GAUSSIAN_BYTES, binning_intersection_bytes, gradient_record_bytes,
                                   projection_bytes, sort_scratch_bytes)
 from numbasplat.rows import reach_boxes
 
 from engine.pipelines.partition import REACH, morton_order
+from engine.recipe.model import GaussianModel
 from .cache import BoxesInFlight, DeviceCache
 from .chunked import ChunkedView
 from .host_adam import ADAM_PLACES, HostAdam
 from .layout import BLOCK_ROWS, BlockIndex, FileRows, RowLayout, WorkingRows, format_bytes, frustum_part
 from .tiers import DiskBlocks, HostBlocks
 
+HOLD_SLICE_ROWS = 1 << 20  # rows of a new model cut into blocks at a time (``hold_new``)
 GPU_SHARE = 0.8  # --gpu-memory 0: this share of the device memory free at the start
 GPU_HEADROOM = (0.05, 32 << 20)  # under a --gpu-memory cap on a GPU, this share of it plus these bytes stay out of
 # the budget, for what it does not count: the allocator's split chunks, a step's transient arrays
@@ -74,20 +77,25 @@ def working_set_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN, tiles=0,
     return items, sum(lasting.values()) + max(binning + scratch, backward)
 
 
-TierBytes = namedtuple("TierBytes", "working_set index host disk")
+TierBytes = namedtuple("TierBytes", "working_set index host host_growing host_index disk")
+HOST_INDEX_BYTES = 32  # a Gaussian's block, place in it, row of the host's table, and the rows block by block (int64)
 
 
 def tier_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN, adam="device"):
     """-> ``TierBytes``: the bytes per Gaussian of each tier of a model out of core in ``layout``'s rows
     (``--offload``): on the device per working-set Gaussian (``working_set``: ``working_set_bytes``' peak, with
     Adam run on the ``adam`` side) and per model Gaussian (``index``: ``DeviceCache.INDEX_BYTES``); in host
-    memory per model Gaussian at what still gathers the whole model there (``_gather_whole``: an evaluation, a
-    refinement that cannot be made block by block, ``refine``; snapshots never do): in host mode the blocks'
-    table and the model's arrays made of it, in disk mode a table of the blocks in model order and those arrays
-    (its cache of blocks, capped by --host-memory, besides); on the disk per model Gaussian (disk mode: the
-    blocks' files; a snapshot writes the model once more there for a while, ``DiskBlocks.in_model_order``)."""
+    memory per model Gaussian in host mode: its table of the blocks' rows (``host``: a model that does not grow;
+    evaluations read a view's blocks, refinements and snapshots a block or a slice at a time), and where the model
+    grows (``host_growing``) the table a quarter larger than the model after its first re-cut beside the larger
+    one that a refinement outgrowing it refines into (``refine``); both modes also hold the blocks' index there
+    (``host_index``; disk mode's host memory otherwise its cache, capped by --host-memory); on the disk per
+    model Gaussian (disk mode: the blocks' files; a snapshot writes the model once more there for a while,
+    ``DiskBlocks.in_model_order``).  What still gathers the whole model in host memory: the BlitzGS passes
+    (``--importance-every``) and the pruning passes."""
+    row = layout.row_bytes
     return TierBytes(working_set_bytes(layout, intersections, adam=adam)[1], DeviceCache.INDEX_BYTES,
-                     2 * layout.row_bytes, layout.row_bytes)
+                     row, row * 9 // 4, HOST_INDEX_BYTES, row)
 
 
 class OutOfCoreModel:
@@ -112,10 +120,12 @@ class OutOfCoreModel:
 class RefinedInTable:
     """A refinement block by block in host mode (``OutOfCoreStore.refine``): each block read from the host's one
     ``table`` and its new rows written to their new place there (``plan``'s) once no row still to be read lies
-    there: back to front where the model grows, front to back where it shrinks."""
+    there: back to front where the model grows, front to back where it shrinks.  With ``into`` (a larger table,
+    where the model outgrows ``table``): written there at once."""
 
-    def __init__(self, table, plan):
+    def __init__(self, table, plan, into=None):
         self.table, self.plan, self.pending = table, plan, []
+        self.into = table if into is None else into
 
     def order(self):
         """The blocks in the order they are refined."""
@@ -130,6 +140,9 @@ class RefinedInTable:
         """Block ``b``'s new rows ``out``: written where no row still to be read lies, the others written later;
         -> the bytes of the blocks held until now (this one's among them)."""
         plan = self.plan
+        if self.into is not self.table:
+            self._write(b, out)
+            return out.nbytes
         self.pending.append((b, out))
         held = sum(o.nbytes for _, o in self.pending)
         frontier = plan.old_starts[b] if plan.growing else plan.old_ends[b]
@@ -148,7 +161,7 @@ class RefinedInTable:
 
     def _write(self, b, rows_out):
         start = self.plan.new_starts[b]
-        self.table[start:start + len(rows_out)] = rows_out
+        self.into[start:start + len(rows_out)] = rows_out
 
 
 class RefinedToFiles:
@@ -260,11 +273,33 @@ class OutOfCoreStore:
     def hold(self, model, state):
         """Hold ``model`` (host or device) and the strategy ``state`` of its rows out of core: cut into
         blocks anew."""
-        if self.layout is None or self.layout.sh_bases != model.sh_bases:
-            self.layout = RowLayout(model.sh_bases, self.fresh_statistics(np, 0))
-            self.pool_layout = self.layout.without_moments() if self.adam == "host" else self.layout
+        self._rows_of(model.sh_bases)
         self._adam_steps = model.adam.step_count
         self._install(model, self._statistics_of(model, state))
+
+    def hold_new(self, params):
+        """Hold a new model of ``params`` (``GaussianModel``'s groups of host arrays, or of a PLY: ``PlyGaussians``),
+        Adam at zero and the statistics fresh, cut into blocks a slice of ``HOLD_SLICE_ROWS`` rows at a time: host
+        memory holds the table and a slice, never the model beside it."""
+        n = len(params["opacities"]) if not hasattr(params, "rows") else len(params)
+        rows = params.rows if hasattr(params, "rows") else (lambda a, b: {k: v[a:b] for k, v in params.items()})
+        means, scales = np.asarray(params["means"], np.float32), np.asarray(params["scales"], np.float32)
+        first = rows(0, min(n, 1))
+        self._rows_of(first["sh"].shape[1])
+        self._adam_steps = 0
+
+        def write(table, at):
+            for a in range(0, n, HOLD_SLICE_ROWS):
+                b = min(n, a + HOLD_SLICE_ROWS)
+                part = GaussianModel(rows(a, b), "cpu")
+                self.layout.store(part, self.fresh_statistics(np, b - a), table, at[a:b])
+        self._cut(means, scales, np, write)
+
+    def _rows_of(self, sh_bases):
+        """The rows' layout for a model of ``sh_bases`` SH bases (and the pool's)."""
+        if self.layout is None or self.layout.sh_bases != sh_bases:
+            self.layout = RowLayout(sh_bases, self.fresh_statistics(np, 0))
+            self.pool_layout = self.layout.without_moments() if self.adam == "host" else self.layout
 
     def checkout(self, views, upcoming=()):
         """-> (the working set of the training ``views`` as a model on the device, its statistics); (None,
@@ -361,21 +396,33 @@ class OutOfCoreStore:
     def rendered(self):
         """The whole model to render evaluation views from (read only): on the device the last working set where
         it is every block of the index now (in model order, its parameters Adam's latest: as the step graphs train
-        it), else gathered from a pool of every block (after a refinement), else on the host (``part_in_view``
-        moves a view's part to the device)."""
+        it), else gathered from a pool of every block (after a refinement), else the stand-in ``model``, whose
+        views ``part_in_view`` reads from the host's tier a view's blocks at a time (the host never holds the
+        model twice for an evaluation), else gathered on the host."""
         if self._working is not None and self._working[0].index is self.index \
                 and self._every_block_working(self._working[0]):
             return self._working[1]
+        if self._whole is None and not self.shard and self._tier_reads_rows():
+            resident = self._gather_resident()
+            return self.model if resident is None else resident[0]
         return self.whole(device=True)[0]
 
     def recent(self):
-        """The last working set (on the device), else the whole model."""
-        return self._working[1] if self._working is not None else self.whole()[0]
+        """The last working set (on the device); None after a view trained in chunks (whose rows ``_chunked_done``
+        checks as they come back), else the whole model."""
+        if self._working is not None:
+            return self._working[1]
+        return None if isinstance(self._in_pool, ChunkedView) else self.whole()[0]
 
-    def part_in_view(self, gaussians, camera):
-        """The part of ``gaussians`` (the whole model) that ``camera``'s evaluation view renders, on the device (the
-        whole need not fit there): all of them where they are there already (``rendered``), else the store's blocks
-        that the view sees, or for a shard the Gaussians in the view's frustum."""
+    def part_in_view(self, model, camera):
+        """The Gaussians of ``model`` (``rendered``'s) that ``camera``'s evaluation view renders, on the device (the
+        whole need not fit there): all of them where they are there already, the blocks that the view sees
+        where ``model`` is the stand-in (read from the host's tier: ``_params_of``) or on the host, or for a
+        shard the Gaussians in the view's frustum."""
+        if isinstance(model, OutOfCoreModel):
+            self.boxes.settle()
+            return self._params_of(self.index.visible(camera))
+        gaussians = model.gaussians
         if _backend.is_device(gaussians.means):
             return gaussians
         if self.shard:
@@ -384,6 +431,23 @@ class OutOfCoreStore:
             self.boxes.settle()
             seen = gaussians.take(self.index.rows(self.index.visible(camera)))
         return type(seen)(**{k: self.xp.asarray(a) for k, a in seen.arrays().items()})
+
+    def _params_of(self, blocks):
+        """The parameters of ``blocks``' Gaussians (in model order) as ``Gaussians`` on the device, read from the
+        host's tier (the device's changed blocks written back first): from host mode's one table, or block by
+        block from disk mode's cache and files (``scan``: the cache keeps the steps' blocks)."""
+        self._flush()
+        index, w = self.index, self.layout.width
+        rows = index.rows(blocks)
+        if self.host.whole is not None:
+            table, at = self.host.whole, index.table_rows[rows]
+        else:  # (each block's rows in model order, the blocks in turn: put in model order by ``at``)
+            table = np.concatenate([self.host.scan(b)[:, :w] for b in blocks] or [np.empty((0, w), np.float32)])
+            at = np.argsort(np.concatenate([index.members(b) for b in blocks] or [np.empty(0, np.int64)]),
+                            kind="stable")
+        params = FlatParams(len(rows), self.layout.sh_bases)
+        self.layout.read_params(table, at, params.data)
+        return ns.Gaussians(**{k: self.xp.asarray(a) for k, a in params.gaussians().arrays().items()})
 
     def last_working_set(self):
         """The last step's working set as a model on the device (None: none, or a chunked view's)."""
@@ -456,16 +520,24 @@ class OutOfCoreStore:
         return statistics
 
     def _install(self, model, statistics):
-        """Cut ``model`` (on the host or the device) and its ``statistics`` into blocks anew: the index,
-        the host's tables, the device's pool: every block in it at once where it holds them all (one
-        copy), else empty (the views' blocks come in as they are seen)."""
+        """Cut ``model`` (on the host or the device) and its ``statistics`` into blocks anew (``_cut``)."""
         g = model.gaussians
+        self._cut(_backend.to_host(g.means), _backend.to_host(g.scales), model.xp,
+                  lambda table, at: self.layout.store(model, statistics, table, at))
+        self._whole = (model, statistics) if model.xp is np else None
+
+    def _cut(self, means, scales, xp, write):
+        """Cut a model of ``means`` and ``scales`` (host) into blocks anew: the index, the host's tables, the device's
+        pool: every block in it at once where it holds them all (one copy), else empty (the views' blocks come in as
+        they are seen).  ``write(table, at)`` writes the model's rows and statistics into rows ``at`` of ``table``
+        (on ``xp``'s device: the model's)."""
+        self._whole = None
         self._owed = None  # (the old pool's: ``model`` and ``statistics`` replace it)
         if self.boxes is not None:
             self.boxes.settle()  # the old index's boxes in flight landed (their pinned memory free to reuse)
         if self.cache is not None:
             self.cache.settle()  # the old pool's moves done before it and the host's tables are replaced
-        self.index = index = BlockIndex(_backend.to_host(g.means), _backend.to_host(g.scales), self.block_rows)
+        self.index = index = BlockIndex(means, scales, self.block_rows)
         self._rows = None  # (the last working set stays for _check_finite: its rows are no longer current)
         self.boxes = BoxesInFlight(index)
         counts = (self.cache.moved_bytes, self.cache.hits, self.cache.misses) if self.cache else (0, 0, 0)
@@ -483,10 +555,10 @@ class OutOfCoreStore:
             self._locked = device.pinned_empty((shape[0] * (5 if self._cuts else 4) // 4, shape[1]))
         self._cuts += 1
         locked = self._locked[:shape[0]] if moving else None
-        table = locked if locked is not None and model.xp is np else model.xp.empty(shape, np.float32)
-        self.layout.store(model, statistics, table, model.xp.asarray(index.table_rows))
+        table = locked if locked is not None and xp is np else xp.empty(shape, np.float32)
+        write(table, xp.asarray(index.table_rows))
         host_table = table
-        later = self._written_back_later(slots, model)
+        later = self._written_back_later(slots, xp)
         if later:
             self.host.reset_unwritten(index.starts, index.sizes, shape[1])
             host_table = None
@@ -496,16 +568,15 @@ class OutOfCoreStore:
         self._place(host_table, table, slots, counts)
         if later:
             self.cache.changed(self._every_block())
-        self._whole = (model, statistics) if model.xp is np else None
 
-    def _written_back_later(self, slots, model):
-        """Whether ``model``, cut into blocks, goes to the host's tier only when it is read there (every block changed
-        in the pool, written back at the next ``_flush``; ``reset_unwritten``): where the pool of ``slots`` slots
-        holds every block with Adam's moments (nothing leaves it until the next cut) and the model is on the device
-        (or on the CPU backend, whose pool is a copy too).  A refinement on the device then copies nothing to the
-        host, nor writes the disk's files."""
+    def _written_back_later(self, slots, xp):
+        """Whether a model on ``xp``'s device, cut into blocks, goes to the host's tier only when it is read there
+        (every block changed in the pool, written back at the next ``_flush``; ``reset_unwritten``): where the pool
+        of ``slots`` slots holds every block with Adam's moments (nothing leaves it until the next cut) and the model
+        is on the device (or on the CPU backend, whose pool is a copy too).  A refinement on the device then copies
+        nothing to the host, nor writes the disk's files."""
         return (slots >= self.index.blocks and self.pool_layout.moments
-                and (model.xp is not np or not _backend.on_gpu(self.backend)))
+                and (xp is not np or not _backend.on_gpu(self.backend)))
 
     def _place(self, host_table, table, slots, counts):
         """The host's tier the blocks of ``self.index`` as views of ``host_table`` (their rows block after block; None:
@@ -525,7 +596,8 @@ class OutOfCoreStore:
     def refine(self, strategy, step, ctx):
         """The strategy's refinement or reset (``after_optimizer``) at ``step``, made block by block on the host's tier
         where the strategy decides per Gaussian (``candidates``) and the device's pool lacks some blocks: in host mode
-        on its one table, where it can take the new model in place; in disk mode from the blocks' files to new ones
+        on its one table, where it can take the new model in place, else into a page-locked table a quarter larger
+        than the new model (``RefinedInTable``'s ``into``; the old one let go after); in disk mode from the blocks' files to new ones
         (``RefinedToFiles``).  -> its events, or None where it cannot (the caller then refines the whole model).
         Equal to the whole model's refinement, rows in the same order: the decisions are each Gaussian's, the memory
         guard's is made over all the candidates, and the random draws are functions of the global row
@@ -544,16 +616,20 @@ class OutOfCoreStore:
             blocks = RefinedToFiles(self.host, plan)
         else:
             capacity = len(self._locked) if self._locked is not None else max(plan.n, plan.n_new)
-            if plan.n_new > capacity:
-                return None
             self.host.reset({})
-            if self._locked is not None:
-                table = self._locked[:max(plan.n, plan.n_new)]
-            elif plan.growing:
-                table.resize((plan.n_new, table.shape[1]), refcheck=False)
-            blocks = RefinedInTable(table, plan)
+            if plan.n_new > capacity:  # (a larger page-locked table, refined into: the old one let go after)
+                table, self._locked = self._locked[:plan.n], device.pinned_empty((plan.n_new * 5 // 4, table.shape[1]))
+                blocks = RefinedInTable(table, plan, into=self._locked)
+            else:
+                if self._locked is not None:
+                    table = self._locked[:max(plan.n, plan.n_new)]
+                elif plan.growing:
+                    table.resize((plan.n_new, table.shape[1]), refcheck=False)
+                blocks = RefinedInTable(table, plan)
         self._whole = None
         events = self._refine_blocks(strategy, step, ctx, plan, blocks)
+        outgrown = not on_disk and blocks.into is not blocks.table
+        blocks = None
         if on_disk:
             table = None
         elif self._locked is not None:
@@ -563,6 +639,8 @@ class OutOfCoreStore:
         if plan.decided is not None:
             events["gaussians"] = plan.n_new
         self._reindex(table, plan)
+        if outgrown:
+            device.release_pinned()  # (the table outgrown)
         return events
 
     def _refinement_plan(self, strategy, step, ctx):
@@ -941,6 +1019,12 @@ class OutOfCoreStore:
         self._whole = None
         blocks = view.blocks
         tables = [self._host_rows(self.index.members(b)) for b in blocks]
+        w = self.layout.width
+        if not all(np.isfinite(t[:, :w]).all() for t in tables):
+            bad = sum(int((~np.isfinite(t[:, :w])).any(axis=1).sum()) for t in tables)
+            raise FloatingPointError(f"training diverged: non-finite parameters of {bad} of the {sum(len(t) for t in tables)} "
+                                     f"Gaussians of view {self.views[view.view].name}, trained in chunks (the last "
+                                     "snapshot is kept; try lower learning rates)")
         sizes = np.array([len(t) for t in tables], np.int64)
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         lo, hi = reach_boxes(np.concatenate(tables), starts, sizes, self.layout.columns["means"][0],
