@@ -775,8 +775,12 @@ def test_a_view_larger_than_the_device_trains_in_chunks_as_the_whole_working_set
     pixels' state carried and back-propagated back to front, each chunk's rows stepped by Adam (on the device, or
     ``adam`` host: on the host's rows, ``--offload-adam host``) and checked in; after steps with densification and
     an opacity reset the model equals the run whose device holds every block (the unchunked out-of-core step).  The
-    last chunk rendered stays in the pool for its backward, which runs first: 2K - 1 checkouts a step of K chunks."""
+    last chunk rendered stays in the pool for its backward, which runs first: 2K - 1 checkouts a step of K chunks.
+    The chunks' rows move between the host and the device 20 rows at a time, their boxes computed a few blocks at
+    a time (host memory holds a slice, not a chunk)."""
+    import engine.stores.offload.store as store_module
     from engine.stores.offload.chunked import ChunkedView
+    monkeypatch.setattr(store_module, "HOLD_SLICE_ROWS", 20)
     chunks, checkouts = [], []
     depth_chunks, checkout = ChunkedView.depth_chunks, ChunkedView.checkout
     monkeypatch.setattr(ChunkedView, "depth_chunks", lambda self, *a: chunks.append(len(depth_chunks(self, *a)))

@@ -459,13 +459,16 @@ class OffloadTrainer(SingleGPUTrainer):
         chunks = view.depth_chunks(camera, self.cfg.antialias)
         frame = chunked_frame(camera, chunks, degree, self.cfg.antialias, backend=backend)
         pixels = front_state(camera, backend)
+        last = None
         for k in range(len(chunks)):
+            last = None  # (the chunk before let go before this one is made: the budget holds one chunk)
             model, state = view.checkout(k)
             p = self.project_view(model, state, i, degree)
             b = ns.bin_tiles(p, backend=backend)
             self.store.binned(len(model), b.n_isect)
             rasterize_chunk(frame, k, p, b, pixels, bg, backend)
-        last = (model, state, p, b)  # (the last chunk's backward runs first)
+            last = (model, state, p, b)  # (the last chunk's backward runs first)
+            model = state = p = b = None
         clock.end("render")
         image = frame.image
         loss, d_img = self.view_loss(image, self.targets[i])
@@ -473,6 +476,7 @@ class OffloadTrainer(SingleGPUTrainer):
         pixels = behind_state(frame.render, None, backend)
         for k in range(len(chunks) - 1, -1, -1):
             if k < len(chunks) - 1:
+                model = state = p = b = grad = visible = None  # (the chunk before let go first)
                 model, state = view.checkout(k)
                 p = self.project_view(model, state, i, degree)
                 b = ns.bin_tiles(p, backend=backend)

@@ -45,14 +45,20 @@ class ChunkedView:
         one empty chunk where nothing is drawn)."""
         keys = np.empty(len(self.rows), np.float32)
         for a in range(0, len(self.rows), self.size):
-            model, _ = self.store.rows_in(self.rows[a:a + self.size])
-            keys[a:a + len(model)] = _backend.to_host(depth_keys(model.gaussians, camera, antialias,
-                                                                 backend=self.store.backend, check=False))
+            rows = self.rows[a:a + self.size]
+            keys[a:a + len(rows)] = self._depth_keys(rows, camera, antialias)
         order = np.argsort(keys, kind="stable")
         drawn = int(np.count_nonzero(keys < np.float32(np.inf)))
         self.chunks = [np.sort(self.rows[order[a:a + self.size]]) for a in range(0, drawn, self.size)] \
             or [self.rows[:0]]
         return self.chunks
+
+    def _depth_keys(self, rows, camera, antialias):
+        """The depth keys of the model rows ``rows`` (host), their model on the device let go before the next
+        chunk's is made (the budget holds one chunk)."""
+        model, _ = self.store.rows_in(rows)
+        return _backend.to_host(depth_keys(model.gaussians, camera, antialias, backend=self.store.backend,
+                                           check=False))
 
     def checkout(self, k):
         """-> (chunk ``k``'s rows as a model on the device, with the step's learning rates; their

@@ -24,7 +24,7 @@ from .host_adam import ADAM_PLACES, HostAdam
 from .layout import BLOCK_ROWS, BlockIndex, FileRows, RowLayout, WorkingRows, format_bytes, frustum_part
 from .tiers import DiskBlocks, HostBlocks
 
-HOLD_SLICE_ROWS = 1 << 20  # rows of a new model cut into blocks at a time (``hold_new``)
+HOLD_SLICE_ROWS = 1 << 20  # rows read from the host's tier at a time (``hold_new``, a chunked view's)
 GPU_SHARE = 0.8  # --gpu-memory 0: this share of the device memory free at the start
 GPU_HEADROOM = (0.05, 32 << 20)  # under a --gpu-memory cap on a GPU, this share of it plus these bytes stay out of
 # the budget, for what it does not count: the allocator's split chunks, a step's transient arrays
@@ -100,7 +100,8 @@ def tier_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN, adam="device"):
 
 class OutOfCoreModel:
     """The store's stand-in for the whole model between steps, what the recipe reads of ``model``: its
-    size, SH bases, and its parameters (gathered in host memory)."""
+    size, SH bases, and its parameters (gathered in host memory); evaluation renders a view of it from the
+    view's blocks alone (``OutOfCoreStore.part_in_view``)."""
 
     def __init__(self, store):
         self._store = store
@@ -115,6 +116,10 @@ class OutOfCoreModel:
     @property
     def gaussians(self):
         return self._store.whole()[0].gaussians
+
+    def host_arrays(self, which="params"):
+        """``GaussianModel.host_arrays`` of the whole model (gathered in host memory)."""
+        return self._store.whole()[0].host_arrays(which)
 
 
 class RefinedInTable:
@@ -941,9 +946,10 @@ class OutOfCoreStore:
         array of them on the device besides), and trained in place there as a working set is
         (``_load_working``)."""
         n = len(rows)
-        table = self.cache.pool_part(self._host_rows(rows))
-        device.copy_rows(self.cache.pool, 0, table, 0, n)
-        self.cache.moved_bytes += table.nbytes
+        for a in range(0, n, HOLD_SLICE_ROWS):  # (a slice at a time: host memory holds a slice, not the chunk)
+            part = self.cache.pool_part(self._host_rows(rows[a:a + HOLD_SLICE_ROWS]))
+            device.copy_rows(self.cache.pool, a, part, 0, len(part))
+            self.cache.moved_bytes += part.nbytes
         pool_rows = self.xp.arange(n)
         return self._trained_in_place(self.pool_layout.model(self.cache.pool, self._adam_steps, self.backend,
                                                              rows=pool_rows, betas=self.betas, in_place=True,
@@ -954,9 +960,10 @@ class OutOfCoreStore:
         tier (through the pool's first rows, where Adam wrote the parameters and, on the device, the moments)."""
         n = len(rows)
         self.pool_layout.store_statistics(statistics, self.cache.pool, self.xp.arange(n), self.xp, self.backend)
-        table = _backend.to_host(self.cache.pool[:n])
-        self.cache.moved_bytes += table.nbytes
-        self.put_host_rows(rows, table, self.cache.back)
+        for a in range(0, n, HOLD_SLICE_ROWS):  # (a slice at a time, as ``rows_in``)
+            table = _backend.to_host(self.cache.pool[a:min(n, a + HOLD_SLICE_ROWS)])
+            self.cache.moved_bytes += table.nbytes
+            self.put_host_rows(rows[a:a + HOLD_SLICE_ROWS], table, self.cache.back)
 
     def put_host_rows(self, rows, table, spans=None):
         """The rows of the model rows ``rows`` (host, model order) into the host's tier: ``table``'s rows, whole
@@ -1014,23 +1021,30 @@ class OutOfCoreStore:
 
     def _chunked_done(self, view):
         """After a chunked step: Adam's step count on, and the view's blocks' boxes computed from the host's
-        rows (at once: the pool holds none of them)."""
+        rows (at once: the pool holds none of them), a group of blocks of about ``HOLD_SLICE_ROWS`` rows at a
+        time (host memory holds a group's rows, not the view's); a parameter gone non-finite there stops
+        training with one message (the divergence check of a chunked view)."""
         self._adam_steps = view.adam.step_count
         self._whole = None
-        blocks = view.blocks
-        tables = [self._host_rows(self.index.members(b)) for b in blocks]
-        w = self.layout.width
-        if not all(np.isfinite(t[:, :w]).all() for t in tables):
-            bad = sum(int((~np.isfinite(t[:, :w])).any(axis=1).sum()) for t in tables)
-            raise FloatingPointError(f"training diverged: non-finite parameters of {bad} of the {sum(len(t) for t in tables)} "
-                                     f"Gaussians of view {self.views[view.view].name}, trained in chunks (the last "
-                                     "snapshot is kept; try lower learning rates)")
-        sizes = np.array([len(t) for t in tables], np.int64)
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        lo, hi = reach_boxes(np.concatenate(tables), starts, sizes, self.layout.columns["means"][0],
-                             self.layout.columns["scales"][0], REACH, backend="cpu")
-        self.index.lo[blocks], self.index.hi[blocks] = lo, hi
+        blocks, w, index = view.blocks, self.layout.width, self.index
+        ends = np.cumsum(index.sizes[blocks])
+        bad = 0
+        for group in np.split(blocks, np.searchsorted(ends, np.arange(HOLD_SLICE_ROWS, ends[-1], HOLD_SLICE_ROWS))
+                              if len(blocks) else []):
+            if not len(group):
+                continue
+            tables = [self._host_rows(index.members(b)) for b in group]
+            bad += sum(int((~np.isfinite(t[:, :w])).any(axis=1).sum()) for t in tables)
+            sizes = np.array([len(t) for t in tables], np.int64)
+            starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+            index.lo[group], index.hi[group] = reach_boxes(np.concatenate(tables), starts, sizes,
+                                                           self.layout.columns["means"][0],
+                                                           self.layout.columns["scales"][0], REACH, backend="cpu")
         self.boxes._culling = None
+        if bad:
+            raise FloatingPointError(f"training diverged: non-finite parameters of {bad} of the {len(view)} Gaussians "
+                                     f"of view {self.views[view.view].name}, trained in chunks (the last snapshot is "
+                                     "kept; try lower learning rates)")
 
     def _holds_every_block(self, rows):
         """Whether the pool holds every block and the budget's working ``rows`` (None: no cap) the whole model:
