@@ -54,11 +54,10 @@ class ChunkedView:
         return self.chunks
 
     def _depth_keys(self, rows, camera, antialias):
-        """The depth keys of the model rows ``rows`` (host), their model on the device let go before the next
-        chunk's is made (the budget holds one chunk)."""
-        model, _ = self.store.rows_in(rows)
-        return _backend.to_host(depth_keys(model.gaussians, camera, antialias, backend=self.store.backend,
-                                           check=False))
+        """The depth keys of the model rows ``rows`` (host), from what they read alone (``depth_rows``: a
+        quarter of the pool's row at SH degree 3), let go before the next rows' are moved."""
+        return _backend.to_host(depth_keys(self.store.depth_rows(rows), camera, antialias,
+                                           backend=self.store.backend, check=False))
 
     def checkout(self, k):
         """-> (chunk ``k``'s rows as a model on the device, with the step's learning rates; their

@@ -1002,15 +1002,28 @@ class OutOfCoreStore:
         return lambda params, _: HostAdam(params, *self.betas, backend=self.backend, store=self, rows=rows,
                                           pool=pool, pool_rows=pool_rows)
 
-    def _host_rows(self, rows):
-        """The host tier's table rows of the model rows ``rows`` (a new (n, columns) array)."""
-        index = self.index
+    def _host_rows(self, rows, columns=None):
+        """The host tier's table rows of the model rows ``rows`` (a new (n, columns) array): whole, or their first
+        ``columns`` columns alone (only those read)."""
+        index, end = self.index, columns or self.layout.columns_total
         if self.host.whole is not None:
-            return self.host.whole[index.table_rows[rows]]
-        out = np.empty((len(rows), self.layout.columns_total), np.float32)
+            return self.host.whole[index.table_rows[rows], :end]
+        out = np.empty((len(rows), end), np.float32)
         for b, sel in self._by_block(rows):
-            out[sel] = self.host.get(b)[index.position[rows[sel]]]
+            out[sel] = self.host.get(b)[index.position[rows[sel]], :end]
         return out
+
+    def depth_rows(self, rows):
+        """The Gaussians of the model rows ``rows`` (host) on the device with what their depth keys read alone
+        (``numbasplat.chunks.depth_keys``: the means, scales, rotations, opacities and SH degree 0, a row's first
+        columns): a chunked view's depth pass moves these, not the pool's rows."""
+        first_sh = self.layout.columns["sh"][0]
+        table = self._host_rows(rows, first_sh + 3)
+        self.cache.moved_bytes += table.nbytes
+        groups = {g: table[:, a:b] for g, (a, b) in self.layout.columns.items() if g != "sh"}
+        groups["opacities"] = groups["opacities"][:, 0]
+        groups["sh"] = table[:, first_sh:].reshape(len(rows), 1, 3)
+        return ns.Gaussians(**{g: self.xp.asarray(np.ascontiguousarray(a)) for g, a in groups.items()})
 
     def _by_block(self, rows):
         """(block, the places in ``rows`` of its rows) for each block that ``rows`` (model rows) touch."""
