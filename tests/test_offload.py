@@ -1396,9 +1396,10 @@ def test_evaluation_out_of_core_renders_each_view_from_its_blocks_never_the_gath
     (host mode's one table; disk mode's files, its cache of three blocks left alone), never the model gathered in
     host memory: each view renders the Gaussians the gathered model's blocks in view hold, in model order, and its
     image equals the whole model's (rotated, unevenly scaled Gaussians at SH degree 3; the pool has two slots
-    of many blocks)."""
+    of many blocks).  A chunked view's depth pass reads the same rows' first columns alone: the same keys."""
     from engine.stores.offload import OutOfCoreModel
     from engine.tools.outputs import render_image
+    from numbasplat.chunks import depth_keys
     rng = np.random.default_rng(5)
     n, block_rows = 600, 16
     start = random_start(rng, n, sh_bases=16, opacity=1.0)
@@ -1419,6 +1420,9 @@ def test_evaluation_out_of_core_renders_each_view_from_its_blocks_never_the_gath
                 np.testing.assert_array_equal(getattr(part, k), a, err_msg=k)
             np.testing.assert_allclose(render_image(part, v.camera, sh_degree=3, backend="cpu"),
                                        render_image(whole.gaussians, v.camera, sh_degree=3, backend="cpu"), atol=1e-6)
+            # (a chunked view's depth pass: the keys of the rows' first columns alone equal the whole rows')
+            np.testing.assert_array_equal(depth_keys(store.depth_rows(seen), v.camera, backend="cpu"),
+                                          depth_keys(whole.gaussians.take(seen), v.camera, backend="cpu"))
     if mode == "disk":
         assert len(store.host.cache) <= 3
 
