@@ -947,7 +947,7 @@ class OutOfCoreStore:
         (``_load_working``)."""
         n = len(rows)
         for a in range(0, n, HOLD_SLICE_ROWS):  # (a slice at a time: host memory holds a slice, not the chunk)
-            part = self.cache.pool_part(self._host_rows(rows[a:a + HOLD_SLICE_ROWS]))
+            part = self._host_rows(rows[a:a + HOLD_SLICE_ROWS], self.cache.spans)  # (the pool's columns alone)
             device.copy_rows(self.cache.pool, a, part, 0, len(part))
             self.cache.moved_bytes += part.nbytes
         pool_rows = self.xp.arange(n)
@@ -1002,15 +1002,22 @@ class OutOfCoreStore:
         return lambda params, _: HostAdam(params, *self.betas, backend=self.backend, store=self, rows=rows,
                                           pool=pool, pool_rows=pool_rows)
 
-    def _host_rows(self, rows, columns=None):
-        """The host tier's table rows of the model rows ``rows`` (a new (n, columns) array): whole, or their first
-        ``columns`` columns alone (only those read)."""
-        index, end = self.index, columns or self.layout.columns_total
-        if self.host.whole is not None:
-            return self.host.whole[index.table_rows[rows], :end]
-        out = np.empty((len(rows), end), np.float32)
+    def _host_rows(self, rows, spans=None):
+        """The host tier's table rows of the model rows ``rows`` (a new array): whole, or ``spans``' columns
+        alone, only those read (((the row's first column, the new array's first column, columns), ...), as
+        ``DeviceCache.spans``)."""
+        index, whole = self.index, self.host.whole
+        spans = spans or ((0, 0, self.layout.columns_total),)
+        out = np.empty((len(rows), sum(k for _, _, k in spans)), np.float32)
+        if whole is not None:
+            at = index.table_rows[rows]
+            for a, c, k in spans:
+                out[:, c:c + k] = whole[at, a:a + k]
+            return out
         for b, sel in self._by_block(rows):
-            out[sel] = self.host.get(b)[index.position[rows[sel]], :end]
+            held, at = self.host.get(b), index.position[rows[sel]]
+            for a, c, k in spans:
+                out[sel, c:c + k] = held[at, a:a + k]
         return out
 
     def depth_rows(self, rows):
@@ -1018,7 +1025,7 @@ class OutOfCoreStore:
         (``numbasplat.chunks.depth_keys``: the means, scales, rotations, opacities and SH degree 0, a row's first
         columns): a chunked view's depth pass moves these, not the pool's rows."""
         first_sh = self.layout.columns["sh"][0]
-        table = self._host_rows(rows, first_sh + 3)
+        table = self._host_rows(rows, ((0, 0, first_sh + 3),))
         self.cache.moved_bytes += table.nbytes
         groups = {g: table[:, a:b] for g, (a, b) in self.layout.columns.items() if g != "sh"}
         groups["opacities"] = groups["opacities"][:, 0]
@@ -1046,7 +1053,7 @@ class OutOfCoreStore:
                               if len(blocks) else []):
             if not len(group):
                 continue
-            tables = [self._host_rows(index.members(b)) for b in group]
+            tables = [self._host_rows(index.members(b), ((0, 0, w),)) for b in group]  # (the parameters alone)
             bad += sum(int((~np.isfinite(t[:, :w])).any(axis=1).sum()) for t in tables)
             sizes = np.array([len(t) for t in tables], np.int64)
             starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
