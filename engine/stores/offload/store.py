@@ -11,7 +11,6 @@ import numbasplat as ns
 
 from numbasplat import backend as _backend
 from numbasplat import device
-from numbasplat.optim import FlatParams
 from numbasplat.rendering import (BINNING_GAUSSIAN_BYTES, binning_intersection_bytes, gradient_record_bytes,
                                   projection_bytes, sort_scratch_bytes)
 from numbasplat.rows import reach_boxes
@@ -422,11 +421,13 @@ class OutOfCoreStore:
     def part_in_view(self, model, camera):
         """The Gaussians of ``model`` (``rendered``'s) that ``camera``'s evaluation view renders, on the device (the
         whole need not fit there): all of them where they are there already, the blocks that the view sees
-        where ``model`` is the stand-in (read from the host's tier: ``_params_of``) or on the host, or for a
+        where ``model`` is the stand-in (read from the host's tier: ``_host_gaussians``) or on the host, or for a
         shard the Gaussians in the view's frustum."""
         if isinstance(model, OutOfCoreModel):
             self.boxes.settle()
-            return self._params_of(self.index.visible(camera))
+            self._flush()  # (the device's changed blocks written back first)
+            return self._host_gaussians(self.index.rows(self.index.visible(camera)), self.layout.sh_bases,
+                                        self.host.scan)
         gaussians = model.gaussians
         if _backend.is_device(gaussians.means):
             return gaussians
@@ -436,23 +437,6 @@ class OutOfCoreStore:
             self.boxes.settle()
             seen = gaussians.take(self.index.rows(self.index.visible(camera)))
         return type(seen)(**{k: self.xp.asarray(a) for k, a in seen.arrays().items()})
-
-    def _params_of(self, blocks):
-        """The parameters of ``blocks``' Gaussians (in model order) as ``Gaussians`` on the device, read from the
-        host's tier (the device's changed blocks written back first): from host mode's one table, or block by
-        block from disk mode's cache and files (``scan``: the cache keeps the steps' blocks)."""
-        self._flush()
-        index, w = self.index, self.layout.width
-        rows = index.rows(blocks)
-        if self.host.whole is not None:
-            table, at = self.host.whole, index.table_rows[rows]
-        else:  # (each block's rows in model order, the blocks in turn: put in model order by ``at``)
-            table = np.concatenate([self.host.scan(b)[:, :w] for b in blocks] or [np.empty((0, w), np.float32)])
-            at = np.argsort(np.concatenate([index.members(b) for b in blocks] or [np.empty(0, np.int64)]),
-                            kind="stable")
-        params = FlatParams(len(rows), self.layout.sh_bases)
-        self.layout.read_params(table, at, params.data)
-        return ns.Gaussians(**{k: self.xp.asarray(a) for k, a in params.gaussians().arrays().items()})
 
     def last_working_set(self):
         """The last step's working set as a model on the device (None: none, or a chunked view's)."""
@@ -1002,10 +986,10 @@ class OutOfCoreStore:
         return lambda params, _: HostAdam(params, *self.betas, backend=self.backend, store=self, rows=rows,
                                           pool=pool, pool_rows=pool_rows)
 
-    def _host_rows(self, rows, spans=None):
+    def _host_rows(self, rows, spans=None, read=None):
         """The host tier's table rows of the model rows ``rows`` (a new array): whole, or ``spans``' columns
         alone, only those read (((the row's first column, the new array's first column, columns), ...), as
-        ``DeviceCache.spans``)."""
+        ``DeviceCache.spans``); in disk mode each block's by ``read`` (default ``get``: into the cache)."""
         index, whole = self.index, self.host.whole
         spans = spans or ((0, 0, self.layout.columns_total),)
         out = np.empty((len(rows), sum(k for _, _, k in spans)), np.float32)
@@ -1015,21 +999,28 @@ class OutOfCoreStore:
                 out[:, c:c + k] = whole[at, a:a + k]
             return out
         for b, sel in self._by_block(rows):
-            held, at = self.host.get(b), index.position[rows[sel]]
+            held, at = (read or self.host.get)(b), index.position[rows[sel]]
             for a, c, k in spans:
                 out[sel, c:c + k] = held[at, a:a + k]
         return out
 
     def depth_rows(self, rows):
         """The Gaussians of the model rows ``rows`` (host) on the device with what their depth keys read alone
-        (``numbasplat.chunks.depth_keys``: the means, scales, rotations, opacities and SH degree 0, a row's first
-        columns): a chunked view's depth pass moves these, not the pool's rows."""
+        (``numbasplat.chunks.depth_keys``: the means, scales, rotations, opacities and SH degree 0): a chunked
+        view's depth pass moves these, not the pool's rows."""
+        return self._host_gaussians(rows, 1, moved=True)
+
+    def _host_gaussians(self, rows, sh_bases, read=None, moved=False):
+        """The parameters of the model rows ``rows`` (host), their SH up to ``sh_bases`` bases, as ``Gaussians`` on
+        the device: a row's first columns alone read from the host's tier (``_host_rows``; ``read``: disk mode's
+        block reader), counted as moved with ``moved``."""
         first_sh = self.layout.columns["sh"][0]
-        table = self._host_rows(rows, ((0, 0, first_sh + 3),))
-        self.cache.moved_bytes += table.nbytes
+        table = self._host_rows(rows, ((0, 0, first_sh + 3 * sh_bases),), read)
+        if moved:
+            self.cache.moved_bytes += table.nbytes
         groups = {g: table[:, a:b] for g, (a, b) in self.layout.columns.items() if g != "sh"}
         groups["opacities"] = groups["opacities"][:, 0]
-        groups["sh"] = table[:, first_sh:].reshape(len(rows), 1, 3)
+        groups["sh"] = table[:, first_sh:].reshape(len(rows), sh_bases, 3)
         return ns.Gaussians(**{g: self.xp.asarray(np.ascontiguousarray(a)) for g, a in groups.items()})
 
     def _by_block(self, rows):
@@ -1054,7 +1045,7 @@ class OutOfCoreStore:
             if not len(group):
                 continue
             tables = [self._host_rows(index.members(b), ((0, 0, w),)) for b in group]  # (the parameters alone)
-            bad += sum(int((~np.isfinite(t[:, :w])).any(axis=1).sum()) for t in tables)
+            bad += sum(int((~np.isfinite(t)).any(axis=1).sum()) for t in tables)
             sizes = np.array([len(t) for t in tables], np.int64)
             starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
             index.lo[group], index.hi[group] = reach_boxes(np.concatenate(tables), starts, sizes,
