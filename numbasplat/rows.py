@@ -4,7 +4,8 @@ on flat buffers (``optim.FlatParams``'s layout).  Here: the moves of rows betwee
 flat buffers (``rows_to_flat``, ``flat_to_rows``), the rows of a pool of block slots that a set of
 blocks holds (``pool_rows``), the boxes that row segments reach (``reach_boxes``), and Gaussian
 noise for rows by their global index (``row_normals``), each one kernel of the backend
-(``numbasplat.cpu.rows``, ``numbasplat.cuda.rows``).
+(``numbasplat.cpu.rows``, ``numbasplat.cuda.rows``); and the host's copies of rows between two host
+tables (``copy_host_rows``), the CPU backend's kernel on every core whatever the backend.
 """
 import numpy as np
 
@@ -60,3 +61,24 @@ def row_normals(key, rows, width, offset=0, stride=1, backend=None):
     out = xp.empty((len(rows), int(width)), np.float32)
     _backend.kernels(backend).row_normals(int(key), int(offset), int(stride), rows, out)
     return out
+
+
+def copy_host_rows(src, src_rows, dst, dst_rows=None, spans=None):
+    """``dst[dst_rows[j], c:c + k] = src[src_rows[j], a:a + k]`` for every j and each span (a, c, k) of
+    ``spans`` (``src``'s first column, ``dst``'s first column, columns; None: whole rows of one width), in one
+    parallel kernel on the host (numpy's fancy indexing is single-threaded: the out-of-core tiers move
+    gigabytes a step this way).  ``src``, ``dst``: float32 host tables; ``src_rows``, ``dst_rows``: row numbers
+    (None: 0, 1, ...; ``dst_rows`` distinct)."""
+    n = len(src_rows) if src_rows is not None else len(dst_rows)
+    count = np.arange(n, dtype=np.int64)
+    spans = np.asarray(spans if spans is not None else ((0, 0, src.shape[1]),), np.int64).reshape(-1, 3)
+    if spans[:, 0].min(initial=0) < 0 or (spans[:, 0] + spans[:, 2]).max(initial=0) > src.shape[1] \
+            or (spans[:, 1] + spans[:, 2]).max(initial=0) > dst.shape[1]:
+        raise ValueError(f"copy_host_rows: spans {spans.tolist()} reach past the tables' "
+                         f"{src.shape[1]} / {dst.shape[1]} columns")
+    for rows, table, name in ((src_rows, src, "src_rows"), (dst_rows, dst, "dst_rows")):
+        if rows is None and n > len(table) or rows is not None and n and not 0 <= rows.min() <= rows.max() < len(table):
+            raise ValueError(f"copy_host_rows: {name} reach past the table's {len(table)} rows")
+    _backend.kernels("cpu").copy_table_rows(
+        src, count if src_rows is None else np.asarray(src_rows, np.int64), dst,
+        count if dst_rows is None else np.asarray(dst_rows, np.int64), spans)

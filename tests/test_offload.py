@@ -1329,8 +1329,8 @@ def test_out_of_core_refuses_the_tile_loss_and_appearance_in_check(change):
 @pytest.mark.parametrize("mode", ["host", "disk"])
 def test_a_model_started_from_a_ply_is_cut_into_blocks_as_it_is_read(dataset, tmp_path, monkeypatch, mode):
     """``train --init-ply`` out of core: the PLY is read a slice of rows at a time (64 here) into the blocks' table,
-    never as a whole model beside it (host memory at the start: the table, disk mode's cache, and under a tenth
-    more), and the blocks
+    never as a whole model beside it (host memory at the start: the table, and under a tenth more), in disk mode
+    into the blocks' files (host memory: the cache and under a tenth of the table), and the blocks
     hold its parameters (rotated, unevenly scaled Gaussians at SH degree 3), Adam's moments and the statistics
     zero, as a model made of the whole file would; a pool of two slots, as a GPU's that the blocks move to."""
     import tracemalloc
@@ -1354,7 +1354,8 @@ def test_a_model_started_from_a_ply_is_cut_into_blocks_as_it_is_read(dataset, tm
     finally:
         tracemalloc.stop()
     table_bytes = n * t.store.layout.row_bytes
-    assert peak < 1.1 * table_bytes + 64 * n + disk.get("host_memory", 0), (peak, table_bytes)
+    assert peak < (1.1 if mode == "host" else 0.1) * table_bytes + 64 * n + disk.get("host_memory", 0), \
+        (peak, table_bytes)
     model, statistics = t.store.whole()
     for k, a in start.items():
         np.testing.assert_array_equal(getattr(model.gaussians, k), a, err_msg=k)

@@ -15,7 +15,7 @@ from .optim import adam, adam_rows, adam_table_rows
 from .raster import (contributions, cull, depth_keys, emit_intersections, project, project_backward,
                      project_backward_adam, project_backward_over_params, ranges_from_counts, raster_backward,
                      raster_forward, route, route_fill, screen_stats)
-from .rows import move_rows, pool_rows, reach_boxes, row_normals
+from .rows import copy_table_rows, move_rows, pool_rows, reach_boxes, row_normals
 from .sparse import decode_add, encode, scatter_add
 from .tile_loss import tile_loss
 
@@ -42,7 +42,7 @@ def launch_count():
     return None
 
 
-__all__ = ["FUSED_TILE_LOSS", "STATE_DTYPE", "adam", "adam_rows", "adam_table_rows", "array_module", "as_images", "contributions", "cull", "decode_add",
+__all__ = ["FUSED_TILE_LOSS", "STATE_DTYPE", "adam", "adam_rows", "adam_table_rows", "array_module", "as_images", "contributions", "copy_table_rows", "cull", "decode_add",
            "depth_keys", "emit_intersections", "encode", "fused_layout", "l1_ssim", "launch_count", "move_rows",
            "pool_rows", "project", "project_backward", "project_backward_adam", "project_backward_over_params",
            "ranges_from_counts", "raster_backward", "raster_forward",

@@ -1,7 +1,9 @@
 """Kernels over the rows of a row table (the out-of-core trainer's layout, ``numbasplat.math.rows``),
 each an ``njit`` loop, parallel over rows or segments: the moves of rows between a row table and the
 flat buffers, the rows of a pool of block slots that a set of blocks holds, the boxes that row
-segments reach, and Gaussian noise for rows by their global index (``numbasplat.math.noise``)."""
+segments reach, Gaussian noise for rows by their global index (``numbasplat.math.noise``), and the
+host's own copies of columns between the rows of two host tables (``copy_table_rows``: the out-of-core
+tiers' gathers and scatters, on every core)."""
 import numpy as np
 from numba import njit, prange
 
@@ -77,3 +79,15 @@ def row_normals(key, offset, stride, rows, out):
         first = (offset + stride * rows[j]) * width
         for c in range(width):
             out[j, c] = hashed_normal(key, first + c)
+
+
+@njit(parallel=True, cache=True)
+def copy_table_rows(src, src_rows, dst, dst_rows, spans):
+    """``dst[dst_rows[j], c:c + k] = src[src_rows[j], a:a + k]`` for every j and span (a, c, k) of ``spans``
+    ((S, 3) int64), parallel over j (``dst_rows`` distinct)."""
+    for j in prange(src_rows.shape[0]):
+        r, q = src_rows[j], dst_rows[j]
+        for s in range(spans.shape[0]):
+            a, c = spans[s, 0], spans[s, 1]
+            for i in range(spans[s, 2]):
+                dst[q, c + i] = src[r, a + i]

@@ -13,7 +13,7 @@ from numbasplat import backend as _backend
 from numbasplat import device
 from numbasplat.rendering import (BINNING_GAUSSIAN_BYTES, binning_intersection_bytes, gradient_record_bytes,
                                   projection_bytes, sort_scratch_bytes)
-from numbasplat.rows import reach_boxes
+from numbasplat.rows import copy_host_rows, reach_boxes
 
 from engine.pipelines.partition import REACH, morton_order
 from engine.recipe.model import GaussianModel
@@ -95,6 +95,12 @@ def tier_bytes(layout, intersections=INTERSECTIONS_PER_GAUSSIAN, adam="device"):
     row = layout.row_bytes
     return TierBytes(working_set_bytes(layout, intersections, adam=adam)[1], DeviceCache.INDEX_BYTES,
                      row, row * 9 // 4, HOST_INDEX_BYTES, row)
+
+
+def runs_by_block(blocks):
+    """The places in ``blocks`` (each row's block) of each block's rows, in order, block after block (none empty)."""
+    order = np.argsort(blocks, kind="stable")
+    return [part for part in np.split(order, np.flatnonzero(np.diff(blocks[order])) + 1) if len(part)]
 
 
 class OutOfCoreModel:
@@ -292,12 +298,22 @@ class OutOfCoreStore:
         self._rows_of(first["sh"].shape[1])
         self._adam_steps = 0
 
+        slices = [(a, min(n, a + HOLD_SLICE_ROWS)) for a in range(0, n, HOLD_SLICE_ROWS)]
+
+        def store_slice(a, b, table, at):  # (rows a..b of the model into rows ``at`` of ``table``)
+            self.layout.store(GaussianModel(rows(a, b), "cpu"), self.fresh_statistics(np, b - a), table, at)
+
         def write(table, at):
-            for a in range(0, n, HOLD_SLICE_ROWS):
-                b = min(n, a + HOLD_SLICE_ROWS)
-                part = GaussianModel(rows(a, b), "cpu")
-                self.layout.store(part, self.fresh_statistics(np, b - a), table, at[a:b])
-        self._cut(means, scales, np, write)
+            for a, b in slices:
+                store_slice(a, b, table, at[a:b])
+
+        def runs(index):  # (disk mode: each slice's rows appended to their blocks' files, in model order)
+            for a, b in slices:
+                table = np.empty((b - a, self.layout.columns_total), np.float32)
+                store_slice(a, b, table, np.arange(b - a))
+                for part in runs_by_block(index.block[a:b]):
+                    yield int(index.block[a + part[0]]), table[part]
+        self._cut(means, scales, np, write, runs)
 
     def _rows_of(self, sh_bases):
         """The rows' layout for a model of ``sh_bases`` SH bases (and the pool's)."""
@@ -515,11 +531,12 @@ class OutOfCoreStore:
                   lambda table, at: self.layout.store(model, statistics, table, at))
         self._whole = (model, statistics) if model.xp is np else None
 
-    def _cut(self, means, scales, xp, write):
+    def _cut(self, means, scales, xp, write, runs=None):
         """Cut a model of ``means`` and ``scales`` (host) into blocks anew: the index, the host's tables, the device's
         pool: every block in it at once where it holds them all (one copy), else empty (the views' blocks come in as
         they are seen).  ``write(table, at)`` writes the model's rows and statistics into rows ``at`` of ``table``
-        (on ``xp``'s device: the model's)."""
+        (on ``xp``'s device: the model's); in disk mode, where the pool lacks blocks, ``runs(index)`` (if given)
+        gives them as ``DiskBlocks.reset_appended``'s runs instead, so that host memory never holds the table."""
         self._whole = None
         self._owed = None  # (the old pool's: ``model`` and ``statistics`` replace it)
         if self.boxes is not None:
@@ -543,6 +560,10 @@ class OutOfCoreStore:
         if moving and self._locked is None:  # (locking takes seconds at 100M: a quarter more rows after a re-cut)
             self._locked = device.pinned_empty((shape[0] * (5 if self._cuts else 4) // 4, shape[1]))
         self._cuts += 1
+        if runs is not None and self.mode == "disk" and slots < index.blocks:
+            self.host.reset_appended({b: (int(k), shape[1]) for b, k in enumerate(index.sizes)}, runs(index))
+            self._place(None, None, slots, counts)
+            return
         locked = self._locked[:shape[0]] if moving else None
         table = locked if locked is not None and xp is np else xp.empty(shape, np.float32)
         write(table, xp.asarray(index.table_rows))
@@ -954,19 +975,11 @@ class OutOfCoreStore:
         or (``spans``: ``copy_columns``') their columns alone."""
         index = self.index
         if self.host.whole is not None:
-            at = index.table_rows[rows]
-            if spans is None:
-                self.host.whole[at] = table
-            for a, c, k in spans or ():
-                self.host.whole[at, c:c + k] = table[:, a:a + k]
+            copy_host_rows(table, None, self.host.whole, index.table_rows[rows], spans)
             return
         for b, sel in self._by_block(rows):
             held = self.host.get(b)
-            at = index.position[rows[sel]]
-            if spans is None:
-                held[at] = table[sel]
-            for a, c, k in spans or ():
-                held[at, c:c + k] = table[sel, a:a + k]
+            copy_host_rows(table, sel, held, index.position[rows[sel]], spans)
             self.host.put(b, held)
 
     def host_rows_for_update(self, rows):
@@ -994,14 +1007,10 @@ class OutOfCoreStore:
         spans = spans or ((0, 0, self.layout.columns_total),)
         out = np.empty((len(rows), sum(k for _, _, k in spans)), np.float32)
         if whole is not None:
-            at = index.table_rows[rows]
-            for a, c, k in spans:
-                out[:, c:c + k] = whole[at, a:a + k]
+            copy_host_rows(whole, index.table_rows[rows], out, None, spans)
             return out
         for b, sel in self._by_block(rows):
-            held, at = (read or self.host.get)(b), index.position[rows[sel]]
-            for a, c, k in spans:
-                out[sel, c:c + k] = held[at, a:a + k]
+            copy_host_rows((read or self.host.get)(b), index.position[rows[sel]], out, sel, spans)
         return out
 
     def depth_rows(self, rows):
@@ -1026,9 +1035,7 @@ class OutOfCoreStore:
     def _by_block(self, rows):
         """(block, the places in ``rows`` of its rows) for each block that ``rows`` (model rows) touch."""
         blocks = self.index.block[rows]
-        order = np.argsort(blocks, kind="stable")
-        cuts = np.flatnonzero(np.diff(blocks[order])) + 1
-        return [(int(blocks[part[0]]), part) for part in np.split(order, cuts) if len(part)]
+        return [(int(blocks[part[0]]), part) for part in runs_by_block(blocks)]
 
     def _chunked_done(self, view):
         """After a chunked step: Adam's step count on, and the view's blocks' boxes computed from the host's
@@ -1044,12 +1051,12 @@ class OutOfCoreStore:
                               if len(blocks) else []):
             if not len(group):
                 continue
-            tables = [self._host_rows(index.members(b), ((0, 0, w),)) for b in group]  # (the parameters alone)
-            bad += sum(int((~np.isfinite(t)).any(axis=1).sum()) for t in tables)
-            sizes = np.array([len(t) for t in tables], np.int64)
+            table = self._host_rows(np.concatenate([index.members(b) for b in group]), ((0, 0, w),))  # (the
+            # parameters alone, block after block)
+            bad += int((~np.isfinite(table)).any(axis=1).sum())
+            sizes = index.sizes[group].astype(np.int64)
             starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-            index.lo[group], index.hi[group] = reach_boxes(np.concatenate(tables), starts, sizes,
-                                                           self.layout.columns["means"][0],
+            index.lo[group], index.hi[group] = reach_boxes(table, starts, sizes, self.layout.columns["means"][0],
                                                            self.layout.columns["scales"][0], REACH, backend="cpu")
         self.boxes._culling = None
         if bad:

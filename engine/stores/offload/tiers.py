@@ -167,6 +167,20 @@ class DiskBlocks(HostBlocks):
         """``HostBlocks.reset_unwritten``: a generation of blocks with no files yet (each is ``put`` first)."""
         self._remove_generation(self._new_generation({b: (int(k), columns) for b, k in enumerate(sizes)}))
 
+    def reset_appended(self, shapes, runs):
+        """Hold a new generation of blocks of ``shapes`` ({block: shape}) made of ``runs`` ((block, its next rows),
+        each block's in its row order), appended to the blocks' files as they come: host memory holds what ``runs``
+        makes at a time (a slice of a model cut into blocks, ``OutOfCoreStore.hold_new``), never the model."""
+        old = self._new_generation(shapes)
+        appended = dict.fromkeys(shapes, 0)
+        for b, rows in runs:
+            self._write(b, rows, self.generation, append=True)
+            appended[b] += len(rows)
+        short = {b: (appended[b], shape[0]) for b, shape in shapes.items() if appended[b] != shape[0]}
+        if short:
+            raise RuntimeError(f"blocks were not given their rows (block: (given, rows)): {dict(list(short.items())[:5])}")
+        self._remove_generation(old)
+
     def _new_generation(self, shapes):
         """``_renew`` for blocks of ``shapes``, after the writes in flight landed (the files before go after them; a
         failure raised) and the cap checked against the largest block.  -> the generation before."""
@@ -318,12 +332,13 @@ class DiskBlocks(HostBlocks):
             self.read_bytes += table.nbytes
         return table
 
-    def _write(self, b, table, generation):
-        """Write block ``b``'s file of ``generation``; a failure (a full disk) stops training with one message."""
+    def _write(self, b, table, generation, append=False):
+        """Write block ``b``'s file of ``generation`` (``append``: ``table``'s rows after those written); a failure (a
+        full disk) stops training with one message."""
         path = self._path(b, generation)
         data = memoryview(np.ascontiguousarray(table)).cast("B")
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC), 0o644)
             try:
                 done = 0
                 while done < len(data):
