@@ -271,11 +271,19 @@ class StagingRing:
         """``table[starts[j]:starts[j] + len(tables[j])] = tables[j]`` for each host array ``tables[j]``, queued
         on ``stream`` (``copy_rows``'s) from the staging buffers: the host returns once the last buffer it
         filled is free, not when the copies are done."""
-        for batch in self._batches([len(t) for t in tables]):
+        def fill(j, into):
+            into[...] = tables[j]
+        self.upload_filled(table, starts, [len(t) for t in tables], fill, stream)
+
+    def upload_filled(self, table, starts, sizes, fill, stream=None):
+        """``upload``'s copies of ``sizes[j]`` rows to ``table[starts[j]:]`` for each j, each written into its staging
+        rows by ``fill(j, into)`` (``into``: a view of a staging buffer) instead of copied from a host array: a
+        gather made straight into page-locked memory."""
+        for batch in self._batches(sizes):
             k = self._take()
             for j, at in batch:
-                self.buffers[k][at:at + len(tables[j])] = tables[j]
-                copy_rows(table, starts[j], self.buffers[k], at, len(tables[j]), stream)
+                fill(j, self.buffers[k][at:at + sizes[j]])
+                copy_rows(table, starts[j], self.buffers[k], at, sizes[j], stream)
             self.done[k] = event_on(stream)
 
     def download(self, table, starts, sizes, stream=None):

@@ -263,6 +263,7 @@ class OutOfCoreStore:
         # back in the pool (``_store_owed``)
         self._in_pool = None  # the working set checked out (None: the step trains none of this store's rows)
         self.chunked_steps = 0  # the steps that trained a view in chunks (``ChunkedView``)
+        self._chunk_ring = None  # (``_chunk_staging``)
         self._binned = deque(maxlen=INTERSECTIONS_WINDOW)  # the recent binnings' intersections per Gaussian
         self.wait_s = 0.0  # the kernels' stream's time on the steps' moves (``DeviceInterval``s read so far)
         self._waits = []  # those not yet read
@@ -509,7 +510,7 @@ class OutOfCoreStore:
         if self.cache is not None:
             self.cache.settle()
         self.host.close()
-        self._locked = None
+        self._locked = self._chunk_ring = None
         device.release_pinned()
         if _backend.on_gpu(self.backend):
             device.cap_device_memory(0)
@@ -950,11 +951,13 @@ class OutOfCoreStore:
         step, their statistics): gathered from the host's tier into the pool's first rows (one copy, no
         array of them on the device besides), and trained in place there as a working set is
         (``_load_working``)."""
-        n = len(rows)
-        for a in range(0, n, HOLD_SLICE_ROWS):  # (a slice at a time: host memory holds a slice, not the chunk)
-            part = self._host_rows(rows[a:a + HOLD_SLICE_ROWS], self.cache.spans)  # (the pool's columns alone)
-            device.copy_rows(self.cache.pool, a, part, 0, len(part))
-            self.cache.moved_bytes += part.nbytes
+        n, ring = len(rows), self._chunk_staging()
+        starts = np.arange(0, n, ring.rows)  # (a slice at a time, gathered into page-locked memory: host memory
+        # holds a slice, not the chunk; the pool's columns alone)
+        ring.upload_filled(self.cache.pool, starts, np.minimum(ring.rows, n - starts),
+                           lambda j, into: self._host_rows(rows[starts[j]:starts[j] + len(into)], self.cache.spans,
+                                                           out=into))
+        self.cache.moved_bytes += n * self.pool_layout.row_bytes
         pool_rows = self.xp.arange(n)
         return self._trained_in_place(self.pool_layout.model(self.cache.pool, self._adam_steps, self.backend,
                                                              rows=pool_rows, betas=self.betas, in_place=True,
@@ -963,12 +966,22 @@ class OutOfCoreStore:
     def rows_out(self, rows, model, statistics):
         """``rows_in``'s ``model`` and ``statistics`` of the model rows ``rows``, trained, back to the host's
         tier (through the pool's first rows, where Adam wrote the parameters and, on the device, the moments)."""
-        n = len(rows)
+        n, ring = len(rows), self._chunk_staging()
         self.pool_layout.store_statistics(statistics, self.cache.pool, self.xp.arange(n), self.xp, self.backend)
-        for a in range(0, n, HOLD_SLICE_ROWS):  # (a slice at a time, as ``rows_in``)
-            table = _backend.to_host(self.cache.pool[a:min(n, a + HOLD_SLICE_ROWS)])
-            self.cache.moved_bytes += table.nbytes
-            self.put_host_rows(rows[a:a + HOLD_SLICE_ROWS], table, self.cache.back)
+        starts = np.arange(0, n, ring.rows)  # (a slice at a time, as ``rows_in``)
+        for a, table in zip(starts, ring.download(self.cache.pool, starts, np.minimum(ring.rows, n - starts))):
+            self.put_host_rows(rows[a:a + len(table)], table, self.cache.back)
+        self.cache.moved_bytes += n * self.pool_layout.row_bytes
+
+    def _chunk_staging(self):
+        """The page-locked buffers (``device.StagingRing``) that a chunked view's rows move through, a slice of at
+        most ``HOLD_SLICE_ROWS`` of the pool's rows each, made at the first chunked view."""
+        rows, columns = min(HOLD_SLICE_ROWS, len(self.cache.pool)), self.pool_layout.columns_total
+        ring = self._chunk_ring
+        if ring is None or ring.rows != rows or ring.buffers[0].shape[1] != columns:
+            self._chunk_ring = ring = None  # (the old buffers let go first)
+            self._chunk_ring = ring = device.StagingRing(rows, columns)
+        return ring
 
     def put_host_rows(self, rows, table, spans=None):
         """The rows of the model rows ``rows`` (host, model order) into the host's tier: ``table``'s rows, whole
@@ -999,13 +1012,14 @@ class OutOfCoreStore:
         return lambda params, _: HostAdam(params, *self.betas, backend=self.backend, store=self, rows=rows,
                                           pool=pool, pool_rows=pool_rows)
 
-    def _host_rows(self, rows, spans=None, read=None):
-        """The host tier's table rows of the model rows ``rows`` (a new array): whole, or ``spans``' columns
-        alone, only those read (((the row's first column, the new array's first column, columns), ...), as
+    def _host_rows(self, rows, spans=None, read=None, out=None):
+        """The host tier's table rows of the model rows ``rows`` (a new array, or into ``out``): whole, or ``spans``'
+        columns alone, only those read (((the row's first column, the new array's first column, columns), ...), as
         ``DeviceCache.spans``); in disk mode each block's by ``read`` (default ``get``: into the cache)."""
         index, whole = self.index, self.host.whole
         spans = spans or ((0, 0, self.layout.columns_total),)
-        out = np.empty((len(rows), sum(k for _, _, k in spans)), np.float32)
+        if out is None:
+            out = np.empty((len(rows), sum(k for _, _, k in spans)), np.float32)
         if whole is not None:
             copy_host_rows(whole, index.table_rows[rows], out, None, spans)
             return out
