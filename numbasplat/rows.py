@@ -69,8 +69,9 @@ def copy_host_rows(src, src_rows, dst, dst_rows=None, spans=None):
     parallel kernel on the host (numpy's fancy indexing is single-threaded: the out-of-core tiers move
     gigabytes a step this way).  ``src``, ``dst``: float32 host tables; ``src_rows``, ``dst_rows``: row numbers
     (None: 0, 1, ...; ``dst_rows`` distinct)."""
-    n = len(src_rows) if src_rows is not None else len(dst_rows)
-    count = np.arange(n, dtype=np.int64)
+    n = len(src_rows) if src_rows is not None else len(dst_rows) if dst_rows is not None else len(src)
+    if src_rows is not None and dst_rows is not None and len(dst_rows) != n:
+        raise ValueError(f"copy_host_rows: {n} src_rows but {len(dst_rows)} dst_rows")
     spans = np.asarray(spans if spans is not None else ((0, 0, src.shape[1]),), np.int64).reshape(-1, 3)
     if spans[:, 0].min(initial=0) < 0 or (spans[:, 0] + spans[:, 2]).max(initial=0) > src.shape[1] \
             or (spans[:, 1] + spans[:, 2]).max(initial=0) > dst.shape[1]:
@@ -79,6 +80,5 @@ def copy_host_rows(src, src_rows, dst, dst_rows=None, spans=None):
     for rows, table, name in ((src_rows, src, "src_rows"), (dst_rows, dst, "dst_rows")):
         if rows is None and n > len(table) or rows is not None and n and not 0 <= rows.min() <= rows.max() < len(table):
             raise ValueError(f"copy_host_rows: {name} reach past the table's {len(table)} rows")
-    _backend.kernels("cpu").copy_table_rows(
-        src, count if src_rows is None else np.asarray(src_rows, np.int64), dst,
-        count if dst_rows is None else np.asarray(dst_rows, np.int64), spans)
+    given = (lambda rows: np.empty(0, np.int64) if rows is None else np.asarray(rows, np.int64))  # (empty: 0, 1, ..)
+    _backend.kernels("cpu").copy_table_rows(src, given(src_rows), dst, given(dst_rows), spans, n)

@@ -566,7 +566,7 @@ def test_a_pool_without_moments_moves_the_parameters_and_statistics_and_keeps_th
     pool_layout = layout.without_moments()
     w, s = layout.width, len(layout.statistics)
     assert (pool_layout.columns_total, layout.columns_total) == (w + s, 3 * w + s)
-    kept = np.r_[0:w, 3 * w:3 * w + s]  # the host row's columns that the pool holds
+    kept = np.r_[0:w + s]  # the host row's columns that the pool holds: its first
     whole = np.arange(80 * layout.columns_total, dtype=np.float32).reshape(80, -1)
     before = whole.copy()
     host = HostBlocks()
@@ -583,7 +583,7 @@ def test_a_pool_without_moments_moves_the_parameters_and_statistics_and_keeps_th
     cache.fetch([2, 3, 4], index, host)  # 0 and 1 out: 1 written back
     expected = before.copy()
     expected[16:32, kept] = -1.0
-    np.testing.assert_array_equal(whole, expected)  # (its moments, columns w .. 3w, as they were)
+    np.testing.assert_array_equal(whole, expected)  # (its moments, the columns after, as they were)
     for b in (2, 3, 4):
         np.testing.assert_array_equal(cache.pool[cache.slot[b] * 16:(cache.slot[b] + 1) * 16],
                                       expected[16 * b:16 * b + 16][:, kept])
@@ -2142,3 +2142,63 @@ def test_device_cache_evicts_as_a_least_recently_used_list_would(monkeypatch):
         assert sorted(np.flatnonzero(cache.slot >= 0)) == sorted(lru) and written == expected
         assert (cache.hits, cache.misses) == (hits, misses)
     assert len(written) > 20 and hits > 100
+
+
+def test_a_views_depth_chunks_are_those_a_stable_sort_of_its_keys_cuts():
+    """``depth_chunk_places`` (a partition, no sort: a street view of a large city has tens of millions of keys)
+    cuts the chunks that a stable argsort of the keys below +inf cuts, ties (many, here) by place."""
+    from engine.stores.offload.chunked import depth_chunk_places
+    rng = np.random.default_rng(5)
+    for _ in range(400):
+        n, size = int(rng.integers(0, 120)), int(rng.integers(1, 40))
+        keys = rng.integers(0, int(rng.integers(1, 12)), n).astype(np.float32) * np.float32(0.37)
+        keys[rng.random(n) < 0.2] = np.inf
+        order, drawn = np.argsort(keys, kind="stable"), int(np.count_nonzero(keys < np.inf))
+        expected = [np.sort(order[a:min(drawn, a + size)]) for a in range(0, drawn, size)]
+        got = depth_chunk_places(keys, size)
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected):
+            np.testing.assert_array_equal(g, e)
+
+
+def test_a_chunked_view_gone_non_finite_stops_with_one_message(dataset, tmp_path):
+    """A chunked view's rows are checked for non-finite parameters on the device as each chunk goes back (its
+    parameters are not read back to the host for it): an SH coefficient of every Gaussian made NaN in the host's
+    tier stops the next step with one message naming the view."""
+    cfg = offload_config(iterations=6, sh_degree=1)
+    t = OffloadTrainer(dataset, tmp_path / "out", cfg, backend="cpu", block_rows=16,
+                       gpu_memory=3 * slot_bytes(4) + 16 * 400 + view_bytes(dataset))  # (3 slots: every view chunked)
+    t.train(progress=False, until=2)
+    assert t.store.chunked_steps == 2
+    t.store.host.whole[:, t.store.layout.columns["sh"][0] + 3] = np.nan  # (a degree-1 coefficient: not in depth keys)
+    with pytest.raises(FloatingPointError, match=r"non-finite parameters of [0-9]+ of the [0-9]+ Gaussians of view "
+                                                 r"view[0-9]+\.png, trained in chunks"):
+        t.train(progress=False, until=3)
+
+
+def test_the_host_tiers_row_copies_equal_numpys_and_refuse_what_reaches_past_a_table():
+    """``copy_host_rows`` (the host tier's gathers and scatters, on every core): rows given or 0, 1, ... on either
+    side, whole rows or column spans, equal NumPy's fancy indexing; rows or spans past a table stop with one
+    message (the kernel itself does not check its bounds)."""
+    from numbasplat.rows import copy_host_rows
+    rng = np.random.default_rng(3)
+    table = rng.normal(size=(50, 9)).astype(np.float32)
+    rows = rng.permutation(50)[:20]
+    spans = ((6, 0, 3), (0, 3, 2))
+    out = np.zeros((20, 5), np.float32)
+    copy_host_rows(table, rows, out, None, spans)
+    np.testing.assert_array_equal(out, np.concatenate([table[rows, 6:9], table[rows, 0:2]], axis=1))
+    back = np.zeros_like(table)
+    copy_host_rows(out, None, back, rows, ((0, 6, 3), (3, 0, 2)))
+    expected = np.zeros_like(table)
+    expected[rows, 6:9], expected[rows, 0:2] = table[rows, 6:9], table[rows, 0:2]
+    np.testing.assert_array_equal(back, expected)
+    whole = np.zeros((20, 9), np.float32)
+    copy_host_rows(table, rows, whole, rng.permutation(20))
+    np.testing.assert_array_equal(np.sort(whole, axis=0), np.sort(table[rows], axis=0))
+    with pytest.raises(ValueError, match="spans .* reach past the tables' 9 / 5 columns"):
+        copy_host_rows(table, rows, out, None, ((5, 0, 5),))
+    with pytest.raises(ValueError, match="src_rows reach past the table's 50 rows"):
+        copy_host_rows(table, np.array([3, 50]), out, None, spans)
+    with pytest.raises(ValueError, match="dst_rows reach past the table's 20 rows"):
+        copy_host_rows(table, np.arange(2), out, np.array([0, 20]), spans)

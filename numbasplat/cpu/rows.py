@@ -82,12 +82,14 @@ def row_normals(key, offset, stride, rows, out):
 
 
 @njit(parallel=True, cache=True)
-def copy_table_rows(src, src_rows, dst, dst_rows, spans):
-    """``dst[dst_rows[j], c:c + k] = src[src_rows[j], a:a + k]`` for every j and span (a, c, k) of ``spans``
-    ((S, 3) int64), parallel over j (``dst_rows`` distinct)."""
-    for j in prange(src_rows.shape[0]):
-        r, q = src_rows[j], dst_rows[j]
+def copy_table_rows(src, src_rows, dst, dst_rows, spans, n):
+    """``dst[dst_rows[j], c:c + k] = src[src_rows[j], a:a + k]`` for j < ``n`` and every span (a, c, k) of
+    ``spans`` ((S, 3) int64), parallel over j (``dst_rows`` distinct); rows given empty: j itself."""
+    for i in prange(n):
+        j = np.int64(i)
+        r = src_rows[j] if src_rows.shape[0] else j
+        q = dst_rows[j] if dst_rows.shape[0] else j
         for s in range(spans.shape[0]):
             a, c = spans[s, 0], spans[s, 1]
-            for i in range(spans[s, 2]):
-                dst[q, c + i] = src[r, a + i]
+            for k in range(spans[s, 2]):
+                dst[q, c + k] = src[r, a + k]

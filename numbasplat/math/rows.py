@@ -1,9 +1,9 @@
 """Where a row table's element goes in the flat buffers (``numbasplat.optim.FlatParams``'s layout).
 
-The out-of-core trainer keeps a Gaussian as one row of a table (its parameters, both Adam moments
-and its statistics side by side) and trains on flat, group-major buffers, held back to back in one
-array: parameters, m, v (each ``FlatParams``'s layout for n Gaussians), then each statistic's n
-values.  A plan has a column (a, b, d, j) per table column j that moves: row r (of n) of column
+The out-of-core trainer keeps a Gaussian as one row of a table (its parameters, its statistics and
+both Adam moments side by side) and trains on flat, group-major buffers, held back to back in one
+array in the row's order: the parameters (``FlatParams``' layout for n Gaussians), each statistic's
+n values, m, v.  A plan has a column (a, b, d, j) per table column j that moves: row r (of n) of column
 j goes to element n * a + r * b + d -- a group's first column (counting the buffers before it), its
 width, the column within it.  The CPU and CUDA kernels that move rows between the two layouts both
 call this (a plan of some columns moves those alone: one buffer of a model, as the flat one), through

@@ -17,6 +17,27 @@ from numbasplat import backend as _backend
 from numbasplat.chunks import depth_keys
 
 
+def depth_chunk_places(keys, size):
+    """-> for each chunk front to back, the places (ascending) of its keys among ``keys`` (float32, one a row): the
+    chunks of ``size`` places that a stable argsort of the keys below +inf cuts, found without a sort (a large
+    street view has tens of millions of keys): the keys at the chunks' first ranks by a partition, each place's
+    chunk by a search among them, and the places whose key equals one of those split in place order (ties by
+    place, as the stable sort breaks them)."""
+    drawn = np.flatnonzero(keys < np.float32(np.inf))
+    ranks = np.arange(size, len(drawn), size)
+    if not len(ranks):
+        return [drawn] if len(drawn) else []
+    drawn_keys = keys[drawn]
+    firsts = np.partition(drawn_keys, ranks)[ranks]  # (the key at each chunk's first rank, but the first chunk's)
+    chunk = np.zeros(len(drawn), np.int32)
+    for first in firsts:  # (a key equal to a first key: the chunk before it)
+        chunk += drawn_keys > first
+    for value in np.unique(firsts):  # (those places split at the rank: the first ones before it)
+        tied = np.flatnonzero(drawn_keys == value)
+        chunk[tied] = (np.count_nonzero(drawn_keys < value) + np.arange(len(tied))) // size
+    return [drawn[chunk == c] for c in range(len(ranks) + 1)]
+
+
 class ChunkedView:
     """View ``view``'s working set (the rows of ``blocks``, in model order) out of core, in chunks of
     at most ``size`` rows (``store``: the ``OutOfCoreStore``).  ``adam.set_step(cols)`` takes the
@@ -47,10 +68,7 @@ class ChunkedView:
         for a in range(0, len(self.rows), self.size):
             rows = self.rows[a:a + self.size]
             keys[a:a + len(rows)] = self._depth_keys(rows, camera, antialias)
-        order = np.argsort(keys, kind="stable")
-        drawn = int(np.count_nonzero(keys < np.float32(np.inf)))
-        self.chunks = [np.sort(self.rows[order[a:a + self.size]]) for a in range(0, drawn, self.size)] \
-            or [self.rows[:0]]
+        self.chunks = [self.rows[part] for part in depth_chunk_places(keys, self.size)] or [self.rows[:0]]
         return self.chunks
 
     def _depth_keys(self, rows, camera, antialias):

@@ -89,12 +89,12 @@ class HostAdam(MomentsElsewhereAdam):
             downloads.append(self._download(visible, "visible"))
         grads = downloads[0].get()
         visible = downloads[1].get() if use_visible else self._host_no_mask
-        store, w = self.store, self.params.size // self.params.n
+        store = self.store
         table, at, gathered = store.host_rows_for_update(self.rows)
         params = self._staged("parameters", self.params.size, np.float32)  # (uploaded from page-locked memory)
         lrs, corrections = self._host_values[:-2], self._host_values[-2:]
-        _backend.kernels("cpu").adam_table_rows(table, at, np.array([0, w, 2 * w], np.int32), params, grads,
-                                                *self._host_layout, lrs, visible, use_visible, self._host_no_skip,
+        _backend.kernels("cpu").adam_table_rows(table, at, np.array(store.layout.part_columns, np.int32), params,
+                                                grads, *self._host_layout, lrs, visible, use_visible, self._host_no_skip,
                                                 np.float32(self.b1), np.float32(self.b2), np.float32(self.eps),
                                                 corrections)
         if gathered:

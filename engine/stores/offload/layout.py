@@ -66,8 +66,10 @@ class BlockIndex:
         return np.flatnonzero(visible_regions(lo, hi, camera, grow=GROW_PX)[1])
 
     def rows(self, blocks):
-        """The Gaussians of ``blocks``, in model order."""
-        return np.flatnonzero(np.isin(self.block, blocks))
+        """The Gaussians of ``blocks``, in model order (a flag a block looked up: ``np.isin`` sorts)."""
+        chosen = np.zeros(self.blocks, bool)
+        chosen[blocks] = True
+        return np.flatnonzero(chosen[self.block])
 
 
 WorkingRows = namedtuple("WorkingRows", "index blocks slots count rows starts sizes")
@@ -77,8 +79,10 @@ WorkingRows.__doc__ = """A working set's blocks (of ``index``) and their ``slots
 
 
 class RowLayout:
-    """A Gaussian's row of the out-of-core tables, float32: its parameters, both Adam moments (each in
-    ``GROUPS`` order, ``width`` columns) and the strategy's statistics (counts exact up to 2**24).
+    """A Gaussian's row of the out-of-core tables, float32: its parameters (in ``GROUPS`` order, ``width``
+    columns), the strategy's statistics (counts exact up to 2**24), then both Adam moments (as the parameters):
+    the columns that the device's pool holds where Adam runs on the host, the parameters and the statistics,
+    are the row's first, so that a block moves by one copy of them, not one for each.
     ``plan``: where each column goes in a model's flat buffers held back to back (``numbasplat.math.rows``),
     so that rows move between a table and a model in one kernel each way.
 
@@ -94,13 +98,15 @@ class RowLayout:
         self.statistics = {k: np.dtype(a.dtype) for k, a in statistics.items()}  # name: dtype
         self.moments = moments
         self.parts = ("params", "m", "v") if moments else ("params",)  # the flat buffers a row holds, in order
-        self.first_statistic = len(self.parts) * w
-        self.columns_total = self.first_statistic + len(self.statistics)
+        self.first_statistic = w
+        statistics_end = w + len(self.statistics)
+        self.part_columns = (0, statistics_end, statistics_end + w)[:len(self.parts)]  # each part's first column
+        self.columns_total = len(self.parts) * w + len(self.statistics)
         self.row_bytes = 4 * self.columns_total
-        plan = [(i * w + a, b - a, c) for i in range(len(self.parts)) for a, b in self.columns.values()
-                for c in range(b - a)]
-        plan += [(self.first_statistic + j, 1, 0) for j in range(len(self.statistics))]
-        plan = [p + (j,) for j, p in enumerate(plan)]
+        part_plan = (lambda first: [(first + a, b - a, c) for a, b in self.columns.values() for c in range(b - a)])
+        plan = part_plan(0) + [(w + j, 1, 0) for j in range(len(self.statistics))]
+        plan += [p for first in self.part_columns[1:] for p in part_plan(first)]
+        plan = [p + (j,) for j, p in enumerate(plan)]  # (column j is flat element group p[0]'s: the table's order)
         self.plan = np.ascontiguousarray(np.array(plan, np.int32).T)  # (4, columns): a, b, d, the column
         self._plans = {}
 
@@ -116,18 +122,16 @@ class RowLayout:
         statistics; None where ``pool`` holds the whole row."""
         if pool.columns_total == self.columns_total:
             return None
-        w = self.width
-        return ((0, 0, w), (self.first_statistic, pool.first_statistic, len(self.statistics)))
+        return ((0, 0, pool.columns_total),)  # (the parameters and the statistics: the row's first columns)
 
     def saved_arrays(self):
         """-> [(part, name, the table's columns (a, b), the array's shape past its rows, dtype)]: where each array
         of ``GaussianModel.state()`` (part "params", "m" or "v") and each statistic (part "statistics") lies in a
         row, in the order a snapshot writes them."""
-        w = self.width
         tails = {g: ((self.sh_bases, 3) if g == "sh" else () if g == "opacities" else (b - a,))
                  for g, (a, b) in self.columns.items()}
-        arrays = [(which, g, (i * w + a, i * w + b), tails[g], np.dtype(np.float32))
-                  for i, which in enumerate(self.parts) for g, (a, b) in self.columns.items()]
+        arrays = [(which, g, (first + a, first + b), tails[g], np.dtype(np.float32))
+                  for which, first in zip(self.parts, self.part_columns) for g, (a, b) in self.columns.items()]
         s = self.first_statistic
         return arrays + [("statistics", k, (s + j, s + j + 1), (), dtype)
                          for j, (k, dtype) in enumerate(self.statistics.items())]
@@ -175,8 +179,8 @@ class RowLayout:
                     column[...] = xp.asarray(source)
             flat_to_rows(flat, rows, self._plan(xp), table, model.backend)
             return
-        for part, buffer in enumerate(buffers):
-            flat_to_rows(buffer, rows, self._plan(xp, part * w, (part + 1) * w), table, model.backend)
+        for first, buffer in zip(self.part_columns, buffers):
+            flat_to_rows(buffer, rows, self._plan(xp, first, first + w), table, model.backend)
         self.store_statistics(statistics, table, rows, xp, model.backend)
 
     def read_params(self, table, rows, flat, backend="cpu"):
@@ -208,8 +212,7 @@ class RowLayout:
     def model_columns(self, in_place):
         """The table's column ranges that ``model`` copies into its array: every one, or ``in_place`` the
         parameters and the statistics."""
-        w = self.width
-        return [(0, w), (self.first_statistic, self.columns_total)] if in_place else [(0, self.columns_total)]
+        return [(0, self.width + len(self.statistics))] if in_place else [(0, self.columns_total)]
 
     def model_bytes(self, in_place):
         """Bytes per Gaussian that ``model`` allocates: its array (``model_columns``, float32), and the
@@ -244,14 +247,13 @@ class RowLayout:
             model = GaussianModel.from_flat(params, flat[:0], flat[:0], step, backend, *betas, grads=False)
             model.adam = (adam(params, rows) if not self.moments else
                           RowsAdam(params, *betas, backend=model.backend, table=table, rows=rows,
-                                   columns=(0, w, 2 * w)))  # (a row: parameters, m, v, statistics)
+                                   columns=self.part_columns))  # (a row: parameters, statistics, m, v)
             model.adam.step_count = int(step)
-            first = n * w
         else:
-            model = GaussianModel.from_flat(params, flat[n * w:2 * n * w], flat[2 * n * w:3 * n * w], step, backend,
-                                            *betas)
+            m, v = (flat[n * first:n * (first + w)] for first in self.part_columns[1:])
+            model = GaussianModel.from_flat(params, m, v, step, backend, *betas)
             model._rows_flat = (flat, (model.params.data, model.adam.m, model.adam.v))
-            first = 3 * n * w
+        first = n * w  # (the statistics, after the parameters in ``flat`` as in the row)
         statistics = {k: flat[first + j * n:first + (j + 1) * n].astype(dtype, copy=False)  # (float32: views)
                       for j, (k, dtype) in enumerate(self.statistics.items())}
         return model, statistics

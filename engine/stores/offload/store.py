@@ -264,6 +264,7 @@ class OutOfCoreStore:
         self._in_pool = None  # the working set checked out (None: the step trains none of this store's rows)
         self.chunked_steps = 0  # the steps that trained a view in chunks (``ChunkedView``)
         self._chunk_ring = None  # (``_chunk_staging``)
+        self._chunk_nonfinite = []  # (``rows_out``)
         self._binned = deque(maxlen=INTERSECTIONS_WINDOW)  # the recent binnings' intersections per Gaussian
         self.wait_s = 0.0  # the kernels' stream's time on the steps' moves (``DeviceInterval``s read so far)
         self._waits = []  # those not yet read
@@ -943,6 +944,7 @@ class OutOfCoreStore:
         self.boxes.settle()
         self._rows = self._working = None
         self.chunked_steps += 1
+        self._chunk_nonfinite = []  # (each chunk's rows with a non-finite parameter, counted on the model's device)
         size = self.cache.slots * self.block_rows
         return ChunkedView(self, view, blocks, size if rows is None else min(size, rows))
 
@@ -966,9 +968,10 @@ class OutOfCoreStore:
     def rows_out(self, rows, model, statistics):
         """``rows_in``'s ``model`` and ``statistics`` of the model rows ``rows``, trained, back to the host's
         tier (through the pool's first rows, where Adam wrote the parameters and, on the device, the moments)."""
-        n, ring = len(rows), self._chunk_staging()
-        self.pool_layout.store_statistics(statistics, self.cache.pool, self.xp.arange(n), self.xp, self.backend)
+        n, ring, pool, w = len(rows), self._chunk_staging(), self.cache.pool, self.layout.width
+        self.pool_layout.store_statistics(statistics, pool, self.xp.arange(n), self.xp, self.backend)
         starts = np.arange(0, n, ring.rows)  # (a slice at a time, as ``rows_in``)
+        self._chunk_nonfinite += [(~self.xp.isfinite(pool[a:a + ring.rows, :w])).any(axis=1).sum() for a in starts]
         for a, table in zip(starts, ring.download(self.cache.pool, starts, np.minimum(ring.rows, n - starts))):
             self.put_host_rows(rows[a:a + len(table)], table, self.cache.back)
         self.cache.moved_bytes += n * self.pool_layout.row_bytes
@@ -1041,10 +1044,15 @@ class OutOfCoreStore:
         table = self._host_rows(rows, ((0, 0, first_sh + 3 * sh_bases),), read)
         if moved:
             self.cache.moved_bytes += table.nbytes
-        groups = {g: table[:, a:b] for g, (a, b) in self.layout.columns.items() if g != "sh"}
+        spans = {g: (a, b - a) for g, (a, b) in self.layout.columns.items() if g != "sh"}
+        spans["sh"] = (first_sh, 3 * sh_bases)
+        groups = {}
+        for g, (a, k) in spans.items():  # (each group's columns made contiguous on every core)
+            groups[g] = np.empty((len(rows), k), np.float32)
+            copy_host_rows(table, None, groups[g], None, ((a, 0, k),))
         groups["opacities"] = groups["opacities"][:, 0]
-        groups["sh"] = table[:, first_sh:].reshape(len(rows), sh_bases, 3)
-        return ns.Gaussians(**{g: self.xp.asarray(np.ascontiguousarray(a)) for g, a in groups.items()})
+        groups["sh"] = groups["sh"].reshape(len(rows), sh_bases, 3)
+        return ns.Gaussians(**{g: self.xp.asarray(a) for g, a in groups.items()})
 
     def _by_block(self, rows):
         """(block, the places in ``rows`` of its rows) for each block that ``rows`` (model rows) touch."""
@@ -1053,26 +1061,25 @@ class OutOfCoreStore:
 
     def _chunked_done(self, view):
         """After a chunked step: Adam's step count on, and the view's blocks' boxes computed from the host's
-        rows (at once: the pool holds none of them), a group of blocks of about ``HOLD_SLICE_ROWS`` rows at a
-        time (host memory holds a group's rows, not the view's); a parameter gone non-finite there stops
-        training with one message (the divergence check of a chunked view)."""
+        rows (at once: the pool holds none of them; their centres and scales alone read), a group of blocks of
+        about ``HOLD_SLICE_ROWS`` rows at a time (host memory holds a group's rows, not the view's); a parameter
+        gone non-finite in a chunk (``rows_out`` counts them on the device) stops training with one message (the
+        divergence check of a chunked view)."""
         self._adam_steps = view.adam.step_count
         self._whole = None
-        blocks, w, index = view.blocks, self.layout.width, self.index
+        blocks, index, columns = view.blocks, self.index, self.layout.columns
         ends = np.cumsum(index.sizes[blocks])
-        bad = 0
+        reach = ((columns["means"][0], 0, 3), (columns["scales"][0], 3, 3))
         for group in np.split(blocks, np.searchsorted(ends, np.arange(HOLD_SLICE_ROWS, ends[-1], HOLD_SLICE_ROWS))
                               if len(blocks) else []):
             if not len(group):
                 continue
-            table = self._host_rows(np.concatenate([index.members(b) for b in group]), ((0, 0, w),))  # (the
-            # parameters alone, block after block)
-            bad += int((~np.isfinite(table)).any(axis=1).sum())
+            table = self._host_rows(np.concatenate([index.members(b) for b in group]), reach)  # (block after block)
             sizes = index.sizes[group].astype(np.int64)
             starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-            index.lo[group], index.hi[group] = reach_boxes(table, starts, sizes, self.layout.columns["means"][0],
-                                                           self.layout.columns["scales"][0], REACH, backend="cpu")
+            index.lo[group], index.hi[group] = reach_boxes(table, starts, sizes, 0, 3, REACH, backend="cpu")
         self.boxes._culling = None
+        bad = sum(int(k) for k in self._chunk_nonfinite)
         if bad:
             raise FloatingPointError(f"training diverged: non-finite parameters of {bad} of the {len(view)} Gaussians "
                                      f"of view {self.views[view.view].name}, trained in chunks (the last snapshot is "
