@@ -1122,14 +1122,15 @@ def _random_model(n, sh_bases, seed):
 
 
 def _reference_table(layout, model, stats):
-    """The row table written column group by column group, with numpy (what the kernels replace)."""
-    n = len(model)
+    """The row table written column group by column group, with numpy (what the kernels replace): the parameters,
+    the statistics, m, v."""
+    n, w, s = len(model), layout.width, len(layout.statistics)
     out = np.zeros((n, layout.columns_total), np.float32)
-    for i, which in enumerate(("params", "m", "v")):
+    for first, which in ((0, "params"), (w + s, "m"), (2 * w + s, "v")):
         for g, (a, b) in layout.columns.items():
-            out[:, i * layout.width + a:i * layout.width + b] = model.group(g, which).reshape(n, b - a)
+            out[:, first + a:first + b] = model.group(g, which).reshape(n, b - a)
     for j, k in enumerate(layout.statistics):
-        out[:, 3 * layout.width + j] = stats[k]
+        out[:, w + j] = stats[k]
     return out
 
 
@@ -1153,7 +1154,8 @@ def test_rows_move_between_the_table_and_a_model_in_one_kernel_each_way(sh_bases
     picked.adam.m[:] += 1  # trained in place: the store writes what the model holds now
     layout.store(picked, picked_stats, pool, np.array([39, 1, 2, 3, 4, 5], np.int64))
     expected = table[rows]
-    expected[:, layout.width:2 * layout.width] += 1
+    w, s = layout.width, len(layout.statistics)
+    expected[:, w + s:2 * w + s] += 1  # (m)
     np.testing.assert_array_equal(pool[[39, 1, 2, 3, 4, 5]], expected)
     assert (pool[[0] + list(range(6, 39))] == -1).all()
     picked.gather(np.arange(6))  # new buffers (as a refinement makes): stored from those
