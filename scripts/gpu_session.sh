@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzpass [S]|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelahead P|pixelpolish [P]|pixelprof [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|graphsab [S]|pending [S]|hostprof|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P|proxy|proxyprof|proxyenc|curves
+#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzpass [S]|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelahead P|pixelpolish [P]|pixelprof [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|scale [G]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|graphsab [S]|pending [S]|hostprof|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P|proxy|proxyprof|proxyenc|curves
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -586,6 +586,27 @@ offloadcity)  # issue 26's scale run: /tmp/city_G from its ground truth with --o
         --offload host --gpu-memory 24GiB "$@" > "$R/city_$g.txt" 2>&1
     grep -a -i -E "error|peak RSS" "$R/city_$g.txt" | tail -3; offload_summary "/tmp/run_$g"
     cp "/tmp/run_$g/log.jsonl" "$R/city_$g.jsonl"; rm -rf "/tmp/run_$g" ;;
+scale)  # issue 60's scale run (a): the default synth layout (34 street, 14 aerial views at 960x540) of G Gaussians
+    # (default 100M) at SH 3 from its ground truth, --offload host --offload-adam host --gpu-memory 24GiB, random
+    # order, a step a log line, killed before the call's end (its end would save the model: more than the disk);
+    # the setup's time is the first log line's wall time less its "time"; with PROF=START:STEPS a host profile
+    g=${2:-100000000}
+    step "synth $g at SH 3"
+    timeout 300 python3 run.py synth --out "/tmp/city_$g" --gaussians "$g" --views 48 --res 960x540 --sh-degree 3 \
+        --quiet --force 2>&1 | tail -1
+    step "train: the rest of the call"; t0=$(date +%s)
+    timeout -s KILL $(( ${TOTAL:-585} - t0 + S )) python3 run.py train --data "/tmp/city_$g" --init-ply \
+        "/tmp/city_$g/ground_truth.ply" --out "/tmp/run_$g" --overwrite --iters 100000 --log-every 1 --quiet --no-eval \
+        --offload host --offload-adam host --gpu-memory 24GiB --view-order random ${PROF:+--host-profile $PROF} \
+        > "$R/scale_$g.txt" 2>&1 &
+    sleep 3; py=$(pgrep -f "^python3 run.py train" | head -1)
+    while [ -e /proc/$py ]; do  # (wall seconds, log lines, peak and current host memory of the trainer itself)
+        echo "$(( $(date +%s) - t0 )) s: $(wc -l < /tmp/run_$g/log.jsonl 2>/dev/null) lines;" \
+            "$(grep -E 'VmHWM|RssAnon|RssFile' /proc/$py/status 2>/dev/null | tr -s ' \t' ' ' | tr '\n' ' ')"
+        sleep 5
+    done > "$R/scale_${g}_rss.txt"; wait
+    grep -a -v "^\s*$" "$R/scale_$g.txt" | tail -30; grep -m1 "1 lines" "$R/scale_${g}_rss.txt"
+    cp "/tmp/run_$g/log.jsonl" "$R/scale_$g.jsonl"; offload_summary "/tmp/run_$g" ;;
 fits)  # issue 26 where the model fits: /tmp/city_G from its ground truth in memory (--visible-adam) against
     # --offload host (no cap), ITERS images each (default 300): images/s and peak device memory; with CAP
     # set (e.g. CAP=3GiB) also --offload host --gpu-memory CAP, where blocks move (and, past step 500, re-cut)
