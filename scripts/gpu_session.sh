@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The open GPU measurements, one part per device call (each well under 10 minutes):
-#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzpass [S]|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelahead P|pixelpolish [P]|pixelprof [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|scale [G]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|graphsab [S]|pending [S]|hostprof|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P|proxy|proxyprof|proxyenc|curves
+#   scripts/gpu_session.sh checks|fused|stalls|emitncu [train options]|default7k|regs30k [W]|lego30k|fern30k|tile|recipe SCENE [SEED]|ablate SCENES SEEDS VARIANTS [ITERS]|blitz SEED [serial]|blitzcity|blitzpass [S]|blitzmpi P|exposure|city30k [ours|reference]|ref30k SCENE|refside SCENES [SEEDS]|batchlr [ITERS]|fernsched|smoke [ITERS]|targets|pixel P|pixelbatch P|pixelahead P|pixelpolish [P]|pixelprof [P]|pixelbytes|offload [G]|offloadmpi P [EXCHANGE]|citysynth G [synth options]|offloadcity G [ITERS [OPTIONS]]|scale [G]|chunkab [G]|fits G [ITERS]|hostshare|citytimeline|benchab|hostab|graphsab [S]|pending [S]|hostprof|traintimeline|fernab|cityab|viewer|mpi P [--loss tile]|scale P|table P|p2 P|gradcomm P|scaling P|exchange P|equiv P|timeline P|proxy|proxyprof|proxyenc|curves
 # (checks: scripts/gpu_check.sh, the CUDA-vs-CPU checks and the 1M and 6M benchmarks)
 # Needs scripts/stage_data.sh run beforehand (carry .data and .whl).  Runs one job at a time,
 # so timings are clean; a fresh machine compiles the kernels first (about 30 s, then cached).
@@ -607,6 +607,33 @@ scale)  # issue 60's scale run (a): the default synth layout (34 street, 14 aeri
     done > "$R/scale_${g}_rss.txt"; wait
     grep -a -v "^\s*$" "$R/scale_$g.txt" | tail -30; grep -m1 "1 lines" "$R/scale_${g}_rss.txt"
     cp "/tmp/run_$g/log.jsonl" "$R/scale_$g.jsonl"; offload_summary "/tmp/run_$g" ;;
+chunkab)  # issue 60: a chunked view's step, this tree against OLD (an older checkout in a folder here): the default
+    # synth layout of G Gaussians (default 10M) at SH 3 under --gpu-memory CAP (default 1GiB: every view chunked),
+    # --offload-adam host, the same views in random order, RUN_S seconds each (default 115); the trees' log lines
+    # side by side (equal losses) and the time of the steps both reached, from step 3
+    g=${2:-10000000}; old=${OLD:?OLD=folder of the older checkout}; top=$PWD
+    timeout 120 python3 run.py synth --out "/tmp/chunk_$g" --gaussians "$g" --views 48 --res 960x540 --sh-degree 3 \
+        --quiet --force 2>&1 | tail -1
+    for tree in old new; do
+        dir=.; [ $tree = old ] && dir=$old
+        step "$tree"
+        (cd "$dir" && timeout -s KILL "${RUN_S:-115}" python3 run.py train --data "/tmp/chunk_$g" --init-ply \
+            "/tmp/chunk_$g/ground_truth.ply" --out "$top/$R/chunk_$tree" --overwrite --iters 100000 --log-every 1 \
+            --quiet --no-eval --offload host --offload-adam host --gpu-memory "${CAP:-1GiB}" --view-order random) \
+            > "$R/chunk_$tree.txt" 2>&1
+    done
+    python3 - "$R" <<'PY'
+import json, sys
+logs = {t: [json.loads(x) for x in open(f"{sys.argv[1]}/chunk_{t}/log.jsonl")] for t in ("old", "new")}
+n = min(len(log) for log in logs.values())
+for i in range(n):
+    print(*(f"{t} step {log[i]['step']} loss {log[i]['loss']:.6f} time {log[i]['time']:.2f} moved {log[i]['moved_bytes']:.3g}"
+            for t, log in logs.items()), sep="  |  ")
+for t, log in logs.items():
+    if n > 3:
+        print(f"{t}: steps 3 .. {n} in {log[n - 1]['time'] - log[1]['time']:.2f} s; all {len(log)} logged")
+PY
+    ;;
 fits)  # issue 26 where the model fits: /tmp/city_G from its ground truth in memory (--visible-adam) against
     # --offload host (no cap), ITERS images each (default 300): images/s and peak device memory; with CAP
     # set (e.g. CAP=3GiB) also --offload host --gpu-memory CAP, where blocks move (and, past step 500, re-cut)
