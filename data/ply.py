@@ -34,6 +34,7 @@ def _host(a):
 
 
 PLY_CHUNK_ROWS = 1 << 20  # rows assembled and written at a time: a model's file is not built whole in memory
+PLY_READ_ROWS = 1 << 16  # whole records read at a time where a file's properties are all float32 (``PlyGaussians``)
 
 
 def _columns(g, start=0, stop=None):
@@ -142,7 +143,7 @@ def _read_vertices(f, path, fmt, elements):
             rows = rows.reshape(0, len(props))
         if rows.shape != (n, len(props)):
             raise ValueError(f"{path}: ascii PLY vertex rows do not have {len(props)} values")
-        return {p: rows[:, i] for i, p in enumerate(pnames)}, n
+        return {p: rows[:, i] for i, p in enumerate(pnames)}, n, None
     end = FORMATS[fmt]
     for name, count, eprops in elements[:vi]:  # skip fixed-size elements before the vertices
         if any(t is None for _, t in eprops):
@@ -154,21 +155,22 @@ def _read_vertices(f, path, fmt, elements):
         raise ValueError(f"{path}: truncated PLY data ({size - offset} of {n * dtype.itemsize} bytes)")
     # (memory-mapped: the columns are read as they are used, a slice of rows at a time where so read)
     data = np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=(n,)) if n else np.zeros(0, dtype)
-    return {p: data[p] for p in pnames}, n
+    return {p: data[p] for p in pnames}, n, data
 
 
 def _read_vertex_columns(path, required):
-    """-> (columns as ``_read_vertices``, count, {property: PLY dtype}) of the vertex
-    element of the PLY at ``path``; ValueError naming the file if it lacks a ``required`` one."""
+    """-> (columns as ``_read_vertices``, count, {property: PLY dtype}, the records: a memory-mapped structured
+    array, None for ascii) of the vertex element of the PLY at ``path``; ValueError naming the file if it lacks a
+    ``required`` one."""
     path = os.fspath(path)
     with open(path, "rb") as f:
         fmt, elements = _parse_header(f, path)
-        cols, n = _read_vertices(f, path, fmt, elements)
+        cols, n, records = _read_vertices(f, path, fmt, elements)
     missing = [p for p in required if p not in cols]
     if missing:
         raise ValueError(f"{path}: PLY lacks required vertex properties: {', '.join(missing)}")
     types = dict(next(props for name, _, props in elements if name == "vertex"))
-    return cols, n, types
+    return cols, n, types, records
 
 
 def load_ply_points(path):
@@ -178,7 +180,7 @@ def load_ply_points(path):
     maximum (255, or 65535 for 16-bit ones), floats taken as they are unless
     some exceeds 1 (then as 0..255).  Without them every point is 0.5 grey.
     """
-    cols, _, types = _read_vertex_columns(path, ("x", "y", "z"))
+    cols, _, types, _ = _read_vertex_columns(path, ("x", "y", "z"))
     xyz = np.stack([np.asarray(cols[p], np.float64) for p in ("x", "y", "z")], 1)
     if not all(p in cols for p in ("red", "green", "blue")):
         return xyz, np.full_like(xyz, 0.5)
@@ -199,20 +201,29 @@ class PlyGaussians(Mapping):
     """A 3DGS PLY's Gaussians as ``load_ply``'s groups, each read from the memory-mapped file when it is asked
     for (``g["means"]``), or a slice of rows of every group at a time (``rows``): host memory holds the
     parameters once, or a slice of them, never the file beside them (a model of 100M Gaussians cut into
-    out-of-core blocks as it is read)."""
+    out-of-core blocks as it is read).  Where every property is a little-endian float32 (a 3DGS trainer's file)
+    the records are read as rows of one float32 table, ``PLY_READ_ROWS`` whole records at a time and their
+    columns picked from them: a property at a time would read every record's cache lines once a property."""
 
     GROUPS = ("means", "scales", "quats", "opacities", "sh")
 
     def __init__(self, path):
         self.path = os.fspath(path)
-        self._cols, self.n, _ = _read_vertex_columns(self.path, BASE_PROPS)
+        self._cols, self.n, _, records = _read_vertex_columns(self.path, BASE_PROPS)
         rest = sorted((int(m.group(1)), p) for p in self._cols if (m := re.fullmatch(r"f_rest_(\d+)", p)))
         if len(rest) not in REST_TO_DEGREE or [i for i, _ in rest] != list(range(len(rest))):
             raise ValueError(f"{self.path}: f_rest_* properties must be f_rest_0..f_rest_M-1 with "
                              f"M in 0, 9, 24, 45; got {len(rest)}")
         self.sh_degree = REST_TO_DEGREE[len(rest)]
         self.sh_bases = (self.sh_degree + 1) ** 2
-        self._rest = [p for _, p in rest]
+        self._keys = {"means": ["x", "y", "z"], "scales": [f"scale_{i}" for i in range(3)],
+                      "quats": [f"rot_{i}" for i in range(4)], "opacities": ["opacity"],
+                      "sh": [f"f_dc_{i}" for i in range(3)] + [p for _, p in rest]}
+        fields = records.dtype.fields if records is not None else {}
+        self._table = self._place = None  # (the records as a float32 table, each property's column)
+        if fields and all(t == np.dtype("<f4") for t, *_ in fields.values()) and self.n:
+            self._table = records.view(np.float32).reshape(self.n, len(fields))
+            self._place = {p: offset // 4 for p, (_, offset, *_) in fields.items()}
 
     def __len__(self):
         return self.n
@@ -223,24 +234,37 @@ class PlyGaussians(Mapping):
     def __getitem__(self, group):
         if group not in self.GROUPS:
             raise KeyError(group)
-        return self._group(group, 0, self.n)
+        return self._group(group, self._read(self._keys[group], 0, self.n))
 
     def rows(self, start, stop):
-        """-> ``load_ply``'s dict of rows ``start`` .. ``stop``."""
-        return {g: self._group(g, start, stop) for g in self.GROUPS}
+        """-> ``load_ply``'s dict of rows ``start`` .. ``stop`` (every group's columns read in one pass)."""
+        table, at, out = self._read([k for g in self.GROUPS for k in self._keys[g]], start, stop), 0, {}
+        for g in self.GROUPS:
+            out[g], at = self._group(g, table[:, at:at + len(self._keys[g])]), at + len(self._keys[g])
+        return out
 
-    def _group(self, group, a, b):
-        def stack(keys):
-            return np.stack([np.asarray(self._cols[p][a:b], np.float32) for p in keys], axis=1)
+    def _read(self, keys, a, b):
+        """The properties ``keys`` of rows ``a`` .. ``b`` as a float32 (rows, len(keys)) array."""
+        out = np.empty((max(0, b - a), len(keys)), np.float32)
+        if self._table is None:
+            for j, p in enumerate(keys):
+                out[:, j] = self._cols[p][a:b]
+            return out
+        columns = np.array([self._place[p] for p in keys], np.int64)
+        for r in range(a, b, PLY_READ_ROWS):  # (the records read whole, then their columns taken: several times
+            s = min(b, r + PLY_READ_ROWS)  # faster than indexing the mapped table's columns)
+            np.take(np.asarray(self._table[r:s]), columns, axis=1, out=out[r - a:s - a])
+        return out
+
+    def _group(self, group, columns):
+        """Group ``group``'s array from its properties' ``columns`` (``_read``'s, in ``_keys``' order)."""
         if group == "opacities":
-            return np.array(self._cols["opacity"][a:b], np.float32)
+            return np.ascontiguousarray(columns[:, 0])
         if group != "sh":
-            keys = {"means": ["x", "y", "z"], "scales": [f"scale_{i}" for i in range(3)],
-                    "quats": [f"rot_{i}" for i in range(4)]}[group]
-            return stack(keys)
-        k = self.sh_bases
-        sh = np.empty((b - a, k, 3), np.float32)
-        sh[:, 0, :] = stack([f"f_dc_{i}" for i in range(3)])
+            return np.ascontiguousarray(columns)
+        n, k = len(columns), self.sh_bases
+        sh = np.empty((n, k, 3), np.float32)
+        sh[:, 0, :] = columns[:, :3]
         if k > 1:  # channel-major on disk: column c*(K-1) + (k-1) holds sh[:, k, c]
-            sh[:, 1:, :] = stack(self._rest).reshape(b - a, 3, k - 1).transpose(0, 2, 1)
+            sh[:, 1:, :] = columns[:, 3:].reshape(n, 3, k - 1).transpose(0, 2, 1)
         return sh

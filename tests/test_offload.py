@@ -1339,6 +1339,7 @@ def test_a_model_started_from_a_ply_is_cut_into_blocks_as_it_is_read(dataset, tm
     import data.ply as ply
     import engine.stores.offload.store as store_module
     monkeypatch.setattr(store_module, "HOLD_SLICE_ROWS", 64)
+    monkeypatch.setattr(ply, "PLY_READ_ROWS", 32)  # (the file's records read 32 at a time)
     monkeypatch.setattr(store_module.OutOfCoreStore, "_slots", lambda self, count: 2)  # (blocks move, as on a GPU)
     rng = np.random.default_rng(2)
     n = 20_000

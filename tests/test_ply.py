@@ -54,6 +54,28 @@ def test_round_trip_exact(tmp_path, degree):
     assert no_temp_files(tmp_path)
 
 
+def test_a_float32_file_is_read_a_few_whole_records_at_a_time_as_it_is_read_a_property_at_a_time(tmp_path,
+                                                                                                 monkeypatch):
+    """``PlyGaussians`` reads a file of float32 properties as rows of one table, whole records a few at a time (5
+    here, the last short), the columns picked from them: its groups and its slices of rows equal those read a
+    property at a time (the path of other files: doubles, big-endian, ascii)."""
+    monkeypatch.setattr(ply, "PLY_READ_ROWS", 5)
+    g = random_gaussians(57, 3, seed=6)
+    path = tmp_path / "g.ply"
+    ply.save_ply(path, g)
+    fast, slow = ply.PlyGaussians(path), ply.PlyGaussians(path)
+    slow._table = None
+    assert fast._table is not None
+    for a, b in ((0, 57), (3, 22), (50, 57), (7, 7)):
+        fast_rows, slow_rows = fast.rows(a, b), slow.rows(a, b)
+        for f in FIELDS:
+            np.testing.assert_array_equal(fast_rows[f], getattr(g, f)[a:b], err_msg=f)
+            np.testing.assert_array_equal(slow_rows[f], getattr(g, f)[a:b], err_msg=f)
+            assert fast_rows[f].flags.c_contiguous
+    for f in FIELDS:
+        np.testing.assert_array_equal(fast[f], getattr(g, f), err_msg=f)
+
+
 def test_a_file_written_a_few_rows_at_a_time_is_the_file_written_whole(tmp_path, monkeypatch):
     """Rows go out in chunks (a model of 100M Gaussians is not assembled whole): 57 rows in chunks
     of 5 (the last one short) give the same bytes as one chunk."""

@@ -31,7 +31,9 @@ class BlockIndex:
         order = morton_order(means)
         block = np.empty(len(means), np.int64)
         block[order] = np.arange(len(means)) // block_rows
-        self._cut(block, *cluster_boxes(means, log_scales, block_rows, order))  # (block b: rows order[b * block_rows:])
+        full = len(order) // block_rows * block_rows  # (block b: rows order[b * block_rows:], each sorted: by_block)
+        by_block = np.concatenate([np.sort(order[:full].reshape(-1, block_rows), axis=1).ravel(), np.sort(order[full:])])
+        self._cut(block, *cluster_boxes(means, log_scales, block_rows, order), by_block=by_block)
 
     @classmethod
     def of_blocks(cls, block, lo, hi):
@@ -41,11 +43,12 @@ class BlockIndex:
         index._cut(np.asarray(block, np.int64), lo, hi)
         return index
 
-    def _cut(self, block, lo, hi):
+    def _cut(self, block, lo, hi, by_block=None):
         n = len(block)
         self.block = block
         self.blocks = int(self.block.max()) + 1 if n else 0
-        self.by_block = stable_argsort(self.block, self.blocks.bit_length())  # rows block by block, each in model order
+        self.by_block = (stable_argsort(self.block, self.blocks.bit_length()) if by_block is None  # rows block by
+                         else by_block)  # block, each in model order
         self.sizes = np.bincount(self.block, minlength=self.blocks)
         self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
         self.position = np.empty(n, np.int64)
