@@ -2164,19 +2164,28 @@ def test_a_views_depth_chunks_are_those_a_stable_sort_of_its_keys_cuts():
             np.testing.assert_array_equal(g, e)
 
 
-def test_a_chunked_view_gone_non_finite_stops_with_one_message(dataset, tmp_path):
+def test_a_chunked_view_gone_non_finite_stops_with_one_message(dataset, tmp_path, monkeypatch):
     """A chunked view's rows are checked for non-finite parameters on the device as each chunk goes back (its
-    parameters are not read back to the host for it): an SH coefficient of every Gaussian made NaN in the host's
-    tier stops the next step with one message naming the view."""
+    parameters are not read back to the host for it), its own rows alone (the pool's other rows, NaN here, are
+    not the chunk's); an SH coefficient of every Gaussian made NaN in the host's tier stops the next step with one
+    message naming the view.  The rows move and are checked 20 at a time (a chunk's last slice is short)."""
+    import engine.stores.offload.store as store_module
+    monkeypatch.setattr(store_module, "HOLD_SLICE_ROWS", 20)
     cfg = offload_config(iterations=6, sh_degree=1)
     t = OffloadTrainer(dataset, tmp_path / "out", cfg, backend="cpu", block_rows=16,
                        gpu_memory=3 * slot_bytes(4) + 16 * 400 + view_bytes(dataset))  # (3 slots: every view chunked)
-    t.train(progress=False, until=2)
-    assert t.store.chunked_steps == 2
+    t.train(progress=False, until=3)
+    assert t.store.chunked_steps == 3
+    store, rows = t.store, np.arange(5, 36)  # (a chunk shorter than the pool: the rows after it stale, NaN here)
+    store.cache.pool[:] = np.nan
+    model, statistics = store.rows_in(rows)
+    store._chunk_nonfinite = []
+    store.rows_out(rows, model, statistics)
+    assert sum(int(k) for k in store._chunk_nonfinite) == 0
     t.store.host.whole[:, t.store.layout.columns["sh"][0] + 3] = np.nan  # (a degree-1 coefficient: not in depth keys)
     with pytest.raises(FloatingPointError, match=r"non-finite parameters of [0-9]+ of the [0-9]+ Gaussians of view "
                                                  r"view[0-9]+\.png, trained in chunks"):
-        t.train(progress=False, until=3)
+        t.train(progress=False, until=4)
 
 
 def test_the_host_tiers_row_copies_equal_numpys_and_refuse_what_reaches_past_a_table():

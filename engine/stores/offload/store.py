@@ -971,7 +971,8 @@ class OutOfCoreStore:
         n, ring, pool, w = len(rows), self._chunk_staging(), self.cache.pool, self.layout.width
         self.pool_layout.store_statistics(statistics, pool, self.xp.arange(n), self.xp, self.backend)
         starts = np.arange(0, n, ring.rows)  # (a slice at a time, as ``rows_in``)
-        self._chunk_nonfinite += [(~self.xp.isfinite(pool[a:a + ring.rows, :w])).any(axis=1).sum() for a in starts]
+        self._chunk_nonfinite += [(~self.xp.isfinite(pool[a:min(n, a + ring.rows), :w])).any(axis=1).sum()
+                                  for a in starts]
         for a, table in zip(starts, ring.download(self.cache.pool, starts, np.minimum(ring.rows, n - starts))):
             self.put_host_rows(rows[a:a + len(table)], table, self.cache.back)
         self.cache.moved_bytes += n * self.pool_layout.row_bytes
