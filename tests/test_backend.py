@@ -29,7 +29,8 @@ def test_kernels_are_the_backend_packages_with_the_same_entry_points():
     with pytest.raises(ValueError, match="backend must be 'cpu' or 'cuda'"):
         backend.kernels("metal")
     cpu, cuda = set(numbasplat.cpu.__all__), set(numbasplat.cuda.__all__)
-    assert cpu - cuda == {"adam_table_rows", "copy_table_rows"}  # the host's own (the out-of-core tiers: no device runs them)
+    assert cpu - cuda == {"adam_table_rows", "copy_table_rows"}  # the host's own (the out-of-core tiers: no device
+    # runs them)
     assert cuda - cpu == {"fused_budget", "fused_raster_loss_backward"}
     for name in cpu & cuda:
         assert callable(getattr(numbasplat.cpu, name)) == callable(getattr(numbasplat.cuda, name)), name

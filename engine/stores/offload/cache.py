@@ -7,7 +7,7 @@ import numpy as np
 from numbasplat import backend as _backend
 from numbasplat import device
 from numbasplat.optim import adam_step_bound
-from numbasplat.rows import pool_rows, reach_boxes
+from numbasplat.rows import copy_host_rows, pool_rows, reach_boxes
 
 from engine.pipelines.partition import REACH
 
@@ -21,9 +21,8 @@ def copy_columns(dst, dst_row, src, src_row, rows, spans, stream=None):
         device.copy_rows(dst, dst_row, src, src_row, rows, stream)
         return
     dst_row, src_row, rows = int(dst_row), int(src_row), int(rows)
-    if not _backend.is_device(dst) and not _backend.is_device(src):
-        for a, c, k in spans:
-            dst[dst_row:dst_row + rows, c:c + k] = src[src_row:src_row + rows, a:a + k]
+    if not _backend.is_device(dst) and not _backend.is_device(src):  # (on every core)
+        copy_host_rows(src[src_row:src_row + rows], None, dst[dst_row:dst_row + rows], None, spans)
         return
     if rows == 0:
         return

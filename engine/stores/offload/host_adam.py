@@ -94,9 +94,9 @@ class HostAdam(MomentsElsewhereAdam):
         params = self._staged("parameters", self.params.size, np.float32)  # (uploaded from page-locked memory)
         lrs, corrections = self._host_values[:-2], self._host_values[-2:]
         _backend.kernels("cpu").adam_table_rows(table, at, np.array(store.layout.part_columns, np.int32), params,
-                                                grads, *self._host_layout, lrs, visible, use_visible, self._host_no_skip,
-                                                np.float32(self.b1), np.float32(self.b2), np.float32(self.eps),
-                                                corrections)
+                                                grads, *self._host_layout, lrs, visible, use_visible,
+                                                self._host_no_skip, np.float32(self.b1), np.float32(self.b2),
+                                                np.float32(self.eps), corrections)
         if gathered:
             store.put_host_rows(self.rows, table)
         data = self.params.data

@@ -32,7 +32,8 @@ class BlockIndex:
         block = np.empty(len(means), np.int64)
         block[order] = np.arange(len(means)) // block_rows
         full = len(order) // block_rows * block_rows  # (block b: rows order[b * block_rows:], each sorted: by_block)
-        by_block = np.concatenate([np.sort(order[:full].reshape(-1, block_rows), axis=1).ravel(), np.sort(order[full:])])
+        by_block = np.concatenate([np.sort(order[:full].reshape(-1, block_rows), axis=1).ravel(),
+                                   np.sort(order[full:])])
         self._cut(block, *cluster_boxes(means, log_scales, block_rows, order), by_block=by_block)
 
     @classmethod

@@ -178,7 +178,8 @@ class DiskBlocks(HostBlocks):
             appended[b] += len(rows)
         short = {b: (appended[b], shape[0]) for b, shape in shapes.items() if appended[b] != shape[0]}
         if short:
-            raise RuntimeError(f"blocks were not given their rows (block: (given, rows)): {dict(list(short.items())[:5])}")
+            raise RuntimeError("blocks were not given their rows (block: (given, rows)): "
+                               f"{dict(list(short.items())[:5])}")
         self._remove_generation(old)
 
     def _new_generation(self, shapes):
